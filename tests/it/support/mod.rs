@@ -1,0 +1,10 @@
+//! Test harness shared by every integration test: real servers on port 0.
+//!
+//! - `http`: a small client that returns status, headers and body.
+//! - `sim`: the upstream simulator started in-process on 127.0.0.1:0.
+//! - `redis`: a real `redis-server` child in a temp dir, killed on drop.
+#![allow(dead_code)]
+
+pub mod http;
+pub mod redis;
+pub mod sim;

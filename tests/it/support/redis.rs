@@ -1,0 +1,96 @@
+//! A real `redis-server` for one test: its own unix socket in a temp dir,
+//! killed on drop, and killable (and restartable on the same socket) mid-test.
+
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+pub struct RedisServer {
+    dir: tempfile::TempDir,
+    child: Option<Child>,
+}
+
+impl RedisServer {
+    /// Starts `redis-server` listening only on a unix socket in a fresh temp dir.
+    pub fn start() -> RedisServer {
+        let dir = tempfile::tempdir().expect("temp dir for redis");
+        let mut server = RedisServer { dir, child: None };
+        server.spawn();
+        server
+    }
+
+    /// The socket path; the same across `kill` and `restart`.
+    pub fn socket(&self) -> PathBuf {
+        self.dir.path().join("redis.sock")
+    }
+
+    /// A URL the `redis` crate understands.
+    pub fn url(&self) -> String {
+        format!("redis+unix://{}", self.socket().display())
+    }
+
+    /// Stops the server at once (SIGKILL), as a crash would.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        let _ = std::fs::remove_file(self.socket());
+    }
+
+    /// Starts the server again on the same socket (data is not kept).
+    pub fn restart(&mut self) {
+        self.kill();
+        self.spawn();
+    }
+
+    pub fn is_running(&self) -> bool {
+        self.child.is_some()
+    }
+
+    fn spawn(&mut self) {
+        let socket = self.socket();
+        let child = Command::new("redis-server")
+            .args(["--port", "0", "--unixsocket"])
+            .arg(&socket)
+            .args(["--unixsocketperm", "700", "--save", "", "--appendonly", "no"])
+            .arg("--dir")
+            .arg(self.dir.path())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap_or_else(|e| {
+                panic!(
+                    "cannot start redis-server ({e}): install it (Debian: apt-get install redis-server); .ci/run does this"
+                )
+            });
+        self.child = Some(child);
+        wait_for_ping(&socket);
+    }
+}
+
+/// Readiness: the socket answers PING. Polls the socket, not a timer.
+fn wait_for_ping(socket: &std::path::Path) {
+    use std::io::{Read, Write};
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        if let Ok(mut s) = std::os::unix::net::UnixStream::connect(socket) {
+            let _ = s.set_read_timeout(Some(Duration::from_secs(2)));
+            if s.write_all(b"PING\r\n").is_ok() {
+                let mut buf = [0u8; 7];
+                if s.read_exact(&mut buf).is_ok() && &buf == b"+PONG\r\n" {
+                    return;
+                }
+            }
+        }
+        assert!(Instant::now() < deadline, "redis-server did not answer PING on {}", socket.display());
+        std::thread::yield_now();
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}

@@ -1,1 +1,158 @@
-//! gateway
+//! permit-gateway: a caching, credit-aware reverse proxy in front of one paid,
+//! metered REST API (the permit data upstream, `/v2/...`).
+//!
+//! Teams call it with their own tokens; it swaps in the one upstream key,
+//! answers what it can from cache, enforces each team's credit budget and
+//! shares the upstream's rate limit fairly.
+//!
+//! # Layout
+//! - [`config`]: embedded defaults → file → env, validated all at once.
+//! - [`app`]: the shared state built once from a config.
+//! - [`server`]: accept loop, TLS, HTTP/1.1 + HTTP/2, graceful shutdown.
+//! - [`proxy`]: the life of a team request, one phase per step.
+//! - [`route`]: path → canonical path and route name.
+//! - [`auth`]: token → team.
+//! - [`upstream`]: the pooled rustls client with retries and deadlines.
+//! - [`error`]: the one error type and its one mapping to HTTP.
+//! - [`admin`]: `/metrics`, `/healthz`, `/readyz`, `/admin/*`.
+//! - [`metrics`]: every metric name.
+//! - [`telemetry`]: logs (human or JSON), one access-log line per request.
+//! - [`demo`]: the newcomer's one command.
+//!
+//! # The life of a request
+//! method and path → authenticate → route → (team rate) → cache key →
+//! `/v2/usage` locally → cache → coalesce → reserve credits → fair queue →
+//! upstream → settle → store → respond, with metrics and an access-log line.
+
+pub mod admin;
+pub mod app;
+pub mod auth;
+pub mod config;
+pub mod demo;
+pub mod error;
+pub mod http_util;
+pub mod metrics;
+pub mod proxy;
+pub mod route;
+pub mod server;
+pub mod telemetry;
+pub mod upstream;
+
+use app::App;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+
+/// The two sockets a gateway serves, bound by the caller (port 0 in tests).
+pub struct Listeners {
+    pub team: TcpListener,
+    pub admin: TcpListener,
+}
+
+impl Listeners {
+    /// Binds `server.listen` and `server.admin_listen`.
+    pub async fn bind(cfg: &config::ServerConfig) -> std::io::Result<Listeners> {
+        Ok(Listeners {
+            team: TcpListener::bind(&cfg.listen).await?,
+            admin: TcpListener::bind(&cfg.admin_listen).await?,
+        })
+    }
+}
+
+/// Serves both listeners until `shutdown` resolves, then drains in-flight
+/// requests within `server.shutdown_grace_secs`.
+pub async fn run(
+    app: Arc<App>,
+    listeners: Listeners,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), String> {
+    let tls = match (
+        &app.config.server.tls_cert_file,
+        &app.config.server.tls_key_file,
+    ) {
+        (Some(cert), Some(key)) => Some(server::tls_acceptor(cert, key)?),
+        _ => None,
+    };
+    let limits = server::Limits::from_config(&app.config.server);
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let stopped = |mut rx: watch::Receiver<bool>| async move {
+        let _ = rx.wait_for(|stop| *stop).await;
+    };
+    let team_app = app.clone();
+    let team = server::serve(
+        listeners.team,
+        tls,
+        limits.clone(),
+        move |req| proxy::handle(team_app.clone(), req),
+        stopped(stop_rx.clone()),
+    );
+    let admin_app = app.clone();
+    let admin = server::serve(
+        listeners.admin,
+        None,
+        limits,
+        move |req| admin::handle(admin_app.clone(), req),
+        stopped(stop_rx),
+    );
+    tokio::spawn(async move {
+        shutdown.await;
+        let _ = stop_tx.send(true);
+    });
+    tokio::join!(team, admin);
+    Ok(())
+}
+
+/// A gateway running in this process: for tests and the demo.
+pub struct Running {
+    pub addr: SocketAddr,
+    pub admin_addr: SocketAddr,
+    pub app: Arc<App>,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    task: tokio::task::JoinHandle<Result<(), String>>,
+}
+
+impl Running {
+    /// Builds the app and serves it on the given listeners in a task.
+    pub fn spawn(config: config::Config, listeners: Listeners) -> Result<Running, String> {
+        let app = App::new(config)?;
+        let addr = listeners.team.local_addr().map_err(|e| e.to_string())?;
+        let admin_addr = listeners.admin.local_addr().map_err(|e| e.to_string())?;
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let task = tokio::spawn(run(app.clone(), listeners, async move {
+            let _ = stopped.await;
+        }));
+        Ok(Running {
+            addr,
+            admin_addr,
+            app,
+            stop: Some(stop),
+            task,
+        })
+    }
+
+    pub fn base_url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    pub fn admin_url(&self) -> String {
+        format!("http://{}", self.admin_addr)
+    }
+
+    /// Graceful stop: waits until in-flight requests finished.
+    pub async fn shutdown(mut self) -> Result<(), String> {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        (&mut self.task).await.map_err(|e| e.to_string())?
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        if self.stop.is_some() {
+            self.task.abort();
+        }
+    }
+}

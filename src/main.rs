@@ -1,1 +1,165 @@
-fn main() {}
+//! The `permit-gateway` command: serve, demo, token, check-config.
+
+use clap::{Parser, Subcommand};
+use permit_gateway::config::{Config, Source};
+use permit_gateway::{app::App, demo, telemetry, Listeners};
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+#[derive(Parser)]
+#[command(
+    name = "permit-gateway",
+    version,
+    about = "A caching, credit-aware gateway in front of one metered permit-data API"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the gateway.
+    Serve {
+        /// Config file; without it config/gateway.toml if present, else defaults.
+        #[arg(long)]
+        config: Option<PathBuf>,
+    },
+    /// Start the bundled simulator and the gateway in front of it, with two demo teams.
+    Demo {
+        #[arg(long, default_value = "127.0.0.1:8080")]
+        listen: String,
+        #[arg(long, default_value = "127.0.0.1:9090")]
+        admin_listen: String,
+    },
+    /// Print a new random team token and its token_sha256 line.
+    Token,
+    /// Validate the configuration and print it with secrets redacted.
+    CheckConfig {
+        #[arg(long)]
+        config: Option<PathBuf>,
+    },
+}
+
+fn main() -> ExitCode {
+    // One crypto provider, chosen here, before anything builds a TLS config.
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Token => token(),
+        Command::CheckConfig { config } => check_config(config),
+        Command::Serve { config } => runtime().block_on(serve(config)),
+        Command::Demo {
+            listen,
+            admin_listen,
+        } => runtime().block_on(run_demo(listen, admin_listen)),
+    }
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("tokio runtime starts")
+}
+
+fn source(path: &Option<PathBuf>) -> Source<'_> {
+    path.as_deref().map_or(Source::Default, Source::File)
+}
+
+fn token() -> ExitCode {
+    let bytes: [u8; 32] = rand::random();
+    let token = format!("pgw_{}", hex::encode(bytes));
+    println!("token:        {token}");
+    println!(
+        "token_sha256 = \"{}\"",
+        permit_gateway::auth::token_sha256_hex(&token)
+    );
+    eprintln!("Give the token to the team; put only the token_sha256 line in its [[teams]] block.");
+    ExitCode::SUCCESS
+}
+
+fn check_config(path: Option<PathBuf>) -> ExitCode {
+    match Config::load(source(&path)) {
+        Ok(config) => {
+            print!("{}", config.redacted_toml());
+            eprintln!("configuration is valid");
+            ExitCode::SUCCESS
+        }
+        Err(errors) => {
+            eprint!("{errors}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn serve(path: Option<PathBuf>) -> ExitCode {
+    let config = match Config::load(source(&path)) {
+        Ok(c) => c,
+        Err(errors) => {
+            eprint!("{errors}");
+            return ExitCode::FAILURE;
+        }
+    };
+    telemetry::init(&config.log);
+    let listeners = match Listeners::bind(&config.server).await {
+        Ok(l) => l,
+        Err(e) => {
+            tracing::error!(error = %e, "cannot bind listeners");
+            return ExitCode::FAILURE;
+        }
+    };
+    let app = match App::new(config) {
+        Ok(app) => app,
+        Err(e) => {
+            tracing::error!(error = %e, "cannot start");
+            return ExitCode::FAILURE;
+        }
+    };
+    tracing::info!(
+        listen = %listeners.team.local_addr().map(|a| a.to_string()).unwrap_or_default(),
+        admin = %listeners.admin.local_addr().map(|a| a.to_string()).unwrap_or_default(),
+        version = env!("CARGO_PKG_VERSION"),
+        "permit-gateway serving"
+    );
+    match permit_gateway::run(app, listeners, shutdown_signal()).await {
+        Ok(()) => {
+            tracing::info!("stopped");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            tracing::error!(error = %e, "stopped with an error");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run_demo(listen: String, admin_listen: String) -> ExitCode {
+    telemetry::init(&permit_gateway::config::LogConfig {
+        format: "human".into(),
+        level: "info".into(),
+    });
+    match demo::start(&listen, &admin_listen).await {
+        Ok((sim, running)) => {
+            println!("{}", demo::banner(&sim, &running));
+            shutdown_signal().await;
+            let _ = running.shutdown().await;
+            sim.shutdown().await;
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("demo failed to start: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// SIGTERM (Kubernetes) or SIGINT (Ctrl-C).
+async fn shutdown_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler installs");
+    tokio::select! {
+        _ = term.recv() => tracing::info!("SIGTERM: draining"),
+        _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT: draining"),
+    }
+}

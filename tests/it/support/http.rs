@@ -37,8 +37,10 @@ impl Reply {
 
     /// A header parsed as an integer; panics when present but not a number.
     pub fn header_u64(&self, name: &str) -> Option<u64> {
-        self.header(name)
-            .map(|v| v.parse().unwrap_or_else(|_| panic!("{name}: {v} is not a number")))
+        self.header(name).map(|v| {
+            v.parse()
+                .unwrap_or_else(|_| panic!("{name}: {v} is not a number"))
+        })
     }
 
     pub fn text(&self) -> String {

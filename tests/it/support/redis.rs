@@ -83,7 +83,11 @@ fn wait_for_ping(socket: &std::path::Path) {
                 }
             }
         }
-        assert!(Instant::now() < deadline, "redis-server did not answer PING on {}", socket.display());
+        assert!(
+            Instant::now() < deadline,
+            "redis-server did not answer PING on {}",
+            socket.display()
+        );
         std::thread::yield_now();
         std::thread::sleep(Duration::from_millis(5));
     }

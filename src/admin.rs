@@ -1,0 +1,83 @@
+//! The admin listener: `/metrics`, `/healthz`, `/readyz`, and `/admin/*`
+//! behind a bearer token. A separate socket from team traffic, so it can be
+//! kept off the team network entirely.
+
+use crate::app::App;
+use crate::http_util::{bytes_response, json_response, Body};
+use http::header::AUTHORIZATION;
+use http::{Method, Request, Response, StatusCode};
+use serde_json::json;
+use sha2::{Digest, Sha256};
+use std::sync::Arc;
+use subtle::ConstantTimeEq;
+
+pub async fn handle<B>(app: Arc<App>, req: Request<B>) -> Response<Body> {
+    let path = req.uri().path();
+    match (req.method(), path) {
+        (&Method::GET, "/healthz") => json_response(StatusCode::OK, &json!({"status": "ok"})),
+        (&Method::GET, "/readyz") => readyz(&app),
+        (&Method::GET, "/metrics") => bytes_response(
+            StatusCode::OK,
+            "text/plain; version=0.0.4; charset=utf-8",
+            app.metrics.render().into(),
+        ),
+        (_, p) if p.starts_with("/admin/") => {
+            if !authorized(&app, &req) {
+                let mut resp = json_response(
+                    StatusCode::UNAUTHORIZED,
+                    &json!({"detail": "Not authenticated"}),
+                );
+                resp.headers_mut().insert(
+                    http::header::WWW_AUTHENTICATE,
+                    http::HeaderValue::from_static("Bearer"),
+                );
+                return resp;
+            }
+            admin_route(&app, req.method(), p)
+        }
+        _ => json_response(StatusCode::NOT_FOUND, &json!({"detail": "Not Found"})),
+    }
+}
+
+fn readyz(app: &App) -> Response<Body> {
+    let _ = app;
+    json_response(StatusCode::OK, &json!({"status": "ready"}))
+}
+
+fn admin_route(app: &App, method: &Method, path: &str) -> Response<Body> {
+    match (method, path) {
+        (&Method::GET, "/admin/teams") => {
+            let teams: Vec<_> = app
+                .teams
+                .load()
+                .iter()
+                .map(|t| json!({"name": t.name, "credit_limit": t.credit_limit}))
+                .collect();
+            json_response(StatusCode::OK, &json!({ "teams": teams }))
+        }
+        _ => json_response(StatusCode::NOT_FOUND, &json!({"detail": "Not Found"})),
+    }
+}
+
+/// `Authorization: Bearer <token>` whose SHA-256 equals `admin.token_sha256`,
+/// compared in constant time. No admin token configured: always refused.
+fn authorized<B>(app: &App, req: &Request<B>) -> bool {
+    let Some(expected) = app.config.admin.token_sha256.as_deref() else {
+        return false;
+    };
+    let Ok(expected) = hex::decode(expected) else {
+        return false;
+    };
+    let token = req
+        .headers()
+        .get(AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.split_once(' '))
+        .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
+        .map(|(_, t)| t.trim());
+    let Some(token) = token else {
+        return false;
+    };
+    let digest = Sha256::digest(token.as_bytes());
+    bool::from(digest.as_slice().ct_eq(&expected))
+}

@@ -1,0 +1,212 @@
+//! Team authentication: the token from `X-API-Key` or `Authorization:
+//! Bearer` is hashed with SHA-256 and compared in constant time with every
+//! team's `token_sha256`. Plaintext tokens are never stored or logged.
+//!
+//! Second phase of the request path, after routing decided the path is ours.
+
+use crate::config::TeamConfig;
+use crate::error::GatewayError;
+use http::header::{HeaderMap, AUTHORIZATION};
+use sha2::{Digest, Sha256};
+use std::sync::Arc;
+use subtle::ConstantTimeEq;
+
+/// One team as the request path sees it.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Team {
+    /// A metric label, from the config's bounded set.
+    pub name: String,
+    token_sha256: [u8; 32],
+    /// Credits per window; `None` is unlimited.
+    pub credit_limit: Option<u64>,
+    /// The team's own request rate; `None` is no limit of its own.
+    pub requests_per_minute: Option<u32>,
+}
+
+/// Every configured team; replaced whole on reload.
+#[derive(Debug, Default)]
+pub struct Teams {
+    teams: Vec<Arc<Team>>,
+}
+
+impl Teams {
+    /// Builds the table from validated config (hashes are 64 hex chars).
+    pub fn from_config(teams: &[TeamConfig]) -> Teams {
+        let teams = teams
+            .iter()
+            .map(|t| {
+                let mut hash = [0u8; 32];
+                // Validation guarantees 64 hex characters; a bad one matches nothing.
+                let _ = hex::decode_to_slice(&t.token_sha256, &mut hash);
+                Arc::new(Team {
+                    name: t.name.clone(),
+                    token_sha256: hash,
+                    credit_limit: t.credit_limit,
+                    requests_per_minute: t.requests_per_minute,
+                })
+            })
+            .collect();
+        Teams { teams }
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = &Arc<Team>> {
+        self.teams.iter()
+    }
+
+    pub fn by_name(&self, name: &str) -> Option<&Arc<Team>> {
+        self.teams.iter().find(|t| t.name == name)
+    }
+
+    /// The team whose token the request carries.
+    pub fn authenticate(&self, headers: &HeaderMap) -> Result<Arc<Team>, GatewayError> {
+        let token = credential(headers)?;
+        self.find_token(token)
+            .ok_or(GatewayError::InvalidCredential)
+    }
+
+    /// Looks a plaintext token up. Every team's hash is compared, matching or
+    /// not, so the time taken does not depend on which team (if any) matched.
+    pub fn find_token(&self, token: &str) -> Option<Arc<Team>> {
+        let digest: [u8; 32] = Sha256::digest(token.as_bytes()).into();
+        let mut found = None;
+        for team in &self.teams {
+            if bool::from(team.token_sha256.ct_eq(&digest)) {
+                found = Some(team);
+            }
+        }
+        found.cloned()
+    }
+}
+
+/// The one credential of a request. Repeated or disagreeing credentials are
+/// refused rather than guessed at: a proxy in front might have added one.
+fn credential(headers: &HeaderMap) -> Result<&str, GatewayError> {
+    let api_key = single(headers, "x-api-key")?;
+    let bearer = match single(headers, AUTHORIZATION.as_str())? {
+        Some(value) => bearer_token(value),
+        None => None,
+    };
+    match (api_key, bearer) {
+        (Some(a), Some(b)) if a != b => Err(GatewayError::ConflictingCredentials),
+        (Some(token), _) | (None, Some(token)) if !token.is_empty() => Ok(token),
+        _ => Err(GatewayError::MissingCredential),
+    }
+}
+
+fn single<'a>(headers: &'a HeaderMap, name: &str) -> Result<Option<&'a str>, GatewayError> {
+    let mut values = headers.get_all(name).iter();
+    let Some(first) = values.next() else {
+        return Ok(None);
+    };
+    if values.next().is_some() {
+        return Err(GatewayError::ConflictingCredentials);
+    }
+    let text = first
+        .to_str()
+        .map_err(|_| GatewayError::InvalidCredential)?;
+    Ok(Some(text.trim()))
+}
+
+fn bearer_token(value: &str) -> Option<&str> {
+    let (scheme, token) = value.split_once(' ')?;
+    scheme.eq_ignore_ascii_case("bearer").then(|| token.trim())
+}
+
+/// SHA-256 of a token as lowercase hex: what `token_sha256` holds.
+pub fn token_sha256_hex(token: &str) -> String {
+    hex::encode(Sha256::digest(token.as_bytes()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http::HeaderValue;
+
+    fn teams() -> Teams {
+        Teams::from_config(&[
+            TeamConfig {
+                name: "growth".into(),
+                token_sha256: token_sha256_hex("tok-growth"),
+                credit_limit: Some(10),
+                requests_per_minute: None,
+            },
+            TeamConfig {
+                name: "ops".into(),
+                token_sha256: token_sha256_hex("tok-ops"),
+                credit_limit: None,
+                requests_per_minute: None,
+            },
+        ])
+    }
+
+    fn headers(pairs: &[(&'static str, &'static str)]) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        for (k, v) in pairs {
+            h.append(*k, HeaderValue::from_static(v));
+        }
+        h
+    }
+
+    #[test]
+    fn both_token_styles_find_the_team() {
+        let t = teams();
+        assert_eq!(
+            t.authenticate(&headers(&[("x-api-key", "tok-ops")]))
+                .unwrap()
+                .name,
+            "ops"
+        );
+        let bearer = headers(&[("authorization", "Bearer tok-growth")]);
+        assert_eq!(t.authenticate(&bearer).unwrap().name, "growth");
+        let lower = headers(&[("authorization", "bearer tok-growth")]);
+        assert_eq!(t.authenticate(&lower).unwrap().name, "growth");
+    }
+
+    #[test]
+    fn missing_wrong_and_conflicting_credentials() {
+        let t = teams();
+        assert_eq!(
+            t.authenticate(&headers(&[])),
+            Err(GatewayError::MissingCredential)
+        );
+        assert_eq!(
+            t.authenticate(&headers(&[("x-api-key", "")])),
+            Err(GatewayError::MissingCredential)
+        );
+        assert_eq!(
+            t.authenticate(&headers(&[("authorization", "Basic abc")])),
+            Err(GatewayError::MissingCredential)
+        );
+        assert_eq!(
+            t.authenticate(&headers(&[("x-api-key", "nope")])),
+            Err(GatewayError::InvalidCredential)
+        );
+        assert_eq!(
+            t.authenticate(&headers(&[
+                ("x-api-key", "tok-ops"),
+                ("authorization", "Bearer tok-growth")
+            ])),
+            Err(GatewayError::ConflictingCredentials)
+        );
+        assert_eq!(
+            t.authenticate(&headers(&[
+                ("x-api-key", "tok-ops"),
+                ("x-api-key", "tok-ops")
+            ])),
+            Err(GatewayError::ConflictingCredentials)
+        );
+        let same = headers(&[
+            ("x-api-key", "tok-ops"),
+            ("authorization", "Bearer tok-ops"),
+        ]);
+        assert_eq!(t.authenticate(&same).unwrap().name, "ops");
+    }
+
+    #[test]
+    fn hash_matches_sha256sum() {
+        assert_eq!(
+            token_sha256_hex("pgw_demo_growth"),
+            "a3e92f2d680ed5bb92cd6079860eb5f2cf999286d3e5209b28d201b24ea57bc4"
+        );
+    }
+}

@@ -1,0 +1,88 @@
+//! `permit-gateway demo`: the newcomer's one command. Starts the bundled
+//! upstream simulator on a loopback port and the gateway in front of it with
+//! the two demo teams of `config/demo.toml`, then prints curl lines to paste.
+
+use crate::config::{Config, Source, DEMO_TOML};
+use crate::{Listeners, Running};
+use permit_api_sim::{Sim, SimConfig};
+use tokio::net::TcpListener;
+
+/// The demo teams' tokens: public values, documented in `config/demo.toml`.
+pub const DEMO_TOKENS: [(&str, &str); 2] = [
+    ("growth", "pgw_demo_growth"),
+    ("analytics", "pgw_demo_analytics"),
+];
+pub const DEMO_ADMIN_TOKEN: &str = "pgw_demo_admin";
+
+/// Starts simulator and gateway; returns both so the caller decides how long
+/// they live (until Ctrl-C for the command, the test's end in tests).
+pub async fn start(listen: &str, admin_listen: &str) -> Result<(Sim, Running), String> {
+    let sim_key = format!("sim-{:032x}", rand::random::<u128>());
+    let sim_listener = TcpListener::bind("127.0.0.1:0")
+        .await
+        .map_err(|e| format!("simulator: {e}"))?;
+    let sim = Sim::start(
+        sim_listener,
+        SimConfig {
+            api_key: sim_key.clone(),
+            credit_limit: Some(100_000),
+            latency_ms: 80,
+            ..SimConfig::default()
+        },
+    )
+    .await
+    .map_err(|e| format!("simulator: {e}"))?;
+    let ledger_dir =
+        std::env::temp_dir().join(format!("permit-gateway-demo-{}", std::process::id()));
+    let text = format!(
+        "{DEMO_TOML}\n[upstream]\nbase_url = {:?}\napi_key = {:?}\n\n[quota]\npath = {:?}\n",
+        sim.base_url(),
+        sim_key,
+        ledger_dir.display().to_string(),
+    );
+    let config = Config::load(Source::Text(&text)).map_err(|e| e.to_string())?;
+    let listeners = Listeners {
+        team: bind_or_any(listen).await?,
+        admin: bind_or_any(admin_listen).await?,
+    };
+    let running = Running::spawn(config, listeners)?;
+    Ok((sim, running))
+}
+
+/// The wanted address, or any free loopback port when it is taken.
+async fn bind_or_any(addr: &str) -> Result<TcpListener, String> {
+    match TcpListener::bind(addr).await {
+        Ok(l) => Ok(l),
+        Err(_) => TcpListener::bind("127.0.0.1:0")
+            .await
+            .map_err(|e| e.to_string()),
+    }
+}
+
+/// What the demo prints: where things are and what to paste.
+pub fn banner(sim: &Sim, gw: &Running) -> String {
+    let base = gw.base_url();
+    let admin = gw.admin_url();
+    let (team, token) = DEMO_TOKENS[0];
+    let (team2, token2) = DEMO_TOKENS[1];
+    let s = sim.samples();
+    let search = format!(
+        "{base}/v2/permits/search?geo_id={}&permit_from={}&permit_to={}&size=5",
+        s.state, s.permit_from, s.permit_to
+    );
+    format!(
+        "permit-gateway demo is running.\n\
+         \n  gateway (team traffic):  {base}\
+         \n  admin (metrics, health): {admin}\
+         \n  upstream simulator:      {upstream}\
+         \n\nTeams: {team} (token {token}, 5000 credits), {team2} (token {token2}, 500 credits).\
+         \n\nTry:\
+         \n  curl -s -H 'X-API-Key: {token}' '{search}'\
+         \n  curl -s -i -H 'X-API-Key: {token2}' '{search}' | grep -i '^x-'\
+         \n  curl -s -H 'Authorization: Bearer {token}' '{base}/v2/usage'\
+         \n  curl -s '{admin}/metrics' | grep '^gateway_'\
+         \n  curl -s -H 'Authorization: Bearer {DEMO_ADMIN_TOKEN}' '{admin}/admin/teams'\
+         \n\nPress Ctrl-C to stop.\n",
+        upstream = sim.base_url(),
+    )
+}

@@ -1,0 +1,252 @@
+//! The request path's one error type, and the only place it becomes HTTP.
+//!
+//! Every phase of `proxy::handle` returns `Result<_, GatewayError>`; the
+//! variant records whose fault it is (the client's, the upstream's, ours) and
+//! [`GatewayError::into_response`] turns it into a status and a body in the
+//! upstream's shapes so existing clients parse it: 422 `{"detail":[...]}`,
+//! 402 `{"detail":{"error","limit","upgrade_url"}}`, others `{"detail":"..."}`.
+//! Bodies name the problem, never internals (no addresses, keys or causes).
+
+use crate::http_util::{json_response, Body};
+use http::{header, HeaderValue, Response, StatusCode};
+use serde_json::json;
+
+/// Who caused a failure: decides logging level and which metrics move.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fault {
+    Client,
+    Upstream,
+    Internal,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum GatewayError {
+    /// Not under /v2/, or a path that leaves it.
+    NotFound,
+    /// Anything but GET and HEAD.
+    MethodNotAllowed,
+    /// A request we refuse to interpret (bad encoding, control characters).
+    BadRequest(&'static str),
+    /// The request target is longer than `server.max_uri_bytes`.
+    UriTooLong,
+    /// No team credential at all: the upstream's own 422 for a missing key.
+    MissingCredential,
+    /// A credential that matches no team.
+    InvalidCredential,
+    /// Two credentials that disagree (X-API-Key vs Bearer, or repeated).
+    ConflictingCredentials,
+    /// The team's own request rate is exceeded.
+    TeamRateLimited { retry_after_secs: u64 },
+    /// The shared upstream rate is exhausted for longer than a team may wait.
+    UpstreamRateLimited { retry_after_secs: u64 },
+    /// The team's credit budget cannot cover this call.
+    QuotaExceeded { limit: u64, upgrade_url: String },
+    /// `Cache-Control: only-if-cached` and nothing cached.
+    NotCached,
+    /// The upstream did not answer within `upstream.timeout_secs`.
+    UpstreamTimeout,
+    /// The upstream could not be reached, or answered 5xx after retries.
+    UpstreamUnavailable,
+    /// The upstream answered something we cannot pass on (too large, cut off).
+    UpstreamInvalid(&'static str),
+    /// A backend we must not fail open on (the ledger) is down.
+    Unavailable(&'static str),
+    /// A bug: never expected.
+    Internal,
+}
+
+impl GatewayError {
+    pub fn fault(&self) -> Fault {
+        use GatewayError::*;
+        match self {
+            NotFound
+            | MethodNotAllowed
+            | BadRequest(_)
+            | UriTooLong
+            | MissingCredential
+            | InvalidCredential
+            | ConflictingCredentials
+            | TeamRateLimited { .. }
+            | QuotaExceeded { .. }
+            | NotCached => Fault::Client,
+            UpstreamRateLimited { .. }
+            | UpstreamTimeout
+            | UpstreamUnavailable
+            | UpstreamInvalid(_) => Fault::Upstream,
+            Unavailable(_) | Internal => Fault::Internal,
+        }
+    }
+
+    pub fn status(&self) -> StatusCode {
+        use GatewayError::*;
+        match self {
+            NotFound => StatusCode::NOT_FOUND,
+            MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
+            BadRequest(_) => StatusCode::BAD_REQUEST,
+            UriTooLong => StatusCode::URI_TOO_LONG,
+            MissingCredential => StatusCode::UNPROCESSABLE_ENTITY,
+            InvalidCredential | ConflictingCredentials => StatusCode::UNAUTHORIZED,
+            TeamRateLimited { .. } | UpstreamRateLimited { .. } => StatusCode::TOO_MANY_REQUESTS,
+            QuotaExceeded { .. } => StatusCode::PAYMENT_REQUIRED,
+            NotCached | UpstreamTimeout => StatusCode::GATEWAY_TIMEOUT,
+            UpstreamUnavailable | UpstreamInvalid(_) => StatusCode::BAD_GATEWAY,
+            Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+            Internal => StatusCode::INTERNAL_SERVER_ERROR,
+        }
+    }
+
+    fn body(&self) -> serde_json::Value {
+        use GatewayError::*;
+        let detail = match self {
+            NotFound => "Not Found",
+            MethodNotAllowed => "Method Not Allowed",
+            BadRequest(why) => why,
+            UriTooLong => "Request target too long",
+            MissingCredential => {
+                return json!({"detail": [{
+                    "type": "missing",
+                    "loc": ["header", "x-api-key"],
+                    "msg": "Field required",
+                    "input": null,
+                }]})
+            }
+            InvalidCredential => "Not authenticated",
+            ConflictingCredentials => "Conflicting credentials: send one team token",
+            TeamRateLimited { .. } => "Rate limit exceeded for this team",
+            UpstreamRateLimited { .. } => "Rate limit exceeded: the shared upstream rate is busy",
+            QuotaExceeded { limit, upgrade_url } => {
+                return json!({"detail": {
+                    "error": "Team credit limit exceeded.",
+                    "limit": limit,
+                    "upgrade_url": upgrade_url,
+                }})
+            }
+            NotCached => "Not cached (only-if-cached)",
+            UpstreamTimeout => "Upstream timed out",
+            UpstreamUnavailable => "Upstream unavailable",
+            UpstreamInvalid(why) => why,
+            Unavailable(why) => why,
+            Internal => "Internal Server Error",
+        };
+        json!({ "detail": detail })
+    }
+
+    /// The one mapping from error to response.
+    pub fn into_response(self) -> Response<Body> {
+        let mut resp = json_response(self.status(), &self.body());
+        let headers = resp.headers_mut();
+        match self {
+            GatewayError::MethodNotAllowed => {
+                headers.insert(header::ALLOW, HeaderValue::from_static("GET, HEAD"));
+            }
+            GatewayError::TeamRateLimited { retry_after_secs }
+            | GatewayError::UpstreamRateLimited { retry_after_secs } => {
+                headers.insert(
+                    header::RETRY_AFTER,
+                    HeaderValue::from(retry_after_secs.max(1)),
+                );
+            }
+            GatewayError::InvalidCredential | GatewayError::ConflictingCredentials => {
+                headers.insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+            }
+            _ => {}
+        }
+        resp
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http_body_util::BodyExt;
+
+    async fn body_of(e: GatewayError) -> (StatusCode, serde_json::Value) {
+        let resp = e.into_response();
+        let status = resp.status();
+        let bytes = resp.into_body().collect().await.expect("body").to_bytes();
+        (status, serde_json::from_slice(&bytes).expect("json"))
+    }
+
+    #[tokio::test]
+    async fn every_variant_has_a_pinned_status_and_detail() {
+        use GatewayError::*;
+        let cases = [
+            (NotFound, 404),
+            (MethodNotAllowed, 405),
+            (BadRequest("bad"), 400),
+            (UriTooLong, 414),
+            (MissingCredential, 422),
+            (InvalidCredential, 401),
+            (ConflictingCredentials, 401),
+            (
+                TeamRateLimited {
+                    retry_after_secs: 3,
+                },
+                429,
+            ),
+            (
+                UpstreamRateLimited {
+                    retry_after_secs: 3,
+                },
+                429,
+            ),
+            (
+                QuotaExceeded {
+                    limit: 5,
+                    upgrade_url: "u".into(),
+                },
+                402,
+            ),
+            (NotCached, 504),
+            (UpstreamTimeout, 504),
+            (UpstreamUnavailable, 502),
+            (UpstreamInvalid("x"), 502),
+            (Unavailable("ledger"), 503),
+            (Internal, 500),
+        ];
+        for (err, status) in cases {
+            let (got, body) = body_of(err.clone()).await;
+            assert_eq!(got.as_u16(), status, "{err:?}");
+            assert!(body.get("detail").is_some(), "{err:?} has a detail");
+        }
+    }
+
+    #[tokio::test]
+    async fn quota_body_has_the_upstream_402_shape() {
+        let (_, body) = body_of(GatewayError::QuotaExceeded {
+            limit: 100,
+            upgrade_url: "https://w".into(),
+        })
+        .await;
+        assert_eq!(body["detail"]["limit"], 100);
+        assert_eq!(body["detail"]["upgrade_url"], "https://w");
+        assert!(body["detail"]["error"].is_string());
+    }
+
+    #[tokio::test]
+    async fn rate_limits_always_carry_retry_after() {
+        for e in [
+            GatewayError::TeamRateLimited {
+                retry_after_secs: 0,
+            },
+            GatewayError::UpstreamRateLimited {
+                retry_after_secs: 7,
+            },
+        ] {
+            let resp = e.into_response();
+            let ra: u64 = resp.headers()[header::RETRY_AFTER]
+                .to_str()
+                .unwrap()
+                .parse()
+                .unwrap();
+            assert!(ra >= 1);
+        }
+    }
+
+    #[tokio::test]
+    async fn missing_credential_is_the_upstream_422_shape() {
+        let (_, body) = body_of(GatewayError::MissingCredential).await;
+        assert_eq!(body["detail"][0]["loc"], json!(["header", "x-api-key"]));
+        assert_eq!(body["detail"][0]["type"], "missing");
+    }
+}

@@ -1,0 +1,116 @@
+//! Small HTTP helpers shared by the team and admin listeners: the body type,
+//! JSON responses, hop-by-hop header stripping and request ids.
+
+use bytes::Bytes;
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::{Response, StatusCode};
+use http_body_util::Full;
+
+/// Every response body is complete in memory: pages are bounded (≤ 100
+/// records) and the cache and the ledger need the whole answer anyway.
+pub type Body = Full<Bytes>;
+
+pub fn json_response(status: StatusCode, value: &serde_json::Value) -> Response<Body> {
+    bytes_response(status, "application/json", Bytes::from(value.to_string()))
+}
+
+pub fn bytes_response(
+    status: StatusCode,
+    content_type: &'static str,
+    body: Bytes,
+) -> Response<Body> {
+    let mut resp = Response::new(Full::new(body));
+    *resp.status_mut() = status;
+    resp.headers_mut()
+        .insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
+    resp
+}
+
+/// Headers that describe one hop, never forwarded (RFC 9110 §7.6.1), plus
+/// whatever the `Connection` header names.
+pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
+    let named: Vec<HeaderName> = headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .filter_map(|name| HeaderName::from_bytes(name.trim().as_bytes()).ok())
+        .collect();
+    for name in named {
+        headers.remove(name);
+    }
+    for name in [
+        header::CONNECTION,
+        header::PROXY_AUTHENTICATE,
+        header::PROXY_AUTHORIZATION,
+        header::TE,
+        header::TRAILER,
+        header::TRANSFER_ENCODING,
+        header::UPGRADE,
+    ] {
+        headers.remove(name);
+    }
+    headers.remove("keep-alive");
+    headers.remove("proxy-connection");
+}
+
+/// The client's `X-Request-Id` when it is a sane token, else a new one.
+///
+/// A client-chosen id is echoed and forwarded, so it must not carry header
+/// injection or unbounded size.
+pub fn request_id(headers: &HeaderMap) -> String {
+    headers
+        .get("x-request-id")
+        .and_then(|v| v.to_str().ok())
+        .filter(|v| {
+            !v.is_empty()
+                && v.len() <= 128
+                && v.bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b"-_.:".contains(&b))
+        })
+        .map(str::to_owned)
+        .unwrap_or_else(new_request_id)
+}
+
+fn new_request_id() -> String {
+    let bits: u128 = rand::random();
+    format!("{bits:032x}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hop_by_hop_and_connection_named_headers_are_removed() {
+        let mut h = HeaderMap::new();
+        h.insert(
+            header::CONNECTION,
+            HeaderValue::from_static("keep-alive, x-secret-hop"),
+        );
+        h.insert("x-secret-hop", HeaderValue::from_static("1"));
+        h.insert("keep-alive", HeaderValue::from_static("timeout=5"));
+        h.insert(
+            header::TRANSFER_ENCODING,
+            HeaderValue::from_static("chunked"),
+        );
+        h.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        );
+        strip_hop_by_hop(&mut h);
+        assert_eq!(h.len(), 1);
+        assert!(h.contains_key(header::CONTENT_TYPE));
+    }
+
+    #[test]
+    fn request_id_is_propagated_only_when_sane() {
+        let mut h = HeaderMap::new();
+        h.insert("x-request-id", HeaderValue::from_static("abc-123"));
+        assert_eq!(request_id(&h), "abc-123");
+        h.insert("x-request-id", HeaderValue::from_static("has space"));
+        let generated = request_id(&h);
+        assert_eq!(generated.len(), 32);
+        assert!(generated.bytes().all(|b| b.is_ascii_hexdigit()));
+    }
+}

@@ -1,0 +1,235 @@
+//! Every metric name and label set (DESIGN §3.5) lives here and nowhere else;
+//! the dashboards use only these names.
+//!
+//! Labels come from bounded sets only: team names from config, route names,
+//! HTTP status codes, cache states and tiers. Never a token, a raw path, a
+//! query or an error text.
+
+use prometheus::{
+    Encoder, Gauge, GaugeVec, Histogram, HistogramOpts, HistogramVec, IntCounterVec, IntGauge,
+    IntGaugeVec, Opts, Registry, TextEncoder,
+};
+
+/// Buckets from a 100 µs cache hit to a 30 s upstream timeout.
+const LATENCY_BUCKETS: &[f64] = &[
+    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
+    5.0, 10.0, 30.0,
+];
+
+pub struct Metrics {
+    registry: Registry,
+    pub requests_total: IntCounterVec,
+    pub request_duration_seconds: HistogramVec,
+    pub upstream_requests_total: IntCounterVec,
+    pub upstream_request_duration_seconds: HistogramVec,
+    pub credits_spent_total: IntCounterVec,
+    pub credits_saved_total: IntCounterVec,
+    pub team_credits_used: IntGaugeVec,
+    pub team_credit_limit: IntGaugeVec,
+    pub upstream_credits_remaining: IntGauge,
+    pub upstream_credit_limit: IntGauge,
+    pub quota_rejections_total: IntCounterVec,
+    pub rate_limited_total: IntCounterVec,
+    pub coalesced_requests_total: IntCounterVec,
+    pub cache_entries: IntGaugeVec,
+    pub cache_size_bytes: IntGaugeVec,
+    pub backend_errors_total: IntCounterVec,
+    pub upstream_queue_depth: IntGauge,
+    pub build_info: GaugeVec,
+    /// Not in the contract table: how often an upstream call was retried.
+    pub upstream_retries_total: IntCounterVec,
+    /// Not in the contract table: time a call waited for the upstream rate.
+    pub upstream_queue_wait_seconds: Histogram,
+    /// Not in the contract table: open team connections.
+    pub open_connections: Gauge,
+}
+
+fn counter(r: &Registry, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
+    let c = IntCounterVec::new(Opts::new(name, help), labels).expect("valid counter");
+    r.register(Box::new(c.clone())).expect("unique metric");
+    c
+}
+
+fn gauge_vec(r: &Registry, name: &str, help: &str, labels: &[&str]) -> IntGaugeVec {
+    let g = IntGaugeVec::new(Opts::new(name, help), labels).expect("valid gauge");
+    r.register(Box::new(g.clone())).expect("unique metric");
+    g
+}
+
+fn gauge(r: &Registry, name: &str, help: &str) -> IntGauge {
+    let g = IntGauge::new(name, help).expect("valid gauge");
+    r.register(Box::new(g.clone())).expect("unique metric");
+    g
+}
+
+fn histogram(r: &Registry, name: &str, help: &str, labels: &[&str]) -> HistogramVec {
+    let opts = HistogramOpts::new(name, help).buckets(LATENCY_BUCKETS.to_vec());
+    let h = HistogramVec::new(opts, labels).expect("valid histogram");
+    r.register(Box::new(h.clone())).expect("unique metric");
+    h
+}
+
+impl Metrics {
+    pub fn new() -> Metrics {
+        let r = Registry::new();
+        let m = Metrics {
+            requests_total: counter(
+                &r,
+                "gateway_requests_total",
+                "Team requests answered.",
+                &["team", "route", "status", "cache"],
+            ),
+            request_duration_seconds: histogram(
+                &r,
+                "gateway_request_duration_seconds",
+                "Time to answer a team request.",
+                &["route", "cache"],
+            ),
+            upstream_requests_total: counter(
+                &r,
+                "gateway_upstream_requests_total",
+                "Requests sent to the upstream, by its answer.",
+                &["route", "status"],
+            ),
+            upstream_request_duration_seconds: histogram(
+                &r,
+                "gateway_upstream_request_duration_seconds",
+                "Upstream call duration, retries included.",
+                &["route"],
+            ),
+            credits_spent_total: counter(
+                &r,
+                "gateway_credits_spent_total",
+                "Upstream credits charged to a team.",
+                &["team", "route"],
+            ),
+            credits_saved_total: counter(
+                &r,
+                "gateway_credits_saved_total",
+                "Credits a cached or coalesced answer saved a team.",
+                &["team", "route"],
+            ),
+            team_credits_used: gauge_vec(
+                &r,
+                "gateway_team_credits_used",
+                "Credits a team used in its current window.",
+                &["team"],
+            ),
+            team_credit_limit: gauge_vec(
+                &r,
+                "gateway_team_credit_limit",
+                "A team's credit budget per window (absent: unlimited).",
+                &["team"],
+            ),
+            upstream_credits_remaining: gauge(
+                &r,
+                "gateway_upstream_credits_remaining",
+                "The org's credits left, as the upstream last reported.",
+            ),
+            upstream_credit_limit: gauge(
+                &r,
+                "gateway_upstream_credit_limit",
+                "The org's credit limit, as the upstream last reported.",
+            ),
+            quota_rejections_total: counter(
+                &r,
+                "gateway_quota_rejections_total",
+                "Requests refused with 402 by a team budget.",
+                &["team"],
+            ),
+            rate_limited_total: counter(
+                &r,
+                "gateway_rate_limited_total",
+                "Requests refused with 429.",
+                &["team", "scope"],
+            ),
+            coalesced_requests_total: counter(
+                &r,
+                "gateway_coalesced_requests_total",
+                "Requests answered by another request's upstream fetch.",
+                &["route"],
+            ),
+            cache_entries: gauge_vec(
+                &r,
+                "gateway_cache_entries",
+                "Entries in a cache tier.",
+                &["tier"],
+            ),
+            cache_size_bytes: gauge_vec(
+                &r,
+                "gateway_cache_size_bytes",
+                "Bytes in a cache tier.",
+                &["tier"],
+            ),
+            backend_errors_total: counter(
+                &r,
+                "gateway_backend_errors_total",
+                "Errors from Redis or the ledger.",
+                &["backend", "op"],
+            ),
+            upstream_queue_depth: gauge(
+                &r,
+                "gateway_upstream_queue_depth",
+                "Calls waiting for the shared upstream rate.",
+            ),
+            build_info: {
+                let g = GaugeVec::new(
+                    Opts::new("gateway_build_info", "Build of the running gateway."),
+                    &["version"],
+                )
+                .expect("valid gauge");
+                r.register(Box::new(g.clone())).expect("unique metric");
+                g
+            },
+            upstream_retries_total: counter(
+                &r,
+                "gateway_upstream_retries_total",
+                "Upstream attempts repeated after a failure.",
+                &["route"],
+            ),
+            upstream_queue_wait_seconds: {
+                let opts = HistogramOpts::new(
+                    "gateway_upstream_queue_wait_seconds",
+                    "Time a call waited for the shared upstream rate.",
+                )
+                .buckets(LATENCY_BUCKETS.to_vec());
+                let h = Histogram::with_opts(opts).expect("valid histogram");
+                r.register(Box::new(h.clone())).expect("unique metric");
+                h
+            },
+            open_connections: {
+                let g = Gauge::new("gateway_open_connections", "Open team connections.")
+                    .expect("valid gauge");
+                r.register(Box::new(g.clone())).expect("unique metric");
+                g
+            },
+            registry: r,
+        };
+        m.build_info
+            .with_label_values(&[env!("CARGO_PKG_VERSION")])
+            .set(1.0);
+        #[cfg(target_os = "linux")]
+        {
+            let pc = prometheus::process_collector::ProcessCollector::for_self();
+            // A second gateway in one process (tests) shares the pid: tolerate it.
+            let _ = m.registry.register(Box::new(pc));
+        }
+        m
+    }
+
+    /// The Prometheus text exposition of everything registered.
+    pub fn render(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(16 * 1024);
+        let encoder = TextEncoder::new();
+        if let Err(e) = encoder.encode(&self.registry.gather(), &mut out) {
+            tracing::error!(error = %e, "cannot encode metrics");
+        }
+        out
+    }
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Metrics::new()
+    }
+}

@@ -1,0 +1,157 @@
+//! Shaping what a team receives from what the upstream said: the team's view
+//! of credits, the org's headers removed, upstream failures mapped.
+
+use super::context::RequestLog;
+use crate::auth::Team;
+use crate::error::GatewayError;
+use crate::http_util::{json_response, Body};
+use crate::upstream::{retry_after, UpstreamResponse};
+use http::header::{HeaderName, HeaderValue, CONTENT_LENGTH, SERVER, SET_COOKIE};
+use http::{Response, StatusCode};
+use http_body_util::Full;
+use serde_json::json;
+
+pub const X_CREDITS_REQUEST: HeaderName = HeaderName::from_static("x-credits-request");
+pub const X_CREDITS_LIMIT: HeaderName = HeaderName::from_static("x-credits-limit");
+pub const X_CREDITS_REMAINING: HeaderName = HeaderName::from_static("x-credits-remaining");
+pub const X_CACHE: HeaderName = HeaderName::from_static("x-cache");
+
+/// More than any one call can cost (100 records a page): a header above
+/// this is a fault, and the records are counted instead.
+const MAX_PLAUSIBLE_CREDITS: u64 = 10_000;
+
+/// Credits the upstream charged for this answer: its `X-Credits-Request`,
+/// else (missing, malformed or absurd, on a metered route) the number of
+/// records in the page.
+pub fn credits_charged(resp: &UpstreamResponse, metered: bool) -> u64 {
+    if resp.status != StatusCode::OK {
+        return 0;
+    }
+    let header = resp
+        .headers
+        .get(X_CREDITS_REQUEST)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|s| s.trim().parse::<u64>().ok())
+        .filter(|n| *n <= MAX_PLAUSIBLE_CREDITS);
+    match header {
+        Some(n) => n,
+        None if metered => count_items(&resp.body),
+        None => 0,
+    }
+}
+
+/// Records in a page envelope; 0 when the body is not one.
+pub fn count_items(body: &[u8]) -> u64 {
+    #[derive(serde::Deserialize)]
+    struct Page {
+        items: Vec<serde::de::IgnoredAny>,
+    }
+    serde_json::from_slice::<Page>(body).map_or(0, |p| p.items.len() as u64)
+}
+
+/// The team's response for an upstream answer.
+pub fn from_upstream(
+    upstream: UpstreamResponse,
+    charged: u64,
+    log: &RequestLog,
+) -> Result<Response<Body>, GatewayError> {
+    match upstream.status.as_u16() {
+        // Our key was refused: the gateway's problem, not the team's token.
+        401 | 403 => {
+            tracing::error!(request_id = %log.request_id, status = upstream.status.as_u16(), "upstream refused the gateway's key");
+            return Err(GatewayError::UpstreamUnavailable);
+        }
+        429 => {
+            let secs = retry_after(&upstream.headers).map_or(1, |d| d.as_secs());
+            return Err(GatewayError::UpstreamRateLimited {
+                retry_after_secs: secs,
+            });
+        }
+        500..=599 => return Err(GatewayError::UpstreamUnavailable),
+        _ => {}
+    }
+    let mut resp = Response::new(Full::new(upstream.body));
+    *resp.status_mut() = upstream.status;
+    let headers = resp.headers_mut();
+    *headers = upstream.headers;
+    // The org's numbers are not the team's business; the team's own are set below.
+    for name in [
+        X_CREDITS_REQUEST,
+        X_CREDITS_LIMIT,
+        X_CREDITS_REMAINING,
+        CONTENT_LENGTH,
+        SERVER,
+        SET_COOKIE,
+    ] {
+        headers.remove(name);
+    }
+    if upstream.status == StatusCode::OK {
+        headers.insert(X_CREDITS_REQUEST, HeaderValue::from(charged));
+    }
+    headers.insert(X_CACHE, HeaderValue::from_static(log.cache.header()));
+    Ok(resp)
+}
+
+/// `GET /v2/usage` for one team, in the upstream's usage shape.
+pub fn usage(team: &Team) -> Response<Body> {
+    json_response(
+        StatusCode::OK,
+        &json!({
+            "credits_used": 0,
+            "credit_limit": team.credit_limit,
+            "is_over_limit": false,
+            "available_at": null,
+            "daily_usage": [],
+        }),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bytes::Bytes;
+    use http::HeaderMap;
+
+    fn resp(
+        status: u16,
+        headers: &[(&'static str, &'static str)],
+        body: &'static str,
+    ) -> UpstreamResponse {
+        let mut h = HeaderMap::new();
+        for (k, v) in headers {
+            h.insert(*k, HeaderValue::from_static(v));
+        }
+        UpstreamResponse {
+            status: StatusCode::from_u16(status).unwrap(),
+            headers: h,
+            body: Bytes::from_static(body.as_bytes()),
+        }
+    }
+
+    #[test]
+    fn credits_come_from_the_header_else_from_the_records() {
+        let page = r#"{"items":[{},{},{}],"size":3}"#;
+        assert_eq!(
+            credits_charged(&resp(200, &[("x-credits-request", "7")], page), true),
+            7
+        );
+        for absurd in ["abc", "-5", "99999999999999999999", "5000000"] {
+            let r = resp(200, &[("x-credits-request", absurd)], page);
+            assert_eq!(credits_charged(&r, true), 3, "{absurd}");
+        }
+        assert_eq!(
+            credits_charged(&resp(200, &[], page), true),
+            3,
+            "missing header: count records"
+        );
+        assert_eq!(
+            credits_charged(&resp(200, &[], page), false),
+            0,
+            "free endpoints send no credit headers"
+        );
+        assert_eq!(
+            credits_charged(&resp(422, &[("x-credits-request", "7")], page), true),
+            0
+        );
+    }
+}

@@ -1,0 +1,103 @@
+//! What the phases learn about a request, for its metrics and its one
+//! access-log line. Holds no secret: the team's name, never its token.
+
+use crate::error::Fault;
+use crate::metrics::Metrics;
+use crate::route::Route;
+use http::{Method, StatusCode};
+use std::time::Duration;
+
+/// How the cache took part in an answer (the `X-Cache` header and the
+/// `cache` metric label).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CacheState {
+    Hit,
+    Miss,
+    Stale,
+    Bypass,
+}
+
+impl CacheState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CacheState::Hit => "hit",
+            CacheState::Miss => "miss",
+            CacheState::Stale => "stale",
+            CacheState::Bypass => "bypass",
+        }
+    }
+
+    /// The `X-Cache` header value.
+    pub fn header(self) -> &'static str {
+        match self {
+            CacheState::Hit => "HIT",
+            CacheState::Miss => "MISS",
+            CacheState::Stale => "STALE",
+            CacheState::Bypass => "BYPASS",
+        }
+    }
+}
+
+/// Label used for requests that never reached authentication.
+pub const NO_TEAM: &str = "unauthenticated";
+
+#[derive(Debug)]
+pub struct RequestLog {
+    pub request_id: String,
+    pub team: Option<String>,
+    pub route: Option<Route>,
+    pub cache: CacheState,
+    /// Credits charged to the team for this answer.
+    pub credits: u64,
+    pub fault: Option<Fault>,
+}
+
+impl RequestLog {
+    pub fn new(request_id: String) -> RequestLog {
+        RequestLog {
+            request_id,
+            team: None,
+            route: None,
+            cache: CacheState::Bypass,
+            credits: 0,
+            fault: None,
+        }
+    }
+
+    /// Records the request's metrics and writes its access-log line.
+    pub fn finish(&self, metrics: &Metrics, method: &Method, status: StatusCode, took: Duration) {
+        let team = self.team.as_deref().unwrap_or(NO_TEAM);
+        let route = self.route.map_or("none", Route::as_str);
+        let cache = self.cache.as_str();
+        metrics
+            .requests_total
+            .with_label_values(&[team, route, status.as_str(), cache])
+            .inc();
+        metrics
+            .request_duration_seconds
+            .with_label_values(&[route, cache])
+            .observe(took.as_secs_f64());
+        let duration_ms = took.as_secs_f64() * 1000.0;
+        macro_rules! access {
+            ($level:ident) => {
+                tracing::$level!(
+                    target: "access",
+                    request_id = %self.request_id,
+                    team,
+                    method = %method,
+                    route,
+                    status = status.as_u16(),
+                    cache,
+                    credits = self.credits,
+                    duration_ms,
+                    "request"
+                )
+            };
+        }
+        match self.fault {
+            Some(Fault::Internal) => access!(error),
+            Some(Fault::Upstream) => access!(warn),
+            _ => access!(info),
+        }
+    }
+}

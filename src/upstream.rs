@@ -1,0 +1,283 @@
+//! The upstream client: one pooled hyper client over rustls (HTTP/2 when the
+//! upstream offers it by ALPN), the single upstream key injected, bounded
+//! retries with jittered backoff, one whole-call deadline.
+//!
+//! Last phase before the answer: `proxy` calls [`Upstream::fetch`] once per
+//! cache miss. Only an allowlist of request headers travels upstream, so a
+//! team's credential, cookies and internal addresses (X-Forwarded-For) never
+//! reach the third party.
+
+use crate::config::{Secret, UpstreamConfig};
+use crate::error::GatewayError;
+use crate::http_util::strip_hop_by_hop;
+use crate::metrics::Metrics;
+use crate::route::Target;
+use backon::{ExponentialBuilder, Retryable};
+use bytes::Bytes;
+use http::header::{HeaderMap, HeaderValue, ACCEPT, RETRY_AFTER, USER_AGENT};
+use http::{Request, StatusCode, Uri};
+use http_body_util::{BodyExt, Empty, Limited};
+use hyper_rustls::{HttpsConnector, HttpsConnectorBuilder};
+use hyper_util::client::legacy::{connect::HttpConnector, Client};
+use hyper_util::rt::TokioExecutor;
+use rustls::pki_types::{pem::PemObject, CertificateDer};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// A complete upstream answer.
+#[derive(Debug, Clone)]
+pub struct UpstreamResponse {
+    pub status: StatusCode,
+    pub headers: HeaderMap,
+    pub body: Bytes,
+}
+
+pub struct Upstream {
+    client: Client<HttpsConnector<HttpConnector>, Empty<Bytes>>,
+    /// `scheme://authority` plus any base path, without a trailing slash.
+    base: String,
+    api_key: HeaderValue,
+    timeout: Duration,
+    max_retries: u32,
+    max_response_bytes: usize,
+}
+
+/// Why one attempt did not produce an answer worth returning.
+#[derive(Debug)]
+enum AttemptError {
+    /// Never reached the upstream: safe to retry.
+    Connect,
+    /// Reached it but the exchange broke (reset, cut body).
+    Transport,
+    /// An answer that a retry may fix (429, 502, 503, 504); kept in case
+    /// retries run out, so the caller still sees what the upstream said.
+    Retryable(UpstreamResponse),
+    /// Larger than `max_response_bytes`.
+    TooLarge,
+}
+
+impl Upstream {
+    pub fn new(cfg: &UpstreamConfig, key: &Secret) -> Result<Upstream, String> {
+        let tls = client_tls(cfg)?;
+        let mut http = HttpConnector::new();
+        http.enforce_http(false);
+        http.set_nodelay(true);
+        http.set_connect_timeout(Some(Duration::from_secs(cfg.connect_timeout_secs)));
+        let https = HttpsConnectorBuilder::new()
+            .with_tls_config(tls)
+            .https_or_http()
+            .enable_http1()
+            .enable_http2()
+            .wrap_connector(http);
+        let client = Client::builder(TokioExecutor::new())
+            .pool_idle_timeout(Duration::from_secs(60))
+            .pool_max_idle_per_host(64)
+            .build(https);
+        let mut api_key = HeaderValue::from_str(key.expose())
+            .map_err(|_| "upstream.api_key: not a valid header value".to_string())?;
+        // Marked sensitive so hyper's HPACK never indexes it and debug output hides it.
+        api_key.set_sensitive(true);
+        Ok(Upstream {
+            client,
+            base: cfg.base_url.trim_end_matches('/').to_string(),
+            api_key,
+            timeout: Duration::from_secs(cfg.timeout_secs),
+            max_retries: cfg.max_retries,
+            max_response_bytes: cfg.max_response_bytes,
+        })
+    }
+
+    /// GETs the target upstream with retries inside one deadline. Any answer
+    /// the upstream gave (including 4xx/5xx after retries) is `Ok`; `Err`
+    /// means there is no answer to pass on.
+    pub async fn fetch(
+        &self,
+        target: &Target,
+        request_id: &str,
+        accept: Option<&HeaderValue>,
+        metrics: &Metrics,
+    ) -> Result<UpstreamResponse, GatewayError> {
+        let uri = self.uri_for(target)?;
+        let started = Instant::now();
+        let deadline = started + self.timeout;
+        let route = target.route.as_str();
+        let backoff = ExponentialBuilder::default()
+            .with_min_delay(Duration::from_millis(50))
+            .with_max_delay(Duration::from_secs(2))
+            .with_max_times(self.max_retries as usize)
+            .with_jitter();
+        let attempt = || self.attempt(&uri, request_id, accept, route, metrics);
+        let retried = attempt
+            .retry(backoff)
+            .when(|e| !matches!(e, AttemptError::TooLarge | AttemptError::Transport))
+            .adjust(|e, backoff| retry_delay(e, backoff, deadline))
+            .notify(|_, _| {
+                metrics
+                    .upstream_retries_total
+                    .with_label_values(&[route])
+                    .inc()
+            });
+        let outcome = tokio::time::timeout_at(deadline.into(), retried).await;
+        metrics
+            .upstream_request_duration_seconds
+            .with_label_values(&[route])
+            .observe(started.elapsed().as_secs_f64());
+        match outcome {
+            Err(_) => {
+                metrics
+                    .upstream_requests_total
+                    .with_label_values(&[route, "timeout"])
+                    .inc();
+                Err(GatewayError::UpstreamTimeout)
+            }
+            Ok(Ok(resp)) | Ok(Err(AttemptError::Retryable(resp))) => Ok(resp),
+            Ok(Err(AttemptError::Connect | AttemptError::Transport)) => {
+                Err(GatewayError::UpstreamUnavailable)
+            }
+            Ok(Err(AttemptError::TooLarge)) => {
+                Err(GatewayError::UpstreamInvalid("Upstream response too large"))
+            }
+        }
+    }
+
+    fn uri_for(&self, target: &Target) -> Result<Uri, GatewayError> {
+        let mut uri = String::with_capacity(self.base.len() + target.path.len() + 64);
+        uri.push_str(&self.base);
+        uri.push_str(&target.path);
+        if let Some(q) = &target.query {
+            uri.push('?');
+            uri.push_str(q);
+        }
+        uri.parse()
+            .map_err(|_| GatewayError::BadRequest("Request target cannot be forwarded"))
+    }
+
+    async fn attempt(
+        &self,
+        uri: &Uri,
+        request_id: &str,
+        accept: Option<&HeaderValue>,
+        route: &str,
+        metrics: &Metrics,
+    ) -> Result<UpstreamResponse, AttemptError> {
+        let mut req = Request::get(uri.clone())
+            .header(
+                USER_AGENT,
+                concat!("permit-gateway/", env!("CARGO_PKG_VERSION")),
+            )
+            .header("x-request-id", request_id)
+            .header(
+                ACCEPT,
+                accept
+                    .cloned()
+                    .unwrap_or(HeaderValue::from_static("application/json")),
+            )
+            .body(Empty::new())
+            .map_err(|_| AttemptError::Transport)?;
+        req.headers_mut().insert("x-api-key", self.api_key.clone());
+        let resp = self.client.request(req).await.map_err(|e| {
+            let kind = if e.is_connect() {
+                "connect_error"
+            } else {
+                "transport_error"
+            };
+            metrics
+                .upstream_requests_total
+                .with_label_values(&[route, kind])
+                .inc();
+            tracing::warn!(route, error = %ErrorChain(&e), "upstream request failed");
+            if e.is_connect() {
+                AttemptError::Connect
+            } else {
+                AttemptError::Transport
+            }
+        })?;
+        let (parts, body) = resp.into_parts();
+        metrics
+            .upstream_requests_total
+            .with_label_values(&[route, parts.status.as_str()])
+            .inc();
+        let body = Limited::new(body, self.max_response_bytes)
+            .collect()
+            .await
+            .map_err(|e| {
+                if e.downcast_ref::<http_body_util::LengthLimitError>()
+                    .is_some()
+                {
+                    AttemptError::TooLarge
+                } else {
+                    AttemptError::Transport
+                }
+            })?
+            .to_bytes();
+        let mut headers = parts.headers;
+        strip_hop_by_hop(&mut headers);
+        let answer = UpstreamResponse {
+            status: parts.status,
+            headers,
+            body,
+        };
+        match answer.status.as_u16() {
+            429 | 502 | 503 | 504 => Err(AttemptError::Retryable(answer)),
+            _ => Ok(answer),
+        }
+    }
+}
+
+/// The wait before the next attempt: the jittered backoff, or the upstream's
+/// `Retry-After` on a 429/503; no retry when that would pass the deadline.
+fn retry_delay(e: &AttemptError, backoff: Option<Duration>, deadline: Instant) -> Option<Duration> {
+    let wait = match e {
+        AttemptError::Retryable(resp) => retry_after(&resp.headers).or(backoff)?,
+        _ => backoff?,
+    };
+    (Instant::now() + wait < deadline).then_some(wait)
+}
+
+/// `Retry-After` in seconds (the upstream sends integers).
+pub fn retry_after(headers: &HeaderMap) -> Option<Duration> {
+    let secs: u64 = headers
+        .get(RETRY_AFTER)?
+        .to_str()
+        .ok()?
+        .trim()
+        .parse()
+        .ok()?;
+    Some(Duration::from_secs(secs))
+}
+
+fn client_tls(cfg: &UpstreamConfig) -> Result<rustls::ClientConfig, String> {
+    let mut roots = rustls::RootCertStore::empty();
+    roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned());
+    if let Some(path) = &cfg.ca_file {
+        let certs = CertificateDer::pem_file_iter(path)
+            .map_err(|e| format!("upstream.ca_file: {}: {e}", path.display()))?;
+        for cert in certs {
+            let cert = cert.map_err(|e| format!("upstream.ca_file: {}: {e}", path.display()))?;
+            roots
+                .add(cert)
+                .map_err(|e| format!("upstream.ca_file: {}: {e}", path.display()))?;
+        }
+    }
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    Ok(rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| format!("tls: {e}"))?
+        .with_root_certificates(roots)
+        .with_no_client_auth())
+}
+
+/// Displays an error with its sources: hyper's top-level text is vague.
+struct ErrorChain<'a>(&'a (dyn std::error::Error + 'static));
+
+impl std::fmt::Display for ErrorChain<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}", self.0)?;
+        let mut source = self.0.source();
+        while let Some(s) = source {
+            write!(f, ": {s}")?;
+            source = s.source();
+        }
+        Ok(())
+    }
+}

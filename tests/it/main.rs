@@ -2,4 +2,6 @@
 
 mod support;
 
+mod core;
+mod core_process;
 mod harness;

@@ -3,8 +3,12 @@
 //! - `http`: a small client that returns status, headers and body.
 //! - `sim`: the upstream simulator started in-process on 127.0.0.1:0.
 //! - `redis`: a real `redis-server` child in a temp dir, killed on drop.
+//! - `gateway`: the real gateway, in-process or as a child process.
+//! - `tls`: a throwaway CA and leaf certificate.
 #![allow(dead_code)]
 
+pub mod gateway;
 pub mod http;
 pub mod redis;
 pub mod sim;
+pub mod tls;

@@ -1,0 +1,225 @@
+//! The gateway core: a drop-in /v2 proxy with team tokens in and one
+//! upstream key out. Real gateway, real simulator, real sockets.
+
+use crate::support::gateway::{Setup, ALPHA, BETA};
+use crate::support::http::{get, send};
+use crate::support::sim::{start_sim, Samples, SimConfig};
+use bytes::Bytes;
+use http::{Method, StatusCode};
+
+fn unlimited() -> SimConfig {
+    SimConfig { requests_per_minute: 0, ..SimConfig::default() }
+}
+
+/// Every spec endpoint with valid parameters from the dataset (and a few
+/// invalid ones whose error must pass through unchanged).
+fn endpoint_paths(s: &Samples) -> Vec<String> {
+    let window = format!("permit_from={}&permit_to={}", s.permit_from, s.permit_to);
+    vec![
+        format!("/v2/permits/search?geo_id={}&{window}&size=5", s.state),
+        format!("/v2/permits/search?geo_id={}&{window}&size=3&include_count=true", s.zip),
+        format!("/v2/contractors/search?geo_id={}&{window}&size=4", s.county_geo_id),
+        format!("/v2/contractors/{}/permits?size=5", s.contractor_id),
+        format!("/v2/addresses/{}/metrics/monthly?metric_from=2020-01-01&metric_to=2026-12-31&tag=all", s.address_geo_id),
+        format!("/v2/counties/{}/metrics/monthly?metric_from=2020-01-01&metric_to=2026-12-31&tag=all&property_type=all", s.county_geo_id),
+        format!("/v2/cities/{}/metrics/monthly?metric_from=2020-01-01&metric_to=2026-12-31&tag=all&property_type=all", s.city_geo_id),
+        format!("/v2/cities/{}/metrics/current?tag=all&property_type=all", s.city_geo_id),
+        format!("/v2/counties?geo_id={}", s.county_geo_id),
+        format!("/v2/cities?geo_id={}", s.city_geo_id),
+        format!("/v2/jurisdictions?geo_id={}", s.jurisdiction_geo_id),
+        "/v2/list/zip?size=10".to_string(),
+        format!("/v2/zipcodes/search?q={}", &s.zip[..3]),
+        "/v2/states/search?q=a".to_string(),
+        "/v2/jurisdictions/search?q=a".to_string(),
+        format!("/v2/meta/coverage?geo_type=state&geo_id={}&date_from=2020-01-01&date_to=2026-12-31", s.state),
+        "/v2/meta/release".to_string(),
+        // Errors of the upstream's own pass through as they are.
+        format!("/v2/permits/search?geo_id={}&{window}&size=500", s.state),
+        "/v2/permits/search?geo_id=somewhere%20nice".to_string(),
+        "/v2/counties?geo_id=AAAAAAAAAAA".to_string(),
+        "/v2/no/such/endpoint".to_string(),
+    ]
+}
+
+#[tokio::test]
+async fn every_spec_endpoint_answers_through_the_gateway_as_the_upstream_does() {
+    let sim = start_sim(unlimited()).await;
+    let gw = Setup::new().start(&sim).await;
+    let samples = sim.samples();
+    for path in endpoint_paths(&samples) {
+        let direct = get(&format!("{}{path}", sim.base_url()), &[("x-api-key", sim.api_key())]).await;
+        let via_key = get(&format!("{}{path}", gw.base_url()), &[("x-api-key", ALPHA.1)]).await;
+        let bearer = format!("Bearer {}", BETA.1);
+        let via_bearer = get(&format!("{}{path}", gw.base_url()), &[("authorization", &bearer)]).await;
+        for (style, via) in [("x-api-key", &via_key), ("bearer", &via_bearer)] {
+            assert_eq!(via.status, direct.status, "{style} {path}: {}", via.text());
+            assert_eq!(via.json(), direct.json(), "{style} {path}: body differs");
+            assert!(via.header("x-request-id").is_some(), "{path}: x-request-id");
+        }
+    }
+    // Every gateway request reached the upstream with the upstream's own key.
+    let log = sim.log();
+    assert!(log.iter().all(|e| e.api_key_ok), "a request reached the upstream without the right key");
+}
+
+#[tokio::test]
+async fn the_team_sees_its_own_credit_headers_not_the_orgs() {
+    let sim = start_sim(SimConfig { credit_limit: Some(1_000_000), ..unlimited() }).await;
+    let gw = Setup::new().start(&sim).await;
+    let s = sim.samples();
+    let path = format!("/v2/permits/search?geo_id={}&permit_from={}&permit_to={}&size=4", s.state, s.permit_from, s.permit_to);
+    let reply = get(&format!("{}{path}", gw.base_url()), &[("x-api-key", ALPHA.1)]).await;
+    assert_eq!(reply.status, StatusCode::OK);
+    let items = reply.json()["items"].as_array().expect("items").len() as u64;
+    assert_eq!(reply.header_u64("x-credits-request"), Some(items));
+    // Alpha is unlimited: no limit headers, and never the org's 1,000,000.
+    assert_eq!(reply.header("x-credits-limit"), None);
+    assert_eq!(reply.header("x-credits-remaining"), None);
+    // Free endpoints cost nothing and say so.
+    let free = get(&format!("{}/v2/meta/release", gw.base_url()), &[("x-api-key", ALPHA.1)]).await;
+    assert_eq!(free.status, StatusCode::OK);
+    assert_eq!(free.header("x-credits-request"), None);
+}
+
+#[tokio::test]
+async fn methods_paths_and_credentials_get_upstream_shaped_errors() {
+    let sim = start_sim(unlimited()).await;
+    let gw = Setup::new().start(&sim).await;
+    let base = gw.base_url();
+
+    let post = send(Method::POST, &format!("{base}/v2/meta/release"), &[("x-api-key", ALPHA.1)], Bytes::from("{}")).await;
+    assert_eq!(post.status, StatusCode::METHOD_NOT_ALLOWED);
+    assert_eq!(post.header("allow"), Some("GET, HEAD"));
+    assert_eq!(post.json()["detail"], "Method Not Allowed");
+
+    let outside = get(&format!("{base}/v1/permits/search"), &[("x-api-key", ALPHA.1)]).await;
+    assert_eq!(outside.status, StatusCode::NOT_FOUND);
+    assert_eq!(outside.json()["detail"], "Not Found");
+
+    let missing = get(&format!("{base}/v2/meta/release"), &[]).await;
+    assert_eq!(missing.status, StatusCode::UNPROCESSABLE_ENTITY);
+    assert_eq!(missing.json()["detail"][0]["loc"], serde_json::json!(["header", "x-api-key"]));
+
+    let wrong = get(&format!("{base}/v2/meta/release"), &[("x-api-key", "not-a-team")]).await;
+    assert_eq!(wrong.status, StatusCode::UNAUTHORIZED);
+    assert!(wrong.json()["detail"].is_string());
+
+    let conflicting = get(
+        &format!("{base}/v2/meta/release"),
+        &[("x-api-key", ALPHA.1), ("authorization", &format!("Bearer {}", BETA.1))],
+    )
+    .await;
+    assert_eq!(conflicting.status, StatusCode::UNAUTHORIZED);
+
+    let head = send(Method::HEAD, &format!("{base}/v2/meta/release"), &[("x-api-key", ALPHA.1)], Bytes::new()).await;
+    assert_eq!(head.status, StatusCode::OK);
+    assert!(head.body.is_empty());
+
+    // None of the refused requests reached the upstream.
+    assert_eq!(sim.stats().requests_total, 1, "only the HEAD went upstream");
+}
+
+#[tokio::test]
+async fn traversal_attempts_stay_inside_v2() {
+    let sim = start_sim(unlimited()).await;
+    let gw = Setup::new().start(&sim).await;
+    for path in [
+        "/v2/../admin/teams",
+        "/v2/%2e%2e/admin/teams",
+        "/v2/%2E%2E/%2E%2E/metrics",
+        "/v2/.%2e/healthz",
+        "/v2/permits/../../admin/teams",
+        "/v2/meta/%2e%2e/%2e%2e/_sim/stats",
+    ] {
+        let r = get(&format!("{}{path}", gw.base_url()), &[("x-api-key", ALPHA.1)]).await;
+        assert_eq!(r.status, StatusCode::NOT_FOUND, "{path}: {}", r.text());
+    }
+    let encoded_slash = get(&format!("{}/v2/contractors/a%2F..%2F..%2Fx/permits", gw.base_url()), &[("x-api-key", ALPHA.1)]).await;
+    assert_eq!(encoded_slash.status, StatusCode::BAD_REQUEST);
+    // Inside /v2, dot-segments resolve to the canonical path upstream.
+    let inside = get(&format!("{}/v2/meta/x/../release", gw.base_url()), &[("x-api-key", ALPHA.1)]).await;
+    assert_eq!(inside.status, StatusCode::OK);
+    let paths: Vec<String> = sim.log().into_iter().map(|e| e.path).collect();
+    assert_eq!(paths, vec!["/v2/meta/release".to_string()]);
+}
+
+#[tokio::test]
+async fn request_ids_are_propagated_upstream_and_back() {
+    let sim = start_sim(unlimited()).await;
+    let gw = Setup::new().start(&sim).await;
+    let r = get(&format!("{}/v2/meta/release", gw.base_url()), &[("x-api-key", ALPHA.1), ("x-request-id", "trace-42")]).await;
+    assert_eq!(r.header("x-request-id"), Some("trace-42"));
+    let generated = get(&format!("{}/v2/meta/release", gw.base_url()), &[("x-api-key", ALPHA.1)]).await;
+    let id = generated.header("x-request-id").expect("generated id").to_string();
+    let upstream_ids: Vec<Option<String>> = sim.log().into_iter().map(|e| e.request_id).collect();
+    assert_eq!(upstream_ids, vec![Some("trace-42".to_string()), Some(id)]);
+}
+
+#[tokio::test]
+async fn upstream_failures_map_to_502_and_504() {
+    use crate::support::sim::{FaultKind, Faults};
+    let sim = start_sim(unlimited()).await;
+    let gw = Setup::new()
+        .with("upstream", "timeout_secs = 1\nmax_retries = 1")
+        .start(&sim)
+        .await;
+    let url = format!("{}/v2/meta/release", gw.base_url());
+
+    sim.set_faults(Faults { kind: FaultKind::Status, status: Some(500), ..Faults::default() });
+    let r = get(&url, &[("x-api-key", ALPHA.1)]).await;
+    assert_eq!(r.status, StatusCode::BAD_GATEWAY);
+    assert!(r.json()["detail"].is_string());
+
+    sim.set_faults(Faults { kind: FaultKind::Status, status: Some(503), count: Some(1), ..Faults::default() });
+    let retried = get(&url, &[("x-api-key", ALPHA.1)]).await;
+    assert_eq!(retried.status, StatusCode::OK, "one 503 is retried away");
+
+    sim.set_faults(Faults { kind: FaultKind::Hang, delay_ms: Some(5_000), ..Faults::default() });
+    let r = get(&url, &[("x-api-key", ALPHA.1)]).await;
+    assert_eq!(r.status, StatusCode::GATEWAY_TIMEOUT);
+    sim.clear_faults();
+
+    drop(sim);
+}
+
+#[tokio::test]
+async fn http2_cleartext_is_served() {
+    use http_body_util::{BodyExt, Empty};
+    use hyper_util::client::legacy::Client;
+    use hyper_util::rt::TokioExecutor;
+    let sim = start_sim(unlimited()).await;
+    let gw = Setup::new().start(&sim).await;
+    let client = Client::builder(TokioExecutor::new()).http2_only(true).build_http::<Empty<Bytes>>();
+    let req = http::Request::get(format!("{}/v2/meta/release", gw.base_url()))
+        .header("x-api-key", ALPHA.1)
+        .body(Empty::new())
+        .expect("request");
+    let resp = client.request(req).await.expect("h2c request");
+    assert_eq!(resp.version(), http::Version::HTTP_2);
+    assert_eq!(resp.status(), StatusCode::OK);
+    let body = resp.into_body().collect().await.expect("body").to_bytes();
+    assert!(String::from_utf8_lossy(&body).contains("released_at"));
+}
+
+#[tokio::test]
+async fn admin_listener_serves_health_and_metrics_and_guards_admin() {
+    let sim = start_sim(unlimited()).await;
+    let gw = Setup::new().start(&sim).await;
+    let admin = gw.admin_url();
+    assert_eq!(get(&format!("{admin}/healthz"), &[]).await.status, StatusCode::OK);
+    assert_eq!(get(&format!("{admin}/readyz"), &[]).await.status, StatusCode::OK);
+    let _ = get(&format!("{}/v2/meta/release", gw.base_url()), &[("x-api-key", ALPHA.1)]).await;
+    let metrics = get(&format!("{admin}/metrics"), &[]).await.text();
+    assert!(metrics.contains("gateway_requests_total{cache=\"miss\",route=\"meta_release\",status=\"200\",team=\"alpha\"} 1"), "{metrics}");
+    assert!(metrics.contains("gateway_request_duration_seconds_bucket"));
+    assert!(metrics.contains("gateway_build_info"));
+    assert_eq!(get(&format!("{admin}/admin/teams"), &[]).await.status, StatusCode::UNAUTHORIZED);
+    let wrong = get(&format!("{admin}/admin/teams"), &[("authorization", "Bearer nope")]).await;
+    assert_eq!(wrong.status, StatusCode::UNAUTHORIZED);
+    let bearer = format!("Bearer {}", crate::support::gateway::ADMIN_TOKEN);
+    let teams = get(&format!("{admin}/admin/teams"), &[("authorization", &bearer)]).await;
+    assert_eq!(teams.status, StatusCode::OK);
+    // The team listener does not serve admin paths.
+    let via_team = get(&format!("{}/metrics", gw.base_url()), &[]).await;
+    assert_eq!(via_team.status, StatusCode::NOT_FOUND);
+}

@@ -1,0 +1,193 @@
+//! The real gateway for a test: in-process on 127.0.0.1:0 (most tests), or
+//! as a child process of the built binary (signals, captured logs).
+
+use permit_api_sim::Sim;
+use permit_gateway::config::{Config, Source};
+use permit_gateway::{Listeners, Running};
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::process::{Child, Command, Stdio};
+use std::sync::{mpsc, Arc, Mutex};
+use std::time::Duration;
+use tokio::net::TcpListener;
+
+/// Test teams: (name, token). Tokens are long and unique so a leak scan can
+/// search for them.
+pub const ALPHA: (&str, &str) = ("alpha", "tok-alpha-7f3c9e1d2b4a6058");
+pub const BETA: (&str, &str) = ("beta", "tok-beta-0a9b8c7d6e5f4321");
+pub const ADMIN_TOKEN: &str = "tok-admin-5e6f7a8b9c0d1e2f";
+
+fn sha(token: &str) -> String {
+    permit_gateway::auth::token_sha256_hex(token)
+}
+
+/// A team block for the config.
+pub fn team(name: &str, token: &str, extra: &str) -> String {
+    format!("[[teams]]\nname = {name:?}\ntoken_sha256 = {:?}\n{extra}\n", sha(token))
+}
+
+/// A config for a gateway in front of `sim`: the given extra lines per
+/// section (`("upstream", "timeout_secs = 2")`) and teams alpha and beta
+/// unless `teams` replaces them.
+pub struct Setup {
+    pub sections: Vec<(&'static str, String)>,
+    pub teams: String,
+    pub data_dir: tempfile::TempDir,
+}
+
+impl Setup {
+    pub fn new() -> Setup {
+        Setup {
+            sections: Vec::new(),
+            teams: team(ALPHA.0, ALPHA.1, "") + &team(BETA.0, BETA.1, ""),
+            data_dir: tempfile::tempdir().expect("tmp"),
+        }
+    }
+
+    pub fn with(mut self, section: &'static str, lines: impl Into<String>) -> Setup {
+        self.sections.push((section, lines.into()));
+        self
+    }
+
+    pub fn teams(mut self, teams: impl Into<String>) -> Setup {
+        self.teams = teams.into();
+        self
+    }
+
+    /// The TOML text for a gateway whose upstream is `base_url` with `key`.
+    pub fn toml(&self, base_url: &str, key: &str) -> String {
+        let extra = |name: &str| {
+            self.sections
+                .iter()
+                .filter(|(s, _)| *s == name)
+                .map(|(_, l)| format!("{l}\n"))
+                .collect::<String>()
+        };
+        let ledger = self.data_dir.path().join("ledger");
+        format!(
+            "[server]\nlisten = \"127.0.0.1:0\"\nadmin_listen = \"127.0.0.1:0\"\n{}\n\
+             [upstream]\nbase_url = {base_url:?}\napi_key = {key:?}\n{}\n\
+             [cache]\n{}\n\
+             [quota]\npath = {:?}\n{}\n\
+             [admin]\ntoken_sha256 = {:?}\n\
+             [log]\n{}\n\
+             {}",
+            extra("server"),
+            extra("upstream"),
+            extra("cache"),
+            ledger.display().to_string(),
+            extra("quota"),
+            sha(ADMIN_TOKEN),
+            extra("log"),
+            self.teams,
+        )
+    }
+
+    pub fn config(&self, sim: &Sim) -> Config {
+        let text = self.toml(&sim.base_url(), sim.api_key());
+        Config::load(Source::Text(&text)).unwrap_or_else(|e| panic!("test config invalid: {e}\n{text}"))
+    }
+
+    /// Starts the gateway in this process.
+    pub async fn start(&self, sim: &Sim) -> Running {
+        start_config(self.config(sim)).await
+    }
+}
+
+pub async fn start_config(config: Config) -> Running {
+    let listeners = Listeners {
+        team: TcpListener::bind("127.0.0.1:0").await.expect("bind team"),
+        admin: TcpListener::bind("127.0.0.1:0").await.expect("bind admin"),
+    };
+    Running::spawn(config, listeners).expect("gateway starts")
+}
+
+/// The gateway binary as a child process, its JSON logs captured.
+pub struct ChildGateway {
+    pub child: Child,
+    pub addr: SocketAddr,
+    pub admin_addr: SocketAddr,
+    pub logs: Arc<Mutex<Vec<String>>>,
+    _config_dir: tempfile::TempDir,
+}
+
+impl ChildGateway {
+    /// Runs `permit-gateway serve --config <file>` with JSON logs and waits
+    /// for its "serving" line, which carries the bound addresses.
+    pub fn spawn(setup: &Setup, base_url: &str, key: &str) -> ChildGateway {
+        let dir = tempfile::tempdir().expect("tmp");
+        let path = dir.path().join("gateway.toml");
+        let mut text = setup.toml(base_url, key);
+        if !setup.sections.iter().any(|(s, _)| *s == "log") {
+            text = text.replace("[log]\n", "[log]\nformat = \"json\"\n");
+        }
+        std::fs::write(&path, text).expect("write config");
+        let mut child = Command::new(env!("CARGO_BIN_EXE_permit-gateway"))
+            .arg("serve")
+            .arg("--config")
+            .arg(&path)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("gateway binary starts");
+        let stderr = child.stderr.take().expect("stderr piped");
+        let logs = Arc::new(Mutex::new(Vec::new()));
+        let (ready_tx, ready_rx) = mpsc::channel();
+        let sink = logs.clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                if line.contains("permit-gateway serving") {
+                    let _ = ready_tx.send(line.clone());
+                }
+                sink.lock().expect("log lock").push(line);
+            }
+        });
+        let line = ready_rx
+            .recv_timeout(Duration::from_secs(30))
+            .unwrap_or_else(|_| panic!("gateway did not start; logs: {:?}", logs.lock().expect("lock")));
+        let v: serde_json::Value = serde_json::from_str(&line).expect("json log line");
+        let addr = v["listen"].as_str().expect("listen field").parse().expect("addr");
+        let admin_addr = v["admin"].as_str().expect("admin field").parse().expect("addr");
+        ChildGateway { child, addr, admin_addr, logs, _config_dir: dir }
+    }
+
+    pub fn base_url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    pub fn admin_url(&self) -> String {
+        format!("http://{}", self.admin_addr)
+    }
+
+    pub fn signal(&self, sig: &str) {
+        let status = Command::new("kill")
+            .arg(format!("-{sig}"))
+            .arg(self.child.id().to_string())
+            .status()
+            .expect("kill runs");
+        assert!(status.success(), "kill -{sig} failed");
+    }
+
+    /// Waits for the process to exit; panics after `limit`.
+    pub fn wait_exit(&mut self, limit: Duration) -> std::process::ExitStatus {
+        let deadline = std::time::Instant::now() + limit;
+        loop {
+            if let Some(status) = self.child.try_wait().expect("try_wait") {
+                return status;
+            }
+            assert!(std::time::Instant::now() < deadline, "gateway did not exit within {limit:?}");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    pub fn log_text(&self) -> String {
+        self.logs.lock().expect("lock").join("\n")
+    }
+}
+
+impl Drop for ChildGateway {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}

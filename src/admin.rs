@@ -4,6 +4,7 @@
 
 use crate::app::App;
 use crate::http_util::{bytes_response, json_response, Body};
+use crate::route::Route;
 use http::header::AUTHORIZATION;
 use http::{Method, Request, Response, StatusCode};
 use serde_json::json;
@@ -15,12 +16,11 @@ pub async fn handle<B>(app: Arc<App>, req: Request<B>) -> Response<Body> {
     let path = req.uri().path();
     match (req.method(), path) {
         (&Method::GET, "/healthz") => json_response(StatusCode::OK, &json!({"status": "ok"})),
-        (&Method::GET, "/readyz") => readyz(&app),
-        (&Method::GET, "/metrics") => bytes_response(
-            StatusCode::OK,
-            "text/plain; version=0.0.4; charset=utf-8",
-            app.metrics.render().into(),
-        ),
+        (&Method::GET, "/readyz") => readyz(&app).await,
+        (&Method::GET, "/metrics") => {
+            app.cache.observe();
+            bytes_response(StatusCode::OK, "text/plain; version=0.0.4; charset=utf-8", app.metrics.render().into())
+        }
         (_, p) if p.starts_with("/admin/") => {
             if !authorized(&app, &req) {
                 let mut resp = json_response(
@@ -33,19 +33,30 @@ pub async fn handle<B>(app: Arc<App>, req: Request<B>) -> Response<Body> {
                 );
                 return resp;
             }
-            admin_route(&app, req.method(), p)
+            admin_route(&app, req.method(), p, req.uri().query()).await
         }
         _ => json_response(StatusCode::NOT_FOUND, &json!({"detail": "Not Found"})),
     }
 }
 
-fn readyz(app: &App) -> Response<Body> {
-    let _ = app;
-    json_response(StatusCode::OK, &json!({"status": "ready"}))
+/// Ready when every configured backend answers. A down cache Redis does not
+/// stop traffic (the cache fails open) but is reported, so an operator sees it.
+async fn readyz(app: &App) -> Response<Body> {
+    let mut checks = serde_json::Map::new();
+    let mut ready = true;
+    if let Some(redis) = app.cache.redis() {
+        let ok = redis.ping().await.is_ok();
+        checks.insert("cache_redis".into(), json!(if ok { "ok" } else { "unreachable (serving from memory)" }));
+    }
+    checks.insert("config".into(), json!("ok"));
+    let _ = &mut ready;
+    let status = if ready { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE };
+    json_response(status, &json!({"status": if ready { "ready" } else { "not ready" }, "checks": checks}))
 }
 
-fn admin_route(app: &App, method: &Method, path: &str) -> Response<Body> {
+async fn admin_route(app: &App, method: &Method, path: &str, query: Option<&str>) -> Response<Body> {
     match (method, path) {
+        (&Method::POST, "/admin/cache/purge") => purge(app, query).await,
         (&Method::GET, "/admin/teams") => {
             let teams: Vec<_> = app
                 .teams
@@ -80,4 +91,28 @@ fn authorized<B>(app: &App, req: &Request<B>) -> bool {
     };
     let digest = Sha256::digest(token.as_bytes());
     bool::from(digest.as_slice().ct_eq(&expected))
+}
+
+/// `POST /admin/cache/purge[?route=NAME]`: both tiers, all or one route.
+async fn purge(app: &App, query: Option<&str>) -> Response<Body> {
+    let route_name = query
+        .into_iter()
+        .flat_map(|q| form_urlencoded::parse(q.as_bytes()))
+        .find(|(k, _)| k == "route")
+        .map(|(_, v)| v.into_owned());
+    let route = match route_name.as_deref() {
+        None => None,
+        Some(name) => match Route::ALL.iter().find(|r| r.as_str() == name) {
+            Some(r) => Some(*r),
+            None => {
+                return json_response(
+                    StatusCode::UNPROCESSABLE_ENTITY,
+                    &json!({"detail": [{"type": "enum", "loc": ["query", "route"], "msg": "not a route name", "input": name}]}),
+                )
+            }
+        },
+    };
+    let redis_keys = app.cache.purge(route).await;
+    tracing::info!(route = route.map_or("all", Route::as_str), redis_keys, "cache purged");
+    json_response(StatusCode::OK, &json!({"purged": route.map_or("all", Route::as_str), "redis_keys": redis_keys}))
 }

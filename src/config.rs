@@ -68,6 +68,41 @@ pub struct CacheConfig {
     pub memory_max_bytes: u64,
     pub default_ttl_secs: u64,
     pub redis_url: Option<Secret>,
+    pub stale_grace_secs: u64,
+    pub max_entry_bytes: usize,
+    pub redis_key_prefix: String,
+    pub redis_timeout_ms: u64,
+    pub coalesce_wait_ms: u64,
+    #[serde(default)]
+    pub route_ttl_secs: std::collections::BTreeMap<String, u64>,
+}
+
+impl CacheConfig {
+    /// Freshness of a route's answers; `None` never caches.
+    pub fn ttl_for(&self, route: crate::route::Route) -> Option<std::time::Duration> {
+        if route == crate::route::Route::Usage {
+            return None;
+        }
+        let secs = self.route_ttl_secs.get(route.as_str()).copied().unwrap_or(self.default_ttl_secs);
+        (secs > 0).then(|| std::time::Duration::from_secs(secs))
+    }
+
+    fn validate(&self, p: &mut Vec<String>) {
+        for (name, secs) in &self.route_ttl_secs {
+            match crate::route::Route::ALL.iter().find(|r| r.as_str() == name) {
+                None => p.push(format!("cache.route_ttl_secs.{name}: not a route name")),
+                Some(crate::route::Route::Usage) if *secs > 0 => {
+                    p.push("cache.route_ttl_secs.usage: /v2/usage is never cached".into())
+                }
+                _ => {}
+            }
+        }
+        positive("cache.redis_timeout_ms", self.redis_timeout_ms, p);
+        positive("cache.max_entry_bytes", self.max_entry_bytes as u64, p);
+        if let Some(url) = &self.redis_url {
+            check_redis_url("cache.redis_url", url, p);
+        }
+    }
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -198,6 +233,7 @@ impl Config {
         let mut p = Vec::new();
         self.server.validate(&mut p);
         self.upstream.validate(&mut p);
+        self.cache.validate(&mut p);
         self.quota.validate(&mut p, self.cache.redis_url.is_some());
         validate_log(&self.log, &mut p);
         if let Some(hash) = &self.admin.token_sha256 {
@@ -363,7 +399,11 @@ impl QuotaConfig {
         }
         match self.store.as_str() {
             "file" => {}
-            "redis" if self.redis_url.is_some() || cache_redis => {}
+            "redis" if self.redis_url.is_some() || cache_redis => {
+                if let Some(url) = &self.redis_url {
+                    check_redis_url("quota.redis_url", url, p);
+                }
+            }
             "redis" => p.push(
                 "quota.redis_url: the redis store needs quota.redis_url or cache.redis_url".into(),
             ),
@@ -432,6 +472,13 @@ fn check_sha256(key: &str, value: &str, p: &mut Vec<String>) -> bool {
         p.push(format!("{key}: must be 64 hex characters (the SHA-256 of the token, see `permit-gateway token`)"));
     }
     ok
+}
+
+fn check_redis_url(key: &str, url: &Secret, p: &mut Vec<String>) {
+    if redis::Client::open(url.expose()).is_err() {
+        // Never echo the URL: it may hold a password.
+        p.push(format!("{key}: not a valid redis URL (redis://, rediss://, redis+unix://)"));
+    }
 }
 
 fn check_addr(key: &str, value: &str, p: &mut Vec<String>) {

@@ -12,6 +12,8 @@
 //! - [`proxy`]: the life of a team request, one phase per step.
 //! - [`route`]: path → canonical path and route name.
 //! - [`auth`]: token → team.
+//! - [`cache`]: normalized keys, L1 moka + L2 Redis, coalescing, staleness.
+//! - [`redis_backend`]: the shared Redis connection with timeouts and a breaker.
 //! - [`upstream`]: the pooled rustls client with retries and deadlines.
 //! - [`error`]: the one error type and its one mapping to HTTP.
 //! - [`admin`]: `/metrics`, `/healthz`, `/readyz`, `/admin/*`.
@@ -27,12 +29,14 @@
 pub mod admin;
 pub mod app;
 pub mod auth;
+pub mod cache;
 pub mod config;
 pub mod demo;
 pub mod error;
 pub mod http_util;
 pub mod metrics;
 pub mod proxy;
+pub mod redis_backend;
 pub mod route;
 pub mod server;
 pub mod telemetry;

@@ -1,12 +1,14 @@
 //! Shaping what a team receives from what the upstream said: the team's view
 //! of credits, the org's headers removed, upstream failures mapped.
 
-use super::context::RequestLog;
+use super::context::{CacheState, RequestLog};
+use super::fetch::Fetch;
+use crate::cache::entry::etag_of;
 use crate::auth::Team;
 use crate::error::GatewayError;
 use crate::http_util::{json_response, Body};
 use crate::upstream::{retry_after, UpstreamResponse};
-use http::header::{HeaderName, HeaderValue, CONTENT_LENGTH, SERVER, SET_COOKIE};
+use http::header::{HeaderName, HeaderValue, CONTENT_LENGTH, CONTENT_TYPE, ETAG, SERVER, SET_COOKIE};
 use http::{Response, StatusCode};
 use http_body_util::Full;
 use serde_json::json;
@@ -49,46 +51,47 @@ pub fn count_items(body: &[u8]) -> u64 {
     serde_json::from_slice::<Page>(body).map_or(0, |p| p.items.len() as u64)
 }
 
-/// The team's response for an upstream answer.
-pub fn from_upstream(
-    upstream: UpstreamResponse,
-    charged: u64,
-    log: &RequestLog,
-) -> Result<Response<Body>, GatewayError> {
-    match upstream.status.as_u16() {
+/// Whether an upstream answer is a failure that a stale entry may replace:
+/// rate-limited, out of credits, or broken.
+pub fn is_failure(status: StatusCode) -> bool {
+    matches!(status.as_u16(), 402 | 429 | 500..=599)
+}
+
+/// The team's response for an upstream answer; `charged` is what this team
+/// pays for it (0 for a coalesced follower).
+pub fn from_fetch(fetch: &Fetch, charged: u64, state: CacheState, log: &RequestLog) -> Result<Response<Body>, GatewayError> {
+    match fetch.status.as_u16() {
         // Our key was refused: the gateway's problem, not the team's token.
         401 | 403 => {
-            tracing::error!(request_id = %log.request_id, status = upstream.status.as_u16(), "upstream refused the gateway's key");
+            tracing::error!(request_id = %log.request_id, status = fetch.status.as_u16(), "upstream refused the gateway's key");
             return Err(GatewayError::UpstreamUnavailable);
         }
         429 => {
-            let secs = retry_after(&upstream.headers).map_or(1, |d| d.as_secs());
-            return Err(GatewayError::UpstreamRateLimited {
-                retry_after_secs: secs,
-            });
+            let secs = retry_after(&fetch.headers).map_or(1, |d| d.as_secs());
+            return Err(GatewayError::UpstreamRateLimited { retry_after_secs: secs });
         }
         500..=599 => return Err(GatewayError::UpstreamUnavailable),
         _ => {}
     }
-    let mut resp = Response::new(Full::new(upstream.body));
-    *resp.status_mut() = upstream.status;
+    let mut resp = Response::new(Full::new(fetch.body.clone()));
+    *resp.status_mut() = fetch.status;
     let headers = resp.headers_mut();
-    *headers = upstream.headers;
-    // The org's numbers are not the team's business; the team's own are set below.
-    for name in [
-        X_CREDITS_REQUEST,
-        X_CREDITS_LIMIT,
-        X_CREDITS_REMAINING,
-        CONTENT_LENGTH,
-        SERVER,
-        SET_COOKIE,
-    ] {
+    if fetch.from_peer {
+        headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    } else {
+        *headers = fetch.headers.clone();
+    }
+    // The org's numbers are not the team's business; the team's own are set later.
+    for name in [X_CREDITS_REQUEST, X_CREDITS_LIMIT, X_CREDITS_REMAINING, CONTENT_LENGTH, SERVER, SET_COOKIE] {
         headers.remove(name);
     }
-    if upstream.status == StatusCode::OK {
+    if fetch.status == StatusCode::OK {
         headers.insert(X_CREDITS_REQUEST, HeaderValue::from(charged));
+        if let Ok(etag) = HeaderValue::from_str(&etag_of(&fetch.body)) {
+            headers.insert(ETAG, etag);
+        }
     }
-    headers.insert(X_CACHE, HeaderValue::from_static(log.cache.header()));
+    headers.insert(X_CACHE, HeaderValue::from_static(state.header()));
     Ok(resp)
 }
 

@@ -6,14 +6,22 @@
 
 mod answer;
 mod context;
+mod fetch;
+mod lookup;
 
 pub use context::{CacheState, RequestLog};
+pub use fetch::Outcome;
 
 use crate::app::App;
+use crate::auth::Team;
+use crate::cache::control::Directives;
+use crate::cache::{key, now_ms, Entry};
 use crate::error::GatewayError;
 use crate::http_util::{request_id, Body};
-use crate::route::{self, Route};
+use crate::route::{self, Route, Target};
+use fetch::{Job, Role};
 use http::{HeaderValue, Method, Request, Response};
+use lookup::Use;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -37,15 +45,12 @@ pub async fn handle<B>(app: Arc<App>, req: Request<B>) -> Response<Body> {
 }
 
 /// The phases in order; each returns early with the error that ends it.
-async fn pipeline<B>(
-    app: &App,
-    req: &Request<B>,
-    log: &mut RequestLog,
-) -> Result<Response<Body>, GatewayError> {
+async fn pipeline<B>(app: &Arc<App>, req: &Request<B>, log: &mut RequestLog) -> Result<Response<Body>, GatewayError> {
     // 1. Method, then path: only GET and HEAD under /v2/ are ours.
     if req.method() != Method::GET && req.method() != Method::HEAD {
         return Err(GatewayError::MethodNotAllowed);
     }
+    // 3. Route (before auth only so that 404 needs no token, like upstream).
     let target = route::classify(req.uri(), app.config.server.max_uri_bytes)?;
     log.route = Some(target.route);
 
@@ -60,24 +65,79 @@ async fn pipeline<B>(
         return Ok(answer::usage(&team));
     }
 
-    // 11. Forward with the upstream key.
-    log.cache = CacheState::Miss;
-    let upstream = app
-        .upstream
-        .fetch(
-            &target,
-            &log.request_id,
-            req.headers().get(http::header::ACCEPT),
-            &app.metrics,
-        )
-        .await?;
-    let charged = answer::credits_charged(&upstream, target.route.is_metered());
-    log.credits = charged;
-    if charged > 0 {
-        app.metrics
-            .credits_spent_total
-            .with_label_values(&[&team.name, target.route.as_str()])
-            .inc_by(charged);
+    // 5. The normalized key; `None` for routes that are never cached.
+    let directives = Directives::from_headers(req.headers());
+    let key = app.cache.ttl(target.route).map(|_| key::cache_key(&target));
+
+    // 7. Lookup, unless the client said no-cache.
+    let mut cached = None;
+    if let (Some(k), false) = (&key, directives.no_cache) {
+        cached = app.cache.lookup(target.route, k).await.map(|(e, _tier)| e);
+        if let Some(entry) = &cached {
+            match lookup::usable(entry, &directives, now_ms()) {
+                Use::Hit => return Ok(from_cache(app, &team, &target, entry, CacheState::Hit, req, log)),
+                Use::StaleAccepted => return Ok(from_cache(app, &team, &target, entry, CacheState::Stale, req, log)),
+                Use::FallbackOnly => {}
+            }
+        }
     }
-    answer::from_upstream(upstream, charged, log)
+    if directives.only_if_cached {
+        return Err(GatewayError::NotCached);
+    }
+
+    // 8–13. Coalesce, fetch upstream, settle, store.
+    let job = Job {
+        team: team.clone(),
+        target: target.clone(),
+        key: key.clone(),
+        no_store: directives.no_store,
+        request_id: log.request_id.clone(),
+        accept: req.headers().get(http::header::ACCEPT).cloned(),
+    };
+    let (outcome, role) = fetch::coalesced(app, job).await;
+
+    // 14. The upstream failed and a stale copy exists: serve it instead.
+    let failed = match &outcome {
+        Ok(f) => answer::is_failure(f.status),
+        Err(e) => e.fault() == crate::error::Fault::Upstream,
+    };
+    if failed && key.is_some() {
+        if cached.is_none() {
+            cached = app.cache.lookup(target.route, key.as_deref().unwrap_or_default()).await.map(|(e, _)| e);
+        }
+        if let Some(entry) = &cached {
+            return Ok(from_cache(app, &team, &target, entry, CacheState::Stale, req, log));
+        }
+    }
+    let fetched = outcome?;
+    let (state, charged) = match role {
+        Role::Leader if fetched.from_peer => (CacheState::Hit, 0),
+        Role::Leader if directives.no_cache || key.is_none() => (CacheState::Bypass, fetched.credits),
+        Role::Leader => (CacheState::Miss, fetched.credits),
+        Role::Follower => (CacheState::Hit, 0),
+    };
+    if role == Role::Follower || fetched.from_peer {
+        app.metrics.coalesced_requests_total.with_label_values(&[target.route.as_str()]).inc();
+        saved(app, &team, &target, fetched.credits);
+    }
+    log.cache = state;
+    log.credits = charged;
+    answer::from_fetch(&fetched, charged, state, log)
+}
+
+/// A response from a cached entry: the team pays nothing and saves what the
+/// entry cost.
+fn from_cache<B>(app: &App, team: &Team, target: &Target, entry: &Entry, state: CacheState, req: &Request<B>, log: &mut RequestLog) -> Response<Body> {
+    log.cache = state;
+    saved(app, team, target, entry.credits);
+    lookup::respond(entry, state, req.headers())
+}
+
+fn saved(app: &App, team: &Team, target: &Target, credits: u64) {
+    if credits > 0 {
+        app.metrics
+            .credits_saved_total
+            .with_label_values(&[&team.name, target.route.as_str()])
+            .inc_by(credits);
+    }
 }

@@ -2,6 +2,7 @@
 
 mod support;
 
+mod cache;
 mod core;
 mod core_process;
 mod harness;

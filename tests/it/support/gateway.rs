@@ -64,9 +64,12 @@ impl Setup {
                 .collect::<String>()
         };
         let ledger = self.data_dir.path().join("ledger");
+        // Tests fire bursts; the upstream rate is the simulator's business
+        // unless a test sets it.
+        let upstream_rate = if extra("upstream").contains("requests_per_minute") { "" } else { "requests_per_minute = 600000\n" };
         format!(
             "[server]\nlisten = \"127.0.0.1:0\"\nadmin_listen = \"127.0.0.1:0\"\n{}\n\
-             [upstream]\nbase_url = {base_url:?}\napi_key = {key:?}\n{}\n\
+             [upstream]\nbase_url = {base_url:?}\napi_key = {key:?}\n{upstream_rate}{}\n\
              [cache]\n{}\n\
              [quota]\npath = {:?}\n{}\n\
              [admin]\ntoken_sha256 = {:?}\n\

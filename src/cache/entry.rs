@@ -1,0 +1,134 @@
+//! One cached upstream answer, with what it cost and when it goes stale,
+//! and its byte encoding for the Redis tier.
+
+use crate::route::Route;
+use bytes::Bytes;
+use sha2::{Digest, Sha256};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Entry {
+    /// The upstream's 200 JSON body, exactly.
+    pub body: Bytes,
+    /// Credits the original fetch cost: what every hit saves.
+    pub credits: u64,
+    /// Unix milliseconds when the upstream answered.
+    pub stored_at_ms: u64,
+    /// Freshness lifetime from `stored_at_ms`.
+    pub ttl_ms: u64,
+    /// Strong validator of the body, quoted.
+    pub etag: String,
+    /// For purge by route and metrics.
+    pub route: Route,
+}
+
+pub fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+/// A strong ETag from the body's SHA-256.
+pub fn etag_of(body: &[u8]) -> String {
+    let digest = Sha256::digest(body);
+    format!("\"{}\"", hex::encode(&digest[..16]))
+}
+
+impl Entry {
+    pub fn new(body: Bytes, credits: u64, ttl: Duration, route: Route) -> Entry {
+        let etag = etag_of(&body);
+        Entry {
+            body,
+            credits,
+            stored_at_ms: now_ms(),
+            ttl_ms: ttl.as_millis() as u64,
+            etag,
+            route,
+        }
+    }
+
+    pub fn age(&self, now_ms: u64) -> Duration {
+        Duration::from_millis(now_ms.saturating_sub(self.stored_at_ms))
+    }
+
+    /// How long past its freshness the entry is (zero while fresh).
+    pub fn staleness(&self, now_ms: u64) -> Duration {
+        Duration::from_millis(now_ms.saturating_sub(self.stored_at_ms + self.ttl_ms))
+    }
+
+    pub fn is_fresh(&self, now_ms: u64) -> bool {
+        now_ms < self.stored_at_ms + self.ttl_ms
+    }
+
+    /// Time left before the entry is dropped, stale grace included.
+    pub fn remaining_life(&self, now_ms: u64, grace: Duration) -> Duration {
+        let end = self.stored_at_ms + self.ttl_ms + grace.as_millis() as u64;
+        Duration::from_millis(end.saturating_sub(now_ms))
+    }
+
+    /// Bytes held for this entry, for the memory tier's weigher.
+    pub fn weight(&self, key_len: usize) -> u32 {
+        let overhead = 160; // Entry, Arc, moka node, key String header
+        u32::try_from(self.body.len() + self.etag.len() + key_len + overhead).unwrap_or(u32::MAX)
+    }
+
+    /// `[version][credits u64][stored_at u64][ttl u64][route u8][etag len u8][etag][body]`.
+    pub fn encode(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(self.body.len() + 64);
+        out.push(1u8);
+        out.extend_from_slice(&self.credits.to_be_bytes());
+        out.extend_from_slice(&self.stored_at_ms.to_be_bytes());
+        out.extend_from_slice(&self.ttl_ms.to_be_bytes());
+        out.push(Route::ALL.iter().position(|r| *r == self.route).unwrap_or(Route::ALL.len() - 1) as u8);
+        out.push(self.etag.len() as u8);
+        out.extend_from_slice(self.etag.as_bytes());
+        out.extend_from_slice(&self.body);
+        out
+    }
+
+    /// The inverse of [`Entry::encode`]; `None` for anything else, so a
+    /// foreign or truncated value is a miss, never a wrong answer.
+    pub fn decode(bytes: &[u8]) -> Option<Entry> {
+        let (&version, rest) = bytes.split_first()?;
+        if version != 1 || rest.len() < 26 {
+            return None;
+        }
+        let u64_at = |at: usize| rest.get(at..at + 8).and_then(|b| b.try_into().ok()).map(u64::from_be_bytes);
+        let credits = u64_at(0)?;
+        let stored_at_ms = u64_at(8)?;
+        let ttl_ms = u64_at(16)?;
+        let route = *Route::ALL.get(usize::from(rest[24]))?;
+        let etag_len = usize::from(rest[25]);
+        let etag = std::str::from_utf8(rest.get(26..26 + etag_len)?).ok()?.to_string();
+        let body = Bytes::copy_from_slice(rest.get(26 + etag_len..)?);
+        if etag != etag_of(&body) {
+            return None;
+        }
+        Some(Entry { body, credits, stored_at_ms, ttl_ms, etag, route })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn encoding_round_trips_and_rejects_damage() {
+        let e = Entry::new(Bytes::from_static(b"{\"items\":[]}"), 7, Duration::from_secs(60), Route::PermitsSearch);
+        let bytes = e.encode();
+        assert_eq!(Entry::decode(&bytes), Some(e));
+        assert_eq!(Entry::decode(&bytes[..bytes.len() - 1]), None, "a cut body fails its etag");
+        assert_eq!(Entry::decode(b"garbage"), None);
+        assert_eq!(Entry::decode(&[]), None);
+    }
+
+    #[test]
+    fn freshness_and_staleness() {
+        let mut e = Entry::new(Bytes::new(), 0, Duration::from_secs(10), Route::Other);
+        e.stored_at_ms = 1_000_000;
+        assert!(e.is_fresh(1_005_000));
+        assert!(!e.is_fresh(1_010_000));
+        assert_eq!(e.staleness(1_013_000), Duration::from_secs(3));
+        assert_eq!(e.remaining_life(1_013_000, Duration::from_secs(5)), Duration::from_secs(2));
+    }
+}

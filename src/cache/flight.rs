@@ -1,0 +1,113 @@
+//! In-process request coalescing: concurrent misses for one key share one
+//! fetch. The first caller leads; the others follow and receive its outcome.
+//! A leader that goes away without an outcome (its task was cancelled)
+//! releases its followers, who then try again themselves.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use tokio::sync::watch;
+
+pub struct Flights<T> {
+    inflight: Arc<Mutex<HashMap<String, watch::Receiver<Option<T>>>>>,
+}
+
+impl<T> Default for Flights<T> {
+    fn default() -> Self {
+        Flights { inflight: Arc::default() }
+    }
+}
+
+pub enum Join<T> {
+    /// Fetch, then [`Leader::complete`].
+    Leader(Leader<T>),
+    /// Wait with [`follow`].
+    Follower(watch::Receiver<Option<T>>),
+}
+
+pub struct Leader<T> {
+    key: String,
+    tx: watch::Sender<Option<T>>,
+    inflight: Arc<Mutex<HashMap<String, watch::Receiver<Option<T>>>>>,
+}
+
+impl<T: Clone> Flights<T> {
+    pub fn join(&self, key: &str) -> Join<T> {
+        let mut map = self.inflight.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(rx) = map.get(key) {
+            return Join::Follower(rx.clone());
+        }
+        let (tx, rx) = watch::channel(None);
+        map.insert(key.to_string(), rx);
+        Join::Leader(Leader { key: key.to_string(), tx, inflight: self.inflight.clone() })
+    }
+
+    /// Fetches in flight now (metrics, tests).
+    pub fn len(&self) -> usize {
+        self.inflight.lock().unwrap_or_else(|p| p.into_inner()).len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+impl<T> Leader<T> {
+    /// Hands the outcome to every follower and ends the flight.
+    pub fn complete(self, outcome: T) {
+        // Remove first: a caller arriving after this starts its own lookup,
+        // which finds the entry just stored.
+        self.remove();
+        let _ = self.tx.send(Some(outcome));
+    }
+
+    fn remove(&self) {
+        let mut map = self.inflight.lock().unwrap_or_else(|p| p.into_inner());
+        if map.get(&self.key).is_some_and(|rx| rx.same_channel(&self.tx.subscribe())) {
+            map.remove(&self.key);
+        }
+    }
+}
+
+impl<T> Drop for Leader<T> {
+    fn drop(&mut self) {
+        // Without an outcome the sender drops here and followers wake with
+        // an error; either way the key is free again.
+        self.remove();
+    }
+}
+
+/// A follower's wait: the leader's outcome, or `None` when the leader went
+/// away without one.
+pub async fn follow<T: Clone>(mut rx: watch::Receiver<Option<T>>) -> Option<T> {
+    match rx.wait_for(Option::is_some).await {
+        Ok(v) => v.clone(),
+        Err(_) => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn followers_get_the_leaders_outcome() {
+        let flights: Flights<u32> = Flights::default();
+        let Join::Leader(leader) = flights.join("k") else { panic!("first is leader") };
+        let Join::Follower(rx) = flights.join("k") else { panic!("second follows") };
+        let waiting = tokio::spawn(follow(rx));
+        leader.complete(7);
+        assert_eq!(waiting.await.unwrap(), Some(7));
+        assert!(flights.is_empty());
+        assert!(matches!(flights.join("k"), Join::Leader(_)), "a new flight after completion");
+    }
+
+    #[tokio::test]
+    async fn a_vanished_leader_releases_its_followers() {
+        let flights: Flights<u32> = Flights::default();
+        let leader = flights.join("k");
+        let Join::Follower(rx) = flights.join("k") else { panic!("follows") };
+        drop(leader);
+        assert_eq!(follow(rx).await, None);
+        assert!(flights.is_empty());
+    }
+}

@@ -1,0 +1,322 @@
+//! The normalized cache key: two requests get the same key only when the
+//! upstream must give them the same answer. Pure functions, no I/O.
+//!
+//! What is normalized, and why each is provably equal for the upstream
+//! (FastAPI + Pydantic v2, per `upstream-research.md`):
+//! - parameter order: FastAPI reads parameters by name;
+//! - set-valued filters (`permit_tags`, `permit_status`, `property_type`,
+//!   `contractor_classification_derived` on the two searches): sorted and
+//!   de-duplicated, since they are AND/OR sets. Not de-duplicated when that
+//!   would hide a `maxItems` violation the upstream answers with 422;
+//! - repeated scalar parameters: Starlette hands FastAPI the last value;
+//! - documented defaults equal their absence: `size=50`,
+//!   `include_count=false`, `include_tallies=true`; `include_count` on a
+//!   cursor page, where the upstream ignores it;
+//! - boolean spellings Pydantic accepts (`1`, `yes`, `on`, `t`, `y`, any
+//!   case) become `true`/`false`;
+//! - percent-encoding and `+` for space are decoded and re-encoded one way.
+//!
+//! Never in the key: the team, its token, headers. Unknown parameters stay,
+//! in their original relative order; anything that does not decode to UTF-8
+//! leaves the whole query verbatim (no sharing, but never a wrong answer).
+
+use crate::route::{Route, Target};
+use percent_encoding::{percent_decode_str, utf8_percent_encode, AsciiSet, NON_ALPHANUMERIC};
+
+/// Bumped when the key format changes, so old L2 entries are never misread.
+const KEY_VERSION: &str = "k1";
+
+/// What is re-encoded in keys: everything but RFC 3986 unreserved characters.
+const QUERY_VALUE: &AsciiSet = &NON_ALPHANUMERIC.remove(b'-').remove(b'.').remove(b'_').remove(b'~');
+
+/// How the upstream reads one parameter of one route.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    /// A repeatable filter with set semantics; `max_items` as validated.
+    Set { max_items: Option<usize> },
+    /// A scalar; `default` is the value that equals absence.
+    Scalar { default: Option<&'static str>, boolean: bool },
+    /// Not declared for this route: kept exactly as sent.
+    Unknown,
+}
+
+fn kind(route: Route, name: &str) -> Kind {
+    use Route::*;
+    let search = matches!(route, PermitsSearch | ContractorsSearch);
+    let paged = matches!(
+        route,
+        PermitsSearch
+            | ContractorsSearch
+            | ContractorPermits
+            | AddressMetricsMonthly
+            | CountyMetricsMonthly
+            | CityMetricsMonthly
+            | CityMetricsCurrent
+            | ListZip
+            | ZipcodesSearch
+            | StatesSearch
+    );
+    let counted = matches!(route, PermitsSearch | ContractorsSearch | ContractorPermits);
+    let scalar = Kind::Scalar { default: None, boolean: false };
+    match name {
+        "permit_status" if search => Kind::Set { max_items: Some(4) },
+        "permit_tags" | "property_type" | "contractor_classification_derived" if search => {
+            Kind::Set { max_items: None }
+        }
+        "size" if paged => Kind::Scalar { default: Some("50"), boolean: false },
+        "cursor" if paged => scalar,
+        "include_count" if counted => Kind::Scalar { default: Some("false"), boolean: true },
+        "include_tallies" if route == ContractorsSearch => Kind::Scalar { default: Some("true"), boolean: true },
+        "permit_has_contractor" if route == PermitsSearch => Kind::Scalar { default: None, boolean: true },
+        _ if search && is_search_scalar(name) => scalar,
+        "metric_from" | "metric_to" | "tag"
+            if matches!(route, AddressMetricsMonthly | CountyMetricsMonthly | CityMetricsMonthly | CityMetricsCurrent) =>
+        {
+            scalar
+        }
+        "property_type" if matches!(route, CountyMetricsMonthly | CityMetricsMonthly | CityMetricsCurrent) => scalar,
+        "geo_id" if matches!(route, Counties | Cities | Jurisdictions | MetaCoverage) => scalar,
+        "q" if matches!(route, ZipcodesSearch | StatesSearch | JurisdictionsSearch) => scalar,
+        "geo_type" | "date_from" | "date_to" if route == MetaCoverage => scalar,
+        _ => Kind::Unknown,
+    }
+}
+
+fn is_search_scalar(name: &str) -> bool {
+    matches!(
+        name,
+        "permit_from"
+            | "permit_to"
+            | "geo_id"
+            | "permit_q"
+            | "contractor_name"
+            | "contractor_website"
+            | "contractor_license"
+    ) || name.starts_with("permit_min_")
+        || name.starts_with("property_min_")
+        || name.starts_with("contractor_min_")
+}
+
+/// Pydantic's lax booleans; `None` when the upstream would answer 422.
+fn canonical_bool(value: &str) -> Option<&'static str> {
+    match value.to_ascii_lowercase().as_str() {
+        "true" | "1" | "yes" | "on" | "t" | "y" => Some("true"),
+        "false" | "0" | "no" | "off" | "f" | "n" => Some("false"),
+        _ => None,
+    }
+}
+
+/// The cache key of a request target.
+pub fn cache_key(target: &Target) -> String {
+    let mut key = String::with_capacity(target.path.len() + target.query.as_ref().map_or(0, String::len) + 8);
+    key.push_str(KEY_VERSION);
+    key.push(' ');
+    key.push_str(&target.path);
+    if let Some(query) = target.query.as_deref() {
+        let normalized = normalize_query(target.route, query);
+        if !normalized.is_empty() {
+            key.push('?');
+            key.push_str(&normalized);
+        }
+    }
+    key
+}
+
+/// The canonical form of a query string for a route.
+pub fn normalize_query(route: Route, query: &str) -> String {
+    let Some(pairs) = decode_pairs(query) else {
+        // Not UTF-8 once decoded: keep it byte for byte.
+        return format!("!{query}");
+    };
+    let has_cursor = pairs.iter().any(|(k, _)| k == "cursor" && kind(route, k) != Kind::Unknown);
+    let mut names: Vec<&str> = pairs.iter().map(|(k, _)| k.as_str()).collect();
+    names.sort_unstable();
+    names.dedup();
+    let mut out: Vec<(String, String)> = Vec::with_capacity(pairs.len());
+    for name in names {
+        let values = pairs.iter().filter(|(k, _)| k == name).map(|(_, v)| v.as_str());
+        match kind(route, name) {
+            Kind::Unknown => out.extend(values.map(|v| (name.to_string(), v.to_string()))),
+            Kind::Set { max_items } => {
+                let mut vs: Vec<&str> = values.collect();
+                vs.sort_unstable();
+                if max_items.is_none_or(|max| vs.len() <= max) {
+                    vs.dedup();
+                }
+                out.extend(vs.into_iter().map(|v| (name.to_string(), v.to_string())));
+            }
+            Kind::Scalar { default, boolean } => {
+                let Some(last) = values.last() else { continue };
+                let value = if boolean { canonical_bool(last).unwrap_or(last) } else { last };
+                let ignored = name == "include_count" && has_cursor && canonical_bool(last).is_some();
+                if default == Some(value) || ignored {
+                    continue;
+                }
+                out.push((name.to_string(), value.to_string()));
+            }
+        }
+    }
+    let mut text = String::with_capacity(query.len());
+    for (i, (k, v)) in out.iter().enumerate() {
+        if i > 0 {
+            text.push('&');
+        }
+        text.extend(utf8_percent_encode(k, QUERY_VALUE));
+        text.push('=');
+        text.extend(utf8_percent_encode(v, QUERY_VALUE));
+    }
+    text
+}
+
+/// `application/x-www-form-urlencoded` pairs, strictly: `None` when any
+/// name or value is not UTF-8 after decoding (a lossy decode could make two
+/// different queries equal).
+fn decode_pairs(query: &str) -> Option<Vec<(String, String)>> {
+    let mut pairs = Vec::new();
+    for part in query.split('&').filter(|p| !p.is_empty()) {
+        let (k, v) = part.split_once('=').unwrap_or((part, ""));
+        pairs.push((decode(k)?, decode(v)?));
+    }
+    Some(pairs)
+}
+
+fn decode(s: &str) -> Option<String> {
+    let spaced = s.replace('+', " ");
+    percent_decode_str(&spaced).decode_utf8().ok().map(|c| c.into_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn key(route: Route, path: &str, query: &str) -> String {
+        cache_key(&Target { route, path: path.into(), query: Some(query.into()) })
+    }
+
+    fn permits(query: &str) -> String {
+        key(Route::PermitsSearch, "/v2/permits/search", query)
+    }
+
+    #[test]
+    fn order_defaults_booleans_and_encoding_do_not_matter() {
+        let base = permits("geo_id=CA&permit_from=2024-01-01&permit_to=2024-12-31");
+        for same in [
+            "permit_to=2024-12-31&geo_id=CA&permit_from=2024-01-01",
+            "geo_id=CA&permit_from=2024-01-01&permit_to=2024-12-31&size=50",
+            "geo_id=CA&permit_from=2024-01-01&permit_to=2024-12-31&include_count=false",
+            "geo_id=CA&permit_from=2024-01-01&permit_to=2024-12-31&include_count=0",
+            "geo_id=C%41&permit_from=2024-01-01&permit_to=2024-12-31",
+            "geo_id=CA&&permit_from=2024-01-01&permit_to=2024-12-31&",
+            "geo_id=TX&geo_id=CA&permit_from=2024-01-01&permit_to=2024-12-31",
+        ] {
+            assert_eq!(permits(same), base, "{same}");
+        }
+    }
+
+    #[test]
+    fn sets_are_sorted_and_deduplicated_within_their_limits() {
+        let a = permits("permit_tags=solar&permit_tags=-roofing&permit_tags=solar");
+        let b = permits("permit_tags=-roofing&permit_tags=solar");
+        assert_eq!(a, b);
+        // Five statuses is a 422 upstream, four is not: never made equal.
+        let five = permits("permit_status=active&permit_status=active&permit_status=final&permit_status=final&permit_status=in_review");
+        let three = permits("permit_status=active&permit_status=final&permit_status=in_review");
+        assert_ne!(five, three);
+    }
+
+    #[test]
+    fn meaningful_differences_give_different_keys() {
+        let base = permits("geo_id=CA&size=10");
+        for other in ["geo_id=CA&size=11", "geo_id=ca&size=10", "geo_id=CA&size=10&include_count=true", "geo_id=CA&size=10&permit_q=", "geo_id=CA&size=010"] {
+            assert_ne!(permits(other), base, "{other}");
+        }
+        assert_ne!(
+            key(Route::ContractorsSearch, "/v2/contractors/search", "geo_id=CA&include_tallies=false"),
+            key(Route::ContractorsSearch, "/v2/contractors/search", "geo_id=CA"),
+        );
+        assert_ne!(permits("geo_id=CA"), key(Route::ContractorsSearch, "/v2/contractors/search", "geo_id=CA"));
+    }
+
+    #[test]
+    fn defaults_are_route_specific() {
+        // jurisdictions/search has no size: unknown there, so it stays.
+        assert_ne!(
+            key(Route::JurisdictionsSearch, "/v2/jurisdictions/search", "q=a&size=50"),
+            key(Route::JurisdictionsSearch, "/v2/jurisdictions/search", "q=a"),
+        );
+        // include_tallies means nothing on permit search.
+        assert_ne!(permits("geo_id=CA&include_tallies=true"), permits("geo_id=CA"));
+        // On metrics, property_type is a scalar: last one wins, no set.
+        let m = |q| key(Route::CityMetricsMonthly, "/v2/cities/x/metrics/monthly", q);
+        assert_eq!(m("property_type=office&property_type=all"), m("property_type=all"));
+    }
+
+    #[test]
+    fn include_count_on_a_cursor_page_is_ignored() {
+        assert_eq!(permits("geo_id=CA&cursor=abc&include_count=true"), permits("geo_id=CA&cursor=abc"));
+        assert_ne!(permits("geo_id=CA&include_count=true"), permits("geo_id=CA"));
+    }
+
+    #[test]
+    fn undecodable_queries_are_kept_verbatim() {
+        assert_ne!(permits("geo_id=%FF"), permits("geo_id=%FE"));
+        assert_eq!(permits("geo_id=%FF"), permits("geo_id=%FF"));
+    }
+
+    #[test]
+    fn plus_is_a_space() {
+        assert_eq!(permits("permit_q=heat+pump"), permits("permit_q=heat%20pump"));
+    }
+
+    fn param() -> impl Strategy<Value = (String, String)> {
+        let names = prop::sample::select(vec!["geo_id", "permit_tags", "permit_status", "size", "permit_q", "cursor", "unknown_x", "include_count"]);
+        (names, "[a-zA-Z0-9 _-]{0,6}").prop_map(|(n, v)| (n.to_string(), v))
+    }
+
+    fn encode(pairs: &[(String, String)]) -> String {
+        form_urlencoded::Serializer::new(String::new()).extend_pairs(pairs).finish()
+    }
+
+    proptest! {
+        #[test]
+        fn any_permutation_of_distinct_params_gives_the_same_key(
+            pairs in prop::collection::vec(param(), 0..8).prop_shuffle(),
+            seed in any::<u64>(),
+        ) {
+            // Unknown and scalar repeats are order-sensitive by design; use distinct names there.
+            let mut seen = std::collections::HashSet::new();
+            let pairs: Vec<_> = pairs.into_iter().filter(|(k, _)| k.starts_with("permit_tags") || k.starts_with("permit_status") || seen.insert(k.clone())).collect();
+            let mut shuffled = pairs.clone();
+            let len = shuffled.len();
+            if len > 1 {
+                for i in 0..len {
+                    let j = ((seed.rotate_left(i as u32) as usize) ^ i) % len;
+                    shuffled.swap(i, j);
+                }
+            }
+            prop_assert_eq!(permits(&encode(&pairs)), permits(&encode(&shuffled)));
+        }
+
+        #[test]
+        fn changing_a_value_changes_the_key(
+            pairs in prop::collection::vec(param(), 1..6),
+            extra in "[a-z]{1,5}",
+        ) {
+            let mut seen = std::collections::HashSet::new();
+            let pairs: Vec<_> = pairs.into_iter().filter(|(k, _)| seen.insert(k.clone())).collect();
+            let mut changed = pairs.clone();
+            // A value no default or boolean spelling can absorb.
+            changed[0].1 = format!("{}zz{extra}", changed[0].1);
+            prop_assert_ne!(permits(&encode(&pairs)), permits(&encode(&changed)));
+        }
+
+        #[test]
+        fn normalizing_twice_changes_nothing(query in "[a-z_=&%0-9A-F+]{0,40}") {
+            let once = normalize_query(Route::PermitsSearch, &query);
+            if !once.starts_with('!') {
+                prop_assert_eq!(normalize_query(Route::PermitsSearch, &once), once);
+            }
+        }
+    }
+}

@@ -1,0 +1,228 @@
+//! The credit-saving cache: L1 in process (moka, weighed in bytes, expiry per
+//! entry) over L2 in Redis (shared by replicas), keyed by the normalized
+//! query of [`key`]. Expired entries live on for a grace period so they can
+//! be served when the upstream fails ([`Entry::staleness`]).
+//!
+//! Redis errors never fail a request: they count in
+//! `gateway_backend_errors_total`, read as misses, and the breaker in
+//! [`crate::redis_backend`] keeps a dead Redis from costing latency.
+
+pub mod control;
+pub mod entry;
+pub mod flight;
+pub mod key;
+
+pub use entry::{now_ms, Entry};
+
+use crate::config::CacheConfig;
+use crate::metrics::Metrics;
+use crate::redis_backend::RedisBackend;
+use crate::route::Route;
+use moka::future::Cache as Moka;
+use moka::Expiry;
+use sha2::{Digest, Sha256};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Which tier answered a lookup.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Tier {
+    Memory,
+    Redis,
+}
+
+impl Tier {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Tier::Memory => "memory",
+            Tier::Redis => "redis",
+        }
+    }
+}
+
+/// Each entry lives for its TTL plus the stale grace, from when the
+/// upstream answered (an entry promoted from Redis keeps its age).
+struct LifeOf {
+    grace: Duration,
+}
+
+impl Expiry<Arc<str>, Arc<Entry>> for LifeOf {
+    fn expire_after_create(&self, _: &Arc<str>, entry: &Arc<Entry>, _: Instant) -> Option<Duration> {
+        Some(entry.remaining_life(now_ms(), self.grace))
+    }
+
+    fn expire_after_update(&self, _: &Arc<str>, entry: &Arc<Entry>, _: Instant, _: Option<Duration>) -> Option<Duration> {
+        Some(entry.remaining_life(now_ms(), self.grace))
+    }
+}
+
+pub struct Cache {
+    /// `None` when `memory_max_bytes = 0` (L2 only).
+    memory: Option<Moka<Arc<str>, Arc<Entry>>>,
+    redis: Option<Arc<RedisBackend>>,
+    prefix: String,
+    pub grace: Duration,
+    pub max_entry_bytes: usize,
+    ttls: [Option<Duration>; Route::ALL.len()],
+    metrics: Arc<Metrics>,
+}
+
+impl Cache {
+    pub fn new(cfg: &CacheConfig, redis: Option<Arc<RedisBackend>>, metrics: Arc<Metrics>) -> Cache {
+        let grace = Duration::from_secs(cfg.stale_grace_secs);
+        let memory = (cfg.memory_max_bytes > 0).then(|| {
+            Moka::builder()
+                .max_capacity(cfg.memory_max_bytes)
+                .weigher(|k: &Arc<str>, v: &Arc<Entry>| v.weight(k.len()))
+                .expire_after(LifeOf { grace })
+                .support_invalidation_closures()
+                .build()
+        });
+        let mut ttls = [None; Route::ALL.len()];
+        for (i, route) in Route::ALL.iter().enumerate() {
+            ttls[i] = cfg.ttl_for(*route);
+        }
+        Cache {
+            memory,
+            redis,
+            prefix: cfg.redis_key_prefix.clone(),
+            grace,
+            max_entry_bytes: cfg.max_entry_bytes,
+            ttls,
+            metrics,
+        }
+    }
+
+    /// Freshness lifetime of a route's answers; `None`: never cached.
+    pub fn ttl(&self, route: Route) -> Option<Duration> {
+        self.ttls[route as usize]
+    }
+
+    pub fn redis(&self) -> Option<&Arc<RedisBackend>> {
+        self.redis.as_ref()
+    }
+
+    /// The Redis key of an entry; the route in it lets purge find a route's keys.
+    fn redis_key(&self, route: Route, key: &str) -> String {
+        format!("{}c:{}:{}", self.prefix, route.as_str(), hex::encode(Sha256::digest(key.as_bytes())))
+    }
+
+    /// The key of the cross-replica fetch lease for a cache key.
+    pub fn lease_key(&self, key: &str) -> String {
+        format!("{}lease:{}", self.prefix, hex::encode(Sha256::digest(key.as_bytes())))
+    }
+
+    /// L1, then L2 (promoting an L2 hit into L1). Stale entries are returned
+    /// too; the caller decides what staleness it accepts.
+    pub async fn lookup(&self, route: Route, key: &str) -> Option<(Arc<Entry>, Tier)> {
+        if let Some(memory) = &self.memory {
+            if let Some(entry) = memory.get(key).await {
+                return Some((entry, Tier::Memory));
+            }
+        }
+        let entry = Arc::new(self.lookup_redis(route, key).await?);
+        if entry.remaining_life(now_ms(), self.grace).is_zero() {
+            return None;
+        }
+        if let Some(memory) = &self.memory {
+            memory.insert(Arc::from(key), entry.clone()).await;
+        }
+        Some((entry, Tier::Redis))
+    }
+
+    /// L2 only (cross-replica coalescing waits on this).
+    pub async fn lookup_redis(&self, route: Route, key: &str) -> Option<Entry> {
+        let redis = self.redis.as_ref()?;
+        let rkey = self.redis_key(route, key);
+        let bytes: Option<Vec<u8>> = redis
+            .call("cache_get", |mut c| async move { redis::cmd("GET").arg(&rkey).query_async(&mut c).await })
+            .await
+            .ok()
+            .flatten();
+        bytes.and_then(|b| Entry::decode(&b))
+    }
+
+    /// Stores in both tiers. L2 is awaited (bounded by its timeout) so that a
+    /// replica waiting on the lease finds the entry as soon as we answer.
+    pub async fn store(&self, key: &str, entry: Arc<Entry>) {
+        let life = entry.remaining_life(now_ms(), self.grace);
+        if life.is_zero() {
+            return;
+        }
+        if let Some(memory) = &self.memory {
+            memory.insert(Arc::from(key), entry.clone()).await;
+        }
+        if let Some(redis) = &self.redis {
+            let rkey = self.redis_key(entry.route, key);
+            let value = entry.encode();
+            let px = life.as_millis() as u64;
+            let _ = redis
+                .call("cache_set", |mut c| async move {
+                    redis::cmd("SET").arg(&rkey).arg(value).arg("PX").arg(px.max(1)).query_async::<()>(&mut c).await
+                })
+                .await;
+        }
+    }
+
+    /// Drops every entry, or one route's, from both tiers. Returns how many
+    /// Redis keys went.
+    pub async fn purge(&self, route: Option<Route>) -> u64 {
+        if let Some(memory) = &self.memory {
+            match route {
+                None => memory.invalidate_all(),
+                Some(r) => {
+                    let _ = memory.invalidate_entries_if(move |_, e| e.route == r);
+                }
+            }
+            memory.run_pending_tasks().await;
+        }
+        let Some(redis) = &self.redis else { return 0 };
+        let pattern = match route {
+            None => format!("{}c:*", self.prefix),
+            Some(r) => format!("{}c:{}:*", self.prefix, r.as_str()),
+        };
+        purge_pattern(redis, pattern).await
+    }
+
+    /// Sets the memory-tier gauges (called at scrape time).
+    pub fn observe(&self) {
+        if let Some(memory) = &self.memory {
+            let m = &self.metrics;
+            m.cache_entries.with_label_values(&["memory"]).set(memory.entry_count() as i64);
+            m.cache_size_bytes.with_label_values(&["memory"]).set(memory.weighted_size() as i64);
+        }
+    }
+
+    /// Runs moka's housekeeping now, so counts are exact (tests, scrapes).
+    pub async fn sync(&self) {
+        if let Some(memory) = &self.memory {
+            memory.run_pending_tasks().await;
+        }
+    }
+}
+
+/// SCAN + UNLINK in batches: never KEYS, which blocks a shared Redis.
+async fn purge_pattern(redis: &RedisBackend, pattern: String) -> u64 {
+    let mut cursor: u64 = 0;
+    let mut removed = 0;
+    loop {
+        let pattern = pattern.clone();
+        let step: Result<(u64, Vec<String>), _> = redis
+            .call("cache_purge", |mut c| async move {
+                redis::cmd("SCAN").arg(cursor).arg("MATCH").arg(&pattern).arg("COUNT").arg(500).query_async(&mut c).await
+            })
+            .await;
+        let Ok((next, keys)) = step else { return removed };
+        if !keys.is_empty() {
+            let n = keys.len() as u64;
+            let gone = redis
+                .call("cache_purge", |mut c| async move { redis::cmd("UNLINK").arg(keys).query_async::<u64>(&mut c).await })
+                .await;
+            removed += gone.unwrap_or(0).min(n);
+        }
+        if next == 0 {
+            return removed;
+        }
+        cursor = next;
+    }
+}

@@ -1,0 +1,134 @@
+//! One Redis connection for the cache's L2 tier, coalescing leases and the
+//! shared ledger: redis-rs's auto-reconnecting `ConnectionManager`, a short
+//! timeout on every call, and a circuit breaker so a dead Redis costs no
+//! latency: after a few consecutive failures calls fail at once for a
+//! cool-down, then one probe call is let through to see if it is back.
+
+use crate::metrics::Metrics;
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+/// Consecutive failures that open the breaker.
+const TRIP_AFTER: u32 = 3;
+
+#[derive(Debug)]
+pub enum BackendError {
+    /// The breaker is open: Redis failed recently, not tried.
+    Open,
+    /// The call took longer than the timeout.
+    Timeout,
+    /// Redis answered with an error or the connection failed.
+    Redis(redis::RedisError),
+}
+
+impl std::fmt::Display for BackendError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            BackendError::Open => f.write_str("circuit open"),
+            BackendError::Timeout => f.write_str("timed out"),
+            // The error kind only: a message could echo a URL with a password.
+            BackendError::Redis(e) => write!(f, "redis error ({:?})", e.kind()),
+        }
+    }
+}
+
+pub struct RedisBackend {
+    conn: ConnectionManager,
+    timeout: Duration,
+    cool_down: Duration,
+    failures: AtomicU32,
+    /// Unix ms until which the breaker stays open (0: closed).
+    open_until_ms: AtomicU64,
+    metrics: Arc<Metrics>,
+}
+
+fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+impl RedisBackend {
+    /// Connects lazily: a Redis that is down at start-up does not stop the
+    /// gateway, the first calls just fail (and open the breaker).
+    pub fn new(url: &str, timeout: Duration, metrics: Arc<Metrics>) -> Result<RedisBackend, String> {
+        let client = redis::Client::open(url).map_err(|e| format!("redis url: {:?}", e.kind()))?;
+        let config = ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(timeout.max(Duration::from_millis(200))))
+            .set_response_timeout(Some(timeout))
+            .set_number_of_retries(1)
+            .set_max_delay(Duration::from_millis(500));
+        let conn = ConnectionManager::new_lazy_with_config(client, config)
+            .map_err(|e| format!("redis: {:?}", e.kind()))?;
+        Ok(RedisBackend {
+            conn,
+            timeout,
+            cool_down: Duration::from_secs(2),
+            failures: AtomicU32::new(0),
+            open_until_ms: AtomicU64::new(0),
+            metrics,
+        })
+    }
+
+    /// Runs one command (or pipeline, or script invocation) under the
+    /// timeout and the breaker. `op` labels the error metric.
+    pub async fn call<T, F, Fut>(&self, op: &'static str, f: F) -> Result<T, BackendError>
+    where
+        F: FnOnce(ConnectionManager) -> Fut,
+        Fut: std::future::Future<Output = redis::RedisResult<T>>,
+    {
+        let open_until = self.open_until_ms.load(Ordering::Acquire);
+        let now = now_ms();
+        if open_until > now {
+            return Err(BackendError::Open);
+        }
+        if open_until != 0 {
+            // Half-open: exactly one caller wins the probe; others keep failing fast.
+            let probe_until = now + self.cool_down.as_millis() as u64;
+            if self
+                .open_until_ms
+                .compare_exchange(open_until, probe_until, Ordering::AcqRel, Ordering::Acquire)
+                .is_err()
+            {
+                return Err(BackendError::Open);
+            }
+        }
+        let result = match tokio::time::timeout(self.timeout, f(self.conn.clone())).await {
+            Ok(Ok(v)) => Ok(v),
+            Ok(Err(e)) => Err(BackendError::Redis(e)),
+            Err(_) => Err(BackendError::Timeout),
+        };
+        match &result {
+            Ok(_) => {
+                self.failures.store(0, Ordering::Release);
+                self.open_until_ms.store(0, Ordering::Release);
+            }
+            Err(e) => self.failed(op, e),
+        }
+        result
+    }
+
+    fn failed(&self, op: &'static str, e: &BackendError) {
+        self.metrics.backend_errors_total.with_label_values(&["redis", op]).inc();
+        let failures = self.failures.fetch_add(1, Ordering::AcqRel) + 1;
+        if failures >= TRIP_AFTER {
+            let until = now_ms() + self.cool_down.as_millis() as u64;
+            self.open_until_ms.store(until, Ordering::Release);
+        }
+        tracing::warn!(op, error = %e, failures, "redis call failed");
+    }
+
+    /// True when the last calls worked (for /readyz).
+    pub fn is_healthy(&self) -> bool {
+        self.open_until_ms.load(Ordering::Acquire) == 0
+    }
+
+    /// PING under the breaker: readiness probes and recovery.
+    pub async fn ping(&self) -> Result<(), BackendError> {
+        self.call("ping", |mut c| async move { redis::cmd("PING").query_async::<String>(&mut c).await })
+            .await
+            .map(|_| ())
+    }
+}

@@ -1,0 +1,309 @@
+//! The credit-saving cache: what reaches the upstream, and what it costs.
+
+use crate::support::gateway::{Setup, ADMIN_TOKEN, ALPHA, BETA};
+use crate::support::http::{get, send, Reply};
+use crate::support::redis::RedisServer;
+use crate::support::sim::{start_sim, FaultKind, Faults, Sim, SimConfig};
+use bytes::Bytes;
+use http::{Method, StatusCode};
+use std::time::{Duration, Instant};
+
+fn unlimited() -> SimConfig {
+    SimConfig { requests_per_minute: 0, ..SimConfig::default() }
+}
+
+fn search_path(sim: &Sim, size: u32) -> String {
+    let s = sim.samples();
+    format!("/v2/permits/search?geo_id={}&permit_from={}&permit_to={}&size={size}", s.state, s.permit_from, s.permit_to)
+}
+
+async fn alpha(url: &str) -> Reply {
+    get(url, &[("x-api-key", ALPHA.1)]).await
+}
+
+async fn with_cc(url: &str, cc: &str) -> Reply {
+    get(url, &[("x-api-key", ALPHA.1), ("cache-control", cc)]).await
+}
+
+#[tokio::test]
+async fn a_repeat_does_not_reach_the_upstream_and_costs_nothing() {
+    let sim = start_sim(unlimited()).await;
+    let gw = Setup::new().start(&sim).await;
+    let s = sim.samples();
+    let url = format!("{}{}", gw.base_url(), search_path(&sim, 7));
+    let first = alpha(&url).await;
+    assert_eq!(first.status, StatusCode::OK);
+    assert_eq!(first.header("x-cache"), Some("MISS"));
+    assert_eq!(first.header_u64("x-credits-request"), Some(7));
+
+    let again = get(&url, &[("x-api-key", BETA.1)]).await;
+    assert_eq!(again.header("x-cache"), Some("HIT"), "another team hits the same entry");
+    assert_eq!(again.header_u64("x-credits-request"), Some(0));
+    assert_eq!(again.body, first.body);
+    assert!(again.header_u64("age").is_some());
+
+    // Parameter order, explicit defaults and boolean spellings hit too.
+    for variant in [
+        format!("/v2/permits/search?size=7&permit_to={}&permit_from={}&geo_id={}", s.permit_to, s.permit_from, s.state),
+        format!("/v2/permits/search?geo_id={}&permit_from={}&permit_to={}&size=7&include_count=false", s.state, s.permit_from, s.permit_to),
+        format!("/v2/permits/search?geo_id={}&permit_from={}&permit_to={}&size=7&include_count=0", s.state, s.permit_from, s.permit_to),
+    ] {
+        let r = alpha(&format!("{}{variant}", gw.base_url())).await;
+        assert_eq!(r.header("x-cache"), Some("HIT"), "{variant}");
+    }
+    let default_size = alpha(&format!("{}{}", gw.base_url(), search_path(&sim, 50))).await;
+    assert_eq!(default_size.header("x-cache"), Some("MISS"));
+    let implicit = alpha(&format!(
+        "{}/v2/permits/search?geo_id={}&permit_from={}&permit_to={}",
+        gw.base_url(), s.state, s.permit_from, s.permit_to
+    ))
+    .await;
+    assert_eq!(implicit.header("x-cache"), Some("HIT"), "size=50 equals no size");
+
+    assert_eq!(sim.stats().requests_total, 2, "one upstream request per distinct query");
+    let metrics = get(&format!("{}/metrics", gw.admin_url()), &[]).await.text();
+    assert!(metrics.contains("gateway_credits_saved_total{route=\"permits_search\",team=\"beta\"} 7"), "{metrics}");
+}
+
+#[tokio::test]
+async fn a_hundred_concurrent_identical_misses_make_one_upstream_request() {
+    let sim = start_sim(unlimited()).await;
+    let gw = Setup::new().start(&sim).await;
+    sim.set_faults(Faults { kind: FaultKind::Latency, latency_ms: Some(300), ..Faults::default() });
+    let url = format!("{}{}", gw.base_url(), search_path(&sim, 5));
+    let replies = futures_join_all((0..100).map(|_| {
+        let url = url.clone();
+        tokio::spawn(async move { alpha(&url).await })
+    }))
+    .await;
+    assert_eq!(sim.stats().requests_total, 1);
+    let body = &replies[0].body;
+    for r in &replies {
+        assert_eq!(r.status, StatusCode::OK);
+        assert_eq!(&r.body, body);
+    }
+    let charged: u64 = replies.iter().map(|r| r.header_u64("x-credits-request").unwrap_or(0)).sum();
+    assert_eq!(charged, 5, "only the fetching request pays");
+}
+
+/// Awaits spawned requests in order.
+async fn futures_join_all(tasks: impl Iterator<Item = tokio::task::JoinHandle<Reply>>) -> Vec<Reply> {
+    let handles: Vec<_> = tasks.collect();
+    let mut out = Vec::with_capacity(handles.len());
+    for h in handles {
+        out.push(h.await.expect("request task"));
+    }
+    out
+}
+
+#[tokio::test]
+async fn two_gateways_on_one_redis_share_entries_and_fetches() {
+    let redis = RedisServer::start();
+    let sim = start_sim(unlimited()).await;
+    let setup = Setup::new().with("cache", format!("redis_url = {:?}", redis.url()));
+    let gw1 = setup.start(&sim).await;
+    let gw2 = setup.start(&sim).await;
+
+    let path = search_path(&sim, 4);
+    let miss = alpha(&format!("{}{path}", gw1.base_url())).await;
+    assert_eq!(miss.header("x-cache"), Some("MISS"));
+    let hit = alpha(&format!("{}{path}", gw2.base_url())).await;
+    assert_eq!(hit.header("x-cache"), Some("HIT"), "a miss on one replica is a hit on the other");
+    assert_eq!(hit.body, miss.body);
+    assert_eq!(sim.stats().requests_total, 1);
+
+    // Concurrent misses across both replicas: one upstream request.
+    sim.set_faults(Faults { kind: FaultKind::Latency, latency_ms: Some(400), ..Faults::default() });
+    let path = search_path(&sim, 3);
+    let tasks = (0..40).map(|i| {
+        let url = format!("{}{path}", if i % 2 == 0 { gw1.base_url() } else { gw2.base_url() });
+        tokio::spawn(async move { alpha(&url).await })
+    });
+    let replies = futures_join_all(tasks).await;
+    assert!(replies.iter().all(|r| r.status == StatusCode::OK));
+    assert_eq!(sim.stats().requests_total, 2, "one more upstream request for the concurrent burst");
+}
+
+/// Polls /readyz until the cache Redis is reported ok again.
+async fn wait_redis_ok(admin_url: &str) {
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let r = get(&format!("{admin_url}/readyz"), &[]).await;
+        if r.json()["checks"]["cache_redis"] == "ok" {
+            return;
+        }
+        assert!(Instant::now() < deadline, "redis never came back: {}", r.text());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[tokio::test]
+async fn a_dead_redis_costs_nothing_and_a_restarted_one_is_used_again() {
+    let mut redis = RedisServer::start();
+    let sim = start_sim(unlimited()).await;
+    let setup = Setup::new().with("cache", format!("redis_url = {:?}\nredis_timeout_ms = 200", redis.url()));
+    let gw = setup.start(&sim).await;
+    let path = search_path(&sim, 2);
+    assert_eq!(alpha(&format!("{}{path}", gw.base_url())).await.header("x-cache"), Some("MISS"));
+
+    redis.kill();
+    // Requests keep succeeding from memory and from the upstream.
+    assert_eq!(alpha(&format!("{}{path}", gw.base_url())).await.header("x-cache"), Some("HIT"));
+    for size in 10..16 {
+        let r = alpha(&format!("{}{}", gw.base_url(), search_path(&sim, size))).await;
+        assert_eq!(r.status, StatusCode::OK);
+    }
+    // Once the breaker is open, Redis is not even tried: errors stop growing.
+    let errors = |text: &str| -> u64 {
+        text.lines()
+            .filter(|l| l.starts_with("gateway_backend_errors_total{backend=\"redis\""))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+            .sum()
+    };
+    let before = errors(&get(&format!("{}/metrics", gw.admin_url()), &[]).await.text());
+    assert!(before >= 3, "redis failures were counted");
+    for size in 20..30 {
+        assert_eq!(alpha(&format!("{}{}", gw.base_url(), search_path(&sim, size))).await.status, StatusCode::OK);
+    }
+    let after = errors(&get(&format!("{}/metrics", gw.admin_url()), &[]).await.text());
+    assert!(after - before <= 2, "breaker open: at most a probe tried ({before} → {after})");
+
+    redis.restart();
+    wait_redis_ok(&gw.admin_url()).await;
+    let path = search_path(&sim, 31);
+    assert_eq!(alpha(&format!("{}{path}", gw.base_url())).await.header("x-cache"), Some("MISS"));
+    let other = setup.start(&sim).await;
+    let r = alpha(&format!("{}{path}", other.base_url())).await;
+    assert_eq!(r.header("x-cache"), Some("HIT"), "L2 is written and read again");
+}
+
+#[tokio::test]
+async fn upstream_failures_serve_a_stale_copy_or_the_mapped_error() {
+    let sim = start_sim(unlimited()).await;
+    let gw = Setup::new().with("upstream", "timeout_secs = 1\nmax_retries = 0").start(&sim).await;
+    let cached = format!("{}{}", gw.base_url(), search_path(&sim, 6));
+    let fresh = alpha(&cached).await;
+    assert_eq!(fresh.header("x-cache"), Some("MISS"));
+    let uncached = format!("{}{}", gw.base_url(), search_path(&sim, 8));
+    let cases: [(Faults, StatusCode); 4] = [
+        (Faults { kind: FaultKind::Status, status: Some(500), ..Faults::default() }, StatusCode::BAD_GATEWAY),
+        (Faults { kind: FaultKind::Hang, delay_ms: Some(3_000), ..Faults::default() }, StatusCode::GATEWAY_TIMEOUT),
+        (Faults { kind: FaultKind::Status, status: Some(429), retry_after_secs: Some(30), ..Faults::default() }, StatusCode::TOO_MANY_REQUESTS),
+        (Faults { kind: FaultKind::Status, status: Some(402), ..Faults::default() }, StatusCode::PAYMENT_REQUIRED),
+    ];
+    for (fault, mapped) in cases {
+        sim.set_faults(fault.clone());
+        // no-cache forces the upstream call; its failure falls back to the copy.
+        let stale = with_cc(&cached, "no-cache").await;
+        assert_eq!(stale.status, StatusCode::OK, "{fault:?}");
+        assert_eq!(stale.header("x-cache"), Some("STALE"), "{fault:?}");
+        assert_eq!(stale.body, fresh.body);
+        assert_eq!(stale.header_u64("x-credits-request"), Some(0));
+        let failed = alpha(&uncached).await;
+        assert_eq!(failed.status, mapped, "{fault:?}: {}", failed.text());
+        if mapped == StatusCode::TOO_MANY_REQUESTS {
+            assert!(failed.header_u64("retry-after").is_some_and(|s| s >= 1));
+        }
+        if mapped == StatusCode::PAYMENT_REQUIRED {
+            assert!(failed.json()["detail"]["error"].is_string(), "402 body passes through");
+        }
+    }
+    sim.clear_faults();
+}
+
+#[tokio::test]
+async fn expired_entries_are_kept_for_the_grace_period_and_served_on_failure() {
+    let sim = start_sim(unlimited()).await;
+    let gw = Setup::new()
+        .with("cache", "stale_grace_secs = 3600\n[cache.route_ttl_secs]\nmeta_release = 1")
+        .with("upstream", "max_retries = 0")
+        .start(&sim)
+        .await;
+    let url = format!("{}/v2/meta/release", gw.base_url());
+    assert_eq!(alpha(&url).await.header("x-cache"), Some("MISS"));
+    // Wait for the entry to expire: only-if-cached stops accepting it.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while with_cc(&url, "only-if-cached").await.status == StatusCode::OK {
+        assert!(Instant::now() < deadline, "entry never expired");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let accepted = with_cc(&url, "max-stale=600").await;
+    assert_eq!(accepted.header("x-cache"), Some("STALE"), "max-stale accepts an expired entry");
+    sim.set_faults(Faults { kind: FaultKind::Status, status: Some(503), ..Faults::default() });
+    let stale = alpha(&url).await;
+    assert_eq!(stale.status, StatusCode::OK);
+    assert_eq!(stale.header("x-cache"), Some("STALE"));
+    sim.clear_faults();
+    let refreshed = alpha(&url).await;
+    assert_eq!(refreshed.header("x-cache"), Some("MISS"), "an expired entry is refetched");
+}
+
+#[tokio::test]
+async fn client_cache_control_is_honoured() {
+    let sim = start_sim(unlimited()).await;
+    let gw = Setup::new().start(&sim).await;
+    let url = format!("{}{}", gw.base_url(), search_path(&sim, 3));
+
+    let only = with_cc(&url, "only-if-cached").await;
+    assert_eq!(only.status, StatusCode::GATEWAY_TIMEOUT);
+    assert_eq!(sim.stats().requests_total, 0, "only-if-cached never goes upstream");
+
+    let not_stored = with_cc(&url, "no-store").await;
+    assert_eq!(not_stored.status, StatusCode::OK);
+    assert_eq!(alpha(&url).await.header("x-cache"), Some("MISS"), "no-store was not stored");
+    assert_eq!(alpha(&url).await.header("x-cache"), Some("HIT"));
+
+    let bypass = with_cc(&url, "no-cache").await;
+    assert_eq!(bypass.header("x-cache"), Some("BYPASS"));
+    assert_eq!(sim.stats().requests_total, 3);
+
+    assert_eq!(with_cc(&url, "only-if-cached").await.status, StatusCode::OK);
+
+    // ETag and If-None-Match: 304 from the cache with no body.
+    let hit = alpha(&url).await;
+    let etag = hit.header("etag").expect("etag on hits").to_string();
+    let cond = get(&url, &[("x-api-key", ALPHA.1), ("if-none-match", &etag)]).await;
+    assert_eq!(cond.status, StatusCode::NOT_MODIFIED);
+    assert!(cond.body.is_empty());
+}
+
+#[tokio::test]
+async fn errors_and_usage_are_never_cached() {
+    let sim = start_sim(unlimited()).await;
+    let gw = Setup::new().start(&sim).await;
+    for path in ["/v2/permits/search?geo_id=CA&size=500", "/v2/counties?geo_id=AAAAAAAAAAA", "/v2/usage"] {
+        let url = format!("{}{path}", gw.base_url());
+        let first = alpha(&url).await;
+        let second = alpha(&url).await;
+        assert_ne!(second.header("x-cache"), Some("HIT"), "{path}: {}", first.status);
+    }
+    assert_eq!(sim.stats().requests_total, 4, "both error answers went upstream twice; usage never");
+}
+
+#[tokio::test]
+async fn purge_empties_both_tiers_all_or_by_route() {
+    let redis = RedisServer::start();
+    let sim = start_sim(unlimited()).await;
+    let gw = Setup::new().with("cache", format!("redis_url = {:?}", redis.url())).start(&sim).await;
+    let search = format!("{}{}", gw.base_url(), search_path(&sim, 2));
+    let release = format!("{}/v2/meta/release", gw.base_url());
+    alpha(&search).await;
+    alpha(&release).await;
+    let purge = |q: &'static str| {
+        let url = format!("{}/admin/cache/purge{q}", gw.admin_url());
+        async move { send(Method::POST, &url, &[("authorization", &format!("Bearer {ADMIN_TOKEN}"))], Bytes::new()).await }
+    };
+    assert_eq!(
+        send(Method::POST, &format!("{}/admin/cache/purge", gw.admin_url()), &[], Bytes::new()).await.status,
+        StatusCode::UNAUTHORIZED
+    );
+    let by_route = purge("?route=meta_release").await;
+    assert_eq!(by_route.status, StatusCode::OK);
+    assert_eq!(by_route.json()["redis_keys"], 1);
+    assert_eq!(alpha(&search).await.header("x-cache"), Some("HIT"));
+    assert_eq!(alpha(&release).await.header("x-cache"), Some("MISS"));
+    assert_eq!(purge("?route=nope").await.status, StatusCode::UNPROCESSABLE_ENTITY);
+    let all = purge("").await;
+    assert_eq!(all.json()["redis_keys"], 2);
+    assert_eq!(alpha(&search).await.header("x-cache"), Some("MISS"));
+}

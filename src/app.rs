@@ -1,24 +1,34 @@
 //! The shared state, built once from a validated [`Config`] and handed to
-//! every connection: teams, the cache, the upstream client, metrics.
+//! every connection: teams, cache, ledger, scheduler, upstream, metrics.
 
 use crate::auth::Teams;
 use crate::cache::flight::Flights;
 use crate::cache::Cache;
-use crate::config::Config;
+use crate::config::{Config, ConfigErrors, Source};
+use crate::ledger::{self, Ledger, Window};
 use crate::metrics::Metrics;
+use crate::org::Org;
 use crate::proxy::Outcome;
 use crate::redis_backend::RedisBackend;
+use crate::scheduler::Scheduler;
 use crate::upstream::Upstream;
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
 pub struct App {
     pub config: Config,
+    /// Where `reload` re-reads teams from: the `--config` file, else the
+    /// default path.
+    reload_from: Option<PathBuf>,
     /// Swapped whole on reload, so a request sees one consistent table.
     pub teams: arc_swap::ArcSwap<Teams>,
     pub cache: Cache,
     /// Upstream fetches in flight, by cache key (in-process coalescing).
     pub flights: Flights<Outcome>,
+    pub ledger: Ledger,
+    pub scheduler: Arc<Scheduler>,
+    pub org: Org,
     pub upstream: Upstream,
     pub metrics: Arc<Metrics>,
 }
@@ -27,20 +37,13 @@ impl App {
     /// Builds everything that can fail at start-up, so `serve` fails before
     /// it binds rather than on the first request. Redis is not contacted
     /// here: a Redis that is down at start-up only means misses for now.
-    pub fn new(config: Config) -> Result<Arc<App>, String> {
+    /// Must run inside a tokio runtime (the scheduler starts its task).
+    pub fn new(config: Config, reload_from: Option<PathBuf>) -> Result<Arc<App>, String> {
         let key = config.upstream_key()?;
         let upstream = Upstream::new(&config.upstream, &key)?;
-        let teams = Teams::from_config(&config.teams);
         let metrics = Arc::new(Metrics::new());
-        for team in teams.iter() {
-            if let Some(limit) = team.credit_limit {
-                metrics
-                    .team_credit_limit
-                    .with_label_values(&[&team.name])
-                    .set(i64::try_from(limit).unwrap_or(i64::MAX));
-            }
-        }
-        let redis = match &config.cache.redis_url {
+        let teams = Teams::from_config(&config.teams);
+        let cache_redis = match &config.cache.redis_url {
             Some(url) => Some(Arc::new(RedisBackend::new(
                 url.expose(),
                 Duration::from_millis(config.cache.redis_timeout_ms),
@@ -48,14 +51,74 @@ impl App {
             )?)),
             None => None,
         };
-        let cache = Cache::new(&config.cache, redis, metrics.clone());
-        Ok(Arc::new(App {
+        let cache = Cache::new(&config.cache, cache_redis, metrics.clone());
+        let ledger = open_ledger(&config, &metrics)?;
+        let scheduler = Scheduler::start(
+            config.upstream.requests_per_minute,
+            Duration::from_secs(config.upstream.max_queue_wait_secs),
+            metrics.clone(),
+        );
+        let app = App {
+            reload_from,
             teams: arc_swap::ArcSwap::from_pointee(teams),
             cache,
             flights: Flights::default(),
+            ledger,
+            scheduler,
+            org: Org::new(Duration::from_secs(config.upstream.exhausted_backoff_secs)),
             upstream,
             metrics,
             config,
-        }))
+        };
+        app.publish_limits();
+        Ok(Arc::new(app))
+    }
+
+    /// Re-reads the teams (added, removed, new budgets or tokens) without a
+    /// restart. Spend is keyed by team name in the ledger, so nothing is
+    /// lost; other settings need a restart. Returns the number of teams.
+    pub fn reload(&self) -> Result<usize, ConfigErrors> {
+        let source = self.reload_from.as_deref().map_or(Source::Default, Source::File);
+        let config = Config::load(source)?;
+        let teams = Teams::from_config(&config.teams);
+        let count = config.teams.len();
+        self.teams.store(Arc::new(teams));
+        self.metrics.team_credit_limit.reset();
+        self.publish_limits();
+        tracing::info!(teams = count, "teams reloaded");
+        Ok(count)
+    }
+
+    fn publish_limits(&self) {
+        for team in self.teams.load().iter() {
+            if let Some(limit) = team.credit_limit {
+                self.metrics
+                    .team_credit_limit
+                    .with_label_values(&[&team.name])
+                    .set(i64::try_from(limit).unwrap_or(i64::MAX));
+            }
+        }
+    }
+}
+
+fn open_ledger(config: &Config, metrics: &Arc<Metrics>) -> Result<Ledger, String> {
+    let window = Window::parse(&config.quota.window);
+    let lease = ledger::reservation_lease(Duration::from_secs(config.upstream.timeout_secs));
+    if config.quota.store == "redis" {
+        let url = config
+            .quota
+            .redis_url
+            .as_ref()
+            .or(config.cache.redis_url.as_ref())
+            .ok_or("quota.redis_url: not set")?;
+        // Its own connection and breaker: a slow cache must not trip the ledger.
+        let redis = Arc::new(RedisBackend::new(
+            url.expose(),
+            Duration::from_millis(config.quota.redis_timeout_ms),
+            metrics.clone(),
+        )?);
+        Ok(Ledger::Redis(ledger::redis::RedisLedger::new(redis, &config.cache.redis_key_prefix, window, lease)))
+    } else {
+        Ok(Ledger::File(ledger::file::FileLedger::open(&config.quota.path, window, lease)?))
     }
 }

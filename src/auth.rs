@@ -9,10 +9,11 @@ use crate::error::GatewayError;
 use http::header::{HeaderMap, AUTHORIZATION};
 use sha2::{Digest, Sha256};
 use std::sync::Arc;
+use governor::{DefaultDirectRateLimiter, Quota};
+use std::num::NonZeroU32;
 use subtle::ConstantTimeEq;
 
 /// One team as the request path sees it.
-#[derive(Debug, PartialEq, Eq)]
 pub struct Team {
     /// A metric label, from the config's bounded set.
     pub name: String,
@@ -21,10 +22,36 @@ pub struct Team {
     pub credit_limit: Option<u64>,
     /// The team's own request rate; `None` is no limit of its own.
     pub requests_per_minute: Option<u32>,
+    /// Enforces `requests_per_minute` (DESIGN §2 step 4). Rebuilt on reload.
+    pub limiter: Option<DefaultDirectRateLimiter>,
+}
+
+impl std::fmt::Debug for Team {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Never the token hash: not secret, but nobody needs it in a log.
+        f.debug_struct("Team").field("name", &self.name).field("credit_limit", &self.credit_limit).finish()
+    }
+}
+
+impl PartialEq for Team {
+    fn eq(&self, other: &Team) -> bool {
+        self.name == other.name
+    }
+}
+
+impl Team {
+    /// The team's own rate: `Err(seconds to wait)` when exceeded.
+    pub fn check_rate(&self) -> Result<(), u64> {
+        let Some(limiter) = &self.limiter else { return Ok(()) };
+        limiter.check().map_err(|not_until| {
+            let wait = not_until.wait_time_from(governor::clock::Clock::now(&governor::clock::DefaultClock::default()));
+            wait.as_secs_f64().ceil().max(1.0) as u64
+        })
+    }
 }
 
 /// Every configured team; replaced whole on reload.
-#[derive(Debug, Default)]
+#[derive(Default)]
 pub struct Teams {
     teams: Vec<Arc<Team>>,
 }
@@ -38,11 +65,16 @@ impl Teams {
                 let mut hash = [0u8; 32];
                 // Validation guarantees 64 hex characters; a bad one matches nothing.
                 let _ = hex::decode_to_slice(&t.token_sha256, &mut hash);
+                let limiter = t
+                    .requests_per_minute
+                    .and_then(NonZeroU32::new)
+                    .map(|rpm| DefaultDirectRateLimiter::direct(Quota::per_minute(rpm)));
                 Arc::new(Team {
                     name: t.name.clone(),
                     token_sha256: hash,
                     credit_limit: t.credit_limit,
                     requests_per_minute: t.requests_per_minute,
+                    limiter,
                 })
             })
             .collect();

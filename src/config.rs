@@ -61,6 +61,8 @@ pub struct UpstreamConfig {
     pub max_retries: u32,
     pub ca_file: Option<PathBuf>,
     pub max_response_bytes: usize,
+    pub max_queue_wait_secs: u64,
+    pub exhausted_backoff_secs: u64,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -112,6 +114,8 @@ pub struct QuotaConfig {
     pub path: PathBuf,
     pub redis_url: Option<Secret>,
     pub upgrade_url: String,
+    pub redis_timeout_ms: u64,
+    pub fail_open: bool,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]

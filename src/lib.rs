@@ -14,6 +14,9 @@
 //! - [`auth`]: token → team.
 //! - [`cache`]: normalized keys, L1 moka + L2 Redis, coalescing, staleness.
 //! - [`redis_backend`]: the shared Redis connection with timeouts and a breaker.
+//! - [`ledger`]: team budgets: reserve, settle, release; file or Redis store.
+//! - [`scheduler`]: fair sharing of the upstream rate limit across teams.
+//! - [`org`]: the org's upstream credits, and pausing when they run out.
 //! - [`upstream`]: the pooled rustls client with retries and deadlines.
 //! - [`error`]: the one error type and its one mapping to HTTP.
 //! - [`admin`]: `/metrics`, `/healthz`, `/readyz`, `/admin/*`.
@@ -34,10 +37,13 @@ pub mod config;
 pub mod demo;
 pub mod error;
 pub mod http_util;
+pub mod ledger;
 pub mod metrics;
+pub mod org;
 pub mod proxy;
 pub mod redis_backend;
 pub mod route;
+pub mod scheduler;
 pub mod server;
 pub mod telemetry;
 pub mod upstream;
@@ -120,7 +126,16 @@ pub struct Running {
 impl Running {
     /// Builds the app and serves it on the given listeners in a task.
     pub fn spawn(config: config::Config, listeners: Listeners) -> Result<Running, String> {
-        let app = App::new(config)?;
+        Running::spawn_app(App::new(config, None)?, listeners)
+    }
+
+    /// As [`Running::spawn`], with teams re-read from `path` on reload.
+    pub fn spawn_from_file(path: &std::path::Path, listeners: Listeners) -> Result<Running, String> {
+        let config = config::Config::load(config::Source::File(path)).map_err(|e| e.to_string())?;
+        Running::spawn_app(App::new(config, Some(path.to_path_buf()))?, listeners)
+    }
+
+    fn spawn_app(app: Arc<App>, listeners: Listeners) -> Result<Running, String> {
         let addr = listeners.team.local_addr().map_err(|e| e.to_string())?;
         let admin_addr = listeners.admin.local_addr().map_err(|e| e.to_string())?;
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();

@@ -124,6 +124,28 @@ const SEGMENT: &AsciiSet = &CONTROLS
     .add(b'|')
     .add(b'}');
 
+/// The most this call can cost: 0 on free routes; the number of `id`s on a
+/// multi-id lookup; else the page size asked for (1..=100, default 50).
+pub fn credit_estimate(target: &Target) -> u64 {
+    if !target.route.is_metered() {
+        return 0;
+    }
+    let query = target.query.as_deref().unwrap_or("");
+    let mut size = None;
+    let mut ids = 0u64;
+    for (k, v) in form_urlencoded::parse(query.as_bytes()) {
+        match k.as_ref() {
+            "size" => size = Some(v),
+            "id" => ids += 1,
+            _ => {}
+        }
+    }
+    if target.route == Route::Other && ids > 0 {
+        return ids;
+    }
+    size.and_then(|v| v.trim().parse::<u64>().ok()).map_or(50, |n| n.clamp(1, 100))
+}
+
 /// Classifies a request target; the method has been checked already.
 pub fn classify(uri: &Uri, max_uri_bytes: usize) -> Result<Target, GatewayError> {
     let target_len = uri.path_and_query().map_or(0, |pq| pq.as_str().len());
@@ -280,6 +302,19 @@ mod tests {
     fn path_ids_are_re_encoded() {
         let t = target("/v2/contractors/a%20b/permits").unwrap();
         assert_eq!(t.path, "/v2/contractors/a%20b/permits");
+    }
+
+    #[test]
+    fn credit_estimates_are_the_worst_case() {
+        let est = |u: &str| credit_estimate(&target(u).unwrap());
+        assert_eq!(est("/v2/permits/search?size=10"), 10);
+        assert_eq!(est("/v2/permits/search"), 50);
+        assert_eq!(est("/v2/permits/search?size=500"), 100);
+        assert_eq!(est("/v2/permits/search?size=abc"), 50);
+        assert_eq!(est("/v2/permits?id=a&id=b&id=c"), 3);
+        assert_eq!(est("/v2/meta/release"), 0);
+        assert_eq!(est("/v2/counties?geo_id=x"), 0);
+        assert_eq!(est("/v2/cities/x/metrics/current?size=7"), 7);
     }
 
     #[test]

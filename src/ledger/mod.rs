@@ -1,0 +1,220 @@
+//! Team credit budgets: reserve the worst case before an upstream call,
+//! settle to what the upstream charged, release on failure (DESIGN §2 steps
+//! 9 and 12). Two stores behind one type:
+//!
+//! - [`file`]: redb on local disk, for one replica. Chosen over SQLite: pure
+//!   Rust (no C toolchain in the image), ACID with fsync'd commits, and a
+//!   single-writer model that fits one replica; settles are group-committed
+//!   so concurrent misses share an fsync.
+//! - [`redis`]: Lua scripts on a shared Redis, so N replicas share one budget
+//!   exactly; keys of one team share a `{team}` hash tag (Redis Cluster).
+//!
+//! Spend is kept per team, per UTC day, per route; the window sums the days
+//! of the last 30 (`rolling_30d`, like the upstream) or of the current month.
+
+pub mod file;
+pub mod redis;
+
+use crate::route::Route;
+use chrono::{DateTime, Datelike, NaiveDate, Utc};
+use std::time::Duration;
+
+/// Which days count toward a team's budget.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Window {
+    Rolling30d,
+    CalendarMonth,
+}
+
+/// Days of spend a rolling window keeps.
+pub const ROLLING_DAYS: u32 = 30;
+
+impl Window {
+    pub fn parse(name: &str) -> Window {
+        if name == "calendar_month" {
+            Window::CalendarMonth
+        } else {
+            Window::Rolling30d
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Window::Rolling30d => "rolling_30d",
+            Window::CalendarMonth => "calendar_month",
+        }
+    }
+
+    /// The first day (days since 1970-01-01, UTC) inside the window.
+    pub fn first_day(self, today: u32) -> u32 {
+        match self {
+            Window::Rolling30d => today.saturating_sub(ROLLING_DAYS - 1),
+            Window::CalendarMonth => {
+                let date = date_of(today);
+                today - (date.day() - 1)
+            }
+        }
+    }
+
+    /// When spend of `day` stops counting.
+    pub fn expires(self, day: u32) -> u32 {
+        match self {
+            Window::Rolling30d => day + ROLLING_DAYS,
+            Window::CalendarMonth => {
+                let d = date_of(day);
+                let (y, m) = if d.month() == 12 { (d.year() + 1, 1) } else { (d.year(), d.month() + 1) };
+                NaiveDate::from_ymd_opt(y, m, 1).map_or(day + 31, day_of)
+            }
+        }
+    }
+}
+
+/// Today as days since the epoch, UTC.
+pub fn today() -> u32 {
+    day_of(Utc::now().date_naive())
+}
+
+pub fn day_of(date: NaiveDate) -> u32 {
+    let epoch = NaiveDate::from_ymd_opt(1970, 1, 1).unwrap_or_default();
+    u32::try_from((date - epoch).num_days()).unwrap_or(0)
+}
+
+pub fn date_of(day: u32) -> NaiveDate {
+    DateTime::from_timestamp(i64::from(day) * 86_400, 0).map_or_else(NaiveDate::default, |t| t.date_naive())
+}
+
+/// Credits held for one upstream call in flight.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Reservation {
+    pub id: u64,
+    pub team: String,
+    pub amount: u64,
+}
+
+#[derive(Debug, PartialEq, Eq)]
+pub enum Reserved {
+    Granted(Reservation),
+    /// The budget cannot cover it: `used` includes reservations in flight.
+    Rejected { used: u64, limit: u64 },
+}
+
+/// A team's spend in its window.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TeamUsage {
+    pub used: u64,
+    /// (day, credits) for the days inside the window, oldest first.
+    pub daily: Vec<(u32, u64)>,
+}
+
+/// One row of the chargeback CSV.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UsageRow {
+    pub team: String,
+    pub day: u32,
+    pub route: String,
+    pub spent: u64,
+    pub saved: u64,
+}
+
+#[derive(Debug)]
+pub struct LedgerError(pub String);
+
+impl std::fmt::Display for LedgerError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+pub enum Ledger {
+    File(file::FileLedger),
+    Redis(redis::RedisLedger),
+}
+
+/// How long a reservation holds credits when its call never settles (the
+/// process died, the task panicked): the upstream deadline plus a margin.
+pub fn reservation_lease(upstream_timeout: Duration) -> Duration {
+    upstream_timeout + Duration::from_secs(30)
+}
+
+impl Ledger {
+    /// Holds `amount` credits for `team` unless that would pass `limit`.
+    pub async fn reserve(&self, team: &str, limit: Option<u64>, amount: u64) -> Result<Reserved, LedgerError> {
+        match self {
+            Ledger::File(l) => Ok(l.reserve(team, limit, amount, today())),
+            Ledger::Redis(l) => l.reserve(team, limit, amount, today()).await,
+        }
+    }
+
+    /// Turns a reservation into spend of `actual` credits (durable when
+    /// this returns Ok), recorded under `route` for chargeback.
+    pub async fn settle(&self, r: Reservation, actual: u64, route: Route) -> Result<(), LedgerError> {
+        match self {
+            Ledger::File(l) => l.settle(r, actual, route, today()).await,
+            Ledger::Redis(l) => l.settle(r, actual, route, today()).await,
+        }
+    }
+
+    /// Gives the credits back: the call failed and the upstream charged nothing.
+    pub async fn release(&self, r: Reservation) {
+        match self {
+            Ledger::File(l) => l.release(r),
+            Ledger::Redis(l) => l.release(r).await,
+        }
+    }
+
+    /// Credits a cache hit saved a team (best effort: chargeback detail only).
+    pub async fn record_saved(&self, team: &str, route: Route, credits: u64) {
+        match self {
+            Ledger::File(l) => l.record_saved(team, route, credits, today()),
+            Ledger::Redis(l) => l.record_saved(team, route, credits, today()).await,
+        }
+    }
+
+    pub async fn usage(&self, team: &str) -> Result<TeamUsage, LedgerError> {
+        match self {
+            Ledger::File(l) => Ok(l.usage(team, today())),
+            Ledger::Redis(l) => l.usage(team, today()).await,
+        }
+    }
+
+    /// Per team, day and route, between two days inclusive.
+    pub async fn rows(&self, teams: &[String], from: u32, to: u32) -> Result<Vec<UsageRow>, LedgerError> {
+        match self {
+            Ledger::File(l) => Ok(l.rows(from, to)),
+            Ledger::Redis(l) => l.rows(teams, from, to).await,
+        }
+    }
+
+    /// For /readyz: `Err` when the store cannot take a settle now; the
+    /// `Ok` text is a note for operators (e.g. Redis without AOF).
+    pub async fn check(&self) -> Result<&'static str, String> {
+        match self {
+            Ledger::File(l) => l.check().map(|()| "ok"),
+            Ledger::Redis(l) => l.check().await,
+        }
+    }
+
+    pub fn window(&self) -> Window {
+        match self {
+            Ledger::File(l) => l.window,
+            Ledger::Redis(l) => l.window,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn windows_pick_their_first_day() {
+        let d = day_of(NaiveDate::from_ymd_opt(2026, 3, 15).unwrap());
+        assert_eq!(Window::Rolling30d.first_day(d), d - 29);
+        assert_eq!(date_of(Window::CalendarMonth.first_day(d)), NaiveDate::from_ymd_opt(2026, 3, 1).unwrap());
+        assert_eq!(date_of(Window::CalendarMonth.expires(d)), NaiveDate::from_ymd_opt(2026, 4, 1).unwrap());
+        let dec = day_of(NaiveDate::from_ymd_opt(2026, 12, 31).unwrap());
+        assert_eq!(date_of(Window::CalendarMonth.expires(dec)), NaiveDate::from_ymd_opt(2027, 1, 1).unwrap());
+        assert_eq!(Window::Rolling30d.expires(d), d + 30);
+        assert_eq!(date_of(day_of(NaiveDate::from_ymd_opt(2026, 11, 21).unwrap())).to_string(), "2026-11-21");
+    }
+}

@@ -1,0 +1,206 @@
+//! The shared ledger: budgets kept in Redis and changed only by Lua scripts,
+//! which Redis runs atomically, so replicas cannot together overspend.
+//!
+//! Per team (one `{team}` hash tag, so a script's keys share a Cluster slot):
+//! - `<prefix>l:{team}:days`   day → credits spent;
+//! - `<prefix>l:{team}:held`   reservation id → "amount:expires_ms";
+//! - `<prefix>l:{team}:routes` "day|route|s" (spent) / "day|route|v" (saved).
+//!
+//! A reservation carries its own expiry: a replica that dies between reserve
+//! and settle holds those credits only until the lease runs out.
+
+use super::{LedgerError, Reservation, Reserved, TeamUsage, UsageRow, Window};
+use crate::cache::now_ms;
+use crate::redis_backend::RedisBackend;
+use crate::route::Route;
+use redis::Script;
+use std::sync::Arc;
+use std::time::Duration;
+
+const RESERVE: &str = r#"
+local first_day = tonumber(ARGV[4])
+local now = tonumber(ARGV[3])
+local spent = 0
+local days = redis.call('HGETALL', KEYS[1])
+for i = 1, #days, 2 do
+  if tonumber(days[i]) >= first_day then spent = spent + tonumber(days[i + 1]) end
+end
+local held = 0
+local holds = redis.call('HGETALL', KEYS[2])
+for i = 1, #holds, 2 do
+  local amount, expires = string.match(holds[i + 1], '^(%d+):(%d+)$')
+  if amount == nil or tonumber(expires) <= now then
+    redis.call('HDEL', KEYS[2], holds[i])
+  else
+    held = held + tonumber(amount)
+  end
+end
+local limit = tonumber(ARGV[2])
+local amount = tonumber(ARGV[1])
+if limit >= 0 and spent + held + amount > limit then
+  return {0, spent + held}
+end
+local id = redis.call('INCR', KEYS[3])
+redis.call('HSET', KEYS[2], id, amount .. ':' .. ARGV[5])
+return {id, spent + held}
+"#;
+
+const SETTLE: &str = r#"
+redis.call('HDEL', KEYS[2], ARGV[1])
+local actual = tonumber(ARGV[2])
+if actual > 0 then
+  redis.call('HINCRBY', KEYS[1], ARGV[3], actual)
+  redis.call('HINCRBY', KEYS[3], ARGV[3] .. '|' .. ARGV[4] .. '|s', actual)
+end
+local prune_before = tonumber(ARGV[5])
+local days = redis.call('HKEYS', KEYS[1])
+for _, d in ipairs(days) do
+  if tonumber(d) < prune_before then redis.call('HDEL', KEYS[1], d) end
+end
+return 1
+"#;
+
+pub struct RedisLedger {
+    redis: Arc<RedisBackend>,
+    prefix: String,
+    reserve: Script,
+    settle: Script,
+    lease: Duration,
+    pub window: Window,
+}
+
+impl RedisLedger {
+    pub fn new(redis: Arc<RedisBackend>, prefix: &str, window: Window, lease: Duration) -> RedisLedger {
+        RedisLedger {
+            redis,
+            prefix: prefix.to_string(),
+            reserve: Script::new(RESERVE),
+            settle: Script::new(SETTLE),
+            lease,
+            window,
+        }
+    }
+
+    fn key(&self, team: &str, what: &str) -> String {
+        format!("{}l:{{{team}}}:{what}", self.prefix)
+    }
+
+    pub async fn reserve(&self, team: &str, limit: Option<u64>, amount: u64, today: u32) -> Result<Reserved, LedgerError> {
+        let mut inv = self.reserve.prepare_invoke();
+        inv.key(self.key(team, "days")).key(self.key(team, "held")).key(self.key(team, "seq"));
+        inv.arg(amount)
+            .arg(limit.map_or(-1, |l| i64::try_from(l).unwrap_or(i64::MAX)))
+            .arg(now_ms())
+            .arg(self.window.first_day(today))
+            .arg(now_ms() + self.lease.as_millis() as u64);
+        let (id, used): (u64, u64) = self
+            .redis
+            .call("ledger_reserve", |mut c| async move { inv.invoke_async(&mut c).await })
+            .await
+            .map_err(|e| LedgerError(format!("ledger reserve: {e}")))?;
+        Ok(match (id, limit) {
+            (0, Some(limit)) => Reserved::Rejected { used, limit },
+            _ => Reserved::Granted(Reservation { id, team: team.to_string(), amount }),
+        })
+    }
+
+    pub async fn settle(&self, r: Reservation, actual: u64, route: Route, today: u32) -> Result<(), LedgerError> {
+        let mut inv = self.settle.prepare_invoke();
+        inv.key(self.key(&r.team, "days")).key(self.key(&r.team, "held")).key(self.key(&r.team, "routes"));
+        inv.arg(r.id)
+            .arg(actual)
+            .arg(today)
+            .arg(route.as_str())
+            .arg(today.saturating_sub(super::ROLLING_DAYS + 32));
+        // Not retried: a settle that timed out may have run, and running it
+        // twice would count the spend twice.
+        self.redis
+            .call("ledger_settle", |mut c| async move { inv.invoke_async::<u64>(&mut c).await })
+            .await
+            .map(drop)
+            .map_err(|e| LedgerError(format!("ledger settle: {e}")))
+    }
+
+    pub async fn release(&self, r: Reservation) {
+        let key = self.key(&r.team, "held");
+        let _ = self
+            .redis
+            .call("ledger_release", |mut c| async move { redis::cmd("HDEL").arg(&key).arg(r.id).query_async::<u64>(&mut c).await })
+            .await;
+    }
+
+    pub async fn record_saved(&self, team: &str, route: Route, credits: u64, today: u32) {
+        if credits == 0 {
+            return;
+        }
+        let key = self.key(team, "routes");
+        let field = format!("{today}|{}|v", route.as_str());
+        let _ = self
+            .redis
+            .call("ledger_saved", |mut c| async move {
+                redis::cmd("HINCRBY").arg(&key).arg(&field).arg(credits).query_async::<u64>(&mut c).await
+            })
+            .await;
+    }
+
+    pub async fn usage(&self, team: &str, today: u32) -> Result<TeamUsage, LedgerError> {
+        let key = self.key(team, "days");
+        let days: Vec<(u32, u64)> = self
+            .redis
+            .call("ledger_usage", |mut c| async move { redis::cmd("HGETALL").arg(&key).query_async(&mut c).await })
+            .await
+            .map_err(|e| LedgerError(format!("ledger usage: {e}")))?;
+        let first = self.window.first_day(today);
+        let mut daily: Vec<(u32, u64)> = days.into_iter().filter(|(d, c)| *d >= first && *d <= today && *c > 0).collect();
+        daily.sort_unstable();
+        Ok(TeamUsage { used: daily.iter().map(|(_, c)| c).sum(), daily })
+    }
+
+    pub async fn rows(&self, teams: &[String], from: u32, to: u32) -> Result<Vec<UsageRow>, LedgerError> {
+        let mut rows: Vec<UsageRow> = Vec::new();
+        for team in teams {
+            let key = self.key(team, "routes");
+            let fields: Vec<(String, u64)> = self
+                .redis
+                .call("ledger_rows", |mut c| async move { redis::cmd("HGETALL").arg(&key).query_async(&mut c).await })
+                .await
+                .map_err(|e| LedgerError(format!("ledger rows: {e}")))?;
+            for (field, credits) in fields {
+                let mut parts = field.split('|');
+                let (Some(day), Some(route), Some(kind)) = (parts.next(), parts.next(), parts.next()) else { continue };
+                let Ok(day) = day.parse::<u32>() else { continue };
+                if !(from..=to).contains(&day) {
+                    continue;
+                }
+                let row = match rows.iter_mut().find(|r| r.team == *team && r.day == day && r.route == route) {
+                    Some(r) => r,
+                    None => {
+                        rows.push(UsageRow { team: team.clone(), day, route: route.to_string(), spent: 0, saved: 0 });
+                        rows.last_mut().expect("just pushed")
+                    }
+                };
+                if kind == "s" {
+                    row.spent += credits;
+                } else {
+                    row.saved += credits;
+                }
+            }
+        }
+        rows.sort_by(|a, b| (&a.team, a.day, &a.route).cmp(&(&b.team, b.day, &b.route)));
+        Ok(rows)
+    }
+
+    /// Reachable, and whether spend survives a Redis restart (AOF).
+    pub async fn check(&self) -> Result<&'static str, String> {
+        let aof: Result<Vec<String>, _> = self
+            .redis
+            .call("ledger_check", |mut c| async move { redis::cmd("CONFIG").arg("GET").arg("appendonly").query_async(&mut c).await })
+            .await;
+        match aof {
+            Ok(v) if v.get(1).map(String::as_str) == Some("yes") => Ok("ok"),
+            Ok(_) => Ok("ok, but Redis appendonly is off: spend is lost if Redis restarts"),
+            // CONFIG may be disabled on managed Redis: PING decides.
+            Err(_) => self.redis.ping().await.map(|()| "ok (persistence unknown)").map_err(|e| format!("ledger redis: {e}")),
+        }
+    }
+}

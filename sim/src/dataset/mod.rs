@@ -7,6 +7,7 @@
 //! shared per seed across every `Sim` of the process.
 
 mod gen;
+pub mod samples;
 pub mod names;
 
 use chrono::NaiveDate;

@@ -3,3 +3,4 @@
 mod support;
 
 mod harness;
+mod sim;

@@ -13,7 +13,9 @@ use serde_json::{json, Map, Value};
 pub const JURISDICTION_SEARCH_CAP: usize = 15;
 
 fn is_geo_id(s: &str) -> bool {
-    s.len() == 11 && s.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+    s.len() == 11
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
 }
 
 /// The index key for a `geo_id` value: a state code, a five-digit ZIP (ZIP+4
@@ -52,7 +54,13 @@ pub fn invalid_geo_id(name: &str, raw: &str) -> Value {
          ZIP+4, or the geolocation ID of an address, city, county or jurisdiction"
     );
     let msg = format!("Value error, {why}");
-    error("value_error", json!(["query", name]), &msg, json!(raw), Some(json!({"error": why})))
+    error(
+        "value_error",
+        json!(["query", name]),
+        &msg,
+        json!(raw),
+        Some(json!({"error": why})),
+    )
 }
 
 /// Which detail call: `/v2/counties`, `/v2/cities` or `/v2/jurisdictions`.
@@ -74,7 +82,8 @@ pub fn details(d: &Dataset, level: Level, q: &mut Query) -> Outcome {
     q.finish()?;
     let geo_id = geo_id.unwrap_or_default();
     let found = d.geo.get(&geo_id).copied();
-    let zips = |zs: &[usize]| -> Vec<&str> { zs.iter().map(|z| d.zips[*z].code.as_str()).collect() };
+    let zips =
+        |zs: &[usize]| -> Vec<&str> { zs.iter().map(|z| d.zips[*z].code.as_str()).collect() };
     let body = match (level, found) {
         (Level::County, Some(GeoRef::County(i))) => {
             let c = &d.counties[i];
@@ -94,7 +103,11 @@ pub fn details(d: &Dataset, level: Level, q: &mut Query) -> Outcome {
         (Level::Jurisdiction, Some(GeoRef::Jurisdiction(i))) => {
             let j = &d.jurisdictions[i];
             let county = &d.counties[j.county];
-            let zs: Vec<usize> = j.cities.iter().flat_map(|c| d.cities[*c].zips.clone()).collect();
+            let zs: Vec<usize> = j
+                .cities
+                .iter()
+                .flat_map(|c| d.cities[*c].zips.clone())
+                .collect();
             json!({"geo_id": j.geo_id, "name": j.name, "state": d.state_code(j.state),
                 "cities": names_to_ids(j.cities.iter().map(|x| (&d.cities[*x].name, &d.cities[*x].geo_id))),
                 "counties": names_to_ids(std::iter::once((&county.name, &county.geo_id))),
@@ -140,7 +153,12 @@ pub fn zip_search(d: &Dataset, q: &mut Query) -> Outcome {
         .zips
         .iter()
         .filter(|z| z.code.starts_with(&prefix))
-        .map(|z| (z.code.clone(), json!({"geo_id": z.code, "state": d.state_code(z.state)})))
+        .map(|z| {
+            (
+                z.code.clone(),
+                json!({"geo_id": z.code, "state": d.state_code(z.state)}),
+            )
+        })
         .collect();
     all.sort_by(|a, b| a.0.cmp(&b.0));
     free_page(q, all)
@@ -151,7 +169,9 @@ pub fn state_search(q: &mut Query) -> Outcome {
     let needle = q.required_str("q").unwrap_or_default().to_lowercase();
     let all: Vec<(String, Value)> = US_STATES
         .iter()
-        .filter(|(code, name)| name.to_lowercase().contains(&needle) || code.eq_ignore_ascii_case(&needle))
+        .filter(|(code, name)| {
+            name.to_lowercase().contains(&needle) || code.eq_ignore_ascii_case(&needle)
+        })
         .map(|(code, name)| (code.to_string(), json!({"geo_id": code, "name": name})))
         .collect();
     free_page(q, all)

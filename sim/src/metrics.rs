@@ -32,7 +32,9 @@ impl Level {
     fn owns(self, r: GeoRef) -> bool {
         matches!(
             (self, r),
-            (Level::Address, GeoRef::Address(_)) | (Level::County, GeoRef::County(_)) | (Level::City, GeoRef::City(_))
+            (Level::Address, GeoRef::Address(_))
+                | (Level::County, GeoRef::County(_))
+                | (Level::City, GeoRef::City(_))
         )
     }
 }
@@ -89,13 +91,21 @@ impl Agg {
 }
 
 /// The permits of a geo ID of the right kind (an ID of another kind has none).
-fn area_permits<'a>(d: &'a Dataset, level: Level, geo_id: &str, tag: &str, ptype: Option<&str>) -> impl Iterator<Item = &'a Permit> {
+fn area_permits<'a>(
+    d: &'a Dataset,
+    level: Level,
+    geo_id: &str,
+    tag: &str,
+    ptype: Option<&str>,
+) -> impl Iterator<Item = &'a Permit> {
     let known = d.geo.get(geo_id).is_some_and(|r| level.owns(*r));
     let list = if known { d.area(geo_id) } else { &[] };
     let (tag, ptype) = (tag.to_string(), ptype.map(str::to_string));
     list.iter().map(|i| &d.permits[*i]).filter(move |p| {
         (tag == "all" || p.tags.contains(&tag.as_str()))
-            && ptype.as_deref().is_none_or(|t| t == "all" || d.addresses[p.address].property.ptype == t)
+            && ptype
+                .as_deref()
+                .is_none_or(|t| t == "all" || d.addresses[p.address].property.ptype == t)
     })
 }
 
@@ -106,7 +116,10 @@ fn property_types_and_all() -> Vec<&'static str> {
 }
 
 fn no_rows(level: Level) -> Answer {
-    Answer::detail(StatusCode::NOT_FOUND, &format!("No {} metrics found.", level.name()))
+    Answer::detail(
+        StatusCode::NOT_FOUND,
+        &format!("No {} metrics found.", level.name()),
+    )
 }
 
 /// `/v2/{addresses,counties,cities}/{geo_id}/metrics/monthly`.
@@ -124,7 +137,9 @@ pub fn monthly(d: &Dataset, level: Level, geo_id: &str, q: &mut Query) -> Outcom
     let (from, to) = (from.unwrap_or(NaiveDate::MIN), to.unwrap_or(NaiveDate::MAX));
     let mut months: BTreeMap<NaiveDate, Agg> = BTreeMap::new();
     for p in area_permits(d, level, geo_id, &tag, ptype.as_deref()) {
-        let Some(start) = p.start_date.filter(|s| *s >= from && *s <= to) else { continue };
+        let Some(start) = p.start_date.filter(|s| *s >= from && *s <= to) else {
+            continue;
+        };
         let month = start.with_day(1).unwrap_or(start);
         months.entry(month).or_default().add(p);
     }

@@ -106,7 +106,13 @@ impl Query {
     }
 
     fn missing(&mut self, name: &str) {
-        self.push(error("missing", json!(["query", name]), "Field required", Value::Null, None));
+        self.push(error(
+            "missing",
+            json!(["query", name]),
+            "Field required",
+            Value::Null,
+            None,
+        ));
     }
 
     pub fn required_str(&mut self, name: &str) -> Option<String> {
@@ -118,19 +124,36 @@ impl Query {
     }
 
     /// An optional string with Pydantic's length constraints.
-    pub fn opt_str(&mut self, name: &str, min: Option<usize>, max: Option<usize>) -> Option<String> {
+    pub fn opt_str(
+        &mut self,
+        name: &str,
+        min: Option<usize>,
+        max: Option<usize>,
+    ) -> Option<String> {
         let v = self.last(name)?;
         let n = v.chars().count();
         let loc = json!(["query", name]);
         if let Some(min) = min.filter(|m| n < *m) {
             let s = if min == 1 { "" } else { "s" };
             let msg = format!("String should have at least {min} character{s}");
-            self.push(error("string_too_short", loc, &msg, json!(v), Some(json!({"min_length": min}))));
+            self.push(error(
+                "string_too_short",
+                loc,
+                &msg,
+                json!(v),
+                Some(json!({"min_length": min})),
+            ));
             return None;
         }
         if let Some(max) = max.filter(|m| n > *m) {
             let msg = format!("String should have at most {max} characters");
-            self.push(error("string_too_long", loc, &msg, json!(v), Some(json!({"max_length": max}))));
+            self.push(error(
+                "string_too_long",
+                loc,
+                &msg,
+                json!(v),
+                Some(json!({"max_length": max})),
+            ));
             return None;
         }
         Some(v)
@@ -143,7 +166,13 @@ impl Query {
             Err(why) => {
                 let msg = format!("Input should be a valid date or datetime, {why}");
                 let ctx = json!({ "error": why });
-                self.push(error("date_from_datetime_parsing", json!(["query", name]), &msg, json!(v), Some(ctx)));
+                self.push(error(
+                    "date_from_datetime_parsing",
+                    json!(["query", name]),
+                    &msg,
+                    json!(v),
+                    Some(ctx),
+                ));
                 None
             }
         }
@@ -160,12 +189,24 @@ impl Query {
         };
         if let Some(ge) = ge.filter(|g| n < *g) {
             let msg = format!("Input should be greater than or equal to {ge}");
-            self.push(error("greater_than_equal", loc, &msg, json!(v), Some(json!({"ge": ge}))));
+            self.push(error(
+                "greater_than_equal",
+                loc,
+                &msg,
+                json!(v),
+                Some(json!({"ge": ge})),
+            ));
             return None;
         }
         if let Some(le) = le.filter(|l| n > *l) {
             let msg = format!("Input should be less than or equal to {le}");
-            self.push(error("less_than_equal", loc, &msg, json!(v), Some(json!({"le": le}))));
+            self.push(error(
+                "less_than_equal",
+                loc,
+                &msg,
+                json!(v),
+                Some(json!({"le": le})),
+            ));
             return None;
         }
         Some(n)
@@ -176,7 +217,13 @@ impl Query {
         let b = parse_bool(&v);
         if b.is_none() {
             let msg = "Input should be a valid boolean, unable to interpret input";
-            self.push(error("bool_parsing", json!(["query", name]), msg, json!(v), None));
+            self.push(error(
+                "bool_parsing",
+                json!(["query", name]),
+                msg,
+                json!(v),
+                None,
+            ));
         }
         b
     }
@@ -194,16 +241,37 @@ impl Query {
     fn literal_error(&mut self, loc: Value, v: &str, allowed: &[&str]) {
         let exp = expected(allowed);
         let msg = format!("Input should be {exp}");
-        self.push(error("literal_error", loc, &msg, json!(v), Some(json!({"expected": exp}))));
+        self.push(error(
+            "literal_error",
+            loc,
+            &msg,
+            json!(v),
+            Some(json!({"expected": exp})),
+        ));
     }
 
     /// A repeatable parameter; with `allowed`, each item must be one of them.
-    pub fn list(&mut self, name: &str, allowed: Option<&[&str]>, max_items: Option<usize>) -> Vec<String> {
+    pub fn list(
+        &mut self,
+        name: &str,
+        allowed: Option<&[&str]>,
+        max_items: Option<usize>,
+    ) -> Vec<String> {
         let values = self.all(name);
         if let Some(max) = max_items.filter(|m| values.len() > *m) {
-            let msg = format!("List should have at most {max} items after validation, not {}", values.len());
-            let ctx = json!({"field_type": "List", "max_length": max, "actual_length": values.len()});
-            self.push(error("too_long", json!(["query", name]), &msg, json!(values), Some(ctx)));
+            let msg = format!(
+                "List should have at most {max} items after validation, not {}",
+                values.len()
+            );
+            let ctx =
+                json!({"field_type": "List", "max_length": max, "actual_length": values.len()});
+            self.push(error(
+                "too_long",
+                json!(["query", name]),
+                &msg,
+                json!(values),
+                Some(ctx),
+            ));
             return Vec::new();
         }
         if let Some(allowed) = allowed {
@@ -218,7 +286,8 @@ impl Query {
 
     /// `size`: 1..=100, default 50.
     pub fn size(&mut self) -> usize {
-        self.opt_int("size", Some(1), Some(100)).unwrap_or(DEFAULT_SIZE) as usize
+        self.opt_int("size", Some(1), Some(100))
+            .unwrap_or(DEFAULT_SIZE) as usize
     }
 
     /// The decoded `cursor` key, or an error for a malformed one.
@@ -228,7 +297,13 @@ impl Query {
         if key.is_none() {
             let ctx = json!({"error": "Invalid cursor"});
             let msg = "Value error, Invalid cursor";
-            self.push(error("value_error", json!(["query", "cursor"]), msg, json!(raw), Some(ctx)));
+            self.push(error(
+                "value_error",
+                json!(["query", "cursor"]),
+                msg,
+                json!(raw),
+                Some(ctx),
+            ));
         }
         key
     }
@@ -255,7 +330,10 @@ mod tests {
     fn dates_fail_like_pydantic() {
         assert_eq!(parse_date("2024-01"), Err("input is too short"));
         assert_eq!(parse_date("01-01-2025"), Err("invalid character in year"));
-        assert_eq!(parse_date("2024-13-01"), Err("month value is outside expected range of 1-12"));
+        assert_eq!(
+            parse_date("2024-13-01"),
+            Err("month value is outside expected range of 1-12")
+        );
         assert!(parse_date("2024-02-29").is_ok());
     }
 
@@ -265,9 +343,16 @@ mod tests {
         q.size();
         q.list("permit_status", Some(&["final", "active"]), Some(4));
         q.required_str("geo_id");
-        let Err(answer) = q.finish() else { panic!("expected 422") };
+        let Err(answer) = q.finish() else {
+            panic!("expected 422")
+        };
         let v: Value = serde_json::from_slice(&answer.body).expect("json");
-        let types: Vec<&str> = v["detail"].as_array().into_iter().flatten().filter_map(|e| e["type"].as_str()).collect();
+        let types: Vec<&str> = v["detail"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|e| e["type"].as_str())
+            .collect();
         assert_eq!(types, ["greater_than_equal", "literal_error", "missing"]);
         assert_eq!(v["detail"][1]["loc"], json!(["query", "permit_status", 0]));
     }

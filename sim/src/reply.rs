@@ -57,7 +57,10 @@ impl Answer {
 
     /// A 422 with every validation error of the request at once.
     pub fn validation(errors: Vec<Value>) -> Answer {
-        Answer::json(StatusCode::UNPROCESSABLE_ENTITY, &json!({ "detail": errors }))
+        Answer::json(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            &json!({ "detail": errors }),
+        )
     }
 
     pub fn not_found() -> Answer {
@@ -70,7 +73,12 @@ impl Answer {
     }
 
     pub fn into_response(self) -> Response<Body> {
-        respond(self.status, self.content_type, full(self.body), &self.headers)
+        respond(
+            self.status,
+            self.content_type,
+            full(self.body),
+            &self.headers,
+        )
     }
 }
 

@@ -69,11 +69,19 @@ pub fn over_limit_body(limit: u64, upgrade_url: &str) -> Value {
 }
 
 /// Entry point for every request on the simulator's listener.
-pub async fn handle(shared: Arc<Shared>, req: Request<Incoming>) -> Result<Response<Body>, std::io::Error> {
+pub async fn handle(
+    shared: Arc<Shared>,
+    req: Request<Incoming>,
+) -> Result<Response<Body>, std::io::Error> {
     if req.uri().path().starts_with("/_sim/") {
         return Ok(control::handle(&shared, req).await);
     }
-    let header = |name: &str| req.headers().get(name).and_then(|v| v.to_str().ok()).map(str::to_owned);
+    let header = |name: &str| {
+        req.headers()
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned)
+    };
     let key = header("x-api-key");
     let mut entry = LogEntry {
         seq: 0,
@@ -92,23 +100,31 @@ pub async fn handle(shared: Arc<Shared>, req: Request<Incoming>) -> Result<Respo
 }
 
 /// The phases; `None` means "close the connection without answering".
-async fn v2(shared: &Shared, method: &Method, key: Option<&str>, entry: &mut LogEntry) -> Option<Response<Body>> {
+async fn v2(
+    shared: &Shared,
+    method: &Method,
+    key: Option<&str>,
+    entry: &mut LogEntry,
+) -> Option<Response<Body>> {
     let Some(route) = route(&entry.path) else {
         return Some(Answer::not_found().into_response());
     };
     if method != Method::GET {
-        let a = Answer::detail(StatusCode::METHOD_NOT_ALLOWED, "Method Not Allowed").with_header("allow", "GET");
+        let a = Answer::detail(StatusCode::METHOD_NOT_ALLOWED, "Method Not Allowed")
+            .with_header("allow", "GET");
         return Some(a.into_response());
     }
     if let Err(a) = authenticate(shared, key) {
         return Some(a.into_response());
     }
     if let Err(retry_after) = shared.check_rate() {
-        let a = Answer::detail(StatusCode::TOO_MANY_REQUESTS, "Rate limit exceeded").with_header("retry-after", retry_after);
+        let a = Answer::detail(StatusCode::TOO_MANY_REQUESTS, "Rate limit exceeded")
+            .with_header("retry-after", retry_after);
         return Some(a.into_response());
     }
     let fault = shared.faults().take();
-    let latency = Duration::from_millis(shared.latency_ms()) + fault.as_ref().map_or(Duration::ZERO, |f| f.latency());
+    let latency = Duration::from_millis(shared.latency_ms())
+        + fault.as_ref().map_or(Duration::ZERO, |f| f.latency());
     if !latency.is_zero() {
         tokio::time::sleep(latency).await;
     }
@@ -132,7 +148,10 @@ fn authenticate(shared: &Shared, key: Option<&str>) -> Result<(), Answer> {
         None => Err(Answer::validation(vec![json!({
             "type": "missing", "loc": ["header", "x-api-key"], "msg": "Field required", "input": null
         })])),
-        Some(k) if k != shared.cfg.api_key => Err(Answer::detail(StatusCode::UNAUTHORIZED, "Not authenticated")),
+        Some(k) if k != shared.cfg.api_key => Err(Answer::detail(
+            StatusCode::UNAUTHORIZED,
+            "Not authenticated",
+        )),
         Some(_) => Ok(()),
     }
 }
@@ -166,12 +185,17 @@ fn charge(shared: &Shared, answer: Answer, entry: &mut LogEntry) -> Answer {
     };
     let charged = shared.credits().try_charge(records);
     match charged {
-        Err(limit) => Answer::json(StatusCode::PAYMENT_REQUIRED, &over_limit_body(limit, &shared.cfg.upgrade_url)),
+        Err(limit) => Answer::json(
+            StatusCode::PAYMENT_REQUIRED,
+            &over_limit_body(limit, &shared.cfg.upgrade_url),
+        ),
         Ok(c) => {
             entry.credits = c.credits;
             let mut a = answer.with_header("x-credits-request", c.credits);
             if let (Some(limit), Some(remaining)) = (c.limit, c.remaining) {
-                a = a.with_header("x-credits-limit", limit).with_header("x-credits-remaining", remaining);
+                a = a
+                    .with_header("x-credits-limit", limit)
+                    .with_header("x-credits-remaining", remaining);
             }
             a
         }

@@ -96,10 +96,7 @@ pub fn generate(seed: u64) -> Dataset {
     };
     let total: usize = DATA_STATES.iter().map(|s| s.1).sum();
     for (si, &(code, count, zip0, lat, lng)) in DATA_STATES.iter().enumerate() {
-        let name = US_STATES
-            .iter()
-            .find(|s| s.0 == code)
-            .map_or(code, |s| s.1);
+        let name = US_STATES.iter().find(|s| s.0 == code).map_or(code, |s| s.1);
         d.states.push(State { code, name });
         geography(&mut g, &mut d, si, zip0);
         let addrs = addresses(&mut g, &mut d, si, count / PERMITS_PER_ADDRESS, lat, lng);
@@ -162,12 +159,23 @@ fn geography(g: &mut Gen, d: &mut Dataset, si: usize, zip0: u32) {
             for _ in 0..g.range(2, 3) {
                 zip += g.range(1, 9) as u32;
                 zips.push(d.zips.len());
-                d.zips.push(Zip { code: format!("{zip:05}"), state: si, city });
+                d.zips.push(Zip {
+                    code: format!("{zip:05}"),
+                    state: si,
+                    city,
+                });
             }
             c.zips.extend(&zips);
             c.cities.push(city);
             c.jurisdictions.push(jur);
-            d.cities.push(City { geo_id: g.geo_id(), name, state: si, county, jurisdiction: jur, zips });
+            d.cities.push(City {
+                geo_id: g.geo_id(),
+                name,
+                state: si,
+                county,
+                jurisdiction: jur,
+                zips,
+            });
         }
         d.counties.push(c);
     }
@@ -182,7 +190,9 @@ fn addresses(
     lng: f64,
 ) -> std::ops::Range<usize> {
     let start = d.addresses.len();
-    let zips: Vec<usize> = (0..d.zips.len()).filter(|z| d.zips[*z].state == si).collect();
+    let zips: Vec<usize> = (0..d.zips.len())
+        .filter(|z| d.zips[*z].state == si)
+        .collect();
     for _ in 0..n {
         let zip = g.pick(&zips);
         let city = d.zips[zip].city;
@@ -224,7 +234,11 @@ fn property(g: &mut Gen, si: usize, county: usize) -> Property {
     } else {
         format!("{} {}", last.to_uppercase(), first.to_uppercase())
     };
-    let owner_type = if company { "private_owner" } else { g.pick(&OWNER_TYPES[..2]) };
+    let owner_type = if company {
+        "private_owner"
+    } else {
+        g.pick(&OWNER_TYPES[..2])
+    };
     let big = ptype != "residential";
     Property {
         census_tract: format!("{:02}{:03}{:06}", si + 1, county + 1, g.range(100, 999_999)),
@@ -236,9 +250,13 @@ fn property(g: &mut Gen, si: usize, county: usize) -> Property {
         lot_size: g.chance(0.85).then(|| g.range(1_000, 40_000) as f64),
         building_area: g.chance(0.8).then(|| g.range(500, 8_000) as f64),
         story_count: g.chance(0.8).then(|| g.range(1, 4) as i64),
-        unit_count: g.chance(0.8).then(|| g.range(1, if big { 40 } else { 2 }) as i64),
+        unit_count: g
+            .chance(0.8)
+            .then(|| g.range(1, if big { 40 } else { 2 }) as i64),
         year_built: g.chance(0.75).then(|| g.range(1900, 2023) as i64),
-        market_value: g.chance(0.8).then(|| g.range(10_000_000, 300_000_000) as i64),
+        market_value: g
+            .chance(0.8)
+            .then(|| g.range(10_000_000, 300_000_000) as i64),
     }
 }
 
@@ -265,7 +283,11 @@ fn contractors(
         let phone = format!("(555) {:03}-{:04}", g.range(200, 999), g.range(0, 9999));
         let phone2 = format!("(555) {:03}-{:04}", g.range(200, 999), g.range(0, 9999));
         d.contractors.push(Contractor {
-            license: format!("{}{:07}", DATA_STATES[d.states.len() - 1].0, g.range(1, 9_999_999)),
+            license: format!(
+                "{}{:07}",
+                DATA_STATES[d.states.len() - 1].0,
+                g.range(1, 9_999_999)
+            ),
             name: format!("{first} {last}"),
             dba: g.chance(0.4).then(|| format!("{last} {word}")),
             business_type: g.pick(BUSINESS_TYPES),
@@ -318,8 +340,16 @@ fn permit(g: &mut Gen, address: usize, contractor: Option<usize>, seq: usize) ->
     let mut description = phrases.join(", ");
     description[..1].make_ascii_uppercase();
     let (ptype, subtype) = g.pick(PERMIT_TYPES);
-    let earliest = [Some(file), issue, start].into_iter().flatten().min().unwrap_or(file);
-    let latest = [Some(file), issue, end].into_iter().flatten().max().unwrap_or(file);
+    let earliest = [Some(file), issue, start]
+        .into_iter()
+        .flatten()
+        .min()
+        .unwrap_or(file);
+    let latest = [Some(file), issue, end]
+        .into_iter()
+        .flatten()
+        .max()
+        .unwrap_or(file);
     Permit {
         id: format!("{:016x}", g.rng.random::<u64>()),
         number: format!("{}{}-{:05}", &ptype[..1], file.format("%y"), seq % 100_000),
@@ -381,7 +411,8 @@ fn index(d: &mut Dataset) {
         let mut list = std::mem::take(&mut d.contractors[ci].permits);
         list.sort_by(|x, y| {
             let (px, py) = (&d.permits[*x], &d.permits[*y]);
-            (&d.addresses[px.address].geo_id, &px.id).cmp(&(&d.addresses[py.address].geo_id, &py.id))
+            (&d.addresses[px.address].geo_id, &px.id)
+                .cmp(&(&d.addresses[py.address].geo_id, &py.id))
         });
         d.contractors[ci].lifetime = lifetime(&d.permits, &list);
         d.contractors[ci].permits = list;

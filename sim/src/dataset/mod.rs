@@ -7,8 +7,8 @@
 //! shared per seed across every `Sim` of the process.
 
 mod gen;
-pub mod samples;
 pub mod names;
+pub mod samples;
 
 use chrono::NaiveDate;
 use std::collections::HashMap;

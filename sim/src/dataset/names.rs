@@ -33,29 +33,46 @@ pub const DATA_STATES: &[(&str, usize, u32, f64, f64)] = &[
 ];
 
 pub const PLACE_HEADS: &[&str] = &[
-    "Oak", "Cedar", "Maple", "River", "Lake", "Pine", "Elm", "Spring", "Fair", "Green",
-    "Red", "Clear", "Stone", "Mill", "Bay", "Sun", "Ash", "Silver", "North", "West",
+    "Oak", "Cedar", "Maple", "River", "Lake", "Pine", "Elm", "Spring", "Fair", "Green", "Red",
+    "Clear", "Stone", "Mill", "Bay", "Sun", "Ash", "Silver", "North", "West",
 ];
 pub const PLACE_TAILS: &[&str] = &[
     "ville", "field", "ton", "wood", "dale", "port", "view", "brook", "ford", "haven",
 ];
 pub const COUNTY_NAMES: &[&str] = &[
-    "Alder", "Brant", "Carver", "Dorset", "Elgin", "Fulton", "Garnet", "Harlan", "Iris",
-    "Jasper", "Kendall", "Lowell", "Marion", "Nolan", "Orland", "Preston", "Quincy",
-    "Radford", "Sutton", "Tolland", "Union", "Vance", "Warren", "Yates",
+    "Alder", "Brant", "Carver", "Dorset", "Elgin", "Fulton", "Garnet", "Harlan", "Iris", "Jasper",
+    "Kendall", "Lowell", "Marion", "Nolan", "Orland", "Preston", "Quincy", "Radford", "Sutton",
+    "Tolland", "Union", "Vance", "Warren", "Yates",
 ];
 pub const STREETS: &[&str] = &[
-    "Main St", "Oak Ave", "Park Rd", "Hill St", "Lake Dr", "Cedar Ln", "Elm St",
-    "Washington Blvd", "Sunset Ave", "Ridge Rd", "Mission St", "Valley Way", "Church St",
-    "Maple Ct", "Highland Ave", "Broadway", "Pine St", "River Rd", "Forest Dr", "Bay St",
+    "Main St",
+    "Oak Ave",
+    "Park Rd",
+    "Hill St",
+    "Lake Dr",
+    "Cedar Ln",
+    "Elm St",
+    "Washington Blvd",
+    "Sunset Ave",
+    "Ridge Rd",
+    "Mission St",
+    "Valley Way",
+    "Church St",
+    "Maple Ct",
+    "Highland Ave",
+    "Broadway",
+    "Pine St",
+    "River Rd",
+    "Forest Dr",
+    "Bay St",
 ];
 pub const FIRST_NAMES: &[&str] = &[
-    "James", "Maria", "Robert", "Linda", "Wei", "Aisha", "Carlos", "Emma", "Noah", "Priya",
-    "Omar", "Grace", "Luis", "Hannah", "Kenji", "Sofia", "Daniel", "Fatima", "Ivan", "Chloe",
+    "James", "Maria", "Robert", "Linda", "Wei", "Aisha", "Carlos", "Emma", "Noah", "Priya", "Omar",
+    "Grace", "Luis", "Hannah", "Kenji", "Sofia", "Daniel", "Fatima", "Ivan", "Chloe",
 ];
 pub const LAST_NAMES: &[&str] = &[
-    "Smith", "Garcia", "Nguyen", "Johnson", "Patel", "Kim", "Brown", "Lopez", "Miller",
-    "Chen", "Davis", "Wilson", "Moore", "Taylor", "Clark", "Rivera", "Walker", "Young",
+    "Smith", "Garcia", "Nguyen", "Johnson", "Patel", "Kim", "Brown", "Lopez", "Miller", "Chen",
+    "Davis", "Wilson", "Moore", "Taylor", "Clark", "Rivera", "Walker", "Young",
 ];
 
 /// The tag vocabulary, with the phrase a description uses for each.
@@ -87,14 +104,29 @@ pub const TAGS: &[(&str, &str)] = &[
 pub const STATUSES: &[&str] = &["final", "in_review", "inactive", "active"];
 
 pub const PROPERTY_TYPES: &[&str] = &[
-    "residential", "commercial", "industrial", "agricultural", "vacant land", "exempt",
-    "miscellaneous", "office", "recreational",
+    "residential",
+    "commercial",
+    "industrial",
+    "agricultural",
+    "vacant land",
+    "exempt",
+    "miscellaneous",
+    "office",
+    "recreational",
 ];
 /// Weights for PROPERTY_TYPES: mostly residential, like the real data.
 pub const PROPERTY_WEIGHTS: &[u32] = &[60, 14, 5, 3, 4, 3, 5, 4, 2];
 pub const PROPERTY_DETAILS: &[&str] = &[
-    "single_family", "multi_family", "retail", "warehouse", "farm", "lot", "school",
-    "mixed_use", "office_building", "park",
+    "single_family",
+    "multi_family",
+    "retail",
+    "warehouse",
+    "farm",
+    "lot",
+    "school",
+    "mixed_use",
+    "office_building",
+    "park",
 ];
 pub const OWNER_TYPES: &[&str] = &["individual", "private_owner", "company", "government"];
 
@@ -109,26 +141,53 @@ pub const PERMIT_TYPES: &[(&str, &str)] = &[
 ];
 
 pub const CLASSIFICATIONS_DERIVED: &[&str] = &[
-    "concrete_and_paving", "demolition_and_excavation", "electrical", "fencing_and_glazing",
-    "framing_and_carpentry", "general_building_contractor", "general_engineering_contractor",
-    "hvac", "landscaping_and_outdoor_work", "other", "plumbing", "roofing", "specialty_trades",
+    "concrete_and_paving",
+    "demolition_and_excavation",
+    "electrical",
+    "fencing_and_glazing",
+    "framing_and_carpentry",
+    "general_building_contractor",
+    "general_engineering_contractor",
+    "hvac",
+    "landscaping_and_outdoor_work",
+    "other",
+    "plumbing",
+    "roofing",
+    "specialty_trades",
 ];
 pub const CLASSIFICATION_CODES: &[&str] = &["B", "A", "C10", "C20", "C36", "C39", "C46", "C8"];
 pub const BUSINESS_TYPES: &[&str] = &["llc", "corporation", "sole_proprietorship", "partnership"];
 pub const BUSINESS_WORDS: &[&str] = &[
-    "Builders", "Construction", "Solar", "Electric", "Roofing", "Mechanical", "Plumbing",
-    "Home Services", "Contracting", "Energy",
+    "Builders",
+    "Construction",
+    "Solar",
+    "Electric",
+    "Roofing",
+    "Mechanical",
+    "Plumbing",
+    "Home Services",
+    "Contracting",
+    "Energy",
 ];
 pub const REVENUES: &[&str] = &["$0-$1M", "$1M-$5M", "$5M-$10M", "$10M-$50M"];
 pub const EMPLOYEE_COUNTS: &[&str] = &["1-9", "10-49", "50-199", "200-499"];
 pub const INDUSTRIES: &[&str] = &[
-    "Construction", "Specialty Trade Contractors", "Building Equipment Contractors",
+    "Construction",
+    "Specialty Trade Contractors",
+    "Building Equipment Contractors",
     "Utility System Construction",
 ];
 
 /// Fields the coverage endpoint tracks, in name order.
 pub const COVERAGE_FIELDS: &[&str] = &[
-    "contractor_id", "description_derived", "end_date", "fees", "final_date",
-    "inspection_pass_rate", "issue_date", "job_value", "property_assess_market_value",
+    "contractor_id",
+    "description_derived",
+    "end_date",
+    "fees",
+    "final_date",
+    "inspection_pass_rate",
+    "issue_date",
+    "job_value",
+    "property_assess_market_value",
     "property_year_built",
 ];

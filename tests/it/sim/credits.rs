@@ -6,7 +6,12 @@ use serde_json::json;
 
 #[tokio::test]
 async fn metered_search_charges_one_credit_per_record() {
-    let sim = sim_with(SimConfig { credit_limit: Some(100), requests_per_minute: 0, ..SimConfig::default() }).await;
+    let sim = sim_with(SimConfig {
+        credit_limit: Some(100),
+        requests_per_minute: 0,
+        ..SimConfig::default()
+    })
+    .await;
     let s = sim.samples();
     let r = v2(&sim, &permit_search(&s, &s.state, "&size=7")).await;
     assert_eq!(r.header_u64("x-credits-request"), Some(7));
@@ -28,7 +33,12 @@ async fn unlimited_accounts_get_only_the_request_header() {
 
 #[tokio::test]
 async fn exceeding_the_limit_is_402_charges_nothing_and_remaining_never_goes_negative() {
-    let sim = sim_with(SimConfig { credit_limit: Some(12), requests_per_minute: 0, ..SimConfig::default() }).await;
+    let sim = sim_with(SimConfig {
+        credit_limit: Some(12),
+        requests_per_minute: 0,
+        ..SimConfig::default()
+    })
+    .await;
     let s = sim.samples();
     let r = v2(&sim, &permit_search(&s, &s.state, "&size=10")).await;
     assert_eq!(r.header_u64("x-credits-remaining"), Some(2));
@@ -51,7 +61,12 @@ async fn exceeding_the_limit_is_402_charges_nothing_and_remaining_never_goes_neg
 
 #[tokio::test]
 async fn free_endpoints_carry_no_credit_headers_and_cost_nothing() {
-    let sim = sim_with(SimConfig { credit_limit: Some(50), requests_per_minute: 0, ..SimConfig::default() }).await;
+    let sim = sim_with(SimConfig {
+        credit_limit: Some(50),
+        requests_per_minute: 0,
+        ..SimConfig::default()
+    })
+    .await;
     let s = sim.samples();
     for path in [
         format!("/v2/counties?geo_id={}", s.county_geo_id),
@@ -59,7 +74,10 @@ async fn free_endpoints_carry_no_credit_headers_and_cost_nothing() {
         "/v2/states/search?q=tex".to_string(),
         "/v2/jurisdictions/search?q=city".to_string(),
         "/v2/meta/release".to_string(),
-        format!("/v2/meta/coverage?geo_type=state&geo_id={}&date_from=2021-01-01&date_to=2025-01-01", s.state),
+        format!(
+            "/v2/meta/coverage?geo_type=state&geo_id={}&date_from=2021-01-01&date_to=2025-01-01",
+            s.state
+        ),
         "/v2/usage".to_string(),
     ] {
         let r = v2(&sim, &path).await;
@@ -80,14 +98,30 @@ async fn validation_errors_cost_nothing() {
 
 #[tokio::test]
 async fn spend_drops_out_of_the_rolling_window_after_thirty_days() {
-    let sim = sim_with(SimConfig { credit_limit: Some(20), requests_per_minute: 0, ..SimConfig::default() }).await;
+    let sim = sim_with(SimConfig {
+        credit_limit: Some(20),
+        requests_per_minute: 0,
+        ..SimConfig::default()
+    })
+    .await;
     let s = sim.samples();
-    assert_eq!(v2(&sim, &permit_search(&s, &s.state, "&size=20")).await.status, 200);
-    assert_eq!(v2(&sim, &permit_search(&s, &s.state, "&size=1")).await.status, 402);
+    assert_eq!(
+        v2(&sim, &permit_search(&s, &s.state, "&size=20"))
+            .await
+            .status,
+        200
+    );
+    assert_eq!(
+        v2(&sim, &permit_search(&s, &s.state, "&size=1"))
+            .await
+            .status,
+        402
+    );
     let usage = v2(&sim, "/v2/usage").await.json();
     let day = &usage["daily_usage"][0];
     assert_eq!(day["credits"], 20);
-    let date = chrono::NaiveDate::parse_from_str(day["date"].as_str().unwrap_or(""), "%Y-%m-%d").expect("date");
+    let date = chrono::NaiveDate::parse_from_str(day["date"].as_str().unwrap_or(""), "%Y-%m-%d")
+        .expect("date");
     assert_eq!(day["expires"], (date + chrono::Days::new(30)).to_string());
     sim.advance_clock(31 * 86_400);
     let usage = v2(&sim, "/v2/usage").await.json();
@@ -105,7 +139,17 @@ async fn runtime_limit_change_applies_to_the_next_request() {
     let sim = sim().await;
     let s = sim.samples();
     sim.set_credit_limit(Some(1));
-    assert_eq!(v2(&sim, &permit_search(&s, &s.state, "&size=2")).await.status, 402);
+    assert_eq!(
+        v2(&sim, &permit_search(&s, &s.state, "&size=2"))
+            .await
+            .status,
+        402
+    );
     sim.set_credit_limit(None);
-    assert_eq!(v2(&sim, &permit_search(&s, &s.state, "&size=2")).await.status, 200);
+    assert_eq!(
+        v2(&sim, &permit_search(&s, &s.state, "&size=2"))
+            .await
+            .status,
+        200
+    );
 }

@@ -8,7 +8,10 @@ use http::Method;
 use serde_json::{json, Value};
 
 fn detail(r: &crate::support::http::Reply) -> Vec<Value> {
-    r.json()["detail"].as_array().cloned().unwrap_or_else(|| panic!("detail is not an array: {}", r.text()))
+    r.json()["detail"]
+        .as_array()
+        .cloned()
+        .unwrap_or_else(|| panic!("detail is not an array: {}", r.text()))
 }
 
 fn find<'a>(errs: &'a [Value], field: &str) -> &'a Value {
@@ -36,7 +39,15 @@ async fn missing_params_are_all_reported_at_once() {
 async fn bad_values_get_pydantic_errors() {
     let sim = sim().await;
     let s = sim.samples();
-    let r = v2(&sim, &permit_search(&s, &s.state, "&size=101&permit_status=open&contractor_name=ab&property_type=castle")).await;
+    let r = v2(
+        &sim,
+        &permit_search(
+            &s,
+            &s.state,
+            "&size=101&permit_status=open&contractor_name=ab&property_type=castle",
+        ),
+    )
+    .await;
     assert_eq!(r.status, 422);
     let errs = detail(&r);
     let size = find(&errs, "size");
@@ -58,14 +69,24 @@ async fn bad_values_get_pydantic_errors() {
 #[tokio::test]
 async fn bad_date_and_free_text_geo_id_are_422() {
     let sim = sim().await;
-    let r = v2(&sim, "/v2/permits/search?geo_id=123%20Main%20St&permit_from=01-01-2025&permit_to=2025-02-30").await;
+    let r = v2(
+        &sim,
+        "/v2/permits/search?geo_id=123%20Main%20St&permit_from=01-01-2025&permit_to=2025-02-30",
+    )
+    .await;
     assert_eq!(r.status, 422);
     let errs = detail(&r);
     let from = find(&errs, "permit_from");
     assert_eq!(from["type"], "date_from_datetime_parsing");
-    assert_eq!(from["msg"], "Input should be a valid date or datetime, invalid character in year");
+    assert_eq!(
+        from["msg"],
+        "Input should be a valid date or datetime, invalid character in year"
+    );
     assert_eq!(from["input"], "01-01-2025");
-    assert_eq!(find(&errs, "permit_to")["type"], "date_from_datetime_parsing");
+    assert_eq!(
+        find(&errs, "permit_to")["type"],
+        "date_from_datetime_parsing"
+    );
     let geo = find(&errs, "geo_id");
     assert_eq!(geo["type"], "value_error");
     assert_eq!(geo["input"], "123 Main St");
@@ -86,11 +107,19 @@ async fn unknown_but_well_formed_geo_id_is_an_empty_200() {
 #[tokio::test]
 async fn coverage_date_to_before_date_from_is_422() {
     let sim = sim().await;
-    let r = v2(&sim, "/v2/meta/coverage?geo_type=state&geo_id=CA&date_from=2024-02-01&date_to=2024-01-01").await;
+    let r = v2(
+        &sim,
+        "/v2/meta/coverage?geo_type=state&geo_id=CA&date_from=2024-02-01&date_to=2024-01-01",
+    )
+    .await;
     assert_eq!(r.status, 422);
     let errs = detail(&r);
     assert_eq!(find(&errs, "date_to")["type"], "value_error");
-    let r = v2(&sim, "/v2/meta/coverage?geo_type=zip&geo_id=CA&date_from=2024-01-01&date_to=2024-02-01").await;
+    let r = v2(
+        &sim,
+        "/v2/meta/coverage?geo_type=zip&geo_id=CA&date_from=2024-01-01&date_to=2024-02-01",
+    )
+    .await;
     assert_eq!(find(&detail(&r), "geo_type")["type"], "literal_error");
 }
 
@@ -115,14 +144,24 @@ async fn route_comes_before_auth_and_non_get_is_405() {
     let r = get(&format!("{}/v2/nope", sim.base_url()), &[]).await;
     assert_eq!(r.status, 404);
     assert_eq!(r.json(), json!({"detail": "Not Found"}));
-    let r = send(Method::POST, &format!("{}/v2/usage", sim.base_url()), &[("x-api-key", sim.api_key())], Bytes::new()).await;
+    let r = send(
+        Method::POST,
+        &format!("{}/v2/usage", sim.base_url()),
+        &[("x-api-key", sim.api_key())],
+        Bytes::new(),
+    )
+    .await;
     assert_eq!(r.status, 405);
     assert_eq!(r.json(), json!({"detail": "Method Not Allowed"}));
 }
 
 #[tokio::test]
 async fn over_the_request_rate_is_429_with_retry_after() {
-    let sim = sim_with(SimConfig { requests_per_minute: 3, ..SimConfig::default() }).await;
+    let sim = sim_with(SimConfig {
+        requests_per_minute: 3,
+        ..SimConfig::default()
+    })
+    .await;
     for _ in 0..3 {
         assert_eq!(v2(&sim, "/v2/meta/release").await.status, 200);
     }
@@ -131,7 +170,11 @@ async fn over_the_request_rate_is_429_with_retry_after() {
     assert_eq!(r.json(), json!({"detail": "Rate limit exceeded"}));
     assert!(r.header_u64("retry-after").is_some_and(|s| s >= 1));
     // Auth comes before the limiter: a wrong key is still a 401.
-    let wrong = get(&format!("{}/v2/meta/release", sim.base_url()), &[("x-api-key", "nope")]).await;
+    let wrong = get(
+        &format!("{}/v2/meta/release", sim.base_url()),
+        &[("x-api-key", "nope")],
+    )
+    .await;
     assert_eq!(wrong.status, 401);
     sim.set_requests_per_minute(0);
     assert_eq!(v2(&sim, "/v2/meta/release").await.status, 200);

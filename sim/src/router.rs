@@ -106,6 +106,11 @@ async fn v2(
     key: Option<&str>,
     entry: &mut LogEntry,
 ) -> Option<Response<Body>> {
+    // The configured latency is the network: every /v2 request pays it.
+    let base_latency = shared.latency_ms();
+    if base_latency > 0 {
+        tokio::time::sleep(Duration::from_millis(base_latency)).await;
+    }
     let Some(route) = route(&entry.path) else {
         return Some(Answer::not_found().into_response());
     };
@@ -123,8 +128,7 @@ async fn v2(
         return Some(a.into_response());
     }
     let fault = shared.faults().take();
-    let latency = Duration::from_millis(shared.latency_ms())
-        + fault.as_ref().map_or(Duration::ZERO, |f| f.latency());
+    let latency = fault.as_ref().map_or(Duration::ZERO, |f| f.latency());
     if !latency.is_zero() {
         tokio::time::sleep(latency).await;
     }

@@ -7,6 +7,7 @@
 //! shared per seed across every `Sim` of the process.
 
 mod gen;
+mod index;
 pub mod names;
 pub mod samples;
 

@@ -57,9 +57,8 @@ async fn stats_and_log_count_requests_credits_and_request_ids() {
 }
 
 #[tokio::test]
-async fn control_endpoints_drive_faults_config_clock_and_reset() {
+async fn control_endpoints_drive_faults() {
     let sim = sim().await;
-    let s = sim.samples();
     let base = sim.base_url();
     let ok = post_json(
         &format!("{base}/_sim/faults"),
@@ -92,6 +91,13 @@ async fn control_endpoints_drive_faults_config_clock_and_reset() {
     )
     .await;
     assert_eq!(bad.status, 400);
+}
+
+#[tokio::test]
+async fn control_endpoints_drive_config_clock_samples_and_reset() {
+    let sim = sim().await;
+    let s = sim.samples();
+    let base = sim.base_url();
 
     post_json(
         &format!("{base}/_sim/config"),

@@ -51,7 +51,7 @@ async fn walking_all_pages_sees_every_permit_once_and_matches_the_count() {
 }
 
 #[tokio::test]
-async fn contractor_pages_are_complete_and_ordered_by_recent_start() {
+async fn contractor_pages_are_complete_without_duplicates() {
     let sim = sim().await;
     let s = sim.samples();
     let mut seen = HashSet::new();

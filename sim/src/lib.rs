@@ -1,17 +1,72 @@
-//! Placeholder until the simulator lands (replaced by the real crate on merge).
-#![allow(dead_code)]
+//! `permit-api-sim`: a faithful, deterministic stand-in for the paid permit
+//! data upstream described in `shared/upstream-api.md`, for tests, the demo
+//! and benchmarks.
+//!
+//! It serves every `/v2` endpoint of the spec from a seeded synthetic
+//! dataset, meters credits like the real service (headers, rolling 30-day
+//! window, 402), validates queries with FastAPI/Pydantic-v2-shaped 422s,
+//! rate-limits with 429 + `Retry-After`, and can inject faults. It counts what
+//! it served so tests can assert what reached the upstream.
+//!
+//! # Layout
+//!
+//! - [`server`]: accept loop, HTTP/1.1 + h2c (or TLS), graceful shutdown.
+//! - [`router`]: the life of a request: route → auth → rate limit → fault →
+//!   latency → answer (validation, search) → credits → record → fault mangling.
+//! - [`control`]: the `/_sim/*` endpoints (stats, log, faults, config, clock).
+//! - [`dataset`]: the seeded world (geography, permits, contractors) + indexes.
+//! - [`query`]: query-string parsing and Pydantic-v2-style validation errors.
+//! - [`search`]: permit and contractor search filters; [`pagination`]: cursors
+//!   and the page envelope; [`records`]: the JSON shapes of permits/contractors.
+//! - [`geo`], [`metrics`], [`meta`]: geography, metrics, coverage/release.
+//! - [`credits`], [`ratelimit`], [`stats`], [`faults`]: the knobs and counters.
+//! - [`state`]: the per-`Sim` mutable state those modules share.
+
+pub mod control;
+pub mod credits;
+pub mod dataset;
+pub mod faults;
+pub mod geo;
+pub mod meta;
+pub mod metrics;
+pub mod pagination;
+pub mod query;
+pub mod ratelimit;
+pub mod records;
+pub mod reply;
+pub mod router;
+pub mod search;
+pub mod server;
+pub mod state;
+pub mod stats;
+
+pub use dataset::samples::Samples;
+pub use faults::{FaultKind, Faults};
+pub use stats::{LogEntry, Stats};
+
 use std::net::SocketAddr;
+use std::sync::Arc;
+use tokio::net::TcpListener;
+
+/// How a simulator behaves; every field can also be changed at runtime through
+/// [`Sim`] methods or `/_sim/config` where that makes sense.
 #[derive(Clone, Debug)]
 pub struct SimConfig {
     pub api_key: String,
+    /// `None` = unlimited: no Limit/Remaining headers, usage `credit_limit: null`.
     pub credit_limit: Option<u64>,
+    /// Per key, per 60 s; 0 disables the limit.
     pub requests_per_minute: u32,
+    /// Added to every `/v2` request.
     pub latency_ms: u64,
+    /// Uniform extra latency in `0..=jitter`, drawn from a seeded RNG.
     pub latency_jitter_ms: u64,
     pub seed: u64,
     pub upgrade_url: String,
-    pub tls: Option<std::sync::Arc<rustls::ServerConfig>>,
+    /// Serve HTTPS (ALPN h2, http/1.1) when set.
+    pub tls: Option<Arc<rustls::ServerConfig>>,
 }
+
 impl Default for SimConfig {
     fn default() -> Self {
         SimConfig {
@@ -21,34 +76,99 @@ impl Default for SimConfig {
             latency_ms: 0,
             latency_jitter_ms: 0,
             seed: 42,
-            upgrade_url: String::new(),
+            upgrade_url: "https://upstream.example/upgrade".into(),
             tls: None,
         }
     }
 }
-pub struct Samples {
-    pub state: String,
-    pub permit_from: String,
-    pub permit_to: String,
-}
+
+/// A running simulator. Dropping it aborts the server task and every
+/// connection; [`Sim::shutdown`] stops gracefully.
 pub struct Sim {
     addr: SocketAddr,
+    tls: bool,
+    shared: Arc<state::Shared>,
+    server: Option<server::ServerHandle>,
 }
+
 impl Sim {
-    pub async fn start(listener: tokio::net::TcpListener, _cfg: SimConfig) -> std::io::Result<Sim> {
+    /// Starts serving on an already-bound listener (tests bind port 0) and
+    /// returns at once; the accept loop runs on a spawned task.
+    pub async fn start(listener: TcpListener, cfg: SimConfig) -> std::io::Result<Sim> {
+        let addr = listener.local_addr()?;
+        let tls = cfg.tls.is_some();
+        let shared = Arc::new(state::Shared::new(cfg.clone()));
+        let server = server::spawn(listener, cfg.tls, shared.clone());
         Ok(Sim {
-            addr: listener.local_addr()?,
+            addr,
+            tls,
+            shared,
+            server: Some(server),
         })
     }
-    pub fn base_url(&self) -> String {
-        format!("http://{}", self.addr)
+
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
     }
+
+    pub fn base_url(&self) -> String {
+        let scheme = if self.tls { "https" } else { "http" };
+        format!("{scheme}://{}", self.addr)
+    }
+
+    pub fn api_key(&self) -> &str {
+        &self.shared.cfg.api_key
+    }
+
+    pub fn stats(&self) -> Stats {
+        self.shared.stats()
+    }
+
+    pub fn log(&self) -> Vec<LogEntry> {
+        self.shared.log()
+    }
+
+    pub fn set_faults(&self, faults: Faults) {
+        self.shared.set_faults(faults);
+    }
+
+    pub fn clear_faults(&self) {
+        self.shared.set_faults(Faults::default());
+    }
+
+    pub fn set_credit_limit(&self, limit: Option<u64>) {
+        self.shared.credits().set_limit(limit);
+    }
+
+    pub fn set_requests_per_minute(&self, rpm: u32) {
+        self.shared.set_requests_per_minute(rpm);
+    }
+
+    /// Moves the simulator's clock forward; spend older than 30 days drops off.
+    pub fn advance_clock(&self, secs: u64) {
+        self.shared.credits().advance(secs);
+    }
+
+    pub fn reset(&self) {
+        self.shared.reset();
+    }
+
     pub fn samples(&self) -> Samples {
-        Samples {
-            state: "CA".into(),
-            permit_from: String::new(),
-            permit_to: String::new(),
+        Samples::from_dataset(&self.shared.data)
+    }
+
+    /// Stops accepting, lets in-flight requests finish (bounded), then returns.
+    pub async fn shutdown(mut self) {
+        if let Some(server) = self.server.take() {
+            server.shutdown().await;
         }
     }
-    pub async fn shutdown(self) {}
+}
+
+impl Drop for Sim {
+    fn drop(&mut self) {
+        if let Some(server) = self.server.take() {
+            server.abort();
+        }
+    }
 }

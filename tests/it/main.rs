@@ -6,3 +6,4 @@ mod cache;
 mod core;
 mod core_process;
 mod harness;
+mod sim;

@@ -109,7 +109,11 @@ async fn serve(path: Option<PathBuf>) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let app = match App::new(config) {
+    let reload_from = path.clone().or_else(|| {
+        let default = PathBuf::from(permit_gateway::config::DEFAULT_CONFIG_PATH);
+        default.is_file().then_some(default)
+    });
+    let app = match App::new(config, reload_from) {
         Ok(app) => app,
         Err(e) => {
             tracing::error!(error = %e, "cannot start");

@@ -49,7 +49,7 @@ enum AttemptError {
     Connect,
     /// Reached it but the exchange broke (reset, cut body).
     Transport,
-    /// An answer that a retry may fix (429, 502, 503, 504); kept in case
+    /// An answer that a retry may fix (502, 503, 504); kept in case
     /// retries run out, so the caller still sees what the upstream said.
     Retryable(UpstreamResponse),
     /// Larger than `max_response_bytes`.
@@ -218,14 +218,16 @@ impl Upstream {
             body,
         };
         match answer.status.as_u16() {
-            429 | 502 | 503 | 504 => Err(AttemptError::Retryable(answer)),
+            // Not 429: it pauses the scheduler instead, which every team's
+            // calls go through (a retry here would jump that queue).
+            502 | 503 | 504 => Err(AttemptError::Retryable(answer)),
             _ => Ok(answer),
         }
     }
 }
 
 /// The wait before the next attempt: the jittered backoff, or the upstream's
-/// `Retry-After` on a 429/503; no retry when that would pass the deadline.
+/// `Retry-After` on a 503; no retry when that would pass the deadline.
 fn retry_delay(e: &AttemptError, backoff: Option<Duration>, deadline: Instant) -> Option<Duration> {
     let wait = match e {
         AttemptError::Retryable(resp) => retry_after(&resp.headers).or(backoff)?,

@@ -45,6 +45,8 @@ pub struct FileLedger {
     db: Arc<Database>,
     state: Mutex<State>,
     writes: mpsc::Sender<Write>,
+    /// Joined on drop, so the file is closed when the ledger is gone.
+    writer: Option<std::thread::JoinHandle<()>>,
     lease: Duration,
     pub window: Window,
 }
@@ -60,11 +62,11 @@ impl FileLedger {
         load(&db, &mut state, super::today()).map_err(|e| format!("quota.path: cannot read {}: {e}", path.display()))?;
         let (tx, rx) = mpsc::channel();
         let writer_db = db.clone();
-        std::thread::Builder::new()
+        let handle = std::thread::Builder::new()
             .name("ledger-writer".into())
             .spawn(move || writer(writer_db, rx))
             .map_err(|e| format!("ledger writer: {e}"))?;
-        Ok(FileLedger { db, state: Mutex::new(state), writes: tx, lease, window })
+        Ok(FileLedger { db, state: Mutex::new(state), writes: tx, writer: Some(handle), lease, window })
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
@@ -163,6 +165,16 @@ impl FileLedger {
     }
 }
 
+impl Drop for FileLedger {
+    fn drop(&mut self) {
+        // Closing the channel ends the writer after its last batch.
+        self.writes = mpsc::channel().0;
+        if let Some(handle) = self.writer.take() {
+            let _ = handle.join();
+        }
+    }
+}
+
 fn window_sum(days: Option<&BTreeMap<u32, u64>>, first: u32) -> u64 {
     days.map_or(0, |d| d.range(first..).map(|(_, c)| c).sum())
 }
@@ -235,13 +247,14 @@ mod tests {
     #[tokio::test]
     async fn reserve_settle_release_and_restart() {
         let dir = tempfile::tempdir().unwrap();
-        let today = 20_000;
+        let today = crate::ledger::today();
         {
             let l = ledger(dir.path());
             let Reserved::Granted(a) = l.reserve("t", Some(100), 60, today) else { panic!("granted") };
             assert_eq!(l.reserve("t", Some(100), 50, today), Reserved::Rejected { used: 60, limit: 100 });
             l.settle(a, 10, Route::PermitsSearch, today).await.expect("settle");
-            let Reserved::Granted(b) = l.reserve("t", Some(100), 90, today) else { panic!("the difference came back") };
+            let got = l.reserve("t", Some(100), 90, today);
+            let Reserved::Granted(b) = got else { panic!("the difference came back: {got:?}") };
             l.release(b);
             assert_eq!(l.usage("t", today).used, 10);
             l.record_saved("t", Route::PermitsSearch, 5, today);

@@ -162,11 +162,12 @@ impl Ledger {
         }
     }
 
-    /// Credits a cache hit saved a team (best effort: chargeback detail only).
-    pub async fn record_saved(&self, team: &str, route: Route, credits: u64) {
+    /// Credits a cache hit saved a team (best effort: chargeback detail
+    /// only). Never waits: the hit path must not pay for bookkeeping.
+    pub fn record_saved(&self, team: &str, route: Route, credits: u64) {
         match self {
             Ledger::File(l) => l.record_saved(team, route, credits, today()),
-            Ledger::Redis(l) => l.record_saved(team, route, credits, today()).await,
+            Ledger::Redis(l) => l.record_saved(team, route, credits, today()),
         }
     }
 

@@ -129,18 +129,20 @@ impl RedisLedger {
             .await;
     }
 
-    pub async fn record_saved(&self, team: &str, route: Route, credits: u64, today: u32) {
+    pub fn record_saved(&self, team: &str, route: Route, credits: u64, today: u32) {
         if credits == 0 {
             return;
         }
         let key = self.key(team, "routes");
         let field = format!("{today}|{}|v", route.as_str());
-        let _ = self
-            .redis
-            .call("ledger_saved", |mut c| async move {
-                redis::cmd("HINCRBY").arg(&key).arg(&field).arg(credits).query_async::<u64>(&mut c).await
-            })
-            .await;
+        let redis = self.redis.clone();
+        tokio::spawn(async move {
+            let _ = redis
+                .call("ledger_saved", |mut c| async move {
+                    redis::cmd("HINCRBY").arg(&key).arg(&field).arg(credits).query_async::<u64>(&mut c).await
+                })
+                .await;
+        });
     }
 
     pub async fn usage(&self, team: &str, today: u32) -> Result<TeamUsage, LedgerError> {

@@ -4,7 +4,9 @@
 use super::context::{CacheState, RequestLog};
 use super::fetch::Fetch;
 use crate::cache::entry::etag_of;
+use crate::app::App;
 use crate::auth::Team;
+use crate::ledger::date_of;
 use crate::error::GatewayError;
 use crate::http_util::{json_response, Body};
 use crate::upstream::{retry_after, UpstreamResponse};
@@ -86,7 +88,10 @@ pub fn from_fetch(fetch: &Fetch, charged: u64, state: CacheState, log: &RequestL
         headers.remove(name);
     }
     if fetch.status == StatusCode::OK {
-        headers.insert(X_CREDITS_REQUEST, HeaderValue::from(charged));
+        // Like the upstream: free endpoints carry no credit headers.
+        if log.route.is_some_and(|r| r.is_metered()) {
+            headers.insert(X_CREDITS_REQUEST, HeaderValue::from(charged));
+        }
         if let Ok(etag) = HeaderValue::from_str(&etag_of(&fetch.body)) {
             headers.insert(ETAG, etag);
         }
@@ -96,17 +101,51 @@ pub fn from_fetch(fetch: &Fetch, charged: u64, state: CacheState, log: &RequestL
 }
 
 /// `GET /v2/usage` for one team, in the upstream's usage shape.
-pub fn usage(team: &Team) -> Response<Body> {
-    json_response(
+pub async fn usage(app: &App, team: &Team) -> Result<Response<Body>, GatewayError> {
+    let usage = app.ledger.usage(&team.name).await.map_err(|e| {
+        app.metrics.backend_errors_total.with_label_values(&["ledger", "usage"]).inc();
+        tracing::error!(team = %team.name, error = %e, "ledger usage failed");
+        GatewayError::Unavailable("Credit ledger unavailable")
+    })?;
+    let window = app.ledger.window();
+    let over = team.credit_limit.is_some_and(|l| usage.used >= l);
+    let daily: Vec<_> = usage
+        .daily
+        .iter()
+        .map(|(day, credits)| {
+            json!({
+                "date": date_of(*day).to_string(),
+                "credits": credits,
+                "expires": date_of(window.expires(*day)).to_string(),
+            })
+        })
+        .collect();
+    // When over the limit: the day the oldest spend leaves the window.
+    let available_at = over.then(|| usage.daily.first().map(|(d, _)| date_of(window.expires(*d)).to_string())).flatten();
+    Ok(json_response(
         StatusCode::OK,
         &json!({
-            "credits_used": 0,
+            "credits_used": usage.used,
             "credit_limit": team.credit_limit,
-            "is_over_limit": false,
-            "available_at": null,
-            "daily_usage": [],
+            "is_over_limit": over,
+            "available_at": available_at,
+            "daily_usage": daily,
+            "window": window.as_str(),
         }),
-    )
+    ))
+}
+
+/// `X-Credits-Limit` and `X-Credits-Remaining` from the team's budget, and
+/// the used-credits gauge. A ledger that cannot answer just leaves them out.
+pub async fn team_budget_headers(app: &App, team: &str, headers: &mut http::HeaderMap) {
+    let Some(limit) = app.teams.load().by_name(team).and_then(|t| t.credit_limit) else { return };
+    let Ok(usage) = app.ledger.usage(team).await else { return };
+    app.metrics
+        .team_credits_used
+        .with_label_values(&[team])
+        .set(i64::try_from(usage.used).unwrap_or(i64::MAX));
+    headers.insert(X_CREDITS_LIMIT, HeaderValue::from(limit));
+    headers.insert(X_CREDITS_REMAINING, HeaderValue::from(limit.saturating_sub(usage.used)));
 }
 
 #[cfg(test)]

@@ -8,7 +8,8 @@ use crate::auth::Team;
 use crate::cache::flight::{follow, Join};
 use crate::cache::{control, now_ms, Entry};
 use crate::error::GatewayError;
-use crate::route::Target;
+use crate::ledger::{Reservation, Reserved};
+use crate::route::{self, Target};
 use crate::upstream::UpstreamResponse;
 use bytes::Bytes;
 use http::{HeaderMap, StatusCode};
@@ -110,21 +111,101 @@ async fn run(app: Arc<App>, job: Job) -> Outcome {
 }
 
 async fn fetch_upstream(app: &Arc<App>, job: &Job) -> Outcome {
-    let resp = app
-        .upstream
-        .fetch(&job.target, &job.request_id, job.accept.as_ref(), &app.metrics)
-        .await?;
-    let credits = super::answer::credits_charged(&resp, job.target.route.is_metered());
-    if credits > 0 {
-        app.metrics
-            .credits_spent_total
-            .with_label_values(&[&job.team.name, job.target.route.as_str()])
-            .inc_by(credits);
+    let metered = job.target.route.is_metered();
+    if metered {
+        if let Some((headers, body)) = app.org.exhausted() {
+            probe_org_usage(app, job);
+            return Ok(Arc::new(Fetch { status: StatusCode::PAYMENT_REQUIRED, headers, body, credits: 0, from_peer: false }));
+        }
     }
+    // 9. Reserve the worst case, or refuse before anything is spent.
+    let reservation = reserve(app, job).await?;
+    // 10. Wait for this team's fair turn at the upstream rate.
+    if let Err(e) = app.scheduler.acquire(&job.team.name).await {
+        release(app, reservation).await;
+        return Err(e);
+    }
+    // 11. Forward.
+    let resp = match app.upstream.fetch(&job.target, &job.request_id, job.accept.as_ref(), &app.metrics).await {
+        Ok(resp) => resp,
+        Err(e) => {
+            release(app, reservation).await;
+            return Err(e);
+        }
+    };
+    app.org.observe(&resp, &app.metrics);
+    if resp.status == StatusCode::TOO_MANY_REQUESTS {
+        app.scheduler.pause(crate::upstream::retry_after(&resp.headers).unwrap_or(Duration::from_secs(1)));
+    }
+    // 12. Settle to what the upstream charged.
+    let credits = super::answer::credits_charged(&resp, metered);
+    settle(app, job, reservation, credits).await;
+    // 13. Store.
     if let Some(key) = &job.key {
         maybe_store(app, job, key, &resp, credits).await;
     }
     Ok(Arc::new(Fetch { status: resp.status, headers: resp.headers, body: resp.body, credits, from_peer: false }))
+}
+
+async fn reserve(app: &App, job: &Job) -> Result<Option<Reservation>, GatewayError> {
+    let team = &job.team;
+    let amount = route::credit_estimate(&job.target);
+    // Free calls cannot overspend: they are recorded, never refused.
+    let limit = if amount == 0 { None } else { team.credit_limit };
+    match app.ledger.reserve(&team.name, limit, amount).await {
+        Ok(Reserved::Granted(r)) => Ok(Some(r)),
+        Ok(Reserved::Rejected { limit, .. }) => {
+            app.metrics.quota_rejections_total.with_label_values(&[&team.name]).inc();
+            Err(GatewayError::QuotaExceeded { limit, upgrade_url: app.config.quota.upgrade_url.clone() })
+        }
+        Err(e) => {
+            app.metrics.backend_errors_total.with_label_values(&["ledger", "reserve"]).inc();
+            tracing::error!(team = %team.name, error = %e, "ledger reserve failed");
+            if app.config.quota.fail_open {
+                Ok(None)
+            } else {
+                Err(GatewayError::Unavailable("Credit ledger unavailable"))
+            }
+        }
+    }
+}
+
+async fn release(app: &App, reservation: Option<Reservation>) {
+    if let Some(r) = reservation {
+        app.ledger.release(r).await;
+    }
+}
+
+async fn settle(app: &App, job: &Job, reservation: Option<Reservation>, credits: u64) {
+    let route = job.target.route;
+    if credits > 0 {
+        app.metrics.credits_spent_total.with_label_values(&[&job.team.name, route.as_str()]).inc_by(credits);
+    }
+    let Some(r) = reservation else { return };
+    if let Err(e) = app.ledger.settle(r, credits, route).await {
+        app.metrics.backend_errors_total.with_label_values(&["ledger", "settle"]).inc();
+        tracing::error!(team = %job.team.name, credits, error = %e, "ledger settle failed");
+    }
+}
+
+/// While the org is out of credits, ask the upstream's own /v2/usage now and
+/// then whether credits came back (free: usage costs nothing).
+fn probe_org_usage(app: &Arc<App>, job: &Job) {
+    if !app.org.probe_due() {
+        return;
+    }
+    let app = app.clone();
+    let request_id = job.request_id.clone();
+    tokio::spawn(async move {
+        let target = Target { route: route::Route::Usage, path: "/v2/usage".into(), query: None };
+        let Ok(resp) = app.upstream.fetch(&target, &request_id, None, &app.metrics).await else { return };
+        let over = serde_json::from_slice::<serde_json::Value>(&resp.body)
+            .ok()
+            .and_then(|v| v.get("is_over_limit").and_then(serde_json::Value::as_bool));
+        if resp.status == StatusCode::OK && over == Some(false) {
+            app.org.recovered();
+        }
+    });
 }
 
 /// Stores 200 JSON answers under the size cap, unless the client said

@@ -39,6 +39,7 @@ pub fn usable(entry: &Entry, d: &Directives, now: u64) -> Use {
 /// The response for a cached entry (HIT or STALE): 0 credits for the team,
 /// `Age`, `ETag`, and 304 when the client already has this body.
 pub fn respond(entry: &Entry, state: CacheState, request_headers: &HeaderMap) -> Response<Body> {
+    let metered = entry.route.is_metered();
     let not_modified = request_headers
         .get_all(IF_NONE_MATCH)
         .iter()
@@ -63,7 +64,9 @@ pub fn respond(entry: &Entry, state: CacheState, request_headers: &HeaderMap) ->
     if let Ok(etag) = HeaderValue::from_str(&entry.etag) {
         h.insert(ETAG, etag);
     }
-    h.insert(X_CREDITS_REQUEST, HeaderValue::from(0u64));
+    if metered {
+        h.insert(X_CREDITS_REQUEST, HeaderValue::from(0u64));
+    }
     resp
 }
 

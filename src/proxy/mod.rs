@@ -37,6 +37,13 @@ pub async fn handle<B>(app: Arc<App>, req: Request<B>) -> Response<Body> {
             e.into_response()
         }
     };
+    // The team's budget, as the upstream shows the org's: on answers and on
+    // 402s, omitted for unlimited teams.
+    if let Some(team) = log.team.as_deref() {
+        if resp.status().is_success() || resp.status().as_u16() == 304 || resp.status().as_u16() == 402 {
+            answer::team_budget_headers(&app, team, resp.headers_mut()).await;
+        }
+    }
     if let Ok(v) = HeaderValue::from_str(&log.request_id) {
         resp.headers_mut().insert("x-request-id", v);
     }
@@ -58,11 +65,17 @@ async fn pipeline<B>(app: &Arc<App>, req: &Request<B>, log: &mut RequestLog) -> 
     let team = app.teams.load().authenticate(req.headers())?;
     log.team = Some(team.name.clone());
 
+    // 4. The team's own request rate.
+    if let Err(retry_after_secs) = team.check_rate() {
+        app.metrics.rate_limited_total.with_label_values(&[&team.name, "team"]).inc();
+        return Err(GatewayError::TeamRateLimited { retry_after_secs });
+    }
+
     // 6. /v2/usage is the team's own usage: answered here, never forwarded,
     //    since the upstream's answer is the whole org's.
     if target.route == Route::Usage {
         log.cache = CacheState::Bypass;
-        return Ok(answer::usage(&team));
+        return answer::usage(app, &team).await;
     }
 
     // 5. The normalized key; `None` for routes that are never cached.
@@ -139,5 +152,6 @@ fn saved(app: &App, team: &Team, target: &Target, credits: u64) {
             .credits_saved_total
             .with_label_values(&[&team.name, target.route.as_str()])
             .inc_by(credits);
+        app.ledger.record_saved(&team.name, target.route, credits);
     }
 }

@@ -100,7 +100,8 @@ async fn futures_join_all(tasks: impl Iterator<Item = tokio::task::JoinHandle<Re
 async fn two_gateways_on_one_redis_share_entries_and_fetches() {
     let redis = RedisServer::start();
     let sim = start_sim(unlimited()).await;
-    let setup = Setup::new().with("cache", format!("redis_url = {:?}", redis.url()));
+    // Replicas share the Redis ledger too (a file ledger is one replica's).
+    let setup = Setup::new().with("cache", format!("redis_url = {:?}", redis.url())).with("quota", "store = \"redis\"");
     let gw1 = setup.start(&sim).await;
     let gw2 = setup.start(&sim).await;
 
@@ -143,6 +144,7 @@ async fn a_dead_redis_costs_nothing_and_a_restarted_one_is_used_again() {
     let sim = start_sim(unlimited()).await;
     let setup = Setup::new().with("cache", format!("redis_url = {:?}\nredis_timeout_ms = 200", redis.url()));
     let gw = setup.start(&sim).await;
+    let other_dir = Setup::new().with("cache", format!("redis_url = {:?}", redis.url()));
     let path = search_path(&sim, 2);
     assert_eq!(alpha(&format!("{}{path}", gw.base_url())).await.header("x-cache"), Some("MISS"));
 
@@ -172,7 +174,7 @@ async fn a_dead_redis_costs_nothing_and_a_restarted_one_is_used_again() {
     wait_redis_ok(&gw.admin_url()).await;
     let path = search_path(&sim, 31);
     assert_eq!(alpha(&format!("{}{path}", gw.base_url())).await.header("x-cache"), Some("MISS"));
-    let other = setup.start(&sim).await;
+    let other = other_dir.start(&sim).await;
     let r = alpha(&format!("{}{path}", other.base_url())).await;
     assert_eq!(r.header("x-cache"), Some("HIT"), "L2 is written and read again");
 }
@@ -180,7 +182,8 @@ async fn a_dead_redis_costs_nothing_and_a_restarted_one_is_used_again() {
 #[tokio::test]
 async fn upstream_failures_serve_a_stale_copy_or_the_mapped_error() {
     let sim = start_sim(unlimited()).await;
-    let gw = Setup::new().with("upstream", "timeout_secs = 1\nmax_retries = 0").start(&sim).await;
+    // No org back-off here: each fault is its own case (the back-off has a test of its own).
+    let gw = Setup::new().with("upstream", "timeout_secs = 1\nmax_retries = 0\nexhausted_backoff_secs = 0").start(&sim).await;
     let cached = format!("{}{}", gw.base_url(), search_path(&sim, 6));
     let fresh = alpha(&cached).await;
     assert_eq!(fresh.header("x-cache"), Some("MISS"));
@@ -188,8 +191,9 @@ async fn upstream_failures_serve_a_stale_copy_or_the_mapped_error() {
     let cases: [(Faults, StatusCode); 4] = [
         (Faults { kind: FaultKind::Status, status: Some(500), ..Faults::default() }, StatusCode::BAD_GATEWAY),
         (Faults { kind: FaultKind::Hang, delay_ms: Some(3_000), ..Faults::default() }, StatusCode::GATEWAY_TIMEOUT),
-        (Faults { kind: FaultKind::Status, status: Some(429), retry_after_secs: Some(30), ..Faults::default() }, StatusCode::TOO_MANY_REQUESTS),
         (Faults { kind: FaultKind::Status, status: Some(402), ..Faults::default() }, StatusCode::PAYMENT_REQUIRED),
+        // Last: an upstream 429 pauses every upstream call for its Retry-After.
+        (Faults { kind: FaultKind::Status, status: Some(429), retry_after_secs: Some(30), ..Faults::default() }, StatusCode::TOO_MANY_REQUESTS),
     ];
     for (fault, mapped) in cases {
         sim.set_faults(fault.clone());

@@ -149,7 +149,7 @@ async fn request_ids_are_propagated_upstream_and_back() {
     let gw = Setup::new().start(&sim).await;
     let r = get(&format!("{}/v2/meta/release", gw.base_url()), &[("x-api-key", ALPHA.1), ("x-request-id", "trace-42")]).await;
     assert_eq!(r.header("x-request-id"), Some("trace-42"));
-    let generated = get(&format!("{}/v2/meta/release", gw.base_url()), &[("x-api-key", ALPHA.1)]).await;
+    let generated = get(&format!("{}/v2/list/zip?size=3", gw.base_url()), &[("x-api-key", ALPHA.1)]).await;
     let id = generated.header("x-request-id").expect("generated id").to_string();
     let upstream_ids: Vec<Option<String>> = sim.log().into_iter().map(|e| e.request_id).collect();
     assert_eq!(upstream_ids, vec![Some("trace-42".to_string()), Some(id)]);
@@ -163,19 +163,20 @@ async fn upstream_failures_map_to_502_and_504() {
         .with("upstream", "timeout_secs = 1\nmax_retries = 1")
         .start(&sim)
         .await;
-    let url = format!("{}/v2/meta/release", gw.base_url());
+    // A different (uncached) page each time: no stale copy to fall back on.
+    let url = |n: u32| format!("{}/v2/list/zip?size={n}", gw.base_url());
 
     sim.set_faults(Faults { kind: FaultKind::Status, status: Some(500), ..Faults::default() });
-    let r = get(&url, &[("x-api-key", ALPHA.1)]).await;
+    let r = get(&url(1), &[("x-api-key", ALPHA.1)]).await;
     assert_eq!(r.status, StatusCode::BAD_GATEWAY);
     assert!(r.json()["detail"].is_string());
 
     sim.set_faults(Faults { kind: FaultKind::Status, status: Some(503), count: Some(1), ..Faults::default() });
-    let retried = get(&url, &[("x-api-key", ALPHA.1)]).await;
+    let retried = get(&url(2), &[("x-api-key", ALPHA.1)]).await;
     assert_eq!(retried.status, StatusCode::OK, "one 503 is retried away");
 
     sim.set_faults(Faults { kind: FaultKind::Hang, delay_ms: Some(5_000), ..Faults::default() });
-    let r = get(&url, &[("x-api-key", ALPHA.1)]).await;
+    let r = get(&url(3), &[("x-api-key", ALPHA.1)]).await;
     assert_eq!(r.status, StatusCode::GATEWAY_TIMEOUT);
     sim.clear_faults();
 

@@ -19,7 +19,11 @@ pub async fn handle<B>(app: Arc<App>, req: Request<B>) -> Response<Body> {
         (&Method::GET, "/readyz") => readyz(&app).await,
         (&Method::GET, "/metrics") => {
             app.cache.observe();
-            bytes_response(StatusCode::OK, "text/plain; version=0.0.4; charset=utf-8", app.metrics.render().into())
+            bytes_response(
+                StatusCode::OK,
+                "text/plain; version=0.0.4; charset=utf-8",
+                app.metrics.render().into(),
+            )
         }
         (_, p) if p.starts_with("/admin/") => {
             if !authorized(&app, &req) {
@@ -46,15 +50,34 @@ async fn readyz(app: &App) -> Response<Body> {
     let mut ready = true;
     if let Some(redis) = app.cache.redis() {
         let ok = redis.ping().await.is_ok();
-        checks.insert("cache_redis".into(), json!(if ok { "ok" } else { "unreachable (serving from memory)" }));
+        checks.insert(
+            "cache_redis".into(),
+            json!(if ok {
+                "ok"
+            } else {
+                "unreachable (serving from memory)"
+            }),
+        );
     }
     checks.insert("config".into(), json!("ok"));
     let _ = &mut ready;
-    let status = if ready { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE };
-    json_response(status, &json!({"status": if ready { "ready" } else { "not ready" }, "checks": checks}))
+    let status = if ready {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    json_response(
+        status,
+        &json!({"status": if ready { "ready" } else { "not ready" }, "checks": checks}),
+    )
 }
 
-async fn admin_route(app: &App, method: &Method, path: &str, query: Option<&str>) -> Response<Body> {
+async fn admin_route(
+    app: &App,
+    method: &Method,
+    path: &str,
+    query: Option<&str>,
+) -> Response<Body> {
     match (method, path) {
         (&Method::POST, "/admin/cache/purge") => purge(app, query).await,
         (&Method::GET, "/admin/teams") => {
@@ -113,6 +136,13 @@ async fn purge(app: &App, query: Option<&str>) -> Response<Body> {
         },
     };
     let redis_keys = app.cache.purge(route).await;
-    tracing::info!(route = route.map_or("all", Route::as_str), redis_keys, "cache purged");
-    json_response(StatusCode::OK, &json!({"purged": route.map_or("all", Route::as_str), "redis_keys": redis_keys}))
+    tracing::info!(
+        route = route.map_or("all", Route::as_str),
+        redis_keys,
+        "cache purged"
+    );
+    json_response(
+        StatusCode::OK,
+        &json!({"purged": route.map_or("all", Route::as_str), "redis_keys": redis_keys}),
+    )
 }

@@ -78,7 +78,10 @@ impl App {
     /// restart. Spend is keyed by team name in the ledger, so nothing is
     /// lost; other settings need a restart. Returns the number of teams.
     pub fn reload(&self) -> Result<usize, ConfigErrors> {
-        let source = self.reload_from.as_deref().map_or(Source::Default, Source::File);
+        let source = self
+            .reload_from
+            .as_deref()
+            .map_or(Source::Default, Source::File);
         let config = Config::load(source)?;
         let teams = Teams::from_config(&config.teams);
         let count = config.teams.len();
@@ -117,8 +120,17 @@ fn open_ledger(config: &Config, metrics: &Arc<Metrics>) -> Result<Ledger, String
             Duration::from_millis(config.quota.redis_timeout_ms),
             metrics.clone(),
         )?);
-        Ok(Ledger::Redis(ledger::redis::RedisLedger::new(redis, &config.cache.redis_key_prefix, window, lease)))
+        Ok(Ledger::Redis(ledger::redis::RedisLedger::new(
+            redis,
+            &config.cache.redis_key_prefix,
+            window,
+            lease,
+        )))
     } else {
-        Ok(Ledger::File(ledger::file::FileLedger::open(&config.quota.path, window, lease)?))
+        Ok(Ledger::File(ledger::file::FileLedger::open(
+            &config.quota.path,
+            window,
+            lease,
+        )?))
     }
 }

@@ -6,11 +6,11 @@
 
 use crate::config::TeamConfig;
 use crate::error::GatewayError;
+use governor::{DefaultDirectRateLimiter, Quota};
 use http::header::{HeaderMap, AUTHORIZATION};
 use sha2::{Digest, Sha256};
-use std::sync::Arc;
-use governor::{DefaultDirectRateLimiter, Quota};
 use std::num::NonZeroU32;
+use std::sync::Arc;
 use subtle::ConstantTimeEq;
 
 /// One team as the request path sees it.
@@ -29,7 +29,10 @@ pub struct Team {
 impl std::fmt::Debug for Team {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         // Never the token hash: not secret, but nobody needs it in a log.
-        f.debug_struct("Team").field("name", &self.name).field("credit_limit", &self.credit_limit).finish()
+        f.debug_struct("Team")
+            .field("name", &self.name)
+            .field("credit_limit", &self.credit_limit)
+            .finish()
     }
 }
 
@@ -42,9 +45,13 @@ impl PartialEq for Team {
 impl Team {
     /// The team's own rate: `Err(seconds to wait)` when exceeded.
     pub fn check_rate(&self) -> Result<(), u64> {
-        let Some(limiter) = &self.limiter else { return Ok(()) };
+        let Some(limiter) = &self.limiter else {
+            return Ok(());
+        };
         limiter.check().map_err(|not_until| {
-            let wait = not_until.wait_time_from(governor::clock::Clock::now(&governor::clock::DefaultClock::default()));
+            let wait = not_until.wait_time_from(governor::clock::Clock::now(
+                &governor::clock::DefaultClock::default(),
+            ));
             wait.as_secs_f64().ceil().max(1.0) as u64
         })
     }

@@ -85,7 +85,11 @@ impl CacheConfig {
         if route == crate::route::Route::Usage {
             return None;
         }
-        let secs = self.route_ttl_secs.get(route.as_str()).copied().unwrap_or(self.default_ttl_secs);
+        let secs = self
+            .route_ttl_secs
+            .get(route.as_str())
+            .copied()
+            .unwrap_or(self.default_ttl_secs);
         (secs > 0).then(|| std::time::Duration::from_secs(secs))
     }
 
@@ -481,7 +485,9 @@ fn check_sha256(key: &str, value: &str, p: &mut Vec<String>) -> bool {
 fn check_redis_url(key: &str, url: &Secret, p: &mut Vec<String>) {
     if redis::Client::open(url.expose()).is_err() {
         // Never echo the URL: it may hold a password.
-        p.push(format!("{key}: not a valid redis URL (redis://, rediss://, redis+unix://)"));
+        p.push(format!(
+            "{key}: not a valid redis URL (redis://, rediss://, redis+unix://)"
+        ));
     }
 }
 

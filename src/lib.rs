@@ -130,7 +130,10 @@ impl Running {
     }
 
     /// As [`Running::spawn`], with teams re-read from `path` on reload.
-    pub fn spawn_from_file(path: &std::path::Path, listeners: Listeners) -> Result<Running, String> {
+    pub fn spawn_from_file(
+        path: &std::path::Path,
+        listeners: Listeners,
+    ) -> Result<Running, String> {
         let config = config::Config::load(config::Source::File(path)).map_err(|e| e.to_string())?;
         Running::spawn_app(App::new(config, Some(path.to_path_buf()))?, listeners)
     }

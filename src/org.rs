@@ -54,9 +54,13 @@ impl Org {
         if resp.status == StatusCode::PAYMENT_REQUIRED {
             let until = now_ms() + self.backoff.as_millis() as u64;
             self.exhausted_until_ms.store(until, Ordering::Release);
-            *self.last_402.lock().unwrap_or_else(|p| p.into_inner()) = Some((resp.headers.clone(), resp.body.clone()));
+            *self.last_402.lock().unwrap_or_else(|p| p.into_inner()) =
+                Some((resp.headers.clone(), resp.body.clone()));
             metrics.upstream_credits_remaining.set(0);
-            tracing::warn!(backoff_secs = self.backoff.as_secs(), "upstream is out of credits: metered calls paused");
+            tracing::warn!(
+                backoff_secs = self.backoff.as_secs(),
+                "upstream is out of credits: metered calls paused"
+            );
         }
     }
 
@@ -66,7 +70,10 @@ impl Org {
         if until == 0 || until <= now_ms() {
             return None;
         }
-        self.last_402.lock().unwrap_or_else(|p| p.into_inner()).clone()
+        self.last_402
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
     }
 
     /// Whether a /v2/usage probe is due now (at most one per interval).
@@ -74,7 +81,10 @@ impl Org {
         let now = now_ms();
         let last = self.last_probe_ms.load(Ordering::Acquire);
         now.saturating_sub(last) >= PROBE_EVERY_MS
-            && self.last_probe_ms.compare_exchange(last, now, Ordering::AcqRel, Ordering::Acquire).is_ok()
+            && self
+                .last_probe_ms
+                .compare_exchange(last, now, Ordering::AcqRel, Ordering::Acquire)
+                .is_ok()
     }
 
     /// The upstream says credits are available again.

@@ -53,7 +53,11 @@ fn now_ms() -> u64 {
 impl RedisBackend {
     /// Connects lazily: a Redis that is down at start-up does not stop the
     /// gateway, the first calls just fail (and open the breaker).
-    pub fn new(url: &str, timeout: Duration, metrics: Arc<Metrics>) -> Result<RedisBackend, String> {
+    pub fn new(
+        url: &str,
+        timeout: Duration,
+        metrics: Arc<Metrics>,
+    ) -> Result<RedisBackend, String> {
         let client = redis::Client::open(url).map_err(|e| format!("redis url: {:?}", e.kind()))?;
         let config = ConnectionManagerConfig::new()
             .set_connection_timeout(Some(timeout.max(Duration::from_millis(200))))
@@ -111,7 +115,10 @@ impl RedisBackend {
     }
 
     fn failed(&self, op: &'static str, e: &BackendError) {
-        self.metrics.backend_errors_total.with_label_values(&["redis", op]).inc();
+        self.metrics
+            .backend_errors_total
+            .with_label_values(&["redis", op])
+            .inc();
         let failures = self.failures.fetch_add(1, Ordering::AcqRel) + 1;
         if failures >= TRIP_AFTER {
             let until = now_ms() + self.cool_down.as_millis() as u64;
@@ -127,8 +134,10 @@ impl RedisBackend {
 
     /// PING under the breaker: readiness probes and recovery.
     pub async fn ping(&self) -> Result<(), BackendError> {
-        self.call("ping", |mut c| async move { redis::cmd("PING").query_async::<String>(&mut c).await })
-            .await
-            .map(|_| ())
+        self.call("ping", |mut c| async move {
+            redis::cmd("PING").query_async::<String>(&mut c).await
+        })
+        .await
+        .map(|_| ())
     }
 }

@@ -143,7 +143,8 @@ pub fn credit_estimate(target: &Target) -> u64 {
     if target.route == Route::Other && ids > 0 {
         return ids;
     }
-    size.and_then(|v| v.trim().parse::<u64>().ok()).map_or(50, |n| n.clamp(1, 100))
+    size.and_then(|v| v.trim().parse::<u64>().ok())
+        .map_or(50, |n| n.clamp(1, 100))
 }
 
 /// Classifies a request target; the method has been checked already.

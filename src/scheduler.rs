@@ -41,7 +41,11 @@ pub struct Scheduler {
 
 impl Scheduler {
     /// Builds the scheduler and starts its dispatcher task.
-    pub fn start(requests_per_minute: u32, max_wait: Duration, metrics: Arc<Metrics>) -> Arc<Scheduler> {
+    pub fn start(
+        requests_per_minute: u32,
+        max_wait: Duration,
+        metrics: Arc<Metrics>,
+    ) -> Arc<Scheduler> {
         let rpm = NonZeroU32::new(requests_per_minute).unwrap_or(NonZeroU32::MIN);
         // A burst of a tenth of a minute: smooth enough for the upstream's
         // window, roomy enough that a quiet gateway adds no wait.
@@ -65,7 +69,9 @@ impl Scheduler {
 
     fn pause_left(&self) -> Duration {
         let until = *self.paused_until.lock().unwrap_or_else(|p| p.into_inner());
-        until.map_or(Duration::ZERO, |u| u.saturating_duration_since(Instant::now()))
+        until.map_or(Duration::ZERO, |u| {
+            u.saturating_duration_since(Instant::now())
+        })
     }
 
     /// An upstream 429: hold every call for `for_`.
@@ -91,12 +97,22 @@ impl Scheduler {
             // Round-robin: our call goes after one call of every other
             // waiting team per place ahead of it in our own queue.
             let ours = q.waiting.get(team).map_or(0, VecDeque::len) as f64 + 1.0;
-            let teams = q.turn.len() as f64 + if q.waiting.contains_key(team) { 0.0 } else { 1.0 };
+            let teams = q.turn.len() as f64
+                + if q.waiting.contains_key(team) {
+                    0.0
+                } else {
+                    1.0
+                };
             let by_rate = Duration::from_secs_f64(ours * teams / self.per_sec);
             let expected = pause + by_rate;
             if expected > self.max_wait {
-                self.metrics.rate_limited_total.with_label_values(&[team, "upstream"]).inc();
-                return Err(GatewayError::UpstreamRateLimited { retry_after_secs: expected.as_secs_f64().ceil() as u64 });
+                self.metrics
+                    .rate_limited_total
+                    .with_label_values(&[team, "upstream"])
+                    .inc();
+                return Err(GatewayError::UpstreamRateLimited {
+                    retry_after_secs: expected.as_secs_f64().ceil() as u64,
+                });
             }
             let (tx, rx) = oneshot::channel();
             if !q.waiting.contains_key(team) {
@@ -109,7 +125,9 @@ impl Scheduler {
         };
         self.wake.notify_one();
         let granted = rx.await.is_ok();
-        self.metrics.upstream_queue_wait_seconds.observe(started.elapsed().as_secs_f64());
+        self.metrics
+            .upstream_queue_wait_seconds
+            .observe(started.elapsed().as_secs_f64());
         if granted {
             Ok(())
         } else {
@@ -121,7 +139,9 @@ impl Scheduler {
     fn next_waiter(&self) -> Option<oneshot::Sender<()>> {
         let mut q = self.queues();
         while let Some(team) = q.turn.pop_front() {
-            let Some(list) = q.waiting.get_mut(&team) else { continue };
+            let Some(list) = q.waiting.get_mut(&team) else {
+                continue;
+            };
             let waiter = list.pop_front();
             if list.is_empty() {
                 q.waiting.remove(&team);
@@ -185,7 +205,9 @@ mod tests {
         let second = tokio::spawn(async move { s3.acquire("a").await });
         tokio::task::yield_now().await;
         match s.acquire("a").await {
-            Err(GatewayError::UpstreamRateLimited { retry_after_secs }) => assert!(retry_after_secs >= 2),
+            Err(GatewayError::UpstreamRateLimited { retry_after_secs }) => {
+                assert!(retry_after_secs >= 2)
+            }
             other => panic!("expected 429, got {other:?}"),
         }
         first.await.unwrap().expect("queued call served");

@@ -220,7 +220,7 @@ impl Upstream {
         match answer.status.as_u16() {
             // Not 429: it pauses the scheduler instead, which every team's
             // calls go through (a retry here would jump that queue).
-            502 | 503 | 504 => Err(AttemptError::Retryable(answer)),
+            502..=504 => Err(AttemptError::Retryable(answer)),
             _ => Ok(answer),
         }
     }

@@ -79,7 +79,12 @@ impl Entry {
         out.extend_from_slice(&self.credits.to_be_bytes());
         out.extend_from_slice(&self.stored_at_ms.to_be_bytes());
         out.extend_from_slice(&self.ttl_ms.to_be_bytes());
-        out.push(Route::ALL.iter().position(|r| *r == self.route).unwrap_or(Route::ALL.len() - 1) as u8);
+        out.push(
+            Route::ALL
+                .iter()
+                .position(|r| *r == self.route)
+                .unwrap_or(Route::ALL.len() - 1) as u8,
+        );
         out.push(self.etag.len() as u8);
         out.extend_from_slice(self.etag.as_bytes());
         out.extend_from_slice(&self.body);
@@ -93,18 +98,31 @@ impl Entry {
         if version != 1 || rest.len() < 26 {
             return None;
         }
-        let u64_at = |at: usize| rest.get(at..at + 8).and_then(|b| b.try_into().ok()).map(u64::from_be_bytes);
+        let u64_at = |at: usize| {
+            rest.get(at..at + 8)
+                .and_then(|b| b.try_into().ok())
+                .map(u64::from_be_bytes)
+        };
         let credits = u64_at(0)?;
         let stored_at_ms = u64_at(8)?;
         let ttl_ms = u64_at(16)?;
         let route = *Route::ALL.get(usize::from(rest[24]))?;
         let etag_len = usize::from(rest[25]);
-        let etag = std::str::from_utf8(rest.get(26..26 + etag_len)?).ok()?.to_string();
+        let etag = std::str::from_utf8(rest.get(26..26 + etag_len)?)
+            .ok()?
+            .to_string();
         let body = Bytes::copy_from_slice(rest.get(26 + etag_len..)?);
         if etag != etag_of(&body) {
             return None;
         }
-        Some(Entry { body, credits, stored_at_ms, ttl_ms, etag, route })
+        Some(Entry {
+            body,
+            credits,
+            stored_at_ms,
+            ttl_ms,
+            etag,
+            route,
+        })
     }
 }
 
@@ -114,10 +132,19 @@ mod tests {
 
     #[test]
     fn encoding_round_trips_and_rejects_damage() {
-        let e = Entry::new(Bytes::from_static(b"{\"items\":[]}"), 7, Duration::from_secs(60), Route::PermitsSearch);
+        let e = Entry::new(
+            Bytes::from_static(b"{\"items\":[]}"),
+            7,
+            Duration::from_secs(60),
+            Route::PermitsSearch,
+        );
         let bytes = e.encode();
         assert_eq!(Entry::decode(&bytes), Some(e));
-        assert_eq!(Entry::decode(&bytes[..bytes.len() - 1]), None, "a cut body fails its etag");
+        assert_eq!(
+            Entry::decode(&bytes[..bytes.len() - 1]),
+            None,
+            "a cut body fails its etag"
+        );
         assert_eq!(Entry::decode(b"garbage"), None);
         assert_eq!(Entry::decode(&[]), None);
     }
@@ -129,6 +156,9 @@ mod tests {
         assert!(e.is_fresh(1_005_000));
         assert!(!e.is_fresh(1_010_000));
         assert_eq!(e.staleness(1_013_000), Duration::from_secs(3));
-        assert_eq!(e.remaining_life(1_013_000, Duration::from_secs(5)), Duration::from_secs(2));
+        assert_eq!(
+            e.remaining_life(1_013_000, Duration::from_secs(5)),
+            Duration::from_secs(2)
+        );
     }
 }

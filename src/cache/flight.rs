@@ -13,7 +13,9 @@ pub struct Flights<T> {
 
 impl<T> Default for Flights<T> {
     fn default() -> Self {
-        Flights { inflight: Arc::default() }
+        Flights {
+            inflight: Arc::default(),
+        }
     }
 }
 
@@ -38,12 +40,19 @@ impl<T: Clone> Flights<T> {
         }
         let (tx, rx) = watch::channel(None);
         map.insert(key.to_string(), rx);
-        Join::Leader(Leader { key: key.to_string(), tx, inflight: self.inflight.clone() })
+        Join::Leader(Leader {
+            key: key.to_string(),
+            tx,
+            inflight: self.inflight.clone(),
+        })
     }
 
     /// Fetches in flight now (metrics, tests).
     pub fn len(&self) -> usize {
-        self.inflight.lock().unwrap_or_else(|p| p.into_inner()).len()
+        self.inflight
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .len()
     }
 
     pub fn is_empty(&self) -> bool {
@@ -62,7 +71,10 @@ impl<T> Leader<T> {
 
     fn remove(&self) {
         let mut map = self.inflight.lock().unwrap_or_else(|p| p.into_inner());
-        if map.get(&self.key).is_some_and(|rx| rx.same_channel(&self.tx.subscribe())) {
+        if map
+            .get(&self.key)
+            .is_some_and(|rx| rx.same_channel(&self.tx.subscribe()))
+        {
             map.remove(&self.key);
         }
     }
@@ -92,20 +104,29 @@ mod tests {
     #[tokio::test]
     async fn followers_get_the_leaders_outcome() {
         let flights: Flights<u32> = Flights::default();
-        let Join::Leader(leader) = flights.join("k") else { panic!("first is leader") };
-        let Join::Follower(rx) = flights.join("k") else { panic!("second follows") };
+        let Join::Leader(leader) = flights.join("k") else {
+            panic!("first is leader")
+        };
+        let Join::Follower(rx) = flights.join("k") else {
+            panic!("second follows")
+        };
         let waiting = tokio::spawn(follow(rx));
         leader.complete(7);
         assert_eq!(waiting.await.unwrap(), Some(7));
         assert!(flights.is_empty());
-        assert!(matches!(flights.join("k"), Join::Leader(_)), "a new flight after completion");
+        assert!(
+            matches!(flights.join("k"), Join::Leader(_)),
+            "a new flight after completion"
+        );
     }
 
     #[tokio::test]
     async fn a_vanished_leader_releases_its_followers() {
         let flights: Flights<u32> = Flights::default();
         let leader = flights.join("k");
-        let Join::Follower(rx) = flights.join("k") else { panic!("follows") };
+        let Join::Follower(rx) = flights.join("k") else {
+            panic!("follows")
+        };
         drop(leader);
         assert_eq!(follow(rx).await, None);
         assert!(flights.is_empty());

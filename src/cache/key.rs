@@ -27,7 +27,11 @@ use percent_encoding::{percent_decode_str, utf8_percent_encode, AsciiSet, NON_AL
 const KEY_VERSION: &str = "k1";
 
 /// What is re-encoded in keys: everything but RFC 3986 unreserved characters.
-const QUERY_VALUE: &AsciiSet = &NON_ALPHANUMERIC.remove(b'-').remove(b'.').remove(b'_').remove(b'~');
+const QUERY_VALUE: &AsciiSet = &NON_ALPHANUMERIC
+    .remove(b'-')
+    .remove(b'.')
+    .remove(b'_')
+    .remove(b'~');
 
 /// How the upstream reads one parameter of one route.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -35,7 +39,10 @@ enum Kind {
     /// A repeatable filter with set semantics; `max_items` as validated.
     Set { max_items: Option<usize> },
     /// A scalar; `default` is the value that equals absence.
-    Scalar { default: Option<&'static str>, boolean: bool },
+    Scalar {
+        default: Option<&'static str>,
+        boolean: bool,
+    },
     /// Not declared for this route: kept exactly as sent.
     Unknown,
 }
@@ -57,24 +64,52 @@ fn kind(route: Route, name: &str) -> Kind {
             | StatesSearch
     );
     let counted = matches!(route, PermitsSearch | ContractorsSearch | ContractorPermits);
-    let scalar = Kind::Scalar { default: None, boolean: false };
+    let scalar = Kind::Scalar {
+        default: None,
+        boolean: false,
+    };
     match name {
         "permit_status" if search => Kind::Set { max_items: Some(4) },
         "permit_tags" | "property_type" | "contractor_classification_derived" if search => {
             Kind::Set { max_items: None }
         }
-        "size" if paged => Kind::Scalar { default: Some("50"), boolean: false },
+        "size" if paged => Kind::Scalar {
+            default: Some("50"),
+            boolean: false,
+        },
         "cursor" if paged => scalar,
-        "include_count" if counted => Kind::Scalar { default: Some("false"), boolean: true },
-        "include_tallies" if route == ContractorsSearch => Kind::Scalar { default: Some("true"), boolean: true },
-        "permit_has_contractor" if route == PermitsSearch => Kind::Scalar { default: None, boolean: true },
+        "include_count" if counted => Kind::Scalar {
+            default: Some("false"),
+            boolean: true,
+        },
+        "include_tallies" if route == ContractorsSearch => Kind::Scalar {
+            default: Some("true"),
+            boolean: true,
+        },
+        "permit_has_contractor" if route == PermitsSearch => Kind::Scalar {
+            default: None,
+            boolean: true,
+        },
         _ if search && is_search_scalar(name) => scalar,
         "metric_from" | "metric_to" | "tag"
-            if matches!(route, AddressMetricsMonthly | CountyMetricsMonthly | CityMetricsMonthly | CityMetricsCurrent) =>
+            if matches!(
+                route,
+                AddressMetricsMonthly
+                    | CountyMetricsMonthly
+                    | CityMetricsMonthly
+                    | CityMetricsCurrent
+            ) =>
         {
             scalar
         }
-        "property_type" if matches!(route, CountyMetricsMonthly | CityMetricsMonthly | CityMetricsCurrent) => scalar,
+        "property_type"
+            if matches!(
+                route,
+                CountyMetricsMonthly | CityMetricsMonthly | CityMetricsCurrent
+            ) =>
+        {
+            scalar
+        }
         "geo_id" if matches!(route, Counties | Cities | Jurisdictions | MetaCoverage) => scalar,
         "q" if matches!(route, ZipcodesSearch | StatesSearch | JurisdictionsSearch) => scalar,
         "geo_type" | "date_from" | "date_to" if route == MetaCoverage => scalar,
@@ -108,7 +143,8 @@ fn canonical_bool(value: &str) -> Option<&'static str> {
 
 /// The cache key of a request target.
 pub fn cache_key(target: &Target) -> String {
-    let mut key = String::with_capacity(target.path.len() + target.query.as_ref().map_or(0, String::len) + 8);
+    let mut key =
+        String::with_capacity(target.path.len() + target.query.as_ref().map_or(0, String::len) + 8);
     key.push_str(KEY_VERSION);
     key.push(' ');
     key.push_str(&target.path);
@@ -128,13 +164,18 @@ pub fn normalize_query(route: Route, query: &str) -> String {
         // Not UTF-8 once decoded: keep it byte for byte.
         return format!("!{query}");
     };
-    let has_cursor = pairs.iter().any(|(k, _)| k == "cursor" && kind(route, k) != Kind::Unknown);
+    let has_cursor = pairs
+        .iter()
+        .any(|(k, _)| k == "cursor" && kind(route, k) != Kind::Unknown);
     let mut names: Vec<&str> = pairs.iter().map(|(k, _)| k.as_str()).collect();
     names.sort_unstable();
     names.dedup();
     let mut out: Vec<(String, String)> = Vec::with_capacity(pairs.len());
     for name in names {
-        let values = pairs.iter().filter(|(k, _)| k == name).map(|(_, v)| v.as_str());
+        let mut values = pairs
+            .iter()
+            .filter(|(k, _)| k == name)
+            .map(|(_, v)| v.as_str());
         match kind(route, name) {
             Kind::Unknown => out.extend(values.map(|v| (name.to_string(), v.to_string()))),
             Kind::Set { max_items } => {
@@ -146,9 +187,14 @@ pub fn normalize_query(route: Route, query: &str) -> String {
                 out.extend(vs.into_iter().map(|v| (name.to_string(), v.to_string())));
             }
             Kind::Scalar { default, boolean } => {
-                let Some(last) = values.last() else { continue };
-                let value = if boolean { canonical_bool(last).unwrap_or(last) } else { last };
-                let ignored = name == "include_count" && has_cursor && canonical_bool(last).is_some();
+                let Some(last) = values.next_back() else { continue };
+                let value = if boolean {
+                    canonical_bool(last).unwrap_or(last)
+                } else {
+                    last
+                };
+                let ignored =
+                    name == "include_count" && has_cursor && canonical_bool(last).is_some();
                 if default == Some(value) || ignored {
                     continue;
                 }
@@ -182,7 +228,10 @@ fn decode_pairs(query: &str) -> Option<Vec<(String, String)>> {
 
 fn decode(s: &str) -> Option<String> {
     let spaced = s.replace('+', " ");
-    percent_decode_str(&spaced).decode_utf8().ok().map(|c| c.into_owned())
+    percent_decode_str(&spaced)
+        .decode_utf8()
+        .ok()
+        .map(|c| c.into_owned())
 }
 
 #[cfg(test)]
@@ -191,7 +240,11 @@ mod tests {
     use proptest::prelude::*;
 
     fn key(route: Route, path: &str, query: &str) -> String {
-        cache_key(&Target { route, path: path.into(), query: Some(query.into()) })
+        cache_key(&Target {
+            route,
+            path: path.into(),
+            query: Some(query.into()),
+        })
     }
 
     fn permits(query: &str) -> String {
@@ -228,34 +281,75 @@ mod tests {
     #[test]
     fn meaningful_differences_give_different_keys() {
         let base = permits("geo_id=CA&size=10");
-        for other in ["geo_id=CA&size=11", "geo_id=ca&size=10", "geo_id=CA&size=10&include_count=true", "geo_id=CA&size=10&permit_q=", "geo_id=CA&size=010"] {
+        for other in [
+            "geo_id=CA&size=11",
+            "geo_id=ca&size=10",
+            "geo_id=CA&size=10&include_count=true",
+            "geo_id=CA&size=10&permit_q=",
+            "geo_id=CA&size=010",
+        ] {
             assert_ne!(permits(other), base, "{other}");
         }
         assert_ne!(
-            key(Route::ContractorsSearch, "/v2/contractors/search", "geo_id=CA&include_tallies=false"),
-            key(Route::ContractorsSearch, "/v2/contractors/search", "geo_id=CA"),
+            key(
+                Route::ContractorsSearch,
+                "/v2/contractors/search",
+                "geo_id=CA&include_tallies=false"
+            ),
+            key(
+                Route::ContractorsSearch,
+                "/v2/contractors/search",
+                "geo_id=CA"
+            ),
         );
-        assert_ne!(permits("geo_id=CA"), key(Route::ContractorsSearch, "/v2/contractors/search", "geo_id=CA"));
+        assert_ne!(
+            permits("geo_id=CA"),
+            key(
+                Route::ContractorsSearch,
+                "/v2/contractors/search",
+                "geo_id=CA"
+            )
+        );
     }
 
     #[test]
     fn defaults_are_route_specific() {
         // jurisdictions/search has no size: unknown there, so it stays.
         assert_ne!(
-            key(Route::JurisdictionsSearch, "/v2/jurisdictions/search", "q=a&size=50"),
-            key(Route::JurisdictionsSearch, "/v2/jurisdictions/search", "q=a"),
+            key(
+                Route::JurisdictionsSearch,
+                "/v2/jurisdictions/search",
+                "q=a&size=50"
+            ),
+            key(
+                Route::JurisdictionsSearch,
+                "/v2/jurisdictions/search",
+                "q=a"
+            ),
         );
         // include_tallies means nothing on permit search.
-        assert_ne!(permits("geo_id=CA&include_tallies=true"), permits("geo_id=CA"));
+        assert_ne!(
+            permits("geo_id=CA&include_tallies=true"),
+            permits("geo_id=CA")
+        );
         // On metrics, property_type is a scalar: last one wins, no set.
         let m = |q| key(Route::CityMetricsMonthly, "/v2/cities/x/metrics/monthly", q);
-        assert_eq!(m("property_type=office&property_type=all"), m("property_type=all"));
+        assert_eq!(
+            m("property_type=office&property_type=all"),
+            m("property_type=all")
+        );
     }
 
     #[test]
     fn include_count_on_a_cursor_page_is_ignored() {
-        assert_eq!(permits("geo_id=CA&cursor=abc&include_count=true"), permits("geo_id=CA&cursor=abc"));
-        assert_ne!(permits("geo_id=CA&include_count=true"), permits("geo_id=CA"));
+        assert_eq!(
+            permits("geo_id=CA&cursor=abc&include_count=true"),
+            permits("geo_id=CA&cursor=abc")
+        );
+        assert_ne!(
+            permits("geo_id=CA&include_count=true"),
+            permits("geo_id=CA")
+        );
     }
 
     #[test]
@@ -266,16 +360,30 @@ mod tests {
 
     #[test]
     fn plus_is_a_space() {
-        assert_eq!(permits("permit_q=heat+pump"), permits("permit_q=heat%20pump"));
+        assert_eq!(
+            permits("permit_q=heat+pump"),
+            permits("permit_q=heat%20pump")
+        );
     }
 
     fn param() -> impl Strategy<Value = (String, String)> {
-        let names = prop::sample::select(vec!["geo_id", "permit_tags", "permit_status", "size", "permit_q", "cursor", "unknown_x", "include_count"]);
+        let names = prop::sample::select(vec![
+            "geo_id",
+            "permit_tags",
+            "permit_status",
+            "size",
+            "permit_q",
+            "cursor",
+            "unknown_x",
+            "include_count",
+        ]);
         (names, "[a-zA-Z0-9 _-]{0,6}").prop_map(|(n, v)| (n.to_string(), v))
     }
 
     fn encode(pairs: &[(String, String)]) -> String {
-        form_urlencoded::Serializer::new(String::new()).extend_pairs(pairs).finish()
+        form_urlencoded::Serializer::new(String::new())
+            .extend_pairs(pairs)
+            .finish()
     }
 
     proptest! {

@@ -47,11 +47,22 @@ struct LifeOf {
 }
 
 impl Expiry<Arc<str>, Arc<Entry>> for LifeOf {
-    fn expire_after_create(&self, _: &Arc<str>, entry: &Arc<Entry>, _: Instant) -> Option<Duration> {
+    fn expire_after_create(
+        &self,
+        _: &Arc<str>,
+        entry: &Arc<Entry>,
+        _: Instant,
+    ) -> Option<Duration> {
         Some(entry.remaining_life(now_ms(), self.grace))
     }
 
-    fn expire_after_update(&self, _: &Arc<str>, entry: &Arc<Entry>, _: Instant, _: Option<Duration>) -> Option<Duration> {
+    fn expire_after_update(
+        &self,
+        _: &Arc<str>,
+        entry: &Arc<Entry>,
+        _: Instant,
+        _: Option<Duration>,
+    ) -> Option<Duration> {
         Some(entry.remaining_life(now_ms(), self.grace))
     }
 }
@@ -68,7 +79,11 @@ pub struct Cache {
 }
 
 impl Cache {
-    pub fn new(cfg: &CacheConfig, redis: Option<Arc<RedisBackend>>, metrics: Arc<Metrics>) -> Cache {
+    pub fn new(
+        cfg: &CacheConfig,
+        redis: Option<Arc<RedisBackend>>,
+        metrics: Arc<Metrics>,
+    ) -> Cache {
         let grace = Duration::from_secs(cfg.stale_grace_secs);
         let memory = (cfg.memory_max_bytes > 0).then(|| {
             Moka::builder()
@@ -104,12 +119,21 @@ impl Cache {
 
     /// The Redis key of an entry; the route in it lets purge find a route's keys.
     fn redis_key(&self, route: Route, key: &str) -> String {
-        format!("{}c:{}:{}", self.prefix, route.as_str(), hex::encode(Sha256::digest(key.as_bytes())))
+        format!(
+            "{}c:{}:{}",
+            self.prefix,
+            route.as_str(),
+            hex::encode(Sha256::digest(key.as_bytes()))
+        )
     }
 
     /// The key of the cross-replica fetch lease for a cache key.
     pub fn lease_key(&self, key: &str) -> String {
-        format!("{}lease:{}", self.prefix, hex::encode(Sha256::digest(key.as_bytes())))
+        format!(
+            "{}lease:{}",
+            self.prefix,
+            hex::encode(Sha256::digest(key.as_bytes()))
+        )
     }
 
     /// L1, then L2 (promoting an L2 hit into L1). Stale entries are returned
@@ -135,7 +159,9 @@ impl Cache {
         let redis = self.redis.as_ref()?;
         let rkey = self.redis_key(route, key);
         let bytes: Option<Vec<u8>> = redis
-            .call("cache_get", |mut c| async move { redis::cmd("GET").arg(&rkey).query_async(&mut c).await })
+            .call("cache_get", |mut c| async move {
+                redis::cmd("GET").arg(&rkey).query_async(&mut c).await
+            })
             .await
             .ok()
             .flatten();
@@ -158,7 +184,13 @@ impl Cache {
             let px = life.as_millis() as u64;
             let _ = redis
                 .call("cache_set", |mut c| async move {
-                    redis::cmd("SET").arg(&rkey).arg(value).arg("PX").arg(px.max(1)).query_async::<()>(&mut c).await
+                    redis::cmd("SET")
+                        .arg(&rkey)
+                        .arg(value)
+                        .arg("PX")
+                        .arg(px.max(1))
+                        .query_async::<()>(&mut c)
+                        .await
                 })
                 .await;
         }
@@ -188,8 +220,12 @@ impl Cache {
     pub fn observe(&self) {
         if let Some(memory) = &self.memory {
             let m = &self.metrics;
-            m.cache_entries.with_label_values(&["memory"]).set(memory.entry_count() as i64);
-            m.cache_size_bytes.with_label_values(&["memory"]).set(memory.weighted_size() as i64);
+            m.cache_entries
+                .with_label_values(&["memory"])
+                .set(memory.entry_count() as i64);
+            m.cache_size_bytes
+                .with_label_values(&["memory"])
+                .set(memory.weighted_size() as i64);
         }
     }
 
@@ -209,14 +245,28 @@ async fn purge_pattern(redis: &RedisBackend, pattern: String) -> u64 {
         let pattern = pattern.clone();
         let step: Result<(u64, Vec<String>), _> = redis
             .call("cache_purge", |mut c| async move {
-                redis::cmd("SCAN").arg(cursor).arg("MATCH").arg(&pattern).arg("COUNT").arg(500).query_async(&mut c).await
+                redis::cmd("SCAN")
+                    .arg(cursor)
+                    .arg("MATCH")
+                    .arg(&pattern)
+                    .arg("COUNT")
+                    .arg(500)
+                    .query_async(&mut c)
+                    .await
             })
             .await;
-        let Ok((next, keys)) = step else { return removed };
+        let Ok((next, keys)) = step else {
+            return removed;
+        };
         if !keys.is_empty() {
             let n = keys.len() as u64;
             let gone = redis
-                .call("cache_purge", |mut c| async move { redis::cmd("UNLINK").arg(keys).query_async::<u64>(&mut c).await })
+                .call("cache_purge", |mut c| async move {
+                    redis::cmd("UNLINK")
+                        .arg(keys)
+                        .query_async::<u64>(&mut c)
+                        .await
+                })
                 .await;
             removed += gone.unwrap_or(0).min(n);
         }

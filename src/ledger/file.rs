@@ -54,19 +54,29 @@ pub struct FileLedger {
 impl FileLedger {
     /// Opens (or creates) `<dir>/ledger.redb` and loads recent spend.
     pub fn open(dir: &Path, window: Window, lease: Duration) -> Result<FileLedger, String> {
-        std::fs::create_dir_all(dir).map_err(|e| format!("quota.path: cannot create {}: {e}", dir.display()))?;
+        std::fs::create_dir_all(dir)
+            .map_err(|e| format!("quota.path: cannot create {}: {e}", dir.display()))?;
         let path = dir.join("ledger.redb");
-        let db = Database::create(&path).map_err(|e| format!("quota.path: cannot open {}: {e}", path.display()))?;
+        let db = Database::create(&path)
+            .map_err(|e| format!("quota.path: cannot open {}: {e}", path.display()))?;
         let db = Arc::new(db);
         let mut state = State::default();
-        load(&db, &mut state, super::today()).map_err(|e| format!("quota.path: cannot read {}: {e}", path.display()))?;
+        load(&db, &mut state, super::today())
+            .map_err(|e| format!("quota.path: cannot read {}: {e}", path.display()))?;
         let (tx, rx) = mpsc::channel();
         let writer_db = db.clone();
         let handle = std::thread::Builder::new()
             .name("ledger-writer".into())
             .spawn(move || writer(writer_db, rx))
             .map_err(|e| format!("ledger writer: {e}"))?;
-        Ok(FileLedger { db, state: Mutex::new(state), writes: tx, writer: Some(handle), lease, window })
+        Ok(FileLedger {
+            db,
+            state: Mutex::new(state),
+            writes: tx,
+            writer: Some(handle),
+            lease,
+            window,
+        })
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
@@ -78,26 +88,54 @@ impl FileLedger {
         let now = Instant::now();
         s.held.retain(|_, (_, _, expires)| *expires > now);
         let spent = window_sum(s.days.get(team), self.window.first_day(today));
-        let held: u64 = s.held.values().filter(|(t, _, _)| t == team).map(|(_, a, _)| a).sum();
+        let held: u64 = s
+            .held
+            .values()
+            .filter(|(t, _, _)| t == team)
+            .map(|(_, a, _)| a)
+            .sum();
         if let Some(limit) = limit {
             if spent + held + amount > limit {
-                return Reserved::Rejected { used: spent + held, limit };
+                return Reserved::Rejected {
+                    used: spent + held,
+                    limit,
+                };
             }
         }
         s.next_id += 1;
         let id = s.next_id;
-        s.held.insert(id, (team.to_string(), amount, now + self.lease));
-        Reserved::Granted(Reservation { id, team: team.to_string(), amount })
+        s.held
+            .insert(id, (team.to_string(), amount, now + self.lease));
+        Reserved::Granted(Reservation {
+            id,
+            team: team.to_string(),
+            amount,
+        })
     }
 
-    pub async fn settle(&self, r: Reservation, actual: u64, route: Route, today: u32) -> Result<(), LedgerError> {
+    pub async fn settle(
+        &self,
+        r: Reservation,
+        actual: u64,
+        route: Route,
+        today: u32,
+    ) -> Result<(), LedgerError> {
         let result = if actual == 0 {
             Ok(())
         } else {
             let (tx, rx) = oneshot::channel();
-            let write = Write { team: r.team.clone(), day: today, route: route.as_str(), spent: actual, saved: 0, done: Some(tx) };
+            let write = Write {
+                team: r.team.clone(),
+                day: today,
+                route: route.as_str(),
+                spent: actual,
+                saved: 0,
+                done: Some(tx),
+            };
             match self.writes.send(write) {
-                Ok(()) => rx.await.unwrap_or_else(|_| Err("ledger writer stopped".into())),
+                Ok(()) => rx
+                    .await
+                    .unwrap_or_else(|_| Err("ledger writer stopped".into())),
                 Err(_) => Err("ledger writer stopped".into()),
             }
         };
@@ -117,7 +155,14 @@ impl FileLedger {
 
     pub fn record_saved(&self, team: &str, route: Route, credits: u64, today: u32) {
         if credits > 0 {
-            let _ = self.writes.send(Write { team: team.to_string(), day: today, route: route.as_str(), spent: 0, saved: credits, done: None });
+            let _ = self.writes.send(Write {
+                team: team.to_string(),
+                day: today,
+                route: route.as_str(),
+                spent: 0,
+                saved: credits,
+                done: None,
+            });
         }
     }
 
@@ -127,9 +172,17 @@ impl FileLedger {
         let daily: Vec<(u32, u64)> = s
             .days
             .get(team)
-            .map(|d| d.range(first..=today).map(|(d, c)| (*d, *c)).filter(|(_, c)| *c > 0).collect())
+            .map(|d| {
+                d.range(first..=today)
+                    .map(|(d, c)| (*d, *c))
+                    .filter(|(_, c)| *c > 0)
+                    .collect()
+            })
             .unwrap_or_default();
-        TeamUsage { used: daily.iter().map(|(_, c)| c).sum(), daily }
+        TeamUsage {
+            used: daily.iter().map(|(_, c)| c).sum(),
+            daily,
+        }
     }
 
     pub fn rows(&self, from: u32, to: u32) -> Vec<UsageRow> {
@@ -146,7 +199,13 @@ impl FileLedger {
                 let (team, day, route) = k.value();
                 let (spent, saved) = v.value();
                 if (from..=to).contains(&day) {
-                    rows.push(UsageRow { team: team.to_string(), day, route: route.to_string(), spent, saved });
+                    rows.push(UsageRow {
+                        team: team.to_string(),
+                        day,
+                        route: route.to_string(),
+                        spent,
+                        saved,
+                    });
                 }
             }
             Ok(rows)
@@ -161,7 +220,10 @@ impl FileLedger {
 
     /// Writable: a write transaction can begin.
     pub fn check(&self) -> Result<(), String> {
-        self.db.begin_write().map(drop).map_err(|e| format!("ledger not writable: {e}"))
+        self.db
+            .begin_write()
+            .map(drop)
+            .map_err(|e| format!("ledger not writable: {e}"))
     }
 }
 
@@ -191,7 +253,12 @@ fn load(db: &Database, state: &mut State, today: u32) -> Result<(), redb::Error>
         let (team, day, _route) = k.value();
         let (spent, _saved) = v.value();
         if day >= since && spent > 0 {
-            *state.days.entry(team.to_string()).or_default().entry(day).or_insert(0) += spent;
+            *state
+                .days
+                .entry(team.to_string())
+                .or_default()
+                .entry(day)
+                .or_insert(0) += spent;
         }
     }
     Ok(())
@@ -250,18 +317,34 @@ mod tests {
         let today = crate::ledger::today();
         {
             let l = ledger(dir.path());
-            let Reserved::Granted(a) = l.reserve("t", Some(100), 60, today) else { panic!("granted") };
-            assert_eq!(l.reserve("t", Some(100), 50, today), Reserved::Rejected { used: 60, limit: 100 });
-            l.settle(a, 10, Route::PermitsSearch, today).await.expect("settle");
+            let Reserved::Granted(a) = l.reserve("t", Some(100), 60, today) else {
+                panic!("granted")
+            };
+            assert_eq!(
+                l.reserve("t", Some(100), 50, today),
+                Reserved::Rejected {
+                    used: 60,
+                    limit: 100
+                }
+            );
+            l.settle(a, 10, Route::PermitsSearch, today)
+                .await
+                .expect("settle");
             let got = l.reserve("t", Some(100), 90, today);
-            let Reserved::Granted(b) = got else { panic!("the difference came back: {got:?}") };
+            let Reserved::Granted(b) = got else {
+                panic!("the difference came back: {got:?}")
+            };
             l.release(b);
             assert_eq!(l.usage("t", today).used, 10);
             l.record_saved("t", Route::PermitsSearch, 5, today);
         }
         let l = ledger(dir.path());
         assert_eq!(l.usage("t", today).used, 10, "spend survives a restart");
-        assert_eq!(l.usage("t", today + 30).used, 0, "and leaves the rolling window");
+        assert_eq!(
+            l.usage("t", today + 30).used,
+            0,
+            "and leaves the rolling window"
+        );
         let rows = l.rows(today, today);
         assert_eq!(rows.len(), 1);
         assert_eq!((rows[0].spent, rows[0].saved), (10, 5));
@@ -271,7 +354,13 @@ mod tests {
     fn expired_reservations_stop_holding_credits() {
         let dir = tempfile::tempdir().unwrap();
         let l = FileLedger::open(dir.path(), Window::Rolling30d, Duration::ZERO).expect("opens");
-        assert!(matches!(l.reserve("t", Some(10), 10, 1), Reserved::Granted(_)));
-        assert!(matches!(l.reserve("t", Some(10), 10, 1), Reserved::Granted(_)), "the first lease ran out");
+        assert!(matches!(
+            l.reserve("t", Some(10), 10, 1),
+            Reserved::Granted(_)
+        ));
+        assert!(
+            matches!(l.reserve("t", Some(10), 10, 1), Reserved::Granted(_)),
+            "the first lease ran out"
+        );
     }
 }

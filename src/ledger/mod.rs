@@ -62,7 +62,11 @@ impl Window {
             Window::Rolling30d => day + ROLLING_DAYS,
             Window::CalendarMonth => {
                 let d = date_of(day);
-                let (y, m) = if d.month() == 12 { (d.year() + 1, 1) } else { (d.year(), d.month() + 1) };
+                let (y, m) = if d.month() == 12 {
+                    (d.year() + 1, 1)
+                } else {
+                    (d.year(), d.month() + 1)
+                };
                 NaiveDate::from_ymd_opt(y, m, 1).map_or(day + 31, day_of)
             }
         }
@@ -80,7 +84,8 @@ pub fn day_of(date: NaiveDate) -> u32 {
 }
 
 pub fn date_of(day: u32) -> NaiveDate {
-    DateTime::from_timestamp(i64::from(day) * 86_400, 0).map_or_else(NaiveDate::default, |t| t.date_naive())
+    DateTime::from_timestamp(i64::from(day) * 86_400, 0)
+        .map_or_else(NaiveDate::default, |t| t.date_naive())
 }
 
 /// Credits held for one upstream call in flight.
@@ -95,7 +100,10 @@ pub struct Reservation {
 pub enum Reserved {
     Granted(Reservation),
     /// The budget cannot cover it: `used` includes reservations in flight.
-    Rejected { used: u64, limit: u64 },
+    Rejected {
+        used: u64,
+        limit: u64,
+    },
 }
 
 /// A team's spend in its window.
@@ -138,7 +146,12 @@ pub fn reservation_lease(upstream_timeout: Duration) -> Duration {
 
 impl Ledger {
     /// Holds `amount` credits for `team` unless that would pass `limit`.
-    pub async fn reserve(&self, team: &str, limit: Option<u64>, amount: u64) -> Result<Reserved, LedgerError> {
+    pub async fn reserve(
+        &self,
+        team: &str,
+        limit: Option<u64>,
+        amount: u64,
+    ) -> Result<Reserved, LedgerError> {
         match self {
             Ledger::File(l) => Ok(l.reserve(team, limit, amount, today())),
             Ledger::Redis(l) => l.reserve(team, limit, amount, today()).await,
@@ -147,7 +160,12 @@ impl Ledger {
 
     /// Turns a reservation into spend of `actual` credits (durable when
     /// this returns Ok), recorded under `route` for chargeback.
-    pub async fn settle(&self, r: Reservation, actual: u64, route: Route) -> Result<(), LedgerError> {
+    pub async fn settle(
+        &self,
+        r: Reservation,
+        actual: u64,
+        route: Route,
+    ) -> Result<(), LedgerError> {
         match self {
             Ledger::File(l) => l.settle(r, actual, route, today()).await,
             Ledger::Redis(l) => l.settle(r, actual, route, today()).await,
@@ -179,7 +197,12 @@ impl Ledger {
     }
 
     /// Per team, day and route, between two days inclusive.
-    pub async fn rows(&self, teams: &[String], from: u32, to: u32) -> Result<Vec<UsageRow>, LedgerError> {
+    pub async fn rows(
+        &self,
+        teams: &[String],
+        from: u32,
+        to: u32,
+    ) -> Result<Vec<UsageRow>, LedgerError> {
         match self {
             Ledger::File(l) => Ok(l.rows(from, to)),
             Ledger::Redis(l) => l.rows(teams, from, to).await,
@@ -211,11 +234,23 @@ mod tests {
     fn windows_pick_their_first_day() {
         let d = day_of(NaiveDate::from_ymd_opt(2026, 3, 15).unwrap());
         assert_eq!(Window::Rolling30d.first_day(d), d - 29);
-        assert_eq!(date_of(Window::CalendarMonth.first_day(d)), NaiveDate::from_ymd_opt(2026, 3, 1).unwrap());
-        assert_eq!(date_of(Window::CalendarMonth.expires(d)), NaiveDate::from_ymd_opt(2026, 4, 1).unwrap());
+        assert_eq!(
+            date_of(Window::CalendarMonth.first_day(d)),
+            NaiveDate::from_ymd_opt(2026, 3, 1).unwrap()
+        );
+        assert_eq!(
+            date_of(Window::CalendarMonth.expires(d)),
+            NaiveDate::from_ymd_opt(2026, 4, 1).unwrap()
+        );
         let dec = day_of(NaiveDate::from_ymd_opt(2026, 12, 31).unwrap());
-        assert_eq!(date_of(Window::CalendarMonth.expires(dec)), NaiveDate::from_ymd_opt(2027, 1, 1).unwrap());
+        assert_eq!(
+            date_of(Window::CalendarMonth.expires(dec)),
+            NaiveDate::from_ymd_opt(2027, 1, 1).unwrap()
+        );
         assert_eq!(Window::Rolling30d.expires(d), d + 30);
-        assert_eq!(date_of(day_of(NaiveDate::from_ymd_opt(2026, 11, 21).unwrap())).to_string(), "2026-11-21");
+        assert_eq!(
+            date_of(day_of(NaiveDate::from_ymd_opt(2026, 11, 21).unwrap())).to_string(),
+            "2026-11-21"
+        );
     }
 }

@@ -70,7 +70,12 @@ pub struct RedisLedger {
 }
 
 impl RedisLedger {
-    pub fn new(redis: Arc<RedisBackend>, prefix: &str, window: Window, lease: Duration) -> RedisLedger {
+    pub fn new(
+        redis: Arc<RedisBackend>,
+        prefix: &str,
+        window: Window,
+        lease: Duration,
+    ) -> RedisLedger {
         RedisLedger {
             redis,
             prefix: prefix.to_string(),
@@ -85,9 +90,17 @@ impl RedisLedger {
         format!("{}l:{{{team}}}:{what}", self.prefix)
     }
 
-    pub async fn reserve(&self, team: &str, limit: Option<u64>, amount: u64, today: u32) -> Result<Reserved, LedgerError> {
+    pub async fn reserve(
+        &self,
+        team: &str,
+        limit: Option<u64>,
+        amount: u64,
+        today: u32,
+    ) -> Result<Reserved, LedgerError> {
         let mut inv = self.reserve.prepare_invoke();
-        inv.key(self.key(team, "days")).key(self.key(team, "held")).key(self.key(team, "seq"));
+        inv.key(self.key(team, "days"))
+            .key(self.key(team, "held"))
+            .key(self.key(team, "seq"));
         inv.arg(amount)
             .arg(limit.map_or(-1, |l| i64::try_from(l).unwrap_or(i64::MAX)))
             .arg(now_ms())
@@ -95,18 +108,32 @@ impl RedisLedger {
             .arg(now_ms() + self.lease.as_millis() as u64);
         let (id, used): (u64, u64) = self
             .redis
-            .call("ledger_reserve", |mut c| async move { inv.invoke_async(&mut c).await })
+            .call("ledger_reserve", |mut c| async move {
+                inv.invoke_async(&mut c).await
+            })
             .await
             .map_err(|e| LedgerError(format!("ledger reserve: {e}")))?;
         Ok(match (id, limit) {
             (0, Some(limit)) => Reserved::Rejected { used, limit },
-            _ => Reserved::Granted(Reservation { id, team: team.to_string(), amount }),
+            _ => Reserved::Granted(Reservation {
+                id,
+                team: team.to_string(),
+                amount,
+            }),
         })
     }
 
-    pub async fn settle(&self, r: Reservation, actual: u64, route: Route, today: u32) -> Result<(), LedgerError> {
+    pub async fn settle(
+        &self,
+        r: Reservation,
+        actual: u64,
+        route: Route,
+        today: u32,
+    ) -> Result<(), LedgerError> {
         let mut inv = self.settle.prepare_invoke();
-        inv.key(self.key(&r.team, "days")).key(self.key(&r.team, "held")).key(self.key(&r.team, "routes"));
+        inv.key(self.key(&r.team, "days"))
+            .key(self.key(&r.team, "held"))
+            .key(self.key(&r.team, "routes"));
         inv.arg(r.id)
             .arg(actual)
             .arg(today)
@@ -115,7 +142,9 @@ impl RedisLedger {
         // Not retried: a settle that timed out may have run, and running it
         // twice would count the spend twice.
         self.redis
-            .call("ledger_settle", |mut c| async move { inv.invoke_async::<u64>(&mut c).await })
+            .call("ledger_settle", |mut c| async move {
+                inv.invoke_async::<u64>(&mut c).await
+            })
             .await
             .map(drop)
             .map_err(|e| LedgerError(format!("ledger settle: {e}")))
@@ -125,7 +154,13 @@ impl RedisLedger {
         let key = self.key(&r.team, "held");
         let _ = self
             .redis
-            .call("ledger_release", |mut c| async move { redis::cmd("HDEL").arg(&key).arg(r.id).query_async::<u64>(&mut c).await })
+            .call("ledger_release", |mut c| async move {
+                redis::cmd("HDEL")
+                    .arg(&key)
+                    .arg(r.id)
+                    .query_async::<u64>(&mut c)
+                    .await
+            })
             .await;
     }
 
@@ -139,7 +174,12 @@ impl RedisLedger {
         tokio::spawn(async move {
             let _ = redis
                 .call("ledger_saved", |mut c| async move {
-                    redis::cmd("HINCRBY").arg(&key).arg(&field).arg(credits).query_async::<u64>(&mut c).await
+                    redis::cmd("HINCRBY")
+                        .arg(&key)
+                        .arg(&field)
+                        .arg(credits)
+                        .query_async::<u64>(&mut c)
+                        .await
                 })
                 .await;
         });
@@ -149,35 +189,65 @@ impl RedisLedger {
         let key = self.key(team, "days");
         let days: Vec<(u32, u64)> = self
             .redis
-            .call("ledger_usage", |mut c| async move { redis::cmd("HGETALL").arg(&key).query_async(&mut c).await })
+            .call("ledger_usage", |mut c| async move {
+                redis::cmd("HGETALL").arg(&key).query_async(&mut c).await
+            })
             .await
             .map_err(|e| LedgerError(format!("ledger usage: {e}")))?;
         let first = self.window.first_day(today);
-        let mut daily: Vec<(u32, u64)> = days.into_iter().filter(|(d, c)| *d >= first && *d <= today && *c > 0).collect();
+        let mut daily: Vec<(u32, u64)> = days
+            .into_iter()
+            .filter(|(d, c)| *d >= first && *d <= today && *c > 0)
+            .collect();
         daily.sort_unstable();
-        Ok(TeamUsage { used: daily.iter().map(|(_, c)| c).sum(), daily })
+        Ok(TeamUsage {
+            used: daily.iter().map(|(_, c)| c).sum(),
+            daily,
+        })
     }
 
-    pub async fn rows(&self, teams: &[String], from: u32, to: u32) -> Result<Vec<UsageRow>, LedgerError> {
+    pub async fn rows(
+        &self,
+        teams: &[String],
+        from: u32,
+        to: u32,
+    ) -> Result<Vec<UsageRow>, LedgerError> {
         let mut rows: Vec<UsageRow> = Vec::new();
         for team in teams {
             let key = self.key(team, "routes");
             let fields: Vec<(String, u64)> = self
                 .redis
-                .call("ledger_rows", |mut c| async move { redis::cmd("HGETALL").arg(&key).query_async(&mut c).await })
+                .call("ledger_rows", |mut c| async move {
+                    redis::cmd("HGETALL").arg(&key).query_async(&mut c).await
+                })
                 .await
                 .map_err(|e| LedgerError(format!("ledger rows: {e}")))?;
             for (field, credits) in fields {
                 let mut parts = field.split('|');
-                let (Some(day), Some(route), Some(kind)) = (parts.next(), parts.next(), parts.next()) else { continue };
-                let Ok(day) = day.parse::<u32>() else { continue };
+                let (Some(day), Some(route), Some(kind)) =
+                    (parts.next(), parts.next(), parts.next())
+                else {
+                    continue;
+                };
+                let Ok(day) = day.parse::<u32>() else {
+                    continue;
+                };
                 if !(from..=to).contains(&day) {
                     continue;
                 }
-                let row = match rows.iter_mut().find(|r| r.team == *team && r.day == day && r.route == route) {
+                let row = match rows
+                    .iter_mut()
+                    .find(|r| r.team == *team && r.day == day && r.route == route)
+                {
                     Some(r) => r,
                     None => {
-                        rows.push(UsageRow { team: team.clone(), day, route: route.to_string(), spent: 0, saved: 0 });
+                        rows.push(UsageRow {
+                            team: team.clone(),
+                            day,
+                            route: route.to_string(),
+                            spent: 0,
+                            saved: 0,
+                        });
                         rows.last_mut().expect("just pushed")
                     }
                 };
@@ -196,13 +266,24 @@ impl RedisLedger {
     pub async fn check(&self) -> Result<&'static str, String> {
         let aof: Result<Vec<String>, _> = self
             .redis
-            .call("ledger_check", |mut c| async move { redis::cmd("CONFIG").arg("GET").arg("appendonly").query_async(&mut c).await })
+            .call("ledger_check", |mut c| async move {
+                redis::cmd("CONFIG")
+                    .arg("GET")
+                    .arg("appendonly")
+                    .query_async(&mut c)
+                    .await
+            })
             .await;
         match aof {
             Ok(v) if v.get(1).map(String::as_str) == Some("yes") => Ok("ok"),
             Ok(_) => Ok("ok, but Redis appendonly is off: spend is lost if Redis restarts"),
             // CONFIG may be disabled on managed Redis: PING decides.
-            Err(_) => self.redis.ping().await.map(|()| "ok (persistence unknown)").map_err(|e| format!("ledger redis: {e}")),
+            Err(_) => self
+                .redis
+                .ping()
+                .await
+                .map(|()| "ok (persistence unknown)")
+                .map_err(|e| format!("ledger redis: {e}")),
         }
     }
 }

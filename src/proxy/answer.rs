@@ -3,14 +3,16 @@
 
 use super::context::{CacheState, RequestLog};
 use super::fetch::Fetch;
-use crate::cache::entry::etag_of;
 use crate::app::App;
 use crate::auth::Team;
-use crate::ledger::date_of;
+use crate::cache::entry::etag_of;
 use crate::error::GatewayError;
 use crate::http_util::{json_response, Body};
+use crate::ledger::date_of;
 use crate::upstream::{retry_after, UpstreamResponse};
-use http::header::{HeaderName, HeaderValue, CONTENT_LENGTH, CONTENT_TYPE, ETAG, SERVER, SET_COOKIE};
+use http::header::{
+    HeaderName, HeaderValue, CONTENT_LENGTH, CONTENT_TYPE, ETAG, SERVER, SET_COOKIE,
+};
 use http::{Response, StatusCode};
 use http_body_util::Full;
 use serde_json::json;
@@ -61,7 +63,12 @@ pub fn is_failure(status: StatusCode) -> bool {
 
 /// The team's response for an upstream answer; `charged` is what this team
 /// pays for it (0 for a coalesced follower).
-pub fn from_fetch(fetch: &Fetch, charged: u64, state: CacheState, log: &RequestLog) -> Result<Response<Body>, GatewayError> {
+pub fn from_fetch(
+    fetch: &Fetch,
+    charged: u64,
+    state: CacheState,
+    log: &RequestLog,
+) -> Result<Response<Body>, GatewayError> {
     match fetch.status.as_u16() {
         // Our key was refused: the gateway's problem, not the team's token.
         401 | 403 => {
@@ -70,7 +77,9 @@ pub fn from_fetch(fetch: &Fetch, charged: u64, state: CacheState, log: &RequestL
         }
         429 => {
             let secs = retry_after(&fetch.headers).map_or(1, |d| d.as_secs());
-            return Err(GatewayError::UpstreamRateLimited { retry_after_secs: secs });
+            return Err(GatewayError::UpstreamRateLimited {
+                retry_after_secs: secs,
+            });
         }
         500..=599 => return Err(GatewayError::UpstreamUnavailable),
         _ => {}
@@ -84,7 +93,14 @@ pub fn from_fetch(fetch: &Fetch, charged: u64, state: CacheState, log: &RequestL
         *headers = fetch.headers.clone();
     }
     // The org's numbers are not the team's business; the team's own are set later.
-    for name in [X_CREDITS_REQUEST, X_CREDITS_LIMIT, X_CREDITS_REMAINING, CONTENT_LENGTH, SERVER, SET_COOKIE] {
+    for name in [
+        X_CREDITS_REQUEST,
+        X_CREDITS_LIMIT,
+        X_CREDITS_REMAINING,
+        CONTENT_LENGTH,
+        SERVER,
+        SET_COOKIE,
+    ] {
         headers.remove(name);
     }
     if fetch.status == StatusCode::OK {
@@ -103,7 +119,10 @@ pub fn from_fetch(fetch: &Fetch, charged: u64, state: CacheState, log: &RequestL
 /// `GET /v2/usage` for one team, in the upstream's usage shape.
 pub async fn usage(app: &App, team: &Team) -> Result<Response<Body>, GatewayError> {
     let usage = app.ledger.usage(&team.name).await.map_err(|e| {
-        app.metrics.backend_errors_total.with_label_values(&["ledger", "usage"]).inc();
+        app.metrics
+            .backend_errors_total
+            .with_label_values(&["ledger", "usage"])
+            .inc();
         tracing::error!(team = %team.name, error = %e, "ledger usage failed");
         GatewayError::Unavailable("Credit ledger unavailable")
     })?;
@@ -121,7 +140,14 @@ pub async fn usage(app: &App, team: &Team) -> Result<Response<Body>, GatewayErro
         })
         .collect();
     // When over the limit: the day the oldest spend leaves the window.
-    let available_at = over.then(|| usage.daily.first().map(|(d, _)| date_of(window.expires(*d)).to_string())).flatten();
+    let available_at = over
+        .then(|| {
+            usage
+                .daily
+                .first()
+                .map(|(d, _)| date_of(window.expires(*d)).to_string())
+        })
+        .flatten();
     Ok(json_response(
         StatusCode::OK,
         &json!({
@@ -138,14 +164,21 @@ pub async fn usage(app: &App, team: &Team) -> Result<Response<Body>, GatewayErro
 /// `X-Credits-Limit` and `X-Credits-Remaining` from the team's budget, and
 /// the used-credits gauge. A ledger that cannot answer just leaves them out.
 pub async fn team_budget_headers(app: &App, team: &str, headers: &mut http::HeaderMap) {
-    let Some(limit) = app.teams.load().by_name(team).and_then(|t| t.credit_limit) else { return };
-    let Ok(usage) = app.ledger.usage(team).await else { return };
+    let Some(limit) = app.teams.load().by_name(team).and_then(|t| t.credit_limit) else {
+        return;
+    };
+    let Ok(usage) = app.ledger.usage(team).await else {
+        return;
+    };
     app.metrics
         .team_credits_used
         .with_label_values(&[team])
         .set(i64::try_from(usage.used).unwrap_or(i64::MAX));
     headers.insert(X_CREDITS_LIMIT, HeaderValue::from(limit));
-    headers.insert(X_CREDITS_REMAINING, HeaderValue::from(limit.saturating_sub(usage.used)));
+    headers.insert(
+        X_CREDITS_REMAINING,
+        HeaderValue::from(limit.saturating_sub(usage.used)),
+    );
 }
 
 #[cfg(test)]

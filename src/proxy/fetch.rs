@@ -11,10 +11,10 @@ use crate::error::GatewayError;
 use crate::ledger::{Reservation, Reserved};
 use crate::route::{self, Target};
 use crate::upstream::UpstreamResponse;
+use backon::{ExponentialBuilder, Retryable};
 use bytes::Bytes;
 use http::{HeaderMap, StatusCode};
 use std::sync::Arc;
-use backon::{ExponentialBuilder, Retryable};
 use std::time::Duration;
 
 /// What one upstream fetch produced, shared with coalesced followers.
@@ -57,7 +57,12 @@ impl GatewayError {
     /// Whether followers may take this failure as theirs too: upstream
     /// failures yes; the leader's own budget or rate, no.
     fn shared_with_followers(&self) -> bool {
-        matches!(self, GatewayError::UpstreamTimeout | GatewayError::UpstreamUnavailable | GatewayError::UpstreamInvalid(_))
+        matches!(
+            self,
+            GatewayError::UpstreamTimeout
+                | GatewayError::UpstreamUnavailable
+                | GatewayError::UpstreamInvalid(_)
+        )
     }
 }
 
@@ -115,7 +120,13 @@ async fn fetch_upstream(app: &Arc<App>, job: &Job) -> Outcome {
     if metered {
         if let Some((headers, body)) = app.org.exhausted() {
             probe_org_usage(app, job);
-            return Ok(Arc::new(Fetch { status: StatusCode::PAYMENT_REQUIRED, headers, body, credits: 0, from_peer: false }));
+            return Ok(Arc::new(Fetch {
+                status: StatusCode::PAYMENT_REQUIRED,
+                headers,
+                body,
+                credits: 0,
+                from_peer: false,
+            }));
         }
     }
     // 9. Reserve the worst case, or refuse before anything is spent.
@@ -126,7 +137,16 @@ async fn fetch_upstream(app: &Arc<App>, job: &Job) -> Outcome {
         return Err(e);
     }
     // 11. Forward.
-    let resp = match app.upstream.fetch(&job.target, &job.request_id, job.accept.as_ref(), &app.metrics).await {
+    let resp = match app
+        .upstream
+        .fetch(
+            &job.target,
+            &job.request_id,
+            job.accept.as_ref(),
+            &app.metrics,
+        )
+        .await
+    {
         Ok(resp) => resp,
         Err(e) => {
             release(app, reservation).await;
@@ -135,7 +155,8 @@ async fn fetch_upstream(app: &Arc<App>, job: &Job) -> Outcome {
     };
     app.org.observe(&resp, &app.metrics);
     if resp.status == StatusCode::TOO_MANY_REQUESTS {
-        app.scheduler.pause(crate::upstream::retry_after(&resp.headers).unwrap_or(Duration::from_secs(1)));
+        app.scheduler
+            .pause(crate::upstream::retry_after(&resp.headers).unwrap_or(Duration::from_secs(1)));
     }
     // 12. Settle to what the upstream charged.
     let credits = super::answer::credits_charged(&resp, metered);
@@ -144,7 +165,13 @@ async fn fetch_upstream(app: &Arc<App>, job: &Job) -> Outcome {
     if let Some(key) = &job.key {
         maybe_store(app, job, key, &resp, credits).await;
     }
-    Ok(Arc::new(Fetch { status: resp.status, headers: resp.headers, body: resp.body, credits, from_peer: false }))
+    Ok(Arc::new(Fetch {
+        status: resp.status,
+        headers: resp.headers,
+        body: resp.body,
+        credits,
+        from_peer: false,
+    }))
 }
 
 async fn reserve(app: &App, job: &Job) -> Result<Option<Reservation>, GatewayError> {
@@ -155,11 +182,20 @@ async fn reserve(app: &App, job: &Job) -> Result<Option<Reservation>, GatewayErr
     match app.ledger.reserve(&team.name, limit, amount).await {
         Ok(Reserved::Granted(r)) => Ok(Some(r)),
         Ok(Reserved::Rejected { limit, .. }) => {
-            app.metrics.quota_rejections_total.with_label_values(&[&team.name]).inc();
-            Err(GatewayError::QuotaExceeded { limit, upgrade_url: app.config.quota.upgrade_url.clone() })
+            app.metrics
+                .quota_rejections_total
+                .with_label_values(&[&team.name])
+                .inc();
+            Err(GatewayError::QuotaExceeded {
+                limit,
+                upgrade_url: app.config.quota.upgrade_url.clone(),
+            })
         }
         Err(e) => {
-            app.metrics.backend_errors_total.with_label_values(&["ledger", "reserve"]).inc();
+            app.metrics
+                .backend_errors_total
+                .with_label_values(&["ledger", "reserve"])
+                .inc();
             tracing::error!(team = %team.name, error = %e, "ledger reserve failed");
             if app.config.quota.fail_open {
                 Ok(None)
@@ -179,11 +215,17 @@ async fn release(app: &App, reservation: Option<Reservation>) {
 async fn settle(app: &App, job: &Job, reservation: Option<Reservation>, credits: u64) {
     let route = job.target.route;
     if credits > 0 {
-        app.metrics.credits_spent_total.with_label_values(&[&job.team.name, route.as_str()]).inc_by(credits);
+        app.metrics
+            .credits_spent_total
+            .with_label_values(&[&job.team.name, route.as_str()])
+            .inc_by(credits);
     }
     let Some(r) = reservation else { return };
     if let Err(e) = app.ledger.settle(r, credits, route).await {
-        app.metrics.backend_errors_total.with_label_values(&["ledger", "settle"]).inc();
+        app.metrics
+            .backend_errors_total
+            .with_label_values(&["ledger", "settle"])
+            .inc();
         tracing::error!(team = %job.team.name, credits, error = %e, "ledger settle failed");
     }
 }
@@ -197,8 +239,18 @@ fn probe_org_usage(app: &Arc<App>, job: &Job) {
     let app = app.clone();
     let request_id = job.request_id.clone();
     tokio::spawn(async move {
-        let target = Target { route: route::Route::Usage, path: "/v2/usage".into(), query: None };
-        let Ok(resp) = app.upstream.fetch(&target, &request_id, None, &app.metrics).await else { return };
+        let target = Target {
+            route: route::Route::Usage,
+            path: "/v2/usage".into(),
+            query: None,
+        };
+        let Ok(resp) = app
+            .upstream
+            .fetch(&target, &request_id, None, &app.metrics)
+            .await
+        else {
+            return;
+        };
         let over = serde_json::from_slice::<serde_json::Value>(&resp.body)
             .ok()
             .and_then(|v| v.get("is_over_limit").and_then(serde_json::Value::as_bool));
@@ -211,7 +263,9 @@ fn probe_org_usage(app: &Arc<App>, job: &Job) {
 /// Stores 200 JSON answers under the size cap, unless the client said
 /// `no-store` or the upstream said `no-store`/`private`.
 async fn maybe_store(app: &App, job: &Job, key: &str, resp: &UpstreamResponse, credits: u64) {
-    let Some(ttl) = app.cache.ttl(job.target.route) else { return };
+    let Some(ttl) = app.cache.ttl(job.target.route) else {
+        return;
+    };
     let json = resp
         .headers
         .get(http::header::CONTENT_TYPE)
@@ -232,12 +286,21 @@ async fn maybe_store(app: &App, job: &Job, key: &str, resp: &UpstreamResponse, c
 /// SET NX PX: true when this replica should fetch. A Redis that does not
 /// answer means no lease: fetch ourselves rather than wait.
 async fn acquire_lease(app: &App, lease_key: &str) -> bool {
-    let Some(redis) = app.cache.redis() else { return true };
+    let Some(redis) = app.cache.redis() else {
+        return true;
+    };
     let ttl_ms = (app.config.upstream.timeout_secs * 1000 + 1000).max(1000);
     let key = lease_key.to_string();
     let got: Result<Option<String>, _> = redis
         .call("lease", |mut c| async move {
-            redis::cmd("SET").arg(&key).arg(1).arg("NX").arg("PX").arg(ttl_ms).query_async(&mut c).await
+            redis::cmd("SET")
+                .arg(&key)
+                .arg(1)
+                .arg("NX")
+                .arg("PX")
+                .arg(ttl_ms)
+                .query_async(&mut c)
+                .await
         })
         .await;
     !matches!(got, Ok(None))
@@ -246,7 +309,12 @@ async fn acquire_lease(app: &App, lease_key: &str) -> bool {
 async fn release_lease(app: &App, lease_key: String) {
     if let Some(redis) = app.cache.redis() {
         let _ = redis
-            .call("lease", |mut c| async move { redis::cmd("DEL").arg(&lease_key).query_async::<u64>(&mut c).await })
+            .call("lease", |mut c| async move {
+                redis::cmd("DEL")
+                    .arg(&lease_key)
+                    .query_async::<u64>(&mut c)
+                    .await
+            })
             .await;
     }
 }
@@ -258,12 +326,19 @@ async fn wait_for_peer(app: &App, job: &Job, key: &str, lease_key: &str) -> Opti
     let redis = app.cache.redis()?;
     let route = job.target.route;
     let poll = || async {
-        if let Some(entry) = app.cache.lookup_redis(route, key).await.filter(|e| e.is_fresh(now_ms())) {
+        if let Some(entry) = app
+            .cache
+            .lookup_redis(route, key)
+            .await
+            .filter(|e| e.is_fresh(now_ms()))
+        {
             return Ok(Some(entry));
         }
         let lk = lease_key.to_string();
         let held: Result<u64, _> = redis
-            .call("lease", |mut c| async move { redis::cmd("EXISTS").arg(&lk).query_async(&mut c).await })
+            .call("lease", |mut c| async move {
+                redis::cmd("EXISTS").arg(&lk).query_async(&mut c).await
+            })
             .await;
         match held {
             Ok(1) => Err(PeerPending),
@@ -275,7 +350,9 @@ async fn wait_for_peer(app: &App, job: &Job, key: &str, lease_key: &str) -> Opti
         .with_min_delay(Duration::from_millis(5))
         .with_max_delay(Duration::from_millis(50))
         .with_max_times(usize::MAX)
-        .with_total_delay(Some(Duration::from_millis(app.config.cache.coalesce_wait_ms)));
+        .with_total_delay(Some(Duration::from_millis(
+            app.config.cache.coalesce_wait_ms,
+        )));
     poll.retry(backoff).await.ok().flatten()
 }
 

@@ -55,7 +55,8 @@ pub fn respond(entry: &Entry, state: CacheState, request_headers: &HeaderMap) ->
         r
     } else {
         let mut r = Response::new(Full::new(entry.body.clone()));
-        r.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+        r.headers_mut()
+            .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
         r
     };
     let h = resp.headers_mut();
@@ -78,7 +79,12 @@ mod tests {
     use std::time::Duration;
 
     fn entry(ttl_secs: u64) -> Entry {
-        let mut e = Entry::new(Bytes::from_static(b"{}"), 3, Duration::from_secs(ttl_secs), Route::Other);
+        let mut e = Entry::new(
+            Bytes::from_static(b"{}"),
+            3,
+            Duration::from_secs(ttl_secs),
+            Route::Other,
+        );
         e.stored_at_ms = 1_000_000;
         e
     }
@@ -89,9 +95,15 @@ mod tests {
         let d = Directives::default();
         assert_eq!(usable(&e, &d, 1_030_000), Use::Hit);
         assert_eq!(usable(&e, &d, 1_070_000), Use::FallbackOnly);
-        let young = Directives { max_age: Some(10), ..Directives::default() };
+        let young = Directives {
+            max_age: Some(10),
+            ..Directives::default()
+        };
         assert_eq!(usable(&e, &young, 1_030_000), Use::FallbackOnly);
-        let tolerant = Directives { max_stale: Some(20), ..Directives::default() };
+        let tolerant = Directives {
+            max_stale: Some(20),
+            ..Directives::default()
+        };
         assert_eq!(usable(&e, &tolerant, 1_070_000), Use::StaleAccepted);
         assert_eq!(usable(&e, &tolerant, 1_090_000), Use::FallbackOnly);
     }
@@ -101,7 +113,10 @@ mod tests {
         let e = entry(60);
         let mut h = HeaderMap::new();
         h.insert(IF_NONE_MATCH, HeaderValue::from_str(&e.etag).unwrap());
-        assert_eq!(respond(&e, CacheState::Hit, &h).status(), StatusCode::NOT_MODIFIED);
+        assert_eq!(
+            respond(&e, CacheState::Hit, &h).status(),
+            StatusCode::NOT_MODIFIED
+        );
         h.insert(IF_NONE_MATCH, HeaderValue::from_static("\"other\""));
         assert_eq!(respond(&e, CacheState::Hit, &h).status(), StatusCode::OK);
     }

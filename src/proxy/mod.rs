@@ -40,7 +40,10 @@ pub async fn handle<B>(app: Arc<App>, req: Request<B>) -> Response<Body> {
     // The team's budget, as the upstream shows the org's: on answers and on
     // 402s, omitted for unlimited teams.
     if let Some(team) = log.team.as_deref() {
-        if resp.status().is_success() || resp.status().as_u16() == 304 || resp.status().as_u16() == 402 {
+        if resp.status().is_success()
+            || resp.status().as_u16() == 304
+            || resp.status().as_u16() == 402
+        {
             answer::team_budget_headers(&app, team, resp.headers_mut()).await;
         }
     }
@@ -52,7 +55,11 @@ pub async fn handle<B>(app: Arc<App>, req: Request<B>) -> Response<Body> {
 }
 
 /// The phases in order; each returns early with the error that ends it.
-async fn pipeline<B>(app: &Arc<App>, req: &Request<B>, log: &mut RequestLog) -> Result<Response<Body>, GatewayError> {
+async fn pipeline<B>(
+    app: &Arc<App>,
+    req: &Request<B>,
+    log: &mut RequestLog,
+) -> Result<Response<Body>, GatewayError> {
     // 1. Method, then path: only GET and HEAD under /v2/ are ours.
     if req.method() != Method::GET && req.method() != Method::HEAD {
         return Err(GatewayError::MethodNotAllowed);
@@ -67,7 +74,10 @@ async fn pipeline<B>(app: &Arc<App>, req: &Request<B>, log: &mut RequestLog) -> 
 
     // 4. The team's own request rate.
     if let Err(retry_after_secs) = team.check_rate() {
-        app.metrics.rate_limited_total.with_label_values(&[&team.name, "team"]).inc();
+        app.metrics
+            .rate_limited_total
+            .with_label_values(&[&team.name, "team"])
+            .inc();
         return Err(GatewayError::TeamRateLimited { retry_after_secs });
     }
 
@@ -88,8 +98,28 @@ async fn pipeline<B>(app: &Arc<App>, req: &Request<B>, log: &mut RequestLog) -> 
         cached = app.cache.lookup(target.route, k).await.map(|(e, _tier)| e);
         if let Some(entry) = &cached {
             match lookup::usable(entry, &directives, now_ms()) {
-                Use::Hit => return Ok(from_cache(app, &team, &target, entry, CacheState::Hit, req, log)),
-                Use::StaleAccepted => return Ok(from_cache(app, &team, &target, entry, CacheState::Stale, req, log)),
+                Use::Hit => {
+                    return Ok(from_cache(
+                        app,
+                        &team,
+                        &target,
+                        entry,
+                        CacheState::Hit,
+                        req,
+                        log,
+                    ))
+                }
+                Use::StaleAccepted => {
+                    return Ok(from_cache(
+                        app,
+                        &team,
+                        &target,
+                        entry,
+                        CacheState::Stale,
+                        req,
+                        log,
+                    ))
+                }
                 Use::FallbackOnly => {}
             }
         }
@@ -116,21 +146,38 @@ async fn pipeline<B>(app: &Arc<App>, req: &Request<B>, log: &mut RequestLog) -> 
     };
     if failed && key.is_some() {
         if cached.is_none() {
-            cached = app.cache.lookup(target.route, key.as_deref().unwrap_or_default()).await.map(|(e, _)| e);
+            cached = app
+                .cache
+                .lookup(target.route, key.as_deref().unwrap_or_default())
+                .await
+                .map(|(e, _)| e);
         }
         if let Some(entry) = &cached {
-            return Ok(from_cache(app, &team, &target, entry, CacheState::Stale, req, log));
+            return Ok(from_cache(
+                app,
+                &team,
+                &target,
+                entry,
+                CacheState::Stale,
+                req,
+                log,
+            ));
         }
     }
     let fetched = outcome?;
     let (state, charged) = match role {
         Role::Leader if fetched.from_peer => (CacheState::Hit, 0),
-        Role::Leader if directives.no_cache || key.is_none() => (CacheState::Bypass, fetched.credits),
+        Role::Leader if directives.no_cache || key.is_none() => {
+            (CacheState::Bypass, fetched.credits)
+        }
         Role::Leader => (CacheState::Miss, fetched.credits),
         Role::Follower => (CacheState::Hit, 0),
     };
     if role == Role::Follower || fetched.from_peer {
-        app.metrics.coalesced_requests_total.with_label_values(&[target.route.as_str()]).inc();
+        app.metrics
+            .coalesced_requests_total
+            .with_label_values(&[target.route.as_str()])
+            .inc();
         saved(app, &team, &target, fetched.credits);
     }
     log.cache = state;
@@ -140,7 +187,15 @@ async fn pipeline<B>(app: &Arc<App>, req: &Request<B>, log: &mut RequestLog) -> 
 
 /// A response from a cached entry: the team pays nothing and saves what the
 /// entry cost.
-fn from_cache<B>(app: &App, team: &Team, target: &Target, entry: &Entry, state: CacheState, req: &Request<B>, log: &mut RequestLog) -> Response<Body> {
+fn from_cache<B>(
+    app: &App,
+    team: &Team,
+    target: &Target,
+    entry: &Entry,
+    state: CacheState,
+    req: &Request<B>,
+    log: &mut RequestLog,
+) -> Response<Body> {
     log.cache = state;
     saved(app, team, target, entry.credits);
     lookup::respond(entry, state, req.headers())

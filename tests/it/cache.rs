@@ -9,12 +9,18 @@ use http::{Method, StatusCode};
 use std::time::{Duration, Instant};
 
 fn unlimited() -> SimConfig {
-    SimConfig { requests_per_minute: 0, ..SimConfig::default() }
+    SimConfig {
+        requests_per_minute: 0,
+        ..SimConfig::default()
+    }
 }
 
 fn search_path(sim: &Sim, size: u32) -> String {
     let s = sim.samples();
-    format!("/v2/permits/search?geo_id={}&permit_from={}&permit_to={}&size={size}", s.state, s.permit_from, s.permit_to)
+    format!(
+        "/v2/permits/search?geo_id={}&permit_from={}&permit_to={}&size={size}",
+        s.state, s.permit_from, s.permit_to
+    )
 }
 
 async fn alpha(url: &str) -> Reply {
@@ -37,16 +43,29 @@ async fn a_repeat_does_not_reach_the_upstream_and_costs_nothing() {
     assert_eq!(first.header_u64("x-credits-request"), Some(7));
 
     let again = get(&url, &[("x-api-key", BETA.1)]).await;
-    assert_eq!(again.header("x-cache"), Some("HIT"), "another team hits the same entry");
+    assert_eq!(
+        again.header("x-cache"),
+        Some("HIT"),
+        "another team hits the same entry"
+    );
     assert_eq!(again.header_u64("x-credits-request"), Some(0));
     assert_eq!(again.body, first.body);
     assert!(again.header_u64("age").is_some());
 
     // Parameter order, explicit defaults and boolean spellings hit too.
     for variant in [
-        format!("/v2/permits/search?size=7&permit_to={}&permit_from={}&geo_id={}", s.permit_to, s.permit_from, s.state),
-        format!("/v2/permits/search?geo_id={}&permit_from={}&permit_to={}&size=7&include_count=false", s.state, s.permit_from, s.permit_to),
-        format!("/v2/permits/search?geo_id={}&permit_from={}&permit_to={}&size=7&include_count=0", s.state, s.permit_from, s.permit_to),
+        format!(
+            "/v2/permits/search?size=7&permit_to={}&permit_from={}&geo_id={}",
+            s.permit_to, s.permit_from, s.state
+        ),
+        format!(
+            "/v2/permits/search?geo_id={}&permit_from={}&permit_to={}&size=7&include_count=false",
+            s.state, s.permit_from, s.permit_to
+        ),
+        format!(
+            "/v2/permits/search?geo_id={}&permit_from={}&permit_to={}&size=7&include_count=0",
+            s.state, s.permit_from, s.permit_to
+        ),
     ] {
         let r = alpha(&format!("{}{variant}", gw.base_url())).await;
         assert_eq!(r.header("x-cache"), Some("HIT"), "{variant}");
@@ -55,21 +74,41 @@ async fn a_repeat_does_not_reach_the_upstream_and_costs_nothing() {
     assert_eq!(default_size.header("x-cache"), Some("MISS"));
     let implicit = alpha(&format!(
         "{}/v2/permits/search?geo_id={}&permit_from={}&permit_to={}",
-        gw.base_url(), s.state, s.permit_from, s.permit_to
+        gw.base_url(),
+        s.state,
+        s.permit_from,
+        s.permit_to
     ))
     .await;
-    assert_eq!(implicit.header("x-cache"), Some("HIT"), "size=50 equals no size");
+    assert_eq!(
+        implicit.header("x-cache"),
+        Some("HIT"),
+        "size=50 equals no size"
+    );
 
-    assert_eq!(sim.stats().requests_total, 2, "one upstream request per distinct query");
-    let metrics = get(&format!("{}/metrics", gw.admin_url()), &[]).await.text();
-    assert!(metrics.contains("gateway_credits_saved_total{route=\"permits_search\",team=\"beta\"} 7"), "{metrics}");
+    assert_eq!(
+        sim.stats().requests_total,
+        2,
+        "one upstream request per distinct query"
+    );
+    let metrics = get(&format!("{}/metrics", gw.admin_url()), &[])
+        .await
+        .text();
+    assert!(
+        metrics.contains("gateway_credits_saved_total{route=\"permits_search\",team=\"beta\"} 7"),
+        "{metrics}"
+    );
 }
 
 #[tokio::test]
 async fn a_hundred_concurrent_identical_misses_make_one_upstream_request() {
     let sim = start_sim(unlimited()).await;
     let gw = Setup::new().start(&sim).await;
-    sim.set_faults(Faults { kind: FaultKind::Latency, latency_ms: Some(300), ..Faults::default() });
+    sim.set_faults(Faults {
+        kind: FaultKind::Latency,
+        latency_ms: Some(300),
+        ..Faults::default()
+    });
     let url = format!("{}{}", gw.base_url(), search_path(&sim, 5));
     let replies = futures_join_all((0..100).map(|_| {
         let url = url.clone();
@@ -82,12 +121,17 @@ async fn a_hundred_concurrent_identical_misses_make_one_upstream_request() {
         assert_eq!(r.status, StatusCode::OK);
         assert_eq!(&r.body, body);
     }
-    let charged: u64 = replies.iter().map(|r| r.header_u64("x-credits-request").unwrap_or(0)).sum();
+    let charged: u64 = replies
+        .iter()
+        .map(|r| r.header_u64("x-credits-request").unwrap_or(0))
+        .sum();
     assert_eq!(charged, 5, "only the fetching request pays");
 }
 
 /// Awaits spawned requests in order.
-async fn futures_join_all(tasks: impl Iterator<Item = tokio::task::JoinHandle<Reply>>) -> Vec<Reply> {
+async fn futures_join_all(
+    tasks: impl Iterator<Item = tokio::task::JoinHandle<Reply>>,
+) -> Vec<Reply> {
     let handles: Vec<_> = tasks.collect();
     let mut out = Vec::with_capacity(handles.len());
     for h in handles {
@@ -101,7 +145,9 @@ async fn two_gateways_on_one_redis_share_entries_and_fetches() {
     let redis = RedisServer::start();
     let sim = start_sim(unlimited()).await;
     // Replicas share the Redis ledger too (a file ledger is one replica's).
-    let setup = Setup::new().with("cache", format!("redis_url = {:?}", redis.url())).with("quota", "store = \"redis\"");
+    let setup = Setup::new()
+        .with("cache", format!("redis_url = {:?}", redis.url()))
+        .with("quota", "store = \"redis\"");
     let gw1 = setup.start(&sim).await;
     let gw2 = setup.start(&sim).await;
 
@@ -109,20 +155,39 @@ async fn two_gateways_on_one_redis_share_entries_and_fetches() {
     let miss = alpha(&format!("{}{path}", gw1.base_url())).await;
     assert_eq!(miss.header("x-cache"), Some("MISS"));
     let hit = alpha(&format!("{}{path}", gw2.base_url())).await;
-    assert_eq!(hit.header("x-cache"), Some("HIT"), "a miss on one replica is a hit on the other");
+    assert_eq!(
+        hit.header("x-cache"),
+        Some("HIT"),
+        "a miss on one replica is a hit on the other"
+    );
     assert_eq!(hit.body, miss.body);
     assert_eq!(sim.stats().requests_total, 1);
 
     // Concurrent misses across both replicas: one upstream request.
-    sim.set_faults(Faults { kind: FaultKind::Latency, latency_ms: Some(400), ..Faults::default() });
+    sim.set_faults(Faults {
+        kind: FaultKind::Latency,
+        latency_ms: Some(400),
+        ..Faults::default()
+    });
     let path = search_path(&sim, 3);
     let tasks = (0..40).map(|i| {
-        let url = format!("{}{path}", if i % 2 == 0 { gw1.base_url() } else { gw2.base_url() });
+        let url = format!(
+            "{}{path}",
+            if i % 2 == 0 {
+                gw1.base_url()
+            } else {
+                gw2.base_url()
+            }
+        );
         tokio::spawn(async move { alpha(&url).await })
     });
     let replies = futures_join_all(tasks).await;
     assert!(replies.iter().all(|r| r.status == StatusCode::OK));
-    assert_eq!(sim.stats().requests_total, 2, "one more upstream request for the concurrent burst");
+    assert_eq!(
+        sim.stats().requests_total,
+        2,
+        "one more upstream request for the concurrent burst"
+    );
 }
 
 /// Polls /readyz until the cache Redis is reported ok again.
@@ -133,7 +198,11 @@ async fn wait_redis_ok(admin_url: &str) {
         if r.json()["checks"]["cache_redis"] == "ok" {
             return;
         }
-        assert!(Instant::now() < deadline, "redis never came back: {}", r.text());
+        assert!(
+            Instant::now() < deadline,
+            "redis never came back: {}",
+            r.text()
+        );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
@@ -142,15 +211,28 @@ async fn wait_redis_ok(admin_url: &str) {
 async fn a_dead_redis_costs_nothing_and_a_restarted_one_is_used_again() {
     let mut redis = RedisServer::start();
     let sim = start_sim(unlimited()).await;
-    let setup = Setup::new().with("cache", format!("redis_url = {:?}\nredis_timeout_ms = 200", redis.url()));
+    let setup = Setup::new().with(
+        "cache",
+        format!("redis_url = {:?}\nredis_timeout_ms = 200", redis.url()),
+    );
     let gw = setup.start(&sim).await;
     let other_dir = Setup::new().with("cache", format!("redis_url = {:?}", redis.url()));
     let path = search_path(&sim, 2);
-    assert_eq!(alpha(&format!("{}{path}", gw.base_url())).await.header("x-cache"), Some("MISS"));
+    assert_eq!(
+        alpha(&format!("{}{path}", gw.base_url()))
+            .await
+            .header("x-cache"),
+        Some("MISS")
+    );
 
     redis.kill();
     // Requests keep succeeding from memory and from the upstream.
-    assert_eq!(alpha(&format!("{}{path}", gw.base_url())).await.header("x-cache"), Some("HIT"));
+    assert_eq!(
+        alpha(&format!("{}{path}", gw.base_url()))
+            .await
+            .header("x-cache"),
+        Some("HIT")
+    );
     for size in 10..16 {
         let r = alpha(&format!("{}{}", gw.base_url(), search_path(&sim, size))).await;
         assert_eq!(r.status, StatusCode::OK);
@@ -162,38 +244,98 @@ async fn a_dead_redis_costs_nothing_and_a_restarted_one_is_used_again() {
             .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
             .sum()
     };
-    let before = errors(&get(&format!("{}/metrics", gw.admin_url()), &[]).await.text());
+    let before = errors(
+        &get(&format!("{}/metrics", gw.admin_url()), &[])
+            .await
+            .text(),
+    );
     assert!(before >= 3, "redis failures were counted");
     for size in 20..30 {
-        assert_eq!(alpha(&format!("{}{}", gw.base_url(), search_path(&sim, size))).await.status, StatusCode::OK);
+        assert_eq!(
+            alpha(&format!("{}{}", gw.base_url(), search_path(&sim, size)))
+                .await
+                .status,
+            StatusCode::OK
+        );
     }
-    let after = errors(&get(&format!("{}/metrics", gw.admin_url()), &[]).await.text());
-    assert!(after - before <= 2, "breaker open: at most a probe tried ({before} → {after})");
+    let after = errors(
+        &get(&format!("{}/metrics", gw.admin_url()), &[])
+            .await
+            .text(),
+    );
+    assert!(
+        after - before <= 2,
+        "breaker open: at most a probe tried ({before} → {after})"
+    );
 
     redis.restart();
     wait_redis_ok(&gw.admin_url()).await;
     let path = search_path(&sim, 31);
-    assert_eq!(alpha(&format!("{}{path}", gw.base_url())).await.header("x-cache"), Some("MISS"));
+    assert_eq!(
+        alpha(&format!("{}{path}", gw.base_url()))
+            .await
+            .header("x-cache"),
+        Some("MISS")
+    );
     let other = other_dir.start(&sim).await;
     let r = alpha(&format!("{}{path}", other.base_url())).await;
-    assert_eq!(r.header("x-cache"), Some("HIT"), "L2 is written and read again");
+    assert_eq!(
+        r.header("x-cache"),
+        Some("HIT"),
+        "L2 is written and read again"
+    );
 }
 
 #[tokio::test]
 async fn upstream_failures_serve_a_stale_copy_or_the_mapped_error() {
     let sim = start_sim(unlimited()).await;
     // No org back-off here: each fault is its own case (the back-off has a test of its own).
-    let gw = Setup::new().with("upstream", "timeout_secs = 1\nmax_retries = 0\nexhausted_backoff_secs = 0").start(&sim).await;
+    let gw = Setup::new()
+        .with(
+            "upstream",
+            "timeout_secs = 1\nmax_retries = 0\nexhausted_backoff_secs = 0",
+        )
+        .start(&sim)
+        .await;
     let cached = format!("{}{}", gw.base_url(), search_path(&sim, 6));
     let fresh = alpha(&cached).await;
     assert_eq!(fresh.header("x-cache"), Some("MISS"));
     let uncached = format!("{}{}", gw.base_url(), search_path(&sim, 8));
     let cases: [(Faults, StatusCode); 4] = [
-        (Faults { kind: FaultKind::Status, status: Some(500), ..Faults::default() }, StatusCode::BAD_GATEWAY),
-        (Faults { kind: FaultKind::Hang, delay_ms: Some(3_000), ..Faults::default() }, StatusCode::GATEWAY_TIMEOUT),
-        (Faults { kind: FaultKind::Status, status: Some(402), ..Faults::default() }, StatusCode::PAYMENT_REQUIRED),
+        (
+            Faults {
+                kind: FaultKind::Status,
+                status: Some(500),
+                ..Faults::default()
+            },
+            StatusCode::BAD_GATEWAY,
+        ),
+        (
+            Faults {
+                kind: FaultKind::Hang,
+                delay_ms: Some(3_000),
+                ..Faults::default()
+            },
+            StatusCode::GATEWAY_TIMEOUT,
+        ),
+        (
+            Faults {
+                kind: FaultKind::Status,
+                status: Some(402),
+                ..Faults::default()
+            },
+            StatusCode::PAYMENT_REQUIRED,
+        ),
         // Last: an upstream 429 pauses every upstream call for its Retry-After.
-        (Faults { kind: FaultKind::Status, status: Some(429), retry_after_secs: Some(30), ..Faults::default() }, StatusCode::TOO_MANY_REQUESTS),
+        (
+            Faults {
+                kind: FaultKind::Status,
+                status: Some(429),
+                retry_after_secs: Some(30),
+                ..Faults::default()
+            },
+            StatusCode::TOO_MANY_REQUESTS,
+        ),
     ];
     for (fault, mapped) in cases {
         sim.set_faults(fault.clone());
@@ -209,7 +351,10 @@ async fn upstream_failures_serve_a_stale_copy_or_the_mapped_error() {
             assert!(failed.header_u64("retry-after").is_some_and(|s| s >= 1));
         }
         if mapped == StatusCode::PAYMENT_REQUIRED {
-            assert!(failed.json()["detail"]["error"].is_string(), "402 body passes through");
+            assert!(
+                failed.json()["detail"]["error"].is_string(),
+                "402 body passes through"
+            );
         }
     }
     sim.clear_faults();
@@ -219,7 +364,10 @@ async fn upstream_failures_serve_a_stale_copy_or_the_mapped_error() {
 async fn expired_entries_are_kept_for_the_grace_period_and_served_on_failure() {
     let sim = start_sim(unlimited()).await;
     let gw = Setup::new()
-        .with("cache", "stale_grace_secs = 3600\n[cache.route_ttl_secs]\nmeta_release = 1")
+        .with(
+            "cache",
+            "stale_grace_secs = 3600\n[cache.route_ttl_secs]\nmeta_release = 1",
+        )
         .with("upstream", "max_retries = 0")
         .start(&sim)
         .await;
@@ -232,14 +380,26 @@ async fn expired_entries_are_kept_for_the_grace_period_and_served_on_failure() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     let accepted = with_cc(&url, "max-stale=600").await;
-    assert_eq!(accepted.header("x-cache"), Some("STALE"), "max-stale accepts an expired entry");
-    sim.set_faults(Faults { kind: FaultKind::Status, status: Some(503), ..Faults::default() });
+    assert_eq!(
+        accepted.header("x-cache"),
+        Some("STALE"),
+        "max-stale accepts an expired entry"
+    );
+    sim.set_faults(Faults {
+        kind: FaultKind::Status,
+        status: Some(503),
+        ..Faults::default()
+    });
     let stale = alpha(&url).await;
     assert_eq!(stale.status, StatusCode::OK);
     assert_eq!(stale.header("x-cache"), Some("STALE"));
     sim.clear_faults();
     let refreshed = alpha(&url).await;
-    assert_eq!(refreshed.header("x-cache"), Some("MISS"), "an expired entry is refetched");
+    assert_eq!(
+        refreshed.header("x-cache"),
+        Some("MISS"),
+        "an expired entry is refetched"
+    );
 }
 
 #[tokio::test]
@@ -250,11 +410,19 @@ async fn client_cache_control_is_honoured() {
 
     let only = with_cc(&url, "only-if-cached").await;
     assert_eq!(only.status, StatusCode::GATEWAY_TIMEOUT);
-    assert_eq!(sim.stats().requests_total, 0, "only-if-cached never goes upstream");
+    assert_eq!(
+        sim.stats().requests_total,
+        0,
+        "only-if-cached never goes upstream"
+    );
 
     let not_stored = with_cc(&url, "no-store").await;
     assert_eq!(not_stored.status, StatusCode::OK);
-    assert_eq!(alpha(&url).await.header("x-cache"), Some("MISS"), "no-store was not stored");
+    assert_eq!(
+        alpha(&url).await.header("x-cache"),
+        Some("MISS"),
+        "no-store was not stored"
+    );
     assert_eq!(alpha(&url).await.header("x-cache"), Some("HIT"));
 
     let bypass = with_cc(&url, "no-cache").await;
@@ -275,30 +443,61 @@ async fn client_cache_control_is_honoured() {
 async fn errors_and_usage_are_never_cached() {
     let sim = start_sim(unlimited()).await;
     let gw = Setup::new().start(&sim).await;
-    for path in ["/v2/permits/search?geo_id=CA&size=500", "/v2/counties?geo_id=AAAAAAAAAAA", "/v2/usage"] {
+    for path in [
+        "/v2/permits/search?geo_id=CA&size=500",
+        "/v2/counties?geo_id=AAAAAAAAAAA",
+        "/v2/usage",
+    ] {
         let url = format!("{}{path}", gw.base_url());
         let first = alpha(&url).await;
         let second = alpha(&url).await;
-        assert_ne!(second.header("x-cache"), Some("HIT"), "{path}: {}", first.status);
+        assert_ne!(
+            second.header("x-cache"),
+            Some("HIT"),
+            "{path}: {}",
+            first.status
+        );
     }
-    assert_eq!(sim.stats().requests_total, 4, "both error answers went upstream twice; usage never");
+    assert_eq!(
+        sim.stats().requests_total,
+        4,
+        "both error answers went upstream twice; usage never"
+    );
 }
 
 #[tokio::test]
 async fn purge_empties_both_tiers_all_or_by_route() {
     let redis = RedisServer::start();
     let sim = start_sim(unlimited()).await;
-    let gw = Setup::new().with("cache", format!("redis_url = {:?}", redis.url())).start(&sim).await;
+    let gw = Setup::new()
+        .with("cache", format!("redis_url = {:?}", redis.url()))
+        .start(&sim)
+        .await;
     let search = format!("{}{}", gw.base_url(), search_path(&sim, 2));
     let release = format!("{}/v2/meta/release", gw.base_url());
     alpha(&search).await;
     alpha(&release).await;
     let purge = |q: &'static str| {
         let url = format!("{}/admin/cache/purge{q}", gw.admin_url());
-        async move { send(Method::POST, &url, &[("authorization", &format!("Bearer {ADMIN_TOKEN}"))], Bytes::new()).await }
+        async move {
+            send(
+                Method::POST,
+                &url,
+                &[("authorization", &format!("Bearer {ADMIN_TOKEN}"))],
+                Bytes::new(),
+            )
+            .await
+        }
     };
     assert_eq!(
-        send(Method::POST, &format!("{}/admin/cache/purge", gw.admin_url()), &[], Bytes::new()).await.status,
+        send(
+            Method::POST,
+            &format!("{}/admin/cache/purge", gw.admin_url()),
+            &[],
+            Bytes::new()
+        )
+        .await
+        .status,
         StatusCode::UNAUTHORIZED
     );
     let by_route = purge("?route=meta_release").await;
@@ -306,7 +505,10 @@ async fn purge_empties_both_tiers_all_or_by_route() {
     assert_eq!(by_route.json()["redis_keys"], 1);
     assert_eq!(alpha(&search).await.header("x-cache"), Some("HIT"));
     assert_eq!(alpha(&release).await.header("x-cache"), Some("MISS"));
-    assert_eq!(purge("?route=nope").await.status, StatusCode::UNPROCESSABLE_ENTITY);
+    assert_eq!(
+        purge("?route=nope").await.status,
+        StatusCode::UNPROCESSABLE_ENTITY
+    );
     let all = purge("").await;
     assert_eq!(all.json()["redis_keys"], 2);
     assert_eq!(alpha(&search).await.header("x-cache"), Some("MISS"));

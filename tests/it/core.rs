@@ -8,7 +8,10 @@ use bytes::Bytes;
 use http::{Method, StatusCode};
 
 fn unlimited() -> SimConfig {
-    SimConfig { requests_per_minute: 0, ..SimConfig::default() }
+    SimConfig {
+        requests_per_minute: 0,
+        ..SimConfig::default()
+    }
 }
 
 /// Every spec endpoint with valid parameters from the dataset (and a few
@@ -47,10 +50,22 @@ async fn every_spec_endpoint_answers_through_the_gateway_as_the_upstream_does() 
     let gw = Setup::new().start(&sim).await;
     let samples = sim.samples();
     for path in endpoint_paths(&samples) {
-        let direct = get(&format!("{}{path}", sim.base_url()), &[("x-api-key", sim.api_key())]).await;
-        let via_key = get(&format!("{}{path}", gw.base_url()), &[("x-api-key", ALPHA.1)]).await;
+        let direct = get(
+            &format!("{}{path}", sim.base_url()),
+            &[("x-api-key", sim.api_key())],
+        )
+        .await;
+        let via_key = get(
+            &format!("{}{path}", gw.base_url()),
+            &[("x-api-key", ALPHA.1)],
+        )
+        .await;
         let bearer = format!("Bearer {}", BETA.1);
-        let via_bearer = get(&format!("{}{path}", gw.base_url()), &[("authorization", &bearer)]).await;
+        let via_bearer = get(
+            &format!("{}{path}", gw.base_url()),
+            &[("authorization", &bearer)],
+        )
+        .await;
         for (style, via) in [("x-api-key", &via_key), ("bearer", &via_bearer)] {
             assert_eq!(via.status, direct.status, "{style} {path}: {}", via.text());
             assert_eq!(via.json(), direct.json(), "{style} {path}: body differs");
@@ -59,16 +74,30 @@ async fn every_spec_endpoint_answers_through_the_gateway_as_the_upstream_does() 
     }
     // Every gateway request reached the upstream with the upstream's own key.
     let log = sim.log();
-    assert!(log.iter().all(|e| e.api_key_ok), "a request reached the upstream without the right key");
+    assert!(
+        log.iter().all(|e| e.api_key_ok),
+        "a request reached the upstream without the right key"
+    );
 }
 
 #[tokio::test]
 async fn the_team_sees_its_own_credit_headers_not_the_orgs() {
-    let sim = start_sim(SimConfig { credit_limit: Some(1_000_000), ..unlimited() }).await;
+    let sim = start_sim(SimConfig {
+        credit_limit: Some(1_000_000),
+        ..unlimited()
+    })
+    .await;
     let gw = Setup::new().start(&sim).await;
     let s = sim.samples();
-    let path = format!("/v2/permits/search?geo_id={}&permit_from={}&permit_to={}&size=4", s.state, s.permit_from, s.permit_to);
-    let reply = get(&format!("{}{path}", gw.base_url()), &[("x-api-key", ALPHA.1)]).await;
+    let path = format!(
+        "/v2/permits/search?geo_id={}&permit_from={}&permit_to={}&size=4",
+        s.state, s.permit_from, s.permit_to
+    );
+    let reply = get(
+        &format!("{}{path}", gw.base_url()),
+        &[("x-api-key", ALPHA.1)],
+    )
+    .await;
     assert_eq!(reply.status, StatusCode::OK);
     let items = reply.json()["items"].as_array().expect("items").len() as u64;
     assert_eq!(reply.header_u64("x-credits-request"), Some(items));
@@ -76,7 +105,11 @@ async fn the_team_sees_its_own_credit_headers_not_the_orgs() {
     assert_eq!(reply.header("x-credits-limit"), None);
     assert_eq!(reply.header("x-credits-remaining"), None);
     // Free endpoints cost nothing and say so.
-    let free = get(&format!("{}/v2/meta/release", gw.base_url()), &[("x-api-key", ALPHA.1)]).await;
+    let free = get(
+        &format!("{}/v2/meta/release", gw.base_url()),
+        &[("x-api-key", ALPHA.1)],
+    )
+    .await;
     assert_eq!(free.status, StatusCode::OK);
     assert_eq!(free.header("x-credits-request"), None);
 }
@@ -87,31 +120,57 @@ async fn methods_paths_and_credentials_get_upstream_shaped_errors() {
     let gw = Setup::new().start(&sim).await;
     let base = gw.base_url();
 
-    let post = send(Method::POST, &format!("{base}/v2/meta/release"), &[("x-api-key", ALPHA.1)], Bytes::from("{}")).await;
+    let post = send(
+        Method::POST,
+        &format!("{base}/v2/meta/release"),
+        &[("x-api-key", ALPHA.1)],
+        Bytes::from("{}"),
+    )
+    .await;
     assert_eq!(post.status, StatusCode::METHOD_NOT_ALLOWED);
     assert_eq!(post.header("allow"), Some("GET, HEAD"));
     assert_eq!(post.json()["detail"], "Method Not Allowed");
 
-    let outside = get(&format!("{base}/v1/permits/search"), &[("x-api-key", ALPHA.1)]).await;
+    let outside = get(
+        &format!("{base}/v1/permits/search"),
+        &[("x-api-key", ALPHA.1)],
+    )
+    .await;
     assert_eq!(outside.status, StatusCode::NOT_FOUND);
     assert_eq!(outside.json()["detail"], "Not Found");
 
     let missing = get(&format!("{base}/v2/meta/release"), &[]).await;
     assert_eq!(missing.status, StatusCode::UNPROCESSABLE_ENTITY);
-    assert_eq!(missing.json()["detail"][0]["loc"], serde_json::json!(["header", "x-api-key"]));
+    assert_eq!(
+        missing.json()["detail"][0]["loc"],
+        serde_json::json!(["header", "x-api-key"])
+    );
 
-    let wrong = get(&format!("{base}/v2/meta/release"), &[("x-api-key", "not-a-team")]).await;
+    let wrong = get(
+        &format!("{base}/v2/meta/release"),
+        &[("x-api-key", "not-a-team")],
+    )
+    .await;
     assert_eq!(wrong.status, StatusCode::UNAUTHORIZED);
     assert!(wrong.json()["detail"].is_string());
 
     let conflicting = get(
         &format!("{base}/v2/meta/release"),
-        &[("x-api-key", ALPHA.1), ("authorization", &format!("Bearer {}", BETA.1))],
+        &[
+            ("x-api-key", ALPHA.1),
+            ("authorization", &format!("Bearer {}", BETA.1)),
+        ],
     )
     .await;
     assert_eq!(conflicting.status, StatusCode::UNAUTHORIZED);
 
-    let head = send(Method::HEAD, &format!("{base}/v2/meta/release"), &[("x-api-key", ALPHA.1)], Bytes::new()).await;
+    let head = send(
+        Method::HEAD,
+        &format!("{base}/v2/meta/release"),
+        &[("x-api-key", ALPHA.1)],
+        Bytes::new(),
+    )
+    .await;
     assert_eq!(head.status, StatusCode::OK);
     assert!(head.body.is_empty());
 
@@ -131,13 +190,25 @@ async fn traversal_attempts_stay_inside_v2() {
         "/v2/permits/../../admin/teams",
         "/v2/meta/%2e%2e/%2e%2e/_sim/stats",
     ] {
-        let r = get(&format!("{}{path}", gw.base_url()), &[("x-api-key", ALPHA.1)]).await;
+        let r = get(
+            &format!("{}{path}", gw.base_url()),
+            &[("x-api-key", ALPHA.1)],
+        )
+        .await;
         assert_eq!(r.status, StatusCode::NOT_FOUND, "{path}: {}", r.text());
     }
-    let encoded_slash = get(&format!("{}/v2/contractors/a%2F..%2F..%2Fx/permits", gw.base_url()), &[("x-api-key", ALPHA.1)]).await;
+    let encoded_slash = get(
+        &format!("{}/v2/contractors/a%2F..%2F..%2Fx/permits", gw.base_url()),
+        &[("x-api-key", ALPHA.1)],
+    )
+    .await;
     assert_eq!(encoded_slash.status, StatusCode::BAD_REQUEST);
     // Inside /v2, dot-segments resolve to the canonical path upstream.
-    let inside = get(&format!("{}/v2/meta/x/../release", gw.base_url()), &[("x-api-key", ALPHA.1)]).await;
+    let inside = get(
+        &format!("{}/v2/meta/x/../release", gw.base_url()),
+        &[("x-api-key", ALPHA.1)],
+    )
+    .await;
     assert_eq!(inside.status, StatusCode::OK);
     let paths: Vec<String> = sim.log().into_iter().map(|e| e.path).collect();
     assert_eq!(paths, vec!["/v2/meta/release".to_string()]);
@@ -147,10 +218,21 @@ async fn traversal_attempts_stay_inside_v2() {
 async fn request_ids_are_propagated_upstream_and_back() {
     let sim = start_sim(unlimited()).await;
     let gw = Setup::new().start(&sim).await;
-    let r = get(&format!("{}/v2/meta/release", gw.base_url()), &[("x-api-key", ALPHA.1), ("x-request-id", "trace-42")]).await;
+    let r = get(
+        &format!("{}/v2/meta/release", gw.base_url()),
+        &[("x-api-key", ALPHA.1), ("x-request-id", "trace-42")],
+    )
+    .await;
     assert_eq!(r.header("x-request-id"), Some("trace-42"));
-    let generated = get(&format!("{}/v2/list/zip?size=3", gw.base_url()), &[("x-api-key", ALPHA.1)]).await;
-    let id = generated.header("x-request-id").expect("generated id").to_string();
+    let generated = get(
+        &format!("{}/v2/list/zip?size=3", gw.base_url()),
+        &[("x-api-key", ALPHA.1)],
+    )
+    .await;
+    let id = generated
+        .header("x-request-id")
+        .expect("generated id")
+        .to_string();
     let upstream_ids: Vec<Option<String>> = sim.log().into_iter().map(|e| e.request_id).collect();
     assert_eq!(upstream_ids, vec![Some("trace-42".to_string()), Some(id)]);
 }
@@ -166,16 +248,29 @@ async fn upstream_failures_map_to_502_and_504() {
     // A different (uncached) page each time: no stale copy to fall back on.
     let url = |n: u32| format!("{}/v2/list/zip?size={n}", gw.base_url());
 
-    sim.set_faults(Faults { kind: FaultKind::Status, status: Some(500), ..Faults::default() });
+    sim.set_faults(Faults {
+        kind: FaultKind::Status,
+        status: Some(500),
+        ..Faults::default()
+    });
     let r = get(&url(1), &[("x-api-key", ALPHA.1)]).await;
     assert_eq!(r.status, StatusCode::BAD_GATEWAY);
     assert!(r.json()["detail"].is_string());
 
-    sim.set_faults(Faults { kind: FaultKind::Status, status: Some(503), count: Some(1), ..Faults::default() });
+    sim.set_faults(Faults {
+        kind: FaultKind::Status,
+        status: Some(503),
+        count: Some(1),
+        ..Faults::default()
+    });
     let retried = get(&url(2), &[("x-api-key", ALPHA.1)]).await;
     assert_eq!(retried.status, StatusCode::OK, "one 503 is retried away");
 
-    sim.set_faults(Faults { kind: FaultKind::Hang, delay_ms: Some(5_000), ..Faults::default() });
+    sim.set_faults(Faults {
+        kind: FaultKind::Hang,
+        delay_ms: Some(5_000),
+        ..Faults::default()
+    });
     let r = get(&url(3), &[("x-api-key", ALPHA.1)]).await;
     assert_eq!(r.status, StatusCode::GATEWAY_TIMEOUT);
     sim.clear_faults();
@@ -190,7 +285,9 @@ async fn http2_cleartext_is_served() {
     use hyper_util::rt::TokioExecutor;
     let sim = start_sim(unlimited()).await;
     let gw = Setup::new().start(&sim).await;
-    let client = Client::builder(TokioExecutor::new()).http2_only(true).build_http::<Empty<Bytes>>();
+    let client = Client::builder(TokioExecutor::new())
+        .http2_only(true)
+        .build_http::<Empty<Bytes>>();
     let req = http::Request::get(format!("{}/v2/meta/release", gw.base_url()))
         .header("x-api-key", ALPHA.1)
         .body(Empty::new())
@@ -207,18 +304,39 @@ async fn admin_listener_serves_health_and_metrics_and_guards_admin() {
     let sim = start_sim(unlimited()).await;
     let gw = Setup::new().start(&sim).await;
     let admin = gw.admin_url();
-    assert_eq!(get(&format!("{admin}/healthz"), &[]).await.status, StatusCode::OK);
-    assert_eq!(get(&format!("{admin}/readyz"), &[]).await.status, StatusCode::OK);
-    let _ = get(&format!("{}/v2/meta/release", gw.base_url()), &[("x-api-key", ALPHA.1)]).await;
+    assert_eq!(
+        get(&format!("{admin}/healthz"), &[]).await.status,
+        StatusCode::OK
+    );
+    assert_eq!(
+        get(&format!("{admin}/readyz"), &[]).await.status,
+        StatusCode::OK
+    );
+    let _ = get(
+        &format!("{}/v2/meta/release", gw.base_url()),
+        &[("x-api-key", ALPHA.1)],
+    )
+    .await;
     let metrics = get(&format!("{admin}/metrics"), &[]).await.text();
     assert!(metrics.contains("gateway_requests_total{cache=\"miss\",route=\"meta_release\",status=\"200\",team=\"alpha\"} 1"), "{metrics}");
     assert!(metrics.contains("gateway_request_duration_seconds_bucket"));
     assert!(metrics.contains("gateway_build_info"));
-    assert_eq!(get(&format!("{admin}/admin/teams"), &[]).await.status, StatusCode::UNAUTHORIZED);
-    let wrong = get(&format!("{admin}/admin/teams"), &[("authorization", "Bearer nope")]).await;
+    assert_eq!(
+        get(&format!("{admin}/admin/teams"), &[]).await.status,
+        StatusCode::UNAUTHORIZED
+    );
+    let wrong = get(
+        &format!("{admin}/admin/teams"),
+        &[("authorization", "Bearer nope")],
+    )
+    .await;
     assert_eq!(wrong.status, StatusCode::UNAUTHORIZED);
     let bearer = format!("Bearer {}", crate::support::gateway::ADMIN_TOKEN);
-    let teams = get(&format!("{admin}/admin/teams"), &[("authorization", &bearer)]).await;
+    let teams = get(
+        &format!("{admin}/admin/teams"),
+        &[("authorization", &bearer)],
+    )
+    .await;
     assert_eq!(teams.status, StatusCode::OK);
     // The team listener does not serve admin paths.
     let via_team = get(&format!("{}/metrics", gw.base_url()), &[]).await;

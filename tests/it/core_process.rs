@@ -11,24 +11,64 @@ use http_body_util::{BodyExt, Empty};
 use std::time::Duration;
 
 fn unlimited() -> SimConfig {
-    SimConfig { requests_per_minute: 0, ..SimConfig::default() }
+    SimConfig {
+        requests_per_minute: 0,
+        ..SimConfig::default()
+    }
 }
 
 #[tokio::test]
 async fn secrets_never_appear_in_responses_or_logs() {
-    let sim = start_sim(SimConfig { credit_limit: Some(1_000_000), ..unlimited() }).await;
+    let sim = start_sim(SimConfig {
+        credit_limit: Some(1_000_000),
+        ..unlimited()
+    })
+    .await;
     let gw = ChildGateway::spawn(&Setup::new(), &sim.base_url(), sim.api_key());
     let s = sim.samples();
     let secrets = [sim.api_key(), ALPHA.1, BETA.1, ADMIN_TOKEN];
     let mut replies = Vec::new();
-    let search = format!("/v2/permits/search?geo_id={}&permit_from={}&permit_to={}&size=3", s.state, s.permit_from, s.permit_to);
-    for path in [search.as_str(), "/v2/meta/release", "/v2/usage", "/v2/nope", "/v2/permits/search?size=0"] {
-        replies.push(get(&format!("{}{path}", gw.base_url()), &[("x-api-key", ALPHA.1)]).await);
-        replies.push(get(&format!("{}{path}", gw.base_url()), &[("authorization", &format!("Bearer {}", BETA.1))]).await);
-        replies.push(get(&format!("{}{path}", gw.base_url()), &[("x-api-key", "wrong-token-value")]).await);
+    let search = format!(
+        "/v2/permits/search?geo_id={}&permit_from={}&permit_to={}&size=3",
+        s.state, s.permit_from, s.permit_to
+    );
+    for path in [
+        search.as_str(),
+        "/v2/meta/release",
+        "/v2/usage",
+        "/v2/nope",
+        "/v2/permits/search?size=0",
+    ] {
+        replies.push(
+            get(
+                &format!("{}{path}", gw.base_url()),
+                &[("x-api-key", ALPHA.1)],
+            )
+            .await,
+        );
+        replies.push(
+            get(
+                &format!("{}{path}", gw.base_url()),
+                &[("authorization", &format!("Bearer {}", BETA.1))],
+            )
+            .await,
+        );
+        replies.push(
+            get(
+                &format!("{}{path}", gw.base_url()),
+                &[("x-api-key", "wrong-token-value")],
+            )
+            .await,
+        );
     }
     replies.push(get(&format!("{}/metrics", gw.admin_url()), &[]).await);
-    replies.push(get(&format!("{}/admin/teams", gw.admin_url()), &[("authorization", &format!("Bearer {ADMIN_TOKEN}"))]).await);
+    replies.push(
+        get(
+            &format!("{}/admin/teams", gw.admin_url()),
+            &[("authorization", &format!("Bearer {ADMIN_TOKEN}"))],
+        )
+        .await,
+    );
     assert!(replies.iter().any(|r| r.status == StatusCode::OK));
     for reply in &replies {
         let mut all = reply.text();
@@ -36,12 +76,18 @@ async fn secrets_never_appear_in_responses_or_logs() {
             all.push_str(&format!("\n{k}: {}", String::from_utf8_lossy(v.as_bytes())));
         }
         for secret in secrets {
-            assert!(!all.contains(secret), "a secret leaked in a response: {all}");
+            assert!(
+                !all.contains(secret),
+                "a secret leaked in a response: {all}"
+            );
         }
     }
     // The access log wrote a line per request; none carries a secret.
     let logs = gw.log_text();
-    assert!(logs.matches("\"request_id\"").count() >= 15, "access log lines missing: {logs}");
+    assert!(
+        logs.matches("\"request_id\"").count() >= 15,
+        "access log lines missing: {logs}"
+    );
     for secret in secrets {
         assert!(!logs.contains(secret), "a secret leaked in the logs");
     }
@@ -53,19 +99,32 @@ async fn secrets_never_appear_in_responses_or_logs() {
 async fn a_request_in_flight_during_sigterm_completes() {
     let sim = start_sim(unlimited()).await;
     let mut gw = ChildGateway::spawn(&Setup::new(), &sim.base_url(), sim.api_key());
-    sim.set_faults(Faults { kind: FaultKind::Latency, latency_ms: Some(1_500), count: Some(1), ..Faults::default() });
+    sim.set_faults(Faults {
+        kind: FaultKind::Latency,
+        latency_ms: Some(1_500),
+        count: Some(1),
+        ..Faults::default()
+    });
     let url = format!("{}/v2/meta/release", gw.base_url());
     let in_flight = tokio::spawn(async move { get(&url, &[("x-api-key", ALPHA.1)]).await });
     // Wait until the upstream has the request, then signal.
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     while sim.stats().requests_total == 0 {
-        assert!(std::time::Instant::now() < deadline, "request never reached the upstream");
+        assert!(
+            std::time::Instant::now() < deadline,
+            "request never reached the upstream"
+        );
         tokio::task::yield_now().await;
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     gw.signal("TERM");
     let reply = in_flight.await.expect("request task");
-    assert_eq!(reply.status, StatusCode::OK, "in-flight request was dropped: {}", reply.text());
+    assert_eq!(
+        reply.status,
+        StatusCode::OK,
+        "in-flight request was dropped: {}",
+        reply.text()
+    );
     let status = tokio::task::spawn_blocking(move || gw.wait_exit(Duration::from_secs(20)))
         .await
         .expect("wait");
@@ -73,7 +132,12 @@ async fn a_request_in_flight_during_sigterm_completes() {
 }
 
 /// A rustls client for the gateway's TLS listener.
-fn tls_client(pki: &TestPki) -> hyper_util::client::legacy::Client<hyper_rustls::HttpsConnector<hyper_util::client::legacy::connect::HttpConnector>, Empty<Bytes>> {
+fn tls_client(
+    pki: &TestPki,
+) -> hyper_util::client::legacy::Client<
+    hyper_rustls::HttpsConnector<hyper_util::client::legacy::connect::HttpConnector>,
+    Empty<Bytes>,
+> {
     let https = hyper_rustls::HttpsConnectorBuilder::new()
         .with_tls_config(pki.client_config())
         .https_only()
@@ -89,13 +153,20 @@ async fn team_traffic_is_served_over_tls_with_h2_by_alpn() {
     let sim = start_sim(unlimited()).await;
     let setup = Setup::new().with(
         "server",
-        format!("tls_cert_file = {:?}\ntls_key_file = {:?}", pki.cert_path().display().to_string(), pki.key_path().display().to_string()),
+        format!(
+            "tls_cert_file = {:?}\ntls_key_file = {:?}",
+            pki.cert_path().display().to_string(),
+            pki.key_path().display().to_string()
+        ),
     );
     let gw = setup.start(&sim).await;
-    let req = http::Request::get(format!("https://localhost:{}/v2/meta/release", gw.addr.port()))
-        .header("x-api-key", ALPHA.1)
-        .body(Empty::new())
-        .expect("request");
+    let req = http::Request::get(format!(
+        "https://localhost:{}/v2/meta/release",
+        gw.addr.port()
+    ))
+    .header("x-api-key", ALPHA.1)
+    .body(Empty::new())
+    .expect("request");
     let resp = tls_client(&pki).request(req).await.expect("TLS request");
     assert_eq!(resp.status(), StatusCode::OK);
     assert_eq!(resp.version(), http::Version::HTTP_2, "ALPN picks h2");
@@ -106,34 +177,58 @@ async fn team_traffic_is_served_over_tls_with_h2_by_alpn() {
 #[tokio::test]
 async fn the_upstream_is_reached_over_tls_with_a_private_ca() {
     let pki = TestPki::new();
-    let sim = start_sim(SimConfig { tls: Some(pki.server_config()), ..unlimited() }).await;
+    let sim = start_sim(SimConfig {
+        tls: Some(pki.server_config()),
+        ..unlimited()
+    })
+    .await;
     assert!(sim.base_url().starts_with("https://"));
-    let setup = Setup::new().with("upstream", format!("ca_file = {:?}", pki.ca_path().display().to_string()));
+    let setup = Setup::new().with(
+        "upstream",
+        format!("ca_file = {:?}", pki.ca_path().display().to_string()),
+    );
     let gw = setup.start(&sim).await;
-    let r = get(&format!("{}/v2/meta/release", gw.base_url()), &[("x-api-key", ALPHA.1)]).await;
+    let r = get(
+        &format!("{}/v2/meta/release", gw.base_url()),
+        &[("x-api-key", ALPHA.1)],
+    )
+    .await;
     assert_eq!(r.status, StatusCode::OK, "{}", r.text());
     assert_eq!(sim.stats().requests_total, 1);
 
     // Without the CA the upstream's certificate is refused: no data, a 502.
     let untrusted = Setup::new().start(&sim).await;
-    let r = get(&format!("{}/v2/meta/release", untrusted.base_url()), &[("x-api-key", ALPHA.1)]).await;
+    let r = get(
+        &format!("{}/v2/meta/release", untrusted.base_url()),
+        &[("x-api-key", ALPHA.1)],
+    )
+    .await;
     assert_eq!(r.status, StatusCode::BAD_GATEWAY);
 }
 
 #[tokio::test]
 async fn the_demo_serves_its_printed_curl_lines() {
-    let (sim, gw) = permit_gateway::demo::start("127.0.0.1:0", "127.0.0.1:0").await.expect("demo starts");
+    let (sim, gw) = permit_gateway::demo::start("127.0.0.1:0", "127.0.0.1:0")
+        .await
+        .expect("demo starts");
     let banner = permit_gateway::demo::banner(&sim, &gw);
     let url = banner
         .lines()
-        .find_map(|l| l.trim().strip_prefix("curl -s -H 'X-API-Key: pgw_demo_growth' '"))
+        .find_map(|l| {
+            l.trim()
+                .strip_prefix("curl -s -H 'X-API-Key: pgw_demo_growth' '")
+        })
         .and_then(|rest| rest.strip_suffix('\''))
         .expect("banner has a growth curl line")
         .to_string();
     let r = get(&url, &[("x-api-key", "pgw_demo_growth")]).await;
     assert_eq!(r.status, StatusCode::OK, "{}", r.text());
     assert!(!r.json()["items"].as_array().expect("items").is_empty());
-    let admin = get(&format!("{}/admin/teams", gw.admin_url()), &[("authorization", "Bearer pgw_demo_admin")]).await;
+    let admin = get(
+        &format!("{}/admin/teams", gw.admin_url()),
+        &[("authorization", "Bearer pgw_demo_admin")],
+    )
+    .await;
     assert_eq!(admin.status, StatusCode::OK);
     let _ = gw.shutdown().await;
 }

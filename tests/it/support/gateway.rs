@@ -23,7 +23,10 @@ fn sha(token: &str) -> String {
 
 /// A team block for the config.
 pub fn team(name: &str, token: &str, extra: &str) -> String {
-    format!("[[teams]]\nname = {name:?}\ntoken_sha256 = {:?}\n{extra}\n", sha(token))
+    format!(
+        "[[teams]]\nname = {name:?}\ntoken_sha256 = {:?}\n{extra}\n",
+        sha(token)
+    )
 }
 
 /// A config for a gateway in front of `sim`: the given extra lines per
@@ -66,7 +69,11 @@ impl Setup {
         let ledger = self.data_dir.path().join("ledger");
         // Tests fire bursts; the upstream rate is the simulator's business
         // unless a test sets it.
-        let upstream_rate = if extra("upstream").contains("requests_per_minute") { "" } else { "requests_per_minute = 600000\n" };
+        let upstream_rate = if extra("upstream").contains("requests_per_minute") {
+            ""
+        } else {
+            "requests_per_minute = 600000\n"
+        };
         format!(
             "[server]\nlisten = \"127.0.0.1:0\"\nadmin_listen = \"127.0.0.1:0\"\n{}\n\
              [upstream]\nbase_url = {base_url:?}\napi_key = {key:?}\n{upstream_rate}{}\n\
@@ -88,7 +95,8 @@ impl Setup {
 
     pub fn config(&self, sim: &Sim) -> Config {
         let text = self.toml(&sim.base_url(), sim.api_key());
-        Config::load(Source::Text(&text)).unwrap_or_else(|e| panic!("test config invalid: {e}\n{text}"))
+        Config::load(Source::Text(&text))
+            .unwrap_or_else(|e| panic!("test config invalid: {e}\n{text}"))
     }
 
     /// Starts the gateway in this process.
@@ -147,11 +155,30 @@ impl ChildGateway {
         });
         let line = ready_rx
             .recv_timeout(Duration::from_secs(30))
-            .unwrap_or_else(|_| panic!("gateway did not start; logs: {:?}", logs.lock().expect("lock")));
+            .unwrap_or_else(|_| {
+                panic!(
+                    "gateway did not start; logs: {:?}",
+                    logs.lock().expect("lock")
+                )
+            });
         let v: serde_json::Value = serde_json::from_str(&line).expect("json log line");
-        let addr = v["listen"].as_str().expect("listen field").parse().expect("addr");
-        let admin_addr = v["admin"].as_str().expect("admin field").parse().expect("addr");
-        ChildGateway { child, addr, admin_addr, logs, _config_dir: dir }
+        let addr = v["listen"]
+            .as_str()
+            .expect("listen field")
+            .parse()
+            .expect("addr");
+        let admin_addr = v["admin"]
+            .as_str()
+            .expect("admin field")
+            .parse()
+            .expect("addr");
+        ChildGateway {
+            child,
+            addr,
+            admin_addr,
+            logs,
+            _config_dir: dir,
+        }
     }
 
     pub fn base_url(&self) -> String {
@@ -178,7 +205,10 @@ impl ChildGateway {
             if let Some(status) = self.child.try_wait().expect("try_wait") {
                 return status;
             }
-            assert!(std::time::Instant::now() < deadline, "gateway did not exit within {limit:?}");
+            assert!(
+                std::time::Instant::now() < deadline,
+                "gateway did not exit within {limit:?}"
+            );
             std::thread::sleep(Duration::from_millis(20));
         }
     }

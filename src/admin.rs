@@ -19,6 +19,7 @@ pub async fn handle<B>(app: Arc<App>, req: Request<B>) -> Response<Body> {
         (&Method::GET, "/readyz") => readyz(&app).await,
         (&Method::GET, "/metrics") => {
             app.cache.observe();
+            observe_budgets(&app).await;
             bytes_response(
                 StatusCode::OK,
                 "text/plain; version=0.0.4; charset=utf-8",
@@ -27,14 +28,9 @@ pub async fn handle<B>(app: Arc<App>, req: Request<B>) -> Response<Body> {
         }
         (_, p) if p.starts_with("/admin/") => {
             if !authorized(&app, &req) {
-                let mut resp = json_response(
-                    StatusCode::UNAUTHORIZED,
-                    &json!({"detail": "Not authenticated"}),
-                );
-                resp.headers_mut().insert(
-                    http::header::WWW_AUTHENTICATE,
-                    http::HeaderValue::from_static("Bearer"),
-                );
+                let mut resp = json_response(StatusCode::UNAUTHORIZED, &json!({"detail": "Not authenticated"}));
+                resp.headers_mut()
+                    .insert(http::header::WWW_AUTHENTICATE, http::HeaderValue::from_static("Bearer"));
                 return resp;
             }
             admin_route(&app, req.method(), p, req.uri().query()).await
@@ -52,11 +48,7 @@ async fn readyz(app: &App) -> Response<Body> {
         let ok = redis.ping().await.is_ok();
         checks.insert(
             "cache_redis".into(),
-            json!(if ok {
-                "ok"
-            } else {
-                "unreachable (serving from memory)"
-            }),
+            json!(if ok { "ok" } else { "unreachable (serving from memory)" }),
         );
     }
     checks.insert("config".into(), json!("ok"));
@@ -72,12 +64,7 @@ async fn readyz(app: &App) -> Response<Body> {
     )
 }
 
-async fn admin_route(
-    app: &App,
-    method: &Method,
-    path: &str,
-    query: Option<&str>,
-) -> Response<Body> {
+async fn admin_route(app: &App, method: &Method, path: &str, query: Option<&str>) -> Response<Body> {
     match (method, path) {
         (&Method::POST, "/admin/cache/purge") => purge(app, query).await,
         (&Method::GET, "/admin/teams") => {
@@ -136,13 +123,22 @@ async fn purge(app: &App, query: Option<&str>) -> Response<Body> {
         },
     };
     let redis_keys = app.cache.purge(route).await;
-    tracing::info!(
-        route = route.map_or("all", Route::as_str),
-        redis_keys,
-        "cache purged"
-    );
+    tracing::info!(route = route.map_or("all", Route::as_str), redis_keys, "cache purged");
     json_response(
         StatusCode::OK,
         &json!({"purged": route.map_or("all", Route::as_str), "redis_keys": redis_keys}),
     )
+}
+
+/// Every team's spend in its window, refreshed at scrape time so the gauge
+/// is right for idle and unlimited teams too.
+async fn observe_budgets(app: &App) {
+    let teams = app.teams.load();
+    app.metrics.team_credits_used.reset();
+    for team in teams.iter() {
+        if let Ok(usage) = app.ledger.usage(&team.name).await {
+            let used = i64::try_from(usage.used).unwrap_or(i64::MAX);
+            app.metrics.team_credits_used.with_label_values(&[&team.name]).set(used);
+        }
+    }
 }

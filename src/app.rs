@@ -78,10 +78,7 @@ impl App {
     /// restart. Spend is keyed by team name in the ledger, so nothing is
     /// lost; other settings need a restart. Returns the number of teams.
     pub fn reload(&self) -> Result<usize, ConfigErrors> {
-        let source = self
-            .reload_from
-            .as_deref()
-            .map_or(Source::Default, Source::File);
+        let source = self.reload_from.as_deref().map_or(Source::Default, Source::File);
         let config = Config::load(source)?;
         let teams = Teams::from_config(&config.teams);
         let count = config.teams.len();

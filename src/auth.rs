@@ -49,9 +49,7 @@ impl Team {
             return Ok(());
         };
         limiter.check().map_err(|not_until| {
-            let wait = not_until.wait_time_from(governor::clock::Clock::now(
-                &governor::clock::DefaultClock::default(),
-            ));
+            let wait = not_until.wait_time_from(governor::clock::Clock::now(&governor::clock::DefaultClock::default()));
             wait.as_secs_f64().ceil().max(1.0) as u64
         })
     }
@@ -99,8 +97,7 @@ impl Teams {
     /// The team whose token the request carries.
     pub fn authenticate(&self, headers: &HeaderMap) -> Result<Arc<Team>, GatewayError> {
         let token = credential(headers)?;
-        self.find_token(token)
-            .ok_or(GatewayError::InvalidCredential)
+        self.find_token(token).ok_or(GatewayError::InvalidCredential)
     }
 
     /// Looks a plaintext token up. Every team's hash is compared, matching or
@@ -140,9 +137,7 @@ fn single<'a>(headers: &'a HeaderMap, name: &str) -> Result<Option<&'a str>, Gat
     if values.next().is_some() {
         return Err(GatewayError::ConflictingCredentials);
     }
-    let text = first
-        .to_str()
-        .map_err(|_| GatewayError::InvalidCredential)?;
+    let text = first.to_str().map_err(|_| GatewayError::InvalidCredential)?;
     Ok(Some(text.trim()))
 }
 
@@ -190,9 +185,7 @@ mod tests {
     fn both_token_styles_find_the_team() {
         let t = teams();
         assert_eq!(
-            t.authenticate(&headers(&[("x-api-key", "tok-ops")]))
-                .unwrap()
-                .name,
+            t.authenticate(&headers(&[("x-api-key", "tok-ops")])).unwrap().name,
             "ops"
         );
         let bearer = headers(&[("authorization", "Bearer tok-growth")]);
@@ -204,10 +197,7 @@ mod tests {
     #[test]
     fn missing_wrong_and_conflicting_credentials() {
         let t = teams();
-        assert_eq!(
-            t.authenticate(&headers(&[])),
-            Err(GatewayError::MissingCredential)
-        );
+        assert_eq!(t.authenticate(&headers(&[])), Err(GatewayError::MissingCredential));
         assert_eq!(
             t.authenticate(&headers(&[("x-api-key", "")])),
             Err(GatewayError::MissingCredential)
@@ -228,16 +218,10 @@ mod tests {
             Err(GatewayError::ConflictingCredentials)
         );
         assert_eq!(
-            t.authenticate(&headers(&[
-                ("x-api-key", "tok-ops"),
-                ("x-api-key", "tok-ops")
-            ])),
+            t.authenticate(&headers(&[("x-api-key", "tok-ops"), ("x-api-key", "tok-ops")])),
             Err(GatewayError::ConflictingCredentials)
         );
-        let same = headers(&[
-            ("x-api-key", "tok-ops"),
-            ("authorization", "Bearer tok-ops"),
-        ]);
+        let same = headers(&[("x-api-key", "tok-ops"), ("authorization", "Bearer tok-ops")]);
         assert_eq!(t.authenticate(&same).unwrap().name, "ops");
     }
 

@@ -222,16 +222,15 @@ impl Config {
             return Ok(key.clone());
         }
         let Some(path) = &self.upstream.api_key_file else {
-            return Err("upstream.api_key: not set (give PERMIT_GATEWAY_UPSTREAM__API_KEY or upstream.api_key_file)".into());
+            return Err(
+                "upstream.api_key: not set (give PERMIT_GATEWAY_UPSTREAM__API_KEY or upstream.api_key_file)".into(),
+            );
         };
         let text = std::fs::read_to_string(path)
             .map_err(|e| format!("upstream.api_key_file: cannot read {}: {e}", path.display()))?;
         let key = text.trim();
         if key.is_empty() {
-            return Err(format!(
-                "upstream.api_key_file: {} is empty",
-                path.display()
-            ));
+            return Err(format!("upstream.api_key_file: {} is empty", path.display()));
         }
         Ok(Secret::new(key))
     }
@@ -339,11 +338,7 @@ impl ServerConfig {
         if self.max_uri_bytes < 256 {
             p.push("server.max_uri_bytes: must be at least 256".into());
         }
-        positive(
-            "server.header_read_timeout_secs",
-            self.header_read_timeout_secs,
-            p,
-        );
+        positive("server.header_read_timeout_secs", self.header_read_timeout_secs, p);
         positive(
             "server.http2_max_concurrent_streams",
             self.http2_max_concurrent_streams.into(),
@@ -355,32 +350,19 @@ impl ServerConfig {
 impl UpstreamConfig {
     fn validate(&self, p: &mut Vec<String>) {
         match self.base_url.parse::<http::Uri>() {
-            Ok(uri)
-                if matches!(uri.scheme_str(), Some("http" | "https")) && uri.host().is_some() =>
-            {
+            Ok(uri) if matches!(uri.scheme_str(), Some("http" | "https")) && uri.host().is_some() => {
                 if uri.query().is_some() {
                     p.push("upstream.base_url: must not have a query".into());
                 }
             }
-            _ => p.push(format!(
-                "upstream.base_url: {:?} is not an http(s) URL",
-                self.base_url
-            )),
+            _ => p.push(format!("upstream.base_url: {:?} is not an http(s) URL", self.base_url)),
         }
         if self.api_key.is_some() && self.api_key_file.is_some() {
             p.push("upstream.api_key_file: set either api_key or api_key_file, not both".into());
         }
-        positive(
-            "upstream.requests_per_minute",
-            self.requests_per_minute.into(),
-            p,
-        );
+        positive("upstream.requests_per_minute", self.requests_per_minute.into(), p);
         positive("upstream.timeout_secs", self.timeout_secs, p);
-        positive(
-            "upstream.connect_timeout_secs",
-            self.connect_timeout_secs,
-            p,
-        );
+        positive("upstream.connect_timeout_secs", self.connect_timeout_secs, p);
         if self.max_retries > 10 {
             p.push("upstream.max_retries: at most 10".into());
         }
@@ -389,11 +371,7 @@ impl UpstreamConfig {
                 p.push(format!("upstream.ca_file: {} does not exist", ca.display()));
             }
         }
-        positive(
-            "upstream.max_response_bytes",
-            self.max_response_bytes as u64,
-            p,
-        );
+        positive("upstream.max_response_bytes", self.max_response_bytes as u64, p);
     }
 }
 
@@ -412,22 +390,15 @@ impl QuotaConfig {
                     check_redis_url("quota.redis_url", url, p);
                 }
             }
-            "redis" => p.push(
-                "quota.redis_url: the redis store needs quota.redis_url or cache.redis_url".into(),
-            ),
-            other => p.push(format!(
-                "quota.store: {other:?} is not \"file\" or \"redis\""
-            )),
+            "redis" => p.push("quota.redis_url: the redis store needs quota.redis_url or cache.redis_url".into()),
+            other => p.push(format!("quota.store: {other:?} is not \"file\" or \"redis\"")),
         }
     }
 }
 
 fn validate_log(log: &LogConfig, p: &mut Vec<String>) {
     if !matches!(log.format.as_str(), "human" | "json") {
-        p.push(format!(
-            "log.format: {:?} is not \"human\" or \"json\"",
-            log.format
-        ));
+        p.push(format!("log.format: {:?} is not \"human\" or \"json\"", log.format));
     }
     if tracing_subscriber::EnvFilter::try_new(&log.level).is_err() {
         p.push(format!("log.level: {:?} is not a valid filter", log.level));
@@ -440,22 +411,14 @@ fn validate_teams(teams: &[TeamConfig], p: &mut Vec<String>) {
     for (i, team) in teams.iter().enumerate() {
         let at = format!("teams[{i}]");
         if !is_label(&team.name) {
-            p.push(format!(
-                "{at}.name: {:?} must be 1-64 of [a-z0-9_-]",
-                team.name
-            ));
+            p.push(format!("{at}.name: {:?} must be 1-64 of [a-z0-9_-]", team.name));
         } else if !names.insert(team.name.as_str()) {
-            p.push(format!(
-                "{at}.name: {:?} is used by another team",
-                team.name
-            ));
+            p.push(format!("{at}.name: {:?} is used by another team", team.name));
         }
         if check_sha256(&format!("{at}.token_sha256"), &team.token_sha256, p)
             && !hashes.insert(team.token_sha256.to_ascii_lowercase())
         {
-            p.push(format!(
-                "{at}.token_sha256: the same token is given to another team"
-            ));
+            p.push(format!("{at}.token_sha256: the same token is given to another team"));
         }
         if team.requests_per_minute == Some(0) {
             p.push(format!(
@@ -477,7 +440,9 @@ pub fn is_label(name: &str) -> bool {
 fn check_sha256(key: &str, value: &str, p: &mut Vec<String>) -> bool {
     let ok = value.len() == 64 && value.bytes().all(|b| b.is_ascii_hexdigit());
     if !ok {
-        p.push(format!("{key}: must be 64 hex characters (the SHA-256 of the token, see `permit-gateway token`)"));
+        p.push(format!(
+            "{key}: must be 64 hex characters (the SHA-256 of the token, see `permit-gateway token`)"
+        ));
     }
     ok
 }
@@ -493,9 +458,7 @@ fn check_redis_url(key: &str, url: &Secret, p: &mut Vec<String>) {
 
 fn check_addr(key: &str, value: &str, p: &mut Vec<String>) {
     if value.parse::<SocketAddr>().is_err() {
-        p.push(format!(
-            "{key}: {value:?} is not an address like 0.0.0.0:8080"
-        ));
+        p.push(format!("{key}: {value:?} is not an address like 0.0.0.0:8080"));
     }
 }
 
@@ -557,10 +520,7 @@ mod tests {
             "teams[1].requests_per_minute",
             "upstream.api_key",
         ] {
-            assert!(
-                errs.iter().any(|e| e.starts_with(key)),
-                "{key} missing from {errs:#?}"
-            );
+            assert!(errs.iter().any(|e| e.starts_with(key)), "{key} missing from {errs:#?}");
         }
     }
 
@@ -570,8 +530,7 @@ mod tests {
         let errs = load(&text).expect_err("unknown keys").0;
         for key in ["server.listen_port", "cache.ttl", "bogus"] {
             assert!(
-                errs.iter()
-                    .any(|e| e.contains(key) && e.contains("unknown")),
+                errs.iter().any(|e| e.contains(key) && e.contains("unknown")),
                 "{key}: {errs:#?}"
             );
         }
@@ -581,10 +540,7 @@ mod tests {
     fn type_errors_name_their_key() {
         let text = format!("{KEY}timeout_secs = \"soon\"\n");
         let errs = load(&text).expect_err("type error").0;
-        assert!(
-            errs.iter().any(|e| e.starts_with("upstream.timeout_secs")),
-            "{errs:#?}"
-        );
+        assert!(errs.iter().any(|e| e.starts_with("upstream.timeout_secs")), "{errs:#?}");
     }
 
     #[test]
@@ -602,10 +558,7 @@ mod tests {
         let dir = tempfile::tempdir().expect("tmp");
         let path = dir.path().join("key");
         std::fs::write(&path, "from-file\n").expect("write");
-        let text = format!(
-            "[upstream]\napi_key_file = {:?}\n",
-            path.display().to_string()
-        );
+        let text = format!("[upstream]\napi_key_file = {:?}\n", path.display().to_string());
         let c = load(&text).expect("valid");
         assert_eq!(c.upstream_key().expect("key").expose(), "from-file");
     }

@@ -8,10 +8,7 @@ use permit_api_sim::{Sim, SimConfig};
 use tokio::net::TcpListener;
 
 /// The demo teams' tokens: public values, documented in `config/demo.toml`.
-pub const DEMO_TOKENS: [(&str, &str); 2] = [
-    ("growth", "pgw_demo_growth"),
-    ("analytics", "pgw_demo_analytics"),
-];
+pub const DEMO_TOKENS: [(&str, &str); 2] = [("growth", "pgw_demo_growth"), ("analytics", "pgw_demo_analytics")];
 pub const DEMO_ADMIN_TOKEN: &str = "pgw_demo_admin";
 
 /// Starts simulator and gateway; returns both so the caller decides how long
@@ -32,8 +29,7 @@ pub async fn start(listen: &str, admin_listen: &str) -> Result<(Sim, Running), S
     )
     .await
     .map_err(|e| format!("simulator: {e}"))?;
-    let ledger_dir =
-        std::env::temp_dir().join(format!("permit-gateway-demo-{}", std::process::id()));
+    let ledger_dir = std::env::temp_dir().join(format!("permit-gateway-demo-{}", std::process::id()));
     let text = format!(
         "{DEMO_TOML}\n[upstream]\nbase_url = {:?}\napi_key = {:?}\n\n[quota]\npath = {:?}\n",
         sim.base_url(),
@@ -53,9 +49,7 @@ pub async fn start(listen: &str, admin_listen: &str) -> Result<(Sim, Running), S
 async fn bind_or_any(addr: &str) -> Result<TcpListener, String> {
     match TcpListener::bind(addr).await {
         Ok(l) => Ok(l),
-        Err(_) => TcpListener::bind("127.0.0.1:0")
-            .await
-            .map_err(|e| e.to_string()),
+        Err(_) => TcpListener::bind("127.0.0.1:0").await.map_err(|e| e.to_string()),
     }
 }
 

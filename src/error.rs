@@ -69,10 +69,7 @@ impl GatewayError {
             | TeamRateLimited { .. }
             | QuotaExceeded { .. }
             | NotCached => Fault::Client,
-            UpstreamRateLimited { .. }
-            | UpstreamTimeout
-            | UpstreamUnavailable
-            | UpstreamInvalid(_) => Fault::Upstream,
+            UpstreamRateLimited { .. } | UpstreamTimeout | UpstreamUnavailable | UpstreamInvalid(_) => Fault::Upstream,
             Unavailable(_) | Internal => Fault::Internal,
         }
     }
@@ -141,10 +138,7 @@ impl GatewayError {
             }
             GatewayError::TeamRateLimited { retry_after_secs }
             | GatewayError::UpstreamRateLimited { retry_after_secs } => {
-                headers.insert(
-                    header::RETRY_AFTER,
-                    HeaderValue::from(retry_after_secs.max(1)),
-                );
+                headers.insert(header::RETRY_AFTER, HeaderValue::from(retry_after_secs.max(1)));
             }
             GatewayError::InvalidCredential | GatewayError::ConflictingCredentials => {
                 headers.insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
@@ -178,18 +172,8 @@ mod tests {
             (MissingCredential, 422),
             (InvalidCredential, 401),
             (ConflictingCredentials, 401),
-            (
-                TeamRateLimited {
-                    retry_after_secs: 3,
-                },
-                429,
-            ),
-            (
-                UpstreamRateLimited {
-                    retry_after_secs: 3,
-                },
-                429,
-            ),
+            (TeamRateLimited { retry_after_secs: 3 }, 429),
+            (UpstreamRateLimited { retry_after_secs: 3 }, 429),
             (
                 QuotaExceeded {
                     limit: 5,
@@ -226,19 +210,11 @@ mod tests {
     #[tokio::test]
     async fn rate_limits_always_carry_retry_after() {
         for e in [
-            GatewayError::TeamRateLimited {
-                retry_after_secs: 0,
-            },
-            GatewayError::UpstreamRateLimited {
-                retry_after_secs: 7,
-            },
+            GatewayError::TeamRateLimited { retry_after_secs: 0 },
+            GatewayError::UpstreamRateLimited { retry_after_secs: 7 },
         ] {
             let resp = e.into_response();
-            let ra: u64 = resp.headers()[header::RETRY_AFTER]
-                .to_str()
-                .unwrap()
-                .parse()
-                .unwrap();
+            let ra: u64 = resp.headers()[header::RETRY_AFTER].to_str().unwrap().parse().unwrap();
             assert!(ra >= 1);
         }
     }

@@ -14,11 +14,7 @@ pub fn json_response(status: StatusCode, value: &serde_json::Value) -> Response<
     bytes_response(status, "application/json", Bytes::from(value.to_string()))
 }
 
-pub fn bytes_response(
-    status: StatusCode,
-    content_type: &'static str,
-    body: Bytes,
-) -> Response<Body> {
+pub fn bytes_response(status: StatusCode, content_type: &'static str, body: Bytes) -> Response<Body> {
     let mut resp = Response::new(Full::new(body));
     *resp.status_mut() = status;
     resp.headers_mut()
@@ -63,10 +59,7 @@ pub fn request_id(headers: &HeaderMap) -> String {
         .get("x-request-id")
         .and_then(|v| v.to_str().ok())
         .filter(|v| {
-            !v.is_empty()
-                && v.len() <= 128
-                && v.bytes()
-                    .all(|b| b.is_ascii_alphanumeric() || b"-_.:".contains(&b))
+            !v.is_empty() && v.len() <= 128 && v.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_.:".contains(&b))
         })
         .map(str::to_owned)
         .unwrap_or_else(new_request_id)
@@ -84,20 +77,11 @@ mod tests {
     #[test]
     fn hop_by_hop_and_connection_named_headers_are_removed() {
         let mut h = HeaderMap::new();
-        h.insert(
-            header::CONNECTION,
-            HeaderValue::from_static("keep-alive, x-secret-hop"),
-        );
+        h.insert(header::CONNECTION, HeaderValue::from_static("keep-alive, x-secret-hop"));
         h.insert("x-secret-hop", HeaderValue::from_static("1"));
         h.insert("keep-alive", HeaderValue::from_static("timeout=5"));
-        h.insert(
-            header::TRANSFER_ENCODING,
-            HeaderValue::from_static("chunked"),
-        );
-        h.insert(
-            header::CONTENT_TYPE,
-            HeaderValue::from_static("application/json"),
-        );
+        h.insert(header::TRANSFER_ENCODING, HeaderValue::from_static("chunked"));
+        h.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
         strip_hop_by_hop(&mut h);
         assert_eq!(h.len(), 1);
         assert!(h.contains_key(header::CONTENT_TYPE));

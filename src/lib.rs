@@ -78,10 +78,7 @@ pub async fn run(
     listeners: Listeners,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), String> {
-    let tls = match (
-        &app.config.server.tls_cert_file,
-        &app.config.server.tls_key_file,
-    ) {
+    let tls = match (&app.config.server.tls_cert_file, &app.config.server.tls_key_file) {
         (Some(cert), Some(key)) => Some(server::tls_acceptor(cert, key)?),
         _ => None,
     };
@@ -130,10 +127,7 @@ impl Running {
     }
 
     /// As [`Running::spawn`], with teams re-read from `path` on reload.
-    pub fn spawn_from_file(
-        path: &std::path::Path,
-        listeners: Listeners,
-    ) -> Result<Running, String> {
+    pub fn spawn_from_file(path: &std::path::Path, listeners: Listeners) -> Result<Running, String> {
         let config = config::Config::load(config::Source::File(path)).map_err(|e| e.to_string())?;
         Running::spawn_app(App::new(config, Some(path.to_path_buf()))?, listeners)
     }

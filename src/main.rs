@@ -49,10 +49,7 @@ fn main() -> ExitCode {
         Command::Token => token(),
         Command::CheckConfig { config } => check_config(config),
         Command::Serve { config } => runtime().block_on(serve(config)),
-        Command::Demo {
-            listen,
-            admin_listen,
-        } => runtime().block_on(run_demo(listen, admin_listen)),
+        Command::Demo { listen, admin_listen } => runtime().block_on(run_demo(listen, admin_listen)),
     }
 }
 
@@ -71,10 +68,7 @@ fn token() -> ExitCode {
     let bytes: [u8; 32] = rand::random();
     let token = format!("pgw_{}", hex::encode(bytes));
     println!("token:        {token}");
-    println!(
-        "token_sha256 = \"{}\"",
-        permit_gateway::auth::token_sha256_hex(&token)
-    );
+    println!("token_sha256 = \"{}\"", permit_gateway::auth::token_sha256_hex(&token));
     eprintln!("Give the token to the team; put only the token_sha256 line in its [[teams]] block.");
     ExitCode::SUCCESS
 }

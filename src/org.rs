@@ -54,8 +54,7 @@ impl Org {
         if resp.status == StatusCode::PAYMENT_REQUIRED {
             let until = now_ms() + self.backoff.as_millis() as u64;
             self.exhausted_until_ms.store(until, Ordering::Release);
-            *self.last_402.lock().unwrap_or_else(|p| p.into_inner()) =
-                Some((resp.headers.clone(), resp.body.clone()));
+            *self.last_402.lock().unwrap_or_else(|p| p.into_inner()) = Some((resp.headers.clone(), resp.body.clone()));
             metrics.upstream_credits_remaining.set(0);
             tracing::warn!(
                 backoff_secs = self.backoff.as_secs(),
@@ -70,10 +69,7 @@ impl Org {
         if until == 0 || until <= now_ms() {
             return None;
         }
-        self.last_402
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
+        self.last_402.lock().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
     /// Whether a /v2/usage probe is due now (at most one per interval).

@@ -53,19 +53,15 @@ fn now_ms() -> u64 {
 impl RedisBackend {
     /// Connects lazily: a Redis that is down at start-up does not stop the
     /// gateway, the first calls just fail (and open the breaker).
-    pub fn new(
-        url: &str,
-        timeout: Duration,
-        metrics: Arc<Metrics>,
-    ) -> Result<RedisBackend, String> {
+    pub fn new(url: &str, timeout: Duration, metrics: Arc<Metrics>) -> Result<RedisBackend, String> {
         let client = redis::Client::open(url).map_err(|e| format!("redis url: {:?}", e.kind()))?;
         let config = ConnectionManagerConfig::new()
             .set_connection_timeout(Some(timeout.max(Duration::from_millis(200))))
             .set_response_timeout(Some(timeout))
             .set_number_of_retries(1)
             .set_max_delay(Duration::from_millis(500));
-        let conn = ConnectionManager::new_lazy_with_config(client, config)
-            .map_err(|e| format!("redis: {:?}", e.kind()))?;
+        let conn =
+            ConnectionManager::new_lazy_with_config(client, config).map_err(|e| format!("redis: {:?}", e.kind()))?;
         Ok(RedisBackend {
             conn,
             timeout,

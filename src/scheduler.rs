@@ -41,11 +41,7 @@ pub struct Scheduler {
 
 impl Scheduler {
     /// Builds the scheduler and starts its dispatcher task.
-    pub fn start(
-        requests_per_minute: u32,
-        max_wait: Duration,
-        metrics: Arc<Metrics>,
-    ) -> Arc<Scheduler> {
+    pub fn start(requests_per_minute: u32, max_wait: Duration, metrics: Arc<Metrics>) -> Arc<Scheduler> {
         let rpm = NonZeroU32::new(requests_per_minute).unwrap_or(NonZeroU32::MIN);
         // A burst of a tenth of a minute: smooth enough for the upstream's
         // window, roomy enough that a quiet gateway adds no wait.
@@ -69,9 +65,7 @@ impl Scheduler {
 
     fn pause_left(&self) -> Duration {
         let until = *self.paused_until.lock().unwrap_or_else(|p| p.into_inner());
-        until.map_or(Duration::ZERO, |u| {
-            u.saturating_duration_since(Instant::now())
-        })
+        until.map_or(Duration::ZERO, |u| u.saturating_duration_since(Instant::now()))
     }
 
     /// An upstream 429: hold every call for `for_`.
@@ -97,12 +91,7 @@ impl Scheduler {
             // Round-robin: our call goes after one call of every other
             // waiting team per place ahead of it in our own queue.
             let ours = q.waiting.get(team).map_or(0, VecDeque::len) as f64 + 1.0;
-            let teams = q.turn.len() as f64
-                + if q.waiting.contains_key(team) {
-                    0.0
-                } else {
-                    1.0
-                };
+            let teams = q.turn.len() as f64 + if q.waiting.contains_key(team) { 0.0 } else { 1.0 };
             let by_rate = Duration::from_secs_f64(ours * teams / self.per_sec);
             let expected = pause + by_rate;
             if expected > self.max_wait {

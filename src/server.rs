@@ -50,8 +50,7 @@ pub fn tls_acceptor(cert: &std::path::Path, key: &std::path::Path) -> Result<Tls
     let certs = CertificateDer::pem_file_iter(cert)
         .and_then(|it| it.collect::<Result<Vec<_>, _>>())
         .map_err(|e| format!("server.tls_cert_file: {}: {e}", cert.display()))?;
-    let key = PrivateKeyDer::from_pem_file(key)
-        .map_err(|e| format!("server.tls_key_file: {}: {e}", key.display()))?;
+    let key = PrivateKeyDer::from_pem_file(key).map_err(|e| format!("server.tls_key_file: {}: {e}", key.display()))?;
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let mut config = rustls::ServerConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()
@@ -134,9 +133,7 @@ pub async fn serve<H, F>(
                     watcher.watch(conn.into_owned()).await
                 }
                 Some(acceptor) => {
-                    let Ok(Ok(stream)) =
-                        tokio::time::timeout(handshake_timeout, acceptor.accept(stream)).await
-                    else {
+                    let Ok(Ok(stream)) = tokio::time::timeout(handshake_timeout, acceptor.accept(stream)).await else {
                         return;
                     };
                     let conn = builder.serve_connection(TokioIo::new(stream), service);

@@ -111,12 +111,7 @@ impl Upstream {
             .retry(backoff)
             .when(|e| !matches!(e, AttemptError::TooLarge | AttemptError::Transport))
             .adjust(|e, backoff| retry_delay(e, backoff, deadline))
-            .notify(|_, _| {
-                metrics
-                    .upstream_retries_total
-                    .with_label_values(&[route])
-                    .inc()
-            });
+            .notify(|_, _| metrics.upstream_retries_total.with_label_values(&[route]).inc());
         let outcome = tokio::time::timeout_at(deadline.into(), retried).await;
         metrics
             .upstream_request_duration_seconds
@@ -131,12 +126,8 @@ impl Upstream {
                 Err(GatewayError::UpstreamTimeout)
             }
             Ok(Ok(resp)) | Ok(Err(AttemptError::Retryable(resp))) => Ok(resp),
-            Ok(Err(AttemptError::Connect | AttemptError::Transport)) => {
-                Err(GatewayError::UpstreamUnavailable)
-            }
-            Ok(Err(AttemptError::TooLarge)) => {
-                Err(GatewayError::UpstreamInvalid("Upstream response too large"))
-            }
+            Ok(Err(AttemptError::Connect | AttemptError::Transport)) => Err(GatewayError::UpstreamUnavailable),
+            Ok(Err(AttemptError::TooLarge)) => Err(GatewayError::UpstreamInvalid("Upstream response too large")),
         }
     }
 
@@ -161,16 +152,11 @@ impl Upstream {
         metrics: &Metrics,
     ) -> Result<UpstreamResponse, AttemptError> {
         let mut req = Request::get(uri.clone())
-            .header(
-                USER_AGENT,
-                concat!("permit-gateway/", env!("CARGO_PKG_VERSION")),
-            )
+            .header(USER_AGENT, concat!("permit-gateway/", env!("CARGO_PKG_VERSION")))
             .header("x-request-id", request_id)
             .header(
                 ACCEPT,
-                accept
-                    .cloned()
-                    .unwrap_or(HeaderValue::from_static("application/json")),
+                accept.cloned().unwrap_or(HeaderValue::from_static("application/json")),
             )
             .body(Empty::new())
             .map_err(|_| AttemptError::Transport)?;
@@ -181,10 +167,7 @@ impl Upstream {
             } else {
                 "transport_error"
             };
-            metrics
-                .upstream_requests_total
-                .with_label_values(&[route, kind])
-                .inc();
+            metrics.upstream_requests_total.with_label_values(&[route, kind]).inc();
             tracing::warn!(route, error = %ErrorChain(&e), "upstream request failed");
             if e.is_connect() {
                 AttemptError::Connect
@@ -201,9 +184,7 @@ impl Upstream {
             .collect()
             .await
             .map_err(|e| {
-                if e.downcast_ref::<http_body_util::LengthLimitError>()
-                    .is_some()
-                {
+                if e.downcast_ref::<http_body_util::LengthLimitError>().is_some() {
                     AttemptError::TooLarge
                 } else {
                     AttemptError::Transport
@@ -238,13 +219,7 @@ fn retry_delay(e: &AttemptError, backoff: Option<Duration>, deadline: Instant) -
 
 /// `Retry-After` in seconds (the upstream sends integers).
 pub fn retry_after(headers: &HeaderMap) -> Option<Duration> {
-    let secs: u64 = headers
-        .get(RETRY_AFTER)?
-        .to_str()
-        .ok()?
-        .trim()
-        .parse()
-        .ok()?;
+    let secs: u64 = headers.get(RETRY_AFTER)?.to_str().ok()?.trim().parse().ok()?;
     Some(Duration::from_secs(secs))
 }
 
@@ -252,8 +227,8 @@ fn client_tls(cfg: &UpstreamConfig) -> Result<rustls::ClientConfig, String> {
     let mut roots = rustls::RootCertStore::empty();
     roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned());
     if let Some(path) = &cfg.ca_file {
-        let certs = CertificateDer::pem_file_iter(path)
-            .map_err(|e| format!("upstream.ca_file: {}: {e}", path.display()))?;
+        let certs =
+            CertificateDer::pem_file_iter(path).map_err(|e| format!("upstream.ca_file: {}: {e}", path.display()))?;
         for cert in certs {
             let cert = cert.map_err(|e| format!("upstream.ca_file: {}: {e}", path.display()))?;
             roots

@@ -59,10 +59,8 @@ fn parse(body: &Bytes) -> Result<Value, Answer> {
 }
 
 fn set_faults(shared: &Shared, body: &Bytes) -> Answer {
-    let faults = parse(body).and_then(|v| {
-        serde_json::from_value::<Faults>(v)
-            .map_err(|e| bad_request(&format!("invalid faults: {e}")))
-    });
+    let faults = parse(body)
+        .and_then(|v| serde_json::from_value::<Faults>(v).map_err(|e| bad_request(&format!("invalid faults: {e}"))));
     match faults {
         Ok(f) => {
             shared.set_faults(f);

@@ -106,11 +106,7 @@ impl Credits {
         let today = self.today();
         let used = self.window_used();
         let over = self.limit.is_some_and(|l| used >= l);
-        let live: Vec<(&NaiveDate, &u64)> = self
-            .days
-            .iter()
-            .filter(|(d, _)| Self::expires(**d) > today)
-            .collect();
+        let live: Vec<(&NaiveDate, &u64)> = self.days.iter().filter(|(d, _)| Self::expires(**d) > today).collect();
         // When over the limit, credits come back as the oldest day expires.
         let available_at = if over {
             live.first().map(|(d, _)| Self::expires(**d).to_string())

@@ -148,14 +148,11 @@ impl Active {
             )),
             FaultKind::WrongContentType => Before::Replace(raw(
                 "text/html; charset=utf-8",
-                Bytes::from_static(
-                    b"<html><body><h1>Service temporarily unavailable</h1></body></html>",
-                ),
+                Bytes::from_static(b"<html><body><h1>Service temporarily unavailable</h1></body></html>"),
             )),
-            FaultKind::HugeBody => Before::Replace(raw(
-                "application/json",
-                huge_page(f.body_bytes.unwrap_or(20 << 20)),
-            )),
+            FaultKind::HugeBody => {
+                Before::Replace(raw("application/json", huge_page(f.body_bytes.unwrap_or(20 << 20))))
+            }
             _ => Before::Continue,
         }
     }
@@ -181,12 +178,7 @@ impl Active {
             FaultKind::SlowBody => {
                 let total = Duration::from_millis(f.delay_ms.unwrap_or(1_000));
                 let body = SlowBody::new(answer.body.clone(), total);
-                return respond(
-                    answer.status,
-                    answer.content_type,
-                    Body::new(body),
-                    &answer.headers,
-                );
+                return respond(answer.status, answer.content_type, Body::new(body), &answer.headers);
             }
             _ => {}
         }
@@ -206,13 +198,9 @@ fn raw(content_type: &'static str, body: Bytes) -> Answer {
 
 /// An injected error status with the body the upstream would send for it.
 fn status_answer(f: &Faults, limit: Option<u64>, upgrade_url: &str) -> Answer {
-    let status =
-        StatusCode::from_u16(f.status.unwrap_or(500)).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    let status = StatusCode::from_u16(f.status.unwrap_or(500)).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
     let answer = match status.as_u16() {
-        402 => Answer::json(
-            status,
-            &crate::router::over_limit_body(limit.unwrap_or(0), upgrade_url),
-        ),
+        402 => Answer::json(status, &crate::router::over_limit_body(limit.unwrap_or(0), upgrade_url)),
         429 => Answer::detail(status, "Rate limit exceeded"),
         401 => Answer::detail(status, "Not authenticated"),
         _ => Answer::detail(status, status.canonical_reason().unwrap_or("Error")),
@@ -237,9 +225,7 @@ fn huge_page(bytes: u64) -> Bytes {
         out.push_str(&json!({"id": format!("{n:016x}"), "description": filler}).to_string());
         n += 1;
     }
-    out.push_str(&format!(
-        "],\"size\":{n},\"next_cursor\":null,\"total_count\":null}}"
-    ));
+    out.push_str(&format!("],\"size\":{n},\"next_cursor\":null,\"total_count\":null}}"));
     Bytes::from(out)
 }
 

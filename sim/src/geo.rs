@@ -13,9 +13,7 @@ use serde_json::{json, Map, Value};
 pub const JURISDICTION_SEARCH_CAP: usize = 15;
 
 fn is_geo_id(s: &str) -> bool {
-    s.len() == 11
-        && s.bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+    s.len() == 11 && s.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
 }
 
 /// The index key for a `geo_id` value: a state code, a five-digit ZIP (ZIP+4
@@ -30,8 +28,7 @@ pub fn area_key(raw: &str) -> Option<String> {
     if s.len() == 5 && digits(s) {
         return Some(s.to_string());
     }
-    let zip4 = (s.len() == 10 && digits(&s[..5]) && &s[5..6] == "-" && digits(&s[6..]))
-        || (s.len() == 9 && digits(s));
+    let zip4 = (s.len() == 10 && digits(&s[..5]) && &s[5..6] == "-" && digits(&s[6..])) || (s.len() == 9 && digits(s));
     if zip4 {
         return Some(s[..5].to_string());
     }
@@ -82,8 +79,7 @@ pub fn details(d: &Dataset, level: Level, q: &mut Query) -> Outcome {
     q.finish()?;
     let geo_id = geo_id.unwrap_or_default();
     let found = d.geo.get(&geo_id).copied();
-    let zips =
-        |zs: &[usize]| -> Vec<&str> { zs.iter().map(|z| d.zips[*z].code.as_str()).collect() };
+    let zips = |zs: &[usize]| -> Vec<&str> { zs.iter().map(|z| d.zips[*z].code.as_str()).collect() };
     let body = match (level, found) {
         (Level::County, Some(GeoRef::County(i))) => {
             let c = &d.counties[i];
@@ -103,11 +99,7 @@ pub fn details(d: &Dataset, level: Level, q: &mut Query) -> Outcome {
         (Level::Jurisdiction, Some(GeoRef::Jurisdiction(i))) => {
             let j = &d.jurisdictions[i];
             let county = &d.counties[j.county];
-            let zs: Vec<usize> = j
-                .cities
-                .iter()
-                .flat_map(|c| d.cities[*c].zips.clone())
-                .collect();
+            let zs: Vec<usize> = j.cities.iter().flat_map(|c| d.cities[*c].zips.clone()).collect();
             json!({"geo_id": j.geo_id, "name": j.name, "state": d.state_code(j.state),
                 "cities": names_to_ids(j.cities.iter().map(|x| (&d.cities[*x].name, &d.cities[*x].geo_id))),
                 "counties": names_to_ids(std::iter::once((&county.name, &county.geo_id))),
@@ -169,9 +161,7 @@ pub fn state_search(q: &mut Query) -> Outcome {
     let needle = q.required_str("q").unwrap_or_default().to_lowercase();
     let all: Vec<(String, Value)> = US_STATES
         .iter()
-        .filter(|(code, name)| {
-            name.to_lowercase().contains(&needle) || code.eq_ignore_ascii_case(&needle)
-        })
+        .filter(|(code, name)| name.to_lowercase().contains(&needle) || code.eq_ignore_ascii_case(&needle))
         .map(|(code, name)| (code.to_string(), json!({"geo_id": code, "name": name})))
         .collect();
     free_page(q, all)

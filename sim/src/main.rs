@@ -9,10 +9,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 #[derive(Parser, Debug)]
-#[command(
-    version,
-    about = "A deterministic simulator of the permit data upstream"
-)]
+#[command(version, about = "A deterministic simulator of the permit data upstream")]
 struct Args {
     #[arg(long, default_value = "127.0.0.1:8000")]
     listen: String,
@@ -41,8 +38,7 @@ fn tls_config(cert: &PathBuf, key: &PathBuf) -> Result<Arc<rustls::ServerConfig>
     let certs = CertificateDer::pem_file_iter(cert)
         .and_then(|it| it.collect::<Result<Vec<_>, _>>())
         .map_err(|e| format!("reading {}: {e}", cert.display()))?;
-    let key =
-        PrivateKeyDer::from_pem_file(key).map_err(|e| format!("reading {}: {e}", key.display()))?;
+    let key = PrivateKeyDer::from_pem_file(key).map_err(|e| format!("reading {}: {e}", key.display()))?;
     let cfg = rustls::ServerConfig::builder()
         .with_no_client_auth()
         .with_single_cert(certs, key)
@@ -97,9 +93,7 @@ async fn main() {
             std::process::exit(1);
         }
     };
-    let sim = Sim::start(listener, cfg)
-        .await
-        .expect("listener has a local address");
+    let sim = Sim::start(listener, cfg).await.expect("listener has a local address");
     let mut out = std::io::stdout();
     let _ = writeln!(out, "{}", sim.addr());
     let _ = out.flush();

@@ -80,11 +80,7 @@ pub fn coverage(d: &Dataset, q: &mut Query) -> Outcome {
     let mut missing = Vec::new();
     for field in COVERAGE_FIELDS {
         let n = in_window.iter().filter(|p| filled(p, d, field)).count();
-        let pct = if total == 0 {
-            0.0
-        } else {
-            n as f64 / total as f64
-        };
+        let pct = if total == 0 { 0.0 } else { n as f64 / total as f64 };
         let pct = (pct * 1000.0).round() / 1000.0;
         let row = |tier: &str| json!({"field": field, "tier": tier, "fill_pct": pct, "permits_total": total});
         if n == 0 {

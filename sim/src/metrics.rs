@@ -32,9 +32,7 @@ impl Level {
     fn owns(self, r: GeoRef) -> bool {
         matches!(
             (self, r),
-            (Level::Address, GeoRef::Address(_))
-                | (Level::County, GeoRef::County(_))
-                | (Level::City, GeoRef::City(_))
+            (Level::Address, GeoRef::Address(_)) | (Level::County, GeoRef::County(_)) | (Level::City, GeoRef::City(_))
         )
     }
 }
@@ -116,10 +114,7 @@ fn property_types_and_all() -> Vec<&'static str> {
 }
 
 fn no_rows(level: Level) -> Answer {
-    Answer::detail(
-        StatusCode::NOT_FOUND,
-        &format!("No {} metrics found.", level.name()),
-    )
+    Answer::detail(StatusCode::NOT_FOUND, &format!("No {} metrics found.", level.name()))
 }
 
 /// `/v2/{addresses,counties,cities}/{geo_id}/metrics/monthly`.

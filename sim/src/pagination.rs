@@ -52,11 +52,7 @@ impl<T: Serialize> Envelope<T> {
 }
 
 /// One page of an already ordered `(key, record)` list.
-pub fn page<T>(
-    all: Vec<(String, T)>,
-    after: Option<&str>,
-    size: usize,
-) -> (Vec<T>, Option<String>) {
+pub fn page<T>(all: Vec<(String, T)>, after: Option<&str>, size: usize) -> (Vec<T>, Option<String>) {
     let start = after.map_or(0, |a| all.partition_point(|(k, _)| k.as_str() <= a));
     let more = all.len() > start + size;
     let mut items: Vec<(String, T)> = all.into_iter().skip(start).take(size).collect();
@@ -99,9 +95,6 @@ mod tests {
     #[test]
     fn count_is_capped() {
         assert_eq!(total_count(10_000)["relation"], "eq");
-        assert_eq!(
-            total_count(10_001),
-            json!({"value": 10_000, "relation": "gte"})
-        );
+        assert_eq!(total_count(10_001), json!({"value": 10_000, "relation": "gte"}));
     }
 }

@@ -86,11 +86,7 @@ impl Query {
     }
 
     fn last(&self, name: &str) -> Option<String> {
-        self.pairs
-            .iter()
-            .rev()
-            .find(|(k, _)| k == name)
-            .map(|(_, v)| v.clone())
+        self.pairs.iter().rev().find(|(k, _)| k == name).map(|(_, v)| v.clone())
     }
 
     fn all(&self, name: &str) -> Vec<String> {
@@ -124,12 +120,7 @@ impl Query {
     }
 
     /// An optional string with Pydantic's length constraints.
-    pub fn opt_str(
-        &mut self,
-        name: &str,
-        min: Option<usize>,
-        max: Option<usize>,
-    ) -> Option<String> {
+    pub fn opt_str(&mut self, name: &str, min: Option<usize>, max: Option<usize>) -> Option<String> {
         let v = self.last(name)?;
         let n = v.chars().count();
         let loc = json!(["query", name]);
@@ -200,13 +191,7 @@ impl Query {
         }
         if let Some(le) = le.filter(|l| n > *l) {
             let msg = format!("Input should be less than or equal to {le}");
-            self.push(error(
-                "less_than_equal",
-                loc,
-                &msg,
-                json!(v),
-                Some(json!({"le": le})),
-            ));
+            self.push(error("less_than_equal", loc, &msg, json!(v), Some(json!({"le": le}))));
             return None;
         }
         Some(n)
@@ -217,13 +202,7 @@ impl Query {
         let b = parse_bool(&v);
         if b.is_none() {
             let msg = "Input should be a valid boolean, unable to interpret input";
-            self.push(error(
-                "bool_parsing",
-                json!(["query", name]),
-                msg,
-                json!(v),
-                None,
-            ));
+            self.push(error("bool_parsing", json!(["query", name]), msg, json!(v), None));
         }
         b
     }
@@ -251,20 +230,14 @@ impl Query {
     }
 
     /// A repeatable parameter; with `allowed`, each item must be one of them.
-    pub fn list(
-        &mut self,
-        name: &str,
-        allowed: Option<&[&str]>,
-        max_items: Option<usize>,
-    ) -> Vec<String> {
+    pub fn list(&mut self, name: &str, allowed: Option<&[&str]>, max_items: Option<usize>) -> Vec<String> {
         let values = self.all(name);
         if let Some(max) = max_items.filter(|m| values.len() > *m) {
             let msg = format!(
                 "List should have at most {max} items after validation, not {}",
                 values.len()
             );
-            let ctx =
-                json!({"field_type": "List", "max_length": max, "actual_length": values.len()});
+            let ctx = json!({"field_type": "List", "max_length": max, "actual_length": values.len()});
             self.push(error(
                 "too_long",
                 json!(["query", name]),
@@ -286,8 +259,7 @@ impl Query {
 
     /// `size`: 1..=100, default 50.
     pub fn size(&mut self) -> usize {
-        self.opt_int("size", Some(1), Some(100))
-            .unwrap_or(DEFAULT_SIZE) as usize
+        self.opt_int("size", Some(1), Some(100)).unwrap_or(DEFAULT_SIZE) as usize
     }
 
     /// The decoded `cursor` key, or an error for a malformed one.

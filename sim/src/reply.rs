@@ -57,10 +57,7 @@ impl Answer {
 
     /// A 422 with every validation error of the request at once.
     pub fn validation(errors: Vec<Value>) -> Answer {
-        Answer::json(
-            StatusCode::UNPROCESSABLE_ENTITY,
-            &json!({ "detail": errors }),
-        )
+        Answer::json(StatusCode::UNPROCESSABLE_ENTITY, &json!({ "detail": errors }))
     }
 
     pub fn not_found() -> Answer {
@@ -73,19 +70,12 @@ impl Answer {
     }
 
     pub fn into_response(self) -> Response<Body> {
-        respond(
-            self.status,
-            self.content_type,
-            full(self.body),
-            &self.headers,
-        )
+        respond(self.status, self.content_type, full(self.body), &self.headers)
     }
 }
 
 pub fn full(bytes: impl Into<Bytes>) -> Body {
-    Full::new(bytes.into())
-        .map_err(|never| match never {})
-        .boxed()
+    Full::new(bytes.into()).map_err(|never| match never {}).boxed()
 }
 
 /// Every response carries `server: uvicorn`, as the real upstream does.

@@ -69,19 +69,11 @@ pub fn over_limit_body(limit: u64, upgrade_url: &str) -> Value {
 }
 
 /// Entry point for every request on the simulator's listener.
-pub async fn handle(
-    shared: Arc<Shared>,
-    req: Request<Incoming>,
-) -> Result<Response<Body>, std::io::Error> {
+pub async fn handle(shared: Arc<Shared>, req: Request<Incoming>) -> Result<Response<Body>, std::io::Error> {
     if req.uri().path().starts_with("/_sim/") {
         return Ok(control::handle(&shared, req).await);
     }
-    let header = |name: &str| {
-        req.headers()
-            .get(name)
-            .and_then(|v| v.to_str().ok())
-            .map(str::to_owned)
-    };
+    let header = |name: &str| req.headers().get(name).and_then(|v| v.to_str().ok()).map(str::to_owned);
     let key = header("x-api-key");
     let mut entry = LogEntry {
         seq: 0,
@@ -100,12 +92,7 @@ pub async fn handle(
 }
 
 /// The phases; `None` means "close the connection without answering".
-async fn v2(
-    shared: &Shared,
-    method: &Method,
-    key: Option<&str>,
-    entry: &mut LogEntry,
-) -> Option<Response<Body>> {
+async fn v2(shared: &Shared, method: &Method, key: Option<&str>, entry: &mut LogEntry) -> Option<Response<Body>> {
     // The configured latency is the network: every /v2 request pays it.
     let base_latency = shared.latency_ms();
     if base_latency > 0 {
@@ -115,8 +102,7 @@ async fn v2(
         return Some(Answer::not_found().into_response());
     };
     if method != Method::GET {
-        let a = Answer::detail(StatusCode::METHOD_NOT_ALLOWED, "Method Not Allowed")
-            .with_header("allow", "GET");
+        let a = Answer::detail(StatusCode::METHOD_NOT_ALLOWED, "Method Not Allowed").with_header("allow", "GET");
         return Some(a.into_response());
     }
     if let Err(a) = authenticate(shared, key) {
@@ -152,10 +138,7 @@ fn authenticate(shared: &Shared, key: Option<&str>) -> Result<(), Answer> {
         None => Err(Answer::validation(vec![json!({
             "type": "missing", "loc": ["header", "x-api-key"], "msg": "Field required", "input": null
         })])),
-        Some(k) if k != shared.cfg.api_key => Err(Answer::detail(
-            StatusCode::UNAUTHORIZED,
-            "Not authenticated",
-        )),
+        Some(k) if k != shared.cfg.api_key => Err(Answer::detail(StatusCode::UNAUTHORIZED, "Not authenticated")),
         Some(_) => Ok(()),
     }
 }

@@ -36,19 +36,14 @@ pub struct Filters {
 
 /// Splits a repeatable `-`-able list into (required, excluded).
 fn split_signed(values: Vec<String>) -> (Vec<String>, Vec<String>) {
-    let (out, inn): (Vec<String>, Vec<String>) =
-        values.into_iter().partition(|v| v.starts_with('-'));
+    let (out, inn): (Vec<String>, Vec<String>) = values.into_iter().partition(|v| v.starts_with('-'));
     (inn, out.into_iter().map(|v| v[1..].to_string()).collect())
 }
 
 /// Case-insensitive substring test without allocating (descriptions are ASCII).
 fn contains_ci(hay: &str, needle_lc: &str) -> bool {
     let n = needle_lc.as_bytes();
-    n.is_empty()
-        || hay
-            .as_bytes()
-            .windows(n.len())
-            .any(|w| w.eq_ignore_ascii_case(n))
+    n.is_empty() || hay.as_bytes().windows(n.len()).any(|w| w.eq_ignore_ascii_case(n))
 }
 
 fn at_least(v: Option<i64>, min: Option<i64>) -> bool {
@@ -78,9 +73,7 @@ impl Filters {
         if permit_search {
             f.has_contractor = q.opt_bool("permit_has_contractor");
         }
-        f.text = q
-            .opt_str("permit_q", None, Some(50))
-            .map(|s| s.to_lowercase());
+        f.text = q.opt_str("permit_q", None, Some(50)).map(|s| s.to_lowercase());
         f.statuses = q.list("permit_status", Some(STATUSES), Some(4));
         f.permit_min = [
             q.opt_int("permit_min_approval_duration", None, None),
@@ -97,22 +90,15 @@ impl Filters {
             q.opt_int("property_min_story_count", None, None),
             q.opt_int("property_min_unit_count", None, None),
         ];
-        (f.class_in, f.class_out) =
-            split_signed(q.list("contractor_classification_derived", None, None));
-        f.contractor_name = q
-            .opt_str("contractor_name", Some(3), None)
-            .map(|s| s.to_lowercase());
-        f.website = q
-            .opt_str("contractor_website", None, None)
-            .map(|s| s.to_lowercase());
+        (f.class_in, f.class_out) = split_signed(q.list("contractor_classification_derived", None, None));
+        f.contractor_name = q.opt_str("contractor_name", Some(3), None).map(|s| s.to_lowercase());
+        f.website = q.opt_str("contractor_website", None, None).map(|s| s.to_lowercase());
         f.contractor_min = [
             q.opt_int("contractor_min_total_job_value", None, None),
             q.opt_int("contractor_min_total_permits_count", None, None),
             q.opt_int("contractor_min_inspection_pr", Some(0), Some(100)),
         ];
-        f.license = q
-            .opt_str("contractor_license", None, None)
-            .map(|s| s.to_lowercase());
+        f.license = q.opt_str("contractor_license", None, None).map(|s| s.to_lowercase());
         f
     }
 
@@ -130,14 +116,9 @@ impl Filters {
             && self.to.is_none_or(|to| p.latest <= to)
             && self.tags_in.iter().all(|t| p.tags.contains(&t.as_str()))
             && !self.tags_out.iter().any(|t| p.tags.contains(&t.as_str()))
-            && self
-                .has_contractor
-                .is_none_or(|h| h == p.contractor.is_some())
+            && self.has_contractor.is_none_or(|h| h == p.contractor.is_some())
             && (self.statuses.is_empty() || self.statuses.iter().any(|s| s == p.status))
-            && self
-                .text
-                .as_deref()
-                .is_none_or(|t| contains_ci(&p.description, t))
+            && self.text.as_deref().is_none_or(|t| contains_ci(&p.description, t))
             && self.permit_ok(p)
             && self.property_ok(d, p)
             && self.contractor_ok(p.contractor.map(|c| &d.contractors[c]))
@@ -181,10 +162,7 @@ impl Filters {
                 .contractor_name
                 .as_deref()
                 .is_none_or(|n| contains(&c.name, n) || contains(&c.business_name, n))
-            && self
-                .website
-                .as_deref()
-                .is_none_or(|w| contains(&c.website, w))
+            && self.website.as_deref().is_none_or(|w| contains(&c.website, w))
             && self
                 .license
                 .as_deref()
@@ -221,9 +199,10 @@ pub fn permits(d: &Dataset, q: &mut Query) -> Outcome {
     let pg = paging(q);
     q.finish()?;
     let list = d.area(&f.area);
-    let start = pg.after.as_deref().map_or(0, |a| {
-        list.partition_point(|i| d.permits[*i].id.as_str() <= a)
-    });
+    let start = pg
+        .after
+        .as_deref()
+        .map_or(0, |a| list.partition_point(|i| d.permits[*i].id.as_str() <= a));
     let mut items: Vec<PermitOut> = Vec::with_capacity(pg.size);
     let (mut next, mut last_id) = (None, "");
     for p in list[start..].iter().map(|i| &d.permits[*i]) {
@@ -314,12 +293,7 @@ pub fn contractor_permits(d: &Dataset, id: &str, q: &mut Query) -> Outcome {
         .contractor_by_id
         .get(id)
         .map_or(&[], |c| d.contractors[*c].permits.as_slice());
-    let key = |i: usize| {
-        format!(
-            "{}|{}",
-            d.addresses[d.permits[i].address].geo_id, d.permits[i].id
-        )
-    };
+    let key = |i: usize| format!("{}|{}", d.addresses[d.permits[i].address].geo_id, d.permits[i].id);
     let start = pg
         .after
         .as_deref()
@@ -362,9 +336,6 @@ mod tests {
             let a = contractors(&d, &mut Query::parse(Some(&qs)));
             assert!(a.is_ok());
         }
-        println!(
-            "contractor search over big state: {:?}/op",
-            started.elapsed() / 200
-        );
+        println!("contractor search over big state: {:?}/op", started.elapsed() / 200);
     }
 }

@@ -37,11 +37,7 @@ impl ServerHandle {
     }
 }
 
-pub fn spawn(
-    listener: TcpListener,
-    tls: Option<Arc<rustls::ServerConfig>>,
-    shared: Arc<Shared>,
-) -> ServerHandle {
+pub fn spawn(listener: TcpListener, tls: Option<Arc<rustls::ServerConfig>>, shared: Arc<Shared>) -> ServerHandle {
     let (stop, stopped) = oneshot::channel();
     let acceptor = tls.map(|cfg| {
         let mut cfg = (*cfg).clone();
@@ -84,28 +80,19 @@ async fn accept_loop(
     }
 }
 
-async fn connection(
-    stream: TcpStream,
-    acceptor: Option<TlsAcceptor>,
-    shared: Arc<Shared>,
-    watcher: Watcher,
-) {
+async fn connection(stream: TcpStream, acceptor: Option<TlsAcceptor>, shared: Arc<Shared>, watcher: Watcher) {
     let svc = service_fn(move |req| router::handle(shared.clone(), req));
     let builder = auto::Builder::new(TokioExecutor::new());
     // Errors here are client disconnects and injected resets: nothing to do.
     match acceptor {
         None => {
-            let _ = watcher
-                .watch(builder.serve_connection(TokioIo::new(stream), svc))
-                .await;
+            let _ = watcher.watch(builder.serve_connection(TokioIo::new(stream), svc)).await;
         }
         Some(acceptor) => {
             let Ok(tls) = acceptor.accept(stream).await else {
                 return;
             };
-            let _ = watcher
-                .watch(builder.serve_connection(TokioIo::new(tls), svc))
-                .await;
+            let _ = watcher.watch(builder.serve_connection(TokioIo::new(tls), svc)).await;
         }
     }
 }

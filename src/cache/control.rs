@@ -37,23 +37,17 @@ impl Directives {
                     "no-store" => d.no_store = true,
                     "only-if-cached" => d.only_if_cached = true,
                     "max-age" => d.max_age = secs().or(d.max_age),
-                    "max-stale" => {
-                        d.max_stale = Some(if arg.is_some() {
-                            secs().unwrap_or(0)
-                        } else {
-                            u64::MAX
-                        })
-                    }
+                    "max-stale" => d.max_stale = Some(if arg.is_some() { secs().unwrap_or(0) } else { u64::MAX }),
                     _ => {}
                 }
             }
         }
         // HTTP/1.0 clients say it with Pragma (RFC 9111 §5.4).
         if !saw_cache_control
-            && headers.get_all(PRAGMA).iter().any(|v| {
-                v.to_str()
-                    .is_ok_and(|s| s.to_ascii_lowercase().contains("no-cache"))
-            })
+            && headers
+                .get_all(PRAGMA)
+                .iter()
+                .any(|v| v.to_str().is_ok_and(|s| s.to_ascii_lowercase().contains("no-cache")))
         {
             d.no_cache = true;
         }
@@ -107,10 +101,7 @@ mod tests {
             assert!(forbids_storing(&h), "{v}");
         }
         let mut h = HeaderMap::new();
-        h.insert(
-            CACHE_CONTROL,
-            HeaderValue::from_static("public, max-age=60"),
-        );
+        h.insert(CACHE_CONTROL, HeaderValue::from_static("public, max-age=60"));
         assert!(!forbids_storing(&h));
     }
 }

@@ -108,9 +108,7 @@ impl Entry {
         let ttl_ms = u64_at(16)?;
         let route = *Route::ALL.get(usize::from(rest[24]))?;
         let etag_len = usize::from(rest[25]);
-        let etag = std::str::from_utf8(rest.get(26..26 + etag_len)?)
-            .ok()?
-            .to_string();
+        let etag = std::str::from_utf8(rest.get(26..26 + etag_len)?).ok()?.to_string();
         let body = Bytes::copy_from_slice(rest.get(26 + etag_len..)?);
         if etag != etag_of(&body) {
             return None;

@@ -49,10 +49,7 @@ impl<T: Clone> Flights<T> {
 
     /// Fetches in flight now (metrics, tests).
     pub fn len(&self) -> usize {
-        self.inflight
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .len()
+        self.inflight.lock().unwrap_or_else(|p| p.into_inner()).len()
     }
 
     pub fn is_empty(&self) -> bool {

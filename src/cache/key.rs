@@ -27,11 +27,7 @@ use percent_encoding::{percent_decode_str, utf8_percent_encode, AsciiSet, NON_AL
 const KEY_VERSION: &str = "k1";
 
 /// What is re-encoded in keys: everything but RFC 3986 unreserved characters.
-const QUERY_VALUE: &AsciiSet = &NON_ALPHANUMERIC
-    .remove(b'-')
-    .remove(b'.')
-    .remove(b'_')
-    .remove(b'~');
+const QUERY_VALUE: &AsciiSet = &NON_ALPHANUMERIC.remove(b'-').remove(b'.').remove(b'_').remove(b'~');
 
 /// How the upstream reads one parameter of one route.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -94,22 +90,12 @@ fn kind(route: Route, name: &str) -> Kind {
         "metric_from" | "metric_to" | "tag"
             if matches!(
                 route,
-                AddressMetricsMonthly
-                    | CountyMetricsMonthly
-                    | CityMetricsMonthly
-                    | CityMetricsCurrent
+                AddressMetricsMonthly | CountyMetricsMonthly | CityMetricsMonthly | CityMetricsCurrent
             ) =>
         {
             scalar
         }
-        "property_type"
-            if matches!(
-                route,
-                CountyMetricsMonthly | CityMetricsMonthly | CityMetricsCurrent
-            ) =>
-        {
-            scalar
-        }
+        "property_type" if matches!(route, CountyMetricsMonthly | CityMetricsMonthly | CityMetricsCurrent) => scalar,
         "geo_id" if matches!(route, Counties | Cities | Jurisdictions | MetaCoverage) => scalar,
         "q" if matches!(route, ZipcodesSearch | StatesSearch | JurisdictionsSearch) => scalar,
         "geo_type" | "date_from" | "date_to" if route == MetaCoverage => scalar,
@@ -143,8 +129,7 @@ fn canonical_bool(value: &str) -> Option<&'static str> {
 
 /// The cache key of a request target.
 pub fn cache_key(target: &Target) -> String {
-    let mut key =
-        String::with_capacity(target.path.len() + target.query.as_ref().map_or(0, String::len) + 8);
+    let mut key = String::with_capacity(target.path.len() + target.query.as_ref().map_or(0, String::len) + 8);
     key.push_str(KEY_VERSION);
     key.push(' ');
     key.push_str(&target.path);
@@ -172,10 +157,7 @@ pub fn normalize_query(route: Route, query: &str) -> String {
     names.dedup();
     let mut out: Vec<(String, String)> = Vec::with_capacity(pairs.len());
     for name in names {
-        let mut values = pairs
-            .iter()
-            .filter(|(k, _)| k == name)
-            .map(|(_, v)| v.as_str());
+        let mut values = pairs.iter().filter(|(k, _)| k == name).map(|(_, v)| v.as_str());
         match kind(route, name) {
             Kind::Unknown => out.extend(values.map(|v| (name.to_string(), v.to_string()))),
             Kind::Set { max_items } => {
@@ -193,8 +175,7 @@ pub fn normalize_query(route: Route, query: &str) -> String {
                 } else {
                     last
                 };
-                let ignored =
-                    name == "include_count" && has_cursor && canonical_bool(last).is_some();
+                let ignored = name == "include_count" && has_cursor && canonical_bool(last).is_some();
                 if default == Some(value) || ignored {
                     continue;
                 }
@@ -228,10 +209,7 @@ fn decode_pairs(query: &str) -> Option<Vec<(String, String)>> {
 
 fn decode(s: &str) -> Option<String> {
     let spaced = s.replace('+', " ");
-    percent_decode_str(&spaced)
-        .decode_utf8()
-        .ok()
-        .map(|c| c.into_owned())
+    percent_decode_str(&spaced).decode_utf8().ok().map(|c| c.into_owned())
 }
 
 #[cfg(test)]
@@ -273,7 +251,9 @@ mod tests {
         let b = permits("permit_tags=-roofing&permit_tags=solar");
         assert_eq!(a, b);
         // Five statuses is a 422 upstream, four is not: never made equal.
-        let five = permits("permit_status=active&permit_status=active&permit_status=final&permit_status=final&permit_status=in_review");
+        let five = permits(
+            "permit_status=active&permit_status=active&permit_status=final&permit_status=final&permit_status=in_review",
+        );
         let three = permits("permit_status=active&permit_status=final&permit_status=in_review");
         assert_ne!(five, three);
     }
@@ -296,19 +276,11 @@ mod tests {
                 "/v2/contractors/search",
                 "geo_id=CA&include_tallies=false"
             ),
-            key(
-                Route::ContractorsSearch,
-                "/v2/contractors/search",
-                "geo_id=CA"
-            ),
+            key(Route::ContractorsSearch, "/v2/contractors/search", "geo_id=CA"),
         );
         assert_ne!(
             permits("geo_id=CA"),
-            key(
-                Route::ContractorsSearch,
-                "/v2/contractors/search",
-                "geo_id=CA"
-            )
+            key(Route::ContractorsSearch, "/v2/contractors/search", "geo_id=CA")
         );
     }
 
@@ -316,28 +288,14 @@ mod tests {
     fn defaults_are_route_specific() {
         // jurisdictions/search has no size: unknown there, so it stays.
         assert_ne!(
-            key(
-                Route::JurisdictionsSearch,
-                "/v2/jurisdictions/search",
-                "q=a&size=50"
-            ),
-            key(
-                Route::JurisdictionsSearch,
-                "/v2/jurisdictions/search",
-                "q=a"
-            ),
+            key(Route::JurisdictionsSearch, "/v2/jurisdictions/search", "q=a&size=50"),
+            key(Route::JurisdictionsSearch, "/v2/jurisdictions/search", "q=a"),
         );
         // include_tallies means nothing on permit search.
-        assert_ne!(
-            permits("geo_id=CA&include_tallies=true"),
-            permits("geo_id=CA")
-        );
+        assert_ne!(permits("geo_id=CA&include_tallies=true"), permits("geo_id=CA"));
         // On metrics, property_type is a scalar: last one wins, no set.
         let m = |q| key(Route::CityMetricsMonthly, "/v2/cities/x/metrics/monthly", q);
-        assert_eq!(
-            m("property_type=office&property_type=all"),
-            m("property_type=all")
-        );
+        assert_eq!(m("property_type=office&property_type=all"), m("property_type=all"));
     }
 
     #[test]
@@ -346,10 +304,7 @@ mod tests {
             permits("geo_id=CA&cursor=abc&include_count=true"),
             permits("geo_id=CA&cursor=abc")
         );
-        assert_ne!(
-            permits("geo_id=CA&include_count=true"),
-            permits("geo_id=CA")
-        );
+        assert_ne!(permits("geo_id=CA&include_count=true"), permits("geo_id=CA"));
     }
 
     #[test]
@@ -360,10 +315,7 @@ mod tests {
 
     #[test]
     fn plus_is_a_space() {
-        assert_eq!(
-            permits("permit_q=heat+pump"),
-            permits("permit_q=heat%20pump")
-        );
+        assert_eq!(permits("permit_q=heat+pump"), permits("permit_q=heat%20pump"));
     }
 
     fn param() -> impl Strategy<Value = (String, String)> {

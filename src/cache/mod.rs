@@ -47,12 +47,7 @@ struct LifeOf {
 }
 
 impl Expiry<Arc<str>, Arc<Entry>> for LifeOf {
-    fn expire_after_create(
-        &self,
-        _: &Arc<str>,
-        entry: &Arc<Entry>,
-        _: Instant,
-    ) -> Option<Duration> {
+    fn expire_after_create(&self, _: &Arc<str>, entry: &Arc<Entry>, _: Instant) -> Option<Duration> {
         Some(entry.remaining_life(now_ms(), self.grace))
     }
 
@@ -79,11 +74,7 @@ pub struct Cache {
 }
 
 impl Cache {
-    pub fn new(
-        cfg: &CacheConfig,
-        redis: Option<Arc<RedisBackend>>,
-        metrics: Arc<Metrics>,
-    ) -> Cache {
+    pub fn new(cfg: &CacheConfig, redis: Option<Arc<RedisBackend>>, metrics: Arc<Metrics>) -> Cache {
         let grace = Duration::from_secs(cfg.stale_grace_secs);
         let memory = (cfg.memory_max_bytes > 0).then(|| {
             Moka::builder()
@@ -129,11 +120,7 @@ impl Cache {
 
     /// The key of the cross-replica fetch lease for a cache key.
     pub fn lease_key(&self, key: &str) -> String {
-        format!(
-            "{}lease:{}",
-            self.prefix,
-            hex::encode(Sha256::digest(key.as_bytes()))
-        )
+        format!("{}lease:{}", self.prefix, hex::encode(Sha256::digest(key.as_bytes())))
     }
 
     /// L1, then L2 (promoting an L2 hit into L1). Stale entries are returned
@@ -262,10 +249,7 @@ async fn purge_pattern(redis: &RedisBackend, pattern: String) -> u64 {
             let n = keys.len() as u64;
             let gone = redis
                 .call("cache_purge", |mut c| async move {
-                    redis::cmd("UNLINK")
-                        .arg(keys)
-                        .query_async::<u64>(&mut c)
-                        .await
+                    redis::cmd("UNLINK").arg(keys).query_async::<u64>(&mut c).await
                 })
                 .await;
             removed += gone.unwrap_or(0).min(n);

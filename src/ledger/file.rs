@@ -54,11 +54,9 @@ pub struct FileLedger {
 impl FileLedger {
     /// Opens (or creates) `<dir>/ledger.redb` and loads recent spend.
     pub fn open(dir: &Path, window: Window, lease: Duration) -> Result<FileLedger, String> {
-        std::fs::create_dir_all(dir)
-            .map_err(|e| format!("quota.path: cannot create {}: {e}", dir.display()))?;
+        std::fs::create_dir_all(dir).map_err(|e| format!("quota.path: cannot create {}: {e}", dir.display()))?;
         let path = dir.join("ledger.redb");
-        let db = Database::create(&path)
-            .map_err(|e| format!("quota.path: cannot open {}: {e}", path.display()))?;
+        let db = Database::create(&path).map_err(|e| format!("quota.path: cannot open {}: {e}", path.display()))?;
         let db = Arc::new(db);
         let mut state = State::default();
         load(&db, &mut state, super::today())
@@ -88,12 +86,7 @@ impl FileLedger {
         let now = Instant::now();
         s.held.retain(|_, (_, _, expires)| *expires > now);
         let spent = window_sum(s.days.get(team), self.window.first_day(today));
-        let held: u64 = s
-            .held
-            .values()
-            .filter(|(t, _, _)| t == team)
-            .map(|(_, a, _)| a)
-            .sum();
+        let held: u64 = s.held.values().filter(|(t, _, _)| t == team).map(|(_, a, _)| a).sum();
         if let Some(limit) = limit {
             if spent + held + amount > limit {
                 return Reserved::Rejected {
@@ -104,8 +97,7 @@ impl FileLedger {
         }
         s.next_id += 1;
         let id = s.next_id;
-        s.held
-            .insert(id, (team.to_string(), amount, now + self.lease));
+        s.held.insert(id, (team.to_string(), amount, now + self.lease));
         Reserved::Granted(Reservation {
             id,
             team: team.to_string(),
@@ -113,13 +105,7 @@ impl FileLedger {
         })
     }
 
-    pub async fn settle(
-        &self,
-        r: Reservation,
-        actual: u64,
-        route: Route,
-        today: u32,
-    ) -> Result<(), LedgerError> {
+    pub async fn settle(&self, r: Reservation, actual: u64, route: Route, today: u32) -> Result<(), LedgerError> {
         let result = if actual == 0 {
             Ok(())
         } else {
@@ -133,9 +119,7 @@ impl FileLedger {
                 done: Some(tx),
             };
             match self.writes.send(write) {
-                Ok(()) => rx
-                    .await
-                    .unwrap_or_else(|_| Err("ledger writer stopped".into())),
+                Ok(()) => rx.await.unwrap_or_else(|_| Err("ledger writer stopped".into())),
                 Err(_) => Err("ledger writer stopped".into()),
             }
         };
@@ -253,12 +237,7 @@ fn load(db: &Database, state: &mut State, today: u32) -> Result<(), redb::Error>
         let (team, day, _route) = k.value();
         let (spent, _saved) = v.value();
         if day >= since && spent > 0 {
-            *state
-                .days
-                .entry(team.to_string())
-                .or_default()
-                .entry(day)
-                .or_insert(0) += spent;
+            *state.days.entry(team.to_string()).or_default().entry(day).or_insert(0) += spent;
         }
     }
     Ok(())
@@ -322,14 +301,9 @@ mod tests {
             };
             assert_eq!(
                 l.reserve("t", Some(100), 50, today),
-                Reserved::Rejected {
-                    used: 60,
-                    limit: 100
-                }
+                Reserved::Rejected { used: 60, limit: 100 }
             );
-            l.settle(a, 10, Route::PermitsSearch, today)
-                .await
-                .expect("settle");
+            l.settle(a, 10, Route::PermitsSearch, today).await.expect("settle");
             let got = l.reserve("t", Some(100), 90, today);
             let Reserved::Granted(b) = got else {
                 panic!("the difference came back: {got:?}")
@@ -340,11 +314,7 @@ mod tests {
         }
         let l = ledger(dir.path());
         assert_eq!(l.usage("t", today).used, 10, "spend survives a restart");
-        assert_eq!(
-            l.usage("t", today + 30).used,
-            0,
-            "and leaves the rolling window"
-        );
+        assert_eq!(l.usage("t", today + 30).used, 0, "and leaves the rolling window");
         let rows = l.rows(today, today);
         assert_eq!(rows.len(), 1);
         assert_eq!((rows[0].spent, rows[0].saved), (10, 5));
@@ -354,10 +324,7 @@ mod tests {
     fn expired_reservations_stop_holding_credits() {
         let dir = tempfile::tempdir().unwrap();
         let l = FileLedger::open(dir.path(), Window::Rolling30d, Duration::ZERO).expect("opens");
-        assert!(matches!(
-            l.reserve("t", Some(10), 10, 1),
-            Reserved::Granted(_)
-        ));
+        assert!(matches!(l.reserve("t", Some(10), 10, 1), Reserved::Granted(_)));
         assert!(
             matches!(l.reserve("t", Some(10), 10, 1), Reserved::Granted(_)),
             "the first lease ran out"

@@ -84,8 +84,7 @@ pub fn day_of(date: NaiveDate) -> u32 {
 }
 
 pub fn date_of(day: u32) -> NaiveDate {
-    DateTime::from_timestamp(i64::from(day) * 86_400, 0)
-        .map_or_else(NaiveDate::default, |t| t.date_naive())
+    DateTime::from_timestamp(i64::from(day) * 86_400, 0).map_or_else(NaiveDate::default, |t| t.date_naive())
 }
 
 /// Credits held for one upstream call in flight.
@@ -146,12 +145,7 @@ pub fn reservation_lease(upstream_timeout: Duration) -> Duration {
 
 impl Ledger {
     /// Holds `amount` credits for `team` unless that would pass `limit`.
-    pub async fn reserve(
-        &self,
-        team: &str,
-        limit: Option<u64>,
-        amount: u64,
-    ) -> Result<Reserved, LedgerError> {
+    pub async fn reserve(&self, team: &str, limit: Option<u64>, amount: u64) -> Result<Reserved, LedgerError> {
         match self {
             Ledger::File(l) => Ok(l.reserve(team, limit, amount, today())),
             Ledger::Redis(l) => l.reserve(team, limit, amount, today()).await,
@@ -160,12 +154,7 @@ impl Ledger {
 
     /// Turns a reservation into spend of `actual` credits (durable when
     /// this returns Ok), recorded under `route` for chargeback.
-    pub async fn settle(
-        &self,
-        r: Reservation,
-        actual: u64,
-        route: Route,
-    ) -> Result<(), LedgerError> {
+    pub async fn settle(&self, r: Reservation, actual: u64, route: Route) -> Result<(), LedgerError> {
         match self {
             Ledger::File(l) => l.settle(r, actual, route, today()).await,
             Ledger::Redis(l) => l.settle(r, actual, route, today()).await,
@@ -197,12 +186,7 @@ impl Ledger {
     }
 
     /// Per team, day and route, between two days inclusive.
-    pub async fn rows(
-        &self,
-        teams: &[String],
-        from: u32,
-        to: u32,
-    ) -> Result<Vec<UsageRow>, LedgerError> {
+    pub async fn rows(&self, teams: &[String], from: u32, to: u32) -> Result<Vec<UsageRow>, LedgerError> {
         match self {
             Ledger::File(l) => Ok(l.rows(from, to)),
             Ledger::Redis(l) => l.rows(teams, from, to).await,

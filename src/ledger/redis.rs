@@ -70,12 +70,7 @@ pub struct RedisLedger {
 }
 
 impl RedisLedger {
-    pub fn new(
-        redis: Arc<RedisBackend>,
-        prefix: &str,
-        window: Window,
-        lease: Duration,
-    ) -> RedisLedger {
+    pub fn new(redis: Arc<RedisBackend>, prefix: &str, window: Window, lease: Duration) -> RedisLedger {
         RedisLedger {
             redis,
             prefix: prefix.to_string(),
@@ -108,9 +103,7 @@ impl RedisLedger {
             .arg(now_ms() + self.lease.as_millis() as u64);
         let (id, used): (u64, u64) = self
             .redis
-            .call("ledger_reserve", |mut c| async move {
-                inv.invoke_async(&mut c).await
-            })
+            .call("ledger_reserve", |mut c| async move { inv.invoke_async(&mut c).await })
             .await
             .map_err(|e| LedgerError(format!("ledger reserve: {e}")))?;
         Ok(match (id, limit) {
@@ -123,13 +116,7 @@ impl RedisLedger {
         })
     }
 
-    pub async fn settle(
-        &self,
-        r: Reservation,
-        actual: u64,
-        route: Route,
-        today: u32,
-    ) -> Result<(), LedgerError> {
+    pub async fn settle(&self, r: Reservation, actual: u64, route: Route, today: u32) -> Result<(), LedgerError> {
         let mut inv = self.settle.prepare_invoke();
         inv.key(self.key(&r.team, "days"))
             .key(self.key(&r.team, "held"))
@@ -142,9 +129,10 @@ impl RedisLedger {
         // Not retried: a settle that timed out may have run, and running it
         // twice would count the spend twice.
         self.redis
-            .call("ledger_settle", |mut c| async move {
-                inv.invoke_async::<u64>(&mut c).await
-            })
+            .call(
+                "ledger_settle",
+                |mut c| async move { inv.invoke_async::<u64>(&mut c).await },
+            )
             .await
             .map(drop)
             .map_err(|e| LedgerError(format!("ledger settle: {e}")))
@@ -155,11 +143,7 @@ impl RedisLedger {
         let _ = self
             .redis
             .call("ledger_release", |mut c| async move {
-                redis::cmd("HDEL")
-                    .arg(&key)
-                    .arg(r.id)
-                    .query_async::<u64>(&mut c)
-                    .await
+                redis::cmd("HDEL").arg(&key).arg(r.id).query_async::<u64>(&mut c).await
             })
             .await;
     }
@@ -206,12 +190,7 @@ impl RedisLedger {
         })
     }
 
-    pub async fn rows(
-        &self,
-        teams: &[String],
-        from: u32,
-        to: u32,
-    ) -> Result<Vec<UsageRow>, LedgerError> {
+    pub async fn rows(&self, teams: &[String], from: u32, to: u32) -> Result<Vec<UsageRow>, LedgerError> {
         let mut rows: Vec<UsageRow> = Vec::new();
         for team in teams {
             let key = self.key(team, "routes");
@@ -224,9 +203,7 @@ impl RedisLedger {
                 .map_err(|e| LedgerError(format!("ledger rows: {e}")))?;
             for (field, credits) in fields {
                 let mut parts = field.split('|');
-                let (Some(day), Some(route), Some(kind)) =
-                    (parts.next(), parts.next(), parts.next())
-                else {
+                let (Some(day), Some(route), Some(kind)) = (parts.next(), parts.next(), parts.next()) else {
                     continue;
                 };
                 let Ok(day) = day.parse::<u32>() else {

@@ -10,9 +10,7 @@ use crate::error::GatewayError;
 use crate::http_util::{json_response, Body};
 use crate::ledger::date_of;
 use crate::upstream::{retry_after, UpstreamResponse};
-use http::header::{
-    HeaderName, HeaderValue, CONTENT_LENGTH, CONTENT_TYPE, ETAG, SERVER, SET_COOKIE,
-};
+use http::header::{HeaderName, HeaderValue, CONTENT_LENGTH, CONTENT_TYPE, ETAG, SERVER, SET_COOKIE};
 use http::{Response, StatusCode};
 use http_body_util::Full;
 use serde_json::json;
@@ -77,9 +75,7 @@ pub fn from_fetch(
         }
         429 => {
             let secs = retry_after(&fetch.headers).map_or(1, |d| d.as_secs());
-            return Err(GatewayError::UpstreamRateLimited {
-                retry_after_secs: secs,
-            });
+            return Err(GatewayError::UpstreamRateLimited { retry_after_secs: secs });
         }
         500..=599 => return Err(GatewayError::UpstreamUnavailable),
         _ => {}
@@ -175,10 +171,7 @@ pub async fn team_budget_headers(app: &App, team: &str, headers: &mut http::Head
         .with_label_values(&[team])
         .set(i64::try_from(usage.used).unwrap_or(i64::MAX));
     headers.insert(X_CREDITS_LIMIT, HeaderValue::from(limit));
-    headers.insert(
-        X_CREDITS_REMAINING,
-        HeaderValue::from(limit.saturating_sub(usage.used)),
-    );
+    headers.insert(X_CREDITS_REMAINING, HeaderValue::from(limit.saturating_sub(usage.used)));
 }
 
 #[cfg(test)]
@@ -187,11 +180,7 @@ mod tests {
     use bytes::Bytes;
     use http::HeaderMap;
 
-    fn resp(
-        status: u16,
-        headers: &[(&'static str, &'static str)],
-        body: &'static str,
-    ) -> UpstreamResponse {
+    fn resp(status: u16, headers: &[(&'static str, &'static str)], body: &'static str) -> UpstreamResponse {
         let mut h = HeaderMap::new();
         for (k, v) in headers {
             h.insert(*k, HeaderValue::from_static(v));

@@ -59,9 +59,7 @@ impl GatewayError {
     fn shared_with_followers(&self) -> bool {
         matches!(
             self,
-            GatewayError::UpstreamTimeout
-                | GatewayError::UpstreamUnavailable
-                | GatewayError::UpstreamInvalid(_)
+            GatewayError::UpstreamTimeout | GatewayError::UpstreamUnavailable | GatewayError::UpstreamInvalid(_)
         )
     }
 }
@@ -139,12 +137,7 @@ async fn fetch_upstream(app: &Arc<App>, job: &Job) -> Outcome {
     // 11. Forward.
     let resp = match app
         .upstream
-        .fetch(
-            &job.target,
-            &job.request_id,
-            job.accept.as_ref(),
-            &app.metrics,
-        )
+        .fetch(&job.target, &job.request_id, job.accept.as_ref(), &app.metrics)
         .await
     {
         Ok(resp) => resp,
@@ -244,11 +237,7 @@ fn probe_org_usage(app: &Arc<App>, job: &Job) {
             path: "/v2/usage".into(),
             query: None,
         };
-        let Ok(resp) = app
-            .upstream
-            .fetch(&target, &request_id, None, &app.metrics)
-            .await
-        else {
+        let Ok(resp) = app.upstream.fetch(&target, &request_id, None, &app.metrics).await else {
             return;
         };
         let over = serde_json::from_slice::<serde_json::Value>(&resp.body)
@@ -310,10 +299,7 @@ async fn release_lease(app: &App, lease_key: String) {
     if let Some(redis) = app.cache.redis() {
         let _ = redis
             .call("lease", |mut c| async move {
-                redis::cmd("DEL")
-                    .arg(&lease_key)
-                    .query_async::<u64>(&mut c)
-                    .await
+                redis::cmd("DEL").arg(&lease_key).query_async::<u64>(&mut c).await
             })
             .await;
     }
@@ -350,9 +336,7 @@ async fn wait_for_peer(app: &App, job: &Job, key: &str, lease_key: &str) -> Opti
         .with_min_delay(Duration::from_millis(5))
         .with_max_delay(Duration::from_millis(50))
         .with_max_times(usize::MAX)
-        .with_total_delay(Some(Duration::from_millis(
-            app.config.cache.coalesce_wait_ms,
-        )));
+        .with_total_delay(Some(Duration::from_millis(app.config.cache.coalesce_wait_ms)));
     poll.retry(backoff).await.ok().flatten()
 }
 

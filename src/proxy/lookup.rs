@@ -113,10 +113,7 @@ mod tests {
         let e = entry(60);
         let mut h = HeaderMap::new();
         h.insert(IF_NONE_MATCH, HeaderValue::from_str(&e.etag).unwrap());
-        assert_eq!(
-            respond(&e, CacheState::Hit, &h).status(),
-            StatusCode::NOT_MODIFIED
-        );
+        assert_eq!(respond(&e, CacheState::Hit, &h).status(), StatusCode::NOT_MODIFIED);
         h.insert(IF_NONE_MATCH, HeaderValue::from_static("\"other\""));
         assert_eq!(respond(&e, CacheState::Hit, &h).status(), StatusCode::OK);
     }

@@ -40,10 +40,7 @@ pub async fn handle<B>(app: Arc<App>, req: Request<B>) -> Response<Body> {
     // The team's budget, as the upstream shows the org's: on answers and on
     // 402s, omitted for unlimited teams.
     if let Some(team) = log.team.as_deref() {
-        if resp.status().is_success()
-            || resp.status().as_u16() == 304
-            || resp.status().as_u16() == 402
-        {
+        if resp.status().is_success() || resp.status().as_u16() == 304 || resp.status().as_u16() == 402 {
             answer::team_budget_headers(&app, team, resp.headers_mut()).await;
         }
     }
@@ -55,11 +52,7 @@ pub async fn handle<B>(app: Arc<App>, req: Request<B>) -> Response<Body> {
 }
 
 /// The phases in order; each returns early with the error that ends it.
-async fn pipeline<B>(
-    app: &Arc<App>,
-    req: &Request<B>,
-    log: &mut RequestLog,
-) -> Result<Response<Body>, GatewayError> {
+async fn pipeline<B>(app: &Arc<App>, req: &Request<B>, log: &mut RequestLog) -> Result<Response<Body>, GatewayError> {
     // 1. Method, then path: only GET and HEAD under /v2/ are ours.
     if req.method() != Method::GET && req.method() != Method::HEAD {
         return Err(GatewayError::MethodNotAllowed);
@@ -95,34 +88,20 @@ async fn pipeline<B>(
     // 7. Lookup, unless the client said no-cache.
     let mut cached = None;
     if let (Some(k), false) = (&key, directives.no_cache) {
-        cached = app.cache.lookup(target.route, k).await.map(|(e, _tier)| e);
-        if let Some(entry) = &cached {
-            match lookup::usable(entry, &directives, now_ms()) {
-                Use::Hit => {
-                    return Ok(from_cache(
-                        app,
-                        &team,
-                        &target,
-                        entry,
-                        CacheState::Hit,
-                        req,
-                        log,
-                    ))
-                }
-                Use::StaleAccepted => {
-                    return Ok(from_cache(
-                        app,
-                        &team,
-                        &target,
-                        entry,
-                        CacheState::Stale,
-                        req,
-                        log,
-                    ))
-                }
-                Use::FallbackOnly => {}
+        let found = app.cache.lookup(target.route, k).await;
+        if let Some((entry, tier)) = &found {
+            let state = match lookup::usable(entry, &directives, now_ms()) {
+                Use::Hit => Some(CacheState::Hit),
+                Use::StaleAccepted => Some(CacheState::Stale),
+                Use::FallbackOnly => None,
+            };
+            if let Some(state) = state {
+                let labels = [target.route.as_str(), tier.as_str()];
+                app.metrics.cache_hits_total.with_label_values(&labels).inc();
+                return Ok(from_cache(app, &team, &target, entry, state, req, log));
             }
         }
+        cached = found.map(|(e, _)| e);
     }
     if directives.only_if_cached {
         return Err(GatewayError::NotCached);
@@ -153,23 +132,13 @@ async fn pipeline<B>(
                 .map(|(e, _)| e);
         }
         if let Some(entry) = &cached {
-            return Ok(from_cache(
-                app,
-                &team,
-                &target,
-                entry,
-                CacheState::Stale,
-                req,
-                log,
-            ));
+            return Ok(from_cache(app, &team, &target, entry, CacheState::Stale, req, log));
         }
     }
     let fetched = outcome?;
     let (state, charged) = match role {
         Role::Leader if fetched.from_peer => (CacheState::Hit, 0),
-        Role::Leader if directives.no_cache || key.is_none() => {
-            (CacheState::Bypass, fetched.credits)
-        }
+        Role::Leader if directives.no_cache || key.is_none() => (CacheState::Bypass, fetched.credits),
         Role::Leader => (CacheState::Miss, fetched.credits),
         Role::Follower => (CacheState::Hit, 0),
     };

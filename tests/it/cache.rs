@@ -43,11 +43,7 @@ async fn a_repeat_does_not_reach_the_upstream_and_costs_nothing() {
     assert_eq!(first.header_u64("x-credits-request"), Some(7));
 
     let again = get(&url, &[("x-api-key", BETA.1)]).await;
-    assert_eq!(
-        again.header("x-cache"),
-        Some("HIT"),
-        "another team hits the same entry"
-    );
+    assert_eq!(again.header("x-cache"), Some("HIT"), "another team hits the same entry");
     assert_eq!(again.header_u64("x-credits-request"), Some(0));
     assert_eq!(again.body, first.body);
     assert!(again.header_u64("age").is_some());
@@ -80,20 +76,10 @@ async fn a_repeat_does_not_reach_the_upstream_and_costs_nothing() {
         s.permit_to
     ))
     .await;
-    assert_eq!(
-        implicit.header("x-cache"),
-        Some("HIT"),
-        "size=50 equals no size"
-    );
+    assert_eq!(implicit.header("x-cache"), Some("HIT"), "size=50 equals no size");
 
-    assert_eq!(
-        sim.stats().requests_total,
-        2,
-        "one upstream request per distinct query"
-    );
-    let metrics = get(&format!("{}/metrics", gw.admin_url()), &[])
-        .await
-        .text();
+    assert_eq!(sim.stats().requests_total, 2, "one upstream request per distinct query");
+    let metrics = get(&format!("{}/metrics", gw.admin_url()), &[]).await.text();
     assert!(
         metrics.contains("gateway_credits_saved_total{route=\"permits_search\",team=\"beta\"} 7"),
         "{metrics}"
@@ -129,9 +115,7 @@ async fn a_hundred_concurrent_identical_misses_make_one_upstream_request() {
 }
 
 /// Awaits spawned requests in order.
-async fn futures_join_all(
-    tasks: impl Iterator<Item = tokio::task::JoinHandle<Reply>>,
-) -> Vec<Reply> {
+async fn futures_join_all(tasks: impl Iterator<Item = tokio::task::JoinHandle<Reply>>) -> Vec<Reply> {
     let handles: Vec<_> = tasks.collect();
     let mut out = Vec::with_capacity(handles.len());
     for h in handles {
@@ -171,14 +155,7 @@ async fn two_gateways_on_one_redis_share_entries_and_fetches() {
     });
     let path = search_path(&sim, 3);
     let tasks = (0..40).map(|i| {
-        let url = format!(
-            "{}{path}",
-            if i % 2 == 0 {
-                gw1.base_url()
-            } else {
-                gw2.base_url()
-            }
-        );
+        let url = format!("{}{path}", if i % 2 == 0 { gw1.base_url() } else { gw2.base_url() });
         tokio::spawn(async move { alpha(&url).await })
     });
     let replies = futures_join_all(tasks).await;
@@ -198,11 +175,7 @@ async fn wait_redis_ok(admin_url: &str) {
         if r.json()["checks"]["cache_redis"] == "ok" {
             return;
         }
-        assert!(
-            Instant::now() < deadline,
-            "redis never came back: {}",
-            r.text()
-        );
+        assert!(Instant::now() < deadline, "redis never came back: {}", r.text());
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
@@ -219,18 +192,14 @@ async fn a_dead_redis_costs_nothing_and_a_restarted_one_is_used_again() {
     let other_dir = Setup::new().with("cache", format!("redis_url = {:?}", redis.url()));
     let path = search_path(&sim, 2);
     assert_eq!(
-        alpha(&format!("{}{path}", gw.base_url()))
-            .await
-            .header("x-cache"),
+        alpha(&format!("{}{path}", gw.base_url())).await.header("x-cache"),
         Some("MISS")
     );
 
     redis.kill();
     // Requests keep succeeding from memory and from the upstream.
     assert_eq!(
-        alpha(&format!("{}{path}", gw.base_url()))
-            .await
-            .header("x-cache"),
+        alpha(&format!("{}{path}", gw.base_url())).await.header("x-cache"),
         Some("HIT")
     );
     for size in 10..16 {
@@ -244,11 +213,7 @@ async fn a_dead_redis_costs_nothing_and_a_restarted_one_is_used_again() {
             .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
             .sum()
     };
-    let before = errors(
-        &get(&format!("{}/metrics", gw.admin_url()), &[])
-            .await
-            .text(),
-    );
+    let before = errors(&get(&format!("{}/metrics", gw.admin_url()), &[]).await.text());
     assert!(before >= 3, "redis failures were counted");
     for size in 20..30 {
         assert_eq!(
@@ -258,11 +223,7 @@ async fn a_dead_redis_costs_nothing_and_a_restarted_one_is_used_again() {
             StatusCode::OK
         );
     }
-    let after = errors(
-        &get(&format!("{}/metrics", gw.admin_url()), &[])
-            .await
-            .text(),
-    );
+    let after = errors(&get(&format!("{}/metrics", gw.admin_url()), &[]).await.text());
     assert!(
         after - before <= 2,
         "breaker open: at most a probe tried ({before} → {after})"
@@ -272,18 +233,12 @@ async fn a_dead_redis_costs_nothing_and_a_restarted_one_is_used_again() {
     wait_redis_ok(&gw.admin_url()).await;
     let path = search_path(&sim, 31);
     assert_eq!(
-        alpha(&format!("{}{path}", gw.base_url()))
-            .await
-            .header("x-cache"),
+        alpha(&format!("{}{path}", gw.base_url())).await.header("x-cache"),
         Some("MISS")
     );
     let other = other_dir.start(&sim).await;
     let r = alpha(&format!("{}{path}", other.base_url())).await;
-    assert_eq!(
-        r.header("x-cache"),
-        Some("HIT"),
-        "L2 is written and read again"
-    );
+    assert_eq!(r.header("x-cache"), Some("HIT"), "L2 is written and read again");
 }
 
 #[tokio::test]
@@ -351,10 +306,7 @@ async fn upstream_failures_serve_a_stale_copy_or_the_mapped_error() {
             assert!(failed.header_u64("retry-after").is_some_and(|s| s >= 1));
         }
         if mapped == StatusCode::PAYMENT_REQUIRED {
-            assert!(
-                failed.json()["detail"]["error"].is_string(),
-                "402 body passes through"
-            );
+            assert!(failed.json()["detail"]["error"].is_string(), "402 body passes through");
         }
     }
     sim.clear_faults();
@@ -410,11 +362,7 @@ async fn client_cache_control_is_honoured() {
 
     let only = with_cc(&url, "only-if-cached").await;
     assert_eq!(only.status, StatusCode::GATEWAY_TIMEOUT);
-    assert_eq!(
-        sim.stats().requests_total,
-        0,
-        "only-if-cached never goes upstream"
-    );
+    assert_eq!(sim.stats().requests_total, 0, "only-if-cached never goes upstream");
 
     let not_stored = with_cc(&url, "no-store").await;
     assert_eq!(not_stored.status, StatusCode::OK);
@@ -451,12 +399,7 @@ async fn errors_and_usage_are_never_cached() {
         let url = format!("{}{path}", gw.base_url());
         let first = alpha(&url).await;
         let second = alpha(&url).await;
-        assert_ne!(
-            second.header("x-cache"),
-            Some("HIT"),
-            "{path}: {}",
-            first.status
-        );
+        assert_ne!(second.header("x-cache"), Some("HIT"), "{path}: {}", first.status);
     }
     assert_eq!(
         sim.stats().requests_total,
@@ -505,10 +448,7 @@ async fn purge_empties_both_tiers_all_or_by_route() {
     assert_eq!(by_route.json()["redis_keys"], 1);
     assert_eq!(alpha(&search).await.header("x-cache"), Some("HIT"));
     assert_eq!(alpha(&release).await.header("x-cache"), Some("MISS"));
-    assert_eq!(
-        purge("?route=nope").await.status,
-        StatusCode::UNPROCESSABLE_ENTITY
-    );
+    assert_eq!(purge("?route=nope").await.status, StatusCode::UNPROCESSABLE_ENTITY);
     let all = purge("").await;
     assert_eq!(all.json()["redis_keys"], 2);
     assert_eq!(alpha(&search).await.header("x-cache"), Some("MISS"));

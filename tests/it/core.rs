@@ -23,9 +23,18 @@ fn endpoint_paths(s: &Samples) -> Vec<String> {
         format!("/v2/permits/search?geo_id={}&{window}&size=3&include_count=true", s.zip),
         format!("/v2/contractors/search?geo_id={}&{window}&size=4", s.county_geo_id),
         format!("/v2/contractors/{}/permits?size=5", s.contractor_id),
-        format!("/v2/addresses/{}/metrics/monthly?metric_from=2020-01-01&metric_to=2026-12-31&tag=all", s.address_geo_id),
-        format!("/v2/counties/{}/metrics/monthly?metric_from=2020-01-01&metric_to=2026-12-31&tag=all&property_type=all", s.county_geo_id),
-        format!("/v2/cities/{}/metrics/monthly?metric_from=2020-01-01&metric_to=2026-12-31&tag=all&property_type=all", s.city_geo_id),
+        format!(
+            "/v2/addresses/{}/metrics/monthly?metric_from=2020-01-01&metric_to=2026-12-31&tag=all",
+            s.address_geo_id
+        ),
+        format!(
+            "/v2/counties/{}/metrics/monthly?metric_from=2020-01-01&metric_to=2026-12-31&tag=all&property_type=all",
+            s.county_geo_id
+        ),
+        format!(
+            "/v2/cities/{}/metrics/monthly?metric_from=2020-01-01&metric_to=2026-12-31&tag=all&property_type=all",
+            s.city_geo_id
+        ),
         format!("/v2/cities/{}/metrics/current?tag=all&property_type=all", s.city_geo_id),
         format!("/v2/counties?geo_id={}", s.county_geo_id),
         format!("/v2/cities?geo_id={}", s.city_geo_id),
@@ -34,7 +43,10 @@ fn endpoint_paths(s: &Samples) -> Vec<String> {
         format!("/v2/zipcodes/search?q={}", &s.zip[..3]),
         "/v2/states/search?q=a".to_string(),
         "/v2/jurisdictions/search?q=a".to_string(),
-        format!("/v2/meta/coverage?geo_type=state&geo_id={}&date_from=2020-01-01&date_to=2026-12-31", s.state),
+        format!(
+            "/v2/meta/coverage?geo_type=state&geo_id={}&date_from=2020-01-01&date_to=2026-12-31",
+            s.state
+        ),
         "/v2/meta/release".to_string(),
         // Errors of the upstream's own pass through as they are.
         format!("/v2/permits/search?geo_id={}&{window}&size=500", s.state),
@@ -50,22 +62,10 @@ async fn every_spec_endpoint_answers_through_the_gateway_as_the_upstream_does() 
     let gw = Setup::new().start(&sim).await;
     let samples = sim.samples();
     for path in endpoint_paths(&samples) {
-        let direct = get(
-            &format!("{}{path}", sim.base_url()),
-            &[("x-api-key", sim.api_key())],
-        )
-        .await;
-        let via_key = get(
-            &format!("{}{path}", gw.base_url()),
-            &[("x-api-key", ALPHA.1)],
-        )
-        .await;
+        let direct = get(&format!("{}{path}", sim.base_url()), &[("x-api-key", sim.api_key())]).await;
+        let via_key = get(&format!("{}{path}", gw.base_url()), &[("x-api-key", ALPHA.1)]).await;
         let bearer = format!("Bearer {}", BETA.1);
-        let via_bearer = get(
-            &format!("{}{path}", gw.base_url()),
-            &[("authorization", &bearer)],
-        )
-        .await;
+        let via_bearer = get(&format!("{}{path}", gw.base_url()), &[("authorization", &bearer)]).await;
         for (style, via) in [("x-api-key", &via_key), ("bearer", &via_bearer)] {
             assert_eq!(via.status, direct.status, "{style} {path}: {}", via.text());
             assert_eq!(via.json(), direct.json(), "{style} {path}: body differs");
@@ -93,11 +93,7 @@ async fn the_team_sees_its_own_credit_headers_not_the_orgs() {
         "/v2/permits/search?geo_id={}&permit_from={}&permit_to={}&size=4",
         s.state, s.permit_from, s.permit_to
     );
-    let reply = get(
-        &format!("{}{path}", gw.base_url()),
-        &[("x-api-key", ALPHA.1)],
-    )
-    .await;
+    let reply = get(&format!("{}{path}", gw.base_url()), &[("x-api-key", ALPHA.1)]).await;
     assert_eq!(reply.status, StatusCode::OK);
     let items = reply.json()["items"].as_array().expect("items").len() as u64;
     assert_eq!(reply.header_u64("x-credits-request"), Some(items));
@@ -105,11 +101,7 @@ async fn the_team_sees_its_own_credit_headers_not_the_orgs() {
     assert_eq!(reply.header("x-credits-limit"), None);
     assert_eq!(reply.header("x-credits-remaining"), None);
     // Free endpoints cost nothing and say so.
-    let free = get(
-        &format!("{}/v2/meta/release", gw.base_url()),
-        &[("x-api-key", ALPHA.1)],
-    )
-    .await;
+    let free = get(&format!("{}/v2/meta/release", gw.base_url()), &[("x-api-key", ALPHA.1)]).await;
     assert_eq!(free.status, StatusCode::OK);
     assert_eq!(free.header("x-credits-request"), None);
 }
@@ -131,11 +123,7 @@ async fn methods_paths_and_credentials_get_upstream_shaped_errors() {
     assert_eq!(post.header("allow"), Some("GET, HEAD"));
     assert_eq!(post.json()["detail"], "Method Not Allowed");
 
-    let outside = get(
-        &format!("{base}/v1/permits/search"),
-        &[("x-api-key", ALPHA.1)],
-    )
-    .await;
+    let outside = get(&format!("{base}/v1/permits/search"), &[("x-api-key", ALPHA.1)]).await;
     assert_eq!(outside.status, StatusCode::NOT_FOUND);
     assert_eq!(outside.json()["detail"], "Not Found");
 
@@ -146,20 +134,13 @@ async fn methods_paths_and_credentials_get_upstream_shaped_errors() {
         serde_json::json!(["header", "x-api-key"])
     );
 
-    let wrong = get(
-        &format!("{base}/v2/meta/release"),
-        &[("x-api-key", "not-a-team")],
-    )
-    .await;
+    let wrong = get(&format!("{base}/v2/meta/release"), &[("x-api-key", "not-a-team")]).await;
     assert_eq!(wrong.status, StatusCode::UNAUTHORIZED);
     assert!(wrong.json()["detail"].is_string());
 
     let conflicting = get(
         &format!("{base}/v2/meta/release"),
-        &[
-            ("x-api-key", ALPHA.1),
-            ("authorization", &format!("Bearer {}", BETA.1)),
-        ],
+        &[("x-api-key", ALPHA.1), ("authorization", &format!("Bearer {}", BETA.1))],
     )
     .await;
     assert_eq!(conflicting.status, StatusCode::UNAUTHORIZED);
@@ -190,11 +171,7 @@ async fn traversal_attempts_stay_inside_v2() {
         "/v2/permits/../../admin/teams",
         "/v2/meta/%2e%2e/%2e%2e/_sim/stats",
     ] {
-        let r = get(
-            &format!("{}{path}", gw.base_url()),
-            &[("x-api-key", ALPHA.1)],
-        )
-        .await;
+        let r = get(&format!("{}{path}", gw.base_url()), &[("x-api-key", ALPHA.1)]).await;
         assert_eq!(r.status, StatusCode::NOT_FOUND, "{path}: {}", r.text());
     }
     let encoded_slash = get(
@@ -229,10 +206,7 @@ async fn request_ids_are_propagated_upstream_and_back() {
         &[("x-api-key", ALPHA.1)],
     )
     .await;
-    let id = generated
-        .header("x-request-id")
-        .expect("generated id")
-        .to_string();
+    let id = generated.header("x-request-id").expect("generated id").to_string();
     let upstream_ids: Vec<Option<String>> = sim.log().into_iter().map(|e| e.request_id).collect();
     assert_eq!(upstream_ids, vec![Some("trace-42".to_string()), Some(id)]);
 }
@@ -304,39 +278,25 @@ async fn admin_listener_serves_health_and_metrics_and_guards_admin() {
     let sim = start_sim(unlimited()).await;
     let gw = Setup::new().start(&sim).await;
     let admin = gw.admin_url();
-    assert_eq!(
-        get(&format!("{admin}/healthz"), &[]).await.status,
-        StatusCode::OK
-    );
-    assert_eq!(
-        get(&format!("{admin}/readyz"), &[]).await.status,
-        StatusCode::OK
-    );
-    let _ = get(
-        &format!("{}/v2/meta/release", gw.base_url()),
-        &[("x-api-key", ALPHA.1)],
-    )
-    .await;
+    assert_eq!(get(&format!("{admin}/healthz"), &[]).await.status, StatusCode::OK);
+    assert_eq!(get(&format!("{admin}/readyz"), &[]).await.status, StatusCode::OK);
+    let _ = get(&format!("{}/v2/meta/release", gw.base_url()), &[("x-api-key", ALPHA.1)]).await;
     let metrics = get(&format!("{admin}/metrics"), &[]).await.text();
-    assert!(metrics.contains("gateway_requests_total{cache=\"miss\",route=\"meta_release\",status=\"200\",team=\"alpha\"} 1"), "{metrics}");
+    assert!(
+        metrics
+            .contains("gateway_requests_total{cache=\"miss\",route=\"meta_release\",status=\"200\",team=\"alpha\"} 1"),
+        "{metrics}"
+    );
     assert!(metrics.contains("gateway_request_duration_seconds_bucket"));
     assert!(metrics.contains("gateway_build_info"));
     assert_eq!(
         get(&format!("{admin}/admin/teams"), &[]).await.status,
         StatusCode::UNAUTHORIZED
     );
-    let wrong = get(
-        &format!("{admin}/admin/teams"),
-        &[("authorization", "Bearer nope")],
-    )
-    .await;
+    let wrong = get(&format!("{admin}/admin/teams"), &[("authorization", "Bearer nope")]).await;
     assert_eq!(wrong.status, StatusCode::UNAUTHORIZED);
     let bearer = format!("Bearer {}", crate::support::gateway::ADMIN_TOKEN);
-    let teams = get(
-        &format!("{admin}/admin/teams"),
-        &[("authorization", &bearer)],
-    )
-    .await;
+    let teams = get(&format!("{admin}/admin/teams"), &[("authorization", &bearer)]).await;
     assert_eq!(teams.status, StatusCode::OK);
     // The team listener does not serve admin paths.
     let via_team = get(&format!("{}/metrics", gw.base_url()), &[]).await;

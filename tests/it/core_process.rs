@@ -39,13 +39,7 @@ async fn secrets_never_appear_in_responses_or_logs() {
         "/v2/nope",
         "/v2/permits/search?size=0",
     ] {
-        replies.push(
-            get(
-                &format!("{}{path}", gw.base_url()),
-                &[("x-api-key", ALPHA.1)],
-            )
-            .await,
-        );
+        replies.push(get(&format!("{}{path}", gw.base_url()), &[("x-api-key", ALPHA.1)]).await);
         replies.push(
             get(
                 &format!("{}{path}", gw.base_url()),
@@ -76,10 +70,7 @@ async fn secrets_never_appear_in_responses_or_logs() {
             all.push_str(&format!("\n{k}: {}", String::from_utf8_lossy(v.as_bytes())));
         }
         for secret in secrets {
-            assert!(
-                !all.contains(secret),
-                "a secret leaked in a response: {all}"
-            );
+            assert!(!all.contains(secret), "a secret leaked in a response: {all}");
         }
     }
     // The access log wrote a line per request; none carries a secret.
@@ -160,13 +151,10 @@ async fn team_traffic_is_served_over_tls_with_h2_by_alpn() {
         ),
     );
     let gw = setup.start(&sim).await;
-    let req = http::Request::get(format!(
-        "https://localhost:{}/v2/meta/release",
-        gw.addr.port()
-    ))
-    .header("x-api-key", ALPHA.1)
-    .body(Empty::new())
-    .expect("request");
+    let req = http::Request::get(format!("https://localhost:{}/v2/meta/release", gw.addr.port()))
+        .header("x-api-key", ALPHA.1)
+        .body(Empty::new())
+        .expect("request");
     let resp = tls_client(&pki).request(req).await.expect("TLS request");
     assert_eq!(resp.status(), StatusCode::OK);
     assert_eq!(resp.version(), http::Version::HTTP_2, "ALPN picks h2");
@@ -188,11 +176,7 @@ async fn the_upstream_is_reached_over_tls_with_a_private_ca() {
         format!("ca_file = {:?}", pki.ca_path().display().to_string()),
     );
     let gw = setup.start(&sim).await;
-    let r = get(
-        &format!("{}/v2/meta/release", gw.base_url()),
-        &[("x-api-key", ALPHA.1)],
-    )
-    .await;
+    let r = get(&format!("{}/v2/meta/release", gw.base_url()), &[("x-api-key", ALPHA.1)]).await;
     assert_eq!(r.status, StatusCode::OK, "{}", r.text());
     assert_eq!(sim.stats().requests_total, 1);
 
@@ -214,10 +198,7 @@ async fn the_demo_serves_its_printed_curl_lines() {
     let banner = permit_gateway::demo::banner(&sim, &gw);
     let url = banner
         .lines()
-        .find_map(|l| {
-            l.trim()
-                .strip_prefix("curl -s -H 'X-API-Key: pgw_demo_growth' '")
-        })
+        .find_map(|l| l.trim().strip_prefix("curl -s -H 'X-API-Key: pgw_demo_growth' '"))
         .and_then(|rest| rest.strip_suffix('\''))
         .expect("banner has a growth curl line")
         .to_string();

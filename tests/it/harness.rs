@@ -30,9 +30,6 @@ async fn redis_can_be_killed_and_restarted_mid_test() {
         .get_multiplexed_async_connection()
         .await
         .expect("reconnects after restart");
-    let pong: String = redis::cmd("PING")
-        .query_async(&mut conn)
-        .await
-        .expect("PING");
+    let pong: String = redis::cmd("PING").query_async(&mut conn).await.expect("PING");
     assert_eq!(pong, "PONG");
 }

@@ -181,18 +181,9 @@ fn geography(g: &mut Gen, d: &mut Dataset, si: usize, zip0: u32) {
     }
 }
 
-fn addresses(
-    g: &mut Gen,
-    d: &mut Dataset,
-    si: usize,
-    n: usize,
-    lat: f64,
-    lng: f64,
-) -> std::ops::Range<usize> {
+fn addresses(g: &mut Gen, d: &mut Dataset, si: usize, n: usize, lat: f64, lng: f64) -> std::ops::Range<usize> {
     let start = d.addresses.len();
-    let zips: Vec<usize> = (0..d.zips.len())
-        .filter(|z| d.zips[*z].state == si)
-        .collect();
+    let zips: Vec<usize> = (0..d.zips.len()).filter(|z| d.zips[*z].state == si).collect();
     for _ in 0..n {
         let zip = g.pick(&zips);
         let city = d.zips[zip].city;
@@ -250,22 +241,13 @@ fn property(g: &mut Gen, si: usize, county: usize) -> Property {
         lot_size: g.chance(0.85).then(|| g.range(1_000, 40_000) as f64),
         building_area: g.chance(0.8).then(|| g.range(500, 8_000) as f64),
         story_count: g.chance(0.8).then(|| g.range(1, 4) as i64),
-        unit_count: g
-            .chance(0.8)
-            .then(|| g.range(1, if big { 40 } else { 2 }) as i64),
+        unit_count: g.chance(0.8).then(|| g.range(1, if big { 40 } else { 2 }) as i64),
         year_built: g.chance(0.75).then(|| g.range(1900, 2023) as i64),
-        market_value: g
-            .chance(0.8)
-            .then(|| g.range(10_000_000, 300_000_000) as i64),
+        market_value: g.chance(0.8).then(|| g.range(10_000_000, 300_000_000) as i64),
     }
 }
 
-fn contractors(
-    g: &mut Gen,
-    d: &mut Dataset,
-    n: usize,
-    addrs: std::ops::Range<usize>,
-) -> std::ops::Range<usize> {
+fn contractors(g: &mut Gen, d: &mut Dataset, n: usize, addrs: std::ops::Range<usize>) -> std::ops::Range<usize> {
     let start = d.contractors.len();
     const ALNUM: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789";
     for _ in 0..n {
@@ -283,11 +265,7 @@ fn contractors(
         let phone = format!("(555) {:03}-{:04}", g.range(200, 999), g.range(0, 9999));
         let phone2 = format!("(555) {:03}-{:04}", g.range(200, 999), g.range(0, 9999));
         d.contractors.push(Contractor {
-            license: format!(
-                "{}{:07}",
-                DATA_STATES[d.states.len() - 1].0,
-                g.range(1, 9_999_999)
-            ),
+            license: format!("{}{:07}", DATA_STATES[d.states.len() - 1].0, g.range(1, 9_999_999)),
             name: format!("{first} {last}"),
             dba: g.chance(0.4).then(|| format!("{last} {word}")),
             business_type: g.pick(BUSINESS_TYPES),
@@ -340,16 +318,8 @@ fn permit(g: &mut Gen, address: usize, contractor: Option<usize>, seq: usize) ->
     let mut description = phrases.join(", ");
     description[..1].make_ascii_uppercase();
     let (ptype, subtype) = g.pick(PERMIT_TYPES);
-    let earliest = [Some(file), issue, start]
-        .into_iter()
-        .flatten()
-        .min()
-        .unwrap_or(file);
-    let latest = [Some(file), issue, end]
-        .into_iter()
-        .flatten()
-        .max()
-        .unwrap_or(file);
+    let earliest = [Some(file), issue, start].into_iter().flatten().min().unwrap_or(file);
+    let latest = [Some(file), issue, end].into_iter().flatten().max().unwrap_or(file);
     Permit {
         id: format!("{:016x}", g.rng.random::<u64>()),
         number: format!("{}{}-{:05}", &ptype[..1], file.format("%y"), seq % 100_000),

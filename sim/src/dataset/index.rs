@@ -39,8 +39,7 @@ pub fn build(d: &mut Dataset) {
         let mut list = std::mem::take(&mut d.contractors[ci].permits);
         list.sort_by(|x, y| {
             let (px, py) = (&d.permits[*x], &d.permits[*y]);
-            (&d.addresses[px.address].geo_id, &px.id)
-                .cmp(&(&d.addresses[py.address].geo_id, &py.id))
+            (&d.addresses[px.address].geo_id, &px.id).cmp(&(&d.addresses[py.address].geo_id, &py.id))
         });
         d.contractors[ci].lifetime = lifetime(&d.permits, &list);
         d.contractors[ci].permits = list;
@@ -60,7 +59,6 @@ fn lifetime(permits: &[Permit], list: &[usize]) -> Lifetime {
         avg_job_value: if n > 0 { total_job_value / n } else { 0 },
         avg_construction_duration: (!durations.is_empty())
             .then(|| (durations.iter().sum::<i64>() as f64 / durations.len() as f64).round()),
-        avg_inspection_pass_rate: (!rates.is_empty())
-            .then(|| rates.iter().sum::<i64>() / rates.len() as i64),
+        avg_inspection_pass_rate: (!rates.is_empty()).then(|| rates.iter().sum::<i64>() / rates.len() as i64),
     }
 }

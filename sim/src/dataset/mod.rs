@@ -192,9 +192,7 @@ impl Dataset {
         // Holding the lock while generating makes parallel tests with the same
         // seed wait for one generation instead of each doing it.
         let mut map = cache.lock().unwrap_or_else(|e| e.into_inner());
-        map.entry(seed)
-            .or_insert_with(|| Arc::new(gen::generate(seed)))
-            .clone()
+        map.entry(seed).or_insert_with(|| Arc::new(gen::generate(seed))).clone()
     }
 
     /// Permit positions in an area; empty for a well-formed but unknown area.

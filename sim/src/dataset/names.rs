@@ -33,16 +33,16 @@ pub const DATA_STATES: &[(&str, usize, u32, f64, f64)] = &[
 ];
 
 pub const PLACE_HEADS: &[&str] = &[
-    "Oak", "Cedar", "Maple", "River", "Lake", "Pine", "Elm", "Spring", "Fair", "Green", "Red",
-    "Clear", "Stone", "Mill", "Bay", "Sun", "Ash", "Silver", "North", "West",
+    "Oak", "Cedar", "Maple", "River", "Lake", "Pine", "Elm", "Spring", "Fair", "Green", "Red", "Clear", "Stone",
+    "Mill", "Bay", "Sun", "Ash", "Silver", "North", "West",
 ];
 pub const PLACE_TAILS: &[&str] = &[
     "ville", "field", "ton", "wood", "dale", "port", "view", "brook", "ford", "haven",
 ];
 pub const COUNTY_NAMES: &[&str] = &[
-    "Alder", "Brant", "Carver", "Dorset", "Elgin", "Fulton", "Garnet", "Harlan", "Iris", "Jasper",
-    "Kendall", "Lowell", "Marion", "Nolan", "Orland", "Preston", "Quincy", "Radford", "Sutton",
-    "Tolland", "Union", "Vance", "Warren", "Yates",
+    "Alder", "Brant", "Carver", "Dorset", "Elgin", "Fulton", "Garnet", "Harlan", "Iris", "Jasper", "Kendall", "Lowell",
+    "Marion", "Nolan", "Orland", "Preston", "Quincy", "Radford", "Sutton", "Tolland", "Union", "Vance", "Warren",
+    "Yates",
 ];
 pub const STREETS: &[&str] = &[
     "Main St",
@@ -67,12 +67,12 @@ pub const STREETS: &[&str] = &[
     "Bay St",
 ];
 pub const FIRST_NAMES: &[&str] = &[
-    "James", "Maria", "Robert", "Linda", "Wei", "Aisha", "Carlos", "Emma", "Noah", "Priya", "Omar",
-    "Grace", "Luis", "Hannah", "Kenji", "Sofia", "Daniel", "Fatima", "Ivan", "Chloe",
+    "James", "Maria", "Robert", "Linda", "Wei", "Aisha", "Carlos", "Emma", "Noah", "Priya", "Omar", "Grace", "Luis",
+    "Hannah", "Kenji", "Sofia", "Daniel", "Fatima", "Ivan", "Chloe",
 ];
 pub const LAST_NAMES: &[&str] = &[
-    "Smith", "Garcia", "Nguyen", "Johnson", "Patel", "Kim", "Brown", "Lopez", "Miller", "Chen",
-    "Davis", "Wilson", "Moore", "Taylor", "Clark", "Rivera", "Walker", "Young",
+    "Smith", "Garcia", "Nguyen", "Johnson", "Patel", "Kim", "Brown", "Lopez", "Miller", "Chen", "Davis", "Wilson",
+    "Moore", "Taylor", "Clark", "Rivera", "Walker", "Young",
 ];
 
 /// The tag vocabulary, with the phrase a description uses for each.

@@ -41,18 +41,8 @@ impl Samples {
         let permit = &d.permits[contractor.permits[0]];
         let a = &d.addresses[permit.address];
         let zip = d.zips[a.zip].code.clone();
-        let from = d
-            .permits
-            .iter()
-            .map(|p| p.earliest)
-            .min()
-            .unwrap_or(d.released_at);
-        let to = d
-            .permits
-            .iter()
-            .map(|p| p.latest)
-            .max()
-            .unwrap_or(d.released_at);
+        let from = d.permits.iter().map(|p| p.earliest).min().unwrap_or(d.released_at);
+        let to = d.permits.iter().map(|p| p.latest).max().unwrap_or(d.released_at);
         Samples {
             state: d.states[small].code.to_string(),
             zip4: format!("{zip}-0001"),

@@ -10,22 +10,10 @@ use serde_json::json;
 async fn stats_and_log_count_requests_credits_and_request_ids() {
     let sim = sim().await;
     let s = sim.samples();
-    let url = format!(
-        "{}{}",
-        sim.base_url(),
-        permit_search(&s, &s.state, "&size=3")
-    );
-    let r = get(
-        &url,
-        &[("x-api-key", sim.api_key()), ("x-request-id", "team-a-1")],
-    )
-    .await;
+    let url = format!("{}{}", sim.base_url(), permit_search(&s, &s.state, "&size=3"));
+    let r = get(&url, &[("x-api-key", sim.api_key()), ("x-request-id", "team-a-1")]).await;
     assert_eq!(r.status, 200);
-    get(
-        &format!("{}/v2/usage", sim.base_url()),
-        &[("x-api-key", "wrong")],
-    )
-    .await;
+    get(&format!("{}/v2/usage", sim.base_url()), &[("x-api-key", "wrong")]).await;
     get(&format!("{}/_sim/stats", sim.base_url()), &[]).await;
     let stats = sim.stats();
     assert_eq!(stats.requests_total, 2, "control requests are not counted");
@@ -41,14 +29,10 @@ async fn stats_and_log_count_requests_credits_and_request_ids() {
     );
     assert!(log[0].query.contains("size=3"));
     assert_eq!((log[1].status, log[1].api_key_ok), (401, false));
-    let over_http = get(&format!("{}/_sim/stats", sim.base_url()), &[])
-        .await
-        .json();
+    let over_http = get(&format!("{}/_sim/stats", sim.base_url()), &[]).await.json();
     assert_eq!(over_http["requests_total"], 2);
     assert_eq!(
-        get(&format!("{}/_sim/log", sim.base_url()), &[])
-            .await
-            .json()[0]["request_id"],
+        get(&format!("{}/_sim/log", sim.base_url()), &[]).await.json()[0]["request_id"],
         "team-a-1"
     );
     sim.reset();
@@ -69,27 +53,11 @@ async fn control_endpoints_drive_faults() {
     assert_eq!(ok.status, 200, "{}", ok.text());
     assert_eq!(v2(&sim, "/v2/meta/release").await.status, 502);
     assert_eq!(v2(&sim, "/v2/meta/release").await.status, 200);
-    post_json(
-        &format!("{base}/_sim/faults"),
-        &[],
-        &json!({"kind": "status"}),
-    )
-    .await;
+    post_json(&format!("{base}/_sim/faults"), &[], &json!({"kind": "status"})).await;
     assert_eq!(v2(&sim, "/v2/meta/release").await.status, 500);
-    send(
-        Method::DELETE,
-        &format!("{base}/_sim/faults"),
-        &[],
-        Bytes::new(),
-    )
-    .await;
+    send(Method::DELETE, &format!("{base}/_sim/faults"), &[], Bytes::new()).await;
     assert_eq!(v2(&sim, "/v2/meta/release").await.status, 200);
-    let bad = post_json(
-        &format!("{base}/_sim/faults"),
-        &[],
-        &json!({"kind": "gremlins"}),
-    )
-    .await;
+    let bad = post_json(&format!("{base}/_sim/faults"), &[], &json!({"kind": "gremlins"})).await;
     assert_eq!(bad.status, 400);
 }
 
@@ -99,12 +67,7 @@ async fn control_endpoints_drive_config_clock_samples_and_reset() {
     let s = sim.samples();
     let base = sim.base_url();
 
-    post_json(
-        &format!("{base}/_sim/config"),
-        &[],
-        &json!({"credit_limit": 5}),
-    )
-    .await;
+    post_json(&format!("{base}/_sim/config"), &[], &json!({"credit_limit": 5})).await;
     assert_eq!(
         v2(&sim, &permit_search(&s, &s.state, "&size=4"))
             .await
@@ -130,14 +93,9 @@ async fn control_endpoints_drive_config_clock_samples_and_reset() {
     let samples = get(&format!("{base}/_sim/samples"), &[]).await.json();
     assert_eq!(samples["big_state"], s.big_state.as_str());
     assert_eq!(
-        send(
-            Method::POST,
-            &format!("{base}/_sim/reset"),
-            &[],
-            Bytes::new()
-        )
-        .await
-        .status,
+        send(Method::POST, &format!("{base}/_sim/reset"), &[], Bytes::new())
+            .await
+            .status,
         200
     );
     assert_eq!(sim.stats().requests_total, 0);

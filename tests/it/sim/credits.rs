@@ -105,23 +105,12 @@ async fn spend_drops_out_of_the_rolling_window_after_thirty_days() {
     })
     .await;
     let s = sim.samples();
-    assert_eq!(
-        v2(&sim, &permit_search(&s, &s.state, "&size=20"))
-            .await
-            .status,
-        200
-    );
-    assert_eq!(
-        v2(&sim, &permit_search(&s, &s.state, "&size=1"))
-            .await
-            .status,
-        402
-    );
+    assert_eq!(v2(&sim, &permit_search(&s, &s.state, "&size=20")).await.status, 200);
+    assert_eq!(v2(&sim, &permit_search(&s, &s.state, "&size=1")).await.status, 402);
     let usage = v2(&sim, "/v2/usage").await.json();
     let day = &usage["daily_usage"][0];
     assert_eq!(day["credits"], 20);
-    let date = chrono::NaiveDate::parse_from_str(day["date"].as_str().unwrap_or(""), "%Y-%m-%d")
-        .expect("date");
+    let date = chrono::NaiveDate::parse_from_str(day["date"].as_str().unwrap_or(""), "%Y-%m-%d").expect("date");
     assert_eq!(day["expires"], (date + chrono::Days::new(30)).to_string());
     sim.advance_clock(31 * 86_400);
     let usage = v2(&sim, "/v2/usage").await.json();
@@ -139,17 +128,7 @@ async fn runtime_limit_change_applies_to_the_next_request() {
     let sim = sim().await;
     let s = sim.samples();
     sim.set_credit_limit(Some(1));
-    assert_eq!(
-        v2(&sim, &permit_search(&s, &s.state, "&size=2"))
-            .await
-            .status,
-        402
-    );
+    assert_eq!(v2(&sim, &permit_search(&s, &s.state, "&size=2")).await.status, 402);
     sim.set_credit_limit(None);
-    assert_eq!(
-        v2(&sim, &permit_search(&s, &s.state, "&size=2"))
-            .await
-            .status,
-        200
-    );
+    assert_eq!(v2(&sim, &permit_search(&s, &s.state, "&size=2")).await.status, 200);
 }

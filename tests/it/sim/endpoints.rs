@@ -7,10 +7,7 @@ fn assert_page(v: &Value) {
     for key in ["items", "size", "next_cursor", "total_count"] {
         assert!(v.get(key).is_some(), "page lacks {key}: {v}");
     }
-    assert_eq!(
-        v["size"].as_u64(),
-        v["items"].as_array().map(|a| a.len() as u64)
-    );
+    assert_eq!(v["size"].as_u64(), v["items"].as_array().map(|a| a.len() as u64));
 }
 
 #[tokio::test]
@@ -85,17 +82,11 @@ async fn contractor_search_and_contractor_permits_answer() {
         assert!(c.get(f).is_some(), "contractor lacks {f}");
     }
     assert!(c["address"]["address_id"].is_string());
-    let r = v2(
-        &sim,
-        &format!("/v2/contractors/{}/permits?size=4", s.contractor_id),
-    )
-    .await;
+    let r = v2(&sim, &format!("/v2/contractors/{}/permits?size=4", s.contractor_id)).await;
     assert_eq!(r.status, 200);
     let ps = items(&r);
     assert_eq!(ps.len(), 4);
-    assert!(ps
-        .iter()
-        .all(|p| p["contractor_id"] == s.contractor_id.as_str()));
+    assert!(ps.iter().all(|p| p["contractor_id"] == s.contractor_id.as_str()));
     let unknown = v2(&sim, "/v2/contractors/NOSUCHID00/permits").await;
     assert_eq!(unknown.status, 200);
     assert!(items(&unknown).is_empty());
@@ -141,26 +132,27 @@ async fn metrics_endpoints_answer_and_404_without_rows() {
     assert_eq!(r.status, 200, "{}", r.text());
     let r = v2(
         &sim,
-        &format!(
-            "/v2/addresses/{}/metrics/monthly?{range}&tag=all",
-            s.address_geo_id
-        ),
+        &format!("/v2/addresses/{}/metrics/monthly?{range}&tag=all", s.address_geo_id),
     )
     .await;
     assert_eq!(r.status, 200, "{}", r.text());
     assert!(items(&r)[0].get("property_type").is_none());
     let r = v2(
         &sim,
-        &format!(
-            "/v2/cities/{}/metrics/current?property_type=all&tag=all",
-            s.city_geo_id
-        ),
+        &format!("/v2/cities/{}/metrics/current?property_type=all&tag=all", s.city_geo_id),
     )
     .await;
     assert_eq!(r.status, 200, "{}", r.text());
     let row = &items(&r)[0];
     assert!(row.get("permit_active_count").is_some() && row.get("date").is_none());
-    let none = v2(&sim, &format!("/v2/cities/{}/metrics/monthly?metric_from=1990-01-01&metric_to=1990-12-31&property_type=all&tag=all", s.city_geo_id)).await;
+    let none = v2(
+        &sim,
+        &format!(
+            "/v2/cities/{}/metrics/monthly?metric_from=1990-01-01&metric_to=1990-12-31&property_type=all&tag=all",
+            s.city_geo_id
+        ),
+    )
+    .await;
     assert_eq!(none.status, 404);
     assert_eq!(none.json()["detail"], "No city metrics found.");
 }
@@ -174,18 +166,13 @@ async fn geography_details_are_bare_objects_and_unknown_is_404() {
         .json();
     assert_eq!(county["geo_id"], s.county_geo_id.as_str());
     assert!(county["cities"].is_object() && county["zipcodes"].is_array());
-    let city = v2(&sim, &format!("/v2/cities?geo_id={}", s.city_geo_id))
-        .await
-        .json();
+    let city = v2(&sim, &format!("/v2/cities?geo_id={}", s.city_geo_id)).await.json();
     assert!(city["counties"]
         .as_object()
         .is_some_and(|m| m.values().any(|v| v == s.county_geo_id.as_str())));
-    let jur = v2(
-        &sim,
-        &format!("/v2/jurisdictions?geo_id={}", s.jurisdiction_geo_id),
-    )
-    .await
-    .json();
+    let jur = v2(&sim, &format!("/v2/jurisdictions?geo_id={}", s.jurisdiction_geo_id))
+        .await
+        .json();
     assert_eq!(jur["state"], s.state.as_str());
     let missing = v2(&sim, "/v2/counties?geo_id=AAAAAAAAAAA").await;
     assert_eq!(missing.status, 404);
@@ -205,9 +192,7 @@ async fn free_lists_and_searches_answer() {
     let st = v2(&sim, "/v2/states/search?q=calif").await;
     assert_eq!(items(&st)[0]["geo_id"], "CA");
     let j = v2(&sim, "/v2/jurisdictions/search?q=o").await.json();
-    assert!(j["items"]
-        .as_array()
-        .is_some_and(|a| !a.is_empty() && a.len() <= 15));
+    assert!(j["items"].as_array().is_some_and(|a| !a.is_empty() && a.len() <= 15));
     assert!(j["next_cursor"].is_null());
     let release = v2(&sim, "/v2/meta/release").await.json();
     assert_eq!(release["released_at"].as_str().map(str::len), Some(10));
@@ -239,21 +224,10 @@ async fn coverage_follows_its_rules() {
     assert!(!rows.is_empty());
     let tiers: Vec<&str> = rows.iter().filter_map(|r| r["tier"].as_str()).collect();
     assert!(tiers.iter().all(|t| *t == "partial" || *t == "missing"));
-    assert!(rows
-        .iter()
-        .all(|r| r["fill_pct"].as_f64().is_some_and(|f| f < 0.8)));
+    assert!(rows.iter().all(|r| r["fill_pct"].as_f64().is_some_and(|f| f < 0.8)));
     let empty = v2(&sim, &url("zipcode", &s.zip4, "1990-01-01", "1990-01-31")).await;
     let rows = items(&empty);
-    assert!(
-        rows.len() >= 5
-            && rows
-                .iter()
-                .all(|r| r["tier"] == "missing" && r["permits_total"] == 0)
-    );
-    let city = v2(
-        &sim,
-        &url("city", &s.city_geo_id, "2021-01-01", "2026-12-31"),
-    )
-    .await;
+    assert!(rows.len() >= 5 && rows.iter().all(|r| r["tier"] == "missing" && r["permits_total"] == 0));
+    let city = v2(&sim, &url("city", &s.city_geo_id, "2021-01-01", "2026-12-31")).await;
     assert_eq!(city.status, 200);
 }

@@ -83,10 +83,7 @@ async fn bad_date_and_free_text_geo_id_are_422() {
         "Input should be a valid date or datetime, invalid character in year"
     );
     assert_eq!(from["input"], "01-01-2025");
-    assert_eq!(
-        find(&errs, "permit_to")["type"],
-        "date_from_datetime_parsing"
-    );
+    assert_eq!(find(&errs, "permit_to")["type"], "date_from_datetime_parsing");
     let geo = find(&errs, "geo_id");
     assert_eq!(geo["type"], "value_error");
     assert_eq!(geo["input"], "123 Main St");
@@ -170,11 +167,7 @@ async fn over_the_request_rate_is_429_with_retry_after() {
     assert_eq!(r.json(), json!({"detail": "Rate limit exceeded"}));
     assert!(r.header_u64("retry-after").is_some_and(|s| s >= 1));
     // Auth comes before the limiter: a wrong key is still a 401.
-    let wrong = get(
-        &format!("{}/v2/meta/release", sim.base_url()),
-        &[("x-api-key", "nope")],
-    )
-    .await;
+    let wrong = get(&format!("{}/v2/meta/release", sim.base_url()), &[("x-api-key", "nope")]).await;
     assert_eq!(wrong.status, 401);
     sim.set_requests_per_minute(0);
     assert_eq!(v2(&sim, "/v2/meta/release").await.status, 200);

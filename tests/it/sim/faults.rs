@@ -31,12 +31,7 @@ async fn status_fault_answers_that_status_for_count_requests_and_charges_nothing
         assert_eq!(r.header_u64("retry-after"), Some(7));
         assert!(r.json()["detail"].is_string());
     }
-    assert_eq!(
-        v2(&sim, &permit_search(&s, &s.state, "&size=3"))
-            .await
-            .status,
-        200
-    );
+    assert_eq!(v2(&sim, &permit_search(&s, &s.state, "&size=3")).await.status, 200);
     assert_eq!(sim.stats().credits_total, 3);
     sim.set_faults(Faults {
         status: Some(429),
@@ -111,9 +106,7 @@ async fn body_faults_break_the_body_but_keep_or_drop_charges_as_documented() {
     assert!(serde_json::from_slice::<serde_json::Value>(&r.body).is_err());
     sim.set_faults(fault(FaultKind::WrongContentType));
     let r = v2(&sim, &url).await;
-    assert!(r
-        .header("content-type")
-        .is_some_and(|c| c.starts_with("text/html")));
+    assert!(r.header("content-type").is_some_and(|c| c.starts_with("text/html")));
     let log = sim.log();
     assert_eq!(log.iter().map(|e| e.credits).collect::<Vec<_>>(), [4, 0, 0]);
 }
@@ -128,11 +121,7 @@ async fn credit_header_faults_serve_the_real_page_and_charge_it() {
     for _ in 0..3 {
         let r = v2(&sim, &url).await;
         assert_eq!(items(&r).len(), 2);
-        seen.push(
-            r.header("x-credits-request")
-                .unwrap_or_default()
-                .to_string(),
-        );
+        seen.push(r.header("x-credits-request").unwrap_or_default().to_string());
     }
     assert_eq!(seen, ["-5", "99999999999999999999", "abc"]);
     sim.set_faults(fault(FaultKind::MissingCredits));

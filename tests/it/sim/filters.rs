@@ -22,8 +22,7 @@ fn tags(p: &Value) -> Vec<&str> {
 async fn tags_are_all_required_and_minus_excludes() {
     let sim = sim().await;
     let s = sim.samples();
-    let count =
-        |r: &crate::support::http::Reply| r.json()["total_count"]["value"].as_u64().unwrap_or(0);
+    let count = |r: &crate::support::http::Reply| r.json()["total_count"]["value"].as_u64().unwrap_or(0);
     let base = count(&v2(&sim, &permit_search(&s, &s.state, "&include_count=true")).await);
     let solar_count = count(
         &v2(
@@ -32,10 +31,7 @@ async fn tags_are_all_required_and_minus_excludes() {
         )
         .await,
     );
-    assert!(
-        solar_count > 0 && solar_count < base,
-        "{solar_count} of {base}"
-    );
+    assert!(solar_count > 0 && solar_count < base, "{solar_count} of {base}");
     let solar = all_items(&sim, &permit_search(&s, &s.state, "&permit_tags=solar")).await;
     assert!(solar.iter().all(|p| tags(p).contains(&"solar")));
     let both = all_items(
@@ -57,11 +53,7 @@ async fn tags_are_all_required_and_minus_excludes() {
                 .iter()
                 .all(|p| tags(p).contains(&"solar") && !tags(p).contains(&"hvac"))
     );
-    let bogus = all_items(
-        &sim,
-        &permit_search(&s, &s.state, "&permit_tags=no_such_tag"),
-    )
-    .await;
+    let bogus = all_items(&sim, &permit_search(&s, &s.state, "&permit_tags=no_such_tag")).await;
     assert!(bogus.is_empty());
 }
 
@@ -71,24 +63,11 @@ async fn status_property_type_text_and_contractor_presence_filter() {
     let s = sim.samples();
     let st = all_items(
         &sim,
-        &permit_search(
-            &s,
-            &s.state,
-            "&permit_status=active&permit_status=in_review",
-        ),
+        &permit_search(&s, &s.state, "&permit_status=active&permit_status=in_review"),
     )
     .await;
-    assert!(
-        !st.is_empty()
-            && st
-                .iter()
-                .all(|p| p["status"] == "active" || p["status"] == "in_review")
-    );
-    let vacant = all_items(
-        &sim,
-        &permit_search(&s, &s.state, "&property_type=vacant%20land"),
-    )
-    .await;
+    assert!(!st.is_empty() && st.iter().all(|p| p["status"] == "active" || p["status"] == "in_review"));
+    let vacant = all_items(&sim, &permit_search(&s, &s.state, "&property_type=vacant%20land")).await;
     assert!(!vacant.is_empty() && vacant.iter().all(|p| p["property_type"] == "vacant land"));
     let text = all_items(&sim, &permit_search(&s, &s.state, "&permit_q=SOLAR%20PAN")).await;
     assert!(!text.is_empty());
@@ -97,17 +76,9 @@ async fn status_property_type_text_and_contractor_presence_filter() {
         .unwrap_or("")
         .to_lowercase()
         .contains("solar pan")));
-    let with = all_items(
-        &sim,
-        &permit_search(&s, &s.state, "&permit_has_contractor=yes"),
-    )
-    .await;
+    let with = all_items(&sim, &permit_search(&s, &s.state, "&permit_has_contractor=yes")).await;
     assert!(with.iter().all(|p| p["contractor_id"].is_string()));
-    let without = all_items(
-        &sim,
-        &permit_search(&s, &s.state, "&permit_has_contractor=0"),
-    )
-    .await;
+    let without = all_items(&sim, &permit_search(&s, &s.state, "&permit_has_contractor=0")).await;
     assert!(!without.is_empty() && without.iter().all(|p| p["contractor_id"].is_null()));
 }
 
@@ -115,11 +86,7 @@ async fn status_property_type_text_and_contractor_presence_filter() {
 async fn minimum_filters_and_dates_bound_results() {
     let sim = sim().await;
     let s = sim.samples();
-    let rich = all_items(
-        &sim,
-        &permit_search(&s, &s.state, "&permit_min_job_value=150000000"),
-    )
-    .await;
+    let rich = all_items(&sim, &permit_search(&s, &s.state, "&permit_min_job_value=150000000")).await;
     assert!(
         !rich.is_empty()
             && rich
@@ -142,17 +109,12 @@ async fn minimum_filters_and_dates_bound_results() {
     for p in &dated {
         let early = dates(p, &["file_date", "issue_date", "start_date"]);
         assert!(
-            early
-                .iter()
-                .min()
-                .is_some_and(|d| d.as_str() >= "2023-01-01"),
+            early.iter().min().is_some_and(|d| d.as_str() >= "2023-01-01"),
             "{early:?}"
         );
         let late = dates(p, &["file_date", "issue_date", "end_date"]);
         assert!(
-            late.iter()
-                .max()
-                .is_some_and(|d| d.as_str() <= "2023-06-30"),
+            late.iter().max().is_some_and(|d| d.as_str() <= "2023-06-30"),
             "{late:?}"
         );
     }
@@ -163,15 +125,8 @@ async fn contractor_name_filter_matches_name_or_business_name() {
     let sim = sim().await;
     let s = sim.samples();
     let first = items(&v2(&sim, &contractor_search(&s, &s.state, "&size=1")).await);
-    let business = first[0]["business_name"]
-        .as_str()
-        .unwrap_or_default()
-        .to_string();
-    let word: String = business
-        .split(' ')
-        .next()
-        .unwrap_or_default()
-        .to_lowercase();
+    let business = first[0]["business_name"].as_str().unwrap_or_default().to_string();
+    let word: String = business.split(' ').next().unwrap_or_default().to_lowercase();
     let found = all_items(
         &sim,
         &contractor_search(&s, &s.state, &format!("&contractor_name={word}")),
@@ -182,11 +137,7 @@ async fn contractor_name_filter_matches_name_or_business_name() {
         let n = format!("{} {}", c["name"], c["business_name"]).to_lowercase();
         n.contains(&word)
     }));
-    let permits = all_items(
-        &sim,
-        &permit_search(&s, &s.state, &format!("&contractor_name={word}")),
-    )
-    .await;
+    let permits = all_items(&sim, &permit_search(&s, &s.state, &format!("&contractor_name={word}"))).await;
     assert!(!permits.is_empty() && permits.iter().all(|p| p["contractor_id"].is_string()));
 }
 
@@ -194,23 +145,11 @@ async fn contractor_name_filter_matches_name_or_business_name() {
 async fn contractor_tallies_follow_the_filters_and_can_be_switched_off() {
     let sim = sim().await;
     let s = sim.samples();
-    let c = &items(
-        &v2(
-            &sim,
-            &contractor_search(&s, &s.state, "&permit_status=final&size=5"),
-        )
-        .await,
-    )[0];
+    let c = &items(&v2(&sim, &contractor_search(&s, &s.state, "&permit_status=final&size=5")).await)[0];
     let statuses = c["status_tally"].as_object().expect("tally");
     assert!(statuses.keys().all(|k| k == "final"), "{statuses:?}");
     assert!(c["permit_count"].as_u64() >= statuses.get("final").and_then(Value::as_u64));
-    let off = &items(
-        &v2(
-            &sim,
-            &contractor_search(&s, &s.state, "&include_tallies=false&size=1"),
-        )
-        .await,
-    )[0];
+    let off = &items(&v2(&sim, &contractor_search(&s, &s.state, "&include_tallies=false&size=1")).await)[0];
     assert_eq!(off["status_tally"], serde_json::json!({}));
     assert_eq!(off["tag_tally"], serde_json::json!({}));
 }

@@ -7,11 +7,7 @@ use std::collections::HashSet;
 async fn walking_all_pages_sees_every_permit_once_and_matches_the_count() {
     let sim = sim().await;
     let s = sim.samples();
-    let first = v2(
-        &sim,
-        &permit_search(&s, &s.zip, "&size=7&include_count=true"),
-    )
-    .await;
+    let first = v2(&sim, &permit_search(&s, &s.zip, "&size=7&include_count=true")).await;
     assert_eq!(first.status, 200, "{}", first.text());
     let total = first.json()["total_count"].clone();
     assert_eq!(total["relation"], "eq");
@@ -33,18 +29,11 @@ async fn walking_all_pages_sees_every_permit_once_and_matches_the_count() {
         let Some(cursor) = next.as_str() else { break };
         page = v2(
             &sim,
-            &permit_search(
-                &s,
-                &s.zip,
-                &format!("&size=7&include_count=true&cursor={cursor}"),
-            ),
+            &permit_search(&s, &s.zip, &format!("&size=7&include_count=true&cursor={cursor}")),
         )
         .await;
         assert_eq!(page.status, 200);
-        assert!(
-            page.json()["total_count"].is_null(),
-            "count only on the first page"
-        );
+        assert!(page.json()["total_count"].is_null(), "count only on the first page");
     }
     assert_eq!(seen.len() as u64, total);
     assert_eq!(pages as u64, total.div_ceil(7));
@@ -56,14 +45,8 @@ async fn contractor_pages_are_complete_without_duplicates() {
     let s = sim.samples();
     let mut seen = HashSet::new();
     let mut cursor = String::new();
-    let first = v2(
-        &sim,
-        &contractor_search(&s, &s.zip, "&size=3&include_count=true"),
-    )
-    .await;
-    let total = first.json()["total_count"]["value"]
-        .as_u64()
-        .expect("count");
+    let first = v2(&sim, &contractor_search(&s, &s.zip, "&size=3&include_count=true")).await;
+    let total = first.json()["total_count"]["value"].as_u64().expect("count");
     let mut page = first;
     loop {
         for c in items(&page) {
@@ -87,11 +70,7 @@ async fn contractor_pages_are_complete_without_duplicates() {
 async fn big_state_count_is_capped_at_ten_thousand() {
     let sim = sim().await;
     let s = sim.samples();
-    let r = v2(
-        &sim,
-        &permit_search(&s, &s.big_state, "&size=1&include_count=true"),
-    )
-    .await;
+    let r = v2(&sim, &permit_search(&s, &s.big_state, "&size=1&include_count=true")).await;
     assert_eq!(
         r.json()["total_count"],
         serde_json::json!({"value": 10000, "relation": "gte"})
@@ -116,8 +95,5 @@ async fn malformed_cursor_is_422() {
     let s = sim.samples();
     let r = v2(&sim, &permit_search(&s, &s.state, "&cursor=%25%25garbage")).await;
     assert_eq!(r.status, 422);
-    assert_eq!(
-        r.json()["detail"][0]["loc"],
-        serde_json::json!(["query", "cursor"])
-    );
+    assert_eq!(r.json()["detail"][0]["loc"], serde_json::json!(["query", "cursor"]));
 }

@@ -32,11 +32,9 @@ async fn serves_h2c_with_prior_knowledge() {
 #[tokio::test]
 async fn serves_https_with_alpn_h2() {
     let _ = rustls::crypto::ring::default_provider().install_default();
-    let ck = rcgen::generate_simple_self_signed(vec!["localhost".to_string()])
-        .expect("self-signed cert");
+    let ck = rcgen::generate_simple_self_signed(vec!["localhost".to_string()]).expect("self-signed cert");
     let cert_der = ck.cert.der().clone();
-    let key_der = rustls::pki_types::PrivateKeyDer::try_from(ck.signing_key.serialize_der())
-        .expect("key der");
+    let key_der = rustls::pki_types::PrivateKeyDer::try_from(ck.signing_key.serialize_der()).expect("key der");
     let server = rustls::ServerConfig::builder()
         .with_no_client_auth()
         .with_single_cert(vec![cert_der.clone()], key_der)

@@ -23,10 +23,7 @@ fn sha(token: &str) -> String {
 
 /// A team block for the config.
 pub fn team(name: &str, token: &str, extra: &str) -> String {
-    format!(
-        "[[teams]]\nname = {name:?}\ntoken_sha256 = {:?}\n{extra}\n",
-        sha(token)
-    )
+    format!("[[teams]]\nname = {name:?}\ntoken_sha256 = {:?}\n{extra}\n", sha(token))
 }
 
 /// A config for a gateway in front of `sim`: the given extra lines per
@@ -95,8 +92,7 @@ impl Setup {
 
     pub fn config(&self, sim: &Sim) -> Config {
         let text = self.toml(&sim.base_url(), sim.api_key());
-        Config::load(Source::Text(&text))
-            .unwrap_or_else(|e| panic!("test config invalid: {e}\n{text}"))
+        Config::load(Source::Text(&text)).unwrap_or_else(|e| panic!("test config invalid: {e}\n{text}"))
     }
 
     /// Starts the gateway in this process.
@@ -155,23 +151,10 @@ impl ChildGateway {
         });
         let line = ready_rx
             .recv_timeout(Duration::from_secs(30))
-            .unwrap_or_else(|_| {
-                panic!(
-                    "gateway did not start; logs: {:?}",
-                    logs.lock().expect("lock")
-                )
-            });
+            .unwrap_or_else(|_| panic!("gateway did not start; logs: {:?}", logs.lock().expect("lock")));
         let v: serde_json::Value = serde_json::from_str(&line).expect("json log line");
-        let addr = v["listen"]
-            .as_str()
-            .expect("listen field")
-            .parse()
-            .expect("addr");
-        let admin_addr = v["admin"]
-            .as_str()
-            .expect("admin field")
-            .parse()
-            .expect("addr");
+        let addr = v["listen"].as_str().expect("listen field").parse().expect("addr");
+        let admin_addr = v["admin"].as_str().expect("admin field").parse().expect("addr");
         ChildGateway {
             child,
             addr,

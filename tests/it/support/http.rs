@@ -22,12 +22,8 @@ pub struct Reply {
 impl Reply {
     /// The body parsed as JSON; panics with the raw body when it is not JSON.
     pub fn json(&self) -> Value {
-        serde_json::from_slice(&self.body).unwrap_or_else(|e| {
-            panic!(
-                "body is not JSON ({e}): {}",
-                String::from_utf8_lossy(&self.body)
-            )
-        })
+        serde_json::from_slice(&self.body)
+            .unwrap_or_else(|e| panic!("body is not JSON ({e}): {}", String::from_utf8_lossy(&self.body)))
     }
 
     /// A header as text, or None.
@@ -37,10 +33,8 @@ impl Reply {
 
     /// A header parsed as an integer; panics when present but not a number.
     pub fn header_u64(&self, name: &str) -> Option<u64> {
-        self.header(name).map(|v| {
-            v.parse()
-                .unwrap_or_else(|_| panic!("{name}: {v} is not a number"))
-        })
+        self.header(name)
+            .map(|v| v.parse().unwrap_or_else(|_| panic!("{name}: {v} is not a number")))
     }
 
     pub fn text(&self) -> String {

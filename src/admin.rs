@@ -4,6 +4,7 @@
 
 use crate::app::App;
 use crate::http_util::{bytes_response, json_response, Body};
+use crate::ledger;
 use crate::route::Route;
 use http::header::AUTHORIZATION;
 use http::{Method, Request, Response, StatusCode};
@@ -52,7 +53,16 @@ async fn readyz(app: &App) -> Response<Body> {
         );
     }
     checks.insert("config".into(), json!("ok"));
-    let _ = &mut ready;
+    match app.ledger.check().await {
+        Ok(note) => {
+            checks.insert("ledger".into(), json!(note));
+        }
+        Err(e) => {
+            // Fail closed: without a ledger no metered call can be budgeted.
+            ready = app.config.quota.fail_open;
+            checks.insert("ledger".into(), json!(e));
+        }
+    }
     let status = if ready {
         StatusCode::OK
     } else {
@@ -67,15 +77,12 @@ async fn readyz(app: &App) -> Response<Body> {
 async fn admin_route(app: &App, method: &Method, path: &str, query: Option<&str>) -> Response<Body> {
     match (method, path) {
         (&Method::POST, "/admin/cache/purge") => purge(app, query).await,
-        (&Method::GET, "/admin/teams") => {
-            let teams: Vec<_> = app
-                .teams
-                .load()
-                .iter()
-                .map(|t| json!({"name": t.name, "credit_limit": t.credit_limit}))
-                .collect();
-            json_response(StatusCode::OK, &json!({ "teams": teams }))
-        }
+        (&Method::GET, "/admin/teams") => teams(app).await,
+        (&Method::GET, "/admin/usage.csv") => usage_csv(app, query).await,
+        (&Method::POST, "/admin/reload") => match app.reload() {
+            Ok(n) => json_response(StatusCode::OK, &json!({"reloaded": true, "teams": n})),
+            Err(e) => json_response(StatusCode::UNPROCESSABLE_ENTITY, &json!({"detail": e.0})),
+        },
         _ => json_response(StatusCode::NOT_FOUND, &json!({"detail": "Not Found"})),
     }
 }
@@ -139,6 +146,66 @@ async fn observe_budgets(app: &App) {
         if let Ok(usage) = app.ledger.usage(&team.name).await {
             let used = i64::try_from(usage.used).unwrap_or(i64::MAX);
             app.metrics.team_credits_used.with_label_values(&[&team.name]).set(used);
+        }
+    }
+}
+
+/// `GET /admin/teams`: each team's budget and use in its window.
+async fn teams(app: &App) -> Response<Body> {
+    let window = app.ledger.window();
+    let mut out = Vec::new();
+    for team in app.teams.load().iter() {
+        let used = app.ledger.usage(&team.name).await.map(|u| u.used).ok();
+        out.push(json!({
+            "name": team.name,
+            "credit_limit": team.credit_limit,
+            "used": used,
+            "remaining": team.credit_limit.zip(used).map(|(l, u)| l.saturating_sub(u)),
+            "window": window.as_str(),
+            "requests_per_minute": team.requests_per_minute,
+            "requests": team.requests.load(std::sync::atomic::Ordering::Relaxed),
+        }));
+    }
+    json_response(StatusCode::OK, &json!({ "teams": out }))
+}
+
+/// `GET /admin/usage.csv?from=YYYY-MM-DD&to=YYYY-MM-DD` (default: the last
+/// 30 days): credits spent and saved per team, day and route, for chargeback.
+async fn usage_csv(app: &App, query: Option<&str>) -> Response<Body> {
+    let param = |name: &str| {
+        query
+            .into_iter()
+            .flat_map(|q| form_urlencoded::parse(q.as_bytes()))
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.into_owned())
+    };
+    let today = ledger::today();
+    let day = |name: &str, default: u32| -> Result<u32, String> {
+        match param(name) {
+            None => Ok(default),
+            Some(v) => chrono::NaiveDate::parse_from_str(&v, "%Y-%m-%d")
+                .map(ledger::day_of)
+                .map_err(|_| format!("{name}: expected YYYY-MM-DD")),
+        }
+    };
+    let (from, to) = match (day("from", today.saturating_sub(29)), day("to", today)) {
+        (Ok(f), Ok(t)) => (f, t),
+        (Err(e), _) | (_, Err(e)) => {
+            return json_response(StatusCode::UNPROCESSABLE_ENTITY, &json!({"detail": [{"type": "date_parsing", "loc": ["query"], "msg": e}]}))
+        }
+    };
+    let names: Vec<String> = app.teams.load().iter().map(|t| t.name.clone()).collect();
+    match app.ledger.rows(&names, from, to).await {
+        Ok(rows) => {
+            let mut csv = String::from("team,date,route,credits_spent,credits_saved\n");
+            for r in rows {
+                csv.push_str(&format!("{},{},{},{},{}\n", r.team, ledger::date_of(r.day), r.route, r.spent, r.saved));
+            }
+            bytes_response(StatusCode::OK, "text/csv; charset=utf-8", csv.into())
+        }
+        Err(e) => {
+            tracing::error!(error = %e, "usage.csv: ledger read failed");
+            json_response(StatusCode::SERVICE_UNAVAILABLE, &json!({"detail": "Credit ledger unavailable"}))
         }
     }
 }

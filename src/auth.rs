@@ -24,6 +24,8 @@ pub struct Team {
     pub requests_per_minute: Option<u32>,
     /// Enforces `requests_per_minute` (DESIGN §2 step 4). Rebuilt on reload.
     pub limiter: Option<DefaultDirectRateLimiter>,
+    /// Authenticated requests since start or the last reload (admin API).
+    pub requests: std::sync::atomic::AtomicU64,
 }
 
 impl std::fmt::Debug for Team {
@@ -80,6 +82,7 @@ impl Teams {
                     credit_limit: t.credit_limit,
                     requests_per_minute: t.requests_per_minute,
                     limiter,
+                    requests: Default::default(),
                 })
             })
             .collect();
@@ -97,7 +100,9 @@ impl Teams {
     /// The team whose token the request carries.
     pub fn authenticate(&self, headers: &HeaderMap) -> Result<Arc<Team>, GatewayError> {
         let token = credential(headers)?;
-        self.find_token(token).ok_or(GatewayError::InvalidCredential)
+        let team = self.find_token(token).ok_or(GatewayError::InvalidCredential)?;
+        team.requests.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        Ok(team)
     }
 
     /// Looks a plaintext token up. Every team's hash is compared, matching or

@@ -120,6 +120,7 @@ async fn serve(path: Option<PathBuf>) -> ExitCode {
         version = env!("CARGO_PKG_VERSION"),
         "permit-gateway serving"
     );
+    tokio::spawn(reload_on_sighup(app.clone()));
     match permit_gateway::run(app, listeners, shutdown_signal()).await {
         Ok(()) => {
             tracing::info!("stopped");
@@ -159,5 +160,17 @@ async fn shutdown_signal() {
     tokio::select! {
         _ = term.recv() => tracing::info!("SIGTERM: draining"),
         _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT: draining"),
+    }
+}
+
+/// SIGHUP re-reads the teams, like `POST /admin/reload`.
+async fn reload_on_sighup(app: std::sync::Arc<App>) {
+    use tokio::signal::unix::{signal, SignalKind};
+    let Ok(mut hup) = signal(SignalKind::hangup()) else { return };
+    while hup.recv().await.is_some() {
+        match app.reload() {
+            Ok(teams) => tracing::info!(teams, "SIGHUP: teams reloaded"),
+            Err(e) => tracing::error!(problems = %e, "SIGHUP: reload refused, the old teams stay"),
+        }
     }
 }

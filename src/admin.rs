@@ -191,7 +191,10 @@ async fn usage_csv(app: &App, query: Option<&str>) -> Response<Body> {
     let (from, to) = match (day("from", today.saturating_sub(29)), day("to", today)) {
         (Ok(f), Ok(t)) => (f, t),
         (Err(e), _) | (_, Err(e)) => {
-            return json_response(StatusCode::UNPROCESSABLE_ENTITY, &json!({"detail": [{"type": "date_parsing", "loc": ["query"], "msg": e}]}))
+            return json_response(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                &json!({"detail": [{"type": "date_parsing", "loc": ["query"], "msg": e}]}),
+            )
         }
     };
     let names: Vec<String> = app.teams.load().iter().map(|t| t.name.clone()).collect();
@@ -199,13 +202,23 @@ async fn usage_csv(app: &App, query: Option<&str>) -> Response<Body> {
         Ok(rows) => {
             let mut csv = String::from("team,date,route,credits_spent,credits_saved\n");
             for r in rows {
-                csv.push_str(&format!("{},{},{},{},{}\n", r.team, ledger::date_of(r.day), r.route, r.spent, r.saved));
+                csv.push_str(&format!(
+                    "{},{},{},{},{}\n",
+                    r.team,
+                    ledger::date_of(r.day),
+                    r.route,
+                    r.spent,
+                    r.saved
+                ));
             }
             bytes_response(StatusCode::OK, "text/csv; charset=utf-8", csv.into())
         }
         Err(e) => {
             tracing::error!(error = %e, "usage.csv: ledger read failed");
-            json_response(StatusCode::SERVICE_UNAVAILABLE, &json!({"detail": "Credit ledger unavailable"}))
+            json_response(
+                StatusCode::SERVICE_UNAVAILABLE,
+                &json!({"detail": "Credit ledger unavailable"}),
+            )
         }
     }
 }

@@ -103,7 +103,7 @@ impl App {
 
 fn open_ledger(config: &Config, metrics: &Arc<Metrics>) -> Result<Ledger, String> {
     let window = Window::parse(&config.quota.window);
-    let lease = ledger::reservation_lease(Duration::from_secs(config.upstream.timeout_secs));
+    let lease = Duration::from_secs(config.quota.reservation_lease_secs);
     if config.quota.store == "redis" {
         let url = config
             .quota

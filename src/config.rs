@@ -119,6 +119,7 @@ pub struct QuotaConfig {
     pub redis_url: Option<Secret>,
     pub upgrade_url: String,
     pub redis_timeout_ms: u64,
+    pub reservation_lease_secs: u64,
     pub fail_open: bool,
 }
 
@@ -250,6 +251,11 @@ impl Config {
             p.push(e);
         }
         validate_teams(&self.teams, &mut p);
+        if self.quota.reservation_lease_secs <= self.upstream.timeout_secs {
+            // A reservation must outlive the call it covers, or a slow call's
+            // credits would be free to spend twice.
+            p.push("quota.reservation_lease_secs: must be longer than upstream.timeout_secs".into());
+        }
         p
     }
 }
@@ -377,6 +383,8 @@ impl UpstreamConfig {
 
 impl QuotaConfig {
     fn validate(&self, p: &mut Vec<String>, cache_redis: bool) {
+        positive("quota.reservation_lease_secs", self.reservation_lease_secs, p);
+        positive("quota.redis_timeout_ms", self.redis_timeout_ms, p);
         if !matches!(self.window.as_str(), "rolling_30d" | "calendar_month") {
             p.push(format!(
                 "quota.window: {:?} is not \"rolling_30d\" or \"calendar_month\"",

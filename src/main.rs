@@ -166,7 +166,9 @@ async fn shutdown_signal() {
 /// SIGHUP re-reads the teams, like `POST /admin/reload`.
 async fn reload_on_sighup(app: std::sync::Arc<App>) {
     use tokio::signal::unix::{signal, SignalKind};
-    let Ok(mut hup) = signal(SignalKind::hangup()) else { return };
+    let Ok(mut hup) = signal(SignalKind::hangup()) else {
+        return;
+    };
     while hup.recv().await.is_some() {
         match app.reload() {
             Ok(teams) => tracing::info!(teams, "SIGHUP: teams reloaded"),

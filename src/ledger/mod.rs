@@ -17,7 +17,6 @@ pub mod redis;
 
 use crate::route::Route;
 use chrono::{DateTime, Datelike, NaiveDate, Utc};
-use std::time::Duration;
 
 /// Which days count toward a team's budget.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -135,12 +134,6 @@ impl std::fmt::Display for LedgerError {
 pub enum Ledger {
     File(file::FileLedger),
     Redis(redis::RedisLedger),
-}
-
-/// How long a reservation holds credits when its call never settles (the
-/// process died, the task panicked): the upstream deadline plus a margin.
-pub fn reservation_lease(upstream_timeout: Duration) -> Duration {
-    upstream_timeout + Duration::from_secs(30)
 }
 
 impl Ledger {

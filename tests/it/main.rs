@@ -2,6 +2,7 @@
 
 mod support;
 
+mod budget;
 mod cache;
 mod core;
 mod core_process;

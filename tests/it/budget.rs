@@ -1,0 +1,538 @@
+//! Hard team budgets, the durable ledger and fair sharing of the upstream
+//! rate: asserted against what the simulator really charged.
+
+use crate::support::gateway::{team, ChildGateway, Setup, ADMIN_TOKEN, ALPHA, BETA};
+use crate::support::http::{get, send, Reply};
+use crate::support::redis::RedisServer;
+use crate::support::sim::{start_sim, FaultKind, Faults, Sim, SimConfig};
+use bytes::Bytes;
+use http::{Method, StatusCode};
+use std::time::{Duration, Instant};
+
+const SMALL: (&str, &str) = ("small", "tok-small-1c2d3e4f5a6b7c8d");
+
+fn unlimited() -> SimConfig {
+    SimConfig {
+        requests_per_minute: 0,
+        ..SimConfig::default()
+    }
+}
+
+/// A distinct, uncached search of `size` records: the `i`th day of 2015 as
+/// the lower date bound, over the big state (thousands of matches).
+fn distinct_search(sim: &Sim, i: u32, size: u32) -> String {
+    let s = sim.samples();
+    let from = chrono::NaiveDate::from_ymd_opt(2015, 1, 1).expect("date") + chrono::Days::new(u64::from(i));
+    format!(
+        "/v2/permits/search?geo_id={}&permit_from={from}&permit_to={}&size={size}",
+        s.big_state, s.permit_to
+    )
+}
+
+/// Credits the simulator charged for requests whose id starts with `prefix`.
+fn charged_to(sim: &Sim, prefix: &str) -> u64 {
+    sim.log()
+        .iter()
+        .filter(|e| e.request_id.as_deref().is_some_and(|id| id.starts_with(prefix)))
+        .map(|e| e.credits)
+        .sum()
+}
+
+async fn as_team(url: &str, token: &str, request_id: &str) -> Reply {
+    get(url, &[("x-api-key", token), ("x-request-id", request_id)]).await
+}
+
+async fn used(base: &str, token: &str) -> u64 {
+    let r = get(&format!("{base}/v2/usage"), &[("x-api-key", token)]).await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text());
+    r.json()["credits_used"].as_u64().expect("credits_used")
+}
+
+/// 40 concurrent size=10 searches against a budget of 100, spread over the
+/// given gateways; returns the replies.
+async fn fire_forty(sim: &Sim, bases: &[String]) -> Vec<Reply> {
+    let tasks: Vec<_> = (0..40)
+        .map(|i| {
+            let url = format!("{}{}", bases[i as usize % bases.len()], distinct_search(sim, i, 10));
+            tokio::spawn(async move { as_team(&url, SMALL.1, &format!("small-{i}")).await })
+        })
+        .collect();
+    let mut replies = Vec::new();
+    for t in tasks {
+        replies.push(t.await.expect("request task"));
+    }
+    replies
+}
+
+fn assert_budget_held(sim: &Sim, replies: &[Reply]) {
+    let charged = charged_to(sim, "small-");
+    assert!(charged <= 100, "the upstream charged {charged} > budget 100");
+    let ok: Vec<_> = replies.iter().filter(|r| r.status == StatusCode::OK).collect();
+    let refused: Vec<_> = replies
+        .iter()
+        .filter(|r| r.status == StatusCode::PAYMENT_REQUIRED)
+        .collect();
+    assert_eq!(ok.len() + refused.len(), 40, "only 200s and 402s");
+    assert_eq!(ok.len(), 10, "exactly the budget's worth was served");
+    assert_eq!(charged, 100);
+    for r in &refused {
+        let body = r.json();
+        assert_eq!(body["detail"]["limit"], 100);
+        assert!(body["detail"]["upgrade_url"]
+            .as_str()
+            .is_some_and(|u| u.starts_with("https://")));
+        assert!(body["detail"]["error"].is_string());
+    }
+    for r in replies {
+        let remaining = r.header("x-credits-remaining").expect("remaining on 200 and 402");
+        assert!(
+            remaining.parse::<u64>().is_ok(),
+            "remaining {remaining} is never negative"
+        );
+        assert_eq!(r.header("x-credits-limit"), Some("100"));
+    }
+}
+
+#[tokio::test]
+async fn a_budget_of_100_holds_under_40_concurrent_searches() {
+    let sim = start_sim(unlimited()).await;
+    let gw = Setup::new()
+        .teams(team(SMALL.0, SMALL.1, "credit_limit = 100"))
+        .start(&sim)
+        .await;
+    let replies = fire_forty(&sim, &[gw.base_url()]).await;
+    assert_budget_held(&sim, &replies);
+    assert_eq!(
+        used(&gw.base_url(), SMALL.1).await,
+        100,
+        "the ledger equals what the upstream charged"
+    );
+}
+
+#[tokio::test]
+async fn a_budget_of_100_holds_across_two_replicas_on_one_redis_ledger() {
+    let redis = RedisServer::start();
+    let sim = start_sim(unlimited()).await;
+    let setup = Setup::new()
+        .teams(team(SMALL.0, SMALL.1, "credit_limit = 100"))
+        .with("quota", format!("store = \"redis\"\nredis_url = {:?}", redis.url()));
+    let gw1 = setup.start(&sim).await;
+    let gw2 = setup.start(&sim).await;
+    let replies = fire_forty(&sim, &[gw1.base_url(), gw2.base_url()]).await;
+    assert_budget_held(&sim, &replies);
+    assert_eq!(used(&gw1.base_url(), SMALL.1).await, 100);
+    assert_eq!(used(&gw2.base_url(), SMALL.1).await, 100);
+}
+
+#[tokio::test]
+async fn free_endpoints_cost_nothing_and_a_small_settle_returns_the_difference() {
+    let sim = start_sim(unlimited()).await;
+    let gw = Setup::new()
+        .teams(team(SMALL.0, SMALL.1, "credit_limit = 100"))
+        .start(&sim)
+        .await;
+    let base = gw.base_url();
+    let s = sim.samples();
+    for path in [
+        "/v2/meta/release".to_string(),
+        format!("/v2/counties?geo_id={}", s.county_geo_id),
+        "/v2/list/zip?size=100".into(),
+    ] {
+        let r = as_team(&format!("{base}{path}"), SMALL.1, "free").await;
+        assert_eq!(r.status, StatusCode::OK, "{path}");
+    }
+    assert_eq!(used(&base, SMALL.1).await, 0);
+    // Reserve 60 for a query that returns 3 records: 57 come back.
+    let few = format!(
+        "/v2/permits/search?geo_id={}&permit_from={}&permit_to={}&size=60",
+        s.address_geo_id, s.permit_from, s.permit_to
+    );
+    let r = as_team(&format!("{base}{few}"), SMALL.1, "few").await;
+    assert_eq!(r.status, StatusCode::OK);
+    let cost = r.header_u64("x-credits-request").expect("cost");
+    assert!(cost < 60, "an address has few permits ({cost})");
+    assert_eq!(r.header_u64("x-credits-remaining"), Some(100 - cost));
+    let big = as_team(
+        &format!("{base}{}", distinct_search(&sim, 1, 100 - cost as u32)),
+        SMALL.1,
+        "big",
+    )
+    .await;
+    assert_eq!(
+        big.status,
+        StatusCode::OK,
+        "the difference was returned: {}",
+        big.text()
+    );
+    assert_eq!(used(&base, SMALL.1).await, 100);
+    assert_eq!(charged_to(&sim, ""), 100);
+}
+
+#[tokio::test]
+async fn spend_survives_a_restart_of_the_file_ledger() {
+    let sim = start_sim(unlimited()).await;
+    let setup = Setup::new().teams(team(SMALL.0, SMALL.1, "credit_limit = 100"));
+    let gw = setup.start(&sim).await;
+    let r = as_team(
+        &format!("{}{}", gw.base_url(), distinct_search(&sim, 0, 30)),
+        SMALL.1,
+        "a",
+    )
+    .await;
+    assert_eq!(r.status, StatusCode::OK);
+    gw.shutdown().await.expect("graceful stop");
+    let again = setup.start(&sim).await;
+    assert_eq!(used(&again.base_url(), SMALL.1).await, 30);
+    let over = as_team(
+        &format!("{}{}", again.base_url(), distinct_search(&sim, 1, 80)),
+        SMALL.1,
+        "b",
+    )
+    .await;
+    assert_eq!(
+        over.status,
+        StatusCode::PAYMENT_REQUIRED,
+        "30 + 80 > 100 after the restart"
+    );
+}
+
+#[tokio::test]
+async fn sigkill_mid_load_loses_no_settled_spend_and_reservations_expire() {
+    let redis = RedisServer::start();
+    let sim = start_sim(unlimited()).await;
+    let setup = Setup::new()
+        .teams(team(SMALL.0, SMALL.1, "credit_limit = 100"))
+        .with("upstream", "timeout_secs = 1\nmax_retries = 0")
+        .with(
+            "quota",
+            format!(
+                "store = \"redis\"\nredis_url = {:?}\nreservation_lease_secs = 2",
+                redis.url()
+            ),
+        );
+    let mut gw = ChildGateway::spawn(&setup, &sim.base_url(), sim.api_key());
+    let base = gw.base_url();
+    // Three calls that settle (30 credits), then three that hang upstream.
+    for i in 0..3 {
+        let r = as_team(
+            &format!("{base}{}", distinct_search(&sim, i, 10)),
+            SMALL.1,
+            &format!("done-{i}"),
+        )
+        .await;
+        assert_eq!(r.status, StatusCode::OK);
+    }
+    sim.set_faults(Faults {
+        kind: FaultKind::Hang,
+        delay_ms: Some(30_000),
+        ..Faults::default()
+    });
+    let hanging: Vec<_> = (3..6)
+        .map(|i| {
+            let url = format!("{base}{}", distinct_search(&sim, i, 20));
+            tokio::spawn(async move { send(Method::GET, &url, &[("x-api-key", SMALL.1)], Bytes::new()).await })
+        })
+        .collect();
+    // Wait until the three calls hold their reservations in the ledger.
+    let client = redis::Client::open(redis.url()).expect("redis url");
+    let mut conn = client.get_multiplexed_async_connection().await.expect("redis");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let held: u64 = redis::cmd("HLEN")
+            .arg("pgw:l:{small}:held")
+            .query_async(&mut conn)
+            .await
+            .expect("HLEN");
+        if held == 3 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "hanging calls never reserved ({held})");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    gw.signal("KILL");
+    gw.wait_exit(Duration::from_secs(10));
+    for h in hanging {
+        h.abort();
+    }
+    sim.clear_faults();
+    // 60 credits were held by the dead process; its leases run out.
+    let gw = ChildGateway::spawn(&setup, &sim.base_url(), sim.api_key());
+    assert_eq!(
+        used(&gw.base_url(), SMALL.1).await,
+        30,
+        "settled spend survived the kill"
+    );
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let r = as_team(
+            &format!("{}{}", gw.base_url(), distinct_search(&sim, 9, 70)),
+            SMALL.1,
+            "after",
+        )
+        .await;
+        if r.status == StatusCode::OK {
+            break;
+        }
+        assert_eq!(r.status, StatusCode::PAYMENT_REQUIRED, "{}", r.text());
+        assert!(
+            Instant::now() < deadline,
+            "reservations of the killed process never expired"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert_eq!(used(&gw.base_url(), SMALL.1).await, 100);
+}
+
+#[tokio::test]
+async fn a_flooding_team_does_not_starve_an_occasional_one() {
+    let sim = start_sim(unlimited()).await;
+    let gw = Setup::new()
+        .with("upstream", "requests_per_minute = 60\nmax_queue_wait_secs = 4")
+        .start(&sim)
+        .await;
+    let base = gw.base_url();
+    // Alpha floods: 40 distinct calls at once against 1/s (burst 6).
+    let flood: Vec<_> = (0..40)
+        .map(|i| {
+            let url = format!("{base}{}", distinct_search(&sim, i, 1));
+            tokio::spawn(async move { as_team(&url, ALPHA.1, "flood").await })
+        })
+        .collect();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while sim.stats().requests_total < 6 {
+        assert!(Instant::now() < deadline, "the burst never reached the upstream");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let started = Instant::now();
+    let quiet = as_team(&format!("{base}{}", distinct_search(&sim, 100, 1)), BETA.1, "quiet").await;
+    assert_eq!(
+        quiet.status,
+        StatusCode::OK,
+        "beta was served within the queue bound: {}",
+        quiet.text()
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(4),
+        "beta waited {:?}",
+        started.elapsed()
+    );
+    let mut refused = 0;
+    for f in flood {
+        let r = f.await.expect("flood task");
+        if r.status == StatusCode::TOO_MANY_REQUESTS {
+            refused += 1;
+            let retry_after = r.header_u64("retry-after").expect("Retry-After");
+            assert!(
+                retry_after > 4,
+                "Retry-After {retry_after} is at least the wait that was refused"
+            );
+        } else {
+            assert_eq!(r.status, StatusCode::OK);
+        }
+    }
+    assert!(refused > 0, "waits beyond the bound are refused at once");
+}
+
+#[tokio::test]
+async fn a_team_over_its_own_rate_gets_429_with_retry_after() {
+    let sim = start_sim(unlimited()).await;
+    let gw = Setup::new()
+        .teams(team(SMALL.0, SMALL.1, "requests_per_minute = 2") + &team(BETA.0, BETA.1, ""))
+        .start(&sim)
+        .await;
+    let url = format!("{}/v2/meta/release", gw.base_url());
+    let replies = [
+        as_team(&url, SMALL.1, "r").await,
+        as_team(&url, SMALL.1, "r").await,
+        as_team(&url, SMALL.1, "r").await,
+    ];
+    assert_eq!(replies[2].status, StatusCode::TOO_MANY_REQUESTS);
+    assert!(replies[2].header_u64("retry-after").is_some_and(|s| s >= 1));
+    assert!(replies[2].json()["detail"].is_string());
+    assert_eq!(
+        as_team(&url, BETA.1, "b").await.status,
+        StatusCode::OK,
+        "other teams are not limited"
+    );
+}
+
+#[tokio::test]
+async fn an_exhausted_org_pauses_metered_calls_and_charges_no_team() {
+    let sim = start_sim(SimConfig {
+        credit_limit: Some(20),
+        ..unlimited()
+    })
+    .await;
+    let gw = Setup::new().start(&sim).await;
+    let base = gw.base_url();
+    let cached = format!("{base}{}", distinct_search(&sim, 0, 20));
+    assert_eq!(as_team(&cached, ALPHA.1, "a").await.status, StatusCode::OK);
+    // All 20 spent: the next call is refused upstream with 402.
+    let refused = as_team(&format!("{base}{}", distinct_search(&sim, 1, 10)), ALPHA.1, "b").await;
+    assert_eq!(refused.status, StatusCode::PAYMENT_REQUIRED);
+    assert!(
+        refused.json()["detail"]["error"].is_string(),
+        "the upstream's 402 body passes through"
+    );
+    let upstream_calls = sim.stats().requests_total;
+    // Paused: the next metered miss does not reach the upstream.
+    let paused = as_team(&format!("{base}{}", distinct_search(&sim, 2, 1)), ALPHA.1, "c").await;
+    assert_eq!(paused.status, StatusCode::PAYMENT_REQUIRED);
+    // A cached answer asked fresh falls back to its copy.
+    let stale = get(&cached, &[("x-api-key", ALPHA.1), ("cache-control", "no-cache")]).await;
+    assert_eq!(stale.header("x-cache"), Some("STALE"));
+    let metered_after: Vec<String> = sim
+        .log()
+        .into_iter()
+        .skip(upstream_calls as usize)
+        .map(|e| e.path)
+        .filter(|p| p != "/v2/usage")
+        .collect();
+    assert!(
+        metered_after.is_empty(),
+        "metered calls reached the upstream while paused: {metered_after:?}"
+    );
+    // Free calls still go through.
+    assert_eq!(
+        as_team(&format!("{base}/v2/meta/release"), ALPHA.1, "d").await.status,
+        StatusCode::OK
+    );
+    assert_eq!(used(&base, ALPHA.1).await, 20, "nothing charged for refused calls");
+}
+
+#[tokio::test]
+async fn admin_reports_budgets_and_chargeback_rows() {
+    let sim = start_sim(unlimited()).await;
+    let gw = Setup::new()
+        .teams(team(SMALL.0, SMALL.1, "credit_limit = 100") + &team(BETA.0, BETA.1, ""))
+        .start(&sim)
+        .await;
+    let url = format!("{}{}", gw.base_url(), distinct_search(&sim, 0, 7));
+    as_team(&url, SMALL.1, "x").await;
+    as_team(&url, BETA.1, "y").await;
+    let bearer = format!("Bearer {ADMIN_TOKEN}");
+    let teams = get(
+        &format!("{}/admin/teams", gw.admin_url()),
+        &[("authorization", &bearer)],
+    )
+    .await
+    .json();
+    let small = teams["teams"]
+        .as_array()
+        .expect("teams")
+        .iter()
+        .find(|t| t["name"] == "small")
+        .expect("small")
+        .clone();
+    assert_eq!(small["used"], 7);
+    assert_eq!(small["remaining"], 93);
+    assert_eq!(small["window"], "rolling_30d");
+    assert_eq!(small["requests"], 1);
+    let csv = get(
+        &format!("{}/admin/usage.csv", gw.admin_url()),
+        &[("authorization", &bearer)],
+    )
+    .await;
+    assert_eq!(csv.header("content-type"), Some("text/csv; charset=utf-8"));
+    let text = csv.text();
+    let today = chrono::Utc::now().date_naive();
+    assert!(text.starts_with("team,date,route,credits_spent,credits_saved\n"));
+    assert!(text.contains(&format!("small,{today},permits_search,7,0")), "{text}");
+    // Beta's hit saved 7 (written in the background: poll for it).
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let text = get(
+            &format!("{}/admin/usage.csv", gw.admin_url()),
+            &[("authorization", &bearer)],
+        )
+        .await
+        .text();
+        if text.contains(&format!("beta,{today},permits_search,0,7")) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "saved credits never recorded: {text}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let bad = get(
+        &format!("{}/admin/usage.csv?from=yesterday", gw.admin_url()),
+        &[("authorization", &bearer)],
+    )
+    .await;
+    assert_eq!(bad.status, StatusCode::UNPROCESSABLE_ENTITY);
+}
+
+#[tokio::test]
+async fn hot_reload_changes_a_budget_and_adds_a_team_without_dropping_requests() {
+    let sim = start_sim(unlimited()).await;
+    let dir = tempfile::tempdir().expect("tmp");
+    let path = dir.path().join("gateway.toml");
+    let setup = Setup::new().teams(team(SMALL.0, SMALL.1, "credit_limit = 100"));
+    std::fs::write(&path, setup.toml(&sim.base_url(), sim.api_key())).expect("write");
+    let listeners = permit_gateway::Listeners {
+        team: tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind"),
+        admin: tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind"),
+    };
+    let gw = permit_gateway::Running::spawn_from_file(&path, listeners).expect("starts");
+    let url = format!("{}/v2/meta/release", gw.base_url());
+    let search = format!("{}{}", gw.base_url(), distinct_search(&sim, 0, 5));
+    assert_eq!(
+        as_team(&search, SMALL.1, "s").await.header("x-credits-limit"),
+        Some("100")
+    );
+    // Traffic keeps flowing while the config changes.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let load = {
+        let (url, stop) = (url.clone(), stop.clone());
+        tokio::spawn(async move {
+            let mut statuses = Vec::new();
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                statuses.push(as_team(&url, SMALL.1, "load").await.status);
+            }
+            statuses
+        })
+    };
+    let new_teams = team(SMALL.0, SMALL.1, "credit_limit = 500") + &team(BETA.0, BETA.1, "");
+    // The same data dir moves along: the running gateway's ledger lives there.
+    let setup = setup.teams(new_teams);
+    std::fs::write(&path, setup.toml(&sim.base_url(), sim.api_key())).expect("rewrite");
+    let bearer = format!("Bearer {ADMIN_TOKEN}");
+    let reload = send(
+        Method::POST,
+        &format!("{}/admin/reload", gw.admin_url()),
+        &[("authorization", &bearer)],
+        Bytes::new(),
+    )
+    .await;
+    assert_eq!(reload.status, StatusCode::OK, "{}", reload.text());
+    assert_eq!(reload.json()["teams"], 2);
+    assert_eq!(
+        as_team(&search, BETA.1, "new").await.status,
+        StatusCode::OK,
+        "the new team is in"
+    );
+    let after = as_team(&search, SMALL.1, "s2").await;
+    assert_eq!(after.header("x-credits-limit"), Some("500"));
+    assert_eq!(
+        after.header("x-credits-remaining"),
+        Some("495"),
+        "spend kept across the reload"
+    );
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let statuses = load.await.expect("load task");
+    assert!(!statuses.is_empty());
+    assert!(
+        statuses.iter().all(|s| *s == StatusCode::OK),
+        "a request failed during reload: {statuses:?}"
+    );
+    // A broken file is refused and the old teams stay.
+    std::fs::write(&path, "[server]\nlisten = 1\n").expect("break");
+    let refused = send(
+        Method::POST,
+        &format!("{}/admin/reload", gw.admin_url()),
+        &[("authorization", &bearer)],
+        Bytes::new(),
+    )
+    .await;
+    assert_eq!(refused.status, StatusCode::UNPROCESSABLE_ENTITY);
+    assert_eq!(as_team(&url, BETA.1, "still").await.status, StatusCode::OK);
+}

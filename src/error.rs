@@ -29,6 +29,8 @@ pub enum GatewayError {
     BadRequest(&'static str),
     /// The request target is longer than `server.max_uri_bytes`.
     UriTooLong,
+    /// The request headers together exceed `server.max_header_bytes`.
+    HeadersTooLarge,
     /// No team credential at all: the upstream's own 422 for a missing key.
     MissingCredential,
     /// A credential that matches no team.
@@ -63,6 +65,7 @@ impl GatewayError {
             | MethodNotAllowed
             | BadRequest(_)
             | UriTooLong
+            | HeadersTooLarge
             | MissingCredential
             | InvalidCredential
             | ConflictingCredentials
@@ -81,6 +84,7 @@ impl GatewayError {
             MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             BadRequest(_) => StatusCode::BAD_REQUEST,
             UriTooLong => StatusCode::URI_TOO_LONG,
+            HeadersTooLarge => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
             MissingCredential => StatusCode::UNPROCESSABLE_ENTITY,
             InvalidCredential | ConflictingCredentials => StatusCode::UNAUTHORIZED,
             TeamRateLimited { .. } | UpstreamRateLimited { .. } => StatusCode::TOO_MANY_REQUESTS,
@@ -99,6 +103,7 @@ impl GatewayError {
             MethodNotAllowed => "Method Not Allowed",
             BadRequest(why) => why,
             UriTooLong => "Request target too long",
+            HeadersTooLarge => "Request headers too large",
             MissingCredential => {
                 return json!({"detail": [{
                     "type": "missing",
@@ -169,6 +174,7 @@ mod tests {
             (MethodNotAllowed, 405),
             (BadRequest("bad"), 400),
             (UriTooLong, 414),
+            (HeadersTooLarge, 431),
             (MissingCredential, 422),
             (InvalidCredential, 401),
             (ConflictingCredentials, 401),

@@ -147,11 +147,18 @@ pub fn credit_estimate(target: &Target) -> u64 {
         .map_or(50, |n| n.clamp(1, 100))
 }
 
+/// More query parameters than any upstream call takes: the rest is abuse,
+/// refused before anyone sorts thousands of pairs.
+pub const MAX_QUERY_PARAMS: usize = 256;
+
 /// Classifies a request target; the method has been checked already.
 pub fn classify(uri: &Uri, max_uri_bytes: usize) -> Result<Target, GatewayError> {
     let target_len = uri.path_and_query().map_or(0, |pq| pq.as_str().len());
     if target_len > max_uri_bytes {
         return Err(GatewayError::UriTooLong);
+    }
+    if uri.query().is_some_and(|q| q.split('&').filter(|p| !p.is_empty()).count() > MAX_QUERY_PARAMS) {
+        return Err(GatewayError::BadRequest("Too many query parameters"));
     }
     let segments = canonical_segments(uri.path())?;
     if segments.first().map(String::as_str) != Some("v2") || segments.len() < 2 {
@@ -305,6 +312,12 @@ mod tests {
         assert_eq!(est("/v2/meta/release"), 0);
         assert_eq!(est("/v2/counties?geo_id=x"), 0);
         assert_eq!(est("/v2/cities/x/metrics/current?size=7"), 7);
+    }
+
+    #[test]
+    fn thousands_of_parameters_are_refused() {
+        let many = format!("/v2/permits/search?{}", (0..300).map(|i| format!("p{i}=1")).collect::<Vec<_>>().join("&"));
+        assert!(matches!(target(&many), Err(GatewayError::BadRequest(_))));
     }
 
     #[test]

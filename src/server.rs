@@ -68,7 +68,9 @@ fn builder(limits: &Limits) -> auto::Builder<TokioExecutor> {
         .timer(TokioTimer::new())
         // Slowloris guard: the whole head must arrive in time.
         .header_read_timeout(limits.header_read_timeout)
-        .max_buf_size(limits.max_header_bytes)
+        // Room above the limit, so that most oversized heads still reach the
+        // handler and get a JSON 431 instead of hyper's bare one.
+        .max_buf_size(limits.max_header_bytes.saturating_mul(4).max(65_536))
         .max_headers(128);
     b.http2()
         .timer(TokioTimer::new())

@@ -151,9 +151,13 @@ async fn fetch_upstream(app: &Arc<App>, job: &Job) -> Outcome {
         app.scheduler
             .pause(crate::upstream::retry_after(&resp.headers).unwrap_or(Duration::from_secs(1)));
     }
-    // 12. Settle to what the upstream charged.
+    // 12. Settle to what the upstream charged, even for an answer we cannot
+    //     pass on: the upstream billed it all the same.
     let credits = super::answer::credits_charged(&resp, metered);
     settle(app, job, reservation, credits).await;
+    if resp.status == StatusCode::OK && !is_json(&resp) {
+        return Err(GatewayError::UpstreamInvalid("Upstream sent a malformed answer"));
+    }
     // 13. Store.
     if let Some(key) = &job.key {
         maybe_store(app, job, key, &resp, credits).await;
@@ -249,23 +253,25 @@ fn probe_org_usage(app: &Arc<App>, job: &Job) {
     });
 }
 
-/// Stores 200 JSON answers under the size cap, unless the client said
-/// `no-store` or the upstream said `no-store`/`private`.
-async fn maybe_store(app: &App, job: &Job, key: &str, resp: &UpstreamResponse, credits: u64) {
-    let Some(ttl) = app.cache.ttl(job.target.route) else {
-        return;
-    };
-    let json = resp
+/// A JSON content type and a body that parses: what every 200 of the
+/// upstream is. Anything else (a cut body, an HTML error page) is refused.
+fn is_json(resp: &UpstreamResponse) -> bool {
+    let json_type = resp
         .headers
         .get(http::header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
         .is_some_and(|ct| ct.trim_start().starts_with("application/json"));
+    json_type && serde_json::from_slice::<serde::de::IgnoredAny>(&resp.body).is_ok()
+}
+
+/// Stores 200 answers (already checked to be JSON) under the size cap,
+/// unless the client said `no-store` or the upstream `no-store`/`private`.
+async fn maybe_store(app: &App, job: &Job, key: &str, resp: &UpstreamResponse, credits: u64) {
+    let Some(ttl) = app.cache.ttl(job.target.route) else { return };
     let storable = resp.status == StatusCode::OK
-        && json
         && !job.no_store
         && !control::forbids_storing(&resp.headers)
-        && resp.body.len() <= app.cache.max_entry_bytes
-        && serde_json::from_slice::<serde::de::IgnoredAny>(&resp.body).is_ok();
+        && resp.body.len() <= app.cache.max_entry_bytes;
     if storable {
         let entry = Entry::new(resp.body.clone(), credits, ttl, job.target.route);
         app.cache.store(key, Arc::new(entry)).await;

@@ -58,6 +58,9 @@ async fn pipeline<B>(app: &Arc<App>, req: &Request<B>, log: &mut RequestLog) -> 
         return Err(GatewayError::MethodNotAllowed);
     }
     // 3. Route (before auth only so that 404 needs no token, like upstream).
+    if header_bytes(req.headers()) > app.config.server.max_header_bytes {
+        return Err(GatewayError::HeadersTooLarge);
+    }
     let target = route::classify(req.uri(), app.config.server.max_uri_bytes)?;
     log.route = Some(target.route);
 
@@ -178,4 +181,9 @@ fn saved(app: &App, team: &Team, target: &Target, credits: u64) {
             .inc_by(credits);
         app.ledger.record_saved(&team.name, target.route, credits);
     }
+}
+
+/// Size of the header section as sent (names, values, ": " and CRLF).
+fn header_bytes(headers: &http::HeaderMap) -> usize {
+    headers.iter().map(|(k, v)| k.as_str().len() + v.len() + 4).sum()
 }

@@ -1,7 +1,7 @@
 //! Hard team budgets, the durable ledger and fair sharing of the upstream
 //! rate: asserted against what the simulator really charged.
 
-use crate::support::gateway::{team, ChildGateway, Setup, ADMIN_TOKEN, ALPHA, BETA};
+use crate::support::gateway::{team, ChildGateway, Setup, ADMIN_TOKEN, ALPHA, BETA, SMALL};
 use crate::support::http::{get, send, Reply};
 use crate::support::redis::RedisServer;
 use crate::support::sim::{start_sim, FaultKind, Faults, Sim, SimConfig};
@@ -9,7 +9,6 @@ use bytes::Bytes;
 use http::{Method, StatusCode};
 use std::time::{Duration, Instant};
 
-const SMALL: (&str, &str) = ("small", "tok-small-1c2d3e4f5a6b7c8d");
 
 fn unlimited() -> SimConfig {
     SimConfig {

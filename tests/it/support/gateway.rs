@@ -16,6 +16,10 @@ use tokio::net::TcpListener;
 pub const ALPHA: (&str, &str) = ("alpha", "tok-alpha-7f3c9e1d2b4a6058");
 pub const BETA: (&str, &str) = ("beta", "tok-beta-0a9b8c7d6e5f4321");
 pub const ADMIN_TOKEN: &str = "tok-admin-5e6f7a8b9c0d1e2f";
+pub const SMALL: (&str, &str) = ("small", "tok-small-1c2d3e4f5a6b7c8d");
+
+/// Every token the harness hands out: the secret scan looks for each.
+pub const ALL_TOKENS: [&str; 4] = [ALPHA.1, BETA.1, ADMIN_TOKEN, SMALL.1];
 
 fn sha(token: &str) -> String {
     permit_gateway::auth::token_sha256_hex(token)
@@ -102,6 +106,7 @@ impl Setup {
 }
 
 pub async fn start_config(config: Config) -> Running {
+    crate::support::secrets::capture_logs();
     let listeners = Listeners {
         team: TcpListener::bind("127.0.0.1:0").await.expect("bind team"),
         admin: TcpListener::bind("127.0.0.1:0").await.expect("bind admin"),
@@ -199,10 +204,18 @@ impl ChildGateway {
     pub fn log_text(&self) -> String {
         self.logs.lock().expect("lock").join("\n")
     }
+
+    /// Fails when any line this process logged so far carries a secret.
+    pub fn assert_logs_clean(&self) {
+        crate::support::secrets::assert_clean(&self.log_text(), "the gateway's logs");
+    }
 }
 
 impl Drop for ChildGateway {
     fn drop(&mut self) {
+        if !std::thread::panicking() {
+            self.assert_logs_clean();
+        }
         let _ = self.child.kill();
         let _ = self.child.wait();
     }

@@ -10,5 +10,6 @@
 pub mod gateway;
 pub mod http;
 pub mod redis;
+pub mod secrets;
 pub mod sim;
 pub mod tls;

@@ -5,6 +5,7 @@ use crate::support::gateway::{team, ChildGateway, Setup, ADMIN_TOKEN, ALPHA, BET
 use crate::support::http::{get, send, Reply};
 use crate::support::redis::RedisServer;
 use crate::support::sim::{start_sim, FaultKind, Faults, Sim, SimConfig};
+use crate::support::traffic::{as_team, charged_to, distinct_search, used};
 use bytes::Bytes;
 use http::{Method, StatusCode};
 use std::time::{Duration, Instant};
@@ -15,36 +16,6 @@ fn unlimited() -> SimConfig {
         requests_per_minute: 0,
         ..SimConfig::default()
     }
-}
-
-/// A distinct, uncached search of `size` records: the `i`th day of 2015 as
-/// the lower date bound, over the big state (thousands of matches).
-fn distinct_search(sim: &Sim, i: u32, size: u32) -> String {
-    let s = sim.samples();
-    let from = chrono::NaiveDate::from_ymd_opt(2015, 1, 1).expect("date") + chrono::Days::new(u64::from(i));
-    format!(
-        "/v2/permits/search?geo_id={}&permit_from={from}&permit_to={}&size={size}",
-        s.big_state, s.permit_to
-    )
-}
-
-/// Credits the simulator charged for requests whose id starts with `prefix`.
-fn charged_to(sim: &Sim, prefix: &str) -> u64 {
-    sim.log()
-        .iter()
-        .filter(|e| e.request_id.as_deref().is_some_and(|id| id.starts_with(prefix)))
-        .map(|e| e.credits)
-        .sum()
-}
-
-async fn as_team(url: &str, token: &str, request_id: &str) -> Reply {
-    get(url, &[("x-api-key", token), ("x-request-id", request_id)]).await
-}
-
-async fn used(base: &str, token: &str) -> u64 {
-    let r = get(&format!("{base}/v2/usage"), &[("x-api-key", token)]).await;
-    assert_eq!(r.status, StatusCode::OK, "{}", r.text());
-    r.json()["credits_used"].as_u64().expect("credits_used")
 }
 
 /// 40 concurrent size=10 searches against a budget of 100, spread over the

@@ -6,5 +6,6 @@ mod budget;
 mod cache;
 mod core;
 mod core_process;
+mod faults;
 mod harness;
 mod sim;

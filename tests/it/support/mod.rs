@@ -10,6 +10,8 @@
 pub mod gateway;
 pub mod http;
 pub mod redis;
+pub mod relay;
 pub mod secrets;
 pub mod sim;
 pub mod tls;
+pub mod traffic;

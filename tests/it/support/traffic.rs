@@ -1,0 +1,47 @@
+//! Building requests and reading spend: shared by the budget, fault and
+//! load suites, so that "what the upstream charged a team" means one thing.
+
+use super::http::{get, Reply};
+use super::sim::Sim;
+use http::StatusCode;
+
+/// A distinct, uncached search of `size` records: the `i`th day after
+/// 2015-01-01 as the lower date bound, over the big state (thousands of
+/// matches, so every page is full).
+pub fn distinct_search(sim: &Sim, i: u32, size: u32) -> String {
+    let s = sim.samples();
+    let from = chrono::NaiveDate::from_ymd_opt(2015, 1, 1).expect("date") + chrono::Days::new(u64::from(i));
+    format!("/v2/permits/search?geo_id={}&permit_from={from}&permit_to={}&size={size}", s.big_state, s.permit_to)
+}
+
+/// Credits the simulator charged for requests whose `X-Request-Id` starts
+/// with `prefix` (tests prefix ids with the team's name; the gateway
+/// forwards the id of the request that fetched, whose team paid).
+pub fn charged_to(sim: &Sim, prefix: &str) -> u64 {
+    sim.log()
+        .iter()
+        .filter(|e| e.request_id.as_deref().is_some_and(|id| id.starts_with(prefix)))
+        .map(|e| e.credits)
+        .sum()
+}
+
+/// A request as a team, with a request id to attribute upstream spend.
+pub async fn as_team(url: &str, token: &str, request_id: &str) -> Reply {
+    get(url, &[("x-api-key", token), ("x-request-id", request_id)]).await
+}
+
+/// The team's `credits_used` from `GET /v2/usage` (its ledger).
+pub async fn used(base: &str, token: &str) -> u64 {
+    let r = get(&format!("{base}/v2/usage"), &[("x-api-key", token)]).await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text());
+    r.json()["credits_used"].as_u64().expect("credits_used")
+}
+
+/// The ledger of each team equals what the upstream charged it.
+pub async fn assert_ledger_matches(sim: &Sim, base: &str, teams: &[(&str, &str)]) {
+    for (name, token) in teams {
+        let ledger = used(base, token).await;
+        let upstream = charged_to(sim, &format!("{name}-"));
+        assert_eq!(ledger, upstream, "team {name}: ledger {ledger} != upstream charge {upstream}");
+    }
+}

@@ -58,6 +58,11 @@ async fn pipeline<B>(app: &Arc<App>, req: &Request<B>, log: &mut RequestLog) -> 
         return Err(GatewayError::MethodNotAllowed);
     }
     // 3. Route (before auth only so that 404 needs no token, like upstream).
+    // A GET has no body: chunked framing here is a smuggling attempt (a
+    // proxy in front may have framed it differently), so it is refused.
+    if req.headers().contains_key(http::header::TRANSFER_ENCODING) {
+        return Err(GatewayError::BadRequest("Transfer-Encoding is not accepted on GET or HEAD"));
+    }
     if header_bytes(req.headers()) > app.config.server.max_header_bytes {
         return Err(GatewayError::HeadersTooLarge);
     }

@@ -8,4 +8,5 @@ mod core;
 mod core_process;
 mod faults;
 mod harness;
+mod hostile;
 mod sim;

@@ -1,0 +1,170 @@
+//! Hostile input: every shape gets a clear 4xx (in the upstream's body shape
+//! where our handler sees it) and the gateway keeps serving afterwards.
+
+use crate::support::gateway::{Setup, ALPHA};
+use crate::support::http::{get, send};
+use crate::support::sim::{start_sim, SimConfig};
+use bytes::Bytes;
+use http::{Method, StatusCode};
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+fn unlimited() -> SimConfig {
+    SimConfig { requests_per_minute: 0, ..SimConfig::default() }
+}
+
+/// Writes raw bytes, reads until the server closes (bounded), returns text.
+async fn raw(addr: SocketAddr, request: &[u8]) -> String {
+    let mut stream = TcpStream::connect(addr).await.expect("connect");
+    stream.write_all(request).await.expect("write");
+    let mut out = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(5), stream.read_to_end(&mut out)).await;
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+fn status_of(response: &str) -> u16 {
+    response.split(' ').nth(1).and_then(|s| s.parse().ok()).unwrap_or(0)
+}
+
+/// The gateway still answers a normal request.
+async fn still_serving(base: &str) {
+    let r = get(&format!("{base}/v2/meta/release"), &[("x-api-key", ALPHA.1)]).await;
+    assert_eq!(r.status, StatusCode::OK, "the gateway stopped serving: {}", r.text());
+}
+
+#[tokio::test]
+async fn oversized_heads_uris_and_queries_get_4xx() {
+    let sim = start_sim(unlimited()).await;
+    let gw = Setup::new().start(&sim).await;
+    let base = gw.base_url();
+    let big = "x".repeat(20_000);
+    let r = get(&format!("{base}/v2/meta/release"), &[("x-api-key", ALPHA.1), ("x-padding", &big)]).await;
+    assert_eq!(r.status, StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE);
+    assert_eq!(r.json()["detail"], "Request headers too large");
+    // Far past the read buffer: hyper refuses it before our handler.
+    let huge = format!("GET /v2/meta/release HTTP/1.1\r\nHost: x\r\nX-Padding: {}\r\n\r\n", "y".repeat(300_000));
+    let status = status_of(&raw(gw.addr, huge.as_bytes()).await);
+    assert!(status == 431 || status == 400 || status == 0, "huge head: {status}");
+    let long = format!("{base}/v2/permits/search?permit_q={}", "a".repeat(9_000));
+    let r = get(&long, &[("x-api-key", ALPHA.1)]).await;
+    assert_eq!(r.status, StatusCode::URI_TOO_LONG);
+    assert!(r.json()["detail"].is_string());
+    let many = vec!["a=1"; 1_500].join("&");
+    let r = get(&format!("{base}/v2/permits/search?{many}"), &[("x-api-key", ALPHA.1)]).await;
+    assert_eq!(r.status, StatusCode::BAD_REQUEST);
+    assert_eq!(r.json()["detail"], "Too many query parameters");
+    assert_eq!(sim.stats().requests_total, 0, "none of it reached the upstream");
+    still_serving(&base).await;
+}
+
+#[tokio::test]
+async fn bad_encodings_and_traversal_get_4xx_in_the_upstream_shape() {
+    let sim = start_sim(unlimited()).await;
+    let gw = Setup::new().start(&sim).await;
+    let base = gw.base_url();
+    for (path, status) in [
+        ("/v2/%C3%28/search", StatusCode::BAD_REQUEST),
+        ("/v2/contractors/%FF%FE/permits", StatusCode::BAD_REQUEST),
+        ("/v2/a%00b", StatusCode::BAD_REQUEST),
+        ("/v2/%2e%2e/%2e%2e/admin/teams", StatusCode::NOT_FOUND),
+        ("/v2/..%2f..%2fadmin", StatusCode::BAD_REQUEST),
+        ("/v2/%ZZ", StatusCode::NOT_FOUND),
+    ] {
+        let r = get(&format!("{base}{path}"), &[("x-api-key", ALPHA.1)]).await;
+        assert_eq!(r.status, status, "{path}: {}", r.text());
+        assert!(r.json()["detail"].is_string(), "{path}");
+    }
+    // Undecodable query values are the upstream's to judge (a 422), and
+    // never share a cache entry with another spelling.
+    let r = get(&format!("{base}/v2/counties?geo_id=%FF"), &[("x-api-key", ALPHA.1)]).await;
+    assert!(r.status.is_client_error(), "{}", r.status);
+    still_serving(&base).await;
+}
+
+#[tokio::test]
+async fn control_characters_and_smuggling_shapes_are_refused() {
+    let sim = start_sim(unlimited()).await;
+    let gw = Setup::new().start(&sim).await;
+    let key = ALPHA.1;
+    let cases: Vec<(&str, Vec<u8>)> = vec![
+        ("NUL in a header value", format!("GET /v2/meta/release HTTP/1.1\r\nHost: x\r\nX-API-Key: {key}\r\nX-Bad: a\0b\r\n\r\n").into_bytes()),
+        ("bare CR in a header value", format!("GET /v2/meta/release HTTP/1.1\r\nHost: x\r\nX-API-Key: {key}\r\nX-Bad: a\rb\r\n\r\n").into_bytes()),
+        (
+            "CL and TE together",
+            format!("GET /v2/meta/release HTTP/1.1\r\nHost: x\r\nX-API-Key: {key}\r\nContent-Length: 6\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\nGET /v2/usage HTTP/1.1\r\nHost: x\r\n\r\n").into_bytes(),
+        ),
+        (
+            "two different Content-Lengths",
+            format!("GET /v2/meta/release HTTP/1.1\r\nHost: x\r\nX-API-Key: {key}\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\nab").into_bytes(),
+        ),
+        ("a space before the colon", format!("GET /v2/meta/release HTTP/1.1\r\nHost: x\r\nX-API-Key : {key}\r\n\r\n").into_bytes()),
+    ];
+    for (what, bytes) in cases {
+        let response = raw(gw.addr, &bytes).await;
+        let statuses: Vec<u16> = response.match_indices("HTTP/1.1 ").map(|(i, _)| status_of(&response[i..])).collect();
+        assert!(!statuses.is_empty(), "{what}: no answer");
+        assert!(statuses[0] >= 400 && statuses[0] < 500, "{what}: answered {statuses:?}");
+        assert_eq!(statuses.len(), 1, "{what}: a second request was smuggled through: {statuses:?}");
+    }
+    assert_eq!(sim.stats().requests_total, 0);
+    still_serving(&gw.base_url()).await;
+}
+
+#[tokio::test]
+async fn methods_other_than_get_and_head_get_405() {
+    let sim = start_sim(unlimited()).await;
+    let gw = Setup::new().start(&sim).await;
+    for method in [Method::POST, Method::PUT, Method::DELETE, Method::PATCH, Method::OPTIONS, Method::TRACE] {
+        let r = send(method.clone(), &format!("{}/v2/meta/release", gw.base_url()), &[("x-api-key", ALPHA.1)], Bytes::from("x")).await;
+        assert_eq!(r.status, StatusCode::METHOD_NOT_ALLOWED, "{method}");
+        assert_eq!(r.header("allow"), Some("GET, HEAD"));
+        assert_eq!(r.json()["detail"], "Method Not Allowed");
+    }
+    assert_eq!(sim.stats().requests_total, 0);
+}
+
+#[tokio::test]
+async fn slowloris_clients_are_cut_off_while_others_are_served() {
+    let sim = start_sim(unlimited()).await;
+    let gw = Setup::new().with("server", "header_read_timeout_secs = 1").start(&sim).await;
+    let mut slow = TcpStream::connect(gw.addr).await.expect("connect");
+    slow.write_all(b"GET /v2/meta/release HTTP/1.1\r\nHost: x\r\n").await.expect("write");
+    let started = Instant::now();
+    let dripping = async {
+        for _ in 0..40 {
+            if slow.write_all(b"X-Drip: 1\r\n").await.is_err() {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    };
+    // Meanwhile a normal client is served.
+    let base = gw.base_url();
+    tokio::join!(dripping, still_serving(&base));
+    let mut rest = Vec::new();
+    let closed = tokio::time::timeout(Duration::from_secs(5), slow.read_to_end(&mut rest)).await;
+    assert!(closed.is_ok(), "the slow client was never cut off");
+    assert!(started.elapsed() < Duration::from_secs(5), "cut off after {:?}", started.elapsed());
+}
+
+#[tokio::test]
+async fn http2_header_lists_beyond_the_limit_are_refused() {
+    use http_body_util::Empty;
+    use hyper_util::client::legacy::Client;
+    use hyper_util::rt::TokioExecutor;
+    let sim = start_sim(unlimited()).await;
+    let gw = Setup::new().start(&sim).await;
+    let client = Client::builder(TokioExecutor::new()).http2_only(true).build_http::<Empty<Bytes>>();
+    let req = http::Request::get(format!("{}/v2/meta/release", gw.base_url()))
+        .header("x-api-key", ALPHA.1)
+        .header("x-padding", "z".repeat(100_000))
+        .body(Empty::new())
+        .expect("request");
+    // Either a 4xx, or the stream or connection is refused: never a 200.
+    if let Ok(resp) = client.request(req).await {
+        assert!(resp.status().is_client_error(), "accepted a 100 KB header list: {}", resp.status());
+    }
+    still_serving(&gw.base_url()).await;
+}

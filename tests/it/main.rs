@@ -9,4 +9,5 @@ mod core_process;
 mod faults;
 mod harness;
 mod hostile;
+mod load;
 mod sim;

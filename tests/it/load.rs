@@ -1,0 +1,96 @@
+//! A bounded load test: several teams at high concurrency, mixed hits,
+//! misses, budget and rate rejections, for a dozen seconds. Zero 5xx, memory
+//! that levels off, and a ledger equal to the upstream's charge per team.
+
+use crate::support::gateway::{team, ChildGateway, Setup, ALPHA, BETA, SMALL};
+use crate::support::sim::{start_sim, SimConfig};
+use crate::support::traffic::{as_team, assert_ledger_matches, distinct_search};
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+const WORKERS: u32 = 48;
+const RUN_FOR: Duration = Duration::from_secs(12);
+
+fn rss_kib(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| s.lines().find(|l| l.starts_with("VmRSS:")).map(str::to_owned))
+        .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
+        .unwrap_or(0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mixed_load_from_several_teams_has_no_5xx_bounded_memory_and_an_exact_ledger() {
+    let sim = start_sim(SimConfig { requests_per_minute: 0, latency_ms: 3, latency_jitter_ms: 4, ..SimConfig::default() }).await;
+    let setup = Setup::new()
+        .teams(team(ALPHA.0, ALPHA.1, "") + &team(BETA.0, BETA.1, "credit_limit = 300") + &team(SMALL.0, SMALL.1, "requests_per_minute = 600"))
+        .with("cache", "memory_max_bytes = 8388608")
+        .with("log", "level = \"info,access=warn\"\nformat = \"json\"");
+    let gw = ChildGateway::spawn(&setup, &sim.base_url(), sim.api_key());
+    let base = gw.base_url();
+    let pid = gw.child.id();
+    let hot: Arc<Vec<String>> = Arc::new((0..40).map(|i| distinct_search(&sim, i, 5)).collect());
+    let fresh = Arc::new(AtomicU32::new(1_000));
+    let statuses = Arc::new(Mutex::new(BTreeMap::<u16, u64>::new()));
+    let deadline = Instant::now() + RUN_FOR;
+
+    let sampler = tokio::spawn(async move {
+        let mut samples = Vec::new();
+        while Instant::now() < deadline {
+            samples.push(rss_kib(pid));
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+        samples
+    });
+    let workers: Vec<_> = (0..WORKERS)
+        .map(|w| {
+            let (base, hot, fresh, statuses) = (base.clone(), hot.clone(), fresh.clone(), statuses.clone());
+            let sim_samples = sim.samples();
+            tokio::spawn(async move {
+                let (name, token) = [ALPHA, BETA, SMALL][w as usize % 3];
+                let mut n = 0u32;
+                while Instant::now() < deadline {
+                    n += 1;
+                    let path = match n % 10 {
+                        0..=5 => hot[(w + n) as usize % hot.len()].clone(),
+                        6..=8 => {
+                            let i = fresh.fetch_add(1, Ordering::Relaxed);
+                            let from = chrono::NaiveDate::from_ymd_opt(2010, 1, 1).expect("date") + chrono::Days::new(u64::from(i % 5000));
+                            format!(
+                                "/v2/permits/search?geo_id={}&permit_from={from}&permit_to={}&size={}",
+                                sim_samples.big_state, sim_samples.permit_to, 1 + i / 5000
+                            )
+                        }
+                        _ => "/v2/meta/release".to_string(),
+                    };
+                    let r = as_team(&format!("{base}{path}"), token, &format!("{name}-{w}-{n}")).await;
+                    *statuses.lock().expect("lock").entry(r.status.as_u16()).or_default() += 1;
+                }
+            })
+        })
+        .collect();
+    for w in workers {
+        w.await.expect("worker");
+    }
+    let samples = sampler.await.expect("sampler");
+    let statuses = statuses.lock().expect("lock").clone();
+
+    let total: u64 = statuses.values().sum();
+    assert!(total > 1_000, "too little load to mean anything: {statuses:?}");
+    assert!(statuses.keys().all(|s| *s < 500), "5xx under load: {statuses:?}");
+    assert!(statuses.get(&200).is_some_and(|n| *n > total / 2), "{statuses:?}");
+    assert!(statuses.contains_key(&402), "beta's budget ran out: {statuses:?}");
+    assert!(statuses.contains_key(&429), "small's rate was enforced: {statuses:?}");
+
+    // Memory levels off: the second half grows little over the first.
+    let quarter = samples[samples.len() / 4];
+    let peak = *samples.iter().max().expect("samples");
+    let last = *samples.last().expect("samples");
+    assert!(last < 300 * 1024, "RSS {last} KiB");
+    assert!(peak <= quarter * 2 + 32 * 1024, "RSS kept growing: {quarter} KiB at a quarter, peak {peak} KiB");
+
+    assert_ledger_matches(&sim, &base, &[("alpha", ALPHA.1), ("beta", BETA.1), ("small", SMALL.1)]).await;
+    eprintln!("load: {total} requests {statuses:?}; RSS KiB quarter {quarter}, peak {peak}, last {last}");
+}

@@ -320,6 +320,26 @@ mod tests {
         assert!(matches!(target(&many), Err(GatewayError::BadRequest(_))));
     }
 
+    proptest::proptest! {
+        /// Whatever the path, an accepted target stays under /v2/, has no
+        /// dot-segment left, and classifies to itself (the router's fuzz
+        /// target, run in CI as a property).
+        #[test]
+        fn no_path_escapes_v2(segments in proptest::collection::vec(
+            proptest::sample::select(vec!["v2", "..", ".", "%2e%2e", "%2E.", "admin", "permits", "search", "", "%2f", "a%20b", "%ff", "metrics"]),
+            0..8,
+        )) {
+            let path = format!("/{}", segments.join("/"));
+            let Ok(uri) = path.parse::<Uri>() else { return Ok(()) };
+            if let Ok(t) = classify(&uri, 8192) {
+                proptest::prop_assert!(t.path.starts_with("/v2/"), "{} -> {}", path, t.path);
+                proptest::prop_assert!(!t.path.split('/').any(|s| s == ".." || s == "."));
+                let again = classify(&t.path.parse::<Uri>().expect("canonical parses"), 8192).expect("classifies");
+                proptest::prop_assert_eq!(again.path, t.path);
+            }
+        }
+    }
+
     #[test]
     fn long_targets_get_414() {
         let long = format!("/v2/permits/search?q={}", "a".repeat(9000));

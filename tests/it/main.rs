@@ -6,4 +6,5 @@ mod cache;
 mod core;
 mod core_process;
 mod harness;
+mod observability;
 mod sim;

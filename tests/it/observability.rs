@@ -36,7 +36,10 @@ async fn start_gateway(sim: &Sim, redis: &RedisServer) -> Running {
         + &team(DELTA.0, DELTA.1, "requests_per_minute = 1");
     Setup::new()
         .teams(teams)
-        .with("cache", format!("redis_url = {:?}\nredis_timeout_ms = 200", redis.url()))
+        .with(
+            "cache",
+            format!("redis_url = {:?}\nredis_timeout_ms = 200", redis.url()),
+        )
         .with("upstream", "max_retries = 1\nmax_queue_wait_secs = 1")
         .start(sim)
         .await
@@ -77,7 +80,11 @@ async fn traffic(gw: &Running, sim: &Sim, redis: &mut RedisServer) {
     assert_eq!(r.header("x-cache"), Some("HIT"));
     assert_eq!(as_team(GAMMA.1, &search(gw, sim, 3, "b")).await.status, StatusCode::OK);
     let r = as_team(GAMMA.1, &search(gw, sim, 50, "c")).await;
-    assert_eq!(r.status, StatusCode::PAYMENT_REQUIRED, "50 credits do not fit a budget of 20");
+    assert_eq!(
+        r.status,
+        StatusCode::PAYMENT_REQUIRED,
+        "50 credits do not fit a budget of 20"
+    );
     assert_eq!(as_team(DELTA.1, &a).await.status, StatusCode::OK);
     assert_eq!(as_team(DELTA.1, &a).await.status, StatusCode::TOO_MANY_REQUESTS);
     assert_eq!(as_team("tok-nobody", &a).await.status, StatusCode::UNAUTHORIZED);
@@ -109,7 +116,10 @@ async fn traffic(gw: &Running, sim: &Sim, redis: &mut RedisServer) {
     });
     let r = get(&a, &[("x-api-key", ALPHA.1), ("cache-control", "no-cache")]).await;
     assert_eq!((r.status, r.header("x-cache")), (StatusCode::OK, Some("STALE")));
-    assert!(as_team(ALPHA.1, &search(gw, sim, 4, "e")).await.status.is_server_error());
+    assert!(as_team(ALPHA.1, &search(gw, sim, 4, "e"))
+        .await
+        .status
+        .is_server_error());
     sim.clear_faults();
 
     // Redis gone: the cache fails open and counts the errors.
@@ -142,8 +152,15 @@ async fn every_contract_metric_moves_on_its_path() {
         before.get("gateway_build_info", &[("version", env!("CARGO_PKG_VERSION"))]),
         Some(1.0)
     );
-    assert_eq!(before.get("gateway_team_credit_limit", &[("team", "gamma")]), Some(20.0));
-    assert_eq!(before.get("gateway_team_credit_limit", &[("team", "beta")]), None, "unlimited");
+    assert_eq!(
+        before.get("gateway_team_credit_limit", &[("team", "gamma")]),
+        Some(20.0)
+    );
+    assert_eq!(
+        before.get("gateway_team_credit_limit", &[("team", "beta")]),
+        None,
+        "unlimited"
+    );
 
     traffic(&gw, &sim, &mut redis).await;
     let m = scrape(&gw).await;
@@ -152,8 +169,15 @@ async fn every_contract_metric_moves_on_its_path() {
 
     // Requests, by team and cache state; failures before auth are "unauthenticated".
     let req = "gateway_requests_total";
-    assert_eq!(v(req, &[("team", "alpha"), ps, ("cache", "miss"), ("status", "200")]), 3.0);
-    assert_eq!(v(req, &[("team", "alpha"), ps, ("cache", "hit")]), 3.0, "coalesced followers");
+    assert_eq!(
+        v(req, &[("team", "alpha"), ps, ("cache", "miss"), ("status", "200")]),
+        3.0
+    );
+    assert_eq!(
+        v(req, &[("team", "alpha"), ps, ("cache", "hit")]),
+        3.0,
+        "coalesced followers"
+    );
     assert_eq!(v(req, &[("team", "alpha"), ("cache", "stale"), ("status", "200")]), 1.0);
     assert_eq!(v(req, &[("team", "beta"), ("cache", "hit")]), 1.0);
     assert_eq!(v(req, &[("team", "gamma"), ("status", "402")]), 1.0);
@@ -175,15 +199,29 @@ async fn every_contract_metric_moves_on_its_path() {
     assert_eq!(v(up, &[ps, ("status", "429")]), 1.0);
     assert_eq!(v(up, &[ps, ("status", "200")]), 4.0);
     assert_eq!(v("gateway_upstream_retries_total", &[ps]), 2.0);
-    assert_eq!(v("gateway_upstream_request_duration_seconds_count", &[ps]), 7.0, "one per fetch");
-    assert!(v("gateway_upstream_request_duration_seconds_sum", &[ps]) >= 0.3, "the slow fetch");
+    assert_eq!(
+        v("gateway_upstream_request_duration_seconds_count", &[ps]),
+        7.0,
+        "one per fetch"
+    );
+    assert!(
+        v("gateway_upstream_request_duration_seconds_sum", &[ps]) >= 0.3,
+        "the slow fetch"
+    );
 
     // Credits: spent by the fetching team, saved by hits, followers and stale.
-    assert_eq!(v("gateway_credits_spent_total", &[("team", "alpha"), ps]), 8.0, "5 + 2 + 1");
+    assert_eq!(
+        v("gateway_credits_spent_total", &[("team", "alpha"), ps]),
+        8.0,
+        "5 + 2 + 1"
+    );
     assert_eq!(v("gateway_credits_spent_total", &[("team", "gamma"), ps]), 3.0);
     assert_eq!(v("gateway_credits_spent_total", &[("team", "beta")]), 0.0);
     assert_eq!(v("gateway_credits_saved_total", &[("team", "beta"), ps]), 5.0);
-    assert_eq!(v("gateway_credits_saved_total", &[("team", "alpha"), ps]), 3.0 * 2.0 + 5.0);
+    assert_eq!(
+        v("gateway_credits_saved_total", &[("team", "alpha"), ps]),
+        3.0 * 2.0 + 5.0
+    );
     assert_eq!(v("gateway_credits_saved_total", &[("team", "delta"), ps]), 5.0);
     assert_eq!(v("gateway_team_credits_used", &[("team", "alpha")]), 8.0);
     assert_eq!(v("gateway_team_credits_used", &[("team", "gamma")]), 3.0);
@@ -191,7 +229,10 @@ async fn every_contract_metric_moves_on_its_path() {
     let org_limit = v("gateway_upstream_credit_limit", &[]);
     assert_eq!(org_limit, 1_000_000.0);
     let org_left = v("gateway_upstream_credits_remaining", &[]);
-    assert!(org_left > 0.0 && org_left <= org_limit - 11.0, "org remaining {org_left}");
+    assert!(
+        org_left > 0.0 && org_left <= org_limit - 11.0,
+        "org remaining {org_left}"
+    );
 
     // Refusals.
     assert_eq!(v("gateway_quota_rejections_total", &[("team", "gamma")]), 1.0);
@@ -202,7 +243,11 @@ async fn every_contract_metric_moves_on_its_path() {
 
     // Cache: coalescing, tiers, Redis errors.
     assert_eq!(v("gateway_coalesced_requests_total", &[ps]), 3.0);
-    assert_eq!(v("gateway_cache_hits_total", &[ps, ("tier", "memory")]), 2.0, "beta and delta");
+    assert_eq!(
+        v("gateway_cache_hits_total", &[ps, ("tier", "memory")]),
+        2.0,
+        "beta and delta"
+    );
     assert!(v("gateway_cache_entries", &[("tier", "memory")]) >= 4.0);
     assert!(v("gateway_cache_size_bytes", &[("tier", "memory")]) > 100.0);
     let redis_errors = v("gateway_backend_errors_total", &[("backend", "redis")]);
@@ -214,7 +259,11 @@ async fn every_contract_metric_moves_on_its_path() {
     assert_eq!(v("gateway_upstream_queue_wait_seconds_count", &[]), 7.0);
 
     // Process metrics (memory, fds, CPU).
-    for name in ["process_resident_memory_bytes", "process_open_fds", "process_cpu_seconds_total"] {
+    for name in [
+        "process_resident_memory_bytes",
+        "process_open_fds",
+        "process_cpu_seconds_total",
+    ] {
         assert!(m.get(name, &[]).is_some(), "{name} missing");
     }
 }
@@ -282,7 +331,10 @@ async fn a_real_prometheus_answers_every_panel_and_rule_query() {
     };
 
     // Rules loaded from the shipped file, all healthy.
-    let groups = prom.api("rules").await["groups"].as_array().cloned().unwrap_or_default();
+    let groups = prom.api("rules").await["groups"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
     let rules_loaded: Vec<(String, String, String)> = groups
         .iter()
         .flat_map(|g| g["rules"].as_array().cloned().unwrap_or_default())
@@ -293,7 +345,12 @@ async fn a_real_prometheus_answers_every_panel_and_rule_query() {
         .collect();
     let file = std::fs::read_to_string(&rules).expect("alerts.yml");
     let in_file = file.matches("- record: ").count() + file.matches("- alert: ").count();
-    assert_eq!(rules_loaded.len(), in_file, "Prometheus loaded every rule:\n{}", prom.log());
+    assert_eq!(
+        rules_loaded.len(),
+        in_file,
+        "Prometheus loaded every rule:\n{}",
+        prom.log()
+    );
 
     // Every panel query (team = all, and one team) and every rule expression
     // parses; panel queries and recording rules return data once scraped.
@@ -342,7 +399,10 @@ async fn a_real_prometheus_answers_every_panel_and_rule_query() {
     // The team variable lists the teams that made requests.
     let teams = prom.api("label/team/values?match[]=gateway_requests_total").await;
     for t in ["alpha", "beta", "gamma", "delta", "unauthenticated"] {
-        assert!(teams.as_array().is_some_and(|a| a.iter().any(|v| v == t)), "{t} in {teams}");
+        assert!(
+            teams.as_array().is_some_and(|a| a.iter().any(|v| v == t)),
+            "{t} in {teams}"
+        );
     }
 
     // Dashboards and rules name only metrics the gateway exports.
@@ -358,4 +418,3 @@ async fn a_real_prometheus_answers_every_panel_and_rule_query() {
     assert!(referenced.len() >= 20, "names found: {referenced:?}");
     background.abort();
 }
-

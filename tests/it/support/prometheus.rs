@@ -267,7 +267,11 @@ impl Prometheus {
     {
         let deadline = Instant::now() + limit;
         while !check().await {
-            assert!(Instant::now() < deadline, "{what}: not within {limit:?}\n{}", self.log());
+            assert!(
+                Instant::now() < deadline,
+                "{what}: not within {limit:?}\n{}",
+                self.log()
+            );
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
     }
@@ -325,9 +329,15 @@ pub struct PanelQuery {
 pub fn panel_queries(file: &Path) -> Vec<PanelQuery> {
     let text = std::fs::read_to_string(file).unwrap_or_else(|e| panic!("{}: {e}", file.display()));
     let dash: Value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{}: not JSON: {e}", file.display()));
-    let name = file.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let name = file
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
     let mut out = Vec::new();
-    let mut stack: Vec<&Value> = dash["panels"].as_array().map(|p| p.iter().collect()).unwrap_or_default();
+    let mut stack: Vec<&Value> = dash["panels"]
+        .as_array()
+        .map(|p| p.iter().collect())
+        .unwrap_or_default();
     while let Some(panel) = stack.pop() {
         if let Some(inner) = panel["panels"].as_array() {
             stack.extend(inner);

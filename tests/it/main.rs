@@ -10,4 +10,5 @@ mod faults;
 mod harness;
 mod hostile;
 mod load;
+mod observability;
 mod sim;

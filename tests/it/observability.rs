@@ -1,0 +1,420 @@
+//! Metrics, dashboards and alert rules (issue 6): the contract metrics move
+//! on every path, promtool accepts the exposition and the rules, and a real
+//! Prometheus scraping a real gateway answers every panel and rule query.
+
+use crate::support::gateway::{team, Setup, ALPHA, BETA};
+use crate::support::http::{get, Reply};
+use crate::support::prometheus::{
+    dashboards_dir, gateway_names, has_data, panel_queries, promtool, substitute, Exposition, Prometheus,
+};
+use crate::support::redis::RedisServer;
+use crate::support::sim::{start_sim, FaultKind, Faults, Sim, SimConfig};
+use http::StatusCode;
+use permit_gateway::Running;
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+/// A team with a small budget (402s) and one with one request a minute (429s).
+const GAMMA: (&str, &str) = ("gamma", "tok-gamma-3c2b1a0f9e8d7c6b");
+const DELTA: (&str, &str) = ("delta", "tok-delta-8d7c6b5a4f3e2d1c");
+const DASHBOARDS: [&str; 3] = ["credit-spend.json", "cache-efficiency.json", "upstream-health.json"];
+
+fn sim_config() -> SimConfig {
+    SimConfig {
+        requests_per_minute: 0,
+        credit_limit: Some(1_000_000),
+        ..SimConfig::default()
+    }
+}
+
+/// Four teams, a shared Redis cache, one retry, and a short bound on the
+/// upstream queue so an upstream 429 turns into a fast refusal.
+async fn start_gateway(sim: &Sim, redis: &RedisServer) -> Running {
+    let teams = team(ALPHA.0, ALPHA.1, "credit_limit = 100000")
+        + &team(BETA.0, BETA.1, "")
+        + &team(GAMMA.0, GAMMA.1, "credit_limit = 20")
+        + &team(DELTA.0, DELTA.1, "requests_per_minute = 1");
+    Setup::new()
+        .teams(teams)
+        .with(
+            "cache",
+            format!("redis_url = {:?}\nredis_timeout_ms = 200", redis.url()),
+        )
+        .with("upstream", "max_retries = 1\nmax_queue_wait_secs = 1")
+        .start(sim)
+        .await
+}
+
+fn search(gw: &Running, sim: &Sim, size: u32, tag: &str) -> String {
+    let s = sim.samples();
+    // `q` tells queries of the same size apart (unknown parameters stay in the key).
+    format!(
+        "{}/v2/permits/search?geo_id={}&permit_from={}&permit_to={}&size={size}&q={tag}",
+        gw.base_url(),
+        s.state,
+        s.permit_from,
+        s.permit_to
+    )
+}
+
+async fn as_team(token: &str, url: &str) -> Reply {
+    get(url, &[("x-api-key", token)]).await
+}
+
+async fn scrape(gw: &Running) -> Exposition {
+    // moka counts lazily: settle it so the memory-tier gauges are exact.
+    gw.app.cache.sync().await;
+    let reply = get(&format!("{}/metrics", gw.admin_url()), &[]).await;
+    assert_eq!(reply.status, StatusCode::OK);
+    Exposition::parse(&reply.text())
+}
+
+/// Every path a request can take, once: miss, hit, 402, team 429, 401,
+/// coalesced, upstream 5xx with and without a stale copy, Redis down, and an
+/// upstream 429 that makes the fair queue refuse. Kills `redis` on the way.
+async fn traffic(gw: &Running, sim: &Sim, redis: &mut RedisServer) {
+    let a = search(gw, sim, 5, "a");
+    let r = as_team(ALPHA.1, &a).await;
+    assert_eq!((r.status, r.header("x-cache")), (StatusCode::OK, Some("MISS")));
+    let r = as_team(BETA.1, &a).await;
+    assert_eq!(r.header("x-cache"), Some("HIT"));
+    assert_eq!(as_team(GAMMA.1, &search(gw, sim, 3, "b")).await.status, StatusCode::OK);
+    let r = as_team(GAMMA.1, &search(gw, sim, 50, "c")).await;
+    assert_eq!(
+        r.status,
+        StatusCode::PAYMENT_REQUIRED,
+        "50 credits do not fit a budget of 20"
+    );
+    assert_eq!(as_team(DELTA.1, &a).await.status, StatusCode::OK);
+    assert_eq!(as_team(DELTA.1, &a).await.status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(as_team("tok-nobody", &a).await.status, StatusCode::UNAUTHORIZED);
+
+    // Four identical requests while the upstream is slow: one fetch.
+    sim.set_faults(Faults {
+        kind: FaultKind::Latency,
+        latency_ms: Some(300),
+        ..Faults::default()
+    });
+    let d = search(gw, sim, 2, "d");
+    let tasks: Vec<_> = (0..4)
+        .map(|_| {
+            let d = d.clone();
+            tokio::spawn(async move { as_team(ALPHA.1, &d).await })
+        })
+        .collect();
+    for t in tasks {
+        assert_eq!(t.await.expect("request task").status, StatusCode::OK);
+    }
+    sim.clear_faults();
+
+    // Upstream 503s (retried once): the cached query falls back to its stale copy, an
+    // uncached one fails.
+    sim.set_faults(Faults {
+        kind: FaultKind::Status,
+        status: Some(503),
+        ..Faults::default()
+    });
+    let r = get(&a, &[("x-api-key", ALPHA.1), ("cache-control", "no-cache")]).await;
+    assert_eq!((r.status, r.header("x-cache")), (StatusCode::OK, Some("STALE")));
+    assert!(as_team(ALPHA.1, &search(gw, sim, 4, "e"))
+        .await
+        .status
+        .is_server_error());
+    sim.clear_faults();
+
+    // Redis gone: the cache fails open and counts the errors.
+    redis.kill();
+    assert_eq!(as_team(ALPHA.1, &search(gw, sim, 1, "h")).await.status, StatusCode::OK);
+
+    // The upstream's own 429 pauses the scheduler past its wait bound.
+    sim.set_faults(Faults {
+        kind: FaultKind::Status,
+        status: Some(429),
+        retry_after_secs: Some(2),
+        count: Some(1),
+        ..Faults::default()
+    });
+    let r = as_team(ALPHA.1, &search(gw, sim, 1, "f")).await;
+    assert_eq!(r.status, StatusCode::TOO_MANY_REQUESTS, "upstream 429: {}", r.text());
+    let r = as_team(ALPHA.1, &search(gw, sim, 1, "g")).await;
+    assert_eq!(r.status, StatusCode::TOO_MANY_REQUESTS, "queue refusal: {}", r.text());
+    sim.clear_faults();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_contract_metric_moves_on_its_path() {
+    let sim = start_sim(sim_config()).await;
+    let mut redis = RedisServer::start();
+    let gw = start_gateway(&sim, &redis).await;
+    let before = scrape(&gw).await;
+    assert_eq!(before.sum("gateway_requests_total", &[]), 0.0);
+    assert_eq!(
+        before.get("gateway_build_info", &[("version", env!("CARGO_PKG_VERSION"))]),
+        Some(1.0)
+    );
+    assert_eq!(
+        before.get("gateway_team_credit_limit", &[("team", "gamma")]),
+        Some(20.0)
+    );
+    assert_eq!(
+        before.get("gateway_team_credit_limit", &[("team", "beta")]),
+        None,
+        "unlimited"
+    );
+
+    traffic(&gw, &sim, &mut redis).await;
+    let m = scrape(&gw).await;
+    let v = |name: &str, labels: &[(&str, &str)]| m.sum(name, labels);
+    let ps = ("route", "permits_search");
+
+    // Requests, by team and cache state; failures before auth are "unauthenticated".
+    let req = "gateway_requests_total";
+    assert_eq!(
+        v(req, &[("team", "alpha"), ps, ("cache", "miss"), ("status", "200")]),
+        3.0
+    );
+    assert_eq!(
+        v(req, &[("team", "alpha"), ps, ("cache", "hit")]),
+        3.0,
+        "coalesced followers"
+    );
+    assert_eq!(v(req, &[("team", "alpha"), ("cache", "stale"), ("status", "200")]), 1.0);
+    assert_eq!(v(req, &[("team", "beta"), ("cache", "hit")]), 1.0);
+    assert_eq!(v(req, &[("team", "gamma"), ("status", "402")]), 1.0);
+    assert_eq!(v(req, &[("team", "delta"), ("status", "429")]), 1.0);
+    assert_eq!(v(req, &[("team", "alpha"), ("status", "429")]), 2.0);
+    assert_eq!(v(req, &[("team", "unauthenticated"), ("status", "401")]), 1.0);
+    assert_eq!(v(req, &[]), 16.0);
+    // The latency histogram counts exactly the requests, per route and cache state.
+    for s in m.matching("gateway_request_duration_seconds_count", &[]) {
+        let (route, cache) = (&s.labels["route"], &s.labels["cache"]);
+        let requests = v(req, &[("route", route), ("cache", cache)]);
+        assert_eq!(s.value, requests, "duration count for {route}/{cache}");
+    }
+
+    // Upstream attempts: every one the simulator saw, by status.
+    let up = "gateway_upstream_requests_total";
+    assert_eq!(v(up, &[]), sim.stats().requests_total as f64);
+    assert_eq!(v(up, &[ps, ("status", "503")]), 4.0, "two calls, one retry each");
+    assert_eq!(v(up, &[ps, ("status", "429")]), 1.0);
+    assert_eq!(v(up, &[ps, ("status", "200")]), 4.0);
+    assert_eq!(v("gateway_upstream_retries_total", &[ps]), 2.0);
+    assert_eq!(
+        v("gateway_upstream_request_duration_seconds_count", &[ps]),
+        7.0,
+        "one per fetch"
+    );
+    assert!(
+        v("gateway_upstream_request_duration_seconds_sum", &[ps]) >= 0.3,
+        "the slow fetch"
+    );
+
+    // Credits: spent by the fetching team, saved by hits, followers and stale.
+    assert_eq!(
+        v("gateway_credits_spent_total", &[("team", "alpha"), ps]),
+        8.0,
+        "5 + 2 + 1"
+    );
+    assert_eq!(v("gateway_credits_spent_total", &[("team", "gamma"), ps]), 3.0);
+    assert_eq!(v("gateway_credits_spent_total", &[("team", "beta")]), 0.0);
+    assert_eq!(v("gateway_credits_saved_total", &[("team", "beta"), ps]), 5.0);
+    assert_eq!(
+        v("gateway_credits_saved_total", &[("team", "alpha"), ps]),
+        3.0 * 2.0 + 5.0
+    );
+    assert_eq!(v("gateway_credits_saved_total", &[("team", "delta"), ps]), 5.0);
+    assert_eq!(v("gateway_team_credits_used", &[("team", "alpha")]), 8.0);
+    assert_eq!(v("gateway_team_credits_used", &[("team", "gamma")]), 3.0);
+    assert_eq!(v("gateway_team_credit_limit", &[("team", "alpha")]), 100_000.0);
+    let org_limit = v("gateway_upstream_credit_limit", &[]);
+    assert_eq!(org_limit, 1_000_000.0);
+    let org_left = v("gateway_upstream_credits_remaining", &[]);
+    assert!(
+        org_left > 0.0 && org_left <= org_limit - 11.0,
+        "org remaining {org_left}"
+    );
+
+    // Refusals.
+    assert_eq!(v("gateway_quota_rejections_total", &[("team", "gamma")]), 1.0);
+    assert_eq!(v("gateway_quota_rejections_total", &[]), 1.0);
+    let limited = "gateway_rate_limited_total";
+    assert_eq!(v(limited, &[("team", "delta"), ("scope", "team")]), 1.0);
+    assert_eq!(v(limited, &[("team", "alpha"), ("scope", "upstream")]), 1.0);
+
+    // Cache: coalescing, tiers, Redis errors.
+    assert_eq!(v("gateway_coalesced_requests_total", &[ps]), 3.0);
+    assert_eq!(
+        v("gateway_cache_hits_total", &[ps, ("tier", "memory")]),
+        2.0,
+        "beta and delta"
+    );
+    assert!(v("gateway_cache_entries", &[("tier", "memory")]) >= 4.0);
+    assert!(v("gateway_cache_size_bytes", &[("tier", "memory")]) > 100.0);
+    let redis_errors = v("gateway_backend_errors_total", &[("backend", "redis")]);
+    assert!(redis_errors >= 1.0, "Redis was killed: {redis_errors}");
+    assert_eq!(v("gateway_backend_errors_total", &[("backend", "ledger")]), 0.0);
+
+    // The fair queue: drained, and every granted call waited (perhaps 0 s).
+    assert_eq!(m.get("gateway_upstream_queue_depth", &[]), Some(0.0));
+    assert_eq!(v("gateway_upstream_queue_wait_seconds_count", &[]), 7.0);
+
+    // Process metrics (memory, fds, CPU).
+    for name in [
+        "process_resident_memory_bytes",
+        "process_open_fds",
+        "process_cpu_seconds_total",
+    ] {
+        assert!(m.get(name, &[]).is_some(), "{name} missing");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn promtool_accepts_the_metrics_and_the_rules() {
+    let sim = start_sim(sim_config()).await;
+    let mut redis = RedisServer::start();
+    let gw = start_gateway(&sim, &redis).await;
+    traffic(&gw, &sim, &mut redis).await;
+    let text = get(&format!("{}/metrics", gw.admin_url()), &[]).await.text();
+    let (ok, out) = promtool(&["check", "metrics"], Some(text.as_bytes()));
+    assert!(ok && out.trim().is_empty(), "promtool check metrics:\n{out}");
+
+    let rules = dashboards_dir().join("alerts.yml");
+    let (ok, out) = promtool(&["check", "rules", &rules.display().to_string()], None);
+    assert!(ok, "promtool check rules:\n{out}");
+    // Every alert links its runbook section and says what and why.
+    let text = std::fs::read_to_string(&rules).expect("alerts.yml");
+    let runbook = std::fs::read_to_string(dashboards_dir().join("../docs/alerts.md")).expect("docs/alerts.md");
+    for alert in text.lines().filter_map(|l| l.trim().strip_prefix("- alert: ")) {
+        let anchor = alert.to_lowercase();
+        assert!(
+            text.contains(&format!("runbook_url: \"docs/alerts.md#{anchor}\"")),
+            "{alert}: runbook_url"
+        );
+        assert!(runbook.contains(&format!("## {alert}")), "{alert}: no runbook section");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_real_prometheus_answers_every_panel_and_rule_query() {
+    let sim = start_sim(sim_config()).await;
+    let mut redis = RedisServer::start();
+    let gw = std::sync::Arc::new(start_gateway(&sim, &redis).await);
+    let rules = dashboards_dir().join("alerts.yml");
+    let prom = Prometheus::start(&gw.admin_addr.to_string(), &rules).await;
+    prom.wait_for("gateway target up", Duration::from_secs(15), || async {
+        prom.query("up{job=\"permit-gateway\"} == 1")
+            .await
+            .is_ok_and(|r| has_data(&r))
+    })
+    .await;
+
+    traffic(&gw, &sim, &mut redis).await;
+    // Traffic goes on while Prometheus scrapes: hits, and misses that cost.
+    let background = {
+        let gw = gw.clone();
+        let s = sim.samples();
+        let s = (s.state.clone(), s.permit_from.clone(), s.permit_to.clone());
+        tokio::spawn(async move {
+            for n in 0u64.. {
+                let miss = format!(
+                    "{}/v2/permits/search?geo_id={}&permit_from={}&permit_to={}&size=1&q=bg{n}",
+                    gw.base_url(),
+                    s.0,
+                    s.1,
+                    s.2
+                );
+                as_team(ALPHA.1, &miss).await;
+                as_team(BETA.1, &miss).await;
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        })
+    };
+
+    // Rules loaded from the shipped file, all healthy.
+    let groups = prom.api("rules").await["groups"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    let rules_loaded: Vec<(String, String, String)> = groups
+        .iter()
+        .flat_map(|g| g["rules"].as_array().cloned().unwrap_or_default())
+        .map(|r| {
+            let s = |k: &str| r[k].as_str().unwrap_or_default().to_string();
+            (s("name"), s("type"), s("query"))
+        })
+        .collect();
+    let file = std::fs::read_to_string(&rules).expect("alerts.yml");
+    let in_file = file.matches("- record: ").count() + file.matches("- alert: ").count();
+    assert_eq!(
+        rules_loaded.len(),
+        in_file,
+        "Prometheus loaded every rule:\n{}",
+        prom.log()
+    );
+
+    // Every panel query (team = all, and one team) and every rule expression
+    // parses; panel queries and recording rules return data once scraped.
+    let mut must_have_data = Vec::new();
+    for name in DASHBOARDS {
+        for q in panel_queries(&dashboards_dir().join(name)) {
+            let one_team = substitute(&q.expr, "alpha", "1m");
+            if let Err(e) = prom.query(&one_team).await {
+                panic!("{}/{}: {one_team}: {e}", q.dashboard, q.panel);
+            }
+            must_have_data.push((format!("{}/{}", q.dashboard, q.panel), substitute(&q.expr, ".*", "1m")));
+        }
+    }
+    assert!(must_have_data.len() >= 30, "panels found: {}", must_have_data.len());
+    for (name, kind, query) in &rules_loaded {
+        if let Err(e) = prom.query(query).await {
+            panic!("rule {name}: {query}: {e}");
+        }
+        if kind == "recording" {
+            must_have_data.push((format!("recording rule {name}"), name.clone()));
+        }
+    }
+    // Polled (bounded): data appears after a few scrapes and rule evaluations.
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let mut pending = must_have_data;
+    while !pending.is_empty() {
+        let mut empty = Vec::new();
+        for (what, expr) in pending {
+            match prom.query(&expr).await {
+                Ok(r) if has_data(&r) => {}
+                Ok(_) => empty.push((what, expr)),
+                Err(e) => panic!("{what}: {expr}: {e}"),
+            }
+        }
+        assert!(
+            empty.is_empty() || std::time::Instant::now() < deadline,
+            "no data after 30 s:\n{}",
+            empty.iter().map(|(w, e)| format!("{w}: {e}\n")).collect::<String>()
+        );
+        pending = empty;
+        if !pending.is_empty() {
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+    }
+
+    // The team variable lists the teams that made requests.
+    let teams = prom.api("label/team/values?match[]=gateway_requests_total").await;
+    for t in ["alpha", "beta", "gamma", "delta", "unauthenticated"] {
+        assert!(
+            teams.as_array().is_some_and(|a| a.iter().any(|v| v == t)),
+            "{t} in {teams}"
+        );
+    }
+
+    // Dashboards and rules name only metrics the gateway exports.
+    let exported = scrape(&gw).await.names();
+    let mut referenced = BTreeSet::new();
+    for name in DASHBOARDS {
+        let text = std::fs::read_to_string(dashboards_dir().join(name)).expect("dashboard");
+        referenced.extend(gateway_names(&text).into_iter().map(|n| (name, n)));
+    }
+    referenced.extend(gateway_names(&file).into_iter().map(|n| ("alerts.yml", n)));
+    let unknown: Vec<_> = referenced.iter().filter(|(_, n)| !exported.contains(n)).collect();
+    assert!(unknown.is_empty(), "not exported by the gateway: {unknown:?}");
+    assert!(referenced.len() >= 20, "names found: {referenced:?}");
+    background.abort();
+}

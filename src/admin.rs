@@ -19,7 +19,7 @@ pub async fn handle<B>(app: Arc<App>, req: Request<B>) -> Response<Body> {
         (&Method::GET, "/healthz") => json_response(StatusCode::OK, &json!({"status": "ok"})),
         (&Method::GET, "/readyz") => readyz(&app).await,
         (&Method::GET, "/metrics") => {
-            app.cache.observe();
+            app.cache.observe().await;
             observe_budgets(&app).await;
             bytes_response(
                 StatusCode::OK,
@@ -143,9 +143,16 @@ async fn observe_budgets(app: &App) {
     let teams = app.teams.load();
     app.metrics.team_credits_used.reset();
     for team in teams.iter() {
-        if let Ok(usage) = app.ledger.usage(&team.name).await {
-            let used = i64::try_from(usage.used).unwrap_or(i64::MAX);
-            app.metrics.team_credits_used.with_label_values(&[&team.name]).set(used);
+        match app.ledger.usage(&team.name).await {
+            Ok(usage) => {
+                let used = i64::try_from(usage.used).unwrap_or(i64::MAX);
+                app.metrics.team_credits_used.with_label_values(&[&team.name]).set(used);
+            }
+            Err(_) => app
+                .metrics
+                .backend_errors_total
+                .with_label_values(&["ledger", "usage"])
+                .inc(),
         }
     }
 }

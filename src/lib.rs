@@ -88,10 +88,14 @@ pub async fn run(
         let _ = rx.wait_for(|stop| *stop).await;
     };
     let team_app = app.clone();
+    let team_limits = server::Limits {
+        open_connections: Some(app.metrics.open_connections.clone()),
+        ..limits.clone()
+    };
     let team = server::serve(
         listeners.team,
         tls,
-        limits.clone(),
+        team_limits,
         move |req| proxy::handle(team_app.clone(), req),
         stopped(stop_rx.clone()),
     );

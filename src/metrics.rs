@@ -43,6 +43,9 @@ pub struct Metrics {
     pub open_connections: Gauge,
     /// Not in the contract table: cache answers by the tier that had them.
     pub cache_hits_total: IntCounterVec,
+    /// Not in the contract table: metered calls answered 402 without asking
+    /// the upstream, because the org is out of credits.
+    pub upstream_exhausted_total: IntCounterVec,
 }
 
 fn counter(r: &Registry, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
@@ -198,6 +201,12 @@ impl Metrics {
                 "gateway_cache_hits_total",
                 "Cache lookups answered, by tier.",
                 &["route", "tier"],
+            ),
+            upstream_exhausted_total: counter(
+                &r,
+                "gateway_upstream_exhausted_total",
+                "Metered calls refused with 402 while the org is out of upstream credits.",
+                &["team"],
             ),
             registry: r,
         };

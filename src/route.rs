@@ -157,7 +157,10 @@ pub fn classify(uri: &Uri, max_uri_bytes: usize) -> Result<Target, GatewayError>
     if target_len > max_uri_bytes {
         return Err(GatewayError::UriTooLong);
     }
-    if uri.query().is_some_and(|q| q.split('&').filter(|p| !p.is_empty()).count() > MAX_QUERY_PARAMS) {
+    if uri
+        .query()
+        .is_some_and(|q| q.split('&').filter(|p| !p.is_empty()).count() > MAX_QUERY_PARAMS)
+    {
         return Err(GatewayError::BadRequest("Too many query parameters"));
     }
     let segments = canonical_segments(uri.path())?;
@@ -316,7 +319,10 @@ mod tests {
 
     #[test]
     fn thousands_of_parameters_are_refused() {
-        let many = format!("/v2/permits/search?{}", (0..300).map(|i| format!("p{i}=1")).collect::<Vec<_>>().join("&"));
+        let many = format!(
+            "/v2/permits/search?{}",
+            (0..300).map(|i| format!("p{i}=1")).collect::<Vec<_>>().join("&")
+        );
         assert!(matches!(target(&many), Err(GatewayError::BadRequest(_))));
     }
 

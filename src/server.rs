@@ -31,6 +31,8 @@ pub struct Limits {
     pub http2_max_concurrent_streams: u32,
     /// How long in-flight requests may run on after shutdown starts.
     pub shutdown_grace: Duration,
+    /// Counts open connections (the team listener's; `None` for admin).
+    pub open_connections: Option<prometheus::Gauge>,
 }
 
 impl Limits {
@@ -41,6 +43,7 @@ impl Limits {
             header_read_timeout: Duration::from_secs(cfg.header_read_timeout_secs),
             http2_max_concurrent_streams: cfg.http2_max_concurrent_streams,
             shutdown_grace: Duration::from_secs(cfg.shutdown_grace_secs),
+            open_connections: None,
         }
     }
 }
@@ -124,7 +127,10 @@ pub async fn serve<H, F>(
         let handler = handler.clone();
         let tls = tls.clone();
         let handshake_timeout = limits.header_read_timeout;
+        let open = limits.open_connections.clone();
         tokio::spawn(async move {
+            // Counted for the connection's whole life, whichever way it ends.
+            let _open = open.map(Open::new);
             let service = service_fn(move |req| {
                 let fut = handler(req);
                 async move { Ok::<_, Infallible>(fut.await) }
@@ -154,5 +160,21 @@ pub async fn serve<H, F>(
         () = tokio::time::sleep(limits.shutdown_grace) => {
             tracing::warn!(grace_secs = limits.shutdown_grace.as_secs(), "shutdown grace ran out; closing open connections");
         }
+    }
+}
+
+/// One open connection in the gauge, until dropped.
+struct Open(prometheus::Gauge);
+
+impl Open {
+    fn new(gauge: prometheus::Gauge) -> Open {
+        gauge.inc();
+        Open(gauge)
+    }
+}
+
+impl Drop for Open {
+    fn drop(&mut self) {
+        self.0.dec();
     }
 }

@@ -203,16 +203,37 @@ impl Cache {
         purge_pattern(redis, pattern).await
     }
 
-    /// Sets the memory-tier gauges (called at scrape time).
-    pub fn observe(&self) {
+    /// Sets the tier gauges (called at scrape time). Memory: exact, after
+    /// moka's pending housekeeping. Redis: the server's key count and used
+    /// memory (the whole Redis: it may hold the ledger and other data too).
+    pub async fn observe(&self) {
+        let m = &self.metrics;
         if let Some(memory) = &self.memory {
-            let m = &self.metrics;
+            memory.run_pending_tasks().await;
             m.cache_entries
                 .with_label_values(&["memory"])
                 .set(memory.entry_count() as i64);
             m.cache_size_bytes
                 .with_label_values(&["memory"])
                 .set(memory.weighted_size() as i64);
+        }
+        if let Some(redis) = &self.redis {
+            let stats = redis
+                .call("cache_stats", |mut c| async move {
+                    let keys: i64 = redis::cmd("DBSIZE").query_async(&mut c).await?;
+                    let info: String = redis::cmd("INFO").arg("memory").query_async(&mut c).await?;
+                    Ok((keys, info))
+                })
+                .await;
+            if let Ok((keys, info)) = stats {
+                let used = info
+                    .lines()
+                    .find_map(|l| l.strip_prefix("used_memory:"))
+                    .and_then(|v| v.trim().parse::<i64>().ok())
+                    .unwrap_or(0);
+                m.cache_entries.with_label_values(&["redis"]).set(keys);
+                m.cache_size_bytes.with_label_values(&["redis"]).set(used);
+            }
         }
     }
 

@@ -164,6 +164,10 @@ pub async fn team_budget_headers(app: &App, team: &str, headers: &mut http::Head
         return;
     };
     let Ok(usage) = app.ledger.usage(team).await else {
+        app.metrics
+            .backend_errors_total
+            .with_label_values(&["ledger", "usage"])
+            .inc();
         return;
     };
     app.metrics

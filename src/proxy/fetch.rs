@@ -117,6 +117,10 @@ async fn fetch_upstream(app: &Arc<App>, job: &Job) -> Outcome {
     let metered = job.target.route.is_metered();
     if metered {
         if let Some((headers, body)) = app.org.exhausted() {
+            app.metrics
+                .upstream_exhausted_total
+                .with_label_values(&[&job.team.name])
+                .inc();
             probe_org_usage(app, job);
             return Ok(Arc::new(Fetch {
                 status: StatusCode::PAYMENT_REQUIRED,
@@ -267,7 +271,9 @@ fn is_json(resp: &UpstreamResponse) -> bool {
 /// Stores 200 answers (already checked to be JSON) under the size cap,
 /// unless the client said `no-store` or the upstream `no-store`/`private`.
 async fn maybe_store(app: &App, job: &Job, key: &str, resp: &UpstreamResponse, credits: u64) {
-    let Some(ttl) = app.cache.ttl(job.target.route) else { return };
+    let Some(ttl) = app.cache.ttl(job.target.route) else {
+        return;
+    };
     let storable = resp.status == StatusCode::OK
         && !job.no_store
         && !control::forbids_storing(&resp.headers)

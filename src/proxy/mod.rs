@@ -61,7 +61,9 @@ async fn pipeline<B>(app: &Arc<App>, req: &Request<B>, log: &mut RequestLog) -> 
     // A GET has no body: chunked framing here is a smuggling attempt (a
     // proxy in front may have framed it differently), so it is refused.
     if req.headers().contains_key(http::header::TRANSFER_ENCODING) {
-        return Err(GatewayError::BadRequest("Transfer-Encoding is not accepted on GET or HEAD"));
+        return Err(GatewayError::BadRequest(
+            "Transfer-Encoding is not accepted on GET or HEAD",
+        ));
     }
     if header_bytes(req.headers()) > app.config.server.max_header_bytes {
         return Err(GatewayError::HeadersTooLarge);
@@ -159,7 +161,15 @@ async fn pipeline<B>(app: &Arc<App>, req: &Request<B>, log: &mut RequestLog) -> 
     }
     log.cache = state;
     log.credits = charged;
-    answer::from_fetch(&fetched, charged, state, log)
+    let answer = answer::from_fetch(&fetched, charged, state, log);
+    if let Err(GatewayError::UpstreamRateLimited { .. }) = answer {
+        // The upstream itself said 429 (the scheduler counts its own refusals).
+        app.metrics
+            .rate_limited_total
+            .with_label_values(&[&team.name, "upstream"])
+            .inc();
+    }
+    answer
 }
 
 /// A response from a cached entry: the team pays nothing and saves what the

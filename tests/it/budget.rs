@@ -10,7 +10,6 @@ use bytes::Bytes;
 use http::{Method, StatusCode};
 use std::time::{Duration, Instant};
 
-
 fn unlimited() -> SimConfig {
     SimConfig {
         requests_per_minute: 0,

@@ -12,7 +12,10 @@ use http::StatusCode;
 use std::time::{Duration, Instant};
 
 fn unlimited() -> SimConfig {
-    SimConfig { requests_per_minute: 0, ..SimConfig::default() }
+    SimConfig {
+        requests_per_minute: 0,
+        ..SimConfig::default()
+    }
 }
 
 /// Sum of `gateway_backend_errors_total` for Redis in a scrape.
@@ -47,16 +50,35 @@ async fn redis_down_at_start_then_back() {
     let gw = setup.start(&sim).await;
     let url = format!("{}{}", gw.base_url(), distinct_search(&sim, 0, 5));
     let ready = get(&format!("{}/readyz", gw.admin_url()), &[]).await;
-    assert_eq!(ready.status, StatusCode::OK, "a down cache Redis does not make the gateway unready");
+    assert_eq!(
+        ready.status,
+        StatusCode::OK,
+        "a down cache Redis does not make the gateway unready"
+    );
     assert_ne!(ready.json()["checks"]["cache_redis"], "ok");
     assert_eq!(as_team(&url, ALPHA.1, "alpha-1").await.header("x-cache"), Some("MISS"));
-    assert_eq!(as_team(&url, ALPHA.1, "alpha-2").await.header("x-cache"), Some("HIT"), "memory tier serves");
+    assert_eq!(
+        as_team(&url, ALPHA.1, "alpha-2").await.header("x-cache"),
+        Some("HIT"),
+        "memory tier serves"
+    );
     redis.restart();
     wait_cache_redis_ok(&gw.admin_url()).await;
     let fresh = format!("{}{}", gw.base_url(), distinct_search(&sim, 1, 5));
-    assert_eq!(as_team(&fresh, ALPHA.1, "alpha-3").await.header("x-cache"), Some("MISS"));
-    let other = Setup::new().with("cache", format!("redis_url = {:?}", redis.url())).start(&sim).await;
-    let shared = as_team(&format!("{}{}", other.base_url(), distinct_search(&sim, 1, 5)), BETA.1, "beta-1").await;
+    assert_eq!(
+        as_team(&fresh, ALPHA.1, "alpha-3").await.header("x-cache"),
+        Some("MISS")
+    );
+    let other = Setup::new()
+        .with("cache", format!("redis_url = {:?}", redis.url()))
+        .start(&sim)
+        .await;
+    let shared = as_team(
+        &format!("{}{}", other.base_url(), distinct_search(&sim, 1, 5)),
+        BETA.1,
+        "beta-1",
+    )
+    .await;
     assert_eq!(shared.header("x-cache"), Some("HIT"), "the shared tier works again");
     assert_ledger_matches(&sim, &gw.base_url(), &[("alpha", ALPHA.1)]).await;
 }
@@ -71,20 +93,38 @@ async fn a_slow_redis_costs_at_most_its_timeout_and_recovers() {
         .start(&sim)
         .await;
     let base = gw.base_url();
-    assert_eq!(as_team(&format!("{base}{}", distinct_search(&sim, 0, 3)), ALPHA.1, "alpha-0").await.status, StatusCode::OK);
+    assert_eq!(
+        as_team(&format!("{base}{}", distinct_search(&sim, 0, 3)), ALPHA.1, "alpha-0")
+            .await
+            .status,
+        StatusCode::OK
+    );
     relay.set_delay(Duration::from_millis(400));
     for i in 1..8 {
-        let r = as_team(&format!("{base}{}", distinct_search(&sim, i, 3)), ALPHA.1, &format!("alpha-{i}")).await;
+        let r = as_team(
+            &format!("{base}{}", distinct_search(&sim, i, 3)),
+            ALPHA.1,
+            &format!("alpha-{i}"),
+        )
+        .await;
         assert_eq!(r.status, StatusCode::OK, "a slow Redis never fails a request");
     }
     let tripped = redis_errors(&gw.admin_url()).await;
     assert!(tripped >= 3, "timeouts were counted ({tripped})");
     for i in 8..20 {
-        let r = as_team(&format!("{base}{}", distinct_search(&sim, i, 3)), ALPHA.1, &format!("alpha-{i}")).await;
+        let r = as_team(
+            &format!("{base}{}", distinct_search(&sim, i, 3)),
+            ALPHA.1,
+            &format!("alpha-{i}"),
+        )
+        .await;
         assert_eq!(r.status, StatusCode::OK);
     }
     let after = redis_errors(&gw.admin_url()).await;
-    assert!(after - tripped <= 2, "with the breaker open Redis is skipped ({tripped} → {after})");
+    assert!(
+        after - tripped <= 2,
+        "with the breaker open Redis is skipped ({tripped} → {after})"
+    );
     relay.set_delay(Duration::ZERO);
     wait_cache_redis_ok(&gw.admin_url()).await;
     assert_ledger_matches(&sim, &base, &[("alpha", ALPHA.1)]).await;
@@ -99,29 +139,94 @@ struct Case {
 }
 
 fn fault(kind: FaultKind) -> Faults {
-    Faults { kind, ..Faults::default() }
+    Faults {
+        kind,
+        ..Faults::default()
+    }
 }
 
 #[tokio::test]
 async fn every_upstream_fault_maps_cleanly_and_the_ledger_matches() {
     let sim = start_sim(unlimited()).await;
     let gw = Setup::new()
-        .with("upstream", "timeout_secs = 2\nmax_retries = 1\nmax_response_bytes = 1048576")
+        .with(
+            "upstream",
+            "timeout_secs = 2\nmax_retries = 1\nmax_response_bytes = 1048576",
+        )
         .start(&sim)
         .await;
     let base = gw.base_url();
     let cases = [
-        Case { fault: Faults { status: Some(500), ..fault(FaultKind::Status) }, status: StatusCode::BAD_GATEWAY, cached: false },
-        Case { fault: Faults { status: Some(503), ..fault(FaultKind::Status) }, status: StatusCode::BAD_GATEWAY, cached: false },
-        Case { fault: Faults { delay_ms: Some(10_000), ..fault(FaultKind::Hang) }, status: StatusCode::GATEWAY_TIMEOUT, cached: false },
-        Case { fault: fault(FaultKind::Reset), status: StatusCode::BAD_GATEWAY, cached: false },
-        Case { fault: Faults { delay_ms: Some(300), ..fault(FaultKind::SlowBody) }, status: StatusCode::OK, cached: true },
-        Case { fault: fault(FaultKind::Truncated), status: StatusCode::BAD_GATEWAY, cached: false },
-        Case { fault: fault(FaultKind::MalformedJson), status: StatusCode::BAD_GATEWAY, cached: false },
-        Case { fault: fault(FaultKind::WrongContentType), status: StatusCode::BAD_GATEWAY, cached: false },
-        Case { fault: fault(FaultKind::AbsurdCredits), status: StatusCode::OK, cached: true },
-        Case { fault: fault(FaultKind::MissingCredits), status: StatusCode::OK, cached: true },
-        Case { fault: Faults { body_bytes: Some(2 * 1024 * 1024), ..fault(FaultKind::HugeBody) }, status: StatusCode::BAD_GATEWAY, cached: false },
+        Case {
+            fault: Faults {
+                status: Some(500),
+                ..fault(FaultKind::Status)
+            },
+            status: StatusCode::BAD_GATEWAY,
+            cached: false,
+        },
+        Case {
+            fault: Faults {
+                status: Some(503),
+                ..fault(FaultKind::Status)
+            },
+            status: StatusCode::BAD_GATEWAY,
+            cached: false,
+        },
+        Case {
+            fault: Faults {
+                delay_ms: Some(10_000),
+                ..fault(FaultKind::Hang)
+            },
+            status: StatusCode::GATEWAY_TIMEOUT,
+            cached: false,
+        },
+        Case {
+            fault: fault(FaultKind::Reset),
+            status: StatusCode::BAD_GATEWAY,
+            cached: false,
+        },
+        Case {
+            fault: Faults {
+                delay_ms: Some(300),
+                ..fault(FaultKind::SlowBody)
+            },
+            status: StatusCode::OK,
+            cached: true,
+        },
+        Case {
+            fault: fault(FaultKind::Truncated),
+            status: StatusCode::BAD_GATEWAY,
+            cached: false,
+        },
+        Case {
+            fault: fault(FaultKind::MalformedJson),
+            status: StatusCode::BAD_GATEWAY,
+            cached: false,
+        },
+        Case {
+            fault: fault(FaultKind::WrongContentType),
+            status: StatusCode::BAD_GATEWAY,
+            cached: false,
+        },
+        Case {
+            fault: fault(FaultKind::AbsurdCredits),
+            status: StatusCode::OK,
+            cached: true,
+        },
+        Case {
+            fault: fault(FaultKind::MissingCredits),
+            status: StatusCode::OK,
+            cached: true,
+        },
+        Case {
+            fault: Faults {
+                body_bytes: Some(2 * 1024 * 1024),
+                ..fault(FaultKind::HugeBody)
+            },
+            status: StatusCode::BAD_GATEWAY,
+            cached: false,
+        },
     ];
     for (i, case) in cases.iter().enumerate() {
         let url = format!("{base}{}", distinct_search(&sim, i as u32, 4));
@@ -130,31 +235,71 @@ async fn every_upstream_fault_maps_cleanly_and_the_ledger_matches() {
         sim.clear_faults();
         assert_eq!(r.status, case.status, "{:?}: {}", case.fault.kind, r.text());
         if r.status == StatusCode::OK {
-            assert_eq!(r.header_u64("x-credits-request"), Some(4), "{:?}: credits from the records", case.fault.kind);
+            assert_eq!(
+                r.header_u64("x-credits-request"),
+                Some(4),
+                "{:?}: credits from the records",
+                case.fault.kind
+            );
             assert_eq!(r.json()["items"].as_array().map(Vec::len), Some(4));
         } else {
-            assert!(r.json()["detail"].is_string(), "{:?}: upstream-shaped error body", case.fault.kind);
+            assert!(
+                r.json()["detail"].is_string(),
+                "{:?}: upstream-shaped error body",
+                case.fault.kind
+            );
         }
         let again = as_team(&url, ALPHA.1, &format!("alpha-{i}-again")).await;
         assert_eq!(again.status, StatusCode::OK);
         let expect = if case.cached { "HIT" } else { "MISS" };
-        assert_eq!(again.header("x-cache"), Some(expect), "{:?}: a bad answer is never cached", case.fault.kind);
+        assert_eq!(
+            again.header("x-cache"),
+            Some(expect),
+            "{:?}: a bad answer is never cached",
+            case.fault.kind
+        );
     }
     // A storm: every call fails for a while, then the service recovers.
-    sim.set_faults(Faults { status: Some(502), ..fault(FaultKind::Status) });
+    sim.set_faults(Faults {
+        status: Some(502),
+        ..fault(FaultKind::Status)
+    });
     for i in 0..10 {
-        let r = as_team(&format!("{base}{}", distinct_search(&sim, 100 + i, 2)), ALPHA.1, &format!("alpha-storm-{i}")).await;
+        let r = as_team(
+            &format!("{base}{}", distinct_search(&sim, 100 + i, 2)),
+            ALPHA.1,
+            &format!("alpha-storm-{i}"),
+        )
+        .await;
         assert_eq!(r.status, StatusCode::BAD_GATEWAY);
     }
     sim.clear_faults();
-    assert_eq!(as_team(&format!("{base}{}", distinct_search(&sim, 200, 2)), ALPHA.1, "alpha-after").await.status, StatusCode::OK);
+    assert_eq!(
+        as_team(
+            &format!("{base}{}", distinct_search(&sim, 200, 2)),
+            ALPHA.1,
+            "alpha-after"
+        )
+        .await
+        .status,
+        StatusCode::OK
+    );
     assert_ledger_matches(&sim, &base, &[("alpha", ALPHA.1)]).await;
 }
 
 /// Requests the gateway has authenticated so far (all teams).
 async fn authenticated(admin: &str) -> u64 {
-    let r = get(&format!("{admin}/admin/teams"), &[("authorization", &format!("Bearer {ADMIN_TOKEN}"))]).await;
-    r.json()["teams"].as_array().expect("teams").iter().map(|t| t["requests"].as_u64().unwrap_or(0)).sum()
+    let r = get(
+        &format!("{admin}/admin/teams"),
+        &[("authorization", &format!("Bearer {ADMIN_TOKEN}"))],
+    )
+    .await;
+    r.json()["teams"]
+        .as_array()
+        .expect("teams")
+        .iter()
+        .map(|t| t["requests"].as_u64().unwrap_or(0))
+        .sum()
 }
 
 #[tokio::test]
@@ -162,11 +307,18 @@ async fn sigterm_under_load_finishes_every_request_in_flight() {
     let sim = start_sim(unlimited()).await;
     let setup = Setup::new();
     let mut gw = ChildGateway::spawn(&setup, &sim.base_url(), sim.api_key());
-    sim.set_faults(Faults { latency_ms: Some(800), ..fault(FaultKind::Latency) });
+    sim.set_faults(Faults {
+        latency_ms: Some(800),
+        ..fault(FaultKind::Latency)
+    });
     let tasks: Vec<_> = (0..30)
         .map(|i| {
             let url = format!("{}{}", gw.base_url(), distinct_search(&sim, i % 20, 3));
-            let (token, id) = if i % 2 == 0 { (ALPHA.1, format!("alpha-{i}")) } else { (BETA.1, format!("beta-{i}")) };
+            let (token, id) = if i % 2 == 0 {
+                (ALPHA.1, format!("alpha-{i}"))
+            } else {
+                (BETA.1, format!("beta-{i}"))
+            };
             tokio::spawn(async move { as_team(&url, token, &id).await })
         })
         .collect();
@@ -178,7 +330,12 @@ async fn sigterm_under_load_finishes_every_request_in_flight() {
     gw.signal("TERM");
     for t in tasks {
         let r: Reply = t.await.expect("task");
-        assert_eq!(r.status, StatusCode::OK, "an in-flight request was dropped: {}", r.text());
+        assert_eq!(
+            r.status,
+            StatusCode::OK,
+            "an in-flight request was dropped: {}",
+            r.text()
+        );
     }
     let status = tokio::task::spawn_blocking(move || {
         let s = gw.wait_exit(Duration::from_secs(20));
@@ -206,9 +363,17 @@ async fn sigkill_then_restart_with_a_changed_config_keeps_spend_and_loses_only_c
     gw.wait_exit(Duration::from_secs(10));
     let changed = setup.teams(team(SMALL.0, SMALL.1, "credit_limit = 40"));
     let gw = ChildGateway::spawn(&changed, &sim.base_url(), sim.api_key());
-    assert_eq!(used(&gw.base_url(), SMALL.1).await, 30, "every settled credit survived SIGKILL");
+    assert_eq!(
+        used(&gw.base_url(), SMALL.1).await,
+        30,
+        "every settled credit survived SIGKILL"
+    );
     let r = as_team(&format!("{}{}", gw.base_url(), paths[0]), SMALL.1, "small-again").await;
-    assert_eq!(r.header("x-cache"), Some("MISS"), "the memory cache died with the process");
+    assert_eq!(
+        r.header("x-cache"),
+        Some("MISS"),
+        "the memory cache died with the process"
+    );
     assert_eq!(r.header("x-credits-limit"), Some("40"), "the new budget applies");
     assert_eq!(r.header("x-credits-remaining"), Some("4"));
     let over = as_team(&format!("{}{}", gw.base_url(), paths[1]), SMALL.1, "small-over").await;
@@ -218,18 +383,31 @@ async fn sigkill_then_restart_with_a_changed_config_keeps_spend_and_loses_only_c
 
 #[tokio::test]
 async fn the_org_running_dry_mid_load_serves_stale_and_charges_no_team_for_failures() {
-    let sim = start_sim(SimConfig { credit_limit: Some(150), ..unlimited() }).await;
+    let sim = start_sim(SimConfig {
+        credit_limit: Some(150),
+        ..unlimited()
+    })
+    .await;
     let gw = Setup::new().start(&sim).await;
     let base = gw.base_url();
     // Warm a few entries, then load two teams with misses and revisits.
-    let warm: Vec<String> = (0..3).map(|i| format!("{base}{}", distinct_search(&sim, i, 10))).collect();
+    let warm: Vec<String> = (0..3)
+        .map(|i| format!("{base}{}", distinct_search(&sim, i, 10)))
+        .collect();
     for (i, u) in warm.iter().enumerate() {
-        assert_eq!(as_team(u, ALPHA.1, &format!("alpha-warm-{i}")).await.status, StatusCode::OK);
+        assert_eq!(
+            as_team(u, ALPHA.1, &format!("alpha-warm-{i}")).await.status,
+            StatusCode::OK
+        );
     }
     let tasks: Vec<_> = (0..40)
         .map(|i| {
             let url = format!("{base}{}", distinct_search(&sim, 10 + i, 10));
-            let (token, id) = if i % 2 == 0 { (ALPHA.1, format!("alpha-{i}")) } else { (BETA.1, format!("beta-{i}")) };
+            let (token, id) = if i % 2 == 0 {
+                (ALPHA.1, format!("alpha-{i}"))
+            } else {
+                (BETA.1, format!("beta-{i}"))
+            };
             tokio::spawn(async move { as_team(&url, token, &id).await })
         })
         .collect();
@@ -237,7 +415,12 @@ async fn the_org_running_dry_mid_load_serves_stale_and_charges_no_team_for_failu
     for t in tasks {
         statuses.push(t.await.expect("task").status);
     }
-    assert!(statuses.iter().all(|s| *s == StatusCode::OK || *s == StatusCode::PAYMENT_REQUIRED), "{statuses:?}");
+    assert!(
+        statuses
+            .iter()
+            .all(|s| *s == StatusCode::OK || *s == StatusCode::PAYMENT_REQUIRED),
+        "{statuses:?}"
+    );
     assert!(statuses.contains(&StatusCode::PAYMENT_REQUIRED), "the org ran out");
     for u in &warm {
         let r = get(u, &[("x-api-key", BETA.1), ("cache-control", "no-cache")]).await;

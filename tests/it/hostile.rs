@@ -12,7 +12,10 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 fn unlimited() -> SimConfig {
-    SimConfig { requests_per_minute: 0, ..SimConfig::default() }
+    SimConfig {
+        requests_per_minute: 0,
+        ..SimConfig::default()
+    }
 }
 
 /// Writes raw bytes, reads until the server closes (bounded), returns text.
@@ -40,11 +43,18 @@ async fn oversized_heads_uris_and_queries_get_4xx() {
     let gw = Setup::new().start(&sim).await;
     let base = gw.base_url();
     let big = "x".repeat(20_000);
-    let r = get(&format!("{base}/v2/meta/release"), &[("x-api-key", ALPHA.1), ("x-padding", &big)]).await;
+    let r = get(
+        &format!("{base}/v2/meta/release"),
+        &[("x-api-key", ALPHA.1), ("x-padding", &big)],
+    )
+    .await;
     assert_eq!(r.status, StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE);
     assert_eq!(r.json()["detail"], "Request headers too large");
     // Far past the read buffer: hyper refuses it before our handler.
-    let huge = format!("GET /v2/meta/release HTTP/1.1\r\nHost: x\r\nX-Padding: {}\r\n\r\n", "y".repeat(300_000));
+    let huge = format!(
+        "GET /v2/meta/release HTTP/1.1\r\nHost: x\r\nX-Padding: {}\r\n\r\n",
+        "y".repeat(300_000)
+    );
     let status = status_of(&raw(gw.addr, huge.as_bytes()).await);
     assert!(status == 431 || status == 400 || status == 0, "huge head: {status}");
     let long = format!("{base}/v2/permits/search?permit_q={}", "a".repeat(9_000));
@@ -103,10 +113,17 @@ async fn control_characters_and_smuggling_shapes_are_refused() {
     ];
     for (what, bytes) in cases {
         let response = raw(gw.addr, &bytes).await;
-        let statuses: Vec<u16> = response.match_indices("HTTP/1.1 ").map(|(i, _)| status_of(&response[i..])).collect();
+        let statuses: Vec<u16> = response
+            .match_indices("HTTP/1.1 ")
+            .map(|(i, _)| status_of(&response[i..]))
+            .collect();
         assert!(!statuses.is_empty(), "{what}: no answer");
         assert!(statuses[0] >= 400 && statuses[0] < 500, "{what}: answered {statuses:?}");
-        assert_eq!(statuses.len(), 1, "{what}: a second request was smuggled through: {statuses:?}");
+        assert_eq!(
+            statuses.len(),
+            1,
+            "{what}: a second request was smuggled through: {statuses:?}"
+        );
     }
     assert_eq!(sim.stats().requests_total, 0);
     still_serving(&gw.base_url()).await;
@@ -116,8 +133,21 @@ async fn control_characters_and_smuggling_shapes_are_refused() {
 async fn methods_other_than_get_and_head_get_405() {
     let sim = start_sim(unlimited()).await;
     let gw = Setup::new().start(&sim).await;
-    for method in [Method::POST, Method::PUT, Method::DELETE, Method::PATCH, Method::OPTIONS, Method::TRACE] {
-        let r = send(method.clone(), &format!("{}/v2/meta/release", gw.base_url()), &[("x-api-key", ALPHA.1)], Bytes::from("x")).await;
+    for method in [
+        Method::POST,
+        Method::PUT,
+        Method::DELETE,
+        Method::PATCH,
+        Method::OPTIONS,
+        Method::TRACE,
+    ] {
+        let r = send(
+            method.clone(),
+            &format!("{}/v2/meta/release", gw.base_url()),
+            &[("x-api-key", ALPHA.1)],
+            Bytes::from("x"),
+        )
+        .await;
         assert_eq!(r.status, StatusCode::METHOD_NOT_ALLOWED, "{method}");
         assert_eq!(r.header("allow"), Some("GET, HEAD"));
         assert_eq!(r.json()["detail"], "Method Not Allowed");
@@ -128,9 +158,14 @@ async fn methods_other_than_get_and_head_get_405() {
 #[tokio::test]
 async fn slowloris_clients_are_cut_off_while_others_are_served() {
     let sim = start_sim(unlimited()).await;
-    let gw = Setup::new().with("server", "header_read_timeout_secs = 1").start(&sim).await;
+    let gw = Setup::new()
+        .with("server", "header_read_timeout_secs = 1")
+        .start(&sim)
+        .await;
     let mut slow = TcpStream::connect(gw.addr).await.expect("connect");
-    slow.write_all(b"GET /v2/meta/release HTTP/1.1\r\nHost: x\r\n").await.expect("write");
+    slow.write_all(b"GET /v2/meta/release HTTP/1.1\r\nHost: x\r\n")
+        .await
+        .expect("write");
     let started = Instant::now();
     let dripping = async {
         for _ in 0..40 {
@@ -146,7 +181,11 @@ async fn slowloris_clients_are_cut_off_while_others_are_served() {
     let mut rest = Vec::new();
     let closed = tokio::time::timeout(Duration::from_secs(5), slow.read_to_end(&mut rest)).await;
     assert!(closed.is_ok(), "the slow client was never cut off");
-    assert!(started.elapsed() < Duration::from_secs(5), "cut off after {:?}", started.elapsed());
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "cut off after {:?}",
+        started.elapsed()
+    );
 }
 
 #[tokio::test]
@@ -156,7 +195,9 @@ async fn http2_header_lists_beyond_the_limit_are_refused() {
     use hyper_util::rt::TokioExecutor;
     let sim = start_sim(unlimited()).await;
     let gw = Setup::new().start(&sim).await;
-    let client = Client::builder(TokioExecutor::new()).http2_only(true).build_http::<Empty<Bytes>>();
+    let client = Client::builder(TokioExecutor::new())
+        .http2_only(true)
+        .build_http::<Empty<Bytes>>();
     let req = http::Request::get(format!("{}/v2/meta/release", gw.base_url()))
         .header("x-api-key", ALPHA.1)
         .header("x-padding", "z".repeat(100_000))
@@ -164,7 +205,11 @@ async fn http2_header_lists_beyond_the_limit_are_refused() {
         .expect("request");
     // Either a 4xx, or the stream or connection is refused: never a 200.
     if let Ok(resp) = client.request(req).await {
-        assert!(resp.status().is_client_error(), "accepted a 100 KB header list: {}", resp.status());
+        assert!(
+            resp.status().is_client_error(),
+            "accepted a 100 KB header list: {}",
+            resp.status()
+        );
     }
     still_serving(&gw.base_url()).await;
 }

@@ -23,9 +23,19 @@ fn rss_kib(pid: u32) -> u64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mixed_load_from_several_teams_has_no_5xx_bounded_memory_and_an_exact_ledger() {
-    let sim = start_sim(SimConfig { requests_per_minute: 0, latency_ms: 3, latency_jitter_ms: 4, ..SimConfig::default() }).await;
+    let sim = start_sim(SimConfig {
+        requests_per_minute: 0,
+        latency_ms: 3,
+        latency_jitter_ms: 4,
+        ..SimConfig::default()
+    })
+    .await;
     let setup = Setup::new()
-        .teams(team(ALPHA.0, ALPHA.1, "") + &team(BETA.0, BETA.1, "credit_limit = 300") + &team(SMALL.0, SMALL.1, "requests_per_minute = 600"))
+        .teams(
+            team(ALPHA.0, ALPHA.1, "")
+                + &team(BETA.0, BETA.1, "credit_limit = 300")
+                + &team(SMALL.0, SMALL.1, "requests_per_minute = 600"),
+        )
         .with("cache", "memory_max_bytes = 8388608")
         .with("log", "level = \"info,access=warn\"\nformat = \"json\"");
     let gw = ChildGateway::spawn(&setup, &sim.base_url(), sim.api_key());
@@ -57,10 +67,13 @@ async fn mixed_load_from_several_teams_has_no_5xx_bounded_memory_and_an_exact_le
                         0..=5 => hot[(w + n) as usize % hot.len()].clone(),
                         6..=8 => {
                             let i = fresh.fetch_add(1, Ordering::Relaxed);
-                            let from = chrono::NaiveDate::from_ymd_opt(2010, 1, 1).expect("date") + chrono::Days::new(u64::from(i % 5000));
+                            let from = chrono::NaiveDate::from_ymd_opt(2010, 1, 1).expect("date")
+                                + chrono::Days::new(u64::from(i % 5000));
                             format!(
                                 "/v2/permits/search?geo_id={}&permit_from={from}&permit_to={}&size={}",
-                                sim_samples.big_state, sim_samples.permit_to, 1 + i / 5000
+                                sim_samples.big_state,
+                                sim_samples.permit_to,
+                                1 + i / 5000
                             )
                         }
                         _ => "/v2/meta/release".to_string(),
@@ -89,7 +102,10 @@ async fn mixed_load_from_several_teams_has_no_5xx_bounded_memory_and_an_exact_le
     let peak = *samples.iter().max().expect("samples");
     let last = *samples.last().expect("samples");
     assert!(last < 300 * 1024, "RSS {last} KiB");
-    assert!(peak <= quarter * 2 + 32 * 1024, "RSS kept growing: {quarter} KiB at a quarter, peak {peak} KiB");
+    assert!(
+        peak <= quarter * 2 + 32 * 1024,
+        "RSS kept growing: {quarter} KiB at a quarter, peak {peak} KiB"
+    );
 
     assert_ledger_matches(&sim, &base, &[("alpha", ALPHA.1), ("beta", BETA.1), ("small", SMALL.1)]).await;
     eprintln!("load: {total} requests {statuses:?}; RSS KiB quarter {quarter}, peak {peak}, last {last}");

@@ -239,7 +239,8 @@ async fn every_contract_metric_moves_on_its_path() {
     assert_eq!(v("gateway_quota_rejections_total", &[]), 1.0);
     let limited = "gateway_rate_limited_total";
     assert_eq!(v(limited, &[("team", "delta"), ("scope", "team")]), 1.0);
-    assert_eq!(v(limited, &[("team", "alpha"), ("scope", "upstream")]), 1.0);
+    // The upstream's own 429 passed on, then the paused queue's refusal.
+    assert_eq!(v(limited, &[("team", "alpha"), ("scope", "upstream")]), 2.0);
 
     // Cache: coalescing, tiers, Redis errors.
     assert_eq!(v("gateway_coalesced_requests_total", &[ps]), 3.0);

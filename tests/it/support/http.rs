@@ -60,7 +60,11 @@ pub async fn send(method: Method, url: &str, headers: &[(&str, &str)], body: Byt
         .unwrap_or_else(|e| panic!("request to {url} failed: {e}"));
     let (parts, body) = resp.into_parts();
     let body = body.collect().await.expect("body reads").to_bytes();
-    let reply = Reply { status: parts.status, headers: parts.headers, body };
+    let reply = Reply {
+        status: parts.status,
+        headers: parts.headers,
+        body,
+    };
     let mut seen = reply.text();
     for (k, v) in &reply.headers {
         seen.push_str(&format!("\n{k}: {}", String::from_utf8_lossy(v.as_bytes())));

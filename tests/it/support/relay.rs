@@ -26,7 +26,9 @@ impl SlowRelay {
                 let socket = socket.clone();
                 let delay = delay.clone();
                 tokio::spawn(async move {
-                    let Ok(unix) = UnixStream::connect(&socket).await else { return };
+                    let Ok(unix) = UnixStream::connect(&socket).await else {
+                        return;
+                    };
                     let (mut tr, mut tw) = tcp.into_split();
                     let (mut ur, mut uw) = unix.into_split();
                     let up = async {

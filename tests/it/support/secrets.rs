@@ -28,13 +28,21 @@ pub fn register(secret: &str) {
 
 /// The secret `text` contains, if any.
 pub fn find_secret(text: &str) -> Option<String> {
-    secrets().lock().expect("secrets lock").iter().find(|s| text.contains(s.as_str())).cloned()
+    secrets()
+        .lock()
+        .expect("secrets lock")
+        .iter()
+        .find(|s| text.contains(s.as_str()))
+        .cloned()
 }
 
 /// Panics when `text` carries a secret, or when any log line did before.
 pub fn assert_clean(text: &str, what: &str) {
     if let Some(secret) = find_secret(text) {
-        panic!("a secret ({}…) leaked in {what}: {text}", &secret[..6.min(secret.len())]);
+        panic!(
+            "a secret ({}…) leaked in {what}: {text}",
+            &secret[..6.min(secret.len())]
+        );
     }
     let leaked = leaks().lock().expect("leaks lock");
     assert!(leaked.is_empty(), "a secret leaked in a log line: {:?}", *leaked);

@@ -11,7 +11,10 @@ use http::StatusCode;
 pub fn distinct_search(sim: &Sim, i: u32, size: u32) -> String {
     let s = sim.samples();
     let from = chrono::NaiveDate::from_ymd_opt(2015, 1, 1).expect("date") + chrono::Days::new(u64::from(i));
-    format!("/v2/permits/search?geo_id={}&permit_from={from}&permit_to={}&size={size}", s.big_state, s.permit_to)
+    format!(
+        "/v2/permits/search?geo_id={}&permit_from={from}&permit_to={}&size={size}",
+        s.big_state, s.permit_to
+    )
 }
 
 /// Credits the simulator charged for requests whose `X-Request-Id` starts
@@ -42,6 +45,9 @@ pub async fn assert_ledger_matches(sim: &Sim, base: &str, teams: &[(&str, &str)]
     for (name, token) in teams {
         let ledger = used(base, token).await;
         let upstream = charged_to(sim, &format!("{name}-"));
-        assert_eq!(ledger, upstream, "team {name}: ledger {ledger} != upstream charge {upstream}");
+        assert_eq!(
+            ledger, upstream,
+            "team {name}: ledger {ledger} != upstream charge {upstream}"
+        );
     }
 }

@@ -198,7 +198,9 @@ async fn reserve(app: &App, job: &Job) -> Result<Option<Reservation>, GatewayErr
                 .with_label_values(&["ledger", "reserve"])
                 .inc();
             tracing::error!(team = %team.name, error = %e, "ledger reserve failed");
-            if app.config.quota.fail_open {
+            // A free call has nothing to budget; a metered one fails closed
+            // unless the operator chose otherwise.
+            if amount == 0 || app.config.quota.fail_open {
                 Ok(None)
             } else {
                 Err(GatewayError::Unavailable("Credit ledger unavailable"))

@@ -430,3 +430,33 @@ async fn the_org_running_dry_mid_load_serves_stale_and_charges_no_team_for_failu
     assert!(sim.stats().credits_total <= 150);
     assert_ledger_matches(&sim, &base, &[("alpha", ALPHA.1), ("beta", BETA.1)]).await;
 }
+
+#[tokio::test]
+async fn a_down_ledger_fails_metered_calls_closed_and_keeps_hits_and_free_calls() {
+    let mut redis = RedisServer::start();
+    let sim = start_sim(unlimited()).await;
+    let setup = Setup::new().with("quota", format!("store = \"redis\"\nredis_url = {:?}\nredis_timeout_ms = 200", redis.url()));
+    let gw = setup.start(&sim).await;
+    let base = gw.base_url();
+    let cached = format!("{base}{}", distinct_search(&sim, 0, 4));
+    assert_eq!(as_team(&cached, ALPHA.1, "alpha-0").await.status, StatusCode::OK);
+    redis.kill();
+    let upstream_before = sim.stats().requests_total;
+    let miss = as_team(&format!("{base}{}", distinct_search(&sim, 1, 4)), ALPHA.1, "alpha-1").await;
+    assert_eq!(miss.status, StatusCode::SERVICE_UNAVAILABLE, "{}", miss.text());
+    assert_eq!(miss.json()["detail"], "Credit ledger unavailable");
+    assert_eq!(sim.stats().requests_total, upstream_before, "no unbudgeted call went upstream");
+    assert_eq!(as_team(&cached, ALPHA.1, "alpha-2").await.header("x-cache"), Some("HIT"), "hits need no ledger");
+    assert_eq!(as_team(&format!("{base}/v2/meta/release"), ALPHA.1, "alpha-3").await.status, StatusCode::OK);
+    let ready = get(&format!("{}/readyz", gw.admin_url()), &[]).await;
+    assert_eq!(ready.status, StatusCode::SERVICE_UNAVAILABLE, "{}", ready.text());
+    redis.restart();
+    // The restarted Redis lost the spend (no AOF in this test); readiness returns.
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while get(&format!("{}/readyz", gw.admin_url()), &[]).await.status != StatusCode::OK {
+        assert!(Instant::now() < deadline, "the ledger never came back");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let after = as_team(&format!("{base}{}", distinct_search(&sim, 1, 4)), ALPHA.1, "alpha-4").await;
+    assert_eq!(after.status, StatusCode::OK);
+}

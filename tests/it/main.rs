@@ -5,5 +5,6 @@ mod support;
 mod cache;
 mod core;
 mod core_process;
+mod docs;
 mod harness;
 mod sim;

@@ -6,7 +6,7 @@
 //! chart's rendered configs pass validation (the chart when `helm` is on PATH).
 
 use permit_gateway::config::{Config, Source, DEFAULTS_TOML};
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 

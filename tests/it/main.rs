@@ -6,6 +6,7 @@ mod budget;
 mod cache;
 mod core;
 mod core_process;
+mod docs;
 mod faults;
 mod harness;
 mod hostile;

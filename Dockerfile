@@ -1,0 +1,90 @@
+# permit-gateway container image.
+#
+#   docker build -t permit-gateway:0.1.0 .
+#   docker run --rm -p 8080:8080 -p 9090:9090 \
+#     -e PERMIT_GATEWAY_UPSTREAM__API_KEY=... \
+#     -v permit-gateway-data:/var/lib/permit-gateway \
+#     permit-gateway:0.1.0
+#
+# The binary is built with exactly the command CI uses:
+#   cargo build --release --locked
+# No Docker engine runs in CI; .ci/run lints this file with hadolint.
+#
+# Runtime layout (docs/operations.md):
+#   /usr/local/bin/permit-gateway        the binary (ENTRYPOINT)
+#   /etc/permit-gateway/gateway.toml     config (mount your own over it)
+#   /var/lib/permit-gateway              VOLUME: the file ledger (quota.path)
+#   /tmp                                 VOLUME: scratch (nothing writes
+#                                        elsewhere: --read-only works)
+# Ports: 8080 team traffic (server.listen), 9090 admin: /metrics, /healthz,
+# /readyz, /admin/* (server.admin_listen).
+#
+# No HEALTHCHECK: the distroless runtime has no shell or curl to run one.
+# Orchestrators probe GET /healthz (liveness) and GET /readyz (readiness) on
+# port 9090 instead; the Helm chart does.
+
+# Any stable Rust >= the workspace rust-version (1.85); "1" is the newest 1.x.
+ARG RUST_VERSION=1
+
+############################ builder ############################
+FROM rust:${RUST_VERSION}-bookworm AS builder
+WORKDIR /src
+
+# 1. Dependencies only: manifests + lock file with stub sources, so this
+#    layer is rebuilt only when Cargo.toml / Cargo.lock change.
+COPY Cargo.toml Cargo.lock ./
+COPY sim/Cargo.toml sim/Cargo.toml
+RUN mkdir -p src sim/src tests/it \
+ && echo 'fn main() {}' > src/main.rs \
+ && touch src/lib.rs tests/it/main.rs sim/src/lib.rs \
+ && echo 'fn main() {}' > sim/src/main.rs \
+ && cargo build --release --locked \
+ && rm -rf src sim/src tests
+
+# 2. The real sources (sim/ is a workspace member the gateway depends on;
+#    config/ is compiled in with include_str!).
+COPY src src
+COPY sim/src sim/src
+COPY config config
+# COPY keeps the sources' old mtimes; touch them so cargo rebuilds the two
+# workspace crates over the stubs.
+RUN touch src/main.rs src/lib.rs sim/src/main.rs sim/src/lib.rs \
+ && cargo build --release --locked \
+ && ./target/release/permit-gateway --version
+
+# 3. What the runtime stage copies: the binary, a container config, and the
+#    data directory owned by the runtime user (distroless has no shell).
+RUN mkdir -p /out/etc /out/data/ledger \
+ && cp target/release/permit-gateway /out/permit-gateway \
+ && printf '%s\n' \
+      '# permit-gateway in a container: mount your own file here, or override' \
+      '# any key with PERMIT_GATEWAY_<SECTION>__<KEY>. Every key with its' \
+      '# default: permit-gateway check-config, docs/operations.md.' \
+      '[server]' \
+      'listen = "0.0.0.0:8080"' \
+      'admin_listen = "0.0.0.0:9090"' \
+      '' \
+      '[quota]' \
+      'store = "file"' \
+      'path = "/var/lib/permit-gateway/ledger"' \
+      > /out/etc/gateway.toml
+
+############################ runtime ############################
+FROM gcr.io/distroless/cc-debian12:nonroot
+
+LABEL org.opencontainers.image.title="permit-gateway" \
+      org.opencontainers.image.description="A caching, credit-aware reverse proxy in front of one paid, metered REST API" \
+      org.opencontainers.image.licenses="MIT"
+
+COPY --from=builder /out/permit-gateway /usr/local/bin/permit-gateway
+COPY --from=builder /out/etc/gateway.toml /etc/permit-gateway/gateway.toml
+COPY --from=builder --chown=65532:65532 /out/data /var/lib/permit-gateway
+
+# distroless "nonroot" is uid/gid 65532; numeric so runAsNonRoot can check it.
+USER 65532:65532
+WORKDIR /var/lib/permit-gateway
+VOLUME ["/var/lib/permit-gateway", "/tmp"]
+EXPOSE 8080 9090
+
+ENTRYPOINT ["/usr/local/bin/permit-gateway"]
+CMD ["serve", "--config", "/etc/permit-gateway/gateway.toml"]

@@ -1,0 +1,179 @@
+{{/* Names and labels. */}}
+{{- define "permit-gateway.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "permit-gateway.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{- define "permit-gateway.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "permit-gateway.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end }}
+
+{{- define "permit-gateway.labels" -}}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{ include "permit-gateway.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- end }}
+
+{{- define "permit-gateway.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (include "permit-gateway.fullname" .) .Values.serviceAccount.name }}
+{{- else }}
+{{- default "default" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{- define "permit-gateway.secretName" -}}
+{{- default (printf "%s-upstream" (include "permit-gateway.fullname" .)) .Values.upstream.existingSecret }}
+{{- end }}
+
+{{/* Where the chart puts things inside the container. */}}
+{{- define "permit-gateway.dataDir" -}}/var/lib/permit-gateway{{- end }}
+{{- define "permit-gateway.keyFile" -}}/run/secrets/permit-gateway/upstream-key{{- end }}
+
+{{- define "permit-gateway.store" -}}
+{{- $quota := default dict .Values.config.quota }}
+{{- default "file" $quota.store }}
+{{- end }}
+
+{{- define "permit-gateway.drainSecs" -}}
+{{- $server := default dict .Values.config.server }}
+{{- if hasKey $server "shutdown_grace_secs" }}{{ int64 $server.shutdown_grace_secs }}{{ else }}25{{ end }}
+{{- end }}
+
+{{- define "permit-gateway.terminationGracePeriodSeconds" -}}
+{{- $drain := int64 (include "permit-gateway.drainSecs" .) }}
+{{- $pre := int64 (default 0 .Values.preStopSleepSeconds) }}
+{{- if .Values.terminationGracePeriodSeconds }}
+{{- int64 .Values.terminationGracePeriodSeconds }}
+{{- else }}
+{{- add $pre $drain 10 }}
+{{- end }}
+{{- end }}
+
+{{/*
+Guards: refuse to render a deployment that would break budgets or cannot
+start. Every message says what to set.
+*/}}
+{{- define "permit-gateway.validate" -}}
+{{- $store := include "permit-gateway.store" . }}
+{{- $cache := default dict .Values.config.cache }}
+{{- $quota := default dict .Values.config.quota }}
+{{- $upstream := default dict .Values.config.upstream }}
+{{- if and (gt (int .Values.replicaCount) 1) (ne $store "redis") }}
+{{- fail (printf "permit-gateway: replicaCount=%d requires the Redis ledger: set config.quota.store=redis (and config.cache.redis_url or redis.existingSecret). The file ledger (store=%q) is single-replica; several replicas with it would overspend team budgets." (int .Values.replicaCount) $store) }}
+{{- end }}
+{{- if and .Values.autoscaling.enabled (ne $store "redis") }}
+{{- fail (printf "permit-gateway: autoscaling.enabled=true requires the Redis ledger: set config.quota.store=redis (and config.cache.redis_url or redis.existingSecret). The file ledger (store=%q) is single-replica." $store) }}
+{{- end }}
+{{- if and (eq $store "redis") (not (or $quota.redis_url $cache.redis_url .Values.redis.existingSecret)) }}
+{{- fail "permit-gateway: config.quota.store=redis needs a Redis URL: set config.cache.redis_url, config.quota.redis_url or redis.existingSecret." }}
+{{- end }}
+{{- if not (or .Values.upstream.apiKey .Values.upstream.existingSecret) }}
+{{- fail "permit-gateway: the upstream API key is required: set upstream.apiKey (the chart creates a Secret) or upstream.existingSecret (a Secret with the key under upstream.existingSecretKey)." }}
+{{- end }}
+{{- if or (hasKey $upstream "api_key") (hasKey $upstream "api_key_file") }}
+{{- fail "permit-gateway: do not set config.upstream.api_key or api_key_file: give the key as upstream.apiKey or upstream.existingSecret (it is mounted as a file)." }}
+{{- end }}
+{{- range $i, $team := .Values.teams }}
+{{- if not (and $team.name (regexMatch "^[a-z0-9_-]{1,64}$" (toString $team.name))) }}
+{{- fail (printf "permit-gateway: teams[%d].name must be 1-64 of [a-z0-9_-] (it is a metric label)" $i) }}
+{{- end }}
+{{- if not (regexMatch "^[0-9a-fA-F]{64}$" (toString (default "" $team.token_sha256))) }}
+{{- fail (printf "permit-gateway: teams[%d] (%s): token_sha256 must be the 64-hex SHA-256 of the team's token (`permit-gateway token` prints it); plaintext tokens are never accepted" $i (toString $team.name)) }}
+{{- end }}
+{{- range $k, $_ := $team }}
+{{- if not (has $k (list "name" "token_sha256" "credit_limit" "requests_per_minute")) }}
+{{- fail (printf "permit-gateway: teams[%d].%s is not a team key (name, token_sha256, credit_limit, requests_per_minute)" $i $k) }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- $tgp := int64 (include "permit-gateway.terminationGracePeriodSeconds" .) }}
+{{- $need := add (int64 (default 0 .Values.preStopSleepSeconds)) (int64 (include "permit-gateway.drainSecs" .)) }}
+{{- if le $tgp $need }}
+{{- fail (printf "permit-gateway: terminationGracePeriodSeconds=%d must be longer than preStopSleepSeconds + config.server.shutdown_grace_secs = %d, or in-flight requests are killed mid-drain." $tgp $need) }}
+{{- end }}
+{{- end }}
+
+{{/* One TOML value: strings quoted, whole numbers without a fraction. */}}
+{{- define "permit-gateway.tomlValue" -}}
+{{- $v := . }}
+{{- $k := kindOf $v }}
+{{- if eq $k "string" }}{{ toJson $v }}
+{{- else if eq $k "bool" }}{{ printf "%t" $v }}
+{{- else if or (eq $k "float64") (eq $k "float32") }}
+{{- if eq (float64 (int64 $v)) (float64 $v) }}{{ printf "%d" (int64 $v) }}{{ else }}{{ printf "%v" $v }}{{ end }}
+{{- else if hasPrefix "int" $k }}{{ printf "%d" (int64 $v) }}
+{{- else if hasPrefix "uint" $k }}{{ printf "%d" (int64 $v) }}
+{{- else if eq $k "slice" }}[{{ range $i, $e := $v }}{{ if $i }}, {{ end }}{{ include "permit-gateway.tomlValue" $e }}{{ end }}]
+{{- else }}{{ fail (printf "permit-gateway: cannot write %v (%s) as a TOML value" $v $k) }}
+{{- end }}
+{{- end }}
+
+{{/* A TOML table: dict "name" "cache" "table" $map. Scalars, then sub-tables. */}}
+{{- define "permit-gateway.tomlTable" -}}
+{{- $name := .name }}
+{{- $table := .table -}}
+[{{ $name }}]
+{{- range $k, $v := $table }}
+{{- if and (not (kindIs "map" $v)) (not (kindIs "invalid" $v)) }}
+{{ $k }} = {{ include "permit-gateway.tomlValue" $v }}
+{{- end }}
+{{- end }}
+{{- range $k, $v := $table }}
+{{- if kindIs "map" $v }}
+
+{{ include "permit-gateway.tomlTable" (dict "name" (printf "%s.%s" $name $k) "table" $v) }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/* The gateway.toml of the ConfigMap. */}}
+{{- define "permit-gateway.configToml" -}}
+{{- $cfg := deepCopy (default dict .Values.config) }}
+{{- range $section := list "server" "upstream" "cache" "quota" "admin" "log" }}
+{{- if not (kindIs "map" (get $cfg $section)) }}
+{{- $_ := set $cfg $section dict }}
+{{- end }}
+{{- end }}
+{{- range $section, $_ := $cfg }}
+{{- if not (has $section (list "server" "upstream" "cache" "quota" "admin" "log")) }}
+{{- fail (printf "permit-gateway: config.%s is not a config section (server, upstream, cache, quota, admin, log; teams go in `teams:`)" $section) }}
+{{- end }}
+{{- end }}
+{{- $_ := set $cfg.server "listen" (printf "0.0.0.0:%d" (int .Values.ports.http)) }}
+{{- $_ = set $cfg.server "admin_listen" (printf "0.0.0.0:%d" (int .Values.ports.admin)) }}
+{{- $_ = set $cfg.upstream "api_key_file" (include "permit-gateway.keyFile" .) }}
+{{- $_ = set $cfg.quota "path" (printf "%s/ledger" (include "permit-gateway.dataDir" .)) -}}
+# Rendered by the permit-gateway Helm chart from values.yaml; every key is
+# explained in config/defaults.toml and docs/operations.md.
+{{- range $section := list "server" "upstream" "cache" "quota" "admin" "log" }}
+
+{{ include "permit-gateway.tomlTable" (dict "name" $section "table" (get $cfg $section)) }}
+{{- end }}
+{{- range .Values.teams }}
+
+[[teams]]
+name = {{ toJson .name }}
+token_sha256 = {{ toJson (lower .token_sha256) }}
+{{- if not (kindIs "invalid" .credit_limit) }}
+credit_limit = {{ include "permit-gateway.tomlValue" .credit_limit }}
+{{- end }}
+{{- if not (kindIs "invalid" .requests_per_minute) }}
+requests_per_minute = {{ include "permit-gateway.tomlValue" .requests_per_minute }}
+{{- end }}
+{{- end }}
+{{- end }}

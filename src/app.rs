@@ -10,7 +10,8 @@ use crate::metrics::Metrics;
 use crate::org::Org;
 use crate::proxy::Outcome;
 use crate::redis_backend::RedisBackend;
-use crate::scheduler::Scheduler;
+use crate::scheduler::{self, Scheduler};
+use crate::shared_rate::SharedRate;
 use crate::upstream::Upstream;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -51,11 +52,18 @@ impl App {
             )?)),
             None => None,
         };
+        let (ledger, ledger_redis) = open_ledger(&config, &metrics)?;
+        // Replicas share one upstream rate through Redis: the ledger's when it
+        // is there (it must be up anyway), else the cache's.
+        let shared_rate = ledger_redis.or(cache_redis.clone()).map(|redis| {
+            let rpm = config.upstream.requests_per_minute;
+            SharedRate::new(redis, &config.cache.redis_key_prefix, rpm, scheduler::burst(rpm))
+        });
         let cache = Cache::new(&config.cache, cache_redis, metrics.clone());
-        let ledger = open_ledger(&config, &metrics)?;
         let scheduler = Scheduler::start(
             config.upstream.requests_per_minute,
             Duration::from_secs(config.upstream.max_queue_wait_secs),
+            shared_rate,
             metrics.clone(),
         );
         let app = App {
@@ -101,7 +109,8 @@ impl App {
     }
 }
 
-fn open_ledger(config: &Config, metrics: &Arc<Metrics>) -> Result<Ledger, String> {
+/// The ledger, and its Redis connection when it is the Redis store.
+fn open_ledger(config: &Config, metrics: &Arc<Metrics>) -> Result<(Ledger, Option<Arc<RedisBackend>>), String> {
     let window = Window::parse(&config.quota.window);
     let lease = Duration::from_secs(config.quota.reservation_lease_secs);
     if config.quota.store == "redis" {
@@ -117,17 +126,12 @@ fn open_ledger(config: &Config, metrics: &Arc<Metrics>) -> Result<Ledger, String
             Duration::from_millis(config.quota.redis_timeout_ms),
             metrics.clone(),
         )?);
-        Ok(Ledger::Redis(ledger::redis::RedisLedger::new(
-            redis,
-            &config.cache.redis_key_prefix,
-            window,
-            lease,
-        )))
+        let ledger = ledger::redis::RedisLedger::new(redis.clone(), &config.cache.redis_key_prefix, window, lease);
+        Ok((Ledger::Redis(ledger), Some(redis)))
     } else {
-        Ok(Ledger::File(ledger::file::FileLedger::open(
-            &config.quota.path,
-            window,
-            lease,
-        )?))
+        Ok((
+            Ledger::File(ledger::file::FileLedger::open(&config.quota.path, window, lease)?),
+            None,
+        ))
     }
 }

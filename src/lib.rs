@@ -16,6 +16,7 @@
 //! - [`redis_backend`]: the shared Redis connection with timeouts and a breaker.
 //! - [`ledger`]: team budgets: reserve, settle, release; file or Redis store.
 //! - [`scheduler`]: fair sharing of the upstream rate limit across teams.
+//! - [`shared_rate`]: the upstream rate shared by replicas through Redis.
 //! - [`org`]: the org's upstream credits, and pausing when they run out.
 //! - [`upstream`]: the pooled rustls client with retries and deadlines.
 //! - [`error`]: the one error type and its one mapping to HTTP.
@@ -45,6 +46,7 @@ pub mod redis_backend;
 pub mod route;
 pub mod scheduler;
 pub mod server;
+pub mod shared_rate;
 pub mod telemetry;
 pub mod upstream;
 

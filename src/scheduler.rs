@@ -7,9 +7,14 @@
 //! expected wait is longer than `upstream.max_queue_wait_secs` is refused at
 //! once with 429 and an honest `Retry-After`. An upstream 429 pauses the
 //! dispatcher for the upstream's `Retry-After`. Cache hits never come here.
+//!
+//! With Redis, permits come from [`SharedRate`] instead, so several replicas
+//! together stay under the one key's limit; the local limiter is then only
+//! the fallback for when Redis does not answer.
 
 use crate::error::GatewayError;
 use crate::metrics::Metrics;
+use crate::shared_rate::SharedRate;
 use governor::{DefaultDirectRateLimiter, Quota};
 use std::collections::{HashMap, VecDeque};
 use std::num::NonZeroU32;
@@ -28,6 +33,8 @@ struct Queues {
 
 pub struct Scheduler {
     limiter: DefaultDirectRateLimiter,
+    /// The rate shared with other replicas, when Redis is configured.
+    shared: Option<SharedRate>,
     per_sec: f64,
     max_wait: Duration,
     queues: Mutex<Queues>,
@@ -41,13 +48,17 @@ pub struct Scheduler {
 
 impl Scheduler {
     /// Builds the scheduler and starts its dispatcher task.
-    pub fn start(requests_per_minute: u32, max_wait: Duration, metrics: Arc<Metrics>) -> Arc<Scheduler> {
+    pub fn start(
+        requests_per_minute: u32,
+        max_wait: Duration,
+        shared: Option<SharedRate>,
+        metrics: Arc<Metrics>,
+    ) -> Arc<Scheduler> {
         let rpm = NonZeroU32::new(requests_per_minute).unwrap_or(NonZeroU32::MIN);
-        // A burst of a tenth of a minute: smooth enough for the upstream's
-        // window, roomy enough that a quiet gateway adds no wait.
-        let burst = NonZeroU32::new((requests_per_minute / 10).max(1)).unwrap_or(NonZeroU32::MIN);
+        let burst = NonZeroU32::new(burst(requests_per_minute)).unwrap_or(NonZeroU32::MIN);
         let scheduler = Arc::new(Scheduler {
             limiter: DefaultDirectRateLimiter::direct(Quota::per_minute(rpm).allow_burst(burst)),
+            shared,
             per_sec: f64::from(rpm.get()) / 60.0,
             max_wait,
             queues: Mutex::default(),
@@ -68,12 +79,43 @@ impl Scheduler {
         until.map_or(Duration::ZERO, |u| u.saturating_duration_since(Instant::now()))
     }
 
-    /// An upstream 429: hold every call for `for_`.
-    pub fn pause(&self, for_: Duration) {
-        let mut until = self.paused_until.lock().unwrap_or_else(|p| p.into_inner());
-        let new = Instant::now() + for_;
-        if until.is_none_or(|u| u < new) {
-            *until = Some(new);
+    /// An upstream 429: hold every call (of every replica) for `for_`.
+    pub async fn pause(&self, for_: Duration) {
+        {
+            let mut until = self.paused_until.lock().unwrap_or_else(|p| p.into_inner());
+            let new = Instant::now() + for_;
+            if until.is_none_or(|u| u < new) {
+                *until = Some(new);
+            }
+        }
+        if let Some(shared) = &self.shared {
+            shared.pause(for_).await;
+        }
+    }
+
+    /// A permit right now, if one is free.
+    async fn try_permit(&self) -> bool {
+        match &self.shared {
+            Some(shared) => match shared.take().await {
+                Ok(wait) => wait.is_zero(),
+                Err(_) => self.limiter.check().is_ok(),
+            },
+            None => self.limiter.check().is_ok(),
+        }
+    }
+
+    /// Waits for the next permit.
+    async fn next_permit(&self) {
+        let Some(shared) = &self.shared else {
+            return self.limiter.until_ready().await;
+        };
+        loop {
+            match shared.take().await {
+                Ok(wait) if wait.is_zero() => return,
+                Ok(wait) => tokio::time::sleep(wait.min(Duration::from_secs(1))).await,
+                // Redis gone: pace this replica alone until it is back.
+                Err(_) => return self.limiter.until_ready().await,
+            }
         }
     }
 
@@ -81,13 +123,14 @@ impl Scheduler {
     /// the wait would pass the bound.
     pub async fn acquire(&self, team: &str) -> Result<(), GatewayError> {
         let started = Instant::now();
+        let idle = self.queues().len == 0 && self.pause_left().is_zero();
+        if idle && self.try_permit().await {
+            self.metrics.upstream_queue_wait_seconds.observe(0.0);
+            return Ok(());
+        }
         let rx = {
             let mut q = self.queues();
             let pause = self.pause_left();
-            if q.len == 0 && pause.is_zero() && self.limiter.check().is_ok() {
-                self.metrics.upstream_queue_wait_seconds.observe(0.0);
-                return Ok(());
-            }
             // Round-robin: our call goes after one call of every other
             // waiting team per place ahead of it in our own queue.
             let ours = q.waiting.get(team).map_or(0, VecDeque::len) as f64 + 1.0;
@@ -147,6 +190,13 @@ impl Scheduler {
     }
 }
 
+/// Calls that may go back to back: a tenth of a minute's worth, smooth
+/// enough for the upstream's window, roomy enough that a quiet gateway adds
+/// no wait.
+pub fn burst(requests_per_minute: u32) -> u32 {
+    (requests_per_minute / 10).max(1)
+}
+
 /// Hands out one permit per limiter token to the next waiter. Exits when the
 /// scheduler is gone.
 async fn dispatch(scheduler: std::sync::Weak<Scheduler>) {
@@ -164,7 +214,7 @@ async fn dispatch(scheduler: std::sync::Weak<Scheduler>) {
             tokio::time::sleep(pause).await;
             continue;
         }
-        s.limiter.until_ready().await;
+        s.next_permit().await;
         // A waiter that gave up (its request was cancelled) does not use
         // the token: the next one gets it.
         while let Some(waiter) = s.next_waiter() {
@@ -181,7 +231,7 @@ mod tests {
 
     #[tokio::test]
     async fn an_idle_scheduler_adds_no_wait_and_a_long_queue_is_refused() {
-        let s = Scheduler::start(60, Duration::from_secs(2), Arc::new(Metrics::new()));
+        let s = Scheduler::start(60, Duration::from_secs(2), None, Arc::new(Metrics::new()));
         // Burst of 6 (a tenth of a minute) passes at once.
         for _ in 0..6 {
             s.acquire("a").await.expect("within burst");

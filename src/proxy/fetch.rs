@@ -152,8 +152,8 @@ async fn fetch_upstream(app: &Arc<App>, job: &Job) -> Outcome {
     };
     app.org.observe(&resp, &app.metrics);
     if resp.status == StatusCode::TOO_MANY_REQUESTS {
-        app.scheduler
-            .pause(crate::upstream::retry_after(&resp.headers).unwrap_or(Duration::from_secs(1)));
+        let wait = crate::upstream::retry_after(&resp.headers).unwrap_or(Duration::from_secs(1));
+        app.scheduler.pause(wait).await;
     }
     // 12. Settle to what the upstream charged, even for an answer we cannot
     //     pass on: the upstream billed it all the same.

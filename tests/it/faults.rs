@@ -435,7 +435,13 @@ async fn the_org_running_dry_mid_load_serves_stale_and_charges_no_team_for_failu
 async fn a_down_ledger_fails_metered_calls_closed_and_keeps_hits_and_free_calls() {
     let mut redis = RedisServer::start();
     let sim = start_sim(unlimited()).await;
-    let setup = Setup::new().with("quota", format!("store = \"redis\"\nredis_url = {:?}\nredis_timeout_ms = 200", redis.url()));
+    let setup = Setup::new().with(
+        "quota",
+        format!(
+            "store = \"redis\"\nredis_url = {:?}\nredis_timeout_ms = 200",
+            redis.url()
+        ),
+    );
     let gw = setup.start(&sim).await;
     let base = gw.base_url();
     let cached = format!("{base}{}", distinct_search(&sim, 0, 4));
@@ -445,9 +451,22 @@ async fn a_down_ledger_fails_metered_calls_closed_and_keeps_hits_and_free_calls(
     let miss = as_team(&format!("{base}{}", distinct_search(&sim, 1, 4)), ALPHA.1, "alpha-1").await;
     assert_eq!(miss.status, StatusCode::SERVICE_UNAVAILABLE, "{}", miss.text());
     assert_eq!(miss.json()["detail"], "Credit ledger unavailable");
-    assert_eq!(sim.stats().requests_total, upstream_before, "no unbudgeted call went upstream");
-    assert_eq!(as_team(&cached, ALPHA.1, "alpha-2").await.header("x-cache"), Some("HIT"), "hits need no ledger");
-    assert_eq!(as_team(&format!("{base}/v2/meta/release"), ALPHA.1, "alpha-3").await.status, StatusCode::OK);
+    assert_eq!(
+        sim.stats().requests_total,
+        upstream_before,
+        "no unbudgeted call went upstream"
+    );
+    assert_eq!(
+        as_team(&cached, ALPHA.1, "alpha-2").await.header("x-cache"),
+        Some("HIT"),
+        "hits need no ledger"
+    );
+    assert_eq!(
+        as_team(&format!("{base}/v2/meta/release"), ALPHA.1, "alpha-3")
+            .await
+            .status,
+        StatusCode::OK
+    );
     let ready = get(&format!("{}/readyz", gw.admin_url()), &[]).await;
     assert_eq!(ready.status, StatusCode::SERVICE_UNAVAILABLE, "{}", ready.text());
     redis.restart();

@@ -12,4 +12,5 @@ mod harness;
 mod hostile;
 mod load;
 mod observability;
+mod rate;
 mod sim;

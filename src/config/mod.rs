@@ -1,0 +1,305 @@
+//! Configuration: embedded commented defaults → file → environment, then
+//! validation that reports every problem at once with its key path.
+//!
+//! Sits before everything: `main` loads a [`Config`], `app` builds the shared
+//! state from it. The defaults file `config/defaults.toml` is compiled in, so
+//! the binary runs with no file at all, and it is the reference of every key.
+
+use figment::providers::{Env, Format, Toml};
+use figment::Figment;
+use serde::{Deserialize, Serialize};
+use std::fmt;
+use std::path::{Path, PathBuf};
+use validate::{check_sha256, validate_log, validate_teams};
+
+mod validate;
+
+pub use validate::is_label;
+
+/// The compiled-in defaults, also the documentation of every key.
+pub const DEFAULTS_TOML: &str = include_str!("../../config/defaults.toml");
+
+/// The configuration the demo runs with (tokens are public demo values).
+pub const DEMO_TOML: &str = include_str!("../../config/demo.toml");
+
+/// Prefix of environment overrides; `__` separates section and key.
+pub const ENV_PREFIX: &str = "PERMIT_GATEWAY_";
+
+/// The file read by `serve` and `check-config` when no `--config` is given.
+pub const DEFAULT_CONFIG_PATH: &str = "config/gateway.toml";
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Config {
+    pub server: ServerConfig,
+    pub upstream: UpstreamConfig,
+    pub cache: CacheConfig,
+    pub quota: QuotaConfig,
+    pub admin: AdminConfig,
+    pub log: LogConfig,
+    #[serde(default)]
+    pub teams: Vec<TeamConfig>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ServerConfig {
+    pub listen: String,
+    pub admin_listen: String,
+    pub tls_cert_file: Option<PathBuf>,
+    pub tls_key_file: Option<PathBuf>,
+    pub max_connections: usize,
+    pub max_header_bytes: usize,
+    pub max_uri_bytes: usize,
+    pub header_read_timeout_secs: u64,
+    pub http2_max_concurrent_streams: u32,
+    pub shutdown_grace_secs: u64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct UpstreamConfig {
+    pub base_url: String,
+    pub api_key: Option<Secret>,
+    pub api_key_file: Option<PathBuf>,
+    pub requests_per_minute: u32,
+    pub timeout_secs: u64,
+    pub connect_timeout_secs: u64,
+    pub max_retries: u32,
+    pub ca_file: Option<PathBuf>,
+    pub max_response_bytes: usize,
+    pub max_queue_wait_secs: u64,
+    pub exhausted_backoff_secs: u64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct CacheConfig {
+    pub memory_max_bytes: u64,
+    pub default_ttl_secs: u64,
+    pub redis_url: Option<Secret>,
+    pub stale_grace_secs: u64,
+    pub max_entry_bytes: usize,
+    pub redis_key_prefix: String,
+    pub redis_timeout_ms: u64,
+    pub coalesce_wait_ms: u64,
+    #[serde(default)]
+    pub route_ttl_secs: std::collections::BTreeMap<String, u64>,
+}
+
+impl CacheConfig {
+    /// Freshness of a route's answers; `None` never caches.
+    pub fn ttl_for(&self, route: crate::route::Route) -> Option<std::time::Duration> {
+        if route == crate::route::Route::Usage {
+            return None;
+        }
+        let secs = self
+            .route_ttl_secs
+            .get(route.as_str())
+            .copied()
+            .unwrap_or(self.default_ttl_secs);
+        (secs > 0).then(|| std::time::Duration::from_secs(secs))
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct QuotaConfig {
+    pub window: String,
+    pub store: String,
+    pub path: PathBuf,
+    pub redis_url: Option<Secret>,
+    pub upgrade_url: String,
+    pub redis_timeout_ms: u64,
+    pub reservation_lease_secs: u64,
+    pub fail_open: bool,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct AdminConfig {
+    pub token_sha256: Option<String>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct LogConfig {
+    pub format: String,
+    pub level: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct TeamConfig {
+    pub name: String,
+    pub token_sha256: String,
+    pub credit_limit: Option<u64>,
+    pub requests_per_minute: Option<u32>,
+}
+
+/// A value that must never be printed: Debug and Serialize redact it.
+///
+/// Redis URLs are secrets too: they may carry a password.
+#[derive(Clone, Deserialize, PartialEq, Eq)]
+#[serde(transparent)]
+pub struct Secret(String);
+
+impl Secret {
+    pub fn new(value: impl Into<String>) -> Secret {
+        Secret(value.into())
+    }
+
+    /// The secret itself; call sites are the only places it is used.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Debug for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("\"<redacted>\"")
+    }
+}
+
+impl Serialize for Secret {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str("<redacted>")
+    }
+}
+
+/// Every problem found while loading, each with its key path.
+#[derive(Debug)]
+pub struct ConfigErrors(pub Vec<String>);
+
+impl fmt::Display for ConfigErrors {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(f, "invalid configuration ({} problem(s)):", self.0.len())?;
+        for problem in &self.0 {
+            writeln!(f, "  - {problem}")?;
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for ConfigErrors {}
+
+/// Where the configuration comes from.
+pub enum Source<'a> {
+    /// `--config FILE`: the file must exist.
+    File(&'a Path),
+    /// No `--config`: `config/gateway.toml` when present, else defaults only.
+    Default,
+    /// A TOML text over the defaults (the demo, tests).
+    Text(&'a str),
+}
+
+impl Config {
+    /// Loads defaults → source → environment and validates the result.
+    pub fn load(source: Source<'_>) -> Result<Config, ConfigErrors> {
+        let figment = figment_for(source)?;
+        let config = extract(&figment)?;
+        let problems = config.validate();
+        if problems.is_empty() {
+            Ok(config)
+        } else {
+            Err(ConfigErrors(problems))
+        }
+    }
+
+    /// The effective configuration as TOML, secrets redacted.
+    pub fn redacted_toml(&self) -> String {
+        toml::to_string_pretty(self).unwrap_or_else(|e| format!("# cannot render: {e}\n"))
+    }
+
+    /// The upstream key: `upstream.api_key`, else the contents of
+    /// `upstream.api_key_file` (trimmed).
+    pub fn upstream_key(&self) -> Result<Secret, String> {
+        if let Some(key) = &self.upstream.api_key {
+            return Ok(key.clone());
+        }
+        let Some(path) = &self.upstream.api_key_file else {
+            return Err(
+                "upstream.api_key: not set (give PERMIT_GATEWAY_UPSTREAM__API_KEY or upstream.api_key_file)".into(),
+            );
+        };
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| format!("upstream.api_key_file: cannot read {}: {e}", path.display()))?;
+        let key = text.trim();
+        if key.is_empty() {
+            return Err(format!("upstream.api_key_file: {} is empty", path.display()));
+        }
+        Ok(Secret::new(key))
+    }
+
+    /// Every semantic problem, each prefixed with its key path.
+    pub fn validate(&self) -> Vec<String> {
+        let mut p = Vec::new();
+        self.server.validate(&mut p);
+        self.upstream.validate(&mut p);
+        self.cache.validate(&mut p);
+        self.quota.validate(&mut p, self.cache.redis_url.is_some());
+        validate_log(&self.log, &mut p);
+        if let Some(hash) = &self.admin.token_sha256 {
+            check_sha256("admin.token_sha256", hash, &mut p);
+        }
+        if let Err(e) = self.upstream_key() {
+            p.push(e);
+        }
+        validate_teams(&self.teams, &mut p);
+        if self.quota.reservation_lease_secs <= self.upstream.timeout_secs {
+            // A reservation must outlive the call it covers, or a slow call's
+            // credits would be free to spend twice.
+            p.push("quota.reservation_lease_secs: must be longer than upstream.timeout_secs".into());
+        }
+        p
+    }
+}
+
+fn figment_for(source: Source<'_>) -> Result<Figment, ConfigErrors> {
+    let mut figment = Figment::from(Toml::string(DEFAULTS_TOML));
+    match source {
+        Source::File(path) => {
+            if !path.is_file() {
+                return Err(ConfigErrors(vec![format!(
+                    "--config: {} does not exist or is not a file",
+                    path.display()
+                )]));
+            }
+            figment = figment.merge(Toml::file(path));
+        }
+        Source::Default => {
+            figment = figment.merge(Toml::file(DEFAULT_CONFIG_PATH));
+        }
+        Source::Text(text) => figment = figment.merge(Toml::string(text)),
+    }
+    Ok(figment.merge(Env::prefixed(ENV_PREFIX).split("__")))
+}
+
+/// Extracts the typed config, and separately lists every unknown key: serde
+/// alone would stop at the first one.
+fn extract(figment: &Figment) -> Result<Config, ConfigErrors> {
+    let mut problems = Vec::new();
+    match figment.extract::<figment::value::Value>() {
+        Ok(value) => {
+            let _ = serde_ignored::deserialize(&value, |path| {
+                problems.push(format!("{path}: unknown key"));
+            })
+            .map(|_: Config| ());
+        }
+        Err(e) => problems.extend(e.into_iter().map(|e| e.to_string())),
+    }
+    match figment.extract::<Config>() {
+        Ok(config) if problems.is_empty() => Ok(config),
+        Ok(_) => Err(ConfigErrors(problems)),
+        Err(e) => {
+            problems.extend(e.into_iter().map(describe_figment_error));
+            Err(ConfigErrors(problems))
+        }
+    }
+}
+
+/// Figment errors name the key path; keep the message without the profile.
+fn describe_figment_error(e: figment::Error) -> String {
+    let path = e.path.join(".");
+    let kind = e.kind.to_string();
+    if path.is_empty() {
+        kind
+    } else {
+        format!("{path}: {kind}")
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,94 @@
+//! Loading and validation of the configuration.
+
+use super::*;
+
+const KEY: &str = "[upstream]\napi_key = \"k\"\n";
+
+fn load(text: &str) -> Result<Config, ConfigErrors> {
+    Config::load(Source::Text(text))
+}
+
+#[test]
+fn defaults_alone_need_only_the_upstream_key() {
+    let c = load(KEY).expect("defaults plus a key are valid");
+    assert_eq!(c.upstream.requests_per_minute, 120);
+    assert_eq!(c.quota.window, "rolling_30d");
+    assert!(c.teams.is_empty());
+}
+
+#[test]
+fn demo_config_is_valid_with_a_key() {
+    let text = format!("{DEMO_TOML}\n{KEY}");
+    let c = load(&text).expect("demo config valid");
+    assert_eq!(c.teams.len(), 2);
+}
+
+#[test]
+fn every_problem_is_reported_at_once_with_its_key_path() {
+    let text = r#"
+        [server]
+        listen = "nope"
+        [upstream]
+        base_url = "ftp://x"
+        [quota]
+        window = "weekly"
+        [[teams]]
+        name = "Bad Name"
+        token_sha256 = "abc"
+        [[teams]]
+        name = "ok"
+        token_sha256 = "0000000000000000000000000000000000000000000000000000000000000000"
+        requests_per_minute = 0
+    "#;
+    let errs = load(text).expect_err("invalid").0;
+    for key in [
+        "server.listen",
+        "upstream.base_url",
+        "quota.window",
+        "teams[0].name",
+        "teams[0].token_sha256",
+        "teams[1].requests_per_minute",
+        "upstream.api_key",
+    ] {
+        assert!(errs.iter().any(|e| e.starts_with(key)), "{key} missing from {errs:#?}");
+    }
+}
+
+#[test]
+fn unknown_keys_are_rejected_all_together() {
+    let text = format!("{KEY}\n[server]\nlisten_port = 1\n[cache]\nttl = 5\n[bogus]\nx = 1\n");
+    let errs = load(&text).expect_err("unknown keys").0;
+    for key in ["server.listen_port", "cache.ttl", "bogus"] {
+        assert!(
+            errs.iter().any(|e| e.contains(key) && e.contains("unknown")),
+            "{key}: {errs:#?}"
+        );
+    }
+}
+
+#[test]
+fn type_errors_name_their_key() {
+    let text = format!("{KEY}timeout_secs = \"soon\"\n");
+    let errs = load(&text).expect_err("type error").0;
+    assert!(errs.iter().any(|e| e.starts_with("upstream.timeout_secs")), "{errs:#?}");
+}
+
+#[test]
+fn secrets_are_redacted_in_the_printed_config() {
+    let text = "[upstream]\napi_key = \"super-secret-key\"\n[cache]\nredis_url = \"redis://:pw@h:6379\"\n";
+    let c = load(text).expect("valid");
+    let printed = c.redacted_toml();
+    assert!(!printed.contains("super-secret-key"));
+    assert!(!printed.contains(":pw@"));
+    assert!(!format!("{c:?}").contains("super-secret-key"));
+}
+
+#[test]
+fn the_key_can_come_from_a_file() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let path = dir.path().join("key");
+    std::fs::write(&path, "from-file\n").expect("write");
+    let text = format!("[upstream]\napi_key_file = {:?}\n", path.display().to_string());
+    let c = load(&text).expect("valid");
+    assert_eq!(c.upstream_key().expect("key").expose(), "from-file");
+}

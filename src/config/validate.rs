@@ -1,0 +1,186 @@
+//! Validation: every semantic problem of a loaded [`Config`](super::Config),
+//! each prefixed with its key path, all collected at once.
+
+use super::{CacheConfig, LogConfig, QuotaConfig, Secret, ServerConfig, TeamConfig, UpstreamConfig};
+use std::net::SocketAddr;
+
+impl CacheConfig {
+    pub(super) fn validate(&self, p: &mut Vec<String>) {
+        for (name, secs) in &self.route_ttl_secs {
+            match crate::route::Route::ALL.iter().find(|r| r.as_str() == name) {
+                None => p.push(format!("cache.route_ttl_secs.{name}: not a route name")),
+                Some(crate::route::Route::Usage) if *secs > 0 => {
+                    p.push("cache.route_ttl_secs.usage: /v2/usage is never cached".into())
+                }
+                _ => {}
+            }
+        }
+        positive("cache.redis_timeout_ms", self.redis_timeout_ms, p);
+        positive("cache.max_entry_bytes", self.max_entry_bytes as u64, p);
+        if let Some(url) = &self.redis_url {
+            check_redis_url("cache.redis_url", url, p);
+        }
+    }
+}
+
+impl ServerConfig {
+    pub(super) fn validate(&self, p: &mut Vec<String>) {
+        check_addr("server.listen", &self.listen, p);
+        check_addr("server.admin_listen", &self.admin_listen, p);
+        // Port 0 (tests) binds two different free ports.
+        if self.listen == self.admin_listen && !self.listen.ends_with(":0") {
+            p.push("server.admin_listen: must differ from server.listen".into());
+        }
+        match (&self.tls_cert_file, &self.tls_key_file) {
+            (Some(_), None) => p.push("server.tls_key_file: required with tls_cert_file".into()),
+            (None, Some(_)) => p.push("server.tls_cert_file: required with tls_key_file".into()),
+            _ => {}
+        }
+        for (key, path) in [
+            ("server.tls_cert_file", &self.tls_cert_file),
+            ("server.tls_key_file", &self.tls_key_file),
+        ] {
+            if let Some(path) = path {
+                if !path.is_file() {
+                    p.push(format!("{key}: {} does not exist", path.display()));
+                }
+            }
+        }
+        positive("server.max_connections", self.max_connections as u64, p);
+        if self.max_header_bytes < 8192 {
+            p.push("server.max_header_bytes: must be at least 8192".into());
+        }
+        if self.max_uri_bytes < 256 {
+            p.push("server.max_uri_bytes: must be at least 256".into());
+        }
+        positive("server.header_read_timeout_secs", self.header_read_timeout_secs, p);
+        positive(
+            "server.http2_max_concurrent_streams",
+            self.http2_max_concurrent_streams.into(),
+            p,
+        );
+    }
+}
+
+impl UpstreamConfig {
+    pub(super) fn validate(&self, p: &mut Vec<String>) {
+        match self.base_url.parse::<http::Uri>() {
+            Ok(uri) if matches!(uri.scheme_str(), Some("http" | "https")) && uri.host().is_some() => {
+                if uri.query().is_some() {
+                    p.push("upstream.base_url: must not have a query".into());
+                }
+            }
+            _ => p.push(format!("upstream.base_url: {:?} is not an http(s) URL", self.base_url)),
+        }
+        if self.api_key.is_some() && self.api_key_file.is_some() {
+            p.push("upstream.api_key_file: set either api_key or api_key_file, not both".into());
+        }
+        positive("upstream.requests_per_minute", self.requests_per_minute.into(), p);
+        positive("upstream.timeout_secs", self.timeout_secs, p);
+        positive("upstream.connect_timeout_secs", self.connect_timeout_secs, p);
+        if self.max_retries > 10 {
+            p.push("upstream.max_retries: at most 10".into());
+        }
+        if let Some(ca) = &self.ca_file {
+            if !ca.is_file() {
+                p.push(format!("upstream.ca_file: {} does not exist", ca.display()));
+            }
+        }
+        positive("upstream.max_response_bytes", self.max_response_bytes as u64, p);
+    }
+}
+
+impl QuotaConfig {
+    pub(super) fn validate(&self, p: &mut Vec<String>, cache_redis: bool) {
+        positive("quota.reservation_lease_secs", self.reservation_lease_secs, p);
+        positive("quota.redis_timeout_ms", self.redis_timeout_ms, p);
+        if !matches!(self.window.as_str(), "rolling_30d" | "calendar_month") {
+            p.push(format!(
+                "quota.window: {:?} is not \"rolling_30d\" or \"calendar_month\"",
+                self.window
+            ));
+        }
+        match self.store.as_str() {
+            "file" => {}
+            "redis" if self.redis_url.is_some() || cache_redis => {
+                if let Some(url) = &self.redis_url {
+                    check_redis_url("quota.redis_url", url, p);
+                }
+            }
+            "redis" => p.push("quota.redis_url: the redis store needs quota.redis_url or cache.redis_url".into()),
+            other => p.push(format!("quota.store: {other:?} is not \"file\" or \"redis\"")),
+        }
+    }
+}
+
+pub(super) fn validate_log(log: &LogConfig, p: &mut Vec<String>) {
+    if !matches!(log.format.as_str(), "human" | "json") {
+        p.push(format!("log.format: {:?} is not \"human\" or \"json\"", log.format));
+    }
+    if tracing_subscriber::EnvFilter::try_new(&log.level).is_err() {
+        p.push(format!("log.level: {:?} is not a valid filter", log.level));
+    }
+}
+
+pub(super) fn validate_teams(teams: &[TeamConfig], p: &mut Vec<String>) {
+    let mut names = std::collections::HashSet::new();
+    let mut hashes = std::collections::HashSet::new();
+    for (i, team) in teams.iter().enumerate() {
+        let at = format!("teams[{i}]");
+        if !is_label(&team.name) {
+            p.push(format!("{at}.name: {:?} must be 1-64 of [a-z0-9_-]", team.name));
+        } else if !names.insert(team.name.as_str()) {
+            p.push(format!("{at}.name: {:?} is used by another team", team.name));
+        }
+        if check_sha256(&format!("{at}.token_sha256"), &team.token_sha256, p)
+            && !hashes.insert(team.token_sha256.to_ascii_lowercase())
+        {
+            p.push(format!("{at}.token_sha256: the same token is given to another team"));
+        }
+        if team.requests_per_minute == Some(0) {
+            p.push(format!(
+                "{at}.requests_per_minute: must be positive (omit for no limit)"
+            ));
+        }
+    }
+}
+
+/// Team names become metric labels: short, lowercase, no surprises.
+pub fn is_label(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 64
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_' || b == b'-')
+}
+
+pub(super) fn check_sha256(key: &str, value: &str, p: &mut Vec<String>) -> bool {
+    let ok = value.len() == 64 && value.bytes().all(|b| b.is_ascii_hexdigit());
+    if !ok {
+        p.push(format!(
+            "{key}: must be 64 hex characters (the SHA-256 of the token, see `permit-gateway token`)"
+        ));
+    }
+    ok
+}
+
+fn check_redis_url(key: &str, url: &Secret, p: &mut Vec<String>) {
+    if redis::Client::open(url.expose()).is_err() {
+        // Never echo the URL: it may hold a password.
+        p.push(format!(
+            "{key}: not a valid redis URL (redis://, rediss://, redis+unix://)"
+        ));
+    }
+}
+
+fn check_addr(key: &str, value: &str, p: &mut Vec<String>) {
+    if value.parse::<SocketAddr>().is_err() {
+        p.push(format!("{key}: {value:?} is not an address like 0.0.0.0:8080"));
+    }
+}
+
+pub(super) fn positive(key: &str, value: u64, p: &mut Vec<String>) {
+    if value == 0 {
+        p.push(format!("{key}: must be positive"));
+    }
+}

@@ -1,0 +1,131 @@
+//! Sharing the upstream's rate: per-team limits, fair turns between teams,
+//! one budget of calls for all replicas.
+
+use crate::support::gateway::{team, Setup, ALPHA, BETA, SMALL};
+use crate::support::redis::RedisServer;
+use crate::support::sim::{start_sim, SimConfig};
+use crate::support::traffic::{as_team, distinct_search};
+use http::StatusCode;
+use std::time::{Duration, Instant};
+
+fn unlimited() -> SimConfig {
+    SimConfig {
+        requests_per_minute: 0,
+        ..SimConfig::default()
+    }
+}
+
+#[tokio::test]
+async fn a_flooding_team_does_not_starve_an_occasional_one() {
+    let sim = start_sim(unlimited()).await;
+    let gw = Setup::new()
+        .with("upstream", "requests_per_minute = 60\nmax_queue_wait_secs = 4")
+        .start(&sim)
+        .await;
+    let base = gw.base_url();
+    // Alpha floods: 40 distinct calls at once against 1/s (burst 6).
+    let flood: Vec<_> = (0..40)
+        .map(|i| {
+            let url = format!("{base}{}", distinct_search(&sim, i, 1));
+            tokio::spawn(async move { as_team(&url, ALPHA.1, "flood").await })
+        })
+        .collect();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while sim.stats().requests_total < 6 {
+        assert!(Instant::now() < deadline, "the burst never reached the upstream");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let started = Instant::now();
+    let quiet = as_team(&format!("{base}{}", distinct_search(&sim, 100, 1)), BETA.1, "quiet").await;
+    assert_eq!(
+        quiet.status,
+        StatusCode::OK,
+        "beta was served within the queue bound: {}",
+        quiet.text()
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(4),
+        "beta waited {:?}",
+        started.elapsed()
+    );
+    let mut refused = 0;
+    for f in flood {
+        let r = f.await.expect("flood task");
+        if r.status == StatusCode::TOO_MANY_REQUESTS {
+            refused += 1;
+            let retry_after = r.header_u64("retry-after").expect("Retry-After");
+            assert!(
+                retry_after > 4,
+                "Retry-After {retry_after} is at least the wait that was refused"
+            );
+        } else {
+            assert_eq!(r.status, StatusCode::OK);
+        }
+    }
+    assert!(refused > 0, "waits beyond the bound are refused at once");
+}
+
+#[tokio::test]
+async fn a_team_over_its_own_rate_gets_429_with_retry_after() {
+    let sim = start_sim(unlimited()).await;
+    let gw = Setup::new()
+        .teams(team(SMALL.0, SMALL.1, "requests_per_minute = 2") + &team(BETA.0, BETA.1, ""))
+        .start(&sim)
+        .await;
+    let url = format!("{}/v2/meta/release", gw.base_url());
+    let replies = [
+        as_team(&url, SMALL.1, "r").await,
+        as_team(&url, SMALL.1, "r").await,
+        as_team(&url, SMALL.1, "r").await,
+    ];
+    assert_eq!(replies[2].status, StatusCode::TOO_MANY_REQUESTS);
+    assert!(replies[2].header_u64("retry-after").is_some_and(|s| s >= 1));
+    assert!(replies[2].json()["detail"].is_string());
+    assert_eq!(
+        as_team(&url, BETA.1, "b").await.status,
+        StatusCode::OK,
+        "other teams are not limited"
+    );
+}
+
+#[tokio::test]
+async fn replicas_on_one_redis_share_the_upstream_rate() {
+    let redis = RedisServer::start();
+    let sim = start_sim(unlimited()).await;
+    let setup = Setup::new()
+        .with("cache", format!("redis_url = {:?}", redis.url()))
+        .with("quota", "store = \"redis\"")
+        .with("upstream", "requests_per_minute = 120\nmax_queue_wait_secs = 2");
+    let (gw1, gw2) = (setup.start(&sim).await, setup.start(&sim).await);
+    let started = Instant::now();
+    let tasks: Vec<_> = (0..60)
+        .map(|i| {
+            let base = if i % 2 == 0 { gw1.base_url() } else { gw2.base_url() };
+            let url = format!("{base}{}", distinct_search(&sim, i, 1));
+            tokio::spawn(async move { as_team(&url, ALPHA.1, "alpha").await.status })
+        })
+        .collect();
+    let mut statuses = Vec::new();
+    for t in tasks {
+        statuses.push(t.await.expect("task"));
+    }
+    let elapsed = started.elapsed().as_secs_f64();
+    let upstream = sim.stats().requests_total as f64;
+    // One budget for both: a burst of 12 plus 2 a second. Two replicas pacing
+    // alone would send up to twice that.
+    let allowed = 12.0 + 2.0 * elapsed + 1.0;
+    assert!(
+        upstream <= allowed,
+        "{upstream} upstream calls in {elapsed:.1}s > {allowed:.0}"
+    );
+    assert!(
+        statuses
+            .iter()
+            .all(|s| *s == StatusCode::OK || *s == StatusCode::TOO_MANY_REQUESTS),
+        "{statuses:?}"
+    );
+    assert!(
+        statuses.contains(&StatusCode::TOO_MANY_REQUESTS),
+        "the shared queue refused what it could not serve in time"
+    );
+}

@@ -23,7 +23,8 @@ fuzz_target!(|data: &[u8]| {
             names.dedup();
             names.len() == n
         };
-        if distinct {
+        // Undecodable queries are kept verbatim on purpose (order included).
+        if distinct && !once.starts_with('!') {
             assert_eq!(normalize_query(route, &reversed), once, "order changed the key for {query:?}");
         }
     }

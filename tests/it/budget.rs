@@ -4,18 +4,11 @@
 use crate::support::gateway::{team, ChildGateway, Setup, ADMIN_TOKEN, ALPHA, BETA, SMALL};
 use crate::support::http::{get, send, Reply};
 use crate::support::redis::RedisServer;
-use crate::support::sim::{start_sim, FaultKind, Faults, Sim, SimConfig};
+use crate::support::sim::{start_sim, unlimited, FaultKind, Faults, Sim, SimConfig};
 use crate::support::traffic::{as_team, charged_to, distinct_search, used};
 use bytes::Bytes;
 use http::{Method, StatusCode};
 use std::time::{Duration, Instant};
-
-fn unlimited() -> SimConfig {
-    SimConfig {
-        requests_per_minute: 0,
-        ..SimConfig::default()
-    }
-}
 
 /// 40 concurrent size=10 searches against a budget of 100, spread over the
 /// given gateways; returns the replies.

@@ -2,18 +2,12 @@
 
 use crate::support::gateway::{Setup, ADMIN_TOKEN, ALPHA, BETA};
 use crate::support::http::{get, send, Reply};
+use crate::support::probe::{redis_errors, wait_cache_redis_ok};
 use crate::support::redis::RedisServer;
-use crate::support::sim::{start_sim, FaultKind, Faults, Sim, SimConfig};
+use crate::support::sim::{start_sim, unlimited, FaultKind, Faults, Sim};
 use bytes::Bytes;
 use http::{Method, StatusCode};
 use std::time::{Duration, Instant};
-
-fn unlimited() -> SimConfig {
-    SimConfig {
-        requests_per_minute: 0,
-        ..SimConfig::default()
-    }
-}
 
 fn search_path(sim: &Sim, size: u32) -> String {
     let s = sim.samples();
@@ -167,19 +161,6 @@ async fn two_gateways_on_one_redis_share_entries_and_fetches() {
     );
 }
 
-/// Polls /readyz until the cache Redis is reported ok again.
-async fn wait_redis_ok(admin_url: &str) {
-    let deadline = Instant::now() + Duration::from_secs(15);
-    loop {
-        let r = get(&format!("{admin_url}/readyz"), &[]).await;
-        if r.json()["checks"]["cache_redis"] == "ok" {
-            return;
-        }
-        assert!(Instant::now() < deadline, "redis never came back: {}", r.text());
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
-
 #[tokio::test]
 async fn a_dead_redis_costs_nothing_and_a_restarted_one_is_used_again() {
     let mut redis = RedisServer::start();
@@ -207,13 +188,7 @@ async fn a_dead_redis_costs_nothing_and_a_restarted_one_is_used_again() {
         assert_eq!(r.status, StatusCode::OK);
     }
     // Once the breaker is open, Redis is not even tried: errors stop growing.
-    let errors = |text: &str| -> u64 {
-        text.lines()
-            .filter(|l| l.starts_with("gateway_backend_errors_total{backend=\"redis\""))
-            .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
-            .sum()
-    };
-    let before = errors(&get(&format!("{}/metrics", gw.admin_url()), &[]).await.text());
+    let before = redis_errors(&gw.admin_url()).await;
     assert!(before >= 3, "redis failures were counted");
     for size in 20..30 {
         assert_eq!(
@@ -223,14 +198,14 @@ async fn a_dead_redis_costs_nothing_and_a_restarted_one_is_used_again() {
             StatusCode::OK
         );
     }
-    let after = errors(&get(&format!("{}/metrics", gw.admin_url()), &[]).await.text());
+    let after = redis_errors(&gw.admin_url()).await;
     assert!(
         after - before <= 2,
         "breaker open: at most a probe tried ({before} → {after})"
     );
 
     redis.restart();
-    wait_redis_ok(&gw.admin_url()).await;
+    wait_cache_redis_ok(&gw.admin_url()).await;
     let path = search_path(&sim, 31);
     assert_eq!(
         alpha(&format!("{}{path}", gw.base_url())).await.header("x-cache"),

@@ -3,16 +3,9 @@
 
 use crate::support::gateway::{Setup, ALPHA, BETA};
 use crate::support::http::{get, send};
-use crate::support::sim::{start_sim, Samples, SimConfig};
+use crate::support::sim::{start_sim, unlimited, Samples, SimConfig};
 use bytes::Bytes;
 use http::{Method, StatusCode};
-
-fn unlimited() -> SimConfig {
-    SimConfig {
-        requests_per_minute: 0,
-        ..SimConfig::default()
-    }
-}
 
 /// Every spec endpoint with valid parameters from the dataset (and a few
 /// invalid ones whose error must pass through unchanged).
@@ -255,13 +248,9 @@ async fn upstream_failures_map_to_502_and_504() {
 #[tokio::test]
 async fn http2_cleartext_is_served() {
     use http_body_util::{BodyExt, Empty};
-    use hyper_util::client::legacy::Client;
-    use hyper_util::rt::TokioExecutor;
     let sim = start_sim(unlimited()).await;
     let gw = Setup::new().start(&sim).await;
-    let client = Client::builder(TokioExecutor::new())
-        .http2_only(true)
-        .build_http::<Empty<Bytes>>();
+    let client = crate::support::probe::h2c_client();
     let req = http::Request::get(format!("{}/v2/meta/release", gw.base_url()))
         .header("x-api-key", ALPHA.1)
         .body(Empty::new())

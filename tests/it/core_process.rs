@@ -3,19 +3,12 @@
 
 use crate::support::gateway::{ChildGateway, Setup, ADMIN_TOKEN, ALPHA, BETA};
 use crate::support::http::get;
-use crate::support::sim::{start_sim, FaultKind, Faults, SimConfig};
+use crate::support::sim::{start_sim, unlimited, FaultKind, Faults, SimConfig};
 use crate::support::tls::TestPki;
 use bytes::Bytes;
 use http::StatusCode;
 use http_body_util::{BodyExt, Empty};
 use std::time::Duration;
-
-fn unlimited() -> SimConfig {
-    SimConfig {
-        requests_per_minute: 0,
-        ..SimConfig::default()
-    }
-}
 
 #[tokio::test]
 async fn secrets_never_appear_in_responses_or_logs() {

@@ -4,42 +4,13 @@
 
 use crate::support::gateway::{team, ChildGateway, Setup, ADMIN_TOKEN, ALPHA, BETA, SMALL};
 use crate::support::http::{get, Reply};
+use crate::support::probe::{redis_errors, wait_cache_redis_ok};
 use crate::support::redis::RedisServer;
 use crate::support::relay::SlowRelay;
-use crate::support::sim::{start_sim, FaultKind, Faults, SimConfig};
+use crate::support::sim::{start_sim, unlimited, FaultKind, Faults, SimConfig};
 use crate::support::traffic::{as_team, assert_ledger_matches, distinct_search, used};
 use http::StatusCode;
 use std::time::{Duration, Instant};
-
-fn unlimited() -> SimConfig {
-    SimConfig {
-        requests_per_minute: 0,
-        ..SimConfig::default()
-    }
-}
-
-/// Sum of `gateway_backend_errors_total` for Redis in a scrape.
-async fn redis_errors(admin: &str) -> u64 {
-    get(&format!("{admin}/metrics"), &[])
-        .await
-        .text()
-        .lines()
-        .filter(|l| l.starts_with("gateway_backend_errors_total{backend=\"redis\""))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
-        .sum()
-}
-
-async fn wait_cache_redis_ok(admin: &str) {
-    let deadline = Instant::now() + Duration::from_secs(15);
-    loop {
-        let r = get(&format!("{admin}/readyz"), &[]).await;
-        if r.json()["checks"]["cache_redis"] == "ok" {
-            return;
-        }
-        assert!(Instant::now() < deadline, "cache redis never recovered: {}", r.text());
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
 
 #[tokio::test]
 async fn redis_down_at_start_then_back() {

@@ -3,20 +3,13 @@
 
 use crate::support::gateway::{Setup, ALPHA};
 use crate::support::http::{get, send};
-use crate::support::sim::{start_sim, SimConfig};
+use crate::support::sim::{start_sim, unlimited};
 use bytes::Bytes;
 use http::{Method, StatusCode};
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
-
-fn unlimited() -> SimConfig {
-    SimConfig {
-        requests_per_minute: 0,
-        ..SimConfig::default()
-    }
-}
 
 /// Writes raw bytes, reads until the server closes (bounded), returns text.
 async fn raw(addr: SocketAddr, request: &[u8]) -> String {
@@ -191,13 +184,9 @@ async fn slowloris_clients_are_cut_off_while_others_are_served() {
 #[tokio::test]
 async fn http2_header_lists_beyond_the_limit_are_refused() {
     use http_body_util::Empty;
-    use hyper_util::client::legacy::Client;
-    use hyper_util::rt::TokioExecutor;
     let sim = start_sim(unlimited()).await;
     let gw = Setup::new().start(&sim).await;
-    let client = Client::builder(TokioExecutor::new())
-        .http2_only(true)
-        .build_http::<Empty<Bytes>>();
+    let client = crate::support::probe::h2c_client();
     let req = http::Request::get(format!("{}/v2/meta/release", gw.base_url()))
         .header("x-api-key", ALPHA.1)
         .header("x-padding", "z".repeat(100_000))

@@ -3,17 +3,10 @@
 
 use crate::support::gateway::{team, Setup, ALPHA, BETA, SMALL};
 use crate::support::redis::RedisServer;
-use crate::support::sim::{start_sim, SimConfig};
+use crate::support::sim::{start_sim, unlimited};
 use crate::support::traffic::{as_team, distinct_search};
 use http::StatusCode;
 use std::time::{Duration, Instant};
-
-fn unlimited() -> SimConfig {
-    SimConfig {
-        requests_per_minute: 0,
-        ..SimConfig::default()
-    }
-}
 
 #[tokio::test]
 async fn a_flooding_team_does_not_starve_an_occasional_one() {

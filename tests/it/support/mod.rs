@@ -9,6 +9,7 @@
 
 pub mod gateway;
 pub mod http;
+pub mod probe;
 pub mod prometheus;
 pub mod redis;
 pub mod relay;

@@ -9,3 +9,12 @@ pub async fn start_sim(cfg: SimConfig) -> Sim {
         .expect("binds a loopback port");
     Sim::start(listener, cfg).await.expect("simulator starts")
 }
+
+/// The simulator without its own rate limit (the gateway's scheduler is
+/// under test, not the upstream's 120/min).
+pub fn unlimited() -> SimConfig {
+    SimConfig {
+        requests_per_minute: 0,
+        ..SimConfig::default()
+    }
+}

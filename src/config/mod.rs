@@ -75,6 +75,7 @@ pub struct CacheConfig {
     pub default_ttl_secs: u64,
     pub redis_url: Option<Secret>,
     pub stale_grace_secs: u64,
+    pub stale_while_revalidate_secs: u64,
     pub max_entry_bytes: usize,
     pub redis_key_prefix: String,
     pub redis_timeout_ms: u64,

@@ -16,6 +16,10 @@ impl CacheConfig {
             }
         }
         positive("cache.redis_timeout_ms", self.redis_timeout_ms, p);
+        if self.stale_while_revalidate_secs > self.stale_grace_secs {
+            // Entries are dropped after the grace period: nothing to serve beyond it.
+            p.push("cache.stale_while_revalidate_secs: must not exceed cache.stale_grace_secs".into());
+        }
         positive("cache.max_entry_bytes", self.max_entry_bytes as u64, p);
         if let Some(url) = &self.redis_url {
             check_redis_url("cache.redis_url", url, p);

@@ -17,11 +17,14 @@ pub enum Use {
     Hit,
     /// Expired, but the client's `max-stale` accepts it.
     StaleAccepted,
+    /// Expired within `cache.stale_while_revalidate_secs`: served stale
+    /// while one refresh runs in the background.
+    Revalidate,
     /// Only as a fallback when the upstream fails.
     FallbackOnly,
 }
 
-pub fn usable(entry: &Entry, d: &Directives, now: u64) -> Use {
+pub fn usable(entry: &Entry, d: &Directives, revalidate_secs: u64, now: u64) -> Use {
     let age = entry.age(now).as_secs();
     if d.max_age.is_some_and(|max| age > max) {
         return Use::FallbackOnly;
@@ -32,6 +35,7 @@ pub fn usable(entry: &Entry, d: &Directives, now: u64) -> Use {
     let stale_by = entry.staleness(now).as_secs();
     match d.max_stale {
         Some(max) if stale_by <= max => Use::StaleAccepted,
+        _ if stale_by < revalidate_secs => Use::Revalidate,
         _ => Use::FallbackOnly,
     }
 }

@@ -96,13 +96,32 @@ async fn pipeline<B>(app: &Arc<App>, req: &Request<B>, log: &mut RequestLog) -> 
     let key = app.cache.ttl(target.route).map(|_| key::cache_key(&target));
 
     // 7. Lookup, unless the client said no-cache.
+    let job = Job {
+        team: team.clone(),
+        target: target.clone(),
+        key: key.clone(),
+        no_store: directives.no_store,
+        request_id: log.request_id.clone(),
+        accept: req.headers().get(http::header::ACCEPT).cloned(),
+    };
     let mut cached = None;
     if let (Some(k), false) = (&key, directives.no_cache) {
         let found = app.cache.lookup(target.route, k).await;
         if let Some((entry, tier)) = &found {
-            let state = match lookup::usable(entry, &directives, now_ms()) {
+            let swr = app.config.cache.stale_while_revalidate_secs;
+            let state = match lookup::usable(entry, &directives, swr, now_ms()) {
                 Use::Hit => Some(CacheState::Hit),
                 Use::StaleAccepted => Some(CacheState::Stale),
+                Use::Revalidate => {
+                    // Answer now from the stale copy; one refresh runs behind
+                    // it (coalesced by key), paid by this team like a miss.
+                    // only-if-cached never reaches the upstream, not even so.
+                    if !directives.only_if_cached {
+                        let (app, job) = (app.clone(), job.clone());
+                        tokio::spawn(async move { fetch::coalesced(&app, job).await });
+                    }
+                    Some(CacheState::Stale)
+                }
                 Use::FallbackOnly => None,
             };
             if let Some(state) = state {
@@ -118,14 +137,6 @@ async fn pipeline<B>(app: &Arc<App>, req: &Request<B>, log: &mut RequestLog) -> 
     }
 
     // 8–13. Coalesce, fetch upstream, settle, store.
-    let job = Job {
-        team: team.clone(),
-        target: target.clone(),
-        key: key.clone(),
-        no_store: directives.no_store,
-        request_id: log.request_id.clone(),
-        accept: req.headers().get(http::header::ACCEPT).cloned(),
-    };
     let (outcome, role) = fetch::coalesced(app, job).await;
 
     // 14. The upstream failed and a stale copy exists: serve it instead.

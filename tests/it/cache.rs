@@ -428,3 +428,51 @@ async fn purge_empties_both_tiers_all_or_by_route() {
     assert_eq!(all.json()["redis_keys"], 2);
     assert_eq!(alpha(&search).await.header("x-cache"), Some("MISS"));
 }
+
+#[tokio::test]
+async fn stale_while_revalidate_answers_at_once_and_refreshes_once_behind() {
+    let sim = start_sim(unlimited()).await;
+    let gw = Setup::new()
+        .with(
+            "cache",
+            "stale_while_revalidate_secs = 600\n[cache.route_ttl_secs]\nmeta_release = 1",
+        )
+        .start(&sim)
+        .await;
+    let url = format!("{}/v2/meta/release", gw.base_url());
+    assert_eq!(alpha(&url).await.header("x-cache"), Some("MISS"));
+    // Wait for expiry (only-if-cached never triggers the refresh).
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while with_cc(&url, "only-if-cached").await.header("x-cache") != Some("STALE") {
+        assert!(Instant::now() < deadline, "entry never expired");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(sim.stats().requests_total, 1);
+    // Five callers at once: all answered from the stale copy, one refresh.
+    sim.set_faults(Faults {
+        kind: FaultKind::Latency,
+        latency_ms: Some(300),
+        ..Faults::default()
+    });
+    let tasks: Vec<_> = (0..5)
+        .map(|_| {
+            let url = url.clone();
+            tokio::spawn(async move { alpha(&url).await })
+        })
+        .collect();
+    let replies = futures_join_all(tasks.into_iter()).await;
+    assert!(
+        replies.iter().all(|r| r.header("x-cache") == Some("STALE")),
+        "stale answers at once"
+    );
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let r = alpha(&url).await;
+        if r.header("x-cache") == Some("HIT") {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the background refresh never landed");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(sim.stats().requests_total, 2, "one fetch, one background refresh");
+}

@@ -94,22 +94,33 @@ mod tests {
     }
 
     #[test]
-    fn max_age_and_max_stale_decide_use() {
+    fn max_age_max_stale_and_revalidate_decide_use() {
         let e = entry(60);
         let d = Directives::default();
-        assert_eq!(usable(&e, &d, 1_030_000), Use::Hit);
-        assert_eq!(usable(&e, &d, 1_070_000), Use::FallbackOnly);
+        assert_eq!(usable(&e, &d, 0, 1_030_000), Use::Hit);
+        assert_eq!(usable(&e, &d, 0, 1_070_000), Use::FallbackOnly);
         let young = Directives {
             max_age: Some(10),
             ..Directives::default()
         };
-        assert_eq!(usable(&e, &young, 1_030_000), Use::FallbackOnly);
+        assert_eq!(usable(&e, &young, 0, 1_030_000), Use::FallbackOnly);
         let tolerant = Directives {
             max_stale: Some(20),
             ..Directives::default()
         };
-        assert_eq!(usable(&e, &tolerant, 1_070_000), Use::StaleAccepted);
-        assert_eq!(usable(&e, &tolerant, 1_090_000), Use::FallbackOnly);
+        assert_eq!(usable(&e, &tolerant, 0, 1_070_000), Use::StaleAccepted);
+        assert_eq!(usable(&e, &tolerant, 0, 1_090_000), Use::FallbackOnly);
+        assert_eq!(
+            usable(&e, &d, 60, 1_070_000),
+            Use::Revalidate,
+            "within the revalidate window"
+        );
+        assert_eq!(usable(&e, &d, 60, 1_130_000), Use::FallbackOnly, "past it");
+        assert_eq!(
+            usable(&e, &young, 60, 1_070_000),
+            Use::FallbackOnly,
+            "max-age still binds"
+        );
     }
 
     #[test]

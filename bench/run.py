@@ -51,7 +51,7 @@ def pick_page(sim):
     """A permit-search page of about 6 KB: (path?query, body)."""
     s = sim.samples()
     best = None
-    for size in (6, 8, 10, 12, 14, 16, 20):
+    for size in (4, 5, 6, 8, 10):
         q = urllib.parse.urlencode(
             [("geo_id", s["state"]), ("permit_from", s["permit_from"]), ("permit_to", s["permit_to"]), ("size", size)])
         url = "/v2/permits/search?" + q
@@ -120,17 +120,19 @@ def hit_path(args, tmp, sim, redis):
 # --- 2. miss path ------------------------------------------------------------
 
 MISS_LUA = """
--- Every request a distinct permit search: permit_from walks back one day at
--- a time from permit_to (and size changes every 4000), so none is cached.
+-- Every request a distinct permit search of 5 records (~6 KB): permit_from
+-- walks forward from 2010 one day at a time, permit_to moves on every 4000;
+-- every window holds the whole dataset, so the pages are full, and no key
+-- repeats, so none is ever cached.
 local n = tonumber(os.getenv("MISS_OFFSET") or "0")
 local geo = os.getenv("MISS_GEO")
-local to = os.getenv("MISS_TO")
-local t0 = os.time{year=2025, month=12, day=31, hour=12}
+local t0 = os.time{year=2010, month=1, day=1, hour=12}
+local t1 = os.time{year=2026, month=12, day=31, hour=12}
 request = function()
   n = n + 1
-  local from = os.date("!%Y-%m-%d", t0 - (n % 4000) * 86400)
-  local size = 10 + math.floor(n / 4000)
-  local path = "/v2/permits/search?geo_id=" .. geo .. "&permit_from=" .. from .. "&permit_to=" .. to .. "&size=" .. size
+  local from = os.date("!%Y-%m-%d", t0 + (n % 4000) * 86400)
+  local to = os.date("!%Y-%m-%d", t1 + math.floor(n / 4000) * 86400)
+  local path = "/v2/permits/search?geo_id=" .. geo .. "&permit_from=" .. from .. "&permit_to=" .. to .. "&size=5"
   return wrk.format("GET", path)
 end
 """
@@ -152,7 +154,7 @@ def miss_path(args, tmp, redis):
         for name, (base, key) in targets.items():
             # A new offset per run: the gateway never saw these queries.
             offset += 40000
-            env = {"MISS_OFFSET": str(offset), "MISS_GEO": s["state"], "MISS_TO": s["permit_to"]}
+            env = {"MISS_OFFSET": str(offset), "MISS_GEO": s["state"]}
             r = lib.wrk(base + "/", 1, args.secs, {"X-API-Key": key}, threads=1, script=script, env=env)
             log(f"  miss round {rnd} {name}: {r['rps']:.0f} req/s p50 {r['p50']} p99 {r['p99']} ms"
                 f" non2xx {r['non2xx']}")
@@ -173,16 +175,19 @@ def miss_path(args, tmp, redis):
 # --- 3. memory ---------------------------------------------------------------
 
 
-def load_distinct(base, token, s, start, n, workers=4):
-    """`n` distinct permit searches (all misses); returns total body bytes."""
+def load_distinct(base, token, geo, start, n, workers=4):
+    """`n` distinct permit searches of 5 records (all misses, like the miss
+    path's); returns total body bytes."""
     total = [0]
     lock = threading.Lock()
 
     def one(i):
-        day = time.strftime("%Y-%m-%d", time.gmtime(1767182400 - ((start + i) % 4000) * 86400))
-        size = 10 + (start + i) // 4000
-        q = urllib.parse.urlencode(
-            [("geo_id", s["state"]), ("permit_from", day), ("permit_to", s["permit_to"]), ("size", size)])
+        n = start + i
+        # As MISS_LUA: every window holds the whole dataset, so every page
+        # is full (5 records) and every key distinct.
+        day = time.strftime("%Y-%m-%d", time.gmtime(1262347200 + (n % 4000) * 86400))
+        to = time.strftime("%Y-%m-%d", time.gmtime(1798718400 + (n // 4000) * 86400))
+        q = urllib.parse.urlencode([("geo_id", geo), ("permit_from", day), ("permit_to", to), ("size", 5)])
         status, h, body = lib.get(f"{base}/v2/permits/search?{q}", headers={"X-API-Key": token})
         if status != 200 or h.get("x-cache") != "MISS":
             raise RuntimeError(f"load: {status} {h.get('x-cache')}")
@@ -206,10 +211,10 @@ def memory(args, tmp):
     out = {}
     # (a) Everything fits: RSS per entry.
     gw = lib.Gateway(args.bin_dir, tmp, "mem", sim, team)
-    load_distinct(gw.base, TOKEN, s, 900000, 200)  # warm: pools, buffers, allocator arenas
+    load_distinct(gw.base, TOKEN, s["big_state"], 0, 200)  # warm: pools, buffers, allocator arenas
     rss0, anon0 = settle_rss(gw.proc.pid)
     n = args.mem_entries
-    body_bytes = load_distinct(gw.base, TOKEN, s, 0, n)
+    body_bytes = load_distinct(gw.base, TOKEN, s["state"], 0, n)
     rss1, anon1 = settle_rss(gw.proc.pid)
     m = gw.metrics()
     out["fits"] = {
@@ -223,10 +228,10 @@ def memory(args, tmp):
     # (b) The working set is 4x memory_max_bytes: RSS must stay bounded.
     cap = args.mem_cap
     gw = lib.Gateway(args.bin_dir, tmp, "mem-cap", sim, team, memory_max_bytes=cap)
-    load_distinct(gw.base, TOKEN, s, 900000, 200)
+    load_distinct(gw.base, TOKEN, s["big_state"], 0, 200)
     rss0, anon0 = settle_rss(gw.proc.pid)
     n_big = int(4 * cap / out["fits"]["mean_body"])
-    body_bytes = load_distinct(gw.base, TOKEN, s, 0, n_big)
+    body_bytes = load_distinct(gw.base, TOKEN, s["state"], 0, n_big)
     rss1, anon1 = settle_rss(gw.proc.pid)
     m = gw.metrics()
     out["capped"] = {

@@ -59,8 +59,12 @@ fn token_lookup(c: &mut Criterion) {
         .collect();
     let teams = Teams::from_config(&configs);
     let mut g = c.benchmark_group("auth::Teams::find_token/50_teams");
-    g.bench_function("first", |b| b.iter(|| teams.find_token(black_box("pgw_token_of_team_00"))));
-    g.bench_function("last", |b| b.iter(|| teams.find_token(black_box("pgw_token_of_team_49"))));
+    g.bench_function("first", |b| {
+        b.iter(|| teams.find_token(black_box("pgw_token_of_team_00")))
+    });
+    g.bench_function("last", |b| {
+        b.iter(|| teams.find_token(black_box("pgw_token_of_team_49")))
+    });
     g.bench_function("unknown", |b| b.iter(|| teams.find_token(black_box("pgw_not_a_token"))));
     g.finish();
 }

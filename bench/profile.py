@@ -51,8 +51,11 @@ def main():
         rep = subprocess.run(["perf", "report", "-i", data, "--stdio", "--sort", "symbol", "-g", "none",
                               "--percent-limit", "0.7", *flags], capture_output=True, text=True, timeout=600).stdout
         path = os.path.join(args.out, f"profile-{name}-{mode}.txt")
+        # perf pads the symbol column to its widest name: trim each line.
+        lines = [" ".join(line.replace(" -      -", "").split()) if line.startswith(" ") else line.rstrip()
+                 for line in rep.splitlines()]
         with open(path, "w") as f:
-            f.write(rep)
+            f.write("\n".join(lines) + "\n")
         print(f"wrote {path}")
 
 

@@ -22,6 +22,7 @@
 
 use crate::route::{Route, Target};
 use percent_encoding::{percent_decode_str, utf8_percent_encode, AsciiSet, NON_ALPHANUMERIC};
+use std::borrow::Cow;
 
 /// Bumped when the key format changes, so old L2 entries are never misread.
 const KEY_VERSION: &str = "k1";
@@ -120,10 +121,14 @@ fn is_search_scalar(name: &str) -> bool {
 
 /// Pydantic's lax booleans; `None` when the upstream would answer 422.
 fn canonical_bool(value: &str) -> Option<&'static str> {
-    match value.to_ascii_lowercase().as_str() {
-        "true" | "1" | "yes" | "on" | "t" | "y" => Some("true"),
-        "false" | "0" | "no" | "off" | "f" | "n" => Some("false"),
-        _ => None,
+    // Compared without lowercasing into a new String: this runs on every hit.
+    let is = |spellings: &[&str]| spellings.iter().any(|s| s.eq_ignore_ascii_case(value));
+    if is(&["true", "1", "yes", "on", "t", "y"]) {
+        Some("true")
+    } else if is(&["false", "0", "no", "off", "f", "n"]) {
+        Some("false")
+    } else {
+        None
     }
 }
 
@@ -152,21 +157,22 @@ pub fn normalize_query(route: Route, query: &str) -> String {
     let has_cursor = pairs
         .iter()
         .any(|(k, _)| k == "cursor" && kind(route, k) != Kind::Unknown);
-    let mut names: Vec<&str> = pairs.iter().map(|(k, _)| k.as_str()).collect();
+    let mut names: Vec<&str> = pairs.iter().map(|(k, _)| k.as_ref()).collect();
     names.sort_unstable();
     names.dedup();
-    let mut out: Vec<(String, String)> = Vec::with_capacity(pairs.len());
+    // Borrowed from `pairs` (or static): building the key copies each byte once.
+    let mut out: Vec<(&str, &str)> = Vec::with_capacity(pairs.len());
     for name in names {
-        let mut values = pairs.iter().filter(|(k, _)| k == name).map(|(_, v)| v.as_str());
+        let mut values = pairs.iter().filter(|(k, _)| k == name).map(|(_, v)| v.as_ref());
         match kind(route, name) {
-            Kind::Unknown => out.extend(values.map(|v| (name.to_string(), v.to_string()))),
+            Kind::Unknown => out.extend(values.map(|v| (name, v))),
             Kind::Set { max_items } => {
                 let mut vs: Vec<&str> = values.collect();
                 vs.sort_unstable();
                 if max_items.is_none_or(|max| vs.len() <= max) {
                     vs.dedup();
                 }
-                out.extend(vs.into_iter().map(|v| (name.to_string(), v.to_string())));
+                out.extend(vs.into_iter().map(|v| (name, v)));
             }
             Kind::Scalar { default, boolean } => {
                 let Some(last) = values.next_back() else { continue };
@@ -179,7 +185,7 @@ pub fn normalize_query(route: Route, query: &str) -> String {
                 if default == Some(value) || ignored {
                     continue;
                 }
-                out.push((name.to_string(), value.to_string()));
+                out.push((name, value));
             }
         }
     }
@@ -198,7 +204,7 @@ pub fn normalize_query(route: Route, query: &str) -> String {
 /// `application/x-www-form-urlencoded` pairs, strictly: `None` when any
 /// name or value is not UTF-8 after decoding (a lossy decode could make two
 /// different queries equal).
-fn decode_pairs(query: &str) -> Option<Vec<(String, String)>> {
+fn decode_pairs(query: &str) -> Option<Vec<(Cow<'_, str>, Cow<'_, str>)>> {
     let mut pairs = Vec::new();
     for part in query.split('&').filter(|p| !p.is_empty()) {
         let (k, v) = part.split_once('=').unwrap_or((part, ""));
@@ -207,9 +213,16 @@ fn decode_pairs(query: &str) -> Option<Vec<(String, String)>> {
     Some(pairs)
 }
 
-fn decode(s: &str) -> Option<String> {
-    let spaced = s.replace('+', " ");
-    percent_decode_str(&spaced).decode_utf8().ok().map(|c| c.into_owned())
+/// Borrows when there is nothing to decode (the common case: no allocation).
+fn decode(s: &str) -> Option<Cow<'_, str>> {
+    if s.contains('+') {
+        let spaced = s.replace('+', " ");
+        return percent_decode_str(&spaced)
+            .decode_utf8()
+            .ok()
+            .map(|c| Cow::Owned(c.into_owned()));
+    }
+    percent_decode_str(s).decode_utf8().ok()
 }
 
 #[cfg(test)]

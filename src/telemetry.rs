@@ -2,16 +2,26 @@
 //! The access log is the `access` target, one line per request, written by
 //! `proxy::RequestLog::finish`. Nothing secret is ever a field: team names,
 //! never tokens; routes, never the upstream key.
+//!
+//! Lines are handed to a writer thread (tracing-appender), so a slow stderr
+//! never holds a request; when its buffer is full, requests wait rather
+//! than lines being dropped (an access log with holes is no audit trail).
 
 use crate::config::LogConfig;
+use tracing_appender::non_blocking::{NonBlockingBuilder, WorkerGuard};
 use tracing_subscriber::EnvFilter;
 
-/// Installs the global subscriber once; later calls are no-ops.
-pub fn init(cfg: &LogConfig) {
+/// Installs the global subscriber. Keep the guard alive for the process's
+/// life: dropping it flushes and stops the writer thread.
+pub fn init(cfg: &LogConfig) -> WorkerGuard {
     let filter = EnvFilter::try_new(&cfg.level).unwrap_or_else(|_| EnvFilter::new("info"));
+    let (writer, guard) = NonBlockingBuilder::default()
+        .lossy(false)
+        .buffered_lines_limit(64 * 1024)
+        .finish(std::io::stderr());
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr)
+        .with_writer(writer)
         .with_target(true);
     let result = if cfg.format == "json" {
         builder.json().flatten_event(true).try_init()
@@ -19,4 +29,5 @@ pub fn init(cfg: &LogConfig) {
         builder.try_init()
     };
     let _ = result;
+    guard
 }

@@ -7,6 +7,7 @@
 //! is durable before its response leaves. Reservations are never written:
 //! when the process dies they vanish with it, which is their expiry.
 
+use super::saved::{SavedTally, FLUSH_EVERY};
 use super::{LedgerError, Reservation, Reserved, TeamUsage, UsageRow, Window};
 use crate::route::Route;
 use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
@@ -22,14 +23,13 @@ const SPEND: TableDefinition<(&str, u32, &str), (u64, u64)> = TableDefinition::n
 /// Days of spend kept in memory: enough for either window.
 const MEMORY_DAYS: u32 = 62;
 
+/// One settle for the writer thread, answered once it is durable.
 struct Write {
     team: String,
     day: u32,
     route: &'static str,
     spent: u64,
-    saved: u64,
-    /// `None` for best-effort writes (saved credits).
-    done: Option<oneshot::Sender<Result<(), String>>>,
+    done: oneshot::Sender<Result<(), String>>,
 }
 
 #[derive(Default)]
@@ -45,6 +45,8 @@ pub struct FileLedger {
     db: Arc<Database>,
     state: Mutex<State>,
     writes: mpsc::Sender<Write>,
+    /// Credits saved by hits, written by the writer thread in the background.
+    saved: Arc<SavedTally>,
     /// Joined on drop, so the file is closed when the ledger is gone.
     writer: Option<std::thread::JoinHandle<()>>,
     lease: Duration,
@@ -63,14 +65,17 @@ impl FileLedger {
             .map_err(|e| format!("quota.path: cannot read {}: {e}", path.display()))?;
         let (tx, rx) = mpsc::channel();
         let writer_db = db.clone();
+        let saved = Arc::new(SavedTally::default());
+        let writer_saved = saved.clone();
         let handle = std::thread::Builder::new()
             .name("ledger-writer".into())
-            .spawn(move || writer(writer_db, rx))
+            .spawn(move || writer(writer_db, rx, writer_saved))
             .map_err(|e| format!("ledger writer: {e}"))?;
         Ok(FileLedger {
             db,
             state: Mutex::new(state),
             writes: tx,
+            saved,
             writer: Some(handle),
             lease,
             window,
@@ -115,8 +120,7 @@ impl FileLedger {
                 day: today,
                 route: route.as_str(),
                 spent: actual,
-                saved: 0,
-                done: Some(tx),
+                done: tx,
             };
             match self.writes.send(write) {
                 Ok(()) => rx.await.unwrap_or_else(|_| Err("ledger writer stopped".into())),
@@ -139,15 +143,16 @@ impl FileLedger {
 
     pub fn record_saved(&self, team: &str, route: Route, credits: u64, today: u32) {
         if credits > 0 {
-            let _ = self.writes.send(Write {
-                team: team.to_string(),
-                day: today,
-                route: route.as_str(),
-                spent: 0,
-                saved: credits,
-                done: None,
-            });
+            self.saved.add(team, today, route, credits);
         }
+    }
+
+    pub fn used(&self, team: &str, today: u32) -> u64 {
+        let first = self.window.first_day(today);
+        self.lock()
+            .days
+            .get(team)
+            .map_or(0, |d| d.range(first..=today).map(|(_, c)| c).sum())
     }
 
     pub fn usage(&self, team: &str, today: u32) -> TeamUsage {
@@ -198,7 +203,7 @@ impl FileLedger {
             tracing::error!(error = %e, "ledger read failed");
             Vec::new()
         });
-        rows.sort_by(|a, b| (&a.team, a.day, &a.route).cmp(&(&b.team, b.day, &b.route)));
+        self.saved.merge_into(&mut rows, from, to);
         rows
     }
 
@@ -244,38 +249,59 @@ fn load(db: &Database, state: &mut State, today: u32) -> Result<(), redb::Error>
 }
 
 /// The writer thread: drain what is queued, one transaction, one fsync,
-/// then answer every settle in it.
-fn writer(db: Arc<Database>, rx: mpsc::Receiver<Write>) {
-    while let Ok(first) = rx.recv() {
-        let mut batch = vec![first];
-        while let Ok(more) = rx.try_recv() {
-            batch.push(more);
+/// then answer every settle in it. Saved credits ride along, and are
+/// written on their own (without fsync) every `FLUSH_EVERY` when idle.
+fn writer(db: Arc<Database>, rx: mpsc::Receiver<Write>, saved: Arc<SavedTally>) {
+    loop {
+        let mut batch = Vec::new();
+        let last = match rx.recv_timeout(FLUSH_EVERY) {
+            Ok(first) => {
+                batch.push(first);
+                while let Ok(more) = rx.try_recv() {
+                    batch.push(more);
+                }
+                false
+            }
+            Err(mpsc::RecvTimeoutError::Timeout) => false,
+            Err(mpsc::RecvTimeoutError::Disconnected) => true,
+        };
+        let tally = saved.take();
+        if batch.is_empty() && tally.is_empty() && !last {
+            continue;
         }
-        let result = commit(&db, &batch).map_err(|e| {
+        let result = commit(&db, &batch, &tally, last).map_err(|e| {
             tracing::error!(error = %e, writes = batch.len(), "ledger commit failed");
             format!("ledger commit failed: {e}")
         });
+        if result.is_err() {
+            saved.restore(tally);
+        }
         for w in batch {
-            if let Some(done) = w.done {
-                let _ = done.send(result.clone());
-            }
+            let _ = w.done.send(result.clone());
+        }
+        if last {
+            return;
         }
     }
 }
 
-fn commit(db: &Database, batch: &[Write]) -> Result<(), redb::Error> {
+/// Settles are durable (fsync) when the commit returns; a commit of saved
+/// credits alone is not, unless it is the last one before closing.
+fn commit(db: &Database, batch: &[Write], saved: &[(String, u32, Route, u64)], last: bool) -> Result<(), redb::Error> {
     let mut txn = db.begin_write()?;
-    if batch.iter().all(|w| w.done.is_none()) {
-        // Saved-credit counters only: no fsync; the next settle's durable
-        // commit persists them too.
+    if batch.is_empty() && !last {
         let _ = txn.set_durability(redb::Durability::None);
     }
     {
         let mut table = txn.open_table(SPEND)?;
-        for w in batch {
-            let key = (w.team.as_str(), w.day, w.route);
+        let rows = batch
+            .iter()
+            .map(|w| (w.team.as_str(), w.day, w.route, w.spent, 0))
+            .chain(saved.iter().map(|(t, d, r, c)| (t.as_str(), *d, r.as_str(), 0, *c)));
+        for (team, day, route, spent_now, saved_now) in rows {
+            let key = (team, day, route);
             let (spent, saved) = table.get(key)?.map_or((0, 0), |v| v.value());
-            table.insert(key, (spent + w.spent, saved + w.saved))?;
+            table.insert(key, (spent + spent_now, saved + saved_now))?;
         }
     }
     txn.commit()?;

@@ -14,6 +14,7 @@
 
 pub mod file;
 pub mod redis;
+pub mod saved;
 
 use crate::route::Route;
 use chrono::{DateTime, Datelike, NaiveDate, Utc};
@@ -168,6 +169,16 @@ impl Ledger {
         match self {
             Ledger::File(l) => l.record_saved(team, route, credits, today()),
             Ledger::Redis(l) => l.record_saved(team, route, credits, today()),
+        }
+    }
+
+    /// Credits spent in the window, for the budget headers of every answer:
+    /// the file store sums memory; the Redis store keeps each team's figure
+    /// for up to a second (refreshed at once after that team's settles).
+    pub async fn used(&self, team: &str) -> Result<u64, LedgerError> {
+        match self {
+            Ledger::File(l) => Ok(l.used(team, today())),
+            Ledger::Redis(l) => l.used(team, today()).await,
         }
     }
 

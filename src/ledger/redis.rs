@@ -9,6 +9,7 @@
 //! A reservation carries its own expiry: a replica that dies between reserve
 //! and settle holds those credits only until the lease runs out.
 
+use super::saved::{SavedTally, FLUSH_EVERY};
 use super::{LedgerError, Reservation, Reserved, TeamUsage, UsageRow, Window};
 use crate::cache::now_ms;
 use crate::redis_backend::RedisBackend;
@@ -60,8 +61,16 @@ end
 return 1
 "#;
 
+/// team → (credits used, when it was read).
+type Recent = std::collections::HashMap<String, (u64, std::time::Instant)>;
+
 pub struct RedisLedger {
     redis: Arc<RedisBackend>,
+    /// Credits saved by hits, written every `FLUSH_EVERY` by a background task.
+    saved: Arc<SavedTally>,
+    /// team → (credits used, when read): the budget headers of hits need no
+    /// Redis round trip each.
+    recent: std::sync::Mutex<Recent>,
     prefix: String,
     reserve: Script,
     settle: Script,
@@ -70,9 +79,14 @@ pub struct RedisLedger {
 }
 
 impl RedisLedger {
+    /// Must run inside a tokio runtime: it starts the saved-credits writer.
     pub fn new(redis: Arc<RedisBackend>, prefix: &str, window: Window, lease: Duration) -> RedisLedger {
+        let saved = Arc::new(SavedTally::default());
+        tokio::spawn(flush_saved(Arc::downgrade(&saved), redis.clone(), prefix.to_string()));
         RedisLedger {
             redis,
+            saved,
+            recent: Default::default(),
             prefix: prefix.to_string(),
             reserve: Script::new(RESERVE),
             settle: Script::new(SETTLE),
@@ -126,6 +140,7 @@ impl RedisLedger {
             .arg(today)
             .arg(route.as_str())
             .arg(today.saturating_sub(super::ROLLING_DAYS + 32));
+        self.recent_lock().remove(&r.team);
         // Not retried: a settle that timed out may have run, and running it
         // twice would count the spend twice.
         self.redis
@@ -149,24 +164,26 @@ impl RedisLedger {
     }
 
     pub fn record_saved(&self, team: &str, route: Route, credits: u64, today: u32) {
-        if credits == 0 {
-            return;
+        if credits > 0 {
+            self.saved.add(team, today, route, credits);
         }
-        let key = self.key(team, "routes");
-        let field = format!("{today}|{}|v", route.as_str());
-        let redis = self.redis.clone();
-        tokio::spawn(async move {
-            let _ = redis
-                .call("ledger_saved", |mut c| async move {
-                    redis::cmd("HINCRBY")
-                        .arg(&key)
-                        .arg(&field)
-                        .arg(credits)
-                        .query_async::<u64>(&mut c)
-                        .await
-                })
-                .await;
-        });
+    }
+
+    pub async fn used(&self, team: &str, today: u32) -> Result<u64, LedgerError> {
+        let fresh = Duration::from_secs(1);
+        if let Some((used, at)) = self.recent_lock().get(team) {
+            if at.elapsed() < fresh {
+                return Ok(*used);
+            }
+        }
+        let used = self.usage(team, today).await?.used;
+        self.recent_lock()
+            .insert(team.to_string(), (used, std::time::Instant::now()));
+        Ok(used)
+    }
+
+    fn recent_lock(&self) -> std::sync::MutexGuard<'_, Recent> {
+        self.recent.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     pub async fn usage(&self, team: &str, today: u32) -> Result<TeamUsage, LedgerError> {
@@ -235,7 +252,7 @@ impl RedisLedger {
                 }
             }
         }
-        rows.sort_by(|a, b| (&a.team, a.day, &a.route).cmp(&(&b.team, b.day, &b.route)));
+        self.saved.merge_into(&mut rows, from, to);
         Ok(rows)
     }
 
@@ -261,6 +278,37 @@ impl RedisLedger {
                 .await
                 .map(|()| "ok (persistence unknown)")
                 .map_err(|e| format!("ledger redis: {e}")),
+        }
+    }
+}
+
+/// Writes the saved-credits tally every `FLUSH_EVERY` (one pipeline of
+/// HINCRBY); what fails is kept for the next round. Ends with the ledger.
+async fn flush_saved(tally: std::sync::Weak<SavedTally>, redis: Arc<RedisBackend>, prefix: String) {
+    loop {
+        tokio::time::sleep(FLUSH_EVERY).await;
+        let Some(tally) = tally.upgrade() else { return };
+        let rows = tally.take();
+        if rows.is_empty() {
+            continue;
+        }
+        let mut pipe = redis::pipe();
+        for (team, day, route, credits) in &rows {
+            let key = format!("{prefix}l:{{{team}}}:routes");
+            pipe.cmd("HINCRBY")
+                .arg(key)
+                .arg(format!("{day}|{}|v", route.as_str()))
+                .arg(*credits)
+                .ignore();
+        }
+        let written = redis
+            .call(
+                "ledger_saved",
+                |mut c| async move { pipe.query_async::<()>(&mut c).await },
+            )
+            .await;
+        if written.is_err() {
+            tally.restore(rows);
         }
     }
 }

@@ -163,7 +163,7 @@ pub async fn team_budget_headers(app: &App, team: &str, headers: &mut http::Head
     let Some(limit) = app.teams.load().by_name(team).and_then(|t| t.credit_limit) else {
         return;
     };
-    let Ok(usage) = app.ledger.usage(team).await else {
+    let Ok(used) = app.ledger.used(team).await else {
         app.metrics
             .backend_errors_total
             .with_label_values(&["ledger", "usage"])
@@ -173,9 +173,9 @@ pub async fn team_budget_headers(app: &App, team: &str, headers: &mut http::Head
     app.metrics
         .team_credits_used
         .with_label_values(&[team])
-        .set(i64::try_from(usage.used).unwrap_or(i64::MAX));
+        .set(i64::try_from(used).unwrap_or(i64::MAX));
     headers.insert(X_CREDITS_LIMIT, HeaderValue::from(limit));
-    headers.insert(X_CREDITS_REMAINING, HeaderValue::from(limit.saturating_sub(usage.used)));
+    headers.insert(X_CREDITS_REMAINING, HeaderValue::from(limit.saturating_sub(used)));
 }
 
 #[cfg(test)]

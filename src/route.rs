@@ -164,10 +164,10 @@ pub fn classify(uri: &Uri, max_uri_bytes: usize) -> Result<Target, GatewayError>
         return Err(GatewayError::BadRequest("Too many query parameters"));
     }
     let segments = canonical_segments(uri.path())?;
-    if segments.first().map(String::as_str) != Some("v2") || segments.len() < 2 {
+    if segments.first().map(|s| s.as_ref()) != Some("v2") || segments.len() < 2 {
         return Err(GatewayError::NotFound);
     }
-    let names: Vec<&str> = segments.iter().map(String::as_str).collect();
+    let names: Vec<&str> = segments.iter().map(|s| s.as_ref()).collect();
     let route = route_of(&names[1..]);
     let mut path = String::with_capacity(uri.path().len());
     for segment in &segments {
@@ -183,8 +183,9 @@ pub fn classify(uri: &Uri, max_uri_bytes: usize) -> Result<Target, GatewayError>
 
 /// Decodes each segment and resolves `.`/`..` (RFC 3986 §5.2.4); `..` at the
 /// root stays at the root, as browsers and servers do.
-fn canonical_segments(raw: &str) -> Result<Vec<String>, GatewayError> {
-    let mut out: Vec<String> = Vec::new();
+fn canonical_segments(raw: &str) -> Result<Vec<std::borrow::Cow<'_, str>>, GatewayError> {
+    // Borrowed where nothing was encoded: the common path allocates nothing.
+    let mut out = Vec::with_capacity(8);
     for raw_segment in raw.split('/') {
         let decoded = percent_decode_str(raw_segment)
             .decode_utf8()
@@ -199,7 +200,7 @@ fn canonical_segments(raw: &str) -> Result<Vec<String>, GatewayError> {
             ".." => {
                 out.pop();
             }
-            _ => out.push(decoded.into_owned()),
+            _ => out.push(decoded),
         }
     }
     Ok(out)

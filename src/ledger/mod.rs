@@ -17,7 +17,7 @@ pub mod redis;
 pub mod saved;
 
 use crate::route::Route;
-use chrono::{DateTime, Datelike, NaiveDate, Utc};
+use chrono::{DateTime, Datelike, NaiveDate};
 
 /// Which days count toward a team's budget.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -75,7 +75,11 @@ impl Window {
 
 /// Today as days since the epoch, UTC.
 pub fn today() -> u32 {
-    day_of(Utc::now().date_naive())
+    // Unix time has no leap seconds: whole days since the epoch are UTC days.
+    let secs = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    u32::try_from(secs / 86_400).unwrap_or(u32::MAX)
 }
 
 pub fn day_of(date: NaiveDate) -> u32 {

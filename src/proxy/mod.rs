@@ -53,21 +53,9 @@ pub async fn handle<B>(app: Arc<App>, req: Request<B>) -> Response<Body> {
 
 /// The phases in order; each returns early with the error that ends it.
 async fn pipeline<B>(app: &Arc<App>, req: &Request<B>, log: &mut RequestLog) -> Result<Response<Body>, GatewayError> {
-    // 1. Method, then path: only GET and HEAD under /v2/ are ours.
-    if req.method() != Method::GET && req.method() != Method::HEAD {
-        return Err(GatewayError::MethodNotAllowed);
-    }
+    // 1. Method, framing and size: only plain GET and HEAD are ours.
+    admit(app, req)?;
     // 3. Route (before auth only so that 404 needs no token, like upstream).
-    // A GET has no body: chunked framing here is a smuggling attempt (a
-    // proxy in front may have framed it differently), so it is refused.
-    if req.headers().contains_key(http::header::TRANSFER_ENCODING) {
-        return Err(GatewayError::BadRequest(
-            "Transfer-Encoding is not accepted on GET or HEAD",
-        ));
-    }
-    if header_bytes(req.headers()) > app.config.server.max_header_bytes {
-        return Err(GatewayError::HeadersTooLarge);
-    }
     let target = route::classify(req.uri(), app.config.server.max_uri_bytes)?;
     log.route = Some(target.route);
 
@@ -94,9 +82,7 @@ async fn pipeline<B>(app: &Arc<App>, req: &Request<B>, log: &mut RequestLog) -> 
     // 5. The normalized key; `None` for routes that are never cached.
     let directives = Directives::from_headers(req.headers());
     let key = app.cache.ttl(target.route).map(|_| key::cache_key(&target));
-
-    // 7. Lookup, unless the client said no-cache.
-    let job = Job {
+    let job = || Job {
         team: team.clone(),
         target: target.clone(),
         key: key.clone(),
@@ -104,62 +90,95 @@ async fn pipeline<B>(app: &Arc<App>, req: &Request<B>, log: &mut RequestLog) -> 
         request_id: log.request_id.clone(),
         accept: req.headers().get(http::header::ACCEPT).cloned(),
     };
+
+    // 7. Lookup, unless the client said no-cache.
     let mut cached = None;
     if let (Some(k), false) = (&key, directives.no_cache) {
-        let found = app.cache.lookup(target.route, k).await;
-        if let Some((entry, tier)) = &found {
-            let swr = app.config.cache.stale_while_revalidate_secs;
-            let state = match lookup::usable(entry, &directives, swr, now_ms()) {
-                Use::Hit => Some(CacheState::Hit),
-                Use::StaleAccepted => Some(CacheState::Stale),
-                Use::Revalidate => {
-                    // Answer now from the stale copy; one refresh runs behind
-                    // it (coalesced by key), paid by this team like a miss.
-                    // only-if-cached never reaches the upstream, not even so.
-                    if !directives.only_if_cached {
-                        let (app, job) = (app.clone(), job.clone());
-                        tokio::spawn(async move { fetch::coalesced(&app, job).await });
-                    }
-                    Some(CacheState::Stale)
-                }
-                Use::FallbackOnly => None,
-            };
-            if let Some(state) = state {
+        if let Some((entry, tier)) = app.cache.lookup(target.route, k).await {
+            if let Some(state) = accept_cached(app, &entry, &directives, job) {
                 let labels = [target.route.as_str(), tier.as_str()];
                 app.metrics.cache_hits_total.with_label_values(&labels).inc();
-                return Ok(from_cache(app, &team, &target, entry, state, req, log));
+                return Ok(from_cache(app, &team, &target, &entry, state, req, log));
             }
+            cached = Some(entry);
         }
-        cached = found.map(|(e, _)| e);
     }
     if directives.only_if_cached {
         return Err(GatewayError::NotCached);
     }
 
     // 8–13. Coalesce, fetch upstream, settle, store.
-    let (outcome, role) = fetch::coalesced(app, job).await;
+    let (outcome, role) = fetch::coalesced(app, job()).await;
 
     // 14. The upstream failed and a stale copy exists: serve it instead.
     let failed = match &outcome {
         Ok(f) => answer::is_failure(f.status),
         Err(e) => e.fault() == crate::error::Fault::Upstream,
     };
-    if failed && key.is_some() {
+    if let (true, Some(k)) = (failed, key.as_deref()) {
         if cached.is_none() {
-            cached = app
-                .cache
-                .lookup(target.route, key.as_deref().unwrap_or_default())
-                .await
-                .map(|(e, _)| e);
+            cached = app.cache.lookup(target.route, k).await.map(|(e, _)| e);
         }
         if let Some(entry) = &cached {
             return Ok(from_cache(app, &team, &target, entry, CacheState::Stale, req, log));
         }
     }
-    let fetched = outcome?;
+    // 15. Respond with what the fetch brought.
+    let no_cache = directives.no_cache || key.is_none();
+    from_fetched(app, &team, &target, outcome?, role, no_cache, log)
+}
+
+/// Phase 1: refuses what is not a plain GET or HEAD of a bounded size.
+fn admit<B>(app: &App, req: &Request<B>) -> Result<(), GatewayError> {
+    if req.method() != Method::GET && req.method() != Method::HEAD {
+        return Err(GatewayError::MethodNotAllowed);
+    }
+    // A GET has no body: chunked framing here is a smuggling attempt (a
+    // proxy in front may have framed it differently), so it is refused.
+    if req.headers().contains_key(http::header::TRANSFER_ENCODING) {
+        return Err(GatewayError::BadRequest(
+            "Transfer-Encoding is not accepted on GET or HEAD",
+        ));
+    }
+    if header_bytes(req.headers()) > app.config.server.max_header_bytes {
+        return Err(GatewayError::HeadersTooLarge);
+    }
+    Ok(())
+}
+
+/// Whether a found entry answers this request, and as what. An entry within
+/// the stale-while-revalidate window answers at once and starts one
+/// background refresh (coalesced by key), paid by this team like a miss.
+fn accept_cached(app: &Arc<App>, entry: &Entry, d: &Directives, job: impl FnOnce() -> Job) -> Option<CacheState> {
+    match lookup::usable(entry, d, app.config.cache.stale_while_revalidate_secs, now_ms()) {
+        Use::Hit => Some(CacheState::Hit),
+        Use::StaleAccepted => Some(CacheState::Stale),
+        Use::Revalidate => {
+            // only-if-cached never reaches the upstream, not even so.
+            if !d.only_if_cached {
+                let (app, job) = (app.clone(), job());
+                tokio::spawn(async move { fetch::coalesced(&app, job).await });
+            }
+            Some(CacheState::Stale)
+        }
+        Use::FallbackOnly => None,
+    }
+}
+
+/// The response for a fetch: the leader pays what the upstream charged;
+/// followers and answers fetched by another replica are free (saved).
+fn from_fetched(
+    app: &App,
+    team: &Team,
+    target: &Target,
+    fetched: Arc<fetch::Fetch>,
+    role: Role,
+    no_cache: bool,
+    log: &mut RequestLog,
+) -> Result<Response<Body>, GatewayError> {
     let (state, charged) = match role {
         Role::Leader if fetched.from_peer => (CacheState::Hit, 0),
-        Role::Leader if directives.no_cache || key.is_none() => (CacheState::Bypass, fetched.credits),
+        Role::Leader if no_cache => (CacheState::Bypass, fetched.credits),
         Role::Leader => (CacheState::Miss, fetched.credits),
         Role::Follower => (CacheState::Hit, 0),
     };
@@ -168,7 +187,7 @@ async fn pipeline<B>(app: &Arc<App>, req: &Request<B>, log: &mut RequestLog) -> 
             .coalesced_requests_total
             .with_label_values(&[target.route.as_str()])
             .inc();
-        saved(app, &team, &target, fetched.credits);
+        saved(app, team, target, fetched.credits);
     }
     log.cache = state;
     log.credits = charged;

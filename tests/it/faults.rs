@@ -8,7 +8,7 @@ use crate::support::probe::{redis_errors, wait_cache_redis_ok};
 use crate::support::redis::RedisServer;
 use crate::support::relay::SlowRelay;
 use crate::support::sim::{start_sim, unlimited, FaultKind, Faults, SimConfig};
-use crate::support::traffic::{as_team, assert_ledger_matches, distinct_search, used};
+use crate::support::traffic::{alternate, as_team, assert_ledger_matches, distinct_search, used};
 use http::StatusCode;
 use std::time::{Duration, Instant};
 
@@ -285,11 +285,7 @@ async fn sigterm_under_load_finishes_every_request_in_flight() {
     let tasks: Vec<_> = (0..30)
         .map(|i| {
             let url = format!("{}{}", gw.base_url(), distinct_search(&sim, i % 20, 3));
-            let (token, id) = if i % 2 == 0 {
-                (ALPHA.1, format!("alpha-{i}"))
-            } else {
-                (BETA.1, format!("beta-{i}"))
-            };
+            let (token, id) = alternate(i);
             tokio::spawn(async move { as_team(&url, token, &id).await })
         })
         .collect();
@@ -374,11 +370,7 @@ async fn the_org_running_dry_mid_load_serves_stale_and_charges_no_team_for_failu
     let tasks: Vec<_> = (0..40)
         .map(|i| {
             let url = format!("{base}{}", distinct_search(&sim, 10 + i, 10));
-            let (token, id) = if i % 2 == 0 {
-                (ALPHA.1, format!("alpha-{i}"))
-            } else {
-                (BETA.1, format!("beta-{i}"))
-            };
+            let (token, id) = alternate(i);
             tokio::spawn(async move { as_team(&url, token, &id).await })
         })
         .collect();

@@ -28,6 +28,17 @@ pub fn charged_to(sim: &Sim, prefix: &str) -> u64 {
         .sum()
 }
 
+/// The `i`th call of a two-team load: alpha and beta take turns, each with
+/// a request id that attributes the upstream's charge to its team.
+pub fn alternate(i: u32) -> (&'static str, String) {
+    use super::gateway::{ALPHA, BETA};
+    if i % 2 == 0 {
+        (ALPHA.1, format!("alpha-{i}"))
+    } else {
+        (BETA.1, format!("beta-{i}"))
+    }
+}
+
 /// A request as a team, with a request id to attribute upstream spend.
 pub async fn as_team(url: &str, token: &str, request_id: &str) -> Reply {
     get(url, &[("x-api-key", token), ("x-request-id", request_id)]).await

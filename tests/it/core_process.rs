@@ -206,3 +206,37 @@ async fn the_demo_serves_its_printed_curl_lines() {
     assert_eq!(admin.status, StatusCode::OK);
     let _ = gw.shutdown().await;
 }
+
+#[tokio::test]
+async fn sighup_reloads_the_teams_of_the_config_file() {
+    use crate::support::gateway::team;
+    let sim = start_sim(unlimited()).await;
+    let setup = Setup::new().teams(team(ALPHA.0, ALPHA.1, ""));
+    let gw = ChildGateway::spawn(&setup, &sim.base_url(), sim.api_key());
+    let url = format!("{}/v2/meta/release", gw.base_url());
+    assert_eq!(
+        get(&url, &[("x-api-key", BETA.1)]).await.status,
+        StatusCode::UNAUTHORIZED
+    );
+    let text = std::fs::read_to_string(gw.config_path()).expect("config");
+    std::fs::write(
+        gw.config_path(),
+        format!("{text}\n{}", team(BETA.0, BETA.1, "credit_limit = 7")),
+    )
+    .expect("rewrite");
+    gw.signal("HUP");
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let r = get(&url, &[("x-api-key", BETA.1)]).await;
+        if r.status == StatusCode::OK {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "SIGHUP never reloaded the teams");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(
+        get(&url, &[("x-api-key", ALPHA.1)]).await.status,
+        StatusCode::OK,
+        "old teams stay"
+    );
+}

@@ -120,7 +120,7 @@ pub struct ChildGateway {
     pub addr: SocketAddr,
     pub admin_addr: SocketAddr,
     pub logs: Arc<Mutex<Vec<String>>>,
-    _config_dir: tempfile::TempDir,
+    config_dir: tempfile::TempDir,
 }
 
 impl ChildGateway {
@@ -165,7 +165,7 @@ impl ChildGateway {
             addr,
             admin_addr,
             logs,
-            _config_dir: dir,
+            config_dir: dir,
         }
     }
 
@@ -175,6 +175,11 @@ impl ChildGateway {
 
     pub fn admin_url(&self) -> String {
         format!("http://{}", self.admin_addr)
+    }
+
+    /// The config file the process was started with (rewrite it, then HUP).
+    pub fn config_path(&self) -> std::path::PathBuf {
+        self.config_dir.path().join("gateway.toml")
     }
 
     pub fn signal(&self, sig: &str) {

@@ -67,7 +67,9 @@ impl RequestLog {
     /// Records the request's metrics and writes its access-log line.
     pub fn finish(&self, metrics: &Metrics, method: &Method, status: StatusCode, took: Duration) {
         let team = self.team.as_deref().unwrap_or(NO_TEAM);
-        let route = self.route.map_or("none", Route::as_str);
+        // Refused before routing (a 405, a path outside /v2): "other", so the
+        // label stays inside the contract's route names.
+        let route = self.route.unwrap_or(Route::Other).as_str();
         let cache = self.cache.as_str();
         metrics
             .requests_total

@@ -100,9 +100,7 @@ fn authorized<B>(app: &App, req: &Request<B>) -> bool {
         .headers()
         .get(AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.split_once(' '))
-        .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
-        .map(|(_, t)| t.trim());
+        .and_then(crate::auth::bearer_token);
     let Some(token) = token else {
         return false;
     };
@@ -112,11 +110,7 @@ fn authorized<B>(app: &App, req: &Request<B>) -> bool {
 
 /// `POST /admin/cache/purge[?route=NAME]`: both tiers, all or one route.
 async fn purge(app: &App, query: Option<&str>) -> Response<Body> {
-    let route_name = query
-        .into_iter()
-        .flat_map(|q| form_urlencoded::parse(q.as_bytes()))
-        .find(|(k, _)| k == "route")
-        .map(|(_, v)| v.into_owned());
+    let route_name = query_param(query, "route");
     let route = match route_name.as_deref() {
         None => None,
         Some(name) => match Route::ALL.iter().find(|r| r.as_str() == name) {
@@ -179,16 +173,9 @@ async fn teams(app: &App) -> Response<Body> {
 /// `GET /admin/usage.csv?from=YYYY-MM-DD&to=YYYY-MM-DD` (default: the last
 /// 30 days): credits spent and saved per team, day and route, for chargeback.
 async fn usage_csv(app: &App, query: Option<&str>) -> Response<Body> {
-    let param = |name: &str| {
-        query
-            .into_iter()
-            .flat_map(|q| form_urlencoded::parse(q.as_bytes()))
-            .find(|(k, _)| k == name)
-            .map(|(_, v)| v.into_owned())
-    };
     let today = ledger::today();
     let day = |name: &str, default: u32| -> Result<u32, String> {
-        match param(name) {
+        match query_param(query, name) {
             None => Ok(default),
             Some(v) => chrono::NaiveDate::parse_from_str(&v, "%Y-%m-%d")
                 .map(ledger::day_of)
@@ -228,4 +215,13 @@ async fn usage_csv(app: &App, query: Option<&str>) -> Response<Body> {
             )
         }
     }
+}
+
+/// The first value of a query parameter, decoded.
+fn query_param(query: Option<&str>, name: &str) -> Option<String> {
+    query
+        .into_iter()
+        .flat_map(|q| form_urlencoded::parse(q.as_bytes()))
+        .find(|(k, _)| k == name)
+        .map(|(_, v)| v.into_owned())
 }

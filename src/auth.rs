@@ -155,7 +155,8 @@ fn single<'a>(headers: &'a HeaderMap, name: &str) -> Result<Option<&'a str>, Gat
     Ok(Some(text.trim()))
 }
 
-fn bearer_token(value: &str) -> Option<&str> {
+/// The token of an `Authorization: Bearer <token>` value.
+pub fn bearer_token(value: &str) -> Option<&str> {
     let (scheme, token) = value.split_once(' ')?;
     scheme.eq_ignore_ascii_case("bearer").then(|| token.trim())
 }

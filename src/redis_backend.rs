@@ -4,11 +4,12 @@
 //! latency: after a few consecutive failures calls fail at once for a
 //! cool-down, then one probe call is let through to see if it is back.
 
+use crate::cache::now_ms;
 use crate::metrics::Metrics;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 /// Consecutive failures that open the breaker.
 const TRIP_AFTER: u32 = 3;
@@ -42,12 +43,6 @@ pub struct RedisBackend {
     /// Unix ms until which the breaker stays open (0: closed).
     open_until_ms: AtomicU64,
     metrics: Arc<Metrics>,
-}
-
-fn now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
 }
 
 impl RedisBackend {

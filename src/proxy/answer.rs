@@ -5,7 +5,6 @@ use super::context::{CacheState, RequestLog};
 use super::fetch::Fetch;
 use crate::app::App;
 use crate::auth::Team;
-use crate::cache::entry::etag_of;
 use crate::error::GatewayError;
 use crate::http_util::{json_response, Body};
 use crate::ledger::date_of;
@@ -104,7 +103,7 @@ pub fn from_fetch(
         if log.route.is_some_and(|r| r.is_metered()) {
             headers.insert(X_CREDITS_REQUEST, HeaderValue::from(charged));
         }
-        if let Ok(etag) = HeaderValue::from_str(&etag_of(&fetch.body)) {
+        if let Some(Ok(etag)) = fetch.etag.as_deref().map(HeaderValue::from_str) {
             headers.insert(ETAG, etag);
         }
     }

@@ -5,6 +5,7 @@
 
 use crate::app::App;
 use crate::auth::Team;
+use crate::cache::entry::etag_of;
 use crate::cache::flight::{follow, Join};
 use crate::cache::{control, now_ms, Entry};
 use crate::error::GatewayError;
@@ -27,6 +28,9 @@ pub struct Fetch {
     pub credits: u64,
     /// Another replica fetched it; we read its entry from Redis.
     pub from_peer: bool,
+    /// The body's ETag on a 200, hashed once for the leader, its followers
+    /// and the cache entry alike.
+    pub etag: Option<String>,
 }
 
 pub type Outcome = Result<Arc<Fetch>, GatewayError>;
@@ -102,6 +106,7 @@ async fn run(app: Arc<App>, job: Job) -> Outcome {
                     body: entry.body.clone(),
                     credits: entry.credits,
                     from_peer: true,
+                    etag: Some(entry.etag.clone()),
                 }));
             }
         }
@@ -128,6 +133,7 @@ async fn fetch_upstream(app: &Arc<App>, job: &Job) -> Outcome {
                 body,
                 credits: 0,
                 from_peer: false,
+                etag: None,
             }));
         }
     }
@@ -162,9 +168,10 @@ async fn fetch_upstream(app: &Arc<App>, job: &Job) -> Outcome {
     if resp.status == StatusCode::OK && !is_json(&resp) {
         return Err(GatewayError::UpstreamInvalid("Upstream sent a malformed answer"));
     }
+    let etag = (resp.status == StatusCode::OK).then(|| etag_of(&resp.body));
     // 13. Store.
-    if let Some(key) = &job.key {
-        maybe_store(app, job, key, &resp, credits).await;
+    if let (Some(key), Some(etag)) = (&job.key, &etag) {
+        maybe_store(app, job, key, &resp, etag, credits).await;
     }
     Ok(Arc::new(Fetch {
         status: resp.status,
@@ -172,6 +179,7 @@ async fn fetch_upstream(app: &Arc<App>, job: &Job) -> Outcome {
         body: resp.body,
         credits,
         from_peer: false,
+        etag,
     }))
 }
 
@@ -272,7 +280,7 @@ fn is_json(resp: &UpstreamResponse) -> bool {
 
 /// Stores 200 answers (already checked to be JSON) under the size cap,
 /// unless the client said `no-store` or the upstream `no-store`/`private`.
-async fn maybe_store(app: &App, job: &Job, key: &str, resp: &UpstreamResponse, credits: u64) {
+async fn maybe_store(app: &App, job: &Job, key: &str, resp: &UpstreamResponse, etag: &str, credits: u64) {
     let Some(ttl) = app.cache.ttl(job.target.route) else {
         return;
     };
@@ -281,7 +289,7 @@ async fn maybe_store(app: &App, job: &Job, key: &str, resp: &UpstreamResponse, c
         && !control::forbids_storing(&resp.headers)
         && resp.body.len() <= app.cache.max_entry_bytes;
     if storable {
-        let entry = Entry::new(resp.body.clone(), credits, ttl, job.target.route);
+        let entry = Entry::with_etag(resp.body.clone(), etag.to_string(), credits, ttl, job.target.route);
         app.cache.store(key, Arc::new(entry)).await;
     }
 }

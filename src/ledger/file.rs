@@ -147,12 +147,9 @@ impl FileLedger {
         }
     }
 
+    /// The same sum `reserve` checks the budget against (settled spend).
     pub fn used(&self, team: &str, today: u32) -> u64 {
-        let first = self.window.first_day(today);
-        self.lock()
-            .days
-            .get(team)
-            .map_or(0, |d| d.range(first..=today).map(|(_, c)| c).sum())
+        window_sum(self.lock().days.get(team), self.window.first_day(today))
     }
 
     pub fn usage(&self, team: &str, today: u32) -> TeamUsage {

@@ -7,7 +7,7 @@ use crate::dataset::{Dataset, GeoRef};
 use crate::geo;
 use crate::lookup;
 use crate::pagination::{self, total_count, Envelope, COUNT_CAP};
-use crate::query::Query;
+use crate::query::{error, Query};
 use crate::reply::Outcome;
 use chrono::{Datelike, NaiveDate};
 use serde::Serialize;
@@ -103,7 +103,14 @@ fn area(q: &mut Query) -> String {
     };
     match geo::area_key(&raw) {
         Some(k) if !k.bytes().all(|b| b.is_ascii_digit()) => k,
-        _ => {
+        Some(_) => {
+            let why = "ZIP and ZIP+4 inputs are not supported: decisions carry no ZIP information";
+            let msg = format!("Value error, {why}");
+            let ctx = Some(serde_json::json!({ "error": why }));
+            q.push(error("value_error", serde_json::json!(["query", "geo_id"]), &msg, serde_json::json!(raw), ctx));
+            String::new()
+        }
+        None => {
             q.push(geo::invalid_geo_id("geo_id", &raw));
             String::new()
         }

@@ -107,7 +107,13 @@ fn area(q: &mut Query) -> String {
             let why = "ZIP and ZIP+4 inputs are not supported: decisions carry no ZIP information";
             let msg = format!("Value error, {why}");
             let ctx = Some(serde_json::json!({ "error": why }));
-            q.push(error("value_error", serde_json::json!(["query", "geo_id"]), &msg, serde_json::json!(raw), ctx));
+            q.push(error(
+                "value_error",
+                serde_json::json!(["query", "geo_id"]),
+                &msg,
+                serde_json::json!(raw),
+                ctx,
+            ));
             String::new()
         }
         None => {

@@ -29,11 +29,9 @@ const TITLES: &[(&str, &str, &str)] = &[
 
 /// A generator for the people of one owner (contractor id or address geo ID).
 fn rng_for(d: &Dataset, owner: &str) -> ChaCha8Rng {
-    let h = owner
-        .bytes()
-        .fold(d.seed ^ 0x9e37_79b9_7f4a_7c15, |h, b| {
-            (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3)
-        });
+    let h = owner.bytes().fold(d.seed ^ 0x9e37_79b9_7f4a_7c15, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3)
+    });
     ChaCha8Rng::seed_from_u64(h)
 }
 
@@ -42,7 +40,11 @@ fn pick<T: Copy>(rng: &mut ChaCha8Rng, xs: &[T]) -> T {
 }
 
 fn phone(rng: &mut ChaCha8Rng) -> String {
-    format!("(555) {:03}-{:04}", rng.random_range(200..1000), rng.random_range(0..10_000))
+    format!(
+        "(555) {:03}-{:04}",
+        rng.random_range(200..1000),
+        rng.random_range(0..10_000)
+    )
 }
 
 /// Between 1 and 6 employees, keyed by a 32-hex id.
@@ -81,7 +83,11 @@ fn employees_of(d: &Dataset, c: &Contractor) -> Vec<(String, Value)> {
 /// 0 to 3 residents: a fifth of addresses have none (the vendor's 404).
 fn residents_of(d: &Dataset, a: &Address) -> Vec<(String, Value)> {
     let mut rng = rng_for(d, &a.geo_id);
-    let n = if rng.random_bool(0.2) { 0 } else { rng.random_range(1..=3) };
+    let n = if rng.random_bool(0.2) {
+        0
+    } else {
+        rng.random_range(1..=3)
+    };
     (0..n)
         .map(|i| {
             let (first, last) = (pick(&mut rng, FIRST_NAMES), pick(&mut rng, LAST_NAMES));

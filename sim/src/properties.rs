@@ -53,10 +53,15 @@ pub fn record(d: &Dataset, a: &Address, trust: bool) -> Value {
     let pr = &a.property;
     let tags: BTreeSet<&str> = ps.iter().flat_map(|p| p.tags.iter().copied()).collect();
     let statuses: BTreeSet<&str> = ps.iter().map(|p| p.status).collect();
-    let pairs = || ps.iter().flat_map(|p| p.tags.iter().map(move |t| (format!("{t}:{}", p.status), date_of(p))));
+    let pairs = || {
+        ps.iter()
+            .flat_map(|p| p.tags.iter().map(move |t| (format!("{t}:{}", p.status), date_of(p))))
+    };
     let pair_names: BTreeSet<String> = pairs().map(|(k, _)| k).collect();
     let mut tally: BTreeMap<&str, u64> = BTreeMap::new();
-    ps.iter().flat_map(|p| p.tags.iter()).for_each(|t| *tally.entry(t).or_default() += 1);
+    ps.iter()
+        .flat_map(|p| p.tags.iter())
+        .for_each(|t| *tally.entry(t).or_default() += 1);
     let contractors: HashSet<usize> = ps.iter().filter_map(|p| p.contractor).collect();
     let unfin: Map<String, Value> = tags
         .iter()
@@ -123,7 +128,13 @@ struct Filters {
 
 fn value_error(q: &mut Query, name: &str, input: &str, why: &str) {
     let msg = format!("Value error, {why}");
-    q.push(error("value_error", json!(["query", name]), &msg, json!(input), Some(json!({"error": why}))));
+    q.push(error(
+        "value_error",
+        json!(["query", name]),
+        &msg,
+        json!(input),
+        Some(json!({"error": why})),
+    ));
 }
 
 impl Filters {
@@ -135,13 +146,22 @@ impl Filters {
             }
             key
         });
-        let owners: Vec<String> = q.list("legal_owner", None, Some(10)).iter().map(|o| canonical(o)).collect();
+        let owners: Vec<String> = q
+            .list("legal_owner", None, Some(10))
+            .iter()
+            .map(|o| canonical(o))
+            .collect();
         let tags = q.list("permit_tags", None, None);
         let (out, inn): (Vec<String>, Vec<String>) = tags.into_iter().partition(|t| t.starts_with('-'));
         let statuses = q.list("permit_status", Some(STATUSES), None);
         let from = q.has("permit_from").then(|| q.required_date("permit_from")).flatten();
         if let Some(to) = q.opt_str("permit_to", None, None) {
-            value_error(q, "permit_to", &to, "permit_to is not supported on /properties/search; use /permits/search for a date window");
+            value_error(
+                q,
+                "permit_to",
+                &to,
+                "permit_to is not supported on /properties/search; use /permits/search for a date window",
+            );
         }
         let types = q.list("property_type", Some(PROPERTY_TYPES), None);
         let unfinaled = q.list("permit_tags_unfinaled", None, None);
@@ -156,7 +176,17 @@ impl Filters {
             value_error(q, "geo_id", "", "At least one of geo_id and legal_owner is required");
         }
         let tags_out = out.into_iter().map(|t| t[1..].to_string()).collect();
-        Filters { scope, owners, tags_in: inn, tags_out, statuses, from, types, unfinaled, ranges }
+        Filters {
+            scope,
+            owners,
+            tags_in: inn,
+            tags_out,
+            statuses,
+            from,
+            types,
+            unfinaled,
+            ranges,
+        }
     }
 
     fn in_scope(&self, d: &Dataset, i: usize, a: &Address) -> bool {
@@ -176,20 +206,30 @@ impl Filters {
         let has = |t: &str| permits_at(d, a).any(|p| p.tags.contains(&t) && status_ok(p) && since(p));
         let positive = !self.tags_in.is_empty() || !self.statuses.is_empty();
         // An exclusion is "none since the date" alone, "never" beside a positive filter.
-        let excluded = |t: &str| {
-            permits_at(d, a).any(|p| p.tags.contains(&t) && (positive || self.from.is_none() || since(p)))
-        };
+        let excluded =
+            |t: &str| permits_at(d, a).any(|p| p.tags.contains(&t) && (positive || self.from.is_none() || since(p)));
         let tags_ok = self.tags_in.iter().all(|t| has(t)) && !self.tags_out.iter().any(|t| excluded(t));
         let status_alone = self.tags_in.is_empty() && !self.statuses.is_empty();
         let statuses_ok = !status_alone || permits_at(d, a).any(|p| status_ok(p) && since(p));
-        let recent_ok = positive || !self.tags_out.is_empty() || self.from.is_none_or(|f| last_permit(d, a).is_some_and(|l| l >= f));
-        let unfin_ok = self.unfinaled.iter().all(|t| unfinaled(d, a, t).is_some_and(|u| self.from.is_none_or(|f| u >= f)));
+        let recent_ok = positive
+            || !self.tags_out.is_empty()
+            || self.from.is_none_or(|f| last_permit(d, a).is_some_and(|l| l >= f));
+        let unfin_ok = self
+            .unfinaled
+            .iter()
+            .all(|t| unfinaled(d, a, t).is_some_and(|u| self.from.is_none_or(|f| u >= f)));
         tags_ok && statuses_ok && recent_ok && unfin_ok
     }
 
     fn matches(&self, d: &Dataset, i: usize, a: &Address) -> bool {
         let pr = &a.property;
-        let values = [pr.market_value, pr.lot_size, pr.building_area, pr.unit_count, pr.year_built];
+        let values = [
+            pr.market_value,
+            pr.lot_size,
+            pr.building_area,
+            pr.unit_count,
+            pr.year_built,
+        ];
         self.in_scope(d, i, a)
             && (self.owners.is_empty() || self.owners.contains(&canonical(&pr.legal_owner)))
             && (self.types.is_empty() || self.types.iter().any(|t| t == pr.ptype))
@@ -200,7 +240,9 @@ impl Filters {
 
 /// Most recently permitted first (never-permitted last), then geo ID.
 fn order_key(d: &Dataset, a: &Address) -> String {
-    let rank = last_permit(d, a).map_or(99_999_999, |l| 99_999_999 - (l.year() * 10_000 + l.month() as i32 * 100 + l.day() as i32));
+    let rank = last_permit(d, a).map_or(99_999_999, |l| {
+        99_999_999 - (l.year() * 10_000 + l.month() as i32 * 100 + l.day() as i32)
+    });
     format!("{rank:08}|{}", a.geo_id)
 }
 
@@ -240,7 +282,13 @@ pub fn by_id(d: &Dataset, q: &mut Query) -> Outcome {
         if matches!(d.geo.get(id), Some(r) if !matches!(r, GeoRef::Address(_))) {
             let why = format!("'{id}' is not an address geolocation ID");
             let msg = format!("Value error, {why}");
-            q.push(error("value_error", json!(["query", "id", i]), &msg, json!(id), Some(json!({"error": why}))));
+            q.push(error(
+                "value_error",
+                json!(["query", "id", i]),
+                &msg,
+                json!(id),
+                Some(json!({"error": why})),
+            ));
         }
     }
     q.finish()?;

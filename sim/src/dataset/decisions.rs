@@ -55,7 +55,10 @@ pub fn generate(d: &mut Dataset) {
             let (category, subs) = CATEGORIES[rng.random_range(0..CATEGORIES.len())];
             let subcategory = subs[rng.random_range(0..subs.len())];
             let asset_class = ASSET_CLASSES[rng.random_range(0..ASSET_CLASSES.len())];
-            let (from, to) = (ZONES[rng.random_range(0..ZONES.len())], ZONES[rng.random_range(0..ZONES.len())]);
+            let (from, to) = (
+                ZONES[rng.random_range(0..ZONES.len())],
+                ZONES[rng.random_range(0..ZONES.len())],
+            );
             let a = &d.addresses[address];
             let street = format!("{} {}", a.street_no, a.street);
             let owner = a.property.legal_owner.clone();

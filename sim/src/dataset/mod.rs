@@ -89,10 +89,9 @@ impl Address {
     /// without drawing from the generator's stream (which would reshuffle
     /// every record generated after it).
     pub fn zip_code_ext(&self) -> String {
-        let h = self
-            .geo_id
-            .bytes()
-            .fold(0xcbf2_9ce4_8422_2325_u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3));
+        let h = self.geo_id.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
+            (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3)
+        });
         format!("{:04}", h % 10_000)
     }
 }

@@ -95,7 +95,7 @@ async fn contractor_decision_and_property_lookups_return_search_shaped_records()
     let r = v2(&sim, &format!("/v2/contractors?id={}&id=NOSUCHID00", s.contractor_id)).await;
     assert_eq!(r.status, 200, "{}", r.text());
     let c = items(&r);
-    assert_eq!(ids_of(&c), [s.contractor_id.clone()]);
+    assert_eq!(ids_of(&c), [s.contractor_id.as_str()]);
     let tallied: u64 = c[0]["status_tally"]
         .as_object()
         .expect("status tally")
@@ -133,7 +133,7 @@ async fn contractor_decision_and_property_lookups_return_search_shaped_records()
 
     let r = v2(&sim, &format!("/v2/properties?id={}&id=AAAAAAAAAAA", s.address_geo_id)).await;
     assert_eq!(r.status, 200, "{}", r.text());
-    assert_eq!(ids_of(&items(&r)), [s.address_geo_id.clone()]);
+    assert_eq!(ids_of(&items(&r)), [s.address_geo_id.as_str()]);
     let r = v2(&sim, &format!("/v2/properties?id={}", s.city_geo_id)).await;
     assert_eq!(r.status, 422, "a city id is not a property id: {}", r.text());
 }

@@ -1,0 +1,401 @@
+//! Vendor conformance: every GET operation of the vendor's published OpenAPI
+//! (`shared/upstream-openapi/shovels-openapi.json`, read at test time) is
+//! requested THROUGH THE GATEWAY (real gateway, real simulator upstream), and
+//! its 200 body is validated against the operation's response schema with
+//! the document's `$ref`s resolved by the validator. Metered operations must
+//! settle to what the simulator charged; free ones must cost nothing.
+
+use crate::support::gateway::{team, Setup, ALPHA, BETA, SMALL};
+use crate::support::http::{get, Reply};
+use crate::support::sim::{start_sim, unlimited, Samples, Sim};
+use crate::support::traffic::{as_team, charged_to, ledger_used};
+use jsonschema::{Draft, Registry, Validator};
+use serde_json::{json, Value};
+use std::collections::BTreeSet;
+
+/// Where the vendor document lives: `PERMIT_VENDOR_OPENAPI`, else
+/// `../shared/upstream-openapi/` beside the workspace (the repository layout).
+fn openapi() -> Value {
+    let path = std::env::var("PERMIT_VENDOR_OPENAPI").unwrap_or_else(|_| {
+        concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../shared/upstream-openapi/shovels-openapi.json"
+        )
+        .to_string()
+    });
+    let text = std::fs::read_to_string(&path)
+        .unwrap_or_else(|e| panic!("the vendor OpenAPI at {path} ({e}); set PERMIT_VENDOR_OPENAPI to its path"));
+    serde_json::from_str(&text).expect("the vendor OpenAPI is JSON")
+}
+
+/// The document registered under one URI, so `#/components/...` refs resolve.
+const DOC_URI: &str = "urn:vendor-openapi";
+
+/// A validator for the 200 response schema of `GET {spec_path}`.
+fn response_validator(doc: &Value, registry: &Registry, spec_path: &str) -> Validator {
+    let schema = &doc["paths"][spec_path]["get"]["responses"]["200"]["content"]["application/json"]["schema"];
+    let pointer = schema["$ref"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{spec_path}: the 200 schema is a $ref"));
+    jsonschema::options()
+        .with_draft(Draft::Draft202012)
+        .with_registry(registry)
+        .build(&json!({ "$ref": format!("{DOC_URI}{pointer}") }))
+        .unwrap_or_else(|e| panic!("{spec_path}: schema compiles: {e}"))
+}
+
+fn registry(doc: &Value) -> Registry<'static> {
+    Registry::new()
+        .draft(Draft::Draft202012)
+        .add(DOC_URI, Draft::Draft202012.create_resource(doc.clone()))
+        .and_then(|b| b.prepare())
+        .expect("the vendor document registers")
+}
+
+/// One vendor operation: its OpenAPI path, a concrete request, and whether
+/// the vendor bills it per record (`upstream-research.md` §3 "Credits").
+struct Op {
+    spec_path: &'static str,
+    url: String,
+    metered: bool,
+}
+
+fn op(spec_path: &'static str, url: String, metered: bool) -> Op {
+    Op {
+        spec_path,
+        url,
+        metered,
+    }
+}
+
+/// Every operation, built from the simulator's samples and one permit record
+/// (whose address names drive the place searches).
+fn operations(s: &Samples, permit: &Value, ids: &[&str]) -> Vec<Op> {
+    let (from, to) = (&s.permit_from, &s.permit_to);
+    let window = format!("metric_from={from}&metric_to={to}");
+    let a = &permit["address"];
+    let text = |f: &str| a[f].as_str().unwrap_or_default().replace(' ', "%20");
+    let search = format!("geo_id={}&permit_from={from}&permit_to={to}&size=5", s.state);
+    let c = &s.contractor_id;
+    let area = |kind: &str, id: &str, what: &str| format!("/v2/{kind}/{id}/metrics/{what}");
+    let all = "property_type=all&tag=all";
+    vec![
+        op("/permits/search", format!("/v2/permits/search?{search}"), true),
+        op("/permits", format!("/v2/permits?id={}", ids.join("&id=")), true),
+        op("/contractors/search", format!("/v2/contractors/search?{search}"), true),
+        op("/contractors", format!("/v2/contractors?id={c}"), true),
+        op(
+            "/contractors/{id}/permits",
+            format!("/v2/contractors/{c}/permits?size=5"),
+            true,
+        ),
+        op(
+            "/contractors/{id}/employees",
+            format!("/v2/contractors/{c}/employees"),
+            true,
+        ),
+        op(
+            "/contractors/{id}/metrics",
+            format!("/v2/contractors/{c}/metrics?{window}&{all}"),
+            false,
+        ),
+        op(
+            "/decisions/search",
+            format!(
+                "/v2/decisions/search?geo_id={}&decision_from={from}&decision_to={to}&size=5",
+                s.state
+            ),
+            true,
+        ),
+        op("/decisions", format!("/v2/decisions?id={}", s.decision_id), true),
+        op(
+            "/properties/search",
+            format!("/v2/properties/search?geo_id={}&size=5", s.zip),
+            true,
+        ),
+        op("/properties", format!("/v2/properties?id={}", s.address_geo_id), true),
+        op(
+            "/addresses/{geo_id}/metrics/monthly",
+            format!("{}?{window}&tag=all", area("addresses", &s.address_geo_id, "monthly")),
+            true,
+        ),
+        op(
+            "/addresses/{geo_id}/metrics/current",
+            format!("{}?tag=all", area("addresses", &s.address_geo_id, "current")),
+            true,
+        ),
+        op(
+            "/counties/{geo_id}/metrics/monthly",
+            format!("{}?{window}&{all}", area("counties", &s.county_geo_id, "monthly")),
+            true,
+        ),
+        op(
+            "/counties/{geo_id}/metrics/current",
+            format!("{}?{all}", area("counties", &s.county_geo_id, "current")),
+            true,
+        ),
+        op(
+            "/cities/{geo_id}/metrics/monthly",
+            format!("{}?{window}&{all}", area("cities", &s.city_geo_id, "monthly")),
+            true,
+        ),
+        op(
+            "/cities/{geo_id}/metrics/current",
+            format!("{}?{all}", area("cities", &s.city_geo_id, "current")),
+            true,
+        ),
+        op(
+            "/jurisdictions/{geo_id}/metrics/monthly",
+            format!(
+                "{}?{window}&{all}",
+                area("jurisdictions", &s.jurisdiction_geo_id, "monthly")
+            ),
+            true,
+        ),
+        op(
+            "/jurisdictions/{geo_id}/metrics/current",
+            format!("{}?{all}", area("jurisdictions", &s.jurisdiction_geo_id, "current")),
+            true,
+        ),
+        op(
+            "/addresses/{geo_id}/residents",
+            format!("/v2/addresses/{}/residents", s.resident_address_geo_id),
+            true,
+        ),
+        op("/counties", format!("/v2/counties?geo_id={}", s.county_geo_id), false),
+        op("/cities", format!("/v2/cities?geo_id={}", s.city_geo_id), false),
+        op(
+            "/jurisdictions",
+            format!("/v2/jurisdictions?geo_id={}", s.jurisdiction_geo_id),
+            false,
+        ),
+        op(
+            "/addresses/search",
+            format!("/v2/addresses/search?q={}%20{}", text("street_no"), text("street")),
+            false,
+        ),
+        op("/cities/search", format!("/v2/cities/search?q={}", text("city")), false),
+        op(
+            "/counties/search",
+            format!("/v2/counties/search?q={}", text("county")),
+            false,
+        ),
+        op("/jurisdictions/search", "/v2/jurisdictions/search?q=city".into(), false),
+        op(
+            "/zipcodes/search",
+            format!("/v2/zipcodes/search?q={}", &s.zip[..3]),
+            false,
+        ),
+        op("/states/search", "/v2/states/search?q=calif".into(), false),
+        op("/list/zip", "/v2/list/zip".into(), false),
+        op("/list/tags", "/v2/list/tags?size=100".into(), false),
+        op(
+            "/meta/coverage",
+            format!(
+                "/v2/meta/coverage?geo_type=state&geo_id={}&date_from={from}&date_to={to}",
+                s.state
+            ),
+            false,
+        ),
+        op("/meta/release", "/v2/meta/release".into(), false),
+        op("/usage", "/v2/usage".into(), false),
+    ]
+}
+
+/// The simulator's samples, one permit record of the small state and three
+/// permit ids, read straight from the simulator (no team pays for them).
+async fn fixtures(sim: &Sim) -> (Samples, Value, Vec<String>) {
+    let s = sim.samples();
+    let url = format!(
+        "{}/v2/permits/search?geo_id={}&permit_from={}&permit_to={}&size=3",
+        sim.base_url(),
+        s.state,
+        s.permit_from,
+        s.permit_to
+    );
+    let r = get(&url, &[("x-api-key", sim.api_key()), ("x-request-id", "fixture")]).await;
+    let permits = r.json()["items"].as_array().cloned().unwrap_or_default();
+    assert_eq!(permits.len(), 3, "{}", r.text());
+    let ids = permits
+        .iter()
+        .filter_map(|p| p["id"].as_str().map(str::to_owned))
+        .collect();
+    (s, permits[0].clone(), ids)
+}
+
+/// What the simulator charged for the request with this id.
+fn upstream_credits(sim: &Sim, request_id: &str) -> Option<u64> {
+    sim.log()
+        .iter()
+        .find(|e| e.request_id.as_deref() == Some(request_id))
+        .map(|e| e.credits)
+}
+
+fn errors_of(v: &Validator, body: &Value) -> Vec<String> {
+    v.iter_errors(body)
+        .take(5)
+        .map(|e| format!("{e} at {}", e.instance_path()))
+        .collect()
+}
+
+#[tokio::test]
+async fn every_vendor_operation_answers_through_the_gateway_with_a_body_valid_against_the_vendor_openapi() {
+    let doc = openapi();
+    let registry = registry(&doc);
+    let sim = start_sim(unlimited()).await;
+    let gw = Setup::new().start(&sim).await;
+    let (s, permit, ids) = fixtures(&sim).await;
+    let ids: Vec<&str> = ids.iter().map(String::as_str).collect();
+    let ops = operations(&s, &permit, &ids);
+
+    let declared: BTreeSet<&str> = doc["paths"]
+        .as_object()
+        .expect("paths")
+        .iter()
+        .filter(|(_, item)| item.get("get").is_some())
+        .map(|(p, _)| p.as_str())
+        .collect();
+    let covered: BTreeSet<&str> = ops.iter().map(|o| o.spec_path).collect();
+    assert_eq!(
+        covered, declared,
+        "every GET operation of the vendor OpenAPI is exercised"
+    );
+    assert_eq!(declared.len(), 34);
+
+    for (i, o) in ops.iter().enumerate() {
+        let rid = format!("alpha-{i}");
+        let r: Reply = as_team(&format!("{}{}", gw.base_url(), o.url), ALPHA.1, &rid).await;
+        assert_eq!(r.status, 200, "{} ({}): {}", o.spec_path, o.url, r.text());
+        let body = r.json();
+        let errors = errors_of(&response_validator(&doc, &registry, o.spec_path), &body);
+        assert!(
+            errors.is_empty(),
+            "{}: body invalid against the vendor schema: {errors:#?}",
+            o.spec_path
+        );
+        if o.spec_path != "/usage" {
+            assert!(
+                upstream_credits(&sim, &rid).is_some(),
+                "{} reached the upstream",
+                o.spec_path
+            );
+        }
+        if let Some(items) = body.get("items").and_then(Value::as_array) {
+            assert!(!items.is_empty(), "{}: the probe should return records", o.spec_path);
+        }
+    }
+}
+
+#[tokio::test]
+async fn metered_operations_settle_to_what_the_simulator_charged() {
+    let sim = start_sim(unlimited()).await;
+    let gw = Setup::new().start(&sim).await;
+    let (s, permit, ids) = fixtures(&sim).await;
+    let ids: Vec<&str> = ids.iter().map(String::as_str).collect();
+    for (i, o) in operations(&s, &permit, &ids)
+        .iter()
+        .enumerate()
+        .filter(|(_, o)| o.metered)
+    {
+        let rid = format!("beta-{i}");
+        let r = as_team(&format!("{}{}", gw.base_url(), o.url), BETA.1, &rid).await;
+        assert_eq!(r.status, 200, "{}: {}", o.spec_path, r.text());
+        let charged = upstream_credits(&sim, &rid).unwrap_or_else(|| panic!("{} reached the upstream", o.spec_path));
+        assert!(charged > 0, "{} is billed per record", o.spec_path);
+        assert_eq!(r.header_u64("x-credits-request"), Some(charged), "{}", o.spec_path);
+    }
+    let ledger = ledger_used(&gw.admin_url(), BETA.0).await;
+    assert_eq!(
+        ledger,
+        charged_to(&sim, "beta-"),
+        "the ledger equals the upstream's charge"
+    );
+}
+
+/// Teams with tiny budgets: "small" has 3 credits, "tiny" 2.
+const TINY: (&str, &str) = ("tiny", "tok-tiny-9a8b7c6d5e4f3a2b");
+
+#[tokio::test]
+#[ignore = "needs the route table (routes branch)"]
+async fn free_operations_cost_nothing_and_an_id_lookup_of_3_reserves_3() {
+    let sim = start_sim(unlimited()).await;
+    let teams = team(SMALL.0, SMALL.1, "credit_limit = 3") + &team(TINY.0, TINY.1, "credit_limit = 2");
+    let gw = Setup::new().teams(teams).start(&sim).await;
+    let (s, permit, ids) = fixtures(&sim).await;
+    let ids: Vec<&str> = ids.iter().map(String::as_str).collect();
+    let lookup = format!("{}/v2/permits?id={}", gw.base_url(), ids.join("&id="));
+
+    // A budget of 2 cannot cover the lookup's reservation of 3: refused
+    // before the upstream is asked.
+    let r = as_team(&lookup, TINY.1, "tiny-0").await;
+    assert_eq!(r.status, 402, "{}", r.text());
+    assert_eq!(
+        upstream_credits(&sim, "tiny-0"),
+        None,
+        "a refused lookup never reaches the upstream"
+    );
+    // A budget of exactly 3 covers it: the reservation is the 3 ids, not a page.
+    let r = as_team(&lookup, SMALL.1, "small-lookup").await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.header_u64("x-credits-request"), Some(3));
+    assert_eq!(r.header_u64("x-credits-remaining"), Some(0));
+
+    // With 0 credits left, every free operation still answers, at no cost.
+    for (i, o) in operations(&s, &permit, &ids)
+        .iter()
+        .enumerate()
+        .filter(|(_, o)| !o.metered)
+    {
+        let rid = format!("small-{i}");
+        let r = as_team(&format!("{}{}", gw.base_url(), o.url), SMALL.1, &rid).await;
+        assert_eq!(r.status, 200, "{} with 0 credits left: {}", o.spec_path, r.text());
+        assert_eq!(
+            r.header_u64("x-credits-request").unwrap_or(0),
+            0,
+            "{} is free",
+            o.spec_path
+        );
+    }
+    assert_eq!(ledger_used(&gw.admin_url(), SMALL.0).await, 3);
+    assert_eq!(charged_to(&sim, "small-"), 3);
+    let r = as_team(
+        &format!("{}/v2/permits?id={}", gw.base_url(), ids[0]),
+        SMALL.1,
+        "small-more",
+    )
+    .await;
+    assert_eq!(r.status, 402, "the budget is spent: {}", r.text());
+}
+
+/// The validator really checks what the simulator once got wrong: a float
+/// lot size and a coverage field outside the vendor's enum are rejected, and
+/// the simulator's current answers are accepted.
+#[tokio::test]
+async fn the_vendor_schemas_reject_the_simulators_old_mistakes() {
+    let doc = openapi();
+    let registry = registry(&doc);
+    let sim = start_sim(unlimited()).await;
+    let (s, permit, _) = fixtures(&sim).await;
+    let permits = response_validator(&doc, &registry, "/permits/search");
+    let page = |p: &Value| json!({"items": [p], "size": 1, "next_cursor": null});
+    assert!(
+        permits.is_valid(&page(&permit)),
+        "{:#?}",
+        errors_of(&permits, &page(&permit))
+    );
+    let mut float = permit.clone();
+    float["property_lot_size"] = json!(1428.5);
+    assert!(!permits.is_valid(&page(&float)), "a float lot size is not an integer");
+    let coverage = response_validator(&doc, &registry, "/meta/coverage");
+    let row =
+        |field: &str| json!({"items": [{"field": field, "tier": "partial", "fill_pct": 0.5, "permits_total": 9}]});
+    assert!(coverage.is_valid(&row("owner_name")));
+    assert!(!coverage.is_valid(&row("description_derived")));
+    let url = format!(
+        "{}/v2/meta/coverage?geo_type=state&geo_id={}&date_from=1990-01-01&date_to=1990-01-02",
+        sim.base_url(),
+        s.state
+    );
+    let body = get(&url, &[("x-api-key", sim.api_key())]).await.json();
+    assert!(coverage.is_valid(&body), "{:#?}", errors_of(&coverage, &body));
+}

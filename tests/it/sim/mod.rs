@@ -6,6 +6,7 @@ mod endpoints;
 mod errors;
 mod faults;
 mod filters;
+mod hostile;
 mod lookups;
 mod pagination;
 mod tls;

@@ -231,3 +231,25 @@ async fn the_vendor_schemas_reject_the_simulators_old_mistakes() {
     let body = get(&url, &[("x-api-key", sim.api_key())]).await.json();
     assert!(coverage.is_valid(&body), "{:#?}", errors_of(&coverage, &body));
 }
+
+/// The multibyte `geo_id` that once closed the simulator's connection gets a
+/// 422 in the upstream's shape through the gateway, and costs the team nothing.
+#[tokio::test]
+async fn a_multibyte_geo_id_through_the_gateway_is_a_422_that_costs_nothing() {
+    let sim = start_sim(unlimited()).await;
+    let gw = Setup::new().start(&sim).await;
+    let s = sim.samples();
+    for path in ["permits", "contractors"] {
+        let url = format!(
+            "{}/v2/{path}/search?geo_id=1234%C3%A96789&permit_from={}&permit_to={}",
+            gw.base_url(),
+            s.permit_from,
+            s.permit_to
+        );
+        let r = as_team(&url, ALPHA.1, &format!("alpha-{path}")).await;
+        assert_eq!(r.status, 422, "{path}: {}", r.text());
+        assert_eq!(r.json()["detail"][0]["loc"], json!(["query", "geo_id"]));
+    }
+    assert_eq!(ledger_used(&gw.admin_url(), ALPHA.0).await, 0);
+    assert_eq!(charged_to(&sim, "alpha-"), 0);
+}

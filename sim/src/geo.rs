@@ -20,6 +20,11 @@ fn is_geo_id(s: &str) -> bool {
 /// cut to five), or an 11-char geo ID. `None` for anything else (free text).
 pub fn area_key(raw: &str) -> Option<String> {
     let s = raw.trim();
+    // Every accepted form is ASCII; checking first keeps the byte slicing
+    // below on character boundaries (a multibyte `geo_id` is a 422, not a panic).
+    if !s.is_ascii() {
+        return None;
+    }
     let digits = |t: &str| !t.is_empty() && t.bytes().all(|b| b.is_ascii_digit());
     if s.len() == 2 && s.bytes().all(|b| b.is_ascii_alphabetic()) {
         let code = s.to_ascii_uppercase();
@@ -118,10 +123,21 @@ pub fn details(d: &Dataset, level: Level, q: &mut Query) -> Outcome {
     Ok(Answer::ok(&body))
 }
 
-fn free_page(q: &mut Query, all: Vec<(String, Value)>) -> Outcome {
+/// The vendor's 404 for a geo search that matched nothing.
+pub fn no_match(what: &str) -> Answer {
+    let msg = format!("The specified search query didn't match any {what}");
+    Answer::detail(StatusCode::NOT_FOUND, &msg)
+}
+
+/// A free page of an ordered list; `none` names what a search found nothing
+/// of (its 404), `None` for lists that answer an empty page instead.
+pub fn free_page(q: &mut Query, all: Vec<(String, Value)>, none: Option<&str>) -> Outcome {
     let size = q.size();
     let after = q.cursor();
     q.finish()?;
+    if let Some(what) = none.filter(|_| all.is_empty()) {
+        return Err(no_match(what));
+    }
     let (items, next) = pagination::page(all, after.as_deref(), size);
     Ok(Answer::ok(&Envelope::new(items, next, None)))
 }
@@ -134,7 +150,7 @@ pub fn list_zip(d: &Dataset, q: &mut Query) -> Outcome {
         .map(|z| (z.code.clone(), json!({"zip_code": z.code})))
         .collect();
     all.sort_by(|a, b| a.0.cmp(&b.0));
-    free_page(q, all)
+    free_page(q, all, None)
 }
 
 /// `/v2/zipcodes/search?q=`: ZIPs starting with the given digits.
@@ -153,7 +169,7 @@ pub fn zip_search(d: &Dataset, q: &mut Query) -> Outcome {
         })
         .collect();
     all.sort_by(|a, b| a.0.cmp(&b.0));
-    free_page(q, all)
+    free_page(q, all, Some("zipcodes"))
 }
 
 /// `/v2/states/search?q=`: states whose name contains `q` or whose code is `q`.
@@ -164,7 +180,7 @@ pub fn state_search(q: &mut Query) -> Outcome {
         .filter(|(code, name)| name.to_lowercase().contains(&needle) || code.eq_ignore_ascii_case(&needle))
         .map(|(code, name)| (code.to_string(), json!({"geo_id": code, "name": name})))
         .collect();
-    free_page(q, all)
+    free_page(q, all, Some("states"))
 }
 
 /// `/v2/jurisdictions/search?q=`: server-capped at 15, never a next page.
@@ -176,6 +192,9 @@ pub fn jurisdiction_search(d: &Dataset, q: &mut Query) -> Outcome {
         .iter()
         .filter(|j| j.name.to_lowercase().contains(&needle))
         .collect();
+    if hits.is_empty() {
+        return Err(no_match("jurisdictions"));
+    }
     hits.sort_by(|a, b| a.name.cmp(&b.name));
     let items: Vec<Value> = hits
         .iter()

@@ -2,7 +2,8 @@
 //! data upstream described in `shared/upstream-api.md`, for tests, the demo
 //! and benchmarks.
 //!
-//! It serves every `/v2` endpoint of the spec from a seeded synthetic
+//! It serves all 34 `/v2` operations of the vendor's OpenAPI (the seed spec
+//! `upstream-api.md` decides where it speaks) from a seeded synthetic
 //! dataset, meters credits like the real service (headers, rolling 30-day
 //! window, 402), validates queries with FastAPI/Pydantic-v2-shaped 422s,
 //! rate-limits with 429 + `Retry-After`, and can inject faults. It counts what
@@ -18,18 +19,27 @@
 //! - [`query`]: query-string parsing and Pydantic-v2-style validation errors.
 //! - [`search`]: permit and contractor search filters; [`pagination`]: cursors
 //!   and the page envelope; [`records`]: the JSON shapes of permits/contractors.
-//! - [`geo`], [`metrics`], [`meta`]: geography, metrics, coverage/release.
+//! - [`lookup`]: the id lookups and their id rules; [`decisions`],
+//!   [`properties`]: those resources' searches and lookups; [`people`]:
+//!   contractor employees and address residents.
+//! - [`geo`], [`places`], [`metrics`], [`meta`]: geography details and
+//!   searches, the tag list, area and contractor metrics, coverage/release.
 //! - [`credits`], [`ratelimit`], [`stats`], [`faults`]: the knobs and counters.
 //! - [`state`]: the per-`Sim` mutable state those modules share.
 
 pub mod control;
 pub mod credits;
 pub mod dataset;
+pub mod decisions;
 pub mod faults;
 pub mod geo;
+pub mod lookup;
 pub mod meta;
 pub mod metrics;
 pub mod pagination;
+pub mod people;
+pub mod places;
+pub mod properties;
 pub mod query;
 pub mod ratelimit;
 pub mod records;

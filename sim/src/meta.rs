@@ -16,14 +16,14 @@ fn filled(p: &Permit, d: &Dataset, field: &str) -> bool {
     let pr = &d.addresses[p.address].property;
     match field {
         "contractor_id" => p.contractor.is_some(),
-        "description_derived" => p.description_derived.is_some(),
-        "end_date" => p.end_date.is_some(),
+        "description" => !p.description.is_empty(),
         "fees" => p.fees.is_some(),
-        "final_date" => p.final_date.is_some(),
-        "inspection_pass_rate" => p.inspection_pass_rate.is_some(),
+        "file_date" => p.file_date.is_some(),
         "issue_date" => p.issue_date.is_some(),
         "job_value" => p.job_value.is_some(),
-        "property_assess_market_value" => pr.market_value.is_some(),
+        "owner_name" => !pr.legal_owner.is_empty(),
+        "property_building_area" => pr.building_area.is_some(),
+        "property_type" => !pr.ptype.is_empty(),
         "property_year_built" => pr.year_built.is_some(),
         _ => false,
     }

@@ -1,7 +1,9 @@
-//! Area metrics: monthly rows for an address, county or city and the current
-//! snapshot of a city, aggregated from the dataset's permits on demand.
-//! Months come from each permit's start date; permits without one are not
-//! counted. No rows → a real 404 (`"No city metrics found."`), as upstream.
+//! Area metrics: monthly rows and the current snapshot of an address, county,
+//! city or jurisdiction, and a contractor's monthly rows, aggregated from the
+//! dataset's permits on demand. Months come from each permit's start date;
+//! permits without one are not counted. No area rows → a real 404
+//! (`"No city metrics found."`), as upstream. Area metrics are metered (one
+//! credit per row); contractor metrics are free.
 
 use crate::dataset::names::PROPERTY_TYPES;
 use crate::dataset::{Dataset, GeoRef, Permit};
@@ -18,6 +20,7 @@ pub enum Level {
     Address,
     County,
     City,
+    Jurisdiction,
 }
 
 impl Level {
@@ -26,13 +29,17 @@ impl Level {
             Level::Address => "address",
             Level::County => "county",
             Level::City => "city",
+            Level::Jurisdiction => "jurisdiction",
         }
     }
 
     fn owns(self, r: GeoRef) -> bool {
         matches!(
             (self, r),
-            (Level::Address, GeoRef::Address(_)) | (Level::County, GeoRef::County(_)) | (Level::City, GeoRef::City(_))
+            (Level::Address, GeoRef::Address(_))
+                | (Level::County, GeoRef::County(_))
+                | (Level::City, GeoRef::City(_))
+                | (Level::Jurisdiction, GeoRef::Jurisdiction(_))
         )
     }
 }
@@ -154,19 +161,23 @@ pub fn monthly(d: &Dataset, level: Level, geo_id: &str, q: &mut Query) -> Outcom
     Ok(Answer::metered(&Envelope::new(items, next, None), n))
 }
 
-/// `/v2/cities/{geo_id}/metrics/current`: one row over all the city's permits.
-pub fn current(d: &Dataset, geo_id: &str, q: &mut Query) -> Outcome {
-    let ptype = q.required_enum("property_type", &property_types_and_all());
+/// `/v2/{addresses,counties,cities,jurisdictions}/{geo_id}/metrics/current`:
+/// one row over all the area's permits (addresses take no property type).
+pub fn current(d: &Dataset, level: Level, geo_id: &str, q: &mut Query) -> Outcome {
+    let ptype = match level {
+        Level::Address => None,
+        _ => q.required_enum("property_type", &property_types_and_all()),
+    };
     let tag = q.required_str("tag").unwrap_or_default();
     let size = q.size();
     let after = q.cursor();
     q.finish()?;
     let mut agg = Agg::default();
-    for p in area_permits(d, Level::City, geo_id, &tag, ptype.as_deref()) {
+    for p in area_permits(d, level, geo_id, &tag, ptype.as_deref()) {
         agg.add(p);
     }
     if agg.permits == 0 {
-        return Err(no_rows(Level::City));
+        return Err(no_rows(level));
     }
     let mut row = agg.row(geo_id, &tag, ptype.as_deref());
     row["permit_active_count"] = json!(agg.active);
@@ -174,4 +185,46 @@ pub fn current(d: &Dataset, geo_id: &str, q: &mut Query) -> Outcome {
     let (items, next) = pagination::page(vec![(geo_id.to_string(), row)], after.as_deref(), size);
     let n = items.len();
     Ok(Answer::metered(&Envelope::new(items, next, None), n))
+}
+
+/// `/v2/contractors/{id}/metrics`: the contractor's permits by start month
+/// (free, like upstream); an unknown contractor is a 404.
+pub fn contractor(d: &Dataset, id: &str, q: &mut Query) -> Outcome {
+    let from = q.required_date("metric_from");
+    let to = q.required_date("metric_to");
+    let ptype = q.required_enum("property_type", &property_types_and_all());
+    let tag = q.required_str("tag").unwrap_or_default();
+    let size = q.size();
+    let after = q.cursor();
+    q.finish()?;
+    let Some(c) = d.contractor_by_id.get(id).map(|c| &d.contractors[*c]) else {
+        return Err(Answer::detail(StatusCode::NOT_FOUND, "Contractor not found"));
+    };
+    let (from, to) = (from.unwrap_or(NaiveDate::MIN), to.unwrap_or(NaiveDate::MAX));
+    let ptype = ptype.unwrap_or_default();
+    let mut months: BTreeMap<NaiveDate, Agg> = BTreeMap::new();
+    for p in c.permits.iter().map(|i| &d.permits[*i]) {
+        let kind_ok = ptype == "all" || d.addresses[p.address].property.ptype == ptype;
+        let tag_ok = tag == "all" || p.tags.contains(&tag.as_str());
+        let Some(start) = p.start_date.filter(|s| *s >= from && *s <= to && kind_ok && tag_ok) else {
+            continue;
+        };
+        months.entry(start.with_day(1).unwrap_or(start)).or_default().add(p);
+    }
+    let all: Vec<(String, Value)> = months
+        .iter()
+        .map(|(m, agg)| {
+            let row = json!({
+                "property_type": ptype, "date": m.to_string(), "tag": tag,
+                "permit_count": agg.permits,
+                "avg_job_value": agg.job_value.checked_div(agg.permits as i64),
+                "total_job_value": agg.job_value,
+                "avg_construction_duration": avg(agg.construction),
+                "avg_inspection_pass_rate": avg(agg.pass_rate),
+            });
+            (m.to_string(), row)
+        })
+        .collect();
+    let (items, next) = pagination::page(all, after.as_deref(), size);
+    Ok(Answer::ok(&Envelope::new(items, next, None)))
 }

@@ -7,16 +7,21 @@ use chrono::NaiveDate;
 use serde::Serialize;
 use std::collections::BTreeMap;
 
+/// The vendor's address object (`AddressesRead` in a permit,
+/// `AddressesEmbedded` with `address_id` in a contractor), in its field order.
 #[derive(Serialize)]
 pub struct AddressOut<'a> {
     pub street_no: &'a str,
     pub street: &'a str,
     pub city: &'a str,
+    pub county: &'a str,
     pub zip_code: &'a str,
+    pub zip_code_ext: String,
     pub state: &'a str,
-    pub latlng: [f64; 2],
+    pub jurisdiction: &'a str,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub address_id: Option<&'a str>,
+    pub latlng: [f64; 2],
 }
 
 impl<'a> AddressOut<'a> {
@@ -25,10 +30,13 @@ impl<'a> AddressOut<'a> {
             street_no: &a.street_no,
             street: a.street,
             city: &d.cities[a.city].name,
+            county: &d.counties[a.county].name,
             zip_code: &d.zips[a.zip].code,
+            zip_code_ext: a.zip_code_ext(),
             state: d.state_code(a.state),
-            latlng: a.latlng,
+            jurisdiction: &d.jurisdictions[a.jurisdiction].name,
             address_id: with_id.then_some(a.geo_id.as_str()),
+            latlng: a.latlng,
         }
     }
 }
@@ -49,8 +57,8 @@ pub struct PermitOut<'a> {
     property_type_detail: &'a str,
     property_legal_owner: &'a str,
     property_owner_type: &'a str,
-    property_lot_size: Option<f64>,
-    property_building_area: Option<f64>,
+    property_lot_size: Option<i64>,
+    property_building_area: Option<i64>,
     property_story_count: Option<i64>,
     property_unit_count: Option<i64>,
     property_year_built: Option<i64>,
@@ -178,7 +186,7 @@ pub struct ContractorOut<'a> {
     permit_count: i64,
     avg_job_value: i64,
     total_job_value: i64,
-    avg_construction_duration: Option<f64>,
+    avg_construction_duration: Option<i64>,
     avg_inspection_pass_rate: Option<i64>,
     first_seen_date: Option<NaiveDate>,
     address: AddressOut<'a>,

@@ -12,26 +12,39 @@ use crate::query::Query;
 use crate::reply::{Answer, Body};
 use crate::state::Shared;
 use crate::stats::LogEntry;
-use crate::{geo, meta, metrics, search};
+use crate::{decisions, geo, lookup, meta, metrics, people, places, properties, search};
 use http::{Method, Request, Response, StatusCode};
 use hyper::body::Incoming;
 use serde_json::{json, Value};
 use std::sync::Arc;
 use std::time::Duration;
 
-/// Every `/v2` endpoint of the spec.
+/// Every `/v2` operation of the vendor's OpenAPI (34 GETs).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Route {
     PermitSearch,
+    PermitsById,
     ContractorSearch,
+    ContractorsById,
     ContractorPermits(String),
+    ContractorEmployees(String),
+    ContractorMetrics(String),
+    DecisionSearch,
+    DecisionsById,
+    PropertySearch,
+    PropertiesById,
     Monthly(metrics::Level, String),
-    CityCurrent(String),
+    Current(metrics::Level, String),
+    Residents(String),
     Details(geo::Level),
     ListZip,
+    ListTags,
     ZipSearch,
     StateSearch,
     JurisdictionSearch,
+    AddressSearch,
+    CitySearch,
+    CountySearch,
     Coverage,
     Release,
     Usage,
@@ -43,19 +56,36 @@ pub fn route(path: &str) -> Option<Route> {
     let id = |s: &str| s.to_string();
     Some(match segs.as_slice() {
         ["permits", "search"] => Route::PermitSearch,
+        ["permits"] => Route::PermitsById,
         ["contractors", "search"] => Route::ContractorSearch,
+        ["contractors"] => Route::ContractorsById,
         ["contractors", c, "permits"] => Route::ContractorPermits(id(c)),
+        ["contractors", c, "employees"] => Route::ContractorEmployees(id(c)),
+        ["contractors", c, "metrics"] => Route::ContractorMetrics(id(c)),
+        ["decisions", "search"] => Route::DecisionSearch,
+        ["decisions"] => Route::DecisionsById,
+        ["properties", "search"] => Route::PropertySearch,
+        ["properties"] => Route::PropertiesById,
         ["addresses", g, "metrics", "monthly"] => Route::Monthly(M::Address, id(g)),
         ["counties", g, "metrics", "monthly"] => Route::Monthly(M::County, id(g)),
         ["cities", g, "metrics", "monthly"] => Route::Monthly(M::City, id(g)),
-        ["cities", g, "metrics", "current"] => Route::CityCurrent(id(g)),
+        ["jurisdictions", g, "metrics", "monthly"] => Route::Monthly(M::Jurisdiction, id(g)),
+        ["addresses", g, "metrics", "current"] => Route::Current(M::Address, id(g)),
+        ["counties", g, "metrics", "current"] => Route::Current(M::County, id(g)),
+        ["cities", g, "metrics", "current"] => Route::Current(M::City, id(g)),
+        ["jurisdictions", g, "metrics", "current"] => Route::Current(M::Jurisdiction, id(g)),
+        ["addresses", g, "residents"] => Route::Residents(id(g)),
         ["counties"] => Route::Details(geo::Level::County),
         ["cities"] => Route::Details(geo::Level::City),
         ["jurisdictions"] => Route::Details(geo::Level::Jurisdiction),
         ["list", "zip"] => Route::ListZip,
+        ["list", "tags"] => Route::ListTags,
         ["zipcodes", "search"] => Route::ZipSearch,
         ["states", "search"] => Route::StateSearch,
         ["jurisdictions", "search"] => Route::JurisdictionSearch,
+        ["addresses", "search"] => Route::AddressSearch,
+        ["cities", "search"] => Route::CitySearch,
+        ["counties", "search"] => Route::CountySearch,
         ["meta", "coverage"] => Route::Coverage,
         ["meta", "release"] => Route::Release,
         ["usage"] => Route::Usage,
@@ -149,15 +179,28 @@ fn answer(shared: &Shared, route: &Route, raw_query: &str) -> Answer {
     let mut q = Query::parse(Some(raw_query));
     let outcome = match route {
         Route::PermitSearch => search::permits(d, &mut q),
+        Route::PermitsById => lookup::permits(d, &mut q),
         Route::ContractorSearch => search::contractors(d, &mut q),
+        Route::ContractorsById => lookup::contractors(d, &mut q),
         Route::ContractorPermits(id) => search::contractor_permits(d, id, &mut q),
+        Route::ContractorEmployees(id) => people::employees(d, id, &mut q),
+        Route::ContractorMetrics(id) => metrics::contractor(d, id, &mut q),
+        Route::DecisionSearch => decisions::search(d, &mut q),
+        Route::DecisionsById => decisions::by_id(d, &mut q),
+        Route::PropertySearch => properties::search(d, &mut q),
+        Route::PropertiesById => properties::by_id(d, &mut q),
         Route::Monthly(level, g) => metrics::monthly(d, *level, g, &mut q),
-        Route::CityCurrent(g) => metrics::current(d, g, &mut q),
+        Route::Current(level, g) => metrics::current(d, *level, g, &mut q),
+        Route::Residents(g) => people::residents(d, g, &mut q),
         Route::Details(level) => geo::details(d, *level, &mut q),
         Route::ListZip => geo::list_zip(d, &mut q),
+        Route::ListTags => places::tags(&mut q),
         Route::ZipSearch => geo::zip_search(d, &mut q),
         Route::StateSearch => geo::state_search(&mut q),
         Route::JurisdictionSearch => geo::jurisdiction_search(d, &mut q),
+        Route::AddressSearch => places::addresses(d, &mut q),
+        Route::CitySearch => places::cities(d, &mut q),
+        Route::CountySearch => places::counties(d, &mut q),
         Route::Coverage => meta::coverage(d, &mut q),
         Route::Release => Ok(meta::release(d)),
         Route::Usage => Ok(Answer::ok(&shared.credits().usage())),

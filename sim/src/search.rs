@@ -53,13 +53,6 @@ fn at_least(v: Option<i64>, min: Option<i64>) -> bool {
     }
 }
 
-fn at_least_f(v: Option<f64>, min: Option<i64>) -> bool {
-    match min {
-        None => true,
-        Some(m) => v.is_some_and(|v| v >= m as f64),
-    }
-}
-
 impl Filters {
     /// Reads the filters in the upstream's parameter order (errors come out in it).
     pub fn parse(q: &mut Query, permit_search: bool) -> Filters {
@@ -138,8 +131,8 @@ impl Filters {
         let [market, area, lot, stories, units] = self.property_min;
         (self.property_types.is_empty() || self.property_types.iter().any(|t| t == pr.ptype))
             && at_least(pr.market_value, market)
-            && at_least_f(pr.building_area, area)
-            && at_least_f(pr.lot_size, lot)
+            && at_least(pr.building_area, area)
+            && at_least(pr.lot_size, lot)
             && at_least(pr.story_count, stories)
             && at_least(pr.unit_count, units)
     }

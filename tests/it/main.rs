@@ -12,5 +12,7 @@ mod harness;
 mod hostile;
 mod load;
 mod observability;
+mod pyshovels;
 mod rate;
 mod sim;
+mod vendor;

@@ -69,7 +69,7 @@ impl Gen {
     }
 }
 
-fn ymd(y: i32, m: u32, d: u32) -> NaiveDate {
+pub(super) fn ymd(y: i32, m: u32, d: u32) -> NaiveDate {
     NaiveDate::from_ymd_opt(y, m, d).expect("constant date is valid")
 }
 
@@ -92,6 +92,7 @@ pub fn generate(seed: u64) -> Dataset {
         by_area: HashMap::new(),
         geo: HashMap::new(),
         contractor_by_id: HashMap::new(),
+        decisions: Vec::new(),
         released_at: ymd(2025, 7, 15),
     };
     let total: usize = DATA_STATES.iter().map(|s| s.1).sum();
@@ -118,6 +119,7 @@ pub fn generate(seed: u64) -> Dataset {
     }
     d.permits.sort_by(|a, b| a.id.cmp(&b.id));
     super::index::build(&mut d);
+    super::decisions::generate(&mut d);
     d
 }
 
@@ -238,8 +240,8 @@ fn property(g: &mut Gen, si: usize, county: usize) -> Property {
         detail: g.pick(PROPERTY_DETAILS),
         legal_owner,
         owner_type,
-        lot_size: g.chance(0.85).then(|| g.range(1_000, 40_000) as f64),
-        building_area: g.chance(0.8).then(|| g.range(500, 8_000) as f64),
+        lot_size: g.chance(0.85).then(|| g.range(1_000, 40_000) as i64),
+        building_area: g.chance(0.8).then(|| g.range(500, 8_000) as i64),
         story_count: g.chance(0.8).then(|| g.range(1, 4) as i64),
         unit_count: g.chance(0.8).then(|| g.range(1, if big { 40 } else { 2 }) as i64),
         year_built: g.chance(0.75).then(|| g.range(1900, 2023) as i64),

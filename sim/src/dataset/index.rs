@@ -58,7 +58,7 @@ fn lifetime(permits: &[Permit], list: &[usize]) -> Lifetime {
         total_job_value,
         avg_job_value: if n > 0 { total_job_value / n } else { 0 },
         avg_construction_duration: (!durations.is_empty())
-            .then(|| (durations.iter().sum::<i64>() as f64 / durations.len() as f64).round()),
+            .then(|| (durations.iter().sum::<i64>() as f64 / durations.len() as f64).round() as i64),
         avg_inspection_pass_rate: (!rates.is_empty()).then(|| rates.iter().sum::<i64>() / rates.len() as i64),
     }
 }

@@ -1,11 +1,13 @@
-//! The synthetic world the simulator serves: geography, properties, permits
-//! and contractors, generated from a seed and never changed afterwards.
+//! The synthetic world the simulator serves: geography, properties, permits,
+//! contractors and decisions, generated from a seed and never changed
+//! afterwards (employees and residents are derived per request, `people`).
 //!
 //! Everything a request needs is precomputed here (permit lists per geo ID,
 //! per contractor, lifetime totals) so a search page touches only the
 //! permits of its area instead of the whole table. A dataset is immutable and
 //! shared per seed across every `Sim` of the process.
 
+pub mod decisions;
 mod gen;
 mod index;
 pub mod names;
@@ -61,8 +63,8 @@ pub struct Property {
     pub detail: &'static str,
     pub legal_owner: String,
     pub owner_type: &'static str,
-    pub lot_size: Option<f64>,
-    pub building_area: Option<f64>,
+    pub lot_size: Option<i64>,
+    pub building_area: Option<i64>,
     pub story_count: Option<i64>,
     pub unit_count: Option<i64>,
     pub year_built: Option<i64>,
@@ -80,6 +82,18 @@ pub struct Address {
     pub state: usize,
     pub latlng: [f64; 2],
     pub property: Property,
+}
+
+impl Address {
+    /// The ZIP+4 extension, derived from the geo ID (FNV-1a) so it is stable
+    /// without drawing from the generator's stream (which would reshuffle
+    /// every record generated after it).
+    pub fn zip_code_ext(&self) -> String {
+        let h = self.geo_id.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
+            (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3)
+        });
+        format!("{:04}", h % 10_000)
+    }
 }
 
 pub struct Permit {
@@ -153,7 +167,7 @@ pub struct Lifetime {
     pub permit_count: i64,
     pub total_job_value: i64,
     pub avg_job_value: i64,
-    pub avg_construction_duration: Option<f64>,
+    pub avg_construction_duration: Option<i64>,
     pub avg_inspection_pass_rate: Option<i64>,
 }
 
@@ -181,6 +195,8 @@ pub struct Dataset {
     pub by_area: HashMap<String, Vec<usize>>,
     pub geo: HashMap<String, GeoRef>,
     pub contractor_by_id: HashMap<String, usize>,
+    /// Sorted by decision ID (generated after, and apart from, the permits).
+    pub decisions: Vec<decisions::Decision>,
     pub released_at: NaiveDate,
 }
 

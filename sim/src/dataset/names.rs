@@ -178,16 +178,17 @@ pub const INDUSTRIES: &[&str] = &[
     "Utility System Construction",
 ];
 
-/// Fields the coverage endpoint tracks, in name order.
+/// Fields the coverage endpoint tracks (the vendor's `CoverageItem.field`
+/// enum), in name order.
 pub const COVERAGE_FIELDS: &[&str] = &[
     "contractor_id",
-    "description_derived",
-    "end_date",
+    "description",
     "fees",
-    "final_date",
-    "inspection_pass_rate",
+    "file_date",
     "issue_date",
     "job_value",
-    "property_assess_market_value",
+    "owner_name",
+    "property_building_area",
+    "property_type",
     "property_year_built",
 ];

@@ -24,6 +24,10 @@ pub struct Samples {
     pub permit_to: String,
     /// A state with more than 10,000 permits.
     pub big_state: String,
+    /// A decision of `state`.
+    pub decision_id: String,
+    /// An address of `state` with residents (a fifth of addresses have none).
+    pub resident_address_geo_id: String,
 }
 
 impl Samples {
@@ -56,6 +60,19 @@ impl Samples {
             permit_from: from.to_string(),
             permit_to: to.to_string(),
             big_state: DATA_STATES[0].0.to_string(),
+            decision_id: d
+                .decisions
+                .iter()
+                .find(|x| d.addresses[x.address].state == small)
+                .or_else(|| d.decisions.first())
+                .map(|x| x.id.clone())
+                .unwrap_or_default(),
+            resident_address_geo_id: d
+                .addresses
+                .iter()
+                .find(|a| a.state == small && crate::people::has_residents(d, a))
+                .map(|a| a.geo_id.clone())
+                .unwrap_or_default(),
         }
     }
 }

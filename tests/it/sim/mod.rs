@@ -6,8 +6,11 @@ mod endpoints;
 mod errors;
 mod faults;
 mod filters;
+mod hostile;
+mod lookups;
 mod pagination;
 mod tls;
+mod vendor_ops;
 
 use crate::support::http::{get, Reply};
 use crate::support::sim::{start_sim, Samples, Sim, SimConfig};

@@ -1,17 +1,21 @@
 //! The normalized cache key: two requests get the same key only when the
 //! upstream must give them the same answer. Pure functions, no I/O.
 //!
-//! What is normalized, and why each is provably equal for the upstream
-//! (FastAPI + Pydantic v2, per `upstream-research.md`):
+//! How each parameter is read comes from the route table
+//! ([`crate::route::table`]). What is normalized, and why each is provably
+//! equal for the upstream (FastAPI + Pydantic v2, per `upstream-research.md`):
 //! - parameter order: FastAPI reads parameters by name;
 //! - set-valued filters (`permit_tags`, `permit_status`, `property_type`,
 //!   `contractor_classification_derived` on the two searches): sorted and
 //!   de-duplicated, since they are AND/OR sets. Not de-duplicated when that
-//!   would hide a `maxItems` violation the upstream answers with 422;
+//!   would hide a `maxItems` violation the upstream answers with 422. The
+//!   newer operations' lists (decision and property filters, lookup ids) are
+//!   kept as sent: that their order and repeats do not matter is not proven;
 //! - repeated scalar parameters: Starlette hands FastAPI the last value;
 //! - documented defaults equal their absence: `size=50`,
-//!   `include_count=false`, `include_tallies=true`; `include_count` on a
-//!   cursor page, where the upstream ignores it;
+//!   `include_count=false`, `include_tallies=true`,
+//!   `include_total_count=false`; `include_count` on a cursor page, where
+//!   the upstream documents it as ignored;
 //! - boolean spellings Pydantic accepts (`1`, `yes`, `on`, `t`, `y`, any
 //!   case) become `true`/`false`;
 //! - percent-encoding and `+` for space are decoded and re-encoded one way.
@@ -20,6 +24,7 @@
 //! in their original relative order; anything that does not decode to UTF-8
 //! leaves the whole query verbatim (no sharing, but never a wrong answer).
 
+use crate::route::table::Kind as Param;
 use crate::route::{Route, Target};
 use percent_encoding::{percent_decode_str, utf8_percent_encode, AsciiSet, NON_ALPHANUMERIC};
 use std::borrow::Cow;
@@ -30,7 +35,7 @@ const KEY_VERSION: &str = "k1";
 /// What is re-encoded in keys: everything but RFC 3986 unreserved characters.
 const QUERY_VALUE: &AsciiSet = &NON_ALPHANUMERIC.remove(b'-').remove(b'.').remove(b'_').remove(b'~');
 
-/// How the upstream reads one parameter of one route.
+/// How the key treats one parameter of one route, from the route table.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Kind {
     /// A repeatable filter with set semantics; `max_items` as validated.
@@ -40,83 +45,21 @@ enum Kind {
         default: Option<&'static str>,
         boolean: bool,
     },
-    /// Not declared for this route: kept exactly as sent.
+    /// Not declared for this route, or a list whose order is not proven
+    /// free (ids): kept exactly as sent.
     Unknown,
 }
 
 fn kind(route: Route, name: &str) -> Kind {
-    use Route::*;
-    let search = matches!(route, PermitsSearch | ContractorsSearch);
-    let paged = matches!(
-        route,
-        PermitsSearch
-            | ContractorsSearch
-            | ContractorPermits
-            | AddressMetricsMonthly
-            | CountyMetricsMonthly
-            | CityMetricsMonthly
-            | CityMetricsCurrent
-            | ListZip
-            | ZipcodesSearch
-            | StatesSearch
-    );
-    let counted = matches!(route, PermitsSearch | ContractorsSearch | ContractorPermits);
-    let scalar = Kind::Scalar {
-        default: None,
-        boolean: false,
-    };
-    match name {
-        "permit_status" if search => Kind::Set { max_items: Some(4) },
-        "permit_tags" | "property_type" | "contractor_classification_derived" if search => {
-            Kind::Set { max_items: None }
-        }
-        "size" if paged => Kind::Scalar {
-            default: Some("50"),
-            boolean: false,
-        },
-        "cursor" if paged => scalar,
-        "include_count" if counted => Kind::Scalar {
-            default: Some("false"),
-            boolean: true,
-        },
-        "include_tallies" if route == ContractorsSearch => Kind::Scalar {
-            default: Some("true"),
-            boolean: true,
-        },
-        "permit_has_contractor" if route == PermitsSearch => Kind::Scalar {
-            default: None,
-            boolean: true,
-        },
-        _ if search && is_search_scalar(name) => scalar,
-        "metric_from" | "metric_to" | "tag"
-            if matches!(
-                route,
-                AddressMetricsMonthly | CountyMetricsMonthly | CityMetricsMonthly | CityMetricsCurrent
-            ) =>
-        {
-            scalar
-        }
-        "property_type" if matches!(route, CountyMetricsMonthly | CityMetricsMonthly | CityMetricsCurrent) => scalar,
-        "geo_id" if matches!(route, Counties | Cities | Jurisdictions | MetaCoverage) => scalar,
-        "q" if matches!(route, ZipcodesSearch | StatesSearch | JurisdictionsSearch) => scalar,
-        "geo_type" | "date_from" | "date_to" if route == MetaCoverage => scalar,
-        _ => Kind::Unknown,
+    let scalar = |default, boolean| Kind::Scalar { default, boolean };
+    match route.param(name) {
+        Some(Param::Set { max_items }) => Kind::Set { max_items },
+        Some(Param::List { .. } | Param::Ids) | None => Kind::Unknown,
+        Some(Param::Scalar) => scalar(None, false),
+        Some(Param::Flag { default }) => scalar(default.map(|b| if b { "true" } else { "false" }), true),
+        Some(Param::Size) => scalar(Some("50"), false),
+        Some(Param::Count) => scalar(Some("false"), true),
     }
-}
-
-fn is_search_scalar(name: &str) -> bool {
-    matches!(
-        name,
-        "permit_from"
-            | "permit_to"
-            | "geo_id"
-            | "permit_q"
-            | "contractor_name"
-            | "contractor_website"
-            | "contractor_license"
-    ) || name.starts_with("permit_min_")
-        || name.starts_with("property_min_")
-        || name.starts_with("contractor_min_")
 }
 
 /// Pydantic's lax booleans; `None` when the upstream would answer 422.
@@ -181,7 +124,7 @@ pub fn normalize_query(route: Route, query: &str) -> String {
                 } else {
                     last
                 };
-                let ignored = name == "include_count" && has_cursor && canonical_bool(last).is_some();
+                let ignored = has_cursor && route.param(name) == Some(Param::Count) && canonical_bool(last).is_some();
                 if default == Some(value) || ignored {
                     continue;
                 }

@@ -72,6 +72,11 @@ async fn pipeline<B>(app: &Arc<App>, req: &Request<B>, log: &mut RequestLog) -> 
         return Err(GatewayError::TeamRateLimited { retry_after_secs });
     }
 
+    // 4b. A `size` or `id` list the upstream would refuse: its free 422,
+    //     answered here before anything is looked up, reserved or sent, so
+    //     the estimate below is computed from a valid value.
+    route::validate(&target)?;
+
     // 6. /v2/usage is the team's own usage: answered here, never forwarded,
     //    since the upstream's answer is the whole org's.
     if target.route == Route::Usage {

@@ -1,18 +1,35 @@
 //! Routing: a request path becomes a canonical `/v2/...` path and one route
 //! name from a bounded set (DESIGN §3.5), used as a metric label and to pick
-//! credit estimates and TTLs.
+//! credit estimates, TTLs and key normalization from the route table
+//! ([`table`]).
 //!
-//! Sits right after the method check. Percent-encoding is decoded and
-//! dot-segments resolved *before* the `/v2` check, so `/v2/../admin`,
-//! `/v2/%2e%2e/admin` and friends cannot leave `/v2`; an encoded `/` or `\`
-//! or a control character inside a segment is refused outright, because
-//! servers disagree on what it means.
+//! Sits right after the method check. A path is routed the way the vendor's
+//! server routes it: percent-encoding is decoded first (uvicorn hands
+//! Starlette the decoded path, so `/v2/%70ermits/search` *is* permit search
+//! there), and then it must be canonical. A path with an empty segment
+//! (`//v2/...`, `/v2//x`, a trailing `/`) or a dot-segment (`.`, `..`, also
+//! encoded) matches no route upstream, so it is a 404 here too: never
+//! resolved, never forwarded, never cached, and it cannot leave `/v2`. An
+//! encoded `/` or `\` or a control character inside a segment is refused
+//! outright (400), because servers disagree on what it means.
+
+pub mod params;
+pub mod table;
+
+pub use params::{credit_estimate, validate};
 
 use crate::error::GatewayError;
 use http::Uri;
 use percent_encoding::{percent_decode_str, utf8_percent_encode, AsciiSet, CONTROLS};
+use table::{Cost, Kind, Row, TtlClass, TABLE};
+
+/// How many routes there are (the 34 vendor operations and `other`).
+pub const ROUTES: usize = 35;
 
 /// Every route name the gateway reports. Unknown `/v2` paths are `Other`.
+///
+/// The discriminant is the row of [`table::TABLE`] and the route's code in
+/// L2 entries: new routes are appended, never inserted.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Route {
     PermitsSearch,
@@ -33,10 +50,28 @@ pub enum Route {
     MetaRelease,
     Usage,
     Other,
+    PermitsById,
+    ContractorsById,
+    DecisionsSearch,
+    DecisionsById,
+    PropertiesSearch,
+    PropertiesById,
+    ContractorEmployees,
+    ContractorMetrics,
+    AddressesSearch,
+    CitiesSearch,
+    CountiesSearch,
+    AddressMetricsCurrent,
+    CountyMetricsCurrent,
+    JurisdictionMetricsMonthly,
+    JurisdictionMetricsCurrent,
+    AddressResidents,
+    ListTags,
 }
 
 impl Route {
-    pub const ALL: [Route; 18] = [
+    /// In table order (a test checks it against [`table::TABLE`]).
+    pub const ALL: [Route; ROUTES] = [
         Route::PermitsSearch,
         Route::ContractorsSearch,
         Route::ContractorPermits,
@@ -55,45 +90,62 @@ impl Route {
         Route::MetaRelease,
         Route::Usage,
         Route::Other,
+        Route::PermitsById,
+        Route::ContractorsById,
+        Route::DecisionsSearch,
+        Route::DecisionsById,
+        Route::PropertiesSearch,
+        Route::PropertiesById,
+        Route::ContractorEmployees,
+        Route::ContractorMetrics,
+        Route::AddressesSearch,
+        Route::CitiesSearch,
+        Route::CountiesSearch,
+        Route::AddressMetricsCurrent,
+        Route::CountyMetricsCurrent,
+        Route::JurisdictionMetricsMonthly,
+        Route::JurisdictionMetricsCurrent,
+        Route::AddressResidents,
+        Route::ListTags,
     ];
 
+    /// This route's row of the table.
+    pub fn row(self) -> &'static Row {
+        &TABLE[self as usize]
+    }
+
     pub fn as_str(self) -> &'static str {
-        match self {
-            Route::PermitsSearch => "permits_search",
-            Route::ContractorsSearch => "contractors_search",
-            Route::ContractorPermits => "contractor_permits",
-            Route::AddressMetricsMonthly => "address_metrics_monthly",
-            Route::CountyMetricsMonthly => "county_metrics_monthly",
-            Route::CityMetricsMonthly => "city_metrics_monthly",
-            Route::CityMetricsCurrent => "city_metrics_current",
-            Route::Counties => "counties",
-            Route::Cities => "cities",
-            Route::Jurisdictions => "jurisdictions",
-            Route::ListZip => "list_zip",
-            Route::ZipcodesSearch => "zipcodes_search",
-            Route::StatesSearch => "states_search",
-            Route::JurisdictionsSearch => "jurisdictions_search",
-            Route::MetaCoverage => "meta_coverage",
-            Route::MetaRelease => "meta_release",
-            Route::Usage => "usage",
-            Route::Other => "other",
-        }
+        self.row().name
+    }
+
+    /// The route of a metric label or config key, if it is one.
+    pub fn from_name(name: &str) -> Option<Route> {
+        TABLE.iter().find(|r| r.name == name).map(|r| r.route)
     }
 
     /// Routes the upstream bills one credit per record on. Unknown paths
     /// count as metered: we cannot prove they are free.
     pub fn is_metered(self) -> bool {
-        matches!(
-            self,
-            Route::PermitsSearch
-                | Route::ContractorsSearch
-                | Route::ContractorPermits
-                | Route::AddressMetricsMonthly
-                | Route::CountyMetricsMonthly
-                | Route::CityMetricsMonthly
-                | Route::CityMetricsCurrent
-                | Route::Other
-        )
+        self.row().cost != Cost::Free
+    }
+
+    pub fn ttl_class(self) -> TtlClass {
+        self.row().ttl
+    }
+
+    /// How this route's upstream operation reads a query parameter; `None`
+    /// when it does not declare it.
+    pub fn param(self, name: &str) -> Option<Kind> {
+        self.row().param(name)
+    }
+
+    /// The route's stable code (its row), as stored in L2 entries.
+    pub fn index(self) -> usize {
+        self as usize
+    }
+
+    pub fn from_index(i: usize) -> Option<Route> {
+        Route::ALL.get(i).copied()
     }
 }
 
@@ -124,29 +176,6 @@ const SEGMENT: &AsciiSet = &CONTROLS
     .add(b'|')
     .add(b'}');
 
-/// The most this call can cost: 0 on free routes; the number of `id`s on a
-/// multi-id lookup; else the page size asked for (1..=100, default 50).
-pub fn credit_estimate(target: &Target) -> u64 {
-    if !target.route.is_metered() {
-        return 0;
-    }
-    let query = target.query.as_deref().unwrap_or("");
-    let mut size = None;
-    let mut ids = 0u64;
-    for (k, v) in form_urlencoded::parse(query.as_bytes()) {
-        match k.as_ref() {
-            "size" => size = Some(v),
-            "id" => ids += 1,
-            _ => {}
-        }
-    }
-    if target.route == Route::Other && ids > 0 {
-        return ids;
-    }
-    size.and_then(|v| v.trim().parse::<u64>().ok())
-        .map_or(50, |n| n.clamp(1, 100))
-}
-
 /// More query parameters than any upstream call takes: the rest is abuse,
 /// refused before anyone sorts thousands of pairs.
 pub const MAX_QUERY_PARAMS: usize = 256;
@@ -168,7 +197,7 @@ pub fn classify(uri: &Uri, max_uri_bytes: usize) -> Result<Target, GatewayError>
         return Err(GatewayError::NotFound);
     }
     let names: Vec<&str> = segments.iter().map(|s| s.as_ref()).collect();
-    let route = route_of(&names[1..]);
+    let route = table::route_of(&names[1..]);
     let mut path = String::with_capacity(uri.path().len());
     for segment in &segments {
         path.push('/');
@@ -181,12 +210,17 @@ pub fn classify(uri: &Uri, max_uri_bytes: usize) -> Result<Target, GatewayError>
     })
 }
 
-/// Decodes each segment and resolves `.`/`..` (RFC 3986 §5.2.4); `..` at the
-/// root stays at the root, as browsers and servers do.
+/// The decoded segments of a canonical path; 404 for a path the upstream's
+/// router cannot match (empty or dot-segments), 400 for one we refuse to
+/// interpret.
 fn canonical_segments(raw: &str) -> Result<Vec<std::borrow::Cow<'_, str>>, GatewayError> {
+    let Some(rest) = raw.strip_prefix('/') else {
+        return Err(GatewayError::NotFound);
+    };
     // Borrowed where nothing was encoded: the common path allocates nothing.
     let mut out = Vec::with_capacity(8);
-    for raw_segment in raw.split('/') {
+    let mut canonical = true;
+    for raw_segment in rest.split('/') {
         let decoded = percent_decode_str(raw_segment)
             .decode_utf8()
             .map_err(|_| GatewayError::BadRequest("Path is not valid UTF-8"))?;
@@ -195,37 +229,15 @@ fn canonical_segments(raw: &str) -> Result<Vec<std::borrow::Cow<'_, str>>, Gatew
                 "Path segment contains an encoded slash or a control character",
             ));
         }
-        match decoded.as_ref() {
-            "" | "." => {}
-            ".." => {
-                out.pop();
-            }
-            _ => out.push(decoded),
-        }
+        // Checked after every segment is decoded, so a refused encoding
+        // anywhere is a 400 whatever comes before it.
+        canonical &= !matches!(decoded.as_ref(), "" | "." | "..");
+        out.push(decoded);
     }
-    Ok(out)
-}
-
-fn route_of(rest: &[&str]) -> Route {
-    match rest {
-        ["permits", "search"] => Route::PermitsSearch,
-        ["contractors", "search"] => Route::ContractorsSearch,
-        ["contractors", _, "permits"] => Route::ContractorPermits,
-        ["addresses", _, "metrics", "monthly"] => Route::AddressMetricsMonthly,
-        ["counties", _, "metrics", "monthly"] => Route::CountyMetricsMonthly,
-        ["cities", _, "metrics", "monthly"] => Route::CityMetricsMonthly,
-        ["cities", _, "metrics", "current"] => Route::CityMetricsCurrent,
-        ["counties"] => Route::Counties,
-        ["cities"] => Route::Cities,
-        ["jurisdictions"] => Route::Jurisdictions,
-        ["list", "zip"] => Route::ListZip,
-        ["zipcodes", "search"] => Route::ZipcodesSearch,
-        ["states", "search"] => Route::StatesSearch,
-        ["jurisdictions", "search"] => Route::JurisdictionsSearch,
-        ["meta", "coverage"] => Route::MetaCoverage,
-        ["meta", "release"] => Route::MetaRelease,
-        ["usage"] => Route::Usage,
-        _ => Route::Other,
+    if canonical {
+        Ok(out)
+    } else {
+        Err(GatewayError::NotFound)
     }
 }
 
@@ -238,7 +250,7 @@ mod tests {
     }
 
     #[test]
-    fn every_spec_endpoint_has_its_route_name() {
+    fn the_contract_route_names_are_unchanged() {
         let cases = [
             ("/v2/permits/search?geo_id=CA", "permits_search"),
             ("/v2/contractors/search", "contractors_search"),
@@ -257,13 +269,55 @@ mod tests {
             ("/v2/meta/coverage", "meta_coverage"),
             ("/v2/meta/release", "meta_release"),
             ("/v2/usage", "usage"),
-            ("/v2/permits", "other"),
+            ("/v2/permits/x/y", "other"),
+            ("/v2/states/x/metrics/monthly", "other"),
         ];
         for (uri, name) in cases {
             assert_eq!(target(uri).unwrap().route.as_str(), name, "{uri}");
         }
+        // The contract's 18 keep their codes (L2 entries, metrics order).
+        for (i, name) in [
+            "permits_search",
+            "contractors_search",
+            "contractor_permits",
+            "address_metrics_monthly",
+            "county_metrics_monthly",
+            "city_metrics_monthly",
+            "city_metrics_current",
+            "counties",
+            "cities",
+            "jurisdictions",
+            "list_zip",
+            "zipcodes_search",
+            "states_search",
+            "jurisdictions_search",
+            "meta_coverage",
+            "meta_release",
+            "usage",
+            "other",
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            assert_eq!(Route::from_index(i).map(Route::as_str), Some(name));
+        }
+    }
+
+    #[test]
+    fn the_table_is_in_route_order_with_unique_names() {
         let names: std::collections::HashSet<_> = Route::ALL.iter().map(|r| r.as_str()).collect();
-        assert_eq!(names.len(), Route::ALL.len());
+        assert_eq!(names.len(), ROUTES);
+        for (i, route) in Route::ALL.iter().enumerate() {
+            assert_eq!(route.index(), i);
+            assert_eq!(TABLE[i].route, *route, "row {i}");
+            assert_eq!(Route::from_name(route.as_str()), Some(*route));
+            assert!(
+                route.as_str().bytes().all(|b| b.is_ascii_lowercase() || b == b'_'),
+                "{}",
+                route.as_str()
+            );
+        }
+        assert_eq!(Route::from_name("nope"), None);
     }
 
     #[test]
@@ -278,18 +332,36 @@ mod tests {
             "/v2",
             "/v2/..",
             "/admin/teams",
+            "/",
         ] {
             assert_eq!(target(uri), Err(GatewayError::NotFound), "{uri}");
         }
     }
 
     #[test]
-    fn dot_segments_inside_v2_resolve_to_the_canonical_path() {
-        let t = target("/v2/permits/./x/../search?size=5").unwrap();
+    fn non_canonical_paths_are_404_like_upstream() {
+        for uri in [
+            "/v2/permits/search/",
+            "//v2/permits/search",
+            "/v2//permits/search",
+            "/v2/./permits/search",
+            "/v2/permits/./search",
+            "/v2/x/../permits/search",
+            "/v2/%2e/permits/search",
+            "/v2/permits/search//",
+            "//v2//usage",
+        ] {
+            assert_eq!(target(uri), Err(GatewayError::NotFound), "{uri}");
+        }
+    }
+
+    #[test]
+    fn percent_encoded_names_route_like_the_decoded_path() {
+        // uvicorn decodes the path before Starlette routes it.
+        let t = target("/v2/%70ermits/search?size=5").unwrap();
         assert_eq!(t.route, Route::PermitsSearch);
         assert_eq!(t.path, "/v2/permits/search");
         assert_eq!(t.query.as_deref(), Some("size=5"));
-        assert_eq!(target("//v2//usage").unwrap().path, "/v2/usage");
     }
 
     #[test]
@@ -303,19 +375,6 @@ mod tests {
     fn path_ids_are_re_encoded() {
         let t = target("/v2/contractors/a%20b/permits").unwrap();
         assert_eq!(t.path, "/v2/contractors/a%20b/permits");
-    }
-
-    #[test]
-    fn credit_estimates_are_the_worst_case() {
-        let est = |u: &str| credit_estimate(&target(u).unwrap());
-        assert_eq!(est("/v2/permits/search?size=10"), 10);
-        assert_eq!(est("/v2/permits/search"), 50);
-        assert_eq!(est("/v2/permits/search?size=500"), 100);
-        assert_eq!(est("/v2/permits/search?size=abc"), 50);
-        assert_eq!(est("/v2/permits?id=a&id=b&id=c"), 3);
-        assert_eq!(est("/v2/meta/release"), 0);
-        assert_eq!(est("/v2/counties?geo_id=x"), 0);
-        assert_eq!(est("/v2/cities/x/metrics/current?size=7"), 7);
     }
 
     #[test]

@@ -255,6 +255,30 @@ mod tests {
     }
 
     #[test]
+    fn new_operations_normalize_only_what_is_proven() {
+        // Lookup ids: order and repeats kept (answer order not known yet).
+        let ids = |q| key(Route::PermitsById, "/v2/permits", q);
+        assert_ne!(ids("id=a&id=b"), ids("id=b&id=a"));
+        assert_ne!(ids("id=a&id=a"), ids("id=a"));
+        assert_eq!(ids("id=a&id=b&unknown=1"), ids("unknown=1&id=a&id=b"));
+        // Decision filters: lists whose order is not proven free.
+        let d = |q| key(Route::DecisionsSearch, "/v2/decisions/search", q);
+        assert_ne!(d("category=a&category=b"), d("category=b&category=a"));
+        assert_eq!(d("geo_id=CA&size=50&include_count=false"), d("geo_id=CA"));
+        assert_eq!(d("geo_id=CA&cursor=x&include_count=true"), d("geo_id=CA&cursor=x"));
+        assert_eq!(d("decision_q=a&decision_q=b"), d("decision_q=b"));
+        // Documented defaults of the new operations.
+        let p = |q| key(Route::PropertiesSearch, "/v2/properties/search", q);
+        assert_eq!(p("geo_id=CA&include_total_count=0"), p("geo_id=CA"));
+        assert_ne!(p("geo_id=CA&include_total_count=1"), p("geo_id=CA"));
+        let m = |q| key(Route::ContractorMetrics, "/v2/contractors/x/metrics", q);
+        assert_eq!(m("tag=all&size=50"), m("tag=all"));
+        // Geo searches declare no size: it stays in the key.
+        let c = |q| key(Route::CitiesSearch, "/v2/cities/search", q);
+        assert_ne!(c("q=a&size=50"), c("q=a"));
+    }
+
+    #[test]
     fn include_count_on_a_cursor_page_is_ignored() {
         assert_eq!(
             permits("geo_id=CA&cursor=abc&include_count=true"),

@@ -13,6 +13,8 @@
 //! encoded `/` or `\` or a control character inside a segment is refused
 //! outright (400), because servers disagree on what it means.
 
+#[cfg(test)]
+mod conformance;
 pub mod params;
 pub mod table;
 

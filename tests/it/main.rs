@@ -13,4 +13,5 @@ mod hostile;
 mod load;
 mod observability;
 mod rate;
+mod routes;
 mod sim;

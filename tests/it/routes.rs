@@ -30,11 +30,17 @@ fn sample(route: Route, s: &Samples) -> Option<String> {
     let c = &s.contractor_id;
     Some(match route {
         Route::PermitsSearch => format!("/v2/permits/search?geo_id={geo}&permit_from={from}&permit_to={to}&size=2"),
-        Route::ContractorsSearch => format!("/v2/contractors/search?geo_id={geo}&permit_from={from}&permit_to={to}&size=2"),
+        Route::ContractorsSearch => {
+            format!("/v2/contractors/search?geo_id={geo}&permit_from={from}&permit_to={to}&size=2")
+        }
         Route::ContractorPermits => format!("/v2/contractors/{c}/permits?size=2"),
         Route::AddressMetricsMonthly => format!("/v2/addresses/{addr}/metrics/monthly?{months}&tag=all&size=2"),
-        Route::CountyMetricsMonthly => format!("/v2/counties/{county}/metrics/monthly?{months}&property_type=all&tag=all&size=2"),
-        Route::CityMetricsMonthly => format!("/v2/cities/{city}/metrics/monthly?{months}&property_type=all&tag=all&size=2"),
+        Route::CountyMetricsMonthly => {
+            format!("/v2/counties/{county}/metrics/monthly?{months}&property_type=all&tag=all&size=2")
+        }
+        Route::CityMetricsMonthly => {
+            format!("/v2/cities/{city}/metrics/monthly?{months}&property_type=all&tag=all&size=2")
+        }
         Route::CityMetricsCurrent => format!("/v2/cities/{city}/metrics/current?property_type=all&tag=all&size=2"),
         Route::Counties => format!("/v2/counties?geo_id={county}"),
         Route::Cities => format!("/v2/cities?geo_id={city}"),
@@ -49,7 +55,9 @@ fn sample(route: Route, s: &Samples) -> Option<String> {
         Route::Other => return None,
         Route::PermitsById => "/v2/permits?id=p1&id=p2".into(),
         Route::ContractorsById => format!("/v2/contractors?id={c}"),
-        Route::DecisionsSearch => format!("/v2/decisions/search?geo_id={geo}&decision_from={from}&decision_to={to}&size=2"),
+        Route::DecisionsSearch => {
+            format!("/v2/decisions/search?geo_id={geo}&decision_from={from}&decision_to={to}&size=2")
+        }
         Route::DecisionsById => "/v2/decisions?id=d1".into(),
         Route::PropertiesSearch => format!("/v2/properties/search?geo_id={geo}&size=2"),
         Route::PropertiesById => format!("/v2/properties?id={addr}"),
@@ -59,7 +67,9 @@ fn sample(route: Route, s: &Samples) -> Option<String> {
         Route::CitiesSearch => "/v2/cities/search?q=a".into(),
         Route::CountiesSearch => "/v2/counties/search?q=a".into(),
         Route::AddressMetricsCurrent => format!("/v2/addresses/{addr}/metrics/current?tag=all&size=2"),
-        Route::CountyMetricsCurrent => format!("/v2/counties/{county}/metrics/current?property_type=all&tag=all&size=2"),
+        Route::CountyMetricsCurrent => {
+            format!("/v2/counties/{county}/metrics/current?property_type=all&tag=all&size=2")
+        }
         Route::JurisdictionMetricsMonthly => {
             format!("/v2/jurisdictions/{jur}/metrics/monthly?{months}&property_type=all&tag=all&size=2")
         }
@@ -87,7 +97,12 @@ async fn gateway_with_budget(sim: &Sim, limit: u64) -> permit_gateway::Running {
 
 /// Spends exactly `credits` of the team's budget on one full page.
 async fn spend(sim: &Sim, base: &str, credits: u32) -> Reply {
-    let r = as_team(&format!("{base}{}", distinct_search(sim, 7, credits)), SMALL.1, "small-spend").await;
+    let r = as_team(
+        &format!("{base}{}", distinct_search(sim, 7, credits)),
+        SMALL.1,
+        "small-spend",
+    )
+    .await;
     assert_eq!(r.status, StatusCode::OK, "{}", r.text());
     assert_eq!(r.header_u64("x-credits-request"), Some(u64::from(credits)));
     r
@@ -116,11 +131,19 @@ async fn a_team_with_no_credits_left_can_call_every_free_operation() {
     for route in Route::ALL.into_iter().filter(|r| !r.is_metered() && *r != Route::Usage) {
         let path = sample(route, &s).expect("every operation has a sample");
         let r = as_team(&format!("{base}{path}"), SMALL.1, "small-free").await;
-        assert_ne!(r.status, StatusCode::PAYMENT_REQUIRED, "{path}: a free call refused for budget");
+        assert_ne!(
+            r.status,
+            StatusCode::PAYMENT_REQUIRED,
+            "{path}: a free call refused for budget"
+        );
         assert!(reached_upstream(&sim, &path), "{path} did not reach the upstream");
         if sim_serves(&path) {
             assert_eq!(r.status, StatusCode::OK, "{path}: {}", r.text());
-            assert_eq!(r.header("x-credits-request"), None, "{path}: free answers carry no cost");
+            assert_eq!(
+                r.header("x-credits-request"),
+                None,
+                "{path}: free answers carry no cost"
+            );
         }
         free += 1;
     }
@@ -142,7 +165,12 @@ async fn an_id_lookup_reserves_one_credit_per_id() {
         .filter_map(|p| p["id"].as_str().map(str::to_owned))
         .collect();
     assert!(ids.len() >= 4, "a full page has ids");
-    let lookup = |n: usize| format!("{base}/v2/permits?{}", ids[..n].iter().map(|i| format!("id={i}")).collect::<Vec<_>>().join("&"));
+    let lookup = |n: usize| {
+        format!(
+            "{base}/v2/permits?{}",
+            ids[..n].iter().map(|i| format!("id={i}")).collect::<Vec<_>>().join("&")
+        )
+    };
     // 3 credits left: four ids (or four comma-joined) are refused before the upstream...
     let before = sim.stats().requests_total;
     for url in [lookup(4), format!("{base}/v2/permits?id={}", ids[..4].join(","))] {
@@ -150,7 +178,11 @@ async fn an_id_lookup_reserves_one_credit_per_id() {
         assert_eq!(r.status, StatusCode::PAYMENT_REQUIRED, "{url}: {}", r.text());
         assert_eq!(r.json()["detail"]["limit"], 13);
     }
-    assert_eq!(sim.stats().requests_total, before, "refused lookups never reach the upstream");
+    assert_eq!(
+        sim.stats().requests_total,
+        before,
+        "refused lookups never reach the upstream"
+    );
     // ...three fit exactly.
     let r = as_team(&lookup(3), SMALL.1, "small-three").await;
     assert_ne!(r.status, StatusCode::PAYMENT_REQUIRED, "{}", r.text());
@@ -175,12 +207,24 @@ async fn a_size_the_upstream_would_refuse_is_its_422_without_reserving_or_callin
         "/v2/permits/search?geo_id={}&permit_from={}&permit_to={}",
         s.state, s.permit_from, s.permit_to
     );
-    let bad = ["size=3&size=", "size=1%26size%3D100", "size=", "size=0", "size=101", "size=abc", "size=-1"];
+    let bad = [
+        "size=3&size=",
+        "size=1%26size%3D100",
+        "size=",
+        "size=0",
+        "size=101",
+        "size=abc",
+        "size=-1",
+    ];
     let mut answers = Vec::new();
     for q in bad {
         let r = as_team(&format!("{base}{search}&{q}"), SMALL.1, "small-bad").await;
         assert_eq!(r.status, StatusCode::UNPROCESSABLE_ENTITY, "{q}: {}", r.text());
-        assert_eq!(r.json()["detail"][0]["loc"], serde_json::json!(["query", "size"]), "{q}");
+        assert_eq!(
+            r.json()["detail"][0]["loc"],
+            serde_json::json!(["query", "size"]),
+            "{q}"
+        );
         answers.push(r.json());
     }
     assert_eq!(sim.stats().requests_total, 0, "none reached the upstream");
@@ -223,12 +267,20 @@ async fn non_canonical_paths_are_the_upstreams_404_and_never_cached() {
     ] {
         let r = as_team(&format!("{base}{path}{query}"), SMALL.1, "small-path").await;
         assert_eq!(r.status, StatusCode::NOT_FOUND, "{path}: {}", r.text());
-        let theirs = get(&format!("{}{path}{query}", sim.base_url()), &[("x-api-key", sim.api_key())]).await;
+        let theirs = get(
+            &format!("{}{path}{query}", sim.base_url()),
+            &[("x-api-key", sim.api_key())],
+        )
+        .await;
         assert_eq!(theirs.status, StatusCode::NOT_FOUND, "{path} upstream");
         assert_eq!(r.json(), theirs.json(), "{path}: the upstream's body");
         assert_eq!(r.header("x-cache"), None, "{path}: no cache involved");
     }
-    let forwarded = sim.log().iter().filter(|e| e.request_id.as_deref() == Some("small-path")).count();
+    let forwarded = sim
+        .log()
+        .iter()
+        .filter(|e| e.request_id.as_deref() == Some("small-path"))
+        .count();
     assert_eq!(forwarded, 0, "none went upstream");
     // The canonical path was never cached by them: its first call is a MISS.
     let canonical = format!("{base}/v2/jurisdictions/search{query}");
@@ -237,7 +289,12 @@ async fn non_canonical_paths_are_the_upstreams_404_and_never_cached() {
     assert_eq!(first.header("x-cache"), Some("MISS"));
     // An encoded letter is the same path to the vendor's server (uvicorn
     // decodes before routing): the same answer, from the same entry.
-    let encoded = as_team(&format!("{base}/v2/jurisdictions/se%61rch{query}"), SMALL.1, "small-enc").await;
+    let encoded = as_team(
+        &format!("{base}/v2/jurisdictions/se%61rch{query}"),
+        SMALL.1,
+        "small-enc",
+    )
+    .await;
     assert_eq!(encoded.status, StatusCode::OK);
     assert_eq!(encoded.header("x-cache"), Some("HIT"));
     assert_eq!(encoded.body, first.body);
@@ -251,11 +308,22 @@ async fn unknown_v2_paths_go_upstream_as_other_and_are_counted() {
     let sim = start_sim(unlimited()).await;
     let gw = gateway_with_budget(&sim, 1000).await;
     let base = gw.base_url();
-    let r = as_team(&format!("{base}/v2/states/CA/metrics/monthly?size=3"), SMALL.1, "small-new").await;
+    let r = as_team(
+        &format!("{base}/v2/states/CA/metrics/monthly?size=3"),
+        SMALL.1,
+        "small-new",
+    )
+    .await;
     assert_eq!(r.status, StatusCode::NOT_FOUND, "the simulator has no such operation");
-    assert!(reached_upstream(&sim, "/v2/states/CA/metrics/monthly"), "unknown paths are forwarded");
+    assert!(
+        reached_upstream(&sim, "/v2/states/CA/metrics/monthly"),
+        "unknown paths are forwarded"
+    );
     let metrics = Exposition::parse(&get(&format!("{}/metrics", gw.admin_url()), &[]).await.text());
-    let upstream = metrics.sum("gateway_upstream_requests_total", &[("route", "other"), ("status", "404")]);
+    let upstream = metrics.sum(
+        "gateway_upstream_requests_total",
+        &[("route", "other"), ("status", "404")],
+    );
     assert_eq!(upstream, 1.0, "counted under route=\"other\"");
     let requests = metrics.sum("gateway_requests_total", &[("route", "other"), ("team", SMALL.0)]);
     assert_eq!(requests, 1.0);

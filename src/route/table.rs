@@ -13,6 +13,7 @@
 //! only ever appended, so entries written by an older replica still decode.
 
 use super::Route;
+use std::sync::LazyLock;
 
 /// What one call of an operation costs the org, by the upstream's metering
 /// (`upstream-research.md`, "Credits").
@@ -116,20 +117,19 @@ impl Row {
             .find(|p| p.name == name)
             .map(|p| p.kind)
     }
+}
 
-    /// Whether a decoded path (segments after `v2`) is this operation's.
-    pub fn matches(&self, rest: &[&str]) -> bool {
-        let Some(pattern) = self.pattern else { return false };
-        let mut want = pattern.split('/');
-        let mut got = rest.iter();
-        loop {
-            match (want.next(), got.next()) {
-                (None, None) => return true,
-                (Some(w), Some(g)) if w.starts_with('{') || w == *g => {}
-                _ => return false,
-            }
-        }
-    }
+/// A pattern's segments; `{..}` matches any one segment.
+fn split(pattern: &'static str) -> Vec<&'static str> {
+    pattern.split('/').collect()
+}
+
+fn matches(pattern: &[&str], rest: &[&str]) -> bool {
+    pattern.len() == rest.len()
+        && pattern
+            .iter()
+            .zip(rest)
+            .all(|(want, got)| want.starts_with('{') || want == got)
 }
 
 const fn p(name: &'static str, kind: Kind) -> Param {
@@ -301,7 +301,18 @@ pub static TABLE: [Row; super::ROUTES] = [
     row(Route::ListTags, "list_tags", "list/tags", Free, Reference, &[PAGE]),
 ];
 
+/// The patterns split once: routing runs on every request, hits included.
+static PATTERNS: LazyLock<Vec<(Route, Vec<&'static str>)>> = LazyLock::new(|| {
+    TABLE
+        .iter()
+        .filter_map(|row| row.pattern.map(|p| (row.route, split(p))))
+        .collect()
+});
+
 /// The route of a decoded path below `/v2` (`["permits", "search"]`).
 pub fn route_of(rest: &[&str]) -> Route {
-    TABLE.iter().find(|r| r.matches(rest)).map_or(Route::Other, |r| r.route)
+    PATTERNS
+        .iter()
+        .find(|(_, pattern)| matches(pattern, rest))
+        .map_or(Route::Other, |(route, _)| *route)
 }

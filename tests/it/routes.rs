@@ -256,15 +256,23 @@ async fn non_canonical_paths_are_the_upstreams_404_and_never_cached() {
     let sim = start_sim(unlimited()).await;
     let gw = gateway_with_budget(&sim, 1000).await;
     let base = gw.base_url();
-    let query = "?q=a";
-    for path in [
-        "/v2/jurisdictions/search/",
-        "//v2/jurisdictions/search",
-        "/v2//jurisdictions/search",
-        "/v2/./jurisdictions/search",
-        "/v2/x/../jurisdictions/search",
-        "/v2/jurisdictions/%2e/search",
-    ] {
+    let s = sim.samples();
+    let permits = format!(
+        "?geo_id={}&permit_from={}&permit_to={}&size=2",
+        s.state, s.permit_from, s.permit_to
+    );
+    let shapes = [
+        ("/v2/permits/search/", permits.as_str()),
+        ("//v2/permits/search", &permits),
+        ("/v2//permits/search", &permits),
+        ("/v2/./permits/search", &permits),
+        ("/v2/x/../permits/search", &permits),
+        ("/v2/jurisdictions/search/", "?q=a"),
+        ("/v2/./jurisdictions/search", "?q=a"),
+        ("/v2/jurisdictions/%2e/search", "?q=a"),
+        ("/v2/%2e%2e/v2/jurisdictions/search", "?q=a"),
+    ];
+    for (path, query) in shapes {
         let r = as_team(&format!("{base}{path}{query}"), SMALL.1, "small-path").await;
         assert_eq!(r.status, StatusCode::NOT_FOUND, "{path}: {}", r.text());
         let theirs = get(
@@ -282,7 +290,9 @@ async fn non_canonical_paths_are_the_upstreams_404_and_never_cached() {
         .filter(|e| e.request_id.as_deref() == Some("small-path"))
         .count();
     assert_eq!(forwarded, 0, "none went upstream");
+    assert_eq!(used(&base, SMALL.1).await, 0, "nothing reserved or spent");
     // The canonical path was never cached by them: its first call is a MISS.
+    let query = "?q=a";
     let canonical = format!("{base}/v2/jurisdictions/search{query}");
     let first = as_team(&canonical, SMALL.1, "small-canon").await;
     assert_eq!(first.status, StatusCode::OK);
@@ -298,6 +308,11 @@ async fn non_canonical_paths_are_the_upstreams_404_and_never_cached() {
     assert_eq!(encoded.status, StatusCode::OK);
     assert_eq!(encoded.header("x-cache"), Some("HIT"));
     assert_eq!(encoded.body, first.body);
+    let search = as_team(&format!("{base}/v2/permits/search{permits}"), SMALL.1, "small-canon").await;
+    assert_eq!(search.header("x-cache"), Some("MISS"));
+    let encoded = as_team(&format!("{base}/v2/%70ermits/search{permits}"), SMALL.1, "small-enc").await;
+    assert_eq!(encoded.header("x-cache"), Some("HIT"));
+    assert_eq!(encoded.body, search.body);
     // A 404 needs no token, like the upstream's.
     let anonymous = get(&format!("{base}/v2/jurisdictions/search/"), &[]).await;
     assert_eq!(anonymous.status, StatusCode::NOT_FOUND);

@@ -178,6 +178,14 @@ async fn an_id_lookup_reserves_one_credit_per_id() {
         assert_eq!(r.status, StatusCode::PAYMENT_REQUIRED, "{url}: {}", r.text());
         assert_eq!(r.json()["detail"]["limit"], 13);
     }
+    // An unknown path reserves its ids too: four do not fit either.
+    let unknown = as_team(
+        &format!("{base}/v2/permit_records?id=a&id=b&id=c&id=d"),
+        SMALL.1,
+        "small-unknown",
+    )
+    .await;
+    assert_eq!(unknown.status, StatusCode::PAYMENT_REQUIRED, "{}", unknown.text());
     assert_eq!(
         sim.stats().requests_total,
         before,

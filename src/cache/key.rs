@@ -10,7 +10,9 @@
 //!   de-duplicated, since they are AND/OR sets. Not de-duplicated when that
 //!   would hide a `maxItems` violation the upstream answers with 422. The
 //!   newer operations' lists (decision and property filters, lookup ids) are
-//!   kept as sent: that their order and repeats do not matter is not proven;
+//!   kept as sent: that their order and repeats do not matter is not proven,
+//!   and for ids it is false where documented (`/properties?id=` answers "in
+//!   request order");
 //! - repeated scalar parameters: Starlette hands FastAPI the last value;
 //! - documented defaults equal their absence: `size=50`,
 //!   `include_count=false`, `include_tallies=true`,

@@ -9,7 +9,7 @@
 
 use crate::http_util::{json_response, Body};
 use http::{header, HeaderValue, Response, StatusCode};
-use serde_json::json;
+use serde_json::{json, Value};
 
 /// Who caused a failure: decides logging level and which metrics move.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -27,6 +27,9 @@ pub enum GatewayError {
     MethodNotAllowed,
     /// A request we refuse to interpret (bad encoding, control characters).
     BadRequest(&'static str),
+    /// Query parameters the upstream would refuse with a 422 (checked before
+    /// anything is reserved): the upstream's 422, from the gateway.
+    InvalidQuery(Vec<Violation>),
     /// The request target is longer than `server.max_uri_bytes`.
     UriTooLong,
     /// The request headers together exceed `server.max_header_bytes`.
@@ -57,6 +60,40 @@ pub enum GatewayError {
     Internal,
 }
 
+/// One finding of the gateway's own query validation, rendered as one item
+/// of FastAPI's 422 `detail` array (`{"type","loc","msg","input"(,"ctx")}`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Violation {
+    /// Pydantic's error type (`int_parsing`, `too_long`, ...).
+    pub kind: &'static str,
+    /// The query parameter at fault.
+    pub param: &'static str,
+    pub msg: String,
+    /// What was sent, as Pydantic echoes it.
+    pub input: Value,
+    pub ctx: Option<Value>,
+}
+
+impl Violation {
+    pub fn new(kind: &'static str, param: &'static str, msg: &str, input: Value, ctx: Option<Value>) -> Violation {
+        Violation {
+            kind,
+            param,
+            msg: msg.to_string(),
+            input,
+            ctx,
+        }
+    }
+
+    fn to_json(&self) -> Value {
+        let mut v = json!({"type": self.kind, "loc": ["query", self.param], "msg": self.msg, "input": self.input});
+        if let Some(ctx) = &self.ctx {
+            v["ctx"] = ctx.clone();
+        }
+        v
+    }
+}
+
 impl GatewayError {
     pub fn fault(&self) -> Fault {
         use GatewayError::*;
@@ -64,6 +101,7 @@ impl GatewayError {
             NotFound
             | MethodNotAllowed
             | BadRequest(_)
+            | InvalidQuery(_)
             | UriTooLong
             | HeadersTooLarge
             | MissingCredential
@@ -85,7 +123,7 @@ impl GatewayError {
             BadRequest(_) => StatusCode::BAD_REQUEST,
             UriTooLong => StatusCode::URI_TOO_LONG,
             HeadersTooLarge => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
-            MissingCredential => StatusCode::UNPROCESSABLE_ENTITY,
+            MissingCredential | InvalidQuery(_) => StatusCode::UNPROCESSABLE_ENTITY,
             InvalidCredential | ConflictingCredentials => StatusCode::UNAUTHORIZED,
             TeamRateLimited { .. } | UpstreamRateLimited { .. } => StatusCode::TOO_MANY_REQUESTS,
             QuotaExceeded { .. } => StatusCode::PAYMENT_REQUIRED,
@@ -102,6 +140,9 @@ impl GatewayError {
             NotFound => "Not Found",
             MethodNotAllowed => "Method Not Allowed",
             BadRequest(why) => why,
+            InvalidQuery(violations) => {
+                return json!({ "detail": violations.iter().map(Violation::to_json).collect::<Vec<_>>() })
+            }
             UriTooLong => "Request target too long",
             HeadersTooLarge => "Request headers too large",
             MissingCredential => {
@@ -173,6 +214,16 @@ mod tests {
             (NotFound, 404),
             (MethodNotAllowed, 405),
             (BadRequest("bad"), 400),
+            (
+                InvalidQuery(vec![Violation::new(
+                    "missing",
+                    "id",
+                    "Field required",
+                    Value::Null,
+                    None,
+                )]),
+                422,
+            ),
             (UriTooLong, 414),
             (HeadersTooLarge, 431),
             (MissingCredential, 422),
@@ -223,6 +274,16 @@ mod tests {
             let ra: u64 = resp.headers()[header::RETRY_AFTER].to_str().unwrap().parse().unwrap();
             assert!(ra >= 1);
         }
+    }
+
+    #[tokio::test]
+    async fn invalid_query_is_the_upstream_422_shape() {
+        let v = Violation::new("less_than_equal", "size", "m", json!("101"), Some(json!({"le": 100})));
+        let (_, body) = body_of(GatewayError::InvalidQuery(vec![v])).await;
+        assert_eq!(
+            body,
+            json!({"detail": [{"type": "less_than_equal", "loc": ["query", "size"], "msg": "m", "input": "101", "ctx": {"le": 100}}]})
+        );
     }
 
     #[tokio::test]

@@ -10,7 +10,9 @@
 //! - [`app`]: the shared state built once from a config.
 //! - [`server`]: accept loop, TLS, HTTP/1.1 + HTTP/2, graceful shutdown.
 //! - [`proxy`]: the life of a team request, one phase per step.
-//! - [`route`]: path → canonical path and route name.
+//! - [`route`]: path → canonical path and route; the route table (every
+//!   vendor operation: name, cost, TTL class, parameters); `size`/`id` checks
+//!   and the credit estimate.
 //! - [`auth`]: token → team.
 //! - [`cache`]: normalized keys, L1 moka + L2 Redis, coalescing, staleness.
 //! - [`redis_backend`]: the shared Redis connection with timeouts and a breaker.

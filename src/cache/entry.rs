@@ -84,12 +84,8 @@ impl Entry {
         out.extend_from_slice(&self.credits.to_be_bytes());
         out.extend_from_slice(&self.stored_at_ms.to_be_bytes());
         out.extend_from_slice(&self.ttl_ms.to_be_bytes());
-        out.push(
-            Route::ALL
-                .iter()
-                .position(|r| *r == self.route)
-                .unwrap_or(Route::ALL.len() - 1) as u8,
-        );
+        // The route's stable code: rows of the route table are only appended.
+        out.push(u8::try_from(self.route.index()).unwrap_or(u8::MAX));
         out.push(self.etag.len() as u8);
         out.extend_from_slice(self.etag.as_bytes());
         out.extend_from_slice(&self.body);
@@ -111,7 +107,8 @@ impl Entry {
         let credits = u64_at(0)?;
         let stored_at_ms = u64_at(8)?;
         let ttl_ms = u64_at(16)?;
-        let route = *Route::ALL.get(usize::from(rest[24]))?;
+        // A code this build does not know (a newer replica's route): a miss.
+        let route = Route::from_index(usize::from(rest[24]))?;
         let etag_len = usize::from(rest[25]);
         let etag = std::str::from_utf8(rest.get(26..26 + etag_len)?).ok()?.to_string();
         let body = Bytes::copy_from_slice(rest.get(26 + etag_len..)?);

@@ -1,17 +1,23 @@
 //! The normalized cache key: two requests get the same key only when the
 //! upstream must give them the same answer. Pure functions, no I/O.
 //!
-//! What is normalized, and why each is provably equal for the upstream
-//! (FastAPI + Pydantic v2, per `upstream-research.md`):
+//! How each parameter is read comes from the route table
+//! ([`crate::route::table`]). What is normalized, and why each is provably
+//! equal for the upstream (FastAPI + Pydantic v2, per `upstream-research.md`):
 //! - parameter order: FastAPI reads parameters by name;
 //! - set-valued filters (`permit_tags`, `permit_status`, `property_type`,
 //!   `contractor_classification_derived` on the two searches): sorted and
 //!   de-duplicated, since they are AND/OR sets. Not de-duplicated when that
-//!   would hide a `maxItems` violation the upstream answers with 422;
+//!   would hide a `maxItems` violation the upstream answers with 422. The
+//!   newer operations' lists (decision and property filters, lookup ids) are
+//!   kept as sent: that their order and repeats do not matter is not proven,
+//!   and for ids it is false where documented (`/properties?id=` answers "in
+//!   request order");
 //! - repeated scalar parameters: Starlette hands FastAPI the last value;
 //! - documented defaults equal their absence: `size=50`,
-//!   `include_count=false`, `include_tallies=true`; `include_count` on a
-//!   cursor page, where the upstream ignores it;
+//!   `include_count=false`, `include_tallies=true`,
+//!   `include_total_count=false`; `include_count` on a cursor page, where
+//!   the upstream documents it as ignored;
 //! - boolean spellings Pydantic accepts (`1`, `yes`, `on`, `t`, `y`, any
 //!   case) become `true`/`false`;
 //! - percent-encoding and `+` for space are decoded and re-encoded one way.
@@ -20,6 +26,7 @@
 //! in their original relative order; anything that does not decode to UTF-8
 //! leaves the whole query verbatim (no sharing, but never a wrong answer).
 
+use crate::route::table::Kind as Param;
 use crate::route::{Route, Target};
 use percent_encoding::{percent_decode_str, utf8_percent_encode, AsciiSet, NON_ALPHANUMERIC};
 use std::borrow::Cow;
@@ -30,7 +37,7 @@ const KEY_VERSION: &str = "k1";
 /// What is re-encoded in keys: everything but RFC 3986 unreserved characters.
 const QUERY_VALUE: &AsciiSet = &NON_ALPHANUMERIC.remove(b'-').remove(b'.').remove(b'_').remove(b'~');
 
-/// How the upstream reads one parameter of one route.
+/// How the key treats one parameter of one route, from the route table.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Kind {
     /// A repeatable filter with set semantics; `max_items` as validated.
@@ -40,83 +47,21 @@ enum Kind {
         default: Option<&'static str>,
         boolean: bool,
     },
-    /// Not declared for this route: kept exactly as sent.
+    /// Not declared for this route, or a list whose order is not proven
+    /// free (ids): kept exactly as sent.
     Unknown,
 }
 
 fn kind(route: Route, name: &str) -> Kind {
-    use Route::*;
-    let search = matches!(route, PermitsSearch | ContractorsSearch);
-    let paged = matches!(
-        route,
-        PermitsSearch
-            | ContractorsSearch
-            | ContractorPermits
-            | AddressMetricsMonthly
-            | CountyMetricsMonthly
-            | CityMetricsMonthly
-            | CityMetricsCurrent
-            | ListZip
-            | ZipcodesSearch
-            | StatesSearch
-    );
-    let counted = matches!(route, PermitsSearch | ContractorsSearch | ContractorPermits);
-    let scalar = Kind::Scalar {
-        default: None,
-        boolean: false,
-    };
-    match name {
-        "permit_status" if search => Kind::Set { max_items: Some(4) },
-        "permit_tags" | "property_type" | "contractor_classification_derived" if search => {
-            Kind::Set { max_items: None }
-        }
-        "size" if paged => Kind::Scalar {
-            default: Some("50"),
-            boolean: false,
-        },
-        "cursor" if paged => scalar,
-        "include_count" if counted => Kind::Scalar {
-            default: Some("false"),
-            boolean: true,
-        },
-        "include_tallies" if route == ContractorsSearch => Kind::Scalar {
-            default: Some("true"),
-            boolean: true,
-        },
-        "permit_has_contractor" if route == PermitsSearch => Kind::Scalar {
-            default: None,
-            boolean: true,
-        },
-        _ if search && is_search_scalar(name) => scalar,
-        "metric_from" | "metric_to" | "tag"
-            if matches!(
-                route,
-                AddressMetricsMonthly | CountyMetricsMonthly | CityMetricsMonthly | CityMetricsCurrent
-            ) =>
-        {
-            scalar
-        }
-        "property_type" if matches!(route, CountyMetricsMonthly | CityMetricsMonthly | CityMetricsCurrent) => scalar,
-        "geo_id" if matches!(route, Counties | Cities | Jurisdictions | MetaCoverage) => scalar,
-        "q" if matches!(route, ZipcodesSearch | StatesSearch | JurisdictionsSearch) => scalar,
-        "geo_type" | "date_from" | "date_to" if route == MetaCoverage => scalar,
-        _ => Kind::Unknown,
+    let scalar = |default, boolean| Kind::Scalar { default, boolean };
+    match route.param(name) {
+        Some(Param::Set { max_items }) => Kind::Set { max_items },
+        Some(Param::List { .. } | Param::Ids) | None => Kind::Unknown,
+        Some(Param::Scalar) => scalar(None, false),
+        Some(Param::Flag { default }) => scalar(default.map(|b| if b { "true" } else { "false" }), true),
+        Some(Param::Size) => scalar(Some("50"), false),
+        Some(Param::Count) => scalar(Some("false"), true),
     }
-}
-
-fn is_search_scalar(name: &str) -> bool {
-    matches!(
-        name,
-        "permit_from"
-            | "permit_to"
-            | "geo_id"
-            | "permit_q"
-            | "contractor_name"
-            | "contractor_website"
-            | "contractor_license"
-    ) || name.starts_with("permit_min_")
-        || name.starts_with("property_min_")
-        || name.starts_with("contractor_min_")
 }
 
 /// Pydantic's lax booleans; `None` when the upstream would answer 422.
@@ -181,7 +126,7 @@ pub fn normalize_query(route: Route, query: &str) -> String {
                 } else {
                     last
                 };
-                let ignored = name == "include_count" && has_cursor && canonical_bool(last).is_some();
+                let ignored = has_cursor && route.param(name) == Some(Param::Count) && canonical_bool(last).is_some();
                 if default == Some(value) || ignored {
                     continue;
                 }
@@ -312,6 +257,30 @@ mod tests {
     }
 
     #[test]
+    fn new_operations_normalize_only_what_is_proven() {
+        // Lookup ids: order and repeats kept (answer order not known yet).
+        let ids = |q| key(Route::PermitsById, "/v2/permits", q);
+        assert_ne!(ids("id=a&id=b"), ids("id=b&id=a"));
+        assert_ne!(ids("id=a&id=a"), ids("id=a"));
+        assert_eq!(ids("id=a&id=b&unknown=1"), ids("unknown=1&id=a&id=b"));
+        // Decision filters: lists whose order is not proven free.
+        let d = |q| key(Route::DecisionsSearch, "/v2/decisions/search", q);
+        assert_ne!(d("category=a&category=b"), d("category=b&category=a"));
+        assert_eq!(d("geo_id=CA&size=50&include_count=false"), d("geo_id=CA"));
+        assert_eq!(d("geo_id=CA&cursor=x&include_count=true"), d("geo_id=CA&cursor=x"));
+        assert_eq!(d("decision_q=a&decision_q=b"), d("decision_q=b"));
+        // Documented defaults of the new operations.
+        let p = |q| key(Route::PropertiesSearch, "/v2/properties/search", q);
+        assert_eq!(p("geo_id=CA&include_total_count=0"), p("geo_id=CA"));
+        assert_ne!(p("geo_id=CA&include_total_count=1"), p("geo_id=CA"));
+        let m = |q| key(Route::ContractorMetrics, "/v2/contractors/x/metrics", q);
+        assert_eq!(m("tag=all&size=50"), m("tag=all"));
+        // Geo searches declare no size: it stays in the key.
+        let c = |q| key(Route::CitiesSearch, "/v2/cities/search", q);
+        assert_ne!(c("q=a&size=50"), c("q=a"));
+    }
+
+    #[test]
     fn include_count_on_a_cursor_page_is_ignored() {
         assert_eq!(
             permits("geo_id=CA&cursor=abc&include_count=true"),
@@ -385,10 +354,12 @@ mod tests {
         }
 
         #[test]
-        fn normalizing_twice_changes_nothing(query in "[a-z_=&%0-9A-F+]{0,40}") {
-            let once = normalize_query(Route::PermitsSearch, &query);
-            if !once.starts_with('!') {
-                prop_assert_eq!(normalize_query(Route::PermitsSearch, &once), once);
+        fn normalizing_twice_changes_nothing(query in "[a-z_=&%0-9A-F+]{0,40}|(id|size|cursor|include_count|category)=[a-z0-9,]{0,3}(&(id|size|cursor|include_count|category)=[a-z0-9,]{0,3}){0,5}") {
+            for route in Route::ALL {
+                let once = normalize_query(route, &query);
+                if !once.starts_with('!') {
+                    prop_assert_eq!(normalize_query(route, &once), once.clone(), "{:?}", route);
+                }
             }
         }
     }

@@ -85,16 +85,17 @@ pub struct CacheConfig {
 }
 
 impl CacheConfig {
-    /// Freshness of a route's answers; `None` never caches.
+    /// Freshness of a route's answers; `None` never caches. A route's own
+    /// `route_ttl_secs` entry wins over its TTL class in the route table;
+    /// unknown paths (`other`) use `default_ttl_secs`.
     pub fn ttl_for(&self, route: crate::route::Route) -> Option<std::time::Duration> {
-        if route == crate::route::Route::Usage {
-            return None;
-        }
-        let secs = self
-            .route_ttl_secs
-            .get(route.as_str())
-            .copied()
-            .unwrap_or(self.default_ttl_secs);
+        use crate::route::table::TtlClass;
+        let class_secs = match route.ttl_class() {
+            TtlClass::Never => return None,
+            TtlClass::Default => self.default_ttl_secs,
+            class => class.secs().unwrap_or(self.default_ttl_secs),
+        };
+        let secs = self.route_ttl_secs.get(route.as_str()).copied().unwrap_or(class_secs);
         (secs > 0).then(|| std::time::Duration::from_secs(secs))
     }
 }

@@ -92,3 +92,25 @@ fn the_key_can_come_from_a_file() {
     let c = load(&text).expect("valid");
     assert_eq!(c.upstream_key().expect("key").expose(), "from-file");
 }
+
+#[test]
+fn route_ttls_come_from_the_route_table_unless_configured() {
+    use crate::route::Route;
+    use std::time::Duration;
+    let c = load(&format!(
+        "{KEY}[cache]\ndefault_ttl_secs = 60\n[cache.route_ttl_secs]\nlist_tags = 5\ncities_search = 0\n"
+    ))
+    .expect("valid");
+    let ttl = |r| c.cache.ttl_for(r);
+    // The contract routes keep the TTLs they always had.
+    assert_eq!(ttl(Route::PermitsSearch), Some(Duration::from_secs(86_400)));
+    assert_eq!(ttl(Route::Counties), Some(Duration::from_secs(604_800)));
+    assert_eq!(ttl(Route::MetaRelease), Some(Duration::from_secs(300)));
+    // New ones by class, unknown paths by the default, overrides win.
+    assert_eq!(ttl(Route::PermitsById), Some(Duration::from_secs(86_400)));
+    assert_eq!(ttl(Route::AddressesSearch), Some(Duration::from_secs(604_800)));
+    assert_eq!(ttl(Route::Other), Some(Duration::from_secs(60)));
+    assert_eq!(ttl(Route::ListTags), Some(Duration::from_secs(5)));
+    assert_eq!(ttl(Route::CitiesSearch), None);
+    assert_eq!(ttl(Route::Usage), None);
+}

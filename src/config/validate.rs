@@ -7,7 +7,7 @@ use std::net::SocketAddr;
 impl CacheConfig {
     pub(super) fn validate(&self, p: &mut Vec<String>) {
         for (name, secs) in &self.route_ttl_secs {
-            match crate::route::Route::ALL.iter().find(|r| r.as_str() == name) {
+            match crate::route::Route::from_name(name) {
                 None => p.push(format!("cache.route_ttl_secs.{name}: not a route name")),
                 Some(crate::route::Route::Usage) if *secs > 0 => {
                     p.push("cache.route_ttl_secs.usage: /v2/usage is never cached".into())

@@ -58,6 +58,11 @@ async fn pipeline<B>(app: &Arc<App>, req: &Request<B>, log: &mut RequestLog) -> 
     // 3. Route (before auth only so that 404 needs no token, like upstream).
     let target = route::classify(req.uri(), app.config.server.max_uri_bytes)?;
     log.route = Some(target.route);
+    if target.route == Route::Other {
+        // The one place an operator learns which path the vendor may have
+        // added (alert GatewayUnknownVendorOperation); the query stays out.
+        tracing::info!(request_id = %log.request_id, path = %target.path, "unknown /v2 path, routed as other");
+    }
 
     // 2. Authenticate before anything costs money or reveals data.
     let team = app.teams.load().authenticate(req.headers())?;
@@ -71,6 +76,11 @@ async fn pipeline<B>(app: &Arc<App>, req: &Request<B>, log: &mut RequestLog) -> 
             .inc();
         return Err(GatewayError::TeamRateLimited { retry_after_secs });
     }
+
+    // 4b. A `size` or `id` list the upstream would refuse: its free 422,
+    //     answered here before anything is looked up, reserved or sent, so
+    //     the estimate below is computed from a valid value.
+    route::validate(&target)?;
 
     // 6. /v2/usage is the team's own usage: answered here, never forwarded,
     //    since the upstream's answer is the whole org's.

@@ -367,7 +367,7 @@ async fn errors_and_usage_are_never_cached() {
     let sim = start_sim(unlimited()).await;
     let gw = Setup::new().start(&sim).await;
     for path in [
-        "/v2/permits/search?geo_id=CA&size=500",
+        "/v2/permits/search?geo_id=CA&size=5",
         "/v2/counties?geo_id=AAAAAAAAAAA",
         "/v2/usage",
     ] {

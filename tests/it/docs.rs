@@ -277,3 +277,73 @@ fn the_chart_reads_alerts_and_dashboards_from_dashboards_through_symlinks() {
         assert_eq!(found, PathBuf::from(&target), "files/{link} must point at {target}");
     }
 }
+
+/// The rows of docs/operations.md's operations table: (route, operation, credits, TTL).
+fn operation_rows() -> Vec<Vec<String>> {
+    let doc = std::fs::read_to_string(root().join("docs/operations.md")).expect("docs/operations.md");
+    let start = doc
+        .find("<!-- routes:begin -->")
+        .expect("docs/operations.md has <!-- routes:begin -->");
+    let end = doc
+        .find("<!-- routes:end -->")
+        .expect("docs/operations.md has <!-- routes:end -->");
+    doc[start..end]
+        .lines()
+        .map(|line| {
+            line.trim()
+                .trim_matches('|')
+                .split('|')
+                .map(|c| c.trim().to_string())
+                .collect::<Vec<_>>()
+        })
+        .filter(|cells| cells.len() == 4 && cells[0].starts_with('`'))
+        .collect()
+}
+
+#[test]
+fn the_operations_table_is_the_route_table() {
+    use permit_gateway::route::table::{Cost, TtlClass};
+    use permit_gateway::route::Route;
+    let rows = operation_rows();
+    let mut documented = BTreeSet::new();
+    for cells in &rows {
+        let name = cells[0].trim_matches('`');
+        let route = Route::from_name(name).unwrap_or_else(|| panic!("{name} is not a route"));
+        assert!(documented.insert(route), "{name} documented twice");
+        let row = route.row();
+        let operation = row
+            .pattern
+            .map_or("any other `/v2/...` path".to_string(), |p| format!("`GET /v2/{p}`"));
+        assert_eq!(cells[1], operation, "{name}: operation");
+        let class = match row.cost {
+            Cost::Free => "free",
+            Cost::Page => "page",
+            Cost::Ids => "ids",
+            Cost::Unknown => "unknown",
+        };
+        assert_eq!(cells[2].split(':').next(), Some(class), "{name}: credit class");
+        let ttl = match row.ttl {
+            TtlClass::Never => "never cached".to_string(),
+            TtlClass::Default => "`cache.default_ttl_secs`".to_string(),
+            class => format!("`{}`", class.secs().expect("a fixed TTL")),
+        };
+        assert_eq!(cells[3], ttl, "{name}: TTL");
+    }
+    assert_eq!(documented.len(), Route::ALL.len(), "every route is documented");
+}
+
+#[test]
+fn the_metrics_reference_lists_every_route_name() {
+    let doc = std::fs::read_to_string(root().join("docs/metrics.md")).expect("docs/metrics.md");
+    let row = doc
+        .lines()
+        .find(|l| l.starts_with("| `route` |"))
+        .expect("docs/metrics.md has the route label row");
+    for route in permit_gateway::route::Route::ALL {
+        assert!(
+            row.contains(&format!("`{}`", route.as_str())),
+            "docs/metrics.md lacks {}",
+            route.as_str()
+        );
+    }
+}

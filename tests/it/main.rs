@@ -14,5 +14,6 @@ mod load;
 mod observability;
 mod pyshovels;
 mod rate;
+mod routes;
 mod sim;
 mod vendor;

@@ -356,10 +356,13 @@ pub fn panel_queries(file: &Path) -> Vec<PanelQuery> {
 }
 
 /// A Grafana expression with its variables replaced for Prometheus:
-/// `team` by `team`, intervals and ranges by `interval`.
+/// `team` by `team`, `route` by every route (Grafana's "All"), intervals and
+/// ranges by `interval`.
 pub fn substitute(expr: &str, team: &str, interval: &str) -> String {
     expr.replace("${team}", team)
         .replace("$team", team)
+        .replace("${route}", ".*")
+        .replace("$route", ".*")
         .replace("$__rate_interval", interval)
         .replace("$__interval", interval)
         .replace("$__range", interval)

@@ -1,0 +1,354 @@
+//! The route table through the real gateway and simulator: free operations
+//! are never refused for budget, lookups reserve one credit per id, bad
+//! `size`/`id` lists get the upstream's 422 without reserving or calling,
+//! non-canonical paths are the upstream's 404, unknown paths are counted.
+//!
+//! The simulator does not serve every vendor operation yet (issue #15):
+//! where one of them is requested, what is asserted is what reached the
+//! upstream and what was reserved, and the status is 200 as soon as the
+//! simulator's own router knows the path.
+
+use crate::support::gateway::{team, Setup, SMALL};
+use crate::support::http::{get, Reply};
+use crate::support::prometheus::Exposition;
+use crate::support::sim::{start_sim, unlimited, Samples, Sim};
+use crate::support::traffic::{as_team, assert_ledger_matches, charged_to, distinct_search, used};
+use http::StatusCode;
+use permit_gateway::route::Route;
+
+/// A request the vendor answers 200 for, per route (`None`: `other`).
+fn sample(route: Route, s: &Samples) -> Option<String> {
+    let (from, to) = (&s.permit_from, &s.permit_to);
+    let months = "metric_from=2023-01-01&metric_to=2024-12-31";
+    let (geo, city, county, jur, addr) = (
+        &s.state,
+        &s.city_geo_id,
+        &s.county_geo_id,
+        &s.jurisdiction_geo_id,
+        &s.address_geo_id,
+    );
+    let c = &s.contractor_id;
+    Some(match route {
+        Route::PermitsSearch => format!("/v2/permits/search?geo_id={geo}&permit_from={from}&permit_to={to}&size=2"),
+        Route::ContractorsSearch => {
+            format!("/v2/contractors/search?geo_id={geo}&permit_from={from}&permit_to={to}&size=2")
+        }
+        Route::ContractorPermits => format!("/v2/contractors/{c}/permits?size=2"),
+        Route::AddressMetricsMonthly => format!("/v2/addresses/{addr}/metrics/monthly?{months}&tag=all&size=2"),
+        Route::CountyMetricsMonthly => {
+            format!("/v2/counties/{county}/metrics/monthly?{months}&property_type=all&tag=all&size=2")
+        }
+        Route::CityMetricsMonthly => {
+            format!("/v2/cities/{city}/metrics/monthly?{months}&property_type=all&tag=all&size=2")
+        }
+        Route::CityMetricsCurrent => format!("/v2/cities/{city}/metrics/current?property_type=all&tag=all&size=2"),
+        Route::Counties => format!("/v2/counties?geo_id={county}"),
+        Route::Cities => format!("/v2/cities?geo_id={city}"),
+        Route::Jurisdictions => format!("/v2/jurisdictions?geo_id={jur}"),
+        Route::ListZip => "/v2/list/zip?size=100".into(),
+        Route::ZipcodesSearch => format!("/v2/zipcodes/search?q={}", s.zip),
+        Route::StatesSearch => format!("/v2/states/search?q={geo}"),
+        Route::JurisdictionsSearch => "/v2/jurisdictions/search?q=a".into(),
+        Route::MetaCoverage => format!("/v2/meta/coverage?geo_type=state&geo_id={geo}&date_from={from}&date_to={to}"),
+        Route::MetaRelease => "/v2/meta/release".into(),
+        Route::Usage => "/v2/usage".into(),
+        Route::Other => return None,
+        Route::PermitsById => "/v2/permits?id=p1&id=p2".into(),
+        Route::ContractorsById => format!("/v2/contractors?id={c}"),
+        Route::DecisionsSearch => {
+            format!("/v2/decisions/search?geo_id={geo}&decision_from={from}&decision_to={to}&size=2")
+        }
+        Route::DecisionsById => "/v2/decisions?id=d1".into(),
+        Route::PropertiesSearch => format!("/v2/properties/search?geo_id={geo}&size=2"),
+        Route::PropertiesById => format!("/v2/properties?id={addr}"),
+        Route::ContractorEmployees => format!("/v2/contractors/{c}/employees?size=2"),
+        Route::ContractorMetrics => format!("/v2/contractors/{c}/metrics?{months}&property_type=all&tag=all"),
+        Route::AddressesSearch => "/v2/addresses/search?q=1".into(),
+        Route::CitiesSearch => "/v2/cities/search?q=a".into(),
+        Route::CountiesSearch => "/v2/counties/search?q=a".into(),
+        Route::AddressMetricsCurrent => format!("/v2/addresses/{addr}/metrics/current?tag=all&size=2"),
+        Route::CountyMetricsCurrent => {
+            format!("/v2/counties/{county}/metrics/current?property_type=all&tag=all&size=2")
+        }
+        Route::JurisdictionMetricsMonthly => {
+            format!("/v2/jurisdictions/{jur}/metrics/monthly?{months}&property_type=all&tag=all&size=2")
+        }
+        Route::JurisdictionMetricsCurrent => {
+            format!("/v2/jurisdictions/{jur}/metrics/current?property_type=all&tag=all&size=2")
+        }
+        Route::AddressResidents => format!("/v2/addresses/{addr}/residents?size=2"),
+        Route::ListTags => "/v2/list/tags?size=100".into(),
+    })
+}
+
+/// Whether the simulator serves this path yet.
+fn sim_serves(path: &str) -> bool {
+    let path = path.split('?').next().unwrap_or(path);
+    permit_api_sim::router::route(path).is_some()
+}
+
+/// A gateway whose `small` team has `limit` credits, and that team's token.
+async fn gateway_with_budget(sim: &Sim, limit: u64) -> permit_gateway::Running {
+    Setup::new()
+        .teams(team(SMALL.0, SMALL.1, &format!("credit_limit = {limit}")))
+        .start(sim)
+        .await
+}
+
+/// Spends exactly `credits` of the team's budget on one full page.
+async fn spend(sim: &Sim, base: &str, credits: u32) -> Reply {
+    let r = as_team(
+        &format!("{base}{}", distinct_search(sim, 7, credits)),
+        SMALL.1,
+        "small-spend",
+    )
+    .await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text());
+    assert_eq!(r.header_u64("x-credits-request"), Some(u64::from(credits)));
+    r
+}
+
+fn reached_upstream(sim: &Sim, path: &str) -> bool {
+    let path = path.split('?').next().unwrap_or(path);
+    sim.log().iter().any(|e| e.path == path)
+}
+
+#[tokio::test]
+async fn a_team_with_no_credits_left_can_call_every_free_operation() {
+    let sim = start_sim(unlimited()).await;
+    let gw = gateway_with_budget(&sim, 10).await;
+    let base = gw.base_url();
+    let s = sim.samples();
+    spend(&sim, &base, 10).await;
+    assert_eq!(used(&base, SMALL.1).await, 10);
+    // Nothing metered is left: even one record is refused, before the upstream.
+    let before = sim.stats().requests_total;
+    let one = as_team(&format!("{base}{}", distinct_search(&sim, 8, 1)), SMALL.1, "small-one").await;
+    assert_eq!(one.status, StatusCode::PAYMENT_REQUIRED);
+    assert_eq!(sim.stats().requests_total, before);
+
+    let mut free = 0;
+    for route in Route::ALL.into_iter().filter(|r| !r.is_metered() && *r != Route::Usage) {
+        let path = sample(route, &s).expect("every operation has a sample");
+        let r = as_team(&format!("{base}{path}"), SMALL.1, "small-free").await;
+        assert_ne!(
+            r.status,
+            StatusCode::PAYMENT_REQUIRED,
+            "{path}: a free call refused for budget"
+        );
+        assert!(reached_upstream(&sim, &path), "{path} did not reach the upstream");
+        if sim_serves(&path) {
+            assert_eq!(r.status, StatusCode::OK, "{path}: {}", r.text());
+            assert_eq!(
+                r.header("x-credits-request"),
+                None,
+                "{path}: free answers carry no cost"
+            );
+        }
+        free += 1;
+    }
+    assert_eq!(free, 14, "the table's free operations, usage aside");
+    assert_eq!(used(&base, SMALL.1).await, 10, "free calls cost nothing");
+    assert_ledger_matches(&sim, &gw.admin_url(), &[SMALL.0]).await;
+}
+
+#[tokio::test]
+async fn an_id_lookup_reserves_one_credit_per_id() {
+    let sim = start_sim(unlimited()).await;
+    let gw = gateway_with_budget(&sim, 13).await;
+    let base = gw.base_url();
+    let page = spend(&sim, &base, 10).await.json();
+    let ids: Vec<String> = page["items"]
+        .as_array()
+        .expect("items")
+        .iter()
+        .filter_map(|p| p["id"].as_str().map(str::to_owned))
+        .collect();
+    assert!(ids.len() >= 4, "a full page has ids");
+    let lookup = |n: usize| {
+        format!(
+            "{base}/v2/permits?{}",
+            ids[..n].iter().map(|i| format!("id={i}")).collect::<Vec<_>>().join("&")
+        )
+    };
+    // 3 credits left: four ids (or four comma-joined) are refused before the upstream...
+    let before = sim.stats().requests_total;
+    for url in [lookup(4), format!("{base}/v2/permits?id={}", ids[..4].join(","))] {
+        let r = as_team(&url, SMALL.1, "small-four").await;
+        assert_eq!(r.status, StatusCode::PAYMENT_REQUIRED, "{url}: {}", r.text());
+        assert_eq!(r.json()["detail"]["limit"], 13);
+    }
+    // An unknown path reserves its ids too: four do not fit either.
+    let unknown = as_team(
+        &format!("{base}/v2/permit_records?id=a&id=b&id=c&id=d"),
+        SMALL.1,
+        "small-unknown",
+    )
+    .await;
+    assert_eq!(unknown.status, StatusCode::PAYMENT_REQUIRED, "{}", unknown.text());
+    assert_eq!(
+        sim.stats().requests_total,
+        before,
+        "refused lookups never reach the upstream"
+    );
+    // ...three fit exactly.
+    let r = as_team(&lookup(3), SMALL.1, "small-three").await;
+    assert_ne!(r.status, StatusCode::PAYMENT_REQUIRED, "{}", r.text());
+    assert_eq!(sim.stats().requests_total, before + 1);
+    if sim_serves("/v2/permits") {
+        assert_eq!(r.status, StatusCode::OK, "{}", r.text());
+        assert_eq!(r.header_u64("x-credits-request"), Some(3));
+    }
+    // The ledger settled to what the upstream charged, whatever it was.
+    assert_eq!(used(&base, SMALL.1).await, charged_to(&sim, "small-"));
+    assert_ledger_matches(&sim, &gw.admin_url(), &[SMALL.0]).await;
+}
+
+#[tokio::test]
+async fn a_size_the_upstream_would_refuse_is_its_422_without_reserving_or_calling() {
+    let sim = start_sim(unlimited()).await;
+    // 10 credits: less than the 50 a missing or mangled size used to reserve.
+    let gw = gateway_with_budget(&sim, 10).await;
+    let base = gw.base_url();
+    let s = sim.samples();
+    let search = format!(
+        "/v2/permits/search?geo_id={}&permit_from={}&permit_to={}",
+        s.state, s.permit_from, s.permit_to
+    );
+    let bad = [
+        "size=3&size=",
+        "size=1%26size%3D100",
+        "size=",
+        "size=0",
+        "size=101",
+        "size=abc",
+        "size=-1",
+    ];
+    let mut answers = Vec::new();
+    for q in bad {
+        let r = as_team(&format!("{base}{search}&{q}"), SMALL.1, "small-bad").await;
+        assert_eq!(r.status, StatusCode::UNPROCESSABLE_ENTITY, "{q}: {}", r.text());
+        assert_eq!(
+            r.json()["detail"][0]["loc"],
+            serde_json::json!(["query", "size"]),
+            "{q}"
+        );
+        answers.push(r.json());
+    }
+    assert_eq!(sim.stats().requests_total, 0, "none reached the upstream");
+    assert_eq!(used(&base, SMALL.1).await, 0, "nothing reserved, nothing spent");
+    // Exactly the body the upstream gives for the same request.
+    for (q, ours) in bad.iter().zip(&answers) {
+        let url = format!("{}{search}&{q}", sim.base_url());
+        let theirs = get(&url, &[("x-api-key", sim.api_key())]).await;
+        assert_eq!(theirs.status, StatusCode::UNPROCESSABLE_ENTITY, "{q}");
+        assert_eq!(&theirs.json(), ours, "{q}");
+    }
+    // The estimate is the validated (last) value: 10 fits a budget of 10.
+    let r = as_team(&format!("{base}{search}&size=500&size=10"), SMALL.1, "small-ok").await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text());
+    // Lookups: no id, or more than 50, are the upstream's 422 too.
+    let many: String = (0..51).map(|i| format!("id=p{i}&")).collect();
+    for (q, kind) in [("", "missing"), (many.as_str(), "too_long")] {
+        let r = as_team(&format!("{base}/v2/permits?{q}"), SMALL.1, "small-ids").await;
+        assert_eq!(r.status, StatusCode::UNPROCESSABLE_ENTITY, "{}", r.text());
+        assert_eq!(r.json()["detail"][0]["type"], kind);
+        assert_eq!(r.json()["detail"][0]["loc"], serde_json::json!(["query", "id"]));
+    }
+    assert!(!reached_upstream(&sim, "/v2/permits"));
+    assert_ledger_matches(&sim, &gw.admin_url(), &[SMALL.0]).await;
+}
+
+#[tokio::test]
+async fn non_canonical_paths_are_the_upstreams_404_and_never_cached() {
+    let sim = start_sim(unlimited()).await;
+    let gw = gateway_with_budget(&sim, 1000).await;
+    let base = gw.base_url();
+    let s = sim.samples();
+    let permits = format!(
+        "?geo_id={}&permit_from={}&permit_to={}&size=2",
+        s.state, s.permit_from, s.permit_to
+    );
+    let shapes = [
+        ("/v2/permits/search/", permits.as_str()),
+        ("//v2/permits/search", &permits),
+        ("/v2//permits/search", &permits),
+        ("/v2/./permits/search", &permits),
+        ("/v2/x/../permits/search", &permits),
+        ("/v2/jurisdictions/search/", "?q=a"),
+        ("/v2/./jurisdictions/search", "?q=a"),
+        ("/v2/jurisdictions/%2e/search", "?q=a"),
+        ("/v2/%2e%2e/v2/jurisdictions/search", "?q=a"),
+    ];
+    for (path, query) in shapes {
+        let r = as_team(&format!("{base}{path}{query}"), SMALL.1, "small-path").await;
+        assert_eq!(r.status, StatusCode::NOT_FOUND, "{path}: {}", r.text());
+        let theirs = get(
+            &format!("{}{path}{query}", sim.base_url()),
+            &[("x-api-key", sim.api_key())],
+        )
+        .await;
+        assert_eq!(theirs.status, StatusCode::NOT_FOUND, "{path} upstream");
+        assert_eq!(r.json(), theirs.json(), "{path}: the upstream's body");
+        assert_eq!(r.header("x-cache"), None, "{path}: no cache involved");
+    }
+    let forwarded = sim
+        .log()
+        .iter()
+        .filter(|e| e.request_id.as_deref() == Some("small-path"))
+        .count();
+    assert_eq!(forwarded, 0, "none went upstream");
+    assert_eq!(used(&base, SMALL.1).await, 0, "nothing reserved or spent");
+    // The canonical path was never cached by them: its first call is a MISS.
+    let query = "?q=a";
+    let canonical = format!("{base}/v2/jurisdictions/search{query}");
+    let first = as_team(&canonical, SMALL.1, "small-canon").await;
+    assert_eq!(first.status, StatusCode::OK);
+    assert_eq!(first.header("x-cache"), Some("MISS"));
+    // An encoded letter is the same path to the vendor's server (uvicorn
+    // decodes before routing): the same answer, from the same entry.
+    let encoded = as_team(
+        &format!("{base}/v2/jurisdictions/se%61rch{query}"),
+        SMALL.1,
+        "small-enc",
+    )
+    .await;
+    assert_eq!(encoded.status, StatusCode::OK);
+    assert_eq!(encoded.header("x-cache"), Some("HIT"));
+    assert_eq!(encoded.body, first.body);
+    let search = as_team(&format!("{base}/v2/permits/search{permits}"), SMALL.1, "small-canon").await;
+    assert_eq!(search.header("x-cache"), Some("MISS"));
+    let encoded = as_team(&format!("{base}/v2/%70ermits/search{permits}"), SMALL.1, "small-enc").await;
+    assert_eq!(encoded.header("x-cache"), Some("HIT"));
+    assert_eq!(encoded.body, search.body);
+    // A 404 needs no token, like the upstream's.
+    let anonymous = get(&format!("{base}/v2/jurisdictions/search/"), &[]).await;
+    assert_eq!(anonymous.status, StatusCode::NOT_FOUND);
+}
+
+#[tokio::test]
+async fn unknown_v2_paths_go_upstream_as_other_and_are_counted() {
+    let sim = start_sim(unlimited()).await;
+    let gw = gateway_with_budget(&sim, 1000).await;
+    let base = gw.base_url();
+    let r = as_team(
+        &format!("{base}/v2/states/CA/metrics/monthly?size=3"),
+        SMALL.1,
+        "small-new",
+    )
+    .await;
+    assert_eq!(r.status, StatusCode::NOT_FOUND, "the simulator has no such operation");
+    assert!(
+        reached_upstream(&sim, "/v2/states/CA/metrics/monthly"),
+        "unknown paths are forwarded"
+    );
+    let metrics = Exposition::parse(&get(&format!("{}/metrics", gw.admin_url()), &[]).await.text());
+    let upstream = metrics.sum(
+        "gateway_upstream_requests_total",
+        &[("route", "other"), ("status", "404")],
+    );
+    assert_eq!(upstream, 1.0, "counted under route=\"other\"");
+    let requests = metrics.sum("gateway_requests_total", &[("route", "other"), ("team", SMALL.0)]);
+    assert_eq!(requests, 1.0);
+    assert_ledger_matches(&sim, &gw.admin_url(), &[SMALL.0]).await;
+}

@@ -1,6 +1,6 @@
 //! The route table checked against the vendor's OpenAPI document, read at
-//! test time from `shared/upstream-openapi/` (the nearest ancestor of the
-//! crate that has it: `../shared` in the main checkout), never copied.
+//! test time from the unchanged copy in `sim/openapi/` (the same file the
+//! vendor-conformance integration tests validate answers against).
 
 use super::table::{Cost, Kind, TABLE};
 use super::{classify, Route};
@@ -9,12 +9,7 @@ use std::collections::BTreeSet;
 use std::path::PathBuf;
 
 fn openapi() -> Value {
-    let manifest = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
-    let file = manifest
-        .ancestors()
-        .map(|dir| dir.join("shared/upstream-openapi/shovels-openapi.json"))
-        .find(|f| f.is_file())
-        .expect("shared/upstream-openapi/shovels-openapi.json next to the checkout");
+    let file = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("sim/openapi/shovels-openapi.json");
     let text = std::fs::read_to_string(&file).expect("openapi readable");
     serde_json::from_str(&text).expect("openapi is JSON")
 }

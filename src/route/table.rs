@@ -1,7 +1,7 @@
 //! The route table: every vendor operation as data, in one place.
 //!
 //! Each row names one `GET /v2/...` operation of the vendor's OpenAPI
-//! (`shared/upstream-openapi/shovels-openapi.json`, 34 operations) plus the
+//! (`sim/openapi/shovels-openapi.json`, 34 operations) plus the
 //! catch-all `other`: its route name (the `route` metric label), its path
 //! pattern, what it costs ([`Cost`]), how long its answers stay fresh
 //! ([`TtlClass`]) and how the upstream reads each declared parameter

@@ -149,7 +149,6 @@ async fn metered_operations_settle_to_what_the_simulator_charged() {
 const TINY: (&str, &str) = ("tiny", "tok-tiny-9a8b7c6d5e4f3a2b");
 
 #[tokio::test]
-#[ignore = "needs the route table (routes branch)"]
 async fn free_operations_cost_nothing_and_an_id_lookup_of_3_reserves_3() {
     let sim = start_sim(unlimited()).await;
     let teams = team(SMALL.0, SMALL.1, "credit_limit = 3") + &team(TINY.0, TINY.1, "credit_limit = 2");

@@ -50,6 +50,8 @@ pub struct ServerConfig {
     pub max_header_bytes: usize,
     pub max_uri_bytes: usize,
     pub header_read_timeout_secs: u64,
+    pub idle_timeout_secs: u64,
+    pub write_timeout_secs: u64,
     pub http2_max_concurrent_streams: u32,
     pub shutdown_grace_secs: u64,
 }
@@ -114,6 +116,7 @@ pub struct QuotaConfig {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct AdminConfig {
     pub token_sha256: Option<String>,
+    pub metrics_auth: bool,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]

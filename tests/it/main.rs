@@ -8,6 +8,7 @@ mod core;
 mod core_process;
 mod docs;
 mod faults;
+mod front_door;
 mod harness;
 mod hostile;
 mod load;

@@ -55,6 +55,16 @@ pub enum GatewayError {
     Unavailable(&'static str),
     /// A bug: never expected.
     Internal,
+    /// A query parameter the gateway itself refuses (the admin API's), in
+    /// the upstream's 422 shape: `loc` is `["query", param]`, or `["query"]`.
+    InvalidQuery {
+        kind: &'static str,
+        param: Option<&'static str>,
+        msg: String,
+        input: Option<String>,
+    },
+    /// `POST /admin/reload` found a config it will not load: every problem.
+    ReloadRefused(Vec<String>),
 }
 
 impl GatewayError {
@@ -71,7 +81,9 @@ impl GatewayError {
             | ConflictingCredentials
             | TeamRateLimited { .. }
             | QuotaExceeded { .. }
-            | NotCached => Fault::Client,
+            | NotCached
+            | InvalidQuery { .. }
+            | ReloadRefused(_) => Fault::Client,
             UpstreamRateLimited { .. } | UpstreamTimeout | UpstreamUnavailable | UpstreamInvalid(_) => Fault::Upstream,
             Unavailable(_) | Internal => Fault::Internal,
         }
@@ -85,7 +97,7 @@ impl GatewayError {
             BadRequest(_) => StatusCode::BAD_REQUEST,
             UriTooLong => StatusCode::URI_TOO_LONG,
             HeadersTooLarge => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
-            MissingCredential => StatusCode::UNPROCESSABLE_ENTITY,
+            MissingCredential | InvalidQuery { .. } | ReloadRefused(_) => StatusCode::UNPROCESSABLE_ENTITY,
             InvalidCredential | ConflictingCredentials => StatusCode::UNAUTHORIZED,
             TeamRateLimited { .. } | UpstreamRateLimited { .. } => StatusCode::TOO_MANY_REQUESTS,
             QuotaExceeded { .. } => StatusCode::PAYMENT_REQUIRED,
@@ -129,6 +141,20 @@ impl GatewayError {
             UpstreamInvalid(why) => why,
             Unavailable(why) => why,
             Internal => "Internal Server Error",
+            InvalidQuery {
+                kind,
+                param,
+                msg,
+                input,
+            } => {
+                let loc: Vec<&str> = std::iter::once("query").chain(*param).collect();
+                let mut problem = json!({"type": kind, "loc": loc, "msg": msg});
+                if let Some(input) = input {
+                    problem["input"] = json!(input);
+                }
+                return json!({ "detail": [problem] });
+            }
+            ReloadRefused(problems) => return json!({ "detail": problems }),
         };
         json!({ "detail": detail })
     }
@@ -193,6 +219,16 @@ mod tests {
             (UpstreamInvalid("x"), 502),
             (Unavailable("ledger"), 503),
             (Internal, 500),
+            (
+                InvalidQuery {
+                    kind: "enum",
+                    param: Some("route"),
+                    msg: "m".into(),
+                    input: None,
+                },
+                422,
+            ),
+            (ReloadRefused(vec!["x: bad".into()]), 422),
         ];
         for (err, status) in cases {
             let (got, body) = body_of(err.clone()).await;
@@ -223,6 +259,32 @@ mod tests {
             let ra: u64 = resp.headers()[header::RETRY_AFTER].to_str().unwrap().parse().unwrap();
             assert!(ra >= 1);
         }
+    }
+
+    #[tokio::test]
+    async fn invalid_query_is_the_upstream_422_shape() {
+        let (_, body) = body_of(GatewayError::InvalidQuery {
+            kind: "enum",
+            param: Some("route"),
+            msg: "not a route name".into(),
+            input: Some("nope".into()),
+        })
+        .await;
+        assert_eq!(
+            body,
+            json!({"detail": [{"type": "enum", "loc": ["query", "route"], "msg": "not a route name", "input": "nope"}]})
+        );
+        let (_, body) = body_of(GatewayError::InvalidQuery {
+            kind: "date_parsing",
+            param: None,
+            msg: "from: expected YYYY-MM-DD".into(),
+            input: None,
+        })
+        .await;
+        assert_eq!(
+            body,
+            json!({"detail": [{"type": "date_parsing", "loc": ["query"], "msg": "from: expected YYYY-MM-DD"}]})
+        );
     }
 
     #[tokio::test]

@@ -2,6 +2,7 @@
 
 mod support;
 
+mod admin;
 mod budget;
 mod cache;
 mod core;

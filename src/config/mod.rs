@@ -237,6 +237,9 @@ impl Config {
         validate_log(&self.log, &mut p);
         if let Some(hash) = &self.admin.token_sha256 {
             check_sha256("admin.token_sha256", hash, &mut p);
+        } else if self.admin.metrics_auth {
+            // Nothing could ever scrape it.
+            p.push("admin.metrics_auth: needs admin.token_sha256".into());
         }
         if let Err(e) = self.upstream_key() {
             p.push(e);

@@ -58,6 +58,9 @@ pub async fn serve<H, F>(
     let head_by = Instant::now() + timeouts.header_read;
     let conn = slot.conn().clone();
     let mut orders = conn.orders();
+    // An order may have come between admission and here (an eviction): the
+    // first `changed()` must report it rather than wait for the next one.
+    orders.mark_changed();
     let mut io = TimeoutStream::new(stream);
     io.set_write_timeout(Some(timeouts.write));
     let io = Box::pin(io);

@@ -1,8 +1,9 @@
 //! The open connections of one listener, and room made for newcomers.
 //!
 //! At `server.max_connections`, a newly accepted connection takes the place
-//! of the oldest one with no request in flight: silent since accept, idle
-//! keep-alive, or stuck writing to a client that stopped reading. Without
+//! of one with no request in flight: the oldest that never sent a complete
+//! head, else the oldest idle keep-alive or stuck writing to a client that
+//! stopped reading. Without
 //! that, sockets that never send a byte would hold every place until their
 //! deadline, then be replaced by the next wave, and a real client queued
 //! behind them in the kernel's backlog would wait a deadline per wave. Only
@@ -90,7 +91,16 @@ impl Conns {
                         conn,
                     };
                 }
-                if let Some(victim) = open.values().find(|c| c.evictable()) {
+                // One place per newcomer: while an evicted connection is
+                // still on its way out, wait for it rather than evict more.
+                let closing = open.values().any(|c| *c.orders.borrow() == Order::Close);
+                // Those that never sent a head go first: under a flood of
+                // silent sockets, idle keep-alive clients keep their place.
+                let victim = open
+                    .values()
+                    .filter(|c| c.evictable())
+                    .min_by_key(|c| (c.started(), c.id));
+                if let Some(victim) = victim.filter(|_| !closing) {
                     tracing::debug!(connection = victim.id, "connection limit: closing an idle connection");
                     victim.order(Order::Close);
                 }
@@ -231,6 +241,33 @@ mod tests {
             .expect("task");
         assert_eq!(conns.lock().len(), 2);
         drop(third);
+    }
+
+    #[tokio::test]
+    async fn connections_that_never_sent_a_head_are_evicted_before_idle_keep_alive_ones() {
+        let conns = Conns::new(2);
+        let kept_alive = conns.admit().await;
+        drop(kept_alive.conn().begin(false));
+        let silent = conns.admit().await;
+        let admitting = tokio::spawn({
+            let conns = conns.clone();
+            async move { conns.admit().await }
+        });
+        let mut orders = silent.conn().orders();
+        tokio::time::timeout(Duration::from_secs(5), orders.wait_for(|o| *o == Order::Close))
+            .await
+            .expect("the silent one evicted")
+            .expect("sender alive");
+        assert_eq!(
+            *kept_alive.conn().orders().borrow(),
+            Order::Serve,
+            "older but it has served"
+        );
+        drop(silent);
+        let _third = tokio::time::timeout(Duration::from_secs(5), admitting)
+            .await
+            .expect("admitted")
+            .expect("task");
     }
 
     #[tokio::test]

@@ -4,9 +4,9 @@
 //! shutdown with a deadline.
 //!
 //! Follows hyper-util's `server_graceful` example, with the registry of
-//! [`conns`] in place of its `GracefulShutdown`: the same drain on shutdown,
-//! plus closing one connection (evicted, or past a deadline) on its own.
-//! [`conn`] drives each connection. Takes an already-bound listener so tests
+//! `conns.rs` in place of its `GracefulShutdown`: the same drain on
+//! shutdown, plus closing one connection (evicted, or past a deadline) on its
+//! own. `conn.rs` drives each connection. Takes an already-bound listener so tests
 //! start the real server on port 0.
 
 mod conn;
@@ -14,6 +14,7 @@ mod conns;
 
 use crate::config::ServerConfig;
 use crate::http_util::Body;
+pub use conn::Timeouts;
 use conns::{Conns, Order};
 use hyper::body::Incoming;
 use hyper::{Request, Response};
@@ -31,7 +32,7 @@ use tokio_rustls::TlsAcceptor;
 pub struct Limits {
     pub max_connections: usize,
     pub max_header_bytes: usize,
-    pub timeouts: conn::Timeouts,
+    pub timeouts: Timeouts,
     pub http2_max_concurrent_streams: u32,
     /// How long in-flight requests may run on after shutdown starts.
     pub shutdown_grace: Duration,
@@ -44,7 +45,7 @@ impl Limits {
         Limits {
             max_connections: cfg.max_connections,
             max_header_bytes: cfg.max_header_bytes,
-            timeouts: conn::Timeouts {
+            timeouts: Timeouts {
                 header_read: Duration::from_secs(cfg.header_read_timeout_secs),
                 idle: Duration::from_secs(cfg.idle_timeout_secs),
                 write: Duration::from_secs(cfg.write_timeout_secs),

@@ -1,42 +1,48 @@
 //! The admin listener: `/metrics`, `/healthz`, `/readyz`, and `/admin/*`
-//! behind a bearer token. A separate socket from team traffic, so it can be
-//! kept off the team network entirely.
+//! behind a bearer token (`/metrics` too with `admin.metrics_auth`). A
+//! separate socket from team traffic, so it can be kept off the team network
+//! entirely. Its errors are [`GatewayError`]s, turned into responses by the
+//! same one mapping as the team port's.
 
 use crate::app::App;
+use crate::error::{GatewayError, Violation};
 use crate::http_util::{bytes_response, json_response, Body};
 use crate::ledger;
 use crate::route::Route;
 use http::header::AUTHORIZATION;
 use http::{Method, Request, Response, StatusCode};
-use serde_json::json;
+use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
 use std::sync::Arc;
 use subtle::ConstantTimeEq;
 
 pub async fn handle<B>(app: Arc<App>, req: Request<B>) -> Response<Body> {
+    route(&app, &req).await.unwrap_or_else(GatewayError::into_response)
+}
+
+async fn route<B>(app: &App, req: &Request<B>) -> Result<Response<Body>, GatewayError> {
     let path = req.uri().path();
     match (req.method(), path) {
-        (&Method::GET, "/healthz") => json_response(StatusCode::OK, &json!({"status": "ok"})),
-        (&Method::GET, "/readyz") => readyz(&app).await,
+        (&Method::GET, "/healthz") => Ok(json_response(StatusCode::OK, &json!({"status": "ok"}))),
+        (&Method::GET, "/readyz") => Ok(readyz(app).await),
         (&Method::GET, "/metrics") => {
+            // Team names and spend: optionally as guarded as /admin/*.
+            if app.config.admin.metrics_auth {
+                authorize(app, req)?;
+            }
             app.cache.observe().await;
-            observe_budgets(&app).await;
-            bytes_response(
+            observe_budgets(app).await;
+            Ok(bytes_response(
                 StatusCode::OK,
                 "text/plain; version=0.0.4; charset=utf-8",
                 app.metrics.render().into(),
-            )
+            ))
         }
         (_, p) if p.starts_with("/admin/") => {
-            if !authorized(&app, &req) {
-                let mut resp = json_response(StatusCode::UNAUTHORIZED, &json!({"detail": "Not authenticated"}));
-                resp.headers_mut()
-                    .insert(http::header::WWW_AUTHENTICATE, http::HeaderValue::from_static("Bearer"));
-                return resp;
-            }
-            admin_route(&app, req.method(), p, req.uri().query()).await
+            authorize(app, req)?;
+            admin_route(app, req.method(), p, req.uri().query()).await
         }
-        _ => json_response(StatusCode::NOT_FOUND, &json!({"detail": "Not Found"})),
+        _ => Err(GatewayError::NotFound),
     }
 }
 
@@ -74,61 +80,73 @@ async fn readyz(app: &App) -> Response<Body> {
     )
 }
 
-async fn admin_route(app: &App, method: &Method, path: &str, query: Option<&str>) -> Response<Body> {
+async fn admin_route(
+    app: &App,
+    method: &Method,
+    path: &str,
+    query: Option<&str>,
+) -> Result<Response<Body>, GatewayError> {
     match (method, path) {
         (&Method::POST, "/admin/cache/purge") => purge(app, query).await,
-        (&Method::GET, "/admin/teams") => teams(app).await,
+        (&Method::GET, "/admin/teams") => Ok(teams(app).await),
         (&Method::GET, "/admin/usage.csv") => usage_csv(app, query).await,
         (&Method::POST, "/admin/reload") => match app.reload() {
-            Ok(n) => json_response(StatusCode::OK, &json!({"reloaded": true, "teams": n})),
-            Err(e) => json_response(StatusCode::UNPROCESSABLE_ENTITY, &json!({"detail": e.0})),
+            Ok(n) => Ok(json_response(StatusCode::OK, &json!({"reloaded": true, "teams": n}))),
+            Err(e) => Err(GatewayError::ReloadRefused(e.0)),
         },
-        _ => json_response(StatusCode::NOT_FOUND, &json!({"detail": "Not Found"})),
+        _ => Err(GatewayError::NotFound),
     }
 }
 
 /// `Authorization: Bearer <token>` whose SHA-256 equals `admin.token_sha256`,
-/// compared in constant time. No admin token configured: always refused.
-fn authorized<B>(app: &App, req: &Request<B>) -> bool {
-    let Some(expected) = app.config.admin.token_sha256.as_deref() else {
-        return false;
+/// compared in constant time. Refused: no admin token configured, no
+/// header, or more than one (like the team port: a proxy in front may have
+/// added one, and which one wins must not be a guess).
+fn authorize<B>(app: &App, req: &Request<B>) -> Result<(), GatewayError> {
+    let expected = app
+        .config
+        .admin
+        .token_sha256
+        .as_deref()
+        .and_then(|hex_digest| hex::decode(hex_digest).ok())
+        .ok_or(GatewayError::InvalidCredential)?;
+    let mut values = req.headers().get_all(AUTHORIZATION).iter();
+    let (Some(value), None) = (values.next(), values.next()) else {
+        return Err(GatewayError::InvalidCredential);
     };
-    let Ok(expected) = hex::decode(expected) else {
-        return false;
-    };
-    let token = req
-        .headers()
-        .get(AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(crate::auth::bearer_token);
-    let Some(token) = token else {
-        return false;
-    };
+    let token = value
+        .to_str()
+        .ok()
+        .and_then(crate::auth::bearer_token)
+        .ok_or(GatewayError::InvalidCredential)?;
     let digest = Sha256::digest(token.as_bytes());
-    bool::from(digest.as_slice().ct_eq(&expected))
+    if bool::from(digest.as_slice().ct_eq(&expected)) {
+        Ok(())
+    } else {
+        Err(GatewayError::InvalidCredential)
+    }
 }
 
 /// `POST /admin/cache/purge[?route=NAME]`: both tiers, all or one route.
-async fn purge(app: &App, query: Option<&str>) -> Response<Body> {
-    let route_name = query_param(query, "route");
-    let route = match route_name.as_deref() {
+async fn purge(app: &App, query: Option<&str>) -> Result<Response<Body>, GatewayError> {
+    let route = match query_param(query, "route") {
         None => None,
-        Some(name) => match Route::ALL.iter().find(|r| r.as_str() == name) {
-            Some(r) => Some(*r),
-            None => {
-                return json_response(
-                    StatusCode::UNPROCESSABLE_ENTITY,
-                    &json!({"detail": [{"type": "enum", "loc": ["query", "route"], "msg": "not a route name", "input": name}]}),
-                )
-            }
-        },
+        Some(name) => Some(Route::ALL.iter().copied().find(|r| r.as_str() == name).ok_or(
+            GatewayError::InvalidQuery(vec![Violation::new(
+                "enum",
+                "route",
+                "not a route name",
+                Value::String(name),
+                None,
+            )]),
+        )?),
     };
     let redis_keys = app.cache.purge(route).await;
     tracing::info!(route = route.map_or("all", Route::as_str), redis_keys, "cache purged");
-    json_response(
+    Ok(json_response(
         StatusCode::OK,
         &json!({"purged": route.map_or("all", Route::as_str), "redis_keys": redis_keys}),
-    )
+    ))
 }
 
 /// Every team's spend in its window, refreshed at scrape time so the gauge
@@ -172,49 +190,37 @@ async fn teams(app: &App) -> Response<Body> {
 
 /// `GET /admin/usage.csv?from=YYYY-MM-DD&to=YYYY-MM-DD` (default: the last
 /// 30 days): credits spent and saved per team, day and route, for chargeback.
-async fn usage_csv(app: &App, query: Option<&str>) -> Response<Body> {
+async fn usage_csv(app: &App, query: Option<&str>) -> Result<Response<Body>, GatewayError> {
     let today = ledger::today();
-    let day = |name: &str, default: u32| -> Result<u32, String> {
+    let day = |name: &'static str, default: u32| -> Result<u32, GatewayError> {
         match query_param(query, name) {
             None => Ok(default),
             Some(v) => chrono::NaiveDate::parse_from_str(&v, "%Y-%m-%d")
                 .map(ledger::day_of)
-                .map_err(|_| format!("{name}: expected YYYY-MM-DD")),
+                .map_err(|_| {
+                    let why = "Input should be a valid date in the format YYYY-MM-DD";
+                    GatewayError::InvalidQuery(vec![Violation::new("date_parsing", name, why, Value::String(v), None)])
+                }),
         }
     };
-    let (from, to) = match (day("from", today.saturating_sub(29)), day("to", today)) {
-        (Ok(f), Ok(t)) => (f, t),
-        (Err(e), _) | (_, Err(e)) => {
-            return json_response(
-                StatusCode::UNPROCESSABLE_ENTITY,
-                &json!({"detail": [{"type": "date_parsing", "loc": ["query"], "msg": e}]}),
-            )
-        }
-    };
+    let (from, to) = (day("from", today.saturating_sub(29))?, day("to", today)?);
     let names: Vec<String> = app.teams.load().iter().map(|t| t.name.clone()).collect();
-    match app.ledger.rows(&names, from, to).await {
-        Ok(rows) => {
-            let mut csv = String::from("team,date,route,credits_spent,credits_saved\n");
-            for r in rows {
-                csv.push_str(&format!(
-                    "{},{},{},{},{}\n",
-                    r.team,
-                    ledger::date_of(r.day),
-                    r.route,
-                    r.spent,
-                    r.saved
-                ));
-            }
-            bytes_response(StatusCode::OK, "text/csv; charset=utf-8", csv.into())
-        }
-        Err(e) => {
-            tracing::error!(error = %e, "usage.csv: ledger read failed");
-            json_response(
-                StatusCode::SERVICE_UNAVAILABLE,
-                &json!({"detail": "Credit ledger unavailable"}),
-            )
-        }
+    let rows = app.ledger.rows(&names, from, to).await.map_err(|e| {
+        tracing::error!(error = %e, "usage.csv: ledger read failed");
+        GatewayError::Unavailable("Credit ledger unavailable")
+    })?;
+    let mut csv = String::from("team,date,route,credits_spent,credits_saved\n");
+    for r in rows {
+        csv.push_str(&format!(
+            "{},{},{},{},{}\n",
+            r.team,
+            ledger::date_of(r.day),
+            r.route,
+            r.spent,
+            r.saved
+        ));
     }
+    Ok(bytes_response(StatusCode::OK, "text/csv; charset=utf-8", csv.into()))
 }
 
 /// The first value of a query parameter, decoded.

@@ -88,7 +88,7 @@ impl App {
     pub fn reload(&self) -> Result<usize, ConfigErrors> {
         let source = self.reload_from.as_deref().map_or(Source::Default, Source::File);
         let config = Config::load(source)?;
-        let teams = Teams::from_config(&config.teams);
+        let teams = self.teams.load().reloaded(&config.teams);
         let count = config.teams.len();
         self.teams.store(Arc::new(teams));
         self.metrics.team_credit_limit.reset();

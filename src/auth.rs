@@ -24,8 +24,9 @@ pub struct Team {
     pub requests_per_minute: Option<u32>,
     /// Enforces `requests_per_minute` (DESIGN §2 step 4). Rebuilt on reload.
     pub limiter: Option<DefaultDirectRateLimiter>,
-    /// Authenticated requests since start or the last reload (admin API).
-    pub requests: std::sync::atomic::AtomicU64,
+    /// Authenticated requests since start (admin API). Shared with the
+    /// same-named team of the table a reload replaces, so it survives it.
+    pub requests: Arc<std::sync::atomic::AtomicU64>,
 }
 
 impl std::fmt::Debug for Team {
@@ -66,6 +67,12 @@ pub struct Teams {
 impl Teams {
     /// Builds the table from validated config (hashes are 64 hex chars).
     pub fn from_config(teams: &[TeamConfig]) -> Teams {
+        Teams::default().reloaded(teams)
+    }
+
+    /// The table a reload swaps in: built from `teams`, each team's request
+    /// counter carried over from this table's team of the same name.
+    pub fn reloaded(&self, teams: &[TeamConfig]) -> Teams {
         let teams = teams
             .iter()
             .map(|t| {
@@ -82,7 +89,10 @@ impl Teams {
                     credit_limit: t.credit_limit,
                     requests_per_minute: t.requests_per_minute,
                     limiter,
-                    requests: Default::default(),
+                    requests: self
+                        .by_name(&t.name)
+                        .map(|old| old.requests.clone())
+                        .unwrap_or_default(),
                 })
             })
             .collect();

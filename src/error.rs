@@ -58,6 +58,8 @@ pub enum GatewayError {
     Unavailable(&'static str),
     /// A bug: never expected.
     Internal,
+    /// `POST /admin/reload` found a config it will not load: every problem.
+    ReloadRefused(Vec<String>),
 }
 
 /// One finding of the gateway's own query validation, rendered as one item
@@ -109,7 +111,8 @@ impl GatewayError {
             | ConflictingCredentials
             | TeamRateLimited { .. }
             | QuotaExceeded { .. }
-            | NotCached => Fault::Client,
+            | NotCached
+            | ReloadRefused(_) => Fault::Client,
             UpstreamRateLimited { .. } | UpstreamTimeout | UpstreamUnavailable | UpstreamInvalid(_) => Fault::Upstream,
             Unavailable(_) | Internal => Fault::Internal,
         }
@@ -123,7 +126,7 @@ impl GatewayError {
             BadRequest(_) => StatusCode::BAD_REQUEST,
             UriTooLong => StatusCode::URI_TOO_LONG,
             HeadersTooLarge => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
-            MissingCredential | InvalidQuery(_) => StatusCode::UNPROCESSABLE_ENTITY,
+            MissingCredential | InvalidQuery(_) | ReloadRefused(_) => StatusCode::UNPROCESSABLE_ENTITY,
             InvalidCredential | ConflictingCredentials => StatusCode::UNAUTHORIZED,
             TeamRateLimited { .. } | UpstreamRateLimited { .. } => StatusCode::TOO_MANY_REQUESTS,
             QuotaExceeded { .. } => StatusCode::PAYMENT_REQUIRED,
@@ -170,6 +173,7 @@ impl GatewayError {
             UpstreamInvalid(why) => why,
             Unavailable(why) => why,
             Internal => "Internal Server Error",
+            ReloadRefused(problems) => return json!({ "detail": problems }),
         };
         json!({ "detail": detail })
     }
@@ -244,6 +248,7 @@ mod tests {
             (UpstreamInvalid("x"), 502),
             (Unavailable("ledger"), 503),
             (Internal, 500),
+            (ReloadRefused(vec!["x: bad".into()]), 422),
         ];
         for (err, status) in cases {
             let (got, body) = body_of(err.clone()).await;

@@ -8,7 +8,8 @@
 //! # Layout
 //! - [`config`]: embedded defaults → file → env, validated all at once.
 //! - [`app`]: the shared state built once from a config.
-//! - [`server`]: accept loop, TLS, HTTP/1.1 + HTTP/2, graceful shutdown.
+//! - [`server`]: accept loop, TLS, HTTP/1.1 + HTTP/2, connection deadlines
+//!   from accept, room made at the connection limit, graceful shutdown.
 //! - [`proxy`]: the life of a team request, one phase per step.
 //! - [`route`]: path → canonical path and route; the route table (every
 //!   vendor operation: name, cost, TTL class, parameters); `size`/`id` checks

@@ -8,6 +8,7 @@
 //! than lines being dropped (an access log with holes is no audit trail).
 
 use crate::config::LogConfig;
+use std::io::IsTerminal;
 use tracing_appender::non_blocking::{NonBlockingBuilder, WorkerGuard};
 use tracing_subscriber::EnvFilter;
 
@@ -22,6 +23,9 @@ pub fn init(cfg: &LogConfig) -> WorkerGuard {
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(writer)
+        // Colour codes only for a person at a terminal: in a file, journald
+        // or a log shipper they are noise that breaks grep and parsers.
+        .with_ansi(std::io::stderr().is_terminal())
         .with_target(true);
     let result = if cfg.format == "json" {
         builder.json().flatten_event(true).try_init()

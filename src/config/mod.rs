@@ -50,6 +50,8 @@ pub struct ServerConfig {
     pub max_header_bytes: usize,
     pub max_uri_bytes: usize,
     pub header_read_timeout_secs: u64,
+    pub idle_timeout_secs: u64,
+    pub write_timeout_secs: u64,
     pub http2_max_concurrent_streams: u32,
     pub shutdown_grace_secs: u64,
 }
@@ -115,6 +117,7 @@ pub struct QuotaConfig {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct AdminConfig {
     pub token_sha256: Option<String>,
+    pub metrics_auth: bool,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -235,6 +238,9 @@ impl Config {
         validate_log(&self.log, &mut p);
         if let Some(hash) = &self.admin.token_sha256 {
             check_sha256("admin.token_sha256", hash, &mut p);
+        } else if self.admin.metrics_auth {
+            // Nothing could ever scrape it.
+            p.push("admin.metrics_auth: needs admin.token_sha256".into());
         }
         if let Err(e) = self.upstream_key() {
             p.push(e);

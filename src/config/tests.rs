@@ -39,6 +39,8 @@ fn every_problem_is_reported_at_once_with_its_key_path() {
         name = "ok"
         token_sha256 = "0000000000000000000000000000000000000000000000000000000000000000"
         requests_per_minute = 0
+        [admin]
+        metrics_auth = true
     "#;
     let errs = load(text).expect_err("invalid").0;
     for key in [
@@ -49,6 +51,7 @@ fn every_problem_is_reported_at_once_with_its_key_path() {
         "teams[0].token_sha256",
         "teams[1].requests_per_minute",
         "upstream.api_key",
+        "admin.metrics_auth",
     ] {
         assert!(errs.iter().any(|e| e.starts_with(key)), "{key} missing from {errs:#?}");
     }

@@ -58,6 +58,8 @@ impl ServerConfig {
             p.push("server.max_uri_bytes: must be at least 256".into());
         }
         positive("server.header_read_timeout_secs", self.header_read_timeout_secs, p);
+        positive("server.idle_timeout_secs", self.idle_timeout_secs, p);
+        positive("server.write_timeout_secs", self.write_timeout_secs, p);
         positive(
             "server.http2_max_concurrent_streams",
             self.http2_max_concurrent_streams.into(),

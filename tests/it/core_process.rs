@@ -240,3 +240,47 @@ async fn sighup_reloads_the_teams_of_the_config_file() {
         "old teams stay"
     );
 }
+
+#[tokio::test]
+async fn human_logs_carry_no_colour_codes_when_not_a_terminal() {
+    use std::io::{BufRead, BufReader};
+    let sim = start_sim(unlimited()).await;
+    let setup = Setup::new().with("log", "format = \"human\"");
+    let dir = tempfile::tempdir().expect("tmp");
+    let path = dir.path().join("gateway.toml");
+    std::fs::write(&path, setup.toml(&sim.base_url(), sim.api_key())).expect("write");
+    // stderr is a pipe here, as under systemd, Docker or a log shipper.
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_permit-gateway"))
+        .args(["serve", "--config"])
+        .arg(&path)
+        .stderr(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .expect("gateway binary starts");
+    let (tx, rx) = std::sync::mpsc::channel();
+    let stderr = child.stderr.take().expect("piped");
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            let _ = tx.send(line);
+        }
+    });
+    let next = || rx.recv_timeout(Duration::from_secs(30)).expect("a log line");
+    let serving = std::iter::repeat_with(next)
+        .find(|l| l.contains("permit-gateway serving"))
+        .expect("serving line");
+    let addr = serving
+        .split_whitespace()
+        .find_map(|w| w.strip_prefix("listen="))
+        .unwrap_or_else(|| panic!("no plain listen= field in {serving:?}"))
+        .to_string();
+    let r = get(&format!("http://{addr}/v2/meta/release"), &[("x-api-key", ALPHA.1)]).await;
+    assert_eq!(r.status, StatusCode::OK);
+    let access = std::iter::repeat_with(next)
+        .find(|l| l.contains("access"))
+        .expect("an access-log line");
+    let _ = child.kill();
+    let _ = child.wait();
+    for line in [&serving, &access] {
+        assert!(!line.contains('\u{1b}'), "ANSI escape in {line:?}");
+    }
+}

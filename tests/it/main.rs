@@ -2,12 +2,14 @@
 
 mod support;
 
+mod admin;
 mod budget;
 mod cache;
 mod core;
 mod core_process;
 mod docs;
 mod faults;
+mod front_door;
 mod harness;
 mod hostile;
 mod load;

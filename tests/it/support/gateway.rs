@@ -80,7 +80,7 @@ impl Setup {
              [upstream]\nbase_url = {base_url:?}\napi_key = {key:?}\n{upstream_rate}{}\n\
              [cache]\n{}\n\
              [quota]\npath = {:?}\n{}\n\
-             [admin]\ntoken_sha256 = {:?}\n\
+             [admin]\ntoken_sha256 = {:?}\n{}\n\
              [log]\n{}\n\
              {}",
             extra("server"),
@@ -89,6 +89,7 @@ impl Setup {
             ledger.display().to_string(),
             extra("quota"),
             sha(ADMIN_TOKEN),
+            extra("admin"),
             extra("log"),
             self.teams,
         )

@@ -20,13 +20,8 @@ use ops::{fixtures, operations};
 /// kept in the repository at `sim/openapi/` (the vendor's published file,
 /// unchanged, so a fresh clone and CI test against the same document).
 fn openapi() -> Value {
-    let path = std::env::var("PERMIT_VENDOR_OPENAPI").unwrap_or_else(|_| {
-        concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/sim/openapi/shovels-openapi.json"
-        )
-        .to_string()
-    });
+    let path = std::env::var("PERMIT_VENDOR_OPENAPI")
+        .unwrap_or_else(|_| concat!(env!("CARGO_MANIFEST_DIR"), "/sim/openapi/shovels-openapi.json").to_string());
     let text = std::fs::read_to_string(&path)
         .unwrap_or_else(|e| panic!("the vendor OpenAPI at {path} ({e}); set PERMIT_VENDOR_OPENAPI to its path"));
     serde_json::from_str(&text).expect("the vendor OpenAPI is JSON")

@@ -1,25 +1,30 @@
-//! The accept loop shared by the team and admin listeners: HTTP/1.1 and
-//! HTTP/2 (h2c, or ALPN over TLS), limits on connections, header size and
-//! header read time, and graceful shutdown with a deadline.
+//! The accept loop shared by the team and admin listeners, before any
+//! request handling: HTTP/1.1 and HTTP/2 (h2c, or ALPN over TLS), limits on
+//! connections and header size, the connection deadlines, and graceful
+//! shutdown with a deadline.
 //!
-//! Mirrors hyper-util's `server_graceful` example. Takes an already-bound
-//! listener so tests start the real server on port 0.
+//! Follows hyper-util's `server_graceful` example, with the registry of
+//! `conns.rs` in place of its `GracefulShutdown`: the same drain on
+//! shutdown, plus closing one connection (evicted, or past a deadline) on its
+//! own. `conn.rs` drives each connection. Takes an already-bound listener so tests
+//! start the real server on port 0.
+
+mod conn;
+mod conns;
 
 use crate::config::ServerConfig;
 use crate::http_util::Body;
+pub use conn::Timeouts;
+use conns::{Conns, Order};
 use hyper::body::Incoming;
-use hyper::service::service_fn;
 use hyper::{Request, Response};
-use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::rt::{TokioExecutor, TokioTimer};
 use hyper_util::server::conn::auto;
-use hyper_util::server::graceful::GracefulShutdown;
 use rustls::pki_types::{pem::PemObject, CertificateDer, PrivateKeyDer};
-use std::convert::Infallible;
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::net::TcpListener;
-use tokio::sync::Semaphore;
 use tokio_rustls::TlsAcceptor;
 
 /// How a listener treats its connections.
@@ -27,7 +32,7 @@ use tokio_rustls::TlsAcceptor;
 pub struct Limits {
     pub max_connections: usize,
     pub max_header_bytes: usize,
-    pub header_read_timeout: Duration,
+    pub timeouts: Timeouts,
     pub http2_max_concurrent_streams: u32,
     /// How long in-flight requests may run on after shutdown starts.
     pub shutdown_grace: Duration,
@@ -40,7 +45,11 @@ impl Limits {
         Limits {
             max_connections: cfg.max_connections,
             max_header_bytes: cfg.max_header_bytes,
-            header_read_timeout: Duration::from_secs(cfg.header_read_timeout_secs),
+            timeouts: Timeouts {
+                header_read: Duration::from_secs(cfg.header_read_timeout_secs),
+                idle: Duration::from_secs(cfg.idle_timeout_secs),
+                write: Duration::from_secs(cfg.write_timeout_secs),
+            },
             http2_max_concurrent_streams: cfg.http2_max_concurrent_streams,
             shutdown_grace: Duration::from_secs(cfg.shutdown_grace_secs),
             open_connections: None,
@@ -69,8 +78,11 @@ fn builder(limits: &Limits) -> auto::Builder<TokioExecutor> {
     let mut b = auto::Builder::new(TokioExecutor::new());
     b.http1()
         .timer(TokioTimer::new())
-        // Slowloris guard: the whole head must arrive in time.
-        .header_read_timeout(limits.header_read_timeout)
+        // Slowloris guard, and the keep-alive idle limit: hyper restarts
+        // this timer after each response, and closes the connection when the
+        // next head is not complete in time (the first head's deadline runs
+        // from accept, in conn.rs).
+        .header_read_timeout(limits.timeouts.header_read)
         // Room above the limit, so that most oversized heads still reach the
         // handler and get a JSON 431 instead of hyper's bare one.
         .max_buf_size(limits.max_header_bytes.saturating_mul(4).max(65_536))
@@ -79,12 +91,19 @@ fn builder(limits: &Limits) -> auto::Builder<TokioExecutor> {
         .timer(TokioTimer::new())
         .max_concurrent_streams(limits.http2_max_concurrent_streams)
         .max_header_list_size(u32::try_from(limits.max_header_bytes).unwrap_or(u32::MAX))
-        .keep_alive_interval(Duration::from_secs(30));
+        // Pings find dead peers (a vanished client never sends a FIN); one
+        // unanswered within the write timeout closes the connection.
+        .keep_alive_interval(HTTP2_PING_INTERVAL)
+        .keep_alive_timeout(limits.timeouts.write);
     b
 }
 
+/// How often an HTTP/2 connection is pinged.
+const HTTP2_PING_INTERVAL: Duration = Duration::from_secs(30);
+
 /// Serves `listener` until `shutdown` resolves, then stops accepting and
-/// lets open requests finish within the grace period.
+/// lets open requests finish within the grace period; what is left then is
+/// closed.
 pub async fn serve<H, F>(
     listener: TcpListener,
     tls: Option<TlsAcceptor>,
@@ -96,22 +115,12 @@ pub async fn serve<H, F>(
     F: Future<Output = Response<Body>> + Send + 'static,
 {
     let builder = Arc::new(builder(&limits));
-    let graceful = GracefulShutdown::new();
-    // A permit per open connection: at the limit we stop accepting, and the
-    // kernel's backlog holds newcomers instead of us running out of fds.
-    let slots = Arc::new(Semaphore::new(limits.max_connections));
+    let conns = Conns::new(limits.max_connections);
     tokio::pin!(shutdown);
     loop {
-        let permit = tokio::select! {
-            permit = slots.clone().acquire_owned() => match permit {
-                Ok(p) => p,
-                Err(_) => break,
-            },
-            () = &mut shutdown => break,
-        };
-        let (stream, _peer) = tokio::select! {
+        let stream = tokio::select! {
             accepted = listener.accept() => match accepted {
-                Ok(pair) => pair,
+                Ok((stream, _peer)) => stream,
                 Err(e) => {
                     // EMFILE and friends: back off instead of spinning.
                     tracing::warn!(error = %e, "accept failed");
@@ -121,44 +130,36 @@ pub async fn serve<H, F>(
             },
             () = &mut shutdown => break,
         };
+        // At the limit this closes an idle connection, or waits for one;
+        // meanwhile the kernel's backlog holds the next newcomers.
+        let slot = tokio::select! {
+            slot = conns.admit() => slot,
+            () = &mut shutdown => break,
+        };
         let _ = stream.set_nodelay(true);
-        let watcher = graceful.watcher();
-        let builder = builder.clone();
-        let handler = handler.clone();
-        let tls = tls.clone();
-        let handshake_timeout = limits.header_read_timeout;
-        let open = limits.open_connections.clone();
+        let open = limits.open_connections.clone().map(Open::new);
+        let conn = conn::serve(
+            stream,
+            tls.clone(),
+            builder.clone(),
+            handler.clone(),
+            slot,
+            limits.timeouts,
+        );
         tokio::spawn(async move {
             // Counted for the connection's whole life, whichever way it ends.
-            let _open = open.map(Open::new);
-            let service = service_fn(move |req| {
-                let fut = handler(req);
-                async move { Ok::<_, Infallible>(fut.await) }
-            });
-            let result = match tls {
-                None => {
-                    let conn = builder.serve_connection(TokioIo::new(stream), service);
-                    watcher.watch(conn.into_owned()).await
-                }
-                Some(acceptor) => {
-                    let Ok(Ok(stream)) = tokio::time::timeout(handshake_timeout, acceptor.accept(stream)).await else {
-                        return;
-                    };
-                    let conn = builder.serve_connection(TokioIo::new(stream), service);
-                    watcher.watch(conn.into_owned()).await
-                }
-            };
-            if let Err(e) = result {
-                tracing::debug!(error = %e, "connection ended with an error");
-            }
-            drop(permit);
+            let _open = open;
+            conn.await;
         });
     }
     drop(listener);
+    conns.order_all(Order::Drain);
     tokio::select! {
-        () = graceful.shutdown() => tracing::debug!("all connections closed"),
+        () = conns.all_closed() => tracing::debug!("all connections closed"),
         () = tokio::time::sleep(limits.shutdown_grace) => {
             tracing::warn!(grace_secs = limits.shutdown_grace.as_secs(), "shutdown grace ran out; closing open connections");
+            conns.order_all(Order::Close);
+            conns.all_closed().await;
         }
     }
 }

@@ -1,0 +1,176 @@
+//! One accepted connection, from accept to close: the deadlines hyper has
+//! no knob for, around hyper-util's auto (HTTP/1.1 + HTTP/2) connection.
+//!
+//! - From accept, a complete request head within `header_read_timeout`:
+//!   hyper's own header timer starts only once its HTTP/1 parser runs, after
+//!   the auto builder has sniffed the first bytes for the HTTP/2 preface (a
+//!   socket that sends nothing, or half a preface, would otherwise stay open
+//!   for ever), and the TLS handshake comes before both. HTTP/1.1 keep-alive
+//!   after the first request is hyper's: the next head within
+//!   `header_read_timeout` of the last response.
+//! - HTTP/2 with nothing in flight for `idle_timeout`: GOAWAY, then closed
+//!   if it has not finished within `write_timeout`.
+//! - A write that makes no progress for `write_timeout` fails the
+//!   connection (tokio-io-timeout under TLS and hyper): a client that stops
+//!   reading cannot hold its place.
+//! - The registry's orders (`conns.rs`): drain on shutdown, close on
+//!   eviction or when the grace ran out.
+
+use super::conns::{Conn, Order, Slot};
+use crate::http_util::Body;
+use hyper::body::Incoming;
+use hyper::service::service_fn;
+use hyper::{Request, Response, Version};
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::server::conn::auto;
+use hyper_util::server::graceful::GracefulConnection;
+use std::convert::Infallible;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::net::TcpStream;
+use tokio::sync::watch;
+use tokio::time::Instant;
+use tokio_io_timeout::TimeoutStream;
+use tokio_rustls::TlsAcceptor;
+
+/// The per-connection deadlines (see the module doc).
+#[derive(Clone, Copy, Debug)]
+pub struct Timeouts {
+    pub header_read: Duration,
+    pub idle: Duration,
+    pub write: Duration,
+}
+
+/// Serves one connection until it ends, is ordered closed, or a deadline
+/// passes. Holding `slot` keeps its place in the registry.
+pub async fn serve<H, F>(
+    stream: TcpStream,
+    tls: Option<TlsAcceptor>,
+    builder: Arc<auto::Builder<TokioExecutor>>,
+    handler: H,
+    slot: Slot,
+    timeouts: Timeouts,
+) where
+    H: Fn(Request<Incoming>) -> F + Send + Sync + 'static,
+    F: Future<Output = Response<Body>> + Send + 'static,
+{
+    let head_by = Instant::now() + timeouts.header_read;
+    let conn = slot.conn().clone();
+    let mut orders = conn.orders();
+    // An order may have come between admission and here (an eviction): the
+    // first `changed()` must report it rather than wait for the next one.
+    orders.mark_changed();
+    let mut io = TimeoutStream::new(stream);
+    io.set_write_timeout(Some(timeouts.write));
+    let io = Box::pin(io);
+    let service = {
+        let conn = conn.clone();
+        service_fn(move |req: Request<Incoming>| {
+            let in_flight = conn.begin(req.version() == Version::HTTP_2);
+            let response = handler(req);
+            async move {
+                let response = response.await;
+                drop(in_flight);
+                Ok::<_, Infallible>(response)
+            }
+        })
+    };
+    match tls {
+        None => {
+            let http = builder.serve_connection(TokioIo::new(io), service);
+            drive(http, &conn, orders, head_by, timeouts).await;
+        }
+        Some(acceptor) => {
+            // The handshake is part of the time allowed for the first head,
+            // and an evicted connection may still be in it.
+            let stream = tokio::select! {
+                done = tokio::time::timeout_at(head_by, acceptor.accept(io)) => match done {
+                    Ok(Ok(stream)) => stream,
+                    _ => return,
+                },
+                () = closed(&mut orders) => return,
+            };
+            let http = builder.serve_connection(TokioIo::new(stream), service);
+            drive(http, &conn, orders, head_by, timeouts).await;
+        }
+    }
+    drop(slot);
+}
+
+/// Polls the HTTP connection while watching its deadlines and orders.
+/// Returning drops it, which closes the socket.
+async fn drive<C>(http: C, conn: &Conn, mut orders: watch::Receiver<Order>, head_by: Instant, t: Timeouts)
+where
+    C: GracefulConnection,
+    C::Error: std::fmt::Display,
+{
+    tokio::pin!(http);
+    // Set once an idle HTTP/2 connection was sent GOAWAY: when it must be gone.
+    let mut gone_by: Option<Instant> = None;
+    let mut draining = false;
+    loop {
+        let check_at = next_check(conn, head_by, gone_by, t);
+        tokio::select! {
+            result = http.as_mut() => {
+                if let Err(e) = result {
+                    tracing::debug!(error = %e, "connection ended with an error");
+                }
+                return;
+            }
+            changed = orders.changed() => {
+                let order = if changed.is_ok() { *orders.borrow_and_update() } else { Order::Close };
+                match order {
+                    Order::Serve => {}
+                    Order::Drain if !draining => {
+                        draining = true;
+                        http.as_mut().graceful_shutdown();
+                    }
+                    Order::Drain => {}
+                    Order::Close => return,
+                }
+            }
+            () = tokio::time::sleep_until(check_at) => {
+                let now = Instant::now();
+                if !conn.started() && now >= head_by {
+                    tracing::debug!("no request head in time: closing");
+                    return;
+                }
+                if gone_by.is_some_and(|by| now >= by) {
+                    return;
+                }
+                let idle = conn.http2() && conn.idle_for().is_some_and(|d| d >= t.idle);
+                if idle && gone_by.is_none() {
+                    gone_by = Some(now + t.write);
+                    if !draining {
+                        draining = true;
+                        http.as_mut().graceful_shutdown();
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// When the driver next has a deadline to look at.
+fn next_check(conn: &Conn, head_by: Instant, gone_by: Option<Instant>, t: Timeouts) -> Instant {
+    if !conn.started() {
+        return head_by;
+    }
+    if let Some(by) = gone_by {
+        return by;
+    }
+    let now = Instant::now();
+    match (conn.http2(), conn.idle_for()) {
+        (true, Some(idle)) => now + t.idle.saturating_sub(idle),
+        // The end of a request is not signalled here: look again soon.
+        (true, None) => now + t.idle.min(Duration::from_secs(1)),
+        // HTTP/1.1 after its first head: hyper's keep-alive timer rules.
+        (false, _) => now + t.idle,
+    }
+}
+
+/// Resolves when the connection is ordered closed.
+async fn closed(orders: &mut watch::Receiver<Order>) {
+    let _ = orders.wait_for(|o| *o == Order::Close).await;
+}

@@ -1,0 +1,156 @@
+//! The admin listener's guard and answers: one bearer token (never two),
+//! `/metrics` optionally behind it, errors in the upstream's body shapes,
+//! and counters that survive a reload.
+
+use crate::support::gateway::{team, Setup, ADMIN_TOKEN, ALPHA, BETA};
+use crate::support::http::{get, send};
+use crate::support::sim::{start_sim, unlimited};
+use bytes::Bytes;
+use http::{Method, StatusCode};
+use serde_json::json;
+
+fn bearer() -> String {
+    format!("Bearer {ADMIN_TOKEN}")
+}
+
+#[tokio::test]
+async fn a_duplicated_authorization_header_is_refused_with_401() {
+    let sim = start_sim(unlimited()).await;
+    let gw = Setup::new().start(&sim).await;
+    let url = format!("{}/admin/teams", gw.admin_url());
+    let good = bearer();
+    assert_eq!(get(&url, &[("authorization", &good)]).await.status, StatusCode::OK);
+    // The right token first or second: neither is guessed at.
+    for pair in [
+        [good.as_str(), "Bearer nope"],
+        ["Bearer nope", good.as_str()],
+        [good.as_str(), good.as_str()],
+    ] {
+        let r = get(&url, &[("authorization", pair[0]), ("authorization", pair[1])]).await;
+        assert_eq!(r.status, StatusCode::UNAUTHORIZED, "{pair:?}");
+        assert_eq!(r.json(), json!({"detail": "Not authenticated"}));
+        assert_eq!(r.header("www-authenticate"), Some("Bearer"));
+    }
+}
+
+#[tokio::test]
+async fn metrics_need_the_admin_token_when_metrics_auth_is_on() {
+    let sim = start_sim(unlimited()).await;
+    let open = Setup::new().start(&sim).await;
+    assert_eq!(
+        get(&format!("{}/metrics", open.admin_url()), &[]).await.status,
+        StatusCode::OK
+    );
+    let guarded = Setup::new().with("admin", "metrics_auth = true").start(&sim).await;
+    let metrics = format!("{}/metrics", guarded.admin_url());
+    let refused = get(&metrics, &[]).await;
+    assert_eq!(refused.status, StatusCode::UNAUTHORIZED);
+    assert_eq!(refused.json(), json!({"detail": "Not authenticated"}));
+    assert!(!refused.text().contains("gateway_"), "metrics leaked in a 401");
+    let wrong = get(&metrics, &[("authorization", "Bearer nope")]).await;
+    assert_eq!(wrong.status, StatusCode::UNAUTHORIZED);
+    let ok = get(&metrics, &[("authorization", &bearer())]).await;
+    assert_eq!(ok.status, StatusCode::OK);
+    assert!(ok.text().contains("gateway_build_info"));
+    // Probes stay open.
+    for probe in ["/healthz", "/readyz"] {
+        let r = get(&format!("{}{probe}", guarded.admin_url()), &[]).await;
+        assert_eq!(r.status, StatusCode::OK, "{probe}");
+    }
+}
+
+#[tokio::test]
+async fn admin_errors_keep_their_status_and_body_shapes() {
+    let sim = start_sim(unlimited()).await;
+    let gw = Setup::new().start(&sim).await;
+    let admin = gw.admin_url();
+    let auth = bearer();
+    let h = [("authorization", auth.as_str())];
+    let missing = get(&format!("{admin}/admin/teams"), &[]).await;
+    assert_eq!(missing.status, StatusCode::UNAUTHORIZED);
+    assert_eq!(missing.json(), json!({"detail": "Not authenticated"}));
+    assert_eq!(missing.header("www-authenticate"), Some("Bearer"));
+    for path in ["/nope", "/admin/nope"] {
+        let r = get(&format!("{admin}{path}"), &h).await;
+        assert_eq!(r.status, StatusCode::NOT_FOUND, "{path}");
+        assert_eq!(r.json(), json!({"detail": "Not Found"}), "{path}");
+    }
+    let purge = send(
+        Method::POST,
+        &format!("{admin}/admin/cache/purge?route=nope"),
+        &h,
+        Bytes::new(),
+    )
+    .await;
+    assert_eq!(purge.status, StatusCode::UNPROCESSABLE_ENTITY);
+    assert_eq!(
+        purge.json(),
+        json!({"detail": [{"type": "enum", "loc": ["query", "route"], "msg": "not a route name", "input": "nope"}]})
+    );
+    let csv = get(&format!("{admin}/admin/usage.csv?to=tomorrow"), &h).await;
+    assert_eq!(csv.status, StatusCode::UNPROCESSABLE_ENTITY);
+    assert_eq!(
+        csv.json(),
+        json!({"detail": [{"type": "date_parsing", "loc": ["query", "to"], "msg": "Input should be a valid date in the format YYYY-MM-DD", "input": "tomorrow"}]})
+    );
+    assert_eq!(csv.header("content-type"), Some("application/json"));
+}
+
+#[tokio::test]
+async fn team_request_counters_survive_a_reload() {
+    let sim = start_sim(unlimited()).await;
+    let dir = tempfile::tempdir().expect("tmp");
+    let path = dir.path().join("gateway.toml");
+    let setup = Setup::new().teams(team(ALPHA.0, ALPHA.1, ""));
+    std::fs::write(&path, setup.toml(&sim.base_url(), sim.api_key())).expect("write");
+    let listeners = permit_gateway::Listeners {
+        team: tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind"),
+        admin: tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind"),
+    };
+    let gw = permit_gateway::Running::spawn_from_file(&path, listeners).expect("starts");
+    let url = format!("{}/v2/meta/release", gw.base_url());
+    for _ in 0..3 {
+        assert_eq!(get(&url, &[("x-api-key", ALPHA.1)]).await.status, StatusCode::OK);
+    }
+    let requests = |teams: serde_json::Value, name: &str| {
+        teams["teams"]
+            .as_array()
+            .expect("teams")
+            .iter()
+            .find(|t| t["name"] == name)
+            .map(|t| t["requests"].clone())
+    };
+    let auth = bearer();
+    let h = [("authorization", auth.as_str())];
+    let teams_url = format!("{}/admin/teams", gw.admin_url());
+    assert_eq!(requests(get(&teams_url, &h).await.json(), "alpha"), Some(json!(3)));
+    let setup = setup.teams(team(ALPHA.0, ALPHA.1, "credit_limit = 50") + &team(BETA.0, BETA.1, ""));
+    std::fs::write(&path, setup.toml(&sim.base_url(), sim.api_key())).expect("rewrite");
+    let reload = send(
+        Method::POST,
+        &format!("{}/admin/reload", gw.admin_url()),
+        &h,
+        Bytes::new(),
+    )
+    .await;
+    assert_eq!(reload.status, StatusCode::OK, "{}", reload.text());
+    assert_eq!(get(&url, &[("x-api-key", ALPHA.1)]).await.status, StatusCode::OK);
+    let after = get(&teams_url, &h).await.json();
+    assert_eq!(requests(after.clone(), "alpha"), Some(json!(4)), "reset by the reload");
+    assert_eq!(requests(after, "beta"), Some(json!(0)));
+    // A config that does not load: every problem, in a 422.
+    std::fs::write(&path, "[server]\nlisten = 1\n").expect("break");
+    let refused = send(
+        Method::POST,
+        &format!("{}/admin/reload", gw.admin_url()),
+        &h,
+        Bytes::new(),
+    )
+    .await;
+    assert_eq!(refused.status, StatusCode::UNPROCESSABLE_ENTITY);
+    let problems = refused.json()["detail"].as_array().expect("a list of problems").clone();
+    assert!(
+        !problems.is_empty() && problems.iter().all(|p| p.is_string()),
+        "{problems:?}"
+    );
+}

@@ -5,8 +5,12 @@
 //! team and a dispatcher hands permits out round-robin across teams, so one
 //! team's flood waits behind itself, not in front of everyone. A call whose
 //! expected wait is longer than `upstream.max_queue_wait_secs` is refused at
-//! once with 429 and an honest `Retry-After`. An upstream 429 pauses the
-//! dispatcher for the upstream's `Retry-After`. Cache hits never come here.
+//! once with 429 and an honest `Retry-After`; the estimate is also enforced:
+//! a call still waiting when the bound passes (a pause came meanwhile) is
+//! refused the same way, so the wait a reservation covers is really bounded.
+//! An upstream 429 pauses the dispatcher for the upstream's `Retry-After`
+//! (clamped by the caller), and the dispatcher looks at the pause again
+//! after every permit it waited for. Cache hits never come here.
 //!
 //! With Redis, permits come from [`SharedRate`] instead, so several replicas
 //! together stay under the one key's limit; the local limiter is then only
@@ -79,13 +83,15 @@ impl Scheduler {
         until.map_or(Duration::ZERO, |u| u.saturating_duration_since(Instant::now()))
     }
 
-    /// An upstream 429: hold every call (of every replica) for `for_`.
+    /// An upstream 429: hold every call (of every replica) for `for_`
+    /// (already clamped to `upstream.max_retry_after_secs`).
     pub async fn pause(&self, for_: Duration) {
         {
             let mut until = self.paused_until.lock().unwrap_or_else(|p| p.into_inner());
-            let new = Instant::now() + for_;
-            if until.is_none_or(|u| u < new) {
-                *until = Some(new);
+            if let Some(new) = Instant::now().checked_add(for_) {
+                if until.is_none_or(|u| u < new) {
+                    *until = Some(new);
+                }
             }
         }
         if let Some(shared) = &self.shared {
@@ -130,13 +136,7 @@ impl Scheduler {
         }
         let rx = {
             let mut q = self.queues();
-            let pause = self.pause_left();
-            // Round-robin: our call goes after one call of every other
-            // waiting team per place ahead of it in our own queue.
-            let ours = q.waiting.get(team).map_or(0, VecDeque::len) as f64 + 1.0;
-            let teams = q.turn.len() as f64 + if q.waiting.contains_key(team) { 0.0 } else { 1.0 };
-            let by_rate = Duration::from_secs_f64(ours * teams / self.per_sec);
-            let expected = pause + by_rate;
+            let expected = self.expected_wait(&q, team);
             if expected > self.max_wait {
                 self.metrics
                     .rate_limited_total
@@ -156,15 +156,38 @@ impl Scheduler {
             rx
         };
         self.wake.notify_one();
-        let granted = rx.await.is_ok();
+        // Dropping `rx` on timeout takes us out of the queue: the dispatcher
+        // hands that permit to the next waiter.
+        let granted = tokio::time::timeout(self.max_wait, rx).await;
         self.metrics
             .upstream_queue_wait_seconds
             .observe(started.elapsed().as_secs_f64());
-        if granted {
-            Ok(())
-        } else {
-            Err(GatewayError::Internal)
+        match granted {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(_)) => Err(GatewayError::Internal),
+            Err(_) => {
+                self.metrics
+                    .rate_limited_total
+                    .with_label_values(&[team, "upstream"])
+                    .inc();
+                // It waited the whole bound: come back after more than it,
+                // or after what is ahead of a new call now, if longer.
+                let ahead = self.expected_wait(&self.queues(), team);
+                let secs = ahead.max(self.max_wait).as_secs_f64().ceil() as u64;
+                Err(GatewayError::UpstreamRateLimited {
+                    retry_after_secs: secs.saturating_add(1),
+                })
+            }
         }
+    }
+
+    /// The wait a new call of `team` can expect: the pause left, then one
+    /// call of every other waiting team per place ahead of it in its own
+    /// queue (round-robin).
+    fn expected_wait(&self, q: &Queues, team: &str) -> Duration {
+        let ours = q.waiting.get(team).map_or(0, VecDeque::len) as f64 + 1.0;
+        let teams = q.turn.len() as f64 + if q.waiting.contains_key(team) { 0.0 } else { 1.0 };
+        self.pause_left() + Duration::from_secs_f64(ours * teams / self.per_sec)
     }
 
     /// The next waiter in round-robin order, if any.
@@ -215,6 +238,12 @@ async fn dispatch(scheduler: std::sync::Weak<Scheduler>) {
             continue;
         }
         s.next_permit().await;
+        // A pause may have come while we waited for the permit: honour it
+        // before anyone calls.
+        let pause = s.pause_left();
+        if !pause.is_zero() {
+            tokio::time::sleep(pause).await;
+        }
         // A waiter that gave up (its request was cancelled) does not use
         // the token: the next one gets it.
         while let Some(waiter) = s.next_waiter() {
@@ -251,5 +280,45 @@ mod tests {
         }
         first.await.unwrap().expect("queued call served");
         second.await.unwrap().expect("queued call served");
+    }
+
+    #[tokio::test]
+    async fn a_pause_that_comes_while_a_call_waits_for_its_permit_holds_it() {
+        let s = Scheduler::start(60, Duration::from_secs(5), None, Arc::new(Metrics::new()));
+        for _ in 0..6 {
+            s.acquire("a").await.expect("within burst");
+        }
+        let started = Instant::now();
+        let s2 = s.clone();
+        // Queued: the dispatcher now waits ~1 s for the next permit.
+        let queued = tokio::spawn(async move { s2.acquire("a").await });
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        s.pause(Duration::from_secs(2)).await;
+        queued.await.unwrap().expect("served after the pause");
+        assert!(
+            started.elapsed() >= Duration::from_millis(2_000),
+            "granted before the pause ended: {:?}",
+            started.elapsed()
+        );
+    }
+
+    #[tokio::test]
+    async fn a_queued_call_never_waits_past_the_bound() {
+        let s = Scheduler::start(60, Duration::from_secs(1), None, Arc::new(Metrics::new()));
+        for _ in 0..6 {
+            s.acquire("a").await.expect("within burst");
+        }
+        let started = Instant::now();
+        let s2 = s.clone();
+        let queued = tokio::spawn(async move { s2.acquire("a").await });
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        // A long pause after admission: the estimate said ~1 s, the bound holds.
+        s.pause(Duration::from_secs(30)).await;
+        let refused = queued.await.unwrap();
+        assert!(
+            matches!(refused, Err(GatewayError::UpstreamRateLimited { .. })),
+            "{refused:?}"
+        );
+        assert!(started.elapsed() < Duration::from_millis(1_500));
     }
 }

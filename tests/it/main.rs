@@ -11,6 +11,7 @@ mod faults;
 mod harness;
 mod hostile;
 mod load;
+mod money;
 mod observability;
 mod rate;
 mod sim;

@@ -122,6 +122,8 @@ impl App {
 
     fn publish_limits(&self) {
         for team in self.teams.load().iter() {
+            // At 0 from the start, so an alert on its increase sees the first.
+            self.metrics.credit_anomalies_total.with_label_values(&[&team.name]);
             if let Some(limit) = team.credit_limit {
                 self.metrics
                     .team_credit_limit

@@ -253,8 +253,9 @@ impl Config {
     }
 }
 
-/// Time a reservation's owner keeps for its settle (retried against a
-/// Redis that blips) after the upstream call's deadline.
+/// Time a reservation keeps beyond the fair queue's bound and the upstream
+/// call's deadline: the queue's slack (`scheduler::QUEUE_SLACK`, 1 s) and
+/// the settle (retried against a Redis that blips).
 pub const SETTLE_MARGIN_SECS: u64 = 5;
 
 impl Config {

@@ -92,55 +92,95 @@ async fn pipeline<B>(
         return usage::usage(app, &team).await;
     }
     // 6. The normalized key; `None` for routes that are never cached.
-    let directives = Directives::from_headers(req.headers());
     let key = app.cache.ttl(target.route).map(|_| key::cache_key(&target));
-    let job = || Job {
-        team: team.clone(),
-        target: target.clone(),
-        key: key.clone(),
-        // A client that bounds the age it accepts must not be answered
-        // from the cache by the fetch either.
-        no_cache: directives.no_cache || directives.max_age.is_some(),
-        no_store: directives.no_store,
-        request_id: ctx.request_id.clone(),
-        accept: req.headers().get(http::header::ACCEPT).cloned(),
+    let ask = Ask {
+        req,
+        directives: Directives::from_headers(req.headers()),
+        team,
+        target,
+        key,
     };
+    cached_or_fetched(app, &ask, ctx).await
+}
+
+/// What one request asks for, once it is known who asks.
+struct Ask<'r, B> {
+    req: &'r Request<B>,
+    directives: Directives,
+    team: Arc<Team>,
+    target: Target,
+    /// `None`: never cached.
+    key: Option<String>,
+}
+
+impl<B> Ask<'_, B> {
+    /// The fetch this request would start; built only on a miss.
+    fn job(&self, request_id: &str) -> Job {
+        Job {
+            team: self.team.clone(),
+            target: self.target.clone(),
+            key: self.key.clone(),
+            // A client that bounds the age it accepts must not be answered
+            // from the cache by the fetch either.
+            no_cache: self.directives.no_cache || self.directives.max_age.is_some(),
+            no_store: self.directives.no_store,
+            request_id: request_id.to_string(),
+            accept: self.req.headers().get(http::header::ACCEPT).cloned(),
+        }
+    }
+}
+
+/// Phases 7–15 of a request that may be answered from the cache.
+async fn cached_or_fetched<B>(
+    app: &Arc<App>,
+    ask: &Ask<'_, B>,
+    ctx: &mut RequestContext,
+) -> Result<Response<Body>, GatewayError> {
+    let (d, target) = (&ask.directives, &ask.target);
     // 7. Lookup, unless the client said no-cache.
     let mut cached = None;
-    if let (Some(k), false) = (&key, directives.no_cache) {
+    if let (Some(k), false) = (&ask.key, d.no_cache) {
         if let Some((entry, tier)) = app.cache.lookup(target.route, k).await {
-            if let Some(state) = accept_cached(app, &entry, &directives, k, job).await {
+            if let Some(state) = accept_cached(app, &entry, d, k, || ask.job(&ctx.request_id)).await {
                 let labels = [target.route.as_str(), tier.as_str()];
                 app.metrics.cache_hits_total.with_label_values(&labels).inc();
-                return Ok(from_cache(app, &team, &target, &entry, state, req, ctx));
+                return Ok(from_cache(app, &ask.team, target, &entry, state, ask.req, ctx));
             }
             cached = Some(entry);
         }
     }
     // A HEAD never buys anything: it is answered from the cache or not at
     // all, like only-if-cached (the upstream has no HEAD to forward to).
-    let head_of_metered = req.method() == Method::HEAD && route::credit_estimate(&target) > 0;
-    if directives.only_if_cached || head_of_metered {
+    let head_of_metered = ask.req.method() == Method::HEAD && route::credit_estimate(target) > 0;
+    if d.only_if_cached || head_of_metered {
         return Err(GatewayError::NotCached);
     }
     // 8–13. Coalesce, reserve, queue, forward, settle, store.
-    let (outcome, role) = fetch::coalesced(app, job()).await;
+    let (outcome, role) = fetch::coalesced(app, ask.job(&ctx.request_id)).await;
     // 14. The upstream failed and a stale copy exists: serve it instead.
     let failed = match &outcome {
         Ok(f) => matches!(f.status.as_u16(), 402 | 429 | 500..=599),
         Err(e) => e.upstream_failed(),
     };
-    if let (true, Some(k)) = (failed, key.as_deref()) {
+    if let (true, Some(k)) = (failed, ask.key.as_deref()) {
         if cached.is_none() {
             cached = app.cache.lookup(target.route, k).await.map(|(e, _)| e);
         }
         if let Some(entry) = &cached {
-            return Ok(from_cache(app, &team, &target, entry, CacheState::Stale, req, ctx));
+            return Ok(from_cache(
+                app,
+                &ask.team,
+                target,
+                entry,
+                CacheState::Stale,
+                ask.req,
+                ctx,
+            ));
         }
     }
     // 15. Respond with what the fetch brought.
-    let no_cache = directives.no_cache || key.is_none();
-    from_fetched(app, &team, &target, outcome?, role, no_cache, ctx)
+    let no_cache = d.no_cache || ask.key.is_none();
+    from_fetched(app, &ask.team, target, outcome?, role, no_cache, ctx)
 }
 
 /// Phase 1: refuses what is not a plain GET or HEAD of a bounded size.

@@ -1,0 +1,93 @@
+//! The cross-replica lease belongs to its owner (case 7).
+
+use super::{fault, replicas, wait_until};
+use crate::support::gateway::{Setup, ALPHA, BETA};
+use crate::support::http::get;
+use crate::support::redis::RedisServer;
+use crate::support::sim::{start_sim, unlimited, FaultKind, Faults};
+use crate::support::traffic::{as_team, assert_ledger_matches, distinct_search};
+use http::StatusCode;
+use std::time::Duration;
+
+/// Case 7: the cross-replica lease is deleted only by its owner. A replica
+/// that gave up waiting and fetched on its own leaves it, so a third
+/// replica still waits for the owner instead of buying the key again.
+#[tokio::test]
+async fn a_lease_is_released_only_by_its_owner() {
+    let redis = RedisServer::start();
+    let sim = start_sim(unlimited()).await;
+    let impatient = replicas(
+        2,
+        &sim,
+        Some(&redis),
+        Setup::new().with("cache", "coalesce_wait_ms = 200"),
+    )
+    .await;
+    let patient = replicas(
+        1,
+        &sim,
+        Some(&redis),
+        Setup::new().with("cache", "coalesce_wait_ms = 10000"),
+    )
+    .await;
+    let path = distinct_search(&sim, 0, 10);
+    sim.set_faults(Faults {
+        latency_ms: Some(2_000),
+        count: Some(1),
+        ..fault(FaultKind::Latency)
+    });
+    let owner_url = format!("{}{path}", impatient[0].base_url());
+    let owner = tokio::spawn(async move { as_team(&owner_url, ALPHA.1, "alpha-owner").await });
+    let leases = lease_count(&redis);
+    wait_until("the owner holds the lease", Duration::from_secs(5), || async {
+        leases().await == 1
+    })
+    .await;
+    // Gives up after 200 ms, fetches itself without storing, releases nothing.
+    let url = format!("{}{path}", impatient[1].base_url());
+    let own = get(
+        &url,
+        &[
+            ("x-api-key", BETA.1),
+            ("x-request-id", "beta-own"),
+            ("cache-control", "no-store"),
+        ],
+    )
+    .await;
+    assert_eq!(own.status, StatusCode::OK);
+    assert_eq!(
+        leases().await,
+        1,
+        "the owner's lease survived the other replica's release"
+    );
+    let third = as_team(&format!("{}{path}", patient[0].base_url()), BETA.1, "beta-third").await;
+    assert_eq!(
+        third.header("x-cache"),
+        Some("HIT"),
+        "the third replica waited for the owner"
+    );
+    assert_eq!(owner.await.expect("owner").header("x-cache"), Some("MISS"));
+    assert_eq!(
+        sim.stats().requests_total,
+        2,
+        "the owner and the impatient replica, not the third"
+    );
+    assert_eq!(leases().await, 0, "the owner released its lease");
+    assert_ledger_matches(&sim, &impatient[0].admin_url(), &["alpha", "beta"]).await;
+}
+
+fn lease_count(redis: &RedisServer) -> impl Fn() -> std::pin::Pin<Box<dyn std::future::Future<Output = usize> + Send>> {
+    let client = redis::Client::open(redis.url()).expect("redis url");
+    move || {
+        let client = client.clone();
+        Box::pin(async move {
+            let mut c = client.get_multiplexed_async_connection().await.expect("redis");
+            let keys: Vec<String> = redis::cmd("KEYS")
+                .arg("pgw:lease:*")
+                .query_async(&mut c)
+                .await
+                .expect("KEYS");
+            keys.len()
+        })
+    }
+}

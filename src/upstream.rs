@@ -3,9 +3,10 @@
 //! retries with jittered backoff, one whole-call deadline.
 //!
 //! Phase 11: `proxy::fetch` calls [`Upstream::fetch`] once per cache miss.
-//! When the body fails after the status and headers arrived (cut, too
-//! large, the deadline), the head is returned with the error: the upstream
-//! may have billed the call, and its credit headers say how much.
+//! Each answer's head (status and headers) is published on a watch channel
+//! as soon as it arrives, before its body, so the caller can settle what
+//! the upstream billed at once; when the body then fails (cut, too large,
+//! the deadline), the head is also returned with the error.
 //! The upstream's `Retry-After` is never trusted beyond
 //! `upstream.max_retry_after_secs`. Only an allowlist of request headers travels upstream, so a
 //! team's credential, cookies and internal addresses (X-Forwarded-For) never
@@ -25,8 +26,9 @@ use hyper_rustls::{HttpsConnector, HttpsConnectorBuilder};
 use hyper_util::client::legacy::{connect::HttpConnector, Client};
 use hyper_util::rt::TokioExecutor;
 use rustls::pki_types::{pem::PemObject, CertificateDer};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
+use tokio::sync::watch;
 
 /// A complete upstream answer.
 #[derive(Debug, Clone)]
@@ -118,6 +120,20 @@ impl Upstream {
         accept: Option<&HeaderValue>,
         metrics: &Metrics,
     ) -> Result<UpstreamResponse, Failed> {
+        let (heads, _) = watch::channel(None);
+        self.fetch_with_heads(target, request_id, accept, metrics, &heads).await
+    }
+
+    /// As [`Upstream::fetch`], publishing each answer's head on `heads` as
+    /// soon as it arrives.
+    pub async fn fetch_with_heads(
+        &self,
+        target: &Target,
+        request_id: &str,
+        accept: Option<&HeaderValue>,
+        metrics: &Metrics,
+        heads: &watch::Sender<Option<Head>>,
+    ) -> Result<UpstreamResponse, Failed> {
         let uri = self.uri_for(target).map_err(|error| Failed { error, head: None })?;
         let started = Instant::now();
         let deadline = started + self.timeout;
@@ -129,8 +145,7 @@ impl Upstream {
             .with_jitter();
         // Written by each attempt when its head arrives; read after the
         // deadline may have dropped the attempt halfway through its body.
-        let head = Mutex::new(None);
-        let attempt = || self.attempt(&uri, request_id, accept, route, metrics, &head);
+        let attempt = || self.attempt(&uri, request_id, accept, route, metrics, heads);
         let retried = attempt
             .retry(backoff)
             .when(|e| !matches!(e, AttemptError::TooLarge | AttemptError::Transport))
@@ -143,7 +158,7 @@ impl Upstream {
             .observe(started.elapsed().as_secs_f64());
         let failed = |error| Failed {
             error,
-            head: head.lock().unwrap_or_else(|p| p.into_inner()).take(),
+            head: heads.borrow().clone(),
         };
         match outcome {
             Err(_) => {
@@ -180,7 +195,7 @@ impl Upstream {
         accept: Option<&HeaderValue>,
         route: &str,
         metrics: &Metrics,
-        head: &Mutex<Option<Head>>,
+        heads: &watch::Sender<Option<Head>>,
     ) -> Result<UpstreamResponse, AttemptError> {
         let mut req = Request::get(uri.clone())
             .header(USER_AGENT, concat!("permit-gateway/", env!("CARGO_PKG_VERSION")))
@@ -207,10 +222,10 @@ impl Upstream {
             }
         })?;
         let (parts, body) = resp.into_parts();
-        *head.lock().unwrap_or_else(|p| p.into_inner()) = Some(Head {
+        heads.send_replace(Some(Head {
             status: parts.status,
             headers: parts.headers.clone(),
-        });
+        }));
         metrics
             .upstream_requests_total
             .with_label_values(&[route, parts.status.as_str()])

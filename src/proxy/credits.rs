@@ -41,11 +41,7 @@ pub fn charge(status: StatusCode, headers: &HeaderMap, body: Option<&[u8]>, mete
     if status != StatusCode::OK {
         return Charge { credits: 0, worth: 0 };
     }
-    let header = headers
-        .get(X_CREDITS_REQUEST)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|s| s.trim().parse::<u64>().ok());
-    let credits = match (header, body) {
+    let credits = match (billed(headers), body) {
         (Some(n), _) => n,
         (None, _) if !metered => 0,
         (None, Some(body)) => count_items(body),
@@ -55,6 +51,14 @@ pub fn charge(status: StatusCode, headers: &HeaderMap, body: Option<&[u8]>, mete
         credits,
         worth: credits.min(reserved),
     }
+}
+
+/// The upstream's bill in `X-Credits-Request`, when it is a number.
+pub fn billed(headers: &HeaderMap) -> Option<u64> {
+    headers
+        .get(X_CREDITS_REQUEST)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|s| s.trim().parse::<u64>().ok())
 }
 
 /// Records in a page envelope; 0 when the body is not one.

@@ -24,6 +24,7 @@ use crate::upstream::{retry_after, Failed, UpstreamResponse};
 use http::{HeaderMap, StatusCode};
 use std::sync::Arc;
 use std::time::Duration;
+use tokio::sync::watch;
 
 /// How this request took part in the fetch.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -143,27 +144,13 @@ async fn fetch_upstream(app: &Arc<App>, job: &Job) -> Outcome {
         credits::release(app, reservation).await;
         return Err(e);
     }
-    // 11. Forward.
-    let call = app
-        .upstream
-        .fetch(&job.target, &job.request_id, job.accept.as_ref(), &app.metrics)
-        .await;
-    let resp = match call {
-        Ok(resp) => resp,
-        Err(failed) => return Err(settle_failure(app, job, reservation, failed).await),
-    };
-    app.org.observe(resp.status, &resp.headers, &resp.body, &app.metrics);
+    // 11–12. Forward, and settle what the upstream charged.
+    let (resp, charge) = forward(app, job, reservation).await?;
     if resp.status == StatusCode::TOO_MANY_REQUESTS {
         let max = Duration::from_secs(app.config.upstream.max_retry_after_secs);
         let wait = retry_after(&resp.headers, max).unwrap_or(Duration::from_secs(1));
         app.scheduler.pause(wait).await;
     }
-    // 12. Settle to what the upstream charged, even for an answer we cannot
-    //     pass on: the upstream billed it all the same.
-    let metered = job.target.route.is_metered();
-    let reserved = credits::reserved(job, reservation.as_ref());
-    let charge = credits::charge(resp.status, &resp.headers, Some(&resp.body), metered, reserved);
-    credits::settle(app, job, reservation, charge).await;
     if resp.status == StatusCode::OK && !is_json(&resp) {
         return Err(GatewayError::UpstreamInvalid("Upstream sent a malformed answer"));
     }
@@ -181,6 +168,59 @@ async fn fetch_upstream(app: &Arc<App>, job: &Job) -> Outcome {
         from_cache: false,
         etag,
     }))
+}
+
+/// Phases 11 and 12: forwards, and settles what the upstream billed as soon
+/// as an answer's head shows the bill — before its body, so neither a body
+/// that fails nor a crash while it streams loses the charge. An answer
+/// without a bill in its head is settled from its records once the body is
+/// in; one the upstream cannot pass on is settled all the same: the
+/// upstream billed it.
+async fn forward(
+    app: &App,
+    job: &Job,
+    reservation: Option<Reservation>,
+) -> Result<(UpstreamResponse, Charge), GatewayError> {
+    let metered = job.target.route.is_metered();
+    let reserved = credits::reserved(job, reservation.as_ref());
+    let mut reservation = Some(reservation);
+    let (heads, mut seen) = watch::channel(None);
+    let call = app
+        .upstream
+        .fetch_with_heads(&job.target, &job.request_id, job.accept.as_ref(), &app.metrics, &heads);
+    tokio::pin!(call);
+    let mut early: Option<Charge> = None;
+    let result = loop {
+        tokio::select! {
+            result = &mut call => break result,
+            Ok(()) = seen.changed(), if early.is_none() => {
+                let head = seen.borrow_and_update().clone();
+                let Some(head) = head.filter(|h| h.status == StatusCode::OK) else { continue };
+                if credits::billed(&head.headers).is_some() {
+                    app.org.observe(head.status, &head.headers, &bytes::Bytes::new(), &app.metrics);
+                    let charge = credits::charge(head.status, &head.headers, None, metered, reserved);
+                    credits::settle(app, job, reservation.take().flatten(), charge).await;
+                    early = Some(charge);
+                }
+            }
+        }
+    };
+    match (result, early) {
+        (Ok(resp), early) => {
+            app.org.observe(resp.status, &resp.headers, &resp.body, &app.metrics);
+            let charge = match early {
+                Some(charge) => charge,
+                None => {
+                    let charge = credits::charge(resp.status, &resp.headers, Some(&resp.body), metered, reserved);
+                    credits::settle(app, job, reservation.take().flatten(), charge).await;
+                    charge
+                }
+            };
+            Ok((resp, charge))
+        }
+        (Err(failed), Some(_)) => Err(failed.error),
+        (Err(failed), None) => Err(settle_failure(app, job, reservation.take().flatten(), failed).await),
+    }
 }
 
 /// Phase 12 for a call without an answer: when the upstream sent a billed

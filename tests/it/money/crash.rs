@@ -9,9 +9,11 @@ use bytes::Bytes;
 use http::{Method, StatusCode};
 use std::time::Duration;
 
-/// Case 6: SIGKILL between the upstream's charge and the settle. The
-/// reservations were written before the calls; after the restart they
-/// count as spent: at least the charge, never above the limit.
+/// Case 6: SIGKILL while the upstream streams three answers it already
+/// billed. Their charges are settled from the billed heads before the
+/// bodies (and the reservations were written before the calls, so one
+/// killed before its head counts as spent at restart): afterwards the
+/// ledger holds at least the charge, never above the limit.
 #[tokio::test]
 async fn sigkill_between_charge_and_settle_counts_the_calls_as_spent() {
     let sim = start_sim(unlimited()).await;

@@ -266,19 +266,29 @@ async fn dispatch(scheduler: std::sync::Weak<Scheduler>) {
 mod tests {
     use super::*;
 
-    #[tokio::test]
-    async fn an_idle_scheduler_adds_no_wait_and_a_long_queue_is_refused() {
-        let s = Scheduler::start(60, Duration::from_secs(2), None, Arc::new(Metrics::new()));
-        // Burst of 6 (a tenth of a minute) passes at once.
+    /// A scheduler of 60 calls a minute whose burst of 6 (a tenth of a
+    /// minute) is used up: the next call waits about a second.
+    async fn busy(max_wait: Duration) -> Arc<Scheduler> {
+        let s = Scheduler::start(60, max_wait, None, Arc::new(Metrics::new()));
         for _ in 0..6 {
             s.acquire("a").await.expect("within burst");
         }
+        s
+    }
+
+    /// One more call of team "a", queued in a task of its own.
+    fn queue(s: &Arc<Scheduler>) -> tokio::task::JoinHandle<Result<(), GatewayError>> {
+        let s = s.clone();
+        tokio::spawn(async move { s.acquire("a").await })
+    }
+
+    #[tokio::test]
+    async fn an_idle_scheduler_adds_no_wait_and_a_long_queue_is_refused() {
+        let s = busy(Duration::from_secs(2)).await;
         // The next calls wait ~1 s each: a queue of 3 is past the 2 s bound.
-        let s2 = s.clone();
-        let first = tokio::spawn(async move { s2.acquire("a").await });
+        let first = queue(&s);
         tokio::task::yield_now().await;
-        let s3 = s.clone();
-        let second = tokio::spawn(async move { s3.acquire("a").await });
+        let second = queue(&s);
         tokio::task::yield_now().await;
         match s.acquire("a").await {
             Err(GatewayError::UpstreamRateLimited { retry_after_secs }) => {
@@ -292,14 +302,10 @@ mod tests {
 
     #[tokio::test]
     async fn a_pause_that_comes_while_a_call_waits_for_its_permit_holds_it() {
-        let s = Scheduler::start(60, Duration::from_secs(5), None, Arc::new(Metrics::new()));
-        for _ in 0..6 {
-            s.acquire("a").await.expect("within burst");
-        }
+        let s = busy(Duration::from_secs(5)).await;
         let started = Instant::now();
-        let s2 = s.clone();
         // Queued: the dispatcher now waits ~1 s for the next permit.
-        let queued = tokio::spawn(async move { s2.acquire("a").await });
+        let queued = queue(&s);
         tokio::time::sleep(Duration::from_millis(100)).await;
         s.pause(Duration::from_secs(2)).await;
         queued.await.unwrap().expect("served after the pause");
@@ -312,13 +318,9 @@ mod tests {
 
     #[tokio::test]
     async fn a_queued_call_never_waits_past_the_bound() {
-        let s = Scheduler::start(60, Duration::from_secs(1), None, Arc::new(Metrics::new()));
-        for _ in 0..6 {
-            s.acquire("a").await.expect("within burst");
-        }
+        let s = busy(Duration::from_secs(1)).await;
         let started = Instant::now();
-        let s2 = s.clone();
-        let queued = tokio::spawn(async move { s2.acquire("a").await });
+        let queued = queue(&s);
         tokio::time::sleep(Duration::from_millis(50)).await;
         // A long pause after admission: the estimate said ~1 s, the bound holds.
         s.pause(Duration::from_secs(30)).await;

@@ -4,10 +4,11 @@
 //! the org's spend seen upstream against the sum of the team ledgers.
 //!
 //! The upstream's numbers are distrusted: a charge that does not parse as a
-//! number is replaced by the records counted in the page, and a charge above
-//! the reservation (which is the worst case of the call) is settled — the
-//! upstream billed it — but counted as an anomaly and never trusted for the
-//! future: what a later hit "saves" stays bounded by the reservation.
+//! number (or is beyond any real bill) is replaced by the records counted in
+//! the page, and a charge above the reservation (which is the worst case of
+//! the call) is settled — the upstream billed it — but counted as an
+//! anomaly and never trusted for the future: what a later hit "saves" stays
+//! bounded by the reservation.
 
 use super::fetch::Job;
 use crate::app::App;
@@ -53,12 +54,19 @@ pub fn charge(status: StatusCode, headers: &HeaderMap, body: Option<&[u8]>, mete
     }
 }
 
+/// Above this a bill is not a number the upstream can mean (a page holds at
+/// most 100 records): it is treated like one that does not parse. Low
+/// enough that no sum of such bills overflows, here or in Redis's 64-bit
+/// integers.
+const MAX_BILL: u64 = u32::MAX as u64;
+
 /// The upstream's bill in `X-Credits-Request`, when it is a number.
 pub fn billed(headers: &HeaderMap) -> Option<u64> {
     headers
         .get(X_CREDITS_REQUEST)
         .and_then(|v| v.to_str().ok())
         .and_then(|s| s.trim().parse::<u64>().ok())
+        .filter(|n| *n <= MAX_BILL)
 }
 
 /// Records in a page envelope; 0 when the body is not one.
@@ -217,7 +225,14 @@ mod tests {
     fn credits_come_from_the_header_else_from_the_records() {
         let ok = StatusCode::OK;
         assert_eq!(charge(ok, &headers(Some("7")), Some(PAGE), true, 10).credits, 7);
-        for absurd in ["abc", "-5", "99999999999999999999", ""] {
+        for absurd in [
+            "abc",
+            "-5",
+            "99999999999999999999",
+            "18446744073709551615",
+            "4294967296",
+            "",
+        ] {
             let c = charge(ok, &headers(Some(absurd)), Some(PAGE), true, 10);
             assert_eq!(c.credits, 3, "{absurd}");
         }

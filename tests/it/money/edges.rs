@@ -5,7 +5,7 @@ use super::{fault, wait_until};
 use crate::support::gateway::{Setup, ALPHA, BETA};
 use crate::support::http::{get, send, Reply};
 use crate::support::sim::{start_sim, unlimited, FaultKind, Faults, SimConfig};
-use crate::support::traffic::{as_team, assert_ledger_matches, distinct_search};
+use crate::support::traffic::{as_team, assert_ledger_matches, charged_to, distinct_search, ledger_used};
 use bytes::Bytes;
 use http::{Method, StatusCode};
 use std::time::Duration;
@@ -71,6 +71,44 @@ async fn a_failed_background_refresh_is_not_repeated_on_every_request() {
     let settled = as_team(&url, ALPHA.1, "alpha-9").await;
     assert_eq!(settled.header("x-cache"), Some("STALE"));
     assert_eq!(sim.stats().requests_total, 2, "one refresh, not one per request");
+    assert_ledger_matches(&sim, &gw.admin_url(), &["alpha"]).await;
+}
+
+/// Case 8: a stale-while-revalidate refresh is a paid miss of the team
+/// that started it: the stale answer itself says 0 credits (it cost
+/// nothing), and the refresh's charge is in that team's ledger, exactly.
+#[tokio::test]
+async fn a_background_refresh_is_charged_to_the_team_that_started_it() {
+    let sim = start_sim(unlimited()).await;
+    let gw = Setup::new()
+        .with(
+            "cache",
+            "stale_while_revalidate_secs = 600\n[cache.route_ttl_secs]\npermits_search = 1",
+        )
+        .start(&sim)
+        .await;
+    let url = format!("{}{}", gw.base_url(), distinct_search(&sim, 0, 10));
+    assert_eq!(as_team(&url, ALPHA.1, "alpha-0").await.header("x-cache"), Some("MISS"));
+    wait_until("the entry expires", Duration::from_secs(5), || async {
+        get(&url, &[("x-api-key", ALPHA.1), ("cache-control", "only-if-cached")])
+            .await
+            .header("x-cache")
+            == Some("STALE")
+    })
+    .await;
+    let stale = as_team(&url, ALPHA.1, "alpha-1").await;
+    assert_eq!(stale.header("x-cache"), Some("STALE"));
+    assert_eq!(stale.header_u64("x-credits-request"), Some(0));
+    wait_until("the refresh is settled", Duration::from_secs(5), || async {
+        ledger_used(&gw.admin_url(), "alpha").await == 20
+    })
+    .await;
+    assert_eq!(
+        charged_to(&sim, "alpha-1"),
+        10,
+        "the refresh went out under the stale request's id"
+    );
+    assert_eq!(sim.stats().requests_total, 2, "the miss and one refresh");
     assert_ledger_matches(&sim, &gw.admin_url(), &["alpha"]).await;
 }
 

@@ -7,6 +7,8 @@ use crate::support::redis::RedisServer;
 use crate::support::sim::{start_sim, unlimited, FaultKind, Faults};
 use crate::support::traffic::{as_team, assert_ledger_matches, distinct_search};
 use http::StatusCode;
+use permit_gateway::cache::flight::Join;
+use permit_gateway::error::GatewayError;
 use std::time::Duration;
 
 /// Case 7: the cross-replica lease is deleted only by its owner. A replica
@@ -90,4 +92,54 @@ fn lease_count(redis: &RedisServer) -> impl Fn() -> std::pin::Pin<Box<dyn std::f
             keys.len()
         })
     }
+}
+
+/// Case 8: a request that waited on a flight which ended without an answer
+/// for it (here: the leader's own budget refused) leads the next flight,
+/// and first looks at the cache again: the answer another replica stored
+/// meanwhile is not bought a second time.
+#[tokio::test]
+async fn a_new_leader_looks_at_the_cache_again_before_it_buys() {
+    let redis = RedisServer::start();
+    let sim = start_sim(unlimited()).await;
+    let gws = replicas(2, &sim, Some(&redis), Setup::new()).await;
+    let (a, b) = (&gws[0], &gws[1]);
+    let path = distinct_search(&sim, 0, 10);
+    // A flight for the key on replica B that the test holds open.
+    let uri: http::Uri = path.parse().expect("uri");
+    let target = permit_gateway::route::classify(&uri, 8192).expect("route");
+    let key = permit_gateway::cache::key::cache_key(&target);
+    let Join::Leader(held) = b.app.flights.join(&key) else {
+        panic!("the test leads the first flight")
+    };
+    // B's request misses both tiers and waits on the held flight; A's call
+    // is slow enough that B has looked up before A stores.
+    sim.set_faults(Faults {
+        latency_ms: Some(500),
+        count: Some(1),
+        ..fault(FaultKind::Latency)
+    });
+    let b_url = format!("{}{path}", b.base_url());
+    let waiting = tokio::spawn(async move { as_team(&b_url, BETA.1, "beta-1").await });
+    let first = as_team(&format!("{}{path}", a.base_url()), ALPHA.1, "alpha-1").await;
+    assert_eq!(first.header("x-cache"), Some("MISS"));
+    // The held flight ends without an answer B may take as its own.
+    held.complete(Err(GatewayError::QuotaExceeded {
+        limit: 0,
+        upgrade_url: String::new(),
+    }));
+    let r = waiting.await.expect("B's request");
+    assert_eq!(
+        r.header("x-cache"),
+        Some("HIT"),
+        "B bought the key again ({})",
+        r.status
+    );
+    assert_eq!(sim.stats().requests_total, 1, "the key was bought once");
+    let metrics = get(&format!("{}/metrics", b.admin_url()), &[]).await.text();
+    assert!(
+        metrics.contains("gateway_coalesced_requests_total{route=\"permits_search\"} 1"),
+        "B was answered by the new flight's look at the cache, not by its own lookup"
+    );
+    assert_ledger_matches(&sim, &a.admin_url(), &["alpha", "beta"]).await;
 }

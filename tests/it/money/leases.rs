@@ -143,3 +143,31 @@ async fn a_new_leader_looks_at_the_cache_again_before_it_buys() {
     );
     assert_ledger_matches(&sim, &a.admin_url(), &["alpha", "beta"]).await;
 }
+
+/// Case 7: a lease outlives its TTL while its owner works (renewed), is
+/// refused to others meanwhile, and goes with its owner's release.
+#[tokio::test]
+async fn a_lease_is_renewed_while_its_owner_works() {
+    use permit_gateway::cache::lease::{Acquired, Leases};
+    let redis = RedisServer::start();
+    let backend = permit_gateway::redis_backend::RedisBackend::new(
+        &redis.url(),
+        Duration::from_secs(1),
+        std::sync::Arc::new(permit_gateway::metrics::Metrics::new()),
+    )
+    .expect("redis backend");
+    let leases = Leases::new(Some(std::sync::Arc::new(backend)), "pgw:", Duration::from_secs(1));
+    let Acquired::Owned(lease) = leases.acquire("k").await else {
+        panic!("the first caller owns the lease")
+    };
+    let count = lease_count(&redis);
+    // Three TTLs long, the lease stays, and stays someone else's to wait on.
+    let until = std::time::Instant::now() + Duration::from_secs(3);
+    while std::time::Instant::now() < until {
+        assert_eq!(count().await, 1, "the lease lapsed while its owner worked");
+        assert!(matches!(leases.acquire("k").await, Acquired::Held));
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    lease.release().await;
+    assert_eq!(count().await, 0, "released by its owner");
+}

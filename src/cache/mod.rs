@@ -11,9 +11,11 @@ pub mod control;
 pub mod entry;
 pub mod flight;
 pub mod key;
+pub mod lease;
 
-pub use entry::{now_ms, Entry};
+pub use entry::Entry;
 
+use crate::clock::now_ms;
 use crate::config::CacheConfig;
 use crate::metrics::Metrics;
 use crate::redis_backend::RedisBackend;
@@ -117,11 +119,6 @@ impl Cache {
             route.as_str(),
             hex::encode(Sha256::digest(key.as_bytes()))
         )
-    }
-
-    /// The key of the cross-replica fetch lease for a cache key.
-    pub fn lease_key(&self, key: &str) -> String {
-        format!("{}lease:{}", self.prefix, hex::encode(Sha256::digest(key.as_bytes())))
     }
 
     /// L1, then L2 (promoting an L2 hit into L1). Stale entries are returned

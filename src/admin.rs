@@ -131,15 +131,15 @@ fn authorize<B>(app: &App, req: &Request<B>) -> Result<(), GatewayError> {
 async fn purge(app: &App, query: Option<&str>) -> Result<Response<Body>, GatewayError> {
     let route = match query_param(query, "route") {
         None => None,
-        Some(name) => Some(Route::ALL.iter().copied().find(|r| r.as_str() == name).ok_or(
-            GatewayError::InvalidQuery(vec![Violation::new(
+        Some(name) => Some(
+            Route::from_name(&name).ok_or(GatewayError::InvalidQuery(vec![Violation::new(
                 "enum",
                 "route",
                 "not a route name",
                 Value::String(name),
                 None,
-            )]),
-        )?),
+            )]))?,
+        ),
     };
     let redis_keys = app.cache.purge(route).await;
     tracing::info!(route = route.map_or("all", Route::as_str), redis_keys, "cache purged");

@@ -6,8 +6,8 @@ use crate::auth::Teams;
 use crate::cache::flight::{Flights, Outcome};
 use crate::cache::lease::Leases;
 use crate::cache::Cache;
-use crate::config::{Config, ConfigErrors, Secret, Source};
-use crate::ledger::{self, Ledger, Window};
+use crate::config::{Config, ConfigErrors, QuotaStore, Secret, Source};
+use crate::ledger::{self, Ledger};
 use crate::metrics::Metrics;
 use crate::org::Org;
 use crate::proxy::Refreshes;
@@ -136,15 +136,10 @@ impl App {
 
 /// The ledger, and its Redis URL when it is the Redis store.
 fn open_ledger<'c>(config: &'c Config, metrics: &Arc<Metrics>) -> Result<(Ledger, Option<&'c Secret>), String> {
-    let window = Window::parse(&config.quota.window);
+    let window = config.quota.window;
     let lease = Duration::from_secs(config.quota.reservation_lease_secs);
-    if config.quota.store == "redis" {
-        let url = config
-            .quota
-            .redis_url
-            .as_ref()
-            .or(config.cache.redis_url.as_ref())
-            .ok_or("quota.redis_url: not set")?;
+    if config.quota.store == QuotaStore::Redis {
+        let url = config.quota_redis_url().ok_or("quota.redis_url: not set")?;
         // Its own connection and breaker: a slow cache must not trip the ledger.
         let redis = Arc::new(RedisBackend::new(
             url.expose(),

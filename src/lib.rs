@@ -90,8 +90,8 @@ impl Listeners {
     /// Binds `server.listen` and `server.admin_listen`.
     pub async fn bind(cfg: &config::ServerConfig) -> std::io::Result<Listeners> {
         Ok(Listeners {
-            team: TcpListener::bind(&cfg.listen).await?,
-            admin: TcpListener::bind(&cfg.admin_listen).await?,
+            team: TcpListener::bind(cfg.listen).await?,
+            admin: TcpListener::bind(cfg.admin_listen).await?,
         })
     }
 }

@@ -140,7 +140,7 @@ async fn serve(path: Option<PathBuf>) -> ExitCode {
 
 async fn run_demo(listen: String, admin_listen: String) -> ExitCode {
     let _log_writer = telemetry::init(&permit_gateway::config::LogConfig {
-        format: "human".into(),
+        format: permit_gateway::config::LogFormat::Human,
         level: "info".into(),
     });
     match demo::start(&listen, &admin_listen).await {

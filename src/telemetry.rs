@@ -7,7 +7,7 @@
 //! never holds a request; when its buffer is full, requests wait rather
 //! than lines being dropped (an access log with holes is no audit trail).
 
-use crate::config::LogConfig;
+use crate::config::{LogConfig, LogFormat};
 use std::io::IsTerminal;
 use tracing_appender::non_blocking::{NonBlockingBuilder, WorkerGuard};
 use tracing_subscriber::EnvFilter;
@@ -27,7 +27,7 @@ pub fn init(cfg: &LogConfig) -> WorkerGuard {
         // or a log shipper they are noise that breaks grep and parsers.
         .with_ansi(std::io::stderr().is_terminal())
         .with_target(true);
-    let result = if cfg.format == "json" {
+    let result = if cfg.format == LogFormat::Json {
         builder.json().flatten_event(true).try_init()
     } else {
         builder.try_init()

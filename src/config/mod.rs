@@ -5,13 +5,13 @@
 //! state from it. The defaults file `config/defaults.toml` is compiled in, so
 //! the binary runs with no file at all, and it is the reference of every key.
 
-use figment::providers::{Env, Format, Toml};
-use figment::Figment;
 use serde::{Deserialize, Serialize};
 use std::fmt;
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use validate::{check_sha256, validate_log, validate_teams};
 
+mod load;
 mod validate;
 
 pub use validate::is_label;
@@ -42,8 +42,10 @@ pub struct Config {
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct ServerConfig {
-    pub listen: String,
-    pub admin_listen: String,
+    #[serde(deserialize_with = "socket_addr")]
+    pub listen: SocketAddr,
+    #[serde(deserialize_with = "socket_addr")]
+    pub admin_listen: SocketAddr,
     pub tls_cert_file: Option<PathBuf>,
     pub tls_key_file: Option<PathBuf>,
     pub max_connections: usize,
@@ -105,8 +107,8 @@ impl CacheConfig {
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct QuotaConfig {
-    pub window: String,
-    pub store: String,
+    pub window: crate::ledger::Window,
+    pub store: QuotaStore,
     pub path: PathBuf,
     pub redis_url: Option<Secret>,
     pub upgrade_url: String,
@@ -123,8 +125,36 @@ pub struct AdminConfig {
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct LogConfig {
-    pub format: String,
+    pub format: LogFormat,
     pub level: String,
+}
+
+/// Where the team budgets are kept (`quota.store`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum QuotaStore {
+    /// A file on local disk: one replica.
+    File,
+    /// Redis: shared by every replica.
+    Redis,
+}
+
+/// How log lines are written (`log.format`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LogFormat {
+    /// For a person at a terminal.
+    Human,
+    /// One JSON object per line, for a log shipper.
+    Json,
+}
+
+/// Serde's own `SocketAddr` error ("invalid socket address syntax") does
+/// not say what a valid one looks like.
+fn socket_addr<'de, D: serde::Deserializer<'de>>(d: D) -> Result<SocketAddr, D::Error> {
+    let text = String::deserialize(d)?;
+    text.parse()
+        .map_err(|_| serde::de::Error::custom(format!("{text:?} is not an address like 0.0.0.0:8080")))
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
@@ -194,13 +224,16 @@ pub enum Source<'a> {
 impl Config {
     /// Loads defaults → source → environment and validates the result.
     pub fn load(source: Source<'_>) -> Result<Config, ConfigErrors> {
-        let figment = figment_for(source)?;
-        let config = extract(&figment)?;
-        let problems = config.validate();
-        if problems.is_empty() {
-            Ok(config)
-        } else {
-            Err(ConfigErrors(problems))
+        let figment = load::figment_for(source)?;
+        let (config, mut problems) = load::extract(&figment);
+        // Semantic checks run even after a type error (on the config with the
+        // bad keys at their defaults), so one run lists every problem.
+        if let Some(config) = &config {
+            problems.extend(config.validate());
+        }
+        match config {
+            Some(config) if problems.is_empty() => Ok(config),
+            _ => Err(ConfigErrors(problems)),
         }
     }
 
@@ -235,7 +268,7 @@ impl Config {
         self.server.validate(&mut p);
         self.upstream.validate(&mut p);
         self.cache.validate(&mut p);
-        self.quota.validate(&mut p, self.cache.redis_url.is_some());
+        self.quota.validate(&mut p, self.quota_redis_url().is_some());
         validate_log(&self.log, &mut p);
         if let Some(hash) = &self.admin.token_sha256 {
             check_sha256("admin.token_sha256", hash, &mut p);
@@ -266,6 +299,12 @@ impl Config {
 pub const SETTLE_MARGIN_SECS: u64 = 5;
 
 impl Config {
+    /// The Redis the budgets live in when `quota.store = "redis"`: its own
+    /// `quota.redis_url`, else the cache's.
+    pub fn quota_redis_url(&self) -> Option<&Secret> {
+        self.quota.redis_url.as_ref().or(self.cache.redis_url.as_ref())
+    }
+
     /// The longest a live reservation's path can take: the bounded wait in
     /// the fair queue, the upstream call's deadline, and the settle.
     pub fn reservation_path_secs(&self) -> u64 {
@@ -273,60 +312,6 @@ impl Config {
             .max_queue_wait_secs
             .saturating_add(self.upstream.timeout_secs)
             .saturating_add(SETTLE_MARGIN_SECS)
-    }
-}
-
-fn figment_for(source: Source<'_>) -> Result<Figment, ConfigErrors> {
-    let mut figment = Figment::from(Toml::string(DEFAULTS_TOML));
-    match source {
-        Source::File(path) => {
-            if !path.is_file() {
-                return Err(ConfigErrors(vec![format!(
-                    "--config: {} does not exist or is not a file",
-                    path.display()
-                )]));
-            }
-            figment = figment.merge(Toml::file(path));
-        }
-        Source::Default => {
-            figment = figment.merge(Toml::file(DEFAULT_CONFIG_PATH));
-        }
-        Source::Text(text) => figment = figment.merge(Toml::string(text)),
-    }
-    Ok(figment.merge(Env::prefixed(ENV_PREFIX).split("__")))
-}
-
-/// Extracts the typed config, and separately lists every unknown key: serde
-/// alone would stop at the first one.
-fn extract(figment: &Figment) -> Result<Config, ConfigErrors> {
-    let mut problems = Vec::new();
-    match figment.extract::<figment::value::Value>() {
-        Ok(value) => {
-            let _ = serde_ignored::deserialize(&value, |path| {
-                problems.push(format!("{path}: unknown key"));
-            })
-            .map(|_: Config| ());
-        }
-        Err(e) => problems.extend(e.into_iter().map(|e| e.to_string())),
-    }
-    match figment.extract::<Config>() {
-        Ok(config) if problems.is_empty() => Ok(config),
-        Ok(_) => Err(ConfigErrors(problems)),
-        Err(e) => {
-            problems.extend(e.into_iter().map(describe_figment_error));
-            Err(ConfigErrors(problems))
-        }
-    }
-}
-
-/// Figment errors name the key path; keep the message without the profile.
-fn describe_figment_error(e: figment::Error) -> String {
-    let path = e.path.join(".");
-    let kind = e.kind.to_string();
-    if path.is_empty() {
-        kind
-    } else {
-        format!("{path}: {kind}")
     }
 }
 

@@ -12,7 +12,7 @@ fn load(text: &str) -> Result<Config, ConfigErrors> {
 fn defaults_alone_need_only_the_upstream_key() {
     let c = load(KEY).expect("defaults plus a key are valid");
     assert_eq!(c.upstream.requests_per_minute, 120);
-    assert_eq!(c.quota.window, "rolling_30d");
+    assert_eq!(c.quota.window, crate::ledger::Window::Rolling30d);
     assert!(c.teams.is_empty());
 }
 
@@ -28,10 +28,14 @@ fn every_problem_is_reported_at_once_with_its_key_path() {
     let text = r#"
         [server]
         listen = "nope"
+        admin_listen = "localhost"
         [upstream]
         base_url = "ftp://x"
         [quota]
         window = "weekly"
+        store = "sqlite"
+        [log]
+        format = "xml"
         [[teams]]
         name = "Bad Name"
         token_sha256 = "abc"
@@ -45,8 +49,11 @@ fn every_problem_is_reported_at_once_with_its_key_path() {
     let errs = load(text).expect_err("invalid").0;
     for key in [
         "server.listen",
+        "server.admin_listen",
         "upstream.base_url",
         "quota.window",
+        "quota.store",
+        "log.format",
         "teams[0].name",
         "teams[0].token_sha256",
         "teams[1].requests_per_minute",
@@ -55,6 +62,65 @@ fn every_problem_is_reported_at_once_with_its_key_path() {
     ] {
         assert!(errs.iter().any(|e| e.starts_with(key)), "{key} missing from {errs:#?}");
     }
+}
+
+#[test]
+fn typed_keys_say_what_they_accept() {
+    let text = format!(
+        "{KEY}[server]\nlisten = \"nope\"\n[quota]\nwindow = \"weekly\"\nstore = \"sqlite\"\n[log]\nformat = \"xml\"\n"
+    );
+    let errs = load(&text).expect_err("invalid").0;
+    for (key, says) in [
+        ("server.listen", "\"nope\" is not an address like 0.0.0.0:8080"),
+        ("quota.window", "`rolling_30d`"),
+        ("quota.window", "`calendar_month`"),
+        ("quota.store", "`file`"),
+        ("quota.store", "`redis`"),
+        ("log.format", "`human`"),
+        ("log.format", "`json`"),
+    ] {
+        assert!(
+            errs.iter().any(|e| e.starts_with(key) && e.contains(says)),
+            "{key} should say {says}: {errs:#?}"
+        );
+    }
+}
+
+#[test]
+fn a_wrong_type_in_a_team_does_not_hide_the_others_problems() {
+    let text = format!(
+        "{KEY}[[teams]]\nname = \"a\"\ntoken_sha256 = \"abc\"\ncredit_limit = \"lots\"\nrequests_per_minute = -1\n[[teams]]\nname = \"Bad\"\ntoken_sha256 = \"00\"\n"
+    );
+    let errs = load(&text).expect_err("invalid").0;
+    for key in [
+        "teams.0.credit_limit",
+        "teams.0.requests_per_minute",
+        "teams[0].token_sha256",
+        "teams[1].name",
+    ] {
+        assert!(errs.iter().any(|e| e.starts_with(key)), "{key} missing from {errs:#?}");
+    }
+}
+
+#[test]
+fn a_required_key_of_the_wrong_type_is_reported_once() {
+    let text = format!("{KEY}[[teams]]\nname = 5\ntoken_sha256 = \"abc\"\n");
+    let errs = load(&text).expect_err("invalid").0;
+    assert!(errs.iter().any(|e| e.starts_with("teams.0.name")), "{errs:#?}");
+    assert!(!errs.iter().any(|e| e.contains("missing")), "{errs:#?}");
+}
+
+#[test]
+fn calendar_month_and_the_redis_store_are_read_as_such() {
+    let c = load(&format!(
+        "{KEY}[quota]\nwindow = \"calendar_month\"\nstore = \"redis\"\n[cache]\nredis_url = \"redis://h:6379\"\n[log]\nformat = \"json\"\n"
+    ))
+    .expect("valid");
+    assert_eq!(c.quota.window, crate::ledger::Window::CalendarMonth);
+    assert_eq!(c.quota.store, QuotaStore::Redis);
+    assert_eq!(c.log.format, LogFormat::Json);
+    // The quota store falls back to the cache's Redis.
+    assert_eq!(c.quota_redis_url().map(Secret::expose), Some("redis://h:6379"));
 }
 
 #[test]

@@ -42,10 +42,12 @@ pub mod saved;
 use crate::route::Route;
 use chrono::{DateTime, Datelike, NaiveDate};
 
-/// Which days count toward a team's budget.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// Which days count toward a team's budget (`quota.window`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum Window {
+    #[serde(rename = "rolling_30d")]
     Rolling30d,
+    #[serde(rename = "calendar_month")]
     CalendarMonth,
 }
 
@@ -53,14 +55,6 @@ pub enum Window {
 pub const ROLLING_DAYS: u32 = 30;
 
 impl Window {
-    pub fn parse(name: &str) -> Window {
-        if name == "calendar_month" {
-            Window::CalendarMonth
-        } else {
-            Window::Rolling30d
-        }
-    }
-
     pub fn as_str(self) -> &'static str {
         match self {
             Window::Rolling30d => "rolling_30d",

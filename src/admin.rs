@@ -8,6 +8,7 @@ use crate::app::App;
 use crate::error::{GatewayError, Violation};
 use crate::http_util::{bytes_response, json_response, Body};
 use crate::ledger;
+use crate::metrics::LedgerOp;
 use crate::route::Route;
 use http::header::AUTHORIZATION;
 use http::{Method, Request, Response, StatusCode};
@@ -153,18 +154,11 @@ async fn purge(app: &App, query: Option<&str>) -> Result<Response<Body>, Gateway
 /// is right for idle and unlimited teams too.
 async fn observe_budgets(app: &App) {
     let teams = app.teams.load();
-    app.metrics.team_credits_used.reset();
+    app.metrics.reset_team_credits_used();
     for team in teams.iter() {
         match app.ledger.usage(&team.name).await {
-            Ok(usage) => {
-                let used = i64::try_from(usage.used).unwrap_or(i64::MAX);
-                app.metrics.team_credits_used.with_label_values(&[&team.name]).set(used);
-            }
-            Err(_) => app
-                .metrics
-                .backend_errors_total
-                .with_label_values(&["ledger", "usage"])
-                .inc(),
+            Ok(usage) => app.metrics.team_credits_used(&team.name, usage.used),
+            Err(_) => app.metrics.ledger_error(LedgerOp::Usage),
         }
     }
 }

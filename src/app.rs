@@ -114,23 +114,15 @@ impl App {
         let teams = self.teams.load().reloaded(&config.teams);
         let count = config.teams.len();
         self.teams.store(Arc::new(teams));
-        self.metrics.team_credit_limit.reset();
         self.publish_limits();
         tracing::info!(teams = count, "teams reloaded");
         Ok(count)
     }
 
     fn publish_limits(&self) {
-        for team in self.teams.load().iter() {
-            // At 0 from the start, so an alert on its increase sees the first.
-            self.metrics.credit_anomalies_total.with_label_values(&[&team.name]);
-            if let Some(limit) = team.credit_limit {
-                self.metrics
-                    .team_credit_limit
-                    .with_label_values(&[&team.name])
-                    .set(i64::try_from(limit).unwrap_or(i64::MAX));
-            }
-        }
+        let teams = self.teams.load();
+        self.metrics
+            .publish_teams(teams.iter().map(|t| (t.name.as_str(), t.credit_limit)));
     }
 }
 

@@ -110,10 +110,7 @@ impl RedisBackend {
     }
 
     fn failed(&self, op: &'static str, e: &BackendError) {
-        self.metrics
-            .backend_errors_total
-            .with_label_values(&["redis", op])
-            .inc();
+        self.metrics.redis_error(op);
         let failures = self.failures.fetch_add(1, Ordering::AcqRel) + 1;
         if failures >= TRIP_AFTER {
             let until = now_ms() + self.cool_down.as_millis() as u64;

@@ -146,10 +146,6 @@ impl Scheduler {
             let mut q = self.queues();
             let expected = self.expected_wait(&q, team);
             if expected > self.max_wait {
-                self.metrics
-                    .rate_limited_total
-                    .with_label_values(&[team, "upstream"])
-                    .inc();
                 return Err(GatewayError::UpstreamRateLimited {
                     retry_after_secs: expected.as_secs_f64().ceil() as u64,
                 });
@@ -174,10 +170,6 @@ impl Scheduler {
             Ok(Ok(())) => Ok(()),
             Ok(Err(_)) => Err(GatewayError::Internal),
             Err(_) => {
-                self.metrics
-                    .rate_limited_total
-                    .with_label_values(&[team, "upstream"])
-                    .inc();
                 // It waited the whole bound: come back after more than it,
                 // or after what is ahead of a new call now, if longer.
                 let ahead = self.expected_wait(&self.queues(), team);

@@ -15,8 +15,8 @@
 use crate::config::{Secret, UpstreamConfig};
 use crate::error::GatewayError;
 use crate::http_util::strip_hop_by_hop;
-use crate::metrics::Metrics;
-use crate::route::Target;
+use crate::metrics::{Metrics, UpstreamAnswer};
+use crate::route::{Route, Target};
 use backon::{ExponentialBuilder, Retryable};
 use bytes::Bytes;
 use http::header::{HeaderMap, HeaderValue, ACCEPT, RETRY_AFTER, USER_AGENT};
@@ -137,7 +137,7 @@ impl Upstream {
         let uri = self.uri_for(target).map_err(|error| Failed { error, head: None })?;
         let started = Instant::now();
         let deadline = started + self.timeout;
-        let route = target.route.as_str();
+        let route = target.route;
         let backoff = ExponentialBuilder::default()
             .with_min_delay(Duration::from_millis(50))
             .with_max_delay(Duration::from_secs(2))
@@ -150,22 +150,16 @@ impl Upstream {
             .retry(backoff)
             .when(|e| !matches!(e, AttemptError::TooLarge | AttemptError::Transport))
             .adjust(|e, backoff| retry_delay(e, backoff, deadline, self.max_retry_after))
-            .notify(|_, _| metrics.upstream_retries_total.with_label_values(&[route]).inc());
+            .notify(|_, _| metrics.upstream_retry(route));
         let outcome = tokio::time::timeout_at(deadline.into(), retried).await;
-        metrics
-            .upstream_request_duration_seconds
-            .with_label_values(&[route])
-            .observe(started.elapsed().as_secs_f64());
+        metrics.upstream_duration(route, started.elapsed());
         let failed = |error| Failed {
             error,
             head: heads.borrow().clone(),
         };
         match outcome {
             Err(_) => {
-                metrics
-                    .upstream_requests_total
-                    .with_label_values(&[route, "timeout"])
-                    .inc();
+                metrics.upstream_answer(route, UpstreamAnswer::Timeout);
                 Err(failed(GatewayError::UpstreamTimeout))
             }
             Ok(Ok(resp)) | Ok(Err(AttemptError::Retryable(resp))) => Ok(resp),
@@ -193,7 +187,7 @@ impl Upstream {
         uri: &Uri,
         request_id: &str,
         accept: Option<&HeaderValue>,
-        route: &str,
+        route: Route,
         metrics: &Metrics,
         heads: &watch::Sender<Option<Head>>,
     ) -> Result<UpstreamResponse, AttemptError> {
@@ -208,13 +202,13 @@ impl Upstream {
             .map_err(|_| AttemptError::Transport)?;
         req.headers_mut().insert("x-api-key", self.api_key.clone());
         let resp = self.client.request(req).await.map_err(|e| {
-            let kind = if e.is_connect() {
-                "connect_error"
+            let answer = if e.is_connect() {
+                UpstreamAnswer::ConnectError
             } else {
-                "transport_error"
+                UpstreamAnswer::TransportError
             };
-            metrics.upstream_requests_total.with_label_values(&[route, kind]).inc();
-            tracing::warn!(route, error = %ErrorChain(&e), "upstream request failed");
+            metrics.upstream_answer(route, answer);
+            tracing::warn!(route = route.as_str(), error = %ErrorChain(&e), "upstream request failed");
             if e.is_connect() {
                 AttemptError::Connect
             } else {
@@ -226,10 +220,7 @@ impl Upstream {
             status: parts.status,
             headers: parts.headers.clone(),
         }));
-        metrics
-            .upstream_requests_total
-            .with_label_values(&[route, parts.status.as_str()])
-            .inc();
+        metrics.upstream_answer(route, UpstreamAnswer::Status(parts.status));
         let body = Limited::new(body, self.max_response_bytes)
             .collect()
             .await

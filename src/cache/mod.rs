@@ -27,21 +27,8 @@ use sha2::{Digest, Sha256};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-/// Which tier answered a lookup.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Tier {
-    Memory,
-    Redis,
-}
-
-impl Tier {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Tier::Memory => "memory",
-            Tier::Redis => "redis",
-        }
-    }
-}
+/// Which tier answered a lookup; its own type is the metrics' tier label.
+pub use crate::metrics::Tier;
 
 /// Each entry lives for its TTL plus the stale grace, from when the
 /// upstream answered (an entry promoted from Redis keeps its age).
@@ -208,17 +195,12 @@ impl Cache {
         let m = &self.metrics;
         if let Some(memory) = &self.memory {
             memory.run_pending_tasks().await;
-            m.cache_entries
-                .with_label_values(&["memory"])
-                .set(memory.entry_count() as i64);
-            m.cache_size_bytes
-                .with_label_values(&["memory"])
-                .set(memory.weighted_size() as i64);
+            m.cache_size(Tier::Memory, memory.entry_count(), memory.weighted_size());
         }
         if let Some(redis) = &self.redis {
             let stats = redis
                 .call("cache_stats", |mut c| async move {
-                    let keys: i64 = redis::cmd("DBSIZE").query_async(&mut c).await?;
+                    let keys: u64 = redis::cmd("DBSIZE").query_async(&mut c).await?;
                     let info: String = redis::cmd("INFO").arg("memory").query_async(&mut c).await?;
                     Ok((keys, info))
                 })
@@ -227,10 +209,9 @@ impl Cache {
                 let used = info
                     .lines()
                     .find_map(|l| l.strip_prefix("used_memory:"))
-                    .and_then(|v| v.trim().parse::<i64>().ok())
+                    .and_then(|v| v.trim().parse::<u64>().ok())
                     .unwrap_or(0);
-                m.cache_entries.with_label_values(&["redis"]).set(keys);
-                m.cache_size_bytes.with_label_values(&["redis"]).set(used);
+                m.cache_size(Tier::Redis, keys, used);
             }
         }
     }

@@ -73,16 +73,10 @@ impl RequestContext {
         let team = self.team.as_deref().unwrap_or(NO_TEAM);
         // Refused before routing (a 405, a path outside /v2): "other", so the
         // label stays inside the contract's route names.
-        let route = self.route.unwrap_or(Route::Other).as_str();
+        let route = self.route.unwrap_or(Route::Other);
         let cache = self.cache.as_str();
-        metrics
-            .requests_total
-            .with_label_values(&[team, route, status.as_str(), cache])
-            .inc();
-        metrics
-            .request_duration_seconds
-            .with_label_values(&[route, cache])
-            .observe(took.as_secs_f64());
+        metrics.request(team, route, status, cache, took);
+        let route = route.as_str();
         let duration_ms = took.as_secs_f64() * 1000.0;
         macro_rules! access {
             ($level:ident) => {

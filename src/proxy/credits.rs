@@ -14,6 +14,7 @@ use super::fetch::Job;
 use crate::app::App;
 use crate::error::GatewayError;
 use crate::ledger::{Reservation, Reserved};
+use crate::metrics::LedgerOp;
 use crate::route;
 use http::header::{HeaderMap, HeaderName, HeaderValue};
 use http::StatusCode;
@@ -88,21 +89,12 @@ pub async fn reserve(app: &App, job: &Job) -> Result<Option<Reservation>, Gatewa
     let limit = if amount == 0 { None } else { team.credit_limit };
     match app.ledger.reserve(&team.name, limit, amount).await {
         Ok(Reserved::Granted(r)) => Ok(Some(r)),
-        Ok(Reserved::Rejected { limit, .. }) => {
-            app.metrics
-                .quota_rejections_total
-                .with_label_values(&[&team.name])
-                .inc();
-            Err(GatewayError::QuotaExceeded {
-                limit,
-                upgrade_url: app.config.quota.upgrade_url.clone(),
-            })
-        }
+        Ok(Reserved::Rejected { limit, .. }) => Err(GatewayError::QuotaExceeded {
+            limit,
+            upgrade_url: app.config.quota.upgrade_url.clone(),
+        }),
         Err(e) => {
-            app.metrics
-                .backend_errors_total
-                .with_label_values(&["ledger", "reserve"])
-                .inc();
+            app.metrics.ledger_error(LedgerOp::Reserve);
             tracing::error!(team = %team.name, error = %e, "ledger reserve failed");
             // A free call has nothing to budget; a metered one fails closed
             // unless the operator chose otherwise.
@@ -135,7 +127,7 @@ pub async fn settle(app: &App, job: &Job, reservation: Option<Reservation>, char
     let team = &job.team.name;
     let reserved = reserved(job, reservation.as_ref());
     if charge.credits > reserved {
-        app.metrics.credit_anomalies_total.with_label_values(&[team]).inc();
+        app.metrics.credit_anomaly(team);
         tracing::warn!(
             team = %team,
             route = route.as_str(),
@@ -146,17 +138,11 @@ pub async fn settle(app: &App, job: &Job, reservation: Option<Reservation>, char
         );
     }
     if charge.credits > 0 {
-        app.metrics
-            .credits_spent_total
-            .with_label_values(&[team, route.as_str()])
-            .inc_by(charge.credits);
+        app.metrics.credits_spent(team, route, charge.credits);
     }
     if let Some(r) = reservation {
         if let Err(e) = app.ledger.settle(r, charge.credits, route).await {
-            app.metrics
-                .backend_errors_total
-                .with_label_values(&["ledger", "settle"])
-                .inc();
+            app.metrics.ledger_error(LedgerOp::Settle);
             tracing::error!(team = %team, credits = charge.credits, error = %e, "ledger settle failed: the reservation stays counted as spent");
         }
     }
@@ -193,16 +179,10 @@ pub async fn team_budget_headers(app: &App, team: &str, headers: &mut HeaderMap)
         return;
     };
     let Ok(used) = app.ledger.used(team).await else {
-        app.metrics
-            .backend_errors_total
-            .with_label_values(&["ledger", "usage"])
-            .inc();
+        app.metrics.ledger_error(LedgerOp::Usage);
         return;
     };
-    app.metrics
-        .team_credits_used
-        .with_label_values(&[team])
-        .set(i64::try_from(used).unwrap_or(i64::MAX));
+    app.metrics.team_credits_used(team, used);
     headers.insert(X_CREDITS_LIMIT, HeaderValue::from(limit));
     headers.insert(X_CREDITS_REMAINING, HeaderValue::from(limit.saturating_sub(used)));
 }

@@ -250,10 +250,7 @@ async fn settle_failure(app: &App, job: &Job, reservation: Option<Reservation>, 
 /// call that would be refused anyway.
 fn org_exhausted(app: &Arc<App>, job: &Job) -> Option<Arc<Fetched>> {
     let (headers, body) = app.org.exhausted()?;
-    app.metrics
-        .upstream_exhausted_total
-        .with_label_values(&[&job.team.name])
-        .inc();
+    app.metrics.upstream_exhausted(&job.team.name);
     probe_org_usage(app, job);
     Some(Arc::new(Fetched {
         status: StatusCode::PAYMENT_REQUIRED,

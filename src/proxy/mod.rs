@@ -31,6 +31,7 @@ use crate::cache::{key, Entry};
 use crate::clock::now_ms;
 use crate::error::GatewayError;
 use crate::http_util::{request_id, Body};
+use crate::metrics::Scope;
 use crate::route::{self, Route, Target};
 use fetch::{Job, Role};
 use http::{HeaderValue, Method, Request, Response};
@@ -46,6 +47,7 @@ pub async fn handle<B>(app: Arc<App>, req: Request<B>) -> Response<Body> {
         Ok(resp) => resp,
         Err(e) => {
             ctx.fault = Some(e.fault());
+            count_refusal(&app, ctx.team.as_deref(), &e);
             e.into_response()
         }
     };
@@ -62,6 +64,19 @@ pub async fn handle<B>(app: Arc<App>, req: Request<B>) -> Response<Body> {
     }
     ctx.finish(&app.metrics, req.method(), resp.status(), started.elapsed());
     resp
+}
+
+/// 429s and 402s by a budget are counted here, where they become the
+/// answer, and only here: a refusal deeper down that a stale copy rescued
+/// (phase 14) was no refusal to the client.
+fn count_refusal(app: &App, team: Option<&str>, e: &GatewayError) {
+    let Some(team) = team else { return };
+    match e {
+        GatewayError::TeamRateLimited { .. } => app.metrics.rate_limited(team, Scope::Team),
+        GatewayError::UpstreamRateLimited { .. } => app.metrics.rate_limited(team, Scope::Upstream),
+        GatewayError::QuotaExceeded { .. } => app.metrics.quota_rejection(team),
+        _ => {}
+    }
 }
 
 /// The phases in order; each returns early with the error that ends it.
@@ -85,10 +100,6 @@ async fn pipeline<B>(
     ctx.team = Some(team.name.clone());
     // 4. The team's own request rate.
     if let Err(retry_after_secs) = team.check_rate() {
-        app.metrics
-            .rate_limited_total
-            .with_label_values(&[&team.name, "team"])
-            .inc();
         return Err(GatewayError::TeamRateLimited { retry_after_secs });
     }
     // 4. (cont.) A `size` or `id` list the upstream would refuse: its free
@@ -151,8 +162,7 @@ async fn cached_or_fetched<B>(
     if let (Some(k), false) = (&ask.key, d.no_cache) {
         if let Some((entry, tier)) = app.cache.lookup(target.route, k).await {
             if let Some(state) = accept_cached(app, &entry, d, k, || ask.job(&ctx.request_id)).await {
-                let labels = [target.route.as_str(), tier.as_str()];
-                app.metrics.cache_hits_total.with_label_values(&labels).inc();
+                app.metrics.cache_hit(target.route, tier);
                 return Ok(from_cache(app, &ask.team, target, &entry, state, ask.req, ctx));
             }
             cached = Some(entry);
@@ -275,24 +285,13 @@ fn from_fetched(
         Role::Follower => (CacheState::Hit, 0),
     };
     if role == Role::Follower || fetched.from_cache {
-        app.metrics
-            .coalesced_requests_total
-            .with_label_values(&[target.route.as_str()])
-            .inc();
+        app.metrics.coalesced(target.route);
         saved(app, team, target, fetched.worth);
     }
     ctx.cache = state;
     ctx.credits = charged;
     let max_retry_after = Duration::from_secs(app.config.upstream.max_retry_after_secs);
-    let answer = respond::from_fetched(&fetched, charged, state, ctx, max_retry_after);
-    if let Err(GatewayError::UpstreamRateLimited { .. }) = answer {
-        // The upstream itself said 429 (the scheduler counts its own refusals).
-        app.metrics
-            .rate_limited_total
-            .with_label_values(&[&team.name, "upstream"])
-            .inc();
-    }
-    answer
+    respond::from_fetched(&fetched, charged, state, ctx, max_retry_after)
 }
 
 /// A response from a cached entry: the team pays nothing and saves what the
@@ -313,10 +312,7 @@ fn from_cache<B>(
 
 fn saved(app: &App, team: &Team, target: &Target, credits: u64) {
     if credits > 0 {
-        app.metrics
-            .credits_saved_total
-            .with_label_values(&[&team.name, target.route.as_str()])
-            .inc_by(credits);
+        app.metrics.credits_saved(&team.name, target.route, credits);
         app.ledger.record_saved(&team.name, target.route, credits);
     }
 }

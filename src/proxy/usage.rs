@@ -13,10 +13,7 @@ use serde_json::json;
 /// `GET /v2/usage` for one team, in the upstream's usage shape.
 pub async fn usage(app: &App, team: &Team) -> Result<Response<Body>, GatewayError> {
     let usage = app.ledger.usage(&team.name).await.map_err(|e| {
-        app.metrics
-            .backend_errors_total
-            .with_label_values(&["ledger", "usage"])
-            .inc();
+        app.metrics.ledger_error(crate::metrics::LedgerOp::Usage);
         tracing::error!(team = %team.name, error = %e, "ledger usage failed");
         GatewayError::Unavailable("Credit ledger unavailable")
     })?;

@@ -122,3 +122,49 @@ async fn replicas_on_one_redis_share_the_upstream_rate() {
         "the shared queue refused what it could not serve in time"
     );
 }
+
+/// A 429 is counted where it reaches the client, once: the upstream's own
+/// 429 passed on counts, and so does the paused queue's refusal of a new
+/// call, but a refusal rescued by a stale copy (a 200 `STALE`) does not.
+#[tokio::test]
+async fn only_429s_that_reach_the_client_are_counted_as_rate_limited() {
+    use crate::support::http::get;
+    use crate::support::prometheus::Exposition;
+    use crate::support::sim::{FaultKind, Faults};
+    let sim = start_sim(unlimited()).await;
+    let gw = Setup::new()
+        .teams(team(ALPHA.0, ALPHA.1, ""))
+        .with("upstream", "max_retries = 0\nmax_queue_wait_secs = 1")
+        .start(&sim)
+        .await;
+    let limited = || async {
+        let text = get(&format!("{}/metrics", gw.admin_url()), &[]).await.text();
+        let m = Exposition::parse(&text);
+        m.sum(
+            "gateway_rate_limited_total",
+            &[("team", ALPHA.0), ("scope", "upstream")],
+        )
+    };
+    let url = |i| format!("{}{}", gw.base_url(), distinct_search(&sim, i, 3));
+    let cached = url(1);
+    assert_eq!(as_team(&cached, ALPHA.1, "warm").await.header("x-cache"), Some("MISS"));
+    sim.set_faults(Faults {
+        kind: FaultKind::Status,
+        status: Some(429),
+        retry_after_secs: Some(30),
+        ..Faults::default()
+    });
+    let passed_on = as_team(&url(2), ALPHA.1, "up").await;
+    assert_eq!(passed_on.status, StatusCode::TOO_MANY_REQUESTS, "{}", passed_on.text());
+    assert_eq!(limited().await, 1.0, "the upstream's 429, passed on");
+    let upstream_calls = sim.log().len();
+    // The queue is paused for 30 s: it refuses at once, and the copy answers.
+    let reply = get(&cached, &[("x-api-key", ALPHA.1), ("cache-control", "no-cache")]).await;
+    assert_eq!(reply.status, StatusCode::OK, "{}", reply.text());
+    assert_eq!(reply.header("x-cache"), Some("STALE"));
+    assert_eq!(sim.log().len(), upstream_calls, "the paused queue sent nothing");
+    assert_eq!(limited().await, 1.0, "a rescued refusal is no 429 to the client");
+    let refused = as_team(&url(3), ALPHA.1, "q").await;
+    assert_eq!(refused.status, StatusCode::TOO_MANY_REQUESTS, "{}", refused.text());
+    assert_eq!(limited().await, 2.0, "the queue's refusal, passed on");
+}

@@ -3,7 +3,14 @@
 //!
 //! Labels come from bounded sets only: team names from config, route names,
 //! HTTP status codes, cache states and tiers. Never a token, a raw path, a
-//! query or an error text.
+//! query or an error text. So every labelled metric is private and recorded
+//! through the typed methods in `record.rs`: a label cannot be misplaced or
+//! mistyped, and adding a metric touches this module only. Gauges without
+//! labels stay public fields.
+
+mod record;
+
+pub use record::{LedgerOp, Scope, Tier, UpstreamAnswer};
 
 use prometheus::{
     Encoder, Gauge, GaugeVec, Histogram, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, IntGaugeVec, Opts,
@@ -17,38 +24,38 @@ const LATENCY_BUCKETS: &[f64] = &[
 
 pub struct Metrics {
     registry: Registry,
-    pub requests_total: IntCounterVec,
-    pub request_duration_seconds: HistogramVec,
-    pub upstream_requests_total: IntCounterVec,
-    pub upstream_request_duration_seconds: HistogramVec,
-    pub credits_spent_total: IntCounterVec,
-    pub credits_saved_total: IntCounterVec,
-    pub team_credits_used: IntGaugeVec,
-    pub team_credit_limit: IntGaugeVec,
+    requests_total: IntCounterVec,
+    request_duration_seconds: HistogramVec,
+    upstream_requests_total: IntCounterVec,
+    upstream_request_duration_seconds: HistogramVec,
+    credits_spent_total: IntCounterVec,
+    credits_saved_total: IntCounterVec,
+    team_credits_used: IntGaugeVec,
+    team_credit_limit: IntGaugeVec,
     pub upstream_credits_remaining: IntGauge,
     pub upstream_credit_limit: IntGauge,
-    pub quota_rejections_total: IntCounterVec,
-    pub rate_limited_total: IntCounterVec,
-    pub coalesced_requests_total: IntCounterVec,
-    pub cache_entries: IntGaugeVec,
-    pub cache_size_bytes: IntGaugeVec,
-    pub backend_errors_total: IntCounterVec,
+    quota_rejections_total: IntCounterVec,
+    rate_limited_total: IntCounterVec,
+    coalesced_requests_total: IntCounterVec,
+    cache_entries: IntGaugeVec,
+    cache_size_bytes: IntGaugeVec,
+    backend_errors_total: IntCounterVec,
     pub upstream_queue_depth: IntGauge,
-    pub build_info: GaugeVec,
+    build_info: GaugeVec,
     /// Not in the contract table: how often an upstream call was retried.
-    pub upstream_retries_total: IntCounterVec,
+    upstream_retries_total: IntCounterVec,
     /// Not in the contract table: time a call waited for the upstream rate.
     pub upstream_queue_wait_seconds: Histogram,
     /// Not in the contract table: open team connections.
     pub open_connections: Gauge,
     /// Not in the contract table: cache answers by the tier that had them.
-    pub cache_hits_total: IntCounterVec,
+    cache_hits_total: IntCounterVec,
     /// Not in the contract table: metered calls answered 402 without asking
     /// the upstream, because the org is out of credits.
-    pub upstream_exhausted_total: IntCounterVec,
+    upstream_exhausted_total: IntCounterVec,
     /// Not in the contract table: upstream charges above the call's
     /// reservation (settled as charged, logged as anomalies).
-    pub credit_anomalies_total: IntCounterVec,
+    credit_anomalies_total: IntCounterVec,
     /// Not in the contract table: the org's spend seen upstream minus the
     /// sum of the team ledgers (reconciliation).
     pub untracked_credits: IntGauge,

@@ -1,0 +1,205 @@
+//! The typed recorders: one method per thing that happens, taking the
+//! label values as types (a [`Route`], a [`Scope`], a status code), so the
+//! call sites on the request path cannot misplace or misspell a label.
+//! Team names are the one free-form label, and they come from config
+//! (validated as 1–64 of `[a-z0-9_-]`).
+
+use super::Metrics;
+use crate::route::Route;
+use http::StatusCode;
+use std::time::Duration;
+
+/// Which limit refused a request with 429 (`scope` label).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Scope {
+    /// The team's own `requests_per_minute`.
+    Team,
+    /// The shared upstream rate: the fair queue's wait would pass its bound,
+    /// or the upstream itself said 429.
+    Upstream,
+}
+
+impl Scope {
+    fn as_str(self) -> &'static str {
+        match self {
+            Scope::Team => "team",
+            Scope::Upstream => "upstream",
+        }
+    }
+}
+
+/// A cache tier (`tier` label); also which tier answered a lookup.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Tier {
+    Memory,
+    Redis,
+}
+
+impl Tier {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Tier::Memory => "memory",
+            Tier::Redis => "redis",
+        }
+    }
+}
+
+/// A ledger operation that failed (`op` label with `backend="ledger"`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LedgerOp {
+    Reserve,
+    Settle,
+    Usage,
+}
+
+impl LedgerOp {
+    fn as_str(self) -> &'static str {
+        match self {
+            LedgerOp::Reserve => "reserve",
+            LedgerOp::Settle => "settle",
+            LedgerOp::Usage => "usage",
+        }
+    }
+}
+
+/// How an upstream attempt ended (`status` label of the upstream requests).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum UpstreamAnswer {
+    Status(StatusCode),
+    /// The call's deadline passed, retries included.
+    Timeout,
+    ConnectError,
+    TransportError,
+}
+
+impl UpstreamAnswer {
+    fn as_str(&self) -> &str {
+        match self {
+            UpstreamAnswer::Status(status) => status.as_str(),
+            UpstreamAnswer::Timeout => "timeout",
+            UpstreamAnswer::ConnectError => "connect_error",
+            UpstreamAnswer::TransportError => "transport_error",
+        }
+    }
+}
+
+/// Gauges hold an `i64`; a count beyond it is shown as the largest.
+fn clamp(n: u64) -> i64 {
+    i64::try_from(n).unwrap_or(i64::MAX)
+}
+
+impl Metrics {
+    /// A team request answered; `cache` is its `X-Cache` state
+    /// (`CacheState::as_str`, a fixed set of four).
+    pub fn request(&self, team: &str, route: Route, status: StatusCode, cache: &'static str, took: Duration) {
+        let route = route.as_str();
+        self.requests_total
+            .with_label_values(&[team, route, status.as_str(), cache])
+            .inc();
+        self.request_duration_seconds
+            .with_label_values(&[route, cache])
+            .observe(took.as_secs_f64());
+    }
+
+    /// A request refused with 429: counted once, where the error becomes
+    /// the response, so a refusal rescued by a stale copy is not counted.
+    pub fn rate_limited(&self, team: &str, scope: Scope) {
+        self.rate_limited_total.with_label_values(&[team, scope.as_str()]).inc();
+    }
+
+    /// A request refused with 402 by the team's budget.
+    pub fn quota_rejection(&self, team: &str) {
+        self.quota_rejections_total.with_label_values(&[team]).inc();
+    }
+
+    pub fn cache_hit(&self, route: Route, tier: Tier) {
+        self.cache_hits_total
+            .with_label_values(&[route.as_str(), tier.as_str()])
+            .inc();
+    }
+
+    /// A tier's size as last observed.
+    pub fn cache_size(&self, tier: Tier, entries: u64, bytes: u64) {
+        let tier = tier.as_str();
+        self.cache_entries.with_label_values(&[tier]).set(clamp(entries));
+        self.cache_size_bytes.with_label_values(&[tier]).set(clamp(bytes));
+    }
+
+    /// A request answered by another request's upstream fetch.
+    pub fn coalesced(&self, route: Route) {
+        self.coalesced_requests_total.with_label_values(&[route.as_str()]).inc();
+    }
+
+    pub fn credits_spent(&self, team: &str, route: Route, credits: u64) {
+        self.credits_spent_total
+            .with_label_values(&[team, route.as_str()])
+            .inc_by(credits);
+    }
+
+    pub fn credits_saved(&self, team: &str, route: Route, credits: u64) {
+        self.credits_saved_total
+            .with_label_values(&[team, route.as_str()])
+            .inc_by(credits);
+    }
+
+    /// An upstream charge above the call's reservation.
+    pub fn credit_anomaly(&self, team: &str) {
+        self.credit_anomalies_total.with_label_values(&[team]).inc();
+    }
+
+    /// A metered call answered 402 while the org is out of credits.
+    pub fn upstream_exhausted(&self, team: &str) {
+        self.upstream_exhausted_total.with_label_values(&[team]).inc();
+    }
+
+    pub fn upstream_answer(&self, route: Route, answer: UpstreamAnswer) {
+        self.upstream_requests_total
+            .with_label_values(&[route.as_str(), answer.as_str()])
+            .inc();
+    }
+
+    /// An upstream call's whole duration, retries included.
+    pub fn upstream_duration(&self, route: Route, took: Duration) {
+        self.upstream_request_duration_seconds
+            .with_label_values(&[route.as_str()])
+            .observe(took.as_secs_f64());
+    }
+
+    pub fn upstream_retry(&self, route: Route) {
+        self.upstream_retries_total.with_label_values(&[route.as_str()]).inc();
+    }
+
+    /// A Redis call failed; `op` names the call site (`RedisBackend::call`).
+    pub fn redis_error(&self, op: &'static str) {
+        self.backend_errors_total.with_label_values(&["redis", op]).inc();
+    }
+
+    pub fn ledger_error(&self, op: LedgerOp) {
+        self.backend_errors_total
+            .with_label_values(&["ledger", op.as_str()])
+            .inc();
+    }
+
+    pub fn team_credits_used(&self, team: &str, used: u64) {
+        self.team_credits_used.with_label_values(&[team]).set(clamp(used));
+    }
+
+    /// Publishes the configured teams: their limits (teams removed by a
+    /// reload disappear), and their anomaly counters at 0 from the start,
+    /// so an alert on its increase sees the first.
+    pub fn publish_teams<'t>(&self, teams: impl Iterator<Item = (&'t str, Option<u64>)>) {
+        self.team_credit_limit.reset();
+        for (team, limit) in teams {
+            self.credit_anomalies_total.with_label_values(&[team]);
+            if let Some(limit) = limit {
+                self.team_credit_limit.with_label_values(&[team]).set(clamp(limit));
+            }
+        }
+    }
+
+    /// Forgets the used-credits gauge of every team, before a scrape sets
+    /// the current teams' again (a removed team must not linger).
+    pub fn reset_team_credits_used(&self) {
+        self.team_credits_used.reset();
+    }
+}

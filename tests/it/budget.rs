@@ -6,9 +6,10 @@ use crate::support::http::{get, send, Reply};
 use crate::support::redis::RedisServer;
 use crate::support::sim::{start_sim, unlimited, FaultKind, Faults, Sim, SimConfig};
 use crate::support::traffic::{as_team, charged_to, distinct_search, used};
+use crate::support::wait::eventually;
 use bytes::Bytes;
 use http::{Method, StatusCode};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// 40 concurrent size=10 searches against a budget of 100, spread over the
 /// given gateways; returns the replies.
@@ -197,20 +198,23 @@ async fn sigkill_mid_load_loses_no_settled_spend_and_lapsed_reservations_count_a
         .collect();
     // Wait until the three calls hold their reservations in the ledger.
     let client = redis::Client::open(redis.url()).expect("redis url");
-    let mut conn = client.get_multiplexed_async_connection().await.expect("redis");
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let held: u64 = redis::cmd("HLEN")
-            .arg("pgw:l:{small}:held")
-            .query_async(&mut conn)
-            .await
-            .expect("HLEN");
-        if held == 3 {
-            break;
+    let conn = client.get_multiplexed_async_connection().await.expect("redis");
+    eventually("the hanging calls reserve", Duration::from_secs(10), || {
+        let mut conn = conn.clone();
+        async move {
+            let held: u64 = redis::cmd("HLEN")
+                .arg("pgw:l:{small}:held")
+                .query_async(&mut conn)
+                .await
+                .expect("HLEN");
+            if held == 3 {
+                Ok(())
+            } else {
+                Err(format!("{held} held"))
+            }
         }
-        assert!(Instant::now() < deadline, "hanging calls never reserved ({held})");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    })
+    .await;
     gw.signal("KILL");
     gw.wait_exit(Duration::from_secs(10));
     for h in hanging {
@@ -227,8 +231,8 @@ async fn sigkill_mid_load_loses_no_settled_spend_and_lapsed_reservations_count_a
         30,
         "settled spend survived the kill"
     );
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
+    let lapse = "the killed process's reservations lapse into spend";
+    eventually(lapse, Duration::from_secs(20), || async {
         // 20 more never fit (30 + 60 held, or 90 spent): each try runs the
         // reserve script, which turns lapsed reservations into spend.
         let r = as_team(
@@ -238,15 +242,9 @@ async fn sigkill_mid_load_loses_no_settled_spend_and_lapsed_reservations_count_a
         )
         .await;
         assert_eq!(r.status, StatusCode::PAYMENT_REQUIRED, "{}", r.text());
-        if used(&gw.base_url(), SMALL.1).await == 90 {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "reservations of the killed process never lapsed into spend"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+        used(&gw.base_url(), SMALL.1).await == 90
+    })
+    .await;
     let last = as_team(
         &format!("{}{}", gw.base_url(), distinct_search(&sim, 10, 10)),
         SMALL.1,
@@ -345,20 +343,19 @@ async fn admin_reports_budgets_and_chargeback_rows() {
     assert!(text.starts_with("team,date,route,credits_spent,credits_saved\n"));
     assert!(text.contains(&format!("small,{today},permits_search,7,0")), "{text}");
     // Beta's hit saved 7 (written in the background: poll for it).
-    let deadline = Instant::now() + Duration::from_secs(5);
-    loop {
+    eventually("the saved credits are recorded", Duration::from_secs(5), || async {
         let text = get(
             &format!("{}/admin/usage.csv", gw.admin_url()),
             &[("authorization", &bearer)],
         )
         .await
         .text();
-        if text.contains(&format!("beta,{today},permits_search,0,7")) {
-            break;
+        match text.contains(&format!("beta,{today},permits_search,0,7")) {
+            true => Ok(()),
+            false => Err(text),
         }
-        assert!(Instant::now() < deadline, "saved credits never recorded: {text}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    })
+    .await;
     let bad = get(
         &format!("{}/admin/usage.csv?from=yesterday", gw.admin_url()),
         &[("authorization", &bearer)],

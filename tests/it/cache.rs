@@ -5,9 +5,10 @@ use crate::support::http::{get, send, Reply};
 use crate::support::probe::{redis_errors, wait_cache_redis_ok};
 use crate::support::redis::RedisServer;
 use crate::support::sim::{start_sim, unlimited, FaultKind, Faults, Sim};
+use crate::support::wait::eventually;
 use bytes::Bytes;
 use http::{Method, StatusCode};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 fn search_path(sim: &Sim, size: u32) -> String {
     let s = sim.samples();
@@ -301,11 +302,10 @@ async fn expired_entries_are_kept_for_the_grace_period_and_served_on_failure() {
     let url = format!("{}/v2/meta/release", gw.base_url());
     assert_eq!(alpha(&url).await.header("x-cache"), Some("MISS"));
     // Wait for the entry to expire: only-if-cached stops accepting it.
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while with_cc(&url, "only-if-cached").await.status == StatusCode::OK {
-        assert!(Instant::now() < deadline, "entry never expired");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    eventually("the entry expires", Duration::from_secs(5), || async {
+        with_cc(&url, "only-if-cached").await.status != StatusCode::OK
+    })
+    .await;
     let accepted = with_cc(&url, "max-stale=600").await;
     assert_eq!(
         accepted.header("x-cache"),
@@ -442,11 +442,10 @@ async fn stale_while_revalidate_answers_at_once_and_refreshes_once_behind() {
     let url = format!("{}/v2/meta/release", gw.base_url());
     assert_eq!(alpha(&url).await.header("x-cache"), Some("MISS"));
     // Wait for expiry (only-if-cached never triggers the refresh).
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while with_cc(&url, "only-if-cached").await.header("x-cache") != Some("STALE") {
-        assert!(Instant::now() < deadline, "entry never expired");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    eventually("the entry expires", Duration::from_secs(5), || async {
+        with_cc(&url, "only-if-cached").await.header("x-cache") == Some("STALE")
+    })
+    .await;
     assert_eq!(sim.stats().requests_total, 1);
     // Five callers at once: all answered from the stale copy, one refresh.
     sim.set_faults(Faults {
@@ -465,14 +464,9 @@ async fn stale_while_revalidate_answers_at_once_and_refreshes_once_behind() {
         replies.iter().all(|r| r.header("x-cache") == Some("STALE")),
         "stale answers at once"
     );
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let r = alpha(&url).await;
-        if r.header("x-cache") == Some("HIT") {
-            break;
-        }
-        assert!(Instant::now() < deadline, "the background refresh never landed");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    eventually("the background refresh lands", Duration::from_secs(10), || async {
+        alpha(&url).await.header("x-cache") == Some("HIT")
+    })
+    .await;
     assert_eq!(sim.stats().requests_total, 2, "one fetch, one background refresh");
 }

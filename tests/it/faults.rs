@@ -7,10 +7,11 @@ use crate::support::http::{get, Reply};
 use crate::support::probe::{redis_errors, wait_cache_redis_ok};
 use crate::support::redis::RedisServer;
 use crate::support::relay::SlowRelay;
-use crate::support::sim::{start_sim, unlimited, FaultKind, Faults, SimConfig};
+use crate::support::sim::{fault, start_sim, unlimited, FaultKind, Faults, SimConfig};
 use crate::support::traffic::{alternate, as_team, assert_ledger_matches, distinct_search, used};
+use crate::support::wait::eventually;
 use http::StatusCode;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 #[tokio::test]
 async fn redis_down_at_start_then_back() {
@@ -107,13 +108,6 @@ struct Case {
     fault: Faults,
     status: StatusCode,
     cached: bool,
-}
-
-fn fault(kind: FaultKind) -> Faults {
-    Faults {
-        kind,
-        ..Faults::default()
-    }
 }
 
 #[tokio::test]
@@ -289,11 +283,10 @@ async fn sigterm_under_load_finishes_every_request_in_flight() {
             tokio::spawn(async move { as_team(&url, token, &id).await })
         })
         .collect();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while authenticated(&gw.admin_url()).await < 30 {
-        assert!(Instant::now() < deadline, "requests never arrived");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    eventually("the requests arrive", Duration::from_secs(10), || async {
+        authenticated(&gw.admin_url()).await >= 30
+    })
+    .await;
     gw.signal("TERM");
     for t in tasks {
         let r: Reply = t.await.expect("task");
@@ -434,11 +427,10 @@ async fn a_down_ledger_fails_metered_calls_closed_and_keeps_hits_and_free_calls(
     assert_eq!(ready.status, StatusCode::SERVICE_UNAVAILABLE, "{}", ready.text());
     redis.restart();
     // The restarted Redis lost the spend (no AOF in this test); readiness returns.
-    let deadline = Instant::now() + Duration::from_secs(15);
-    while get(&format!("{}/readyz", gw.admin_url()), &[]).await.status != StatusCode::OK {
-        assert!(Instant::now() < deadline, "the ledger never came back");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    eventually("the ledger comes back", Duration::from_secs(15), || async {
+        get(&format!("{}/readyz", gw.admin_url()), &[]).await.status == StatusCode::OK
+    })
+    .await;
     let after = as_team(&format!("{base}{}", distinct_search(&sim, 1, 4)), ALPHA.1, "alpha-4").await;
     assert_eq!(after.status, StatusCode::OK);
 }

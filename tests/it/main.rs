@@ -3,10 +3,9 @@
 mod support;
 
 mod admin;
+mod binary;
 mod budget;
 mod cache;
-mod core;
-mod core_process;
 mod docs;
 mod faults;
 mod front_door;
@@ -17,6 +16,7 @@ mod money;
 mod observability;
 mod pyshovels;
 mod rate;
+mod request_surface;
 mod routes;
 mod sim;
 mod vendor;

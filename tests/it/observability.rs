@@ -9,6 +9,7 @@ use crate::support::prometheus::{
 };
 use crate::support::redis::RedisServer;
 use crate::support::sim::{start_sim, FaultKind, Faults, Sim, SimConfig};
+use crate::support::wait::eventually;
 use http::StatusCode;
 use permit_gateway::Running;
 use std::collections::BTreeSet;
@@ -375,27 +376,22 @@ async fn a_real_prometheus_answers_every_panel_and_rule_query() {
         }
     }
     // Polled (bounded): data appears after a few scrapes and rule evaluations.
-    let deadline = std::time::Instant::now() + Duration::from_secs(30);
-    let mut pending = must_have_data;
-    while !pending.is_empty() {
-        let mut empty = Vec::new();
-        for (what, expr) in pending {
-            match prom.query(&expr).await {
+    eventually("every panel and rule has data", Duration::from_secs(30), || async {
+        let mut empty = String::new();
+        for (what, expr) in &must_have_data {
+            match prom.query(expr).await {
                 Ok(r) if has_data(&r) => {}
-                Ok(_) => empty.push((what, expr)),
+                Ok(_) => empty.push_str(&format!("\n{what}: {expr}")),
                 Err(e) => panic!("{what}: {expr}: {e}"),
             }
         }
-        assert!(
-            empty.is_empty() || std::time::Instant::now() < deadline,
-            "no data after 30 s:\n{}",
-            empty.iter().map(|(w, e)| format!("{w}: {e}\n")).collect::<String>()
-        );
-        pending = empty;
-        if !pending.is_empty() {
-            tokio::time::sleep(Duration::from_millis(250)).await;
+        if empty.is_empty() {
+            Ok(())
+        } else {
+            Err(empty)
         }
-    }
+    })
+    .await;
 
     // The team variable lists the teams that made requests.
     let teams = prom.api("label/team/values?match[]=gateway_requests_total").await;

@@ -5,6 +5,7 @@ use crate::support::gateway::{team, Setup, ALPHA, BETA, SMALL};
 use crate::support::redis::RedisServer;
 use crate::support::sim::{start_sim, unlimited};
 use crate::support::traffic::{as_team, distinct_search};
+use crate::support::wait::eventually;
 use http::StatusCode;
 use std::time::{Duration, Instant};
 
@@ -23,11 +24,10 @@ async fn a_flooding_team_does_not_starve_an_occasional_one() {
             tokio::spawn(async move { as_team(&url, ALPHA.1, "flood").await })
         })
         .collect();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while sim.stats().requests_total < 6 {
-        assert!(Instant::now() < deadline, "the burst never reached the upstream");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    eventually("the burst reaches the upstream", Duration::from_secs(10), || async {
+        sim.stats().requests_total >= 6
+    })
+    .await;
     let started = Instant::now();
     let quiet = as_team(&format!("{base}{}", distinct_search(&sim, 100, 1)), BETA.1, "quiet").await;
     assert_eq!(
@@ -129,7 +129,7 @@ async fn replicas_on_one_redis_share_the_upstream_rate() {
 #[tokio::test]
 async fn only_429s_that_reach_the_client_are_counted_as_rate_limited() {
     use crate::support::http::get;
-    use crate::support::prometheus::Exposition;
+    use crate::support::probe::scrape;
     use crate::support::sim::{FaultKind, Faults};
     let sim = start_sim(unlimited()).await;
     let gw = Setup::new()
@@ -138,9 +138,7 @@ async fn only_429s_that_reach_the_client_are_counted_as_rate_limited() {
         .start(&sim)
         .await;
     let limited = || async {
-        let text = get(&format!("{}/metrics", gw.admin_url()), &[]).await.text();
-        let m = Exposition::parse(&text);
-        m.sum(
+        scrape(&gw.admin_url()).await.sum(
             "gateway_rate_limited_total",
             &[("team", ALPHA.0), ("scope", "upstream")],
         )

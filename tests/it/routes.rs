@@ -10,7 +10,6 @@
 
 use crate::support::gateway::{team, Setup, SMALL};
 use crate::support::http::{get, Reply};
-use crate::support::prometheus::Exposition;
 use crate::support::sim::{start_sim, unlimited, Samples, Sim};
 use crate::support::traffic::{as_team, assert_ledger_matches, charged_to, distinct_search, used};
 use http::StatusCode;
@@ -342,7 +341,7 @@ async fn unknown_v2_paths_go_upstream_as_other_and_are_counted() {
         reached_upstream(&sim, "/v2/states/CA/metrics/monthly"),
         "unknown paths are forwarded"
     );
-    let metrics = Exposition::parse(&get(&format!("{}/metrics", gw.admin_url()), &[]).await.text());
+    let metrics = crate::support::probe::scrape(&gw.admin_url()).await;
     let upstream = metrics.sum(
         "gateway_upstream_requests_total",
         &[("route", "other"), ("status", "404")],

@@ -1,11 +1,13 @@
 //! A call's life belongs to no request: a client that hangs up, a body that
 //! fails after a billed head, Redis restarting under a settle (cases 1, 2, 4).
 
-use super::{fault, redis_for, replicas, wait_until};
+use super::{redis_for, replicas};
 use crate::support::gateway::{Setup, ALPHA, BETA};
 use crate::support::redis::RedisServer;
+use crate::support::sim::fault;
 use crate::support::sim::{start_sim, unlimited, FaultKind, Faults};
 use crate::support::traffic::{as_team, assert_ledger_matches, charged_to, distinct_search, ledger_used};
+use crate::support::wait::eventually;
 use http::StatusCode;
 use std::time::Duration;
 
@@ -100,12 +102,12 @@ async fn a_redis_restart_mid_call_loses_no_spend(n: usize) {
     let url = format!("{}{}", gws[0].base_url(), distinct_search(&sim, 0, 20));
     let call = tokio::spawn(async move { as_team(&url, ALPHA.1, "alpha-1").await });
     let held = held_reservations(&redis, "alpha");
-    wait_until("the call holds its reservation", Duration::from_secs(5), held).await;
+    eventually("the call holds its reservation", Duration::from_secs(5), held).await;
     redis.restart();
     let r = call.await.expect("call");
     assert_eq!(r.status, StatusCode::OK, "{}", r.text());
     assert_eq!(charged_to(&sim, "alpha-"), 20);
-    wait_until("the settle lands", Duration::from_secs(10), || async {
+    eventually("the settle lands", Duration::from_secs(10), || async {
         ledger_used(&gws[n - 1].admin_url(), "alpha").await == 20
     })
     .await;

@@ -1,10 +1,11 @@
 //! A crash between the upstream's charge and the settle (case 6).
 
-use super::{fault, wait_until};
 use crate::support::gateway::{team, ChildGateway, Setup, SMALL};
 use crate::support::http::send;
+use crate::support::sim::fault;
 use crate::support::sim::{start_sim, unlimited, FaultKind, Faults};
 use crate::support::traffic::{as_team, charged_to, distinct_search, used};
+use crate::support::wait::eventually;
 use bytes::Bytes;
 use http::{Method, StatusCode};
 use std::time::Duration;
@@ -35,7 +36,7 @@ async fn sigkill_between_charge_and_settle_counts_the_calls_as_spent() {
             })
         })
         .collect();
-    wait_until("three calls charged upstream", Duration::from_secs(10), || async {
+    eventually("three calls charged upstream", Duration::from_secs(10), || async {
         charged_to(&sim, "small-") == 90
     })
     .await;

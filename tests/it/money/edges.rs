@@ -1,11 +1,12 @@
 //! The smaller edges (case 8), one key's header names (issue 20) and the
 //! reconciliation of the org's spend with the team ledgers.
 
-use super::{fault, wait_until};
 use crate::support::gateway::{Setup, ALPHA, BETA};
 use crate::support::http::{get, send, Reply};
+use crate::support::sim::fault;
 use crate::support::sim::{start_sim, unlimited, FaultKind, Faults, SimConfig};
 use crate::support::traffic::{as_team, assert_ledger_matches, charged_to, distinct_search, ledger_used};
+use crate::support::wait::eventually;
 use bytes::Bytes;
 use http::{Method, StatusCode};
 use std::time::Duration;
@@ -45,7 +46,7 @@ async fn a_failed_background_refresh_is_not_repeated_on_every_request() {
     let url = format!("{}{}", gw.base_url(), distinct_search(&sim, 0, 10));
     assert_eq!(as_team(&url, ALPHA.1, "alpha-0").await.header("x-cache"), Some("MISS"));
     let only_cached = || get(&url, &[("x-api-key", ALPHA.1), ("cache-control", "only-if-cached")]);
-    wait_until("the entry expires", Duration::from_secs(5), || async {
+    eventually("the entry expires", Duration::from_secs(5), || async {
         only_cached().await.header("x-cache") == Some("STALE")
     })
     .await;
@@ -62,7 +63,7 @@ async fn a_failed_background_refresh_is_not_repeated_on_every_request() {
             "the stale answer itself is free"
         );
     }
-    wait_until(
+    eventually(
         "the one refresh reached the upstream",
         Duration::from_secs(5),
         || async { sim.stats().requests_total == 2 },
@@ -89,7 +90,7 @@ async fn a_background_refresh_is_charged_to_the_team_that_started_it() {
         .await;
     let url = format!("{}{}", gw.base_url(), distinct_search(&sim, 0, 10));
     assert_eq!(as_team(&url, ALPHA.1, "alpha-0").await.header("x-cache"), Some("MISS"));
-    wait_until("the entry expires", Duration::from_secs(5), || async {
+    eventually("the entry expires", Duration::from_secs(5), || async {
         get(&url, &[("x-api-key", ALPHA.1), ("cache-control", "only-if-cached")])
             .await
             .header("x-cache")
@@ -99,7 +100,7 @@ async fn a_background_refresh_is_charged_to_the_team_that_started_it() {
     let stale = as_team(&url, ALPHA.1, "alpha-1").await;
     assert_eq!(stale.header("x-cache"), Some("STALE"));
     assert_eq!(stale.header_u64("x-credits-request"), Some(0));
-    wait_until("the refresh is settled", Duration::from_secs(5), || async {
+    eventually("the refresh is settled", Duration::from_secs(5), || async {
         ledger_used(&gw.admin_url(), "alpha").await == 20
     })
     .await;
@@ -130,7 +131,7 @@ async fn miss_hit_and_stale_carry_the_same_header_names() {
     };
     let miss = as_team(&url, ALPHA.1, "alpha-0").await;
     let hit = as_team(&url, ALPHA.1, "alpha-1").await;
-    wait_until("the entry expires", Duration::from_secs(5), || async {
+    eventually("the entry expires", Duration::from_secs(5), || async {
         get(
             &url,
             &[("x-api-key", ALPHA.1), ("cache-control", "max-stale, only-if-cached")],

@@ -1,11 +1,13 @@
 //! The cross-replica lease belongs to its owner (case 7).
 
-use super::{fault, replicas, wait_until};
+use super::replicas;
 use crate::support::gateway::{Setup, ALPHA, BETA};
 use crate::support::http::get;
 use crate::support::redis::RedisServer;
+use crate::support::sim::fault;
 use crate::support::sim::{start_sim, unlimited, FaultKind, Faults};
 use crate::support::traffic::{as_team, assert_ledger_matches, distinct_search};
+use crate::support::wait::eventually;
 use http::StatusCode;
 use permit_gateway::cache::flight::Join;
 use permit_gateway::error::GatewayError;
@@ -41,7 +43,7 @@ async fn a_lease_is_released_only_by_its_owner() {
     let owner_url = format!("{}{path}", impatient[0].base_url());
     let owner = tokio::spawn(async move { as_team(&owner_url, ALPHA.1, "alpha-owner").await });
     let leases = lease_count(&redis);
-    wait_until("the owner holds the lease", Duration::from_secs(5), || async {
+    eventually("the owner holds the lease", Duration::from_secs(5), || async {
         leases().await == 1
     })
     .await;

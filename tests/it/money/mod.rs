@@ -7,9 +7,8 @@
 
 use crate::support::gateway::Setup;
 use crate::support::redis::RedisServer;
-use crate::support::sim::{FaultKind, Faults, Sim};
+use crate::support::sim::Sim;
 use permit_gateway::Running;
-use std::time::{Duration, Instant};
 
 mod calls;
 mod crash;
@@ -35,24 +34,4 @@ async fn replicas(n: usize, sim: &Sim, redis: Option<&RedisServer>, setup: Setup
 
 fn redis_for(n: usize) -> Option<RedisServer> {
     (n > 1).then(RedisServer::start)
-}
-
-fn fault(kind: FaultKind) -> Faults {
-    Faults {
-        kind,
-        ..Faults::default()
-    }
-}
-
-/// Polls `check` until it holds; fails with `what` after `limit`.
-async fn wait_until<F, Fut>(what: &str, limit: Duration, mut check: F)
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let deadline = Instant::now() + limit;
-    while !check().await {
-        assert!(Instant::now() < deadline, "timed out waiting: {what}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
 }

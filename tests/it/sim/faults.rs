@@ -1,19 +1,12 @@
 //! Every injected fault kind is observable from a client.
 
 use super::{items, permit_search, sim, v2};
-use crate::support::sim::{FaultKind, Faults};
+use crate::support::sim::{fault, FaultKind, Faults};
 use bytes::Bytes;
 use http_body_util::{BodyExt, Empty};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use std::time::{Duration, Instant};
-
-fn fault(kind: FaultKind) -> Faults {
-    Faults {
-        kind,
-        ..Faults::default()
-    }
-}
 
 #[tokio::test]
 async fn status_fault_answers_that_status_for_count_requests_and_charges_nothing() {

@@ -1,6 +1,7 @@
 //! The real gateway for a test: in-process on 127.0.0.1:0 (most tests), or
 //! as a child process of the built binary (signals, captured logs).
 
+use super::wait::eventually_blocking;
 use permit_api_sim::Sim;
 use permit_gateway::config::{Config, Source};
 use permit_gateway::{Listeners, Running};
@@ -194,17 +195,7 @@ impl ChildGateway {
 
     /// Waits for the process to exit; panics after `limit`.
     pub fn wait_exit(&mut self, limit: Duration) -> std::process::ExitStatus {
-        let deadline = std::time::Instant::now() + limit;
-        loop {
-            if let Some(status) = self.child.try_wait().expect("try_wait") {
-                return status;
-            }
-            assert!(
-                std::time::Instant::now() < deadline,
-                "gateway did not exit within {limit:?}"
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        eventually_blocking("the gateway exits", limit, || self.child.try_wait().expect("try_wait"))
     }
 
     pub fn log_text(&self) -> String {

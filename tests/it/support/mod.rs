@@ -5,6 +5,7 @@
 //! - `redis`: a real `redis-server` child in a temp dir, killed on drop.
 //! - `gateway`: the real gateway, in-process or as a child process.
 //! - `tls`: a throwaway CA and leaf certificate.
+//! - `wait`: `eventually`, polling a condition with a deadline.
 #![allow(dead_code)]
 
 pub mod gateway;
@@ -17,3 +18,4 @@ pub mod secrets;
 pub mod sim;
 pub mod tls;
 pub mod traffic;
+pub mod wait;

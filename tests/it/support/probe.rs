@@ -2,7 +2,14 @@
 //! that wait on a condition rather than a clock.
 
 use super::http::get;
-use std::time::{Duration, Instant};
+use super::prometheus::Exposition;
+use super::wait::eventually;
+use std::time::Duration;
+
+/// One scrape of the admin listener's `/metrics`, parsed.
+pub async fn scrape(admin: &str) -> Exposition {
+    Exposition::parse(&get(&format!("{admin}/metrics"), &[]).await.text())
+}
 
 /// Sum of `gateway_backend_errors_total` for Redis in one scrape.
 pub async fn redis_errors(admin: &str) -> u64 {
@@ -17,15 +24,14 @@ pub async fn redis_errors(admin: &str) -> u64 {
 
 /// Polls `/readyz` until the cache Redis is reported ok (bounded).
 pub async fn wait_cache_redis_ok(admin: &str) {
-    let deadline = Instant::now() + Duration::from_secs(15);
-    loop {
+    eventually("the cache Redis recovers", Duration::from_secs(15), || async {
         let r = get(&format!("{admin}/readyz"), &[]).await;
-        if r.json()["checks"]["cache_redis"] == "ok" {
-            return;
+        match r.json()["checks"]["cache_redis"] == "ok" {
+            true => Ok(()),
+            false => Err(r.text()),
         }
-        assert!(Instant::now() < deadline, "cache redis never recovered: {}", r.text());
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    })
+    .await;
 }
 
 /// A cleartext HTTP/2 (prior knowledge) client.

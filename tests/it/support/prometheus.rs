@@ -6,12 +6,13 @@
 //! `.ci/run` installs it when missing.
 
 use super::http::get;
+use super::wait::eventually;
 use serde_json::Value;
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 const INSTALL: &str = "install Debian's `prometheus` package (apt-get install prometheus); .ci/run does this";
 
@@ -265,15 +266,16 @@ impl Prometheus {
         F: FnMut() -> Fut,
         Fut: std::future::Future<Output = bool>,
     {
-        let deadline = Instant::now() + limit;
-        while !check().await {
-            assert!(
-                Instant::now() < deadline,
-                "{what}: not within {limit:?}\n{}",
-                self.log()
-            );
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+        eventually(what, limit, || {
+            let held = check();
+            async move {
+                match held.await {
+                    true => Ok(()),
+                    false => Err(format!("\n{}", self.log())),
+                }
+            }
+        })
+        .await
     }
 
     /// An instant query: `Ok(result)` (the vector, matrix or scalar), or the

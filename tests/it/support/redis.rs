@@ -1,9 +1,10 @@
 //! A real `redis-server` for one test: its own unix socket in a temp dir,
 //! killed on drop, and killable (and restartable on the same socket) mid-test.
 
+use super::wait::eventually_blocking;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 pub struct RedisServer {
     dir: tempfile::TempDir,
@@ -72,25 +73,15 @@ impl RedisServer {
 /// Readiness: the socket answers PING. Polls the socket, not a timer.
 fn wait_for_ping(socket: &std::path::Path) {
     use std::io::{Read, Write};
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        if let Ok(mut s) = std::os::unix::net::UnixStream::connect(socket) {
-            let _ = s.set_read_timeout(Some(Duration::from_secs(2)));
-            if s.write_all(b"PING\r\n").is_ok() {
-                let mut buf = [0u8; 7];
-                if s.read_exact(&mut buf).is_ok() && &buf == b"+PONG\r\n" {
-                    return;
-                }
-            }
-        }
-        assert!(
-            Instant::now() < deadline,
-            "redis-server did not answer PING on {}",
-            socket.display()
-        );
-        std::thread::yield_now();
-        std::thread::sleep(Duration::from_millis(5));
-    }
+    let what = format!("redis-server answers PING on {}", socket.display());
+    eventually_blocking(&what, Duration::from_secs(10), || {
+        let Ok(mut s) = std::os::unix::net::UnixStream::connect(socket) else {
+            return false;
+        };
+        let _ = s.set_read_timeout(Some(Duration::from_secs(2)));
+        let mut buf = [0u8; 7];
+        s.write_all(b"PING\r\n").is_ok() && s.read_exact(&mut buf).is_ok() && &buf == b"+PONG\r\n"
+    })
 }
 
 impl Drop for RedisServer {

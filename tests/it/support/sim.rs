@@ -18,3 +18,11 @@ pub fn unlimited() -> SimConfig {
         ..SimConfig::default()
     }
 }
+
+/// Faults of one kind, everything else at its default.
+pub fn fault(kind: FaultKind) -> Faults {
+    Faults {
+        kind,
+        ..Faults::default()
+    }
+}

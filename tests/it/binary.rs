@@ -5,6 +5,7 @@ use crate::support::gateway::{ChildGateway, Setup, ADMIN_TOKEN, ALPHA, BETA};
 use crate::support::http::get;
 use crate::support::sim::{start_sim, unlimited, FaultKind, Faults, SimConfig};
 use crate::support::tls::TestPki;
+use crate::support::wait::eventually;
 use bytes::Bytes;
 use http::StatusCode;
 use http_body_util::{BodyExt, Empty};
@@ -92,15 +93,10 @@ async fn a_request_in_flight_during_sigterm_completes() {
     let url = format!("{}/v2/meta/release", gw.base_url());
     let in_flight = tokio::spawn(async move { get(&url, &[("x-api-key", ALPHA.1)]).await });
     // Wait until the upstream has the request, then signal.
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    while sim.stats().requests_total == 0 {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "request never reached the upstream"
-        );
-        tokio::task::yield_now().await;
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    eventually("the request reaches the upstream", Duration::from_secs(10), || async {
+        sim.stats().requests_total > 0
+    })
+    .await;
     gw.signal("TERM");
     let reply = in_flight.await.expect("request task");
     assert_eq!(
@@ -225,15 +221,10 @@ async fn sighup_reloads_the_teams_of_the_config_file() {
     )
     .expect("rewrite");
     gw.signal("HUP");
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    loop {
-        let r = get(&url, &[("x-api-key", BETA.1)]).await;
-        if r.status == StatusCode::OK {
-            break;
-        }
-        assert!(std::time::Instant::now() < deadline, "SIGHUP never reloaded the teams");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    eventually("SIGHUP reloads the teams", Duration::from_secs(10), || async {
+        get(&url, &[("x-api-key", BETA.1)]).await.status == StatusCode::OK
+    })
+    .await;
     assert_eq!(
         get(&url, &[("x-api-key", ALPHA.1)]).await.status,
         StatusCode::OK,

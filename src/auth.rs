@@ -22,7 +22,7 @@ pub struct Team {
     pub credit_limit: Option<u64>,
     /// The team's own request rate; `None` is no limit of its own.
     pub requests_per_minute: Option<u32>,
-    /// Enforces `requests_per_minute` (DESIGN §2 step 4). Rebuilt on reload.
+    /// Enforces `requests_per_minute` (docs/design.md §2 step 4). Rebuilt on reload.
     pub limiter: Option<DefaultDirectRateLimiter>,
     /// Authenticated requests since start (admin API). Shared with the
     /// same-named team of the table a reload replaces, so it survives it.

@@ -27,7 +27,7 @@
 //! - [`upstream`]: the pooled rustls client with retries and deadlines.
 //! - [`error`]: the one error type and its one mapping to HTTP.
 //! - [`admin`]: `/metrics`, `/healthz`, `/readyz`, `/admin/*`.
-//! - [`metrics`]: every metric name.
+//! - [`metrics`]: every metric name, recorded through typed methods.
 //! - [`telemetry`]: logs (human or JSON), one access-log line per request.
 //! - [`demo`]: the newcomer's one command.
 //!

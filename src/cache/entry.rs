@@ -30,12 +30,15 @@ pub fn etag_of(body: &[u8]) -> String {
 }
 
 impl Entry {
-    pub fn new(body: Bytes, credits: u64, ttl: Duration, route: Route) -> Entry {
+    /// An entry for unit tests, its ETag computed here.
+    #[cfg(test)]
+    pub(crate) fn new(body: Bytes, credits: u64, ttl: Duration, route: Route) -> Entry {
         let etag = etag_of(&body);
         Entry::with_etag(body, etag, credits, ttl, route)
     }
 
-    /// As [`Entry::new`], with the body's ETag already computed.
+    /// `etag` is [`etag_of`] the body, computed once by the fetch that
+    /// stores it.
     pub fn with_etag(body: Bytes, etag: String, credits: u64, ttl: Duration, route: Route) -> Entry {
         Entry {
             body,

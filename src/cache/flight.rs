@@ -82,13 +82,10 @@ impl<T: Clone> Flights<T> {
         })
     }
 
-    /// Fetches in flight now (metrics, tests).
-    pub fn len(&self) -> usize {
-        self.inflight.lock().unwrap_or_else(|p| p.into_inner()).len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
+    /// No flight left behind: every leader ended its flight.
+    #[cfg(test)]
+    fn is_empty(&self) -> bool {
+        self.inflight.lock().unwrap_or_else(|p| p.into_inner()).is_empty()
     }
 }
 

@@ -14,8 +14,6 @@ use validate::{check_sha256, validate_log, validate_teams};
 mod load;
 mod validate;
 
-pub use validate::is_label;
-
 /// The compiled-in defaults, also the documentation of every key.
 pub const DEFAULTS_TOML: &str = include_str!("../../config/defaults.toml");
 

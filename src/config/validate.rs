@@ -142,7 +142,7 @@ pub(super) fn validate_teams(teams: &[TeamConfig], p: &mut Vec<String>) {
 }
 
 /// Team names become metric labels: short, lowercase, no surprises.
-pub fn is_label(name: &str) -> bool {
+fn is_label(name: &str) -> bool {
     !name.is_empty()
         && name.len() <= 64
         && name

@@ -1,5 +1,5 @@
 //! Team credit budgets: reserve the worst case before an upstream call,
-//! settle to what the upstream charged, release on failure (DESIGN §2 steps
+//! settle to what the upstream charged, release on failure (docs/design.md §2 steps
 //! 9 and 12). Two stores behind one type:
 //!
 //! - [`file`]: redb on local disk, for one replica. Chosen over SQLite: pure

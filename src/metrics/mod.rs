@@ -1,4 +1,4 @@
-//! Every metric name and label set (DESIGN §3.5) lives here and nowhere else;
+//! Every metric name and label set (docs/design.md §3.5) lives here and nowhere else;
 //! the dashboards use only these names.
 //!
 //! Labels come from bounded sets only: team names from config, route names,

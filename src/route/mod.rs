@@ -1,5 +1,5 @@
 //! Routing: a request path becomes a canonical `/v2/...` path and one route
-//! name from a bounded set (DESIGN §3.5), used as a metric label and to pick
+//! name from a bounded set (docs/design.md §3.5), used as a metric label and to pick
 //! credit estimates, TTLs and key normalization from the route table
 //! ([`table`]).
 //!
@@ -20,7 +20,7 @@ mod path;
 pub mod table;
 
 pub use params::{credit_estimate, validate};
-pub use path::{classify, MAX_QUERY_PARAMS};
+pub use path::classify;
 
 use table::{Cost, Kind, Row, TtlClass, TABLE};
 

@@ -98,7 +98,7 @@ pub struct Param {
 #[derive(Debug)]
 pub struct Row {
     pub route: Route,
-    /// The metric label; a contract (DESIGN §3.5) for the first 18 rows.
+    /// The metric label; a contract (docs/design.md §3.5) for the first 18 rows.
     pub name: &'static str,
     /// The OpenAPI path under `/v2`, `{..}` matching one segment; `None` for `other`.
     pub pattern: Option<&'static str>,
@@ -243,7 +243,7 @@ use TtlClass::{Records, Reference, Release};
 /// Every route, in [`Route`] discriminant order (checked by a test).
 #[rustfmt::skip]
 pub static TABLE: [Row; super::ROUTES] = [
-    // The 18 routes of DESIGN §3.5 (contract names), in their original order.
+    // The 18 routes of docs/design.md §3.5 (contract names), in their original order.
     row(Route::PermitsSearch, "permits_search", "permits/search", Page, Records,
         &[PERMIT_FILTERS, &[p("permit_has_contractor", Kind::Flag { default: None })], PAGE, COUNT]),
     row(Route::ContractorsSearch, "contractors_search", "contractors/search", Page, Records,

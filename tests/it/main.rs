@@ -4,6 +4,7 @@ mod support;
 
 mod budget;
 mod cache;
+mod cluster;
 mod core;
 mod core_process;
 mod docs;

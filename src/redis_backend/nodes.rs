@@ -142,18 +142,38 @@ impl RedisBackend {
         let mut get = redis::cmd("CONFIG");
         get.arg("GET").arg("appendonly");
         let aof = self.each_primary::<Vec<String>>("ledger_check", get).await;
-        let note = match aof {
-            Ok(nodes) if nodes.iter().all(|(_, v)| v.get(1).map(String::as_str) == Some("yes")) => "ok",
-            Ok(_) => "ok, but Redis appendonly is off: spend is lost if Redis restarts",
+        match aof {
+            Ok(nodes) if nodes.iter().any(|(_, v)| v.get(1).map(String::as_str) != Some("yes")) => {
+                return Ok("ok, but Redis appendonly is off: spend is lost if Redis restarts")
+            }
+            Ok(_) => {}
             // CONFIG may be disabled on managed Redis: a PING decides.
             Err(_) => {
                 self.each_primary::<Value>("ledger_check", redis::cmd("PING"))
                     .await
                     .map_err(|e| format!("ledger redis: {e}"))?;
-                "ok (persistence unknown)"
+                return Ok("ok (persistence unknown)");
             }
-        };
-        Ok(note)
+        }
+        if self.is_cluster() && !self.every_primary_has_a_synced_replica().await {
+            return Ok("ok, but a primary has no replica in sync: a failover now would lose its spend");
+        }
+        Ok("ok")
+    }
+
+    /// Each primary streams to at least one replica that finished its sync
+    /// (`INFO replication`: a `slaveN:` line with `state=online`).
+    async fn every_primary_has_a_synced_replica(&self) -> bool {
+        let mut info = redis::cmd("INFO");
+        info.arg("replication");
+        self.each_primary::<String>("ledger_check", info)
+            .await
+            .is_ok_and(|nodes| {
+                nodes.iter().all(|(_, text)| {
+                    text.lines()
+                        .any(|l| l.starts_with("slave") && l.contains("state=online"))
+                })
+            })
     }
 }
 

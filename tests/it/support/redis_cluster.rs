@@ -87,12 +87,15 @@ impl RedisCluster {
     /// Which node now serves `key`'s slot as primary.
     pub fn primary_for(&self, key: &str) -> usize {
         let slot: i64 = self.query_any(redis::cmd("CLUSTER").arg("KEYSLOT").arg(key));
-        let slots: Vec<(i64, i64, Vec<redis::Value>)> = self.query_any(redis::cmd("CLUSTER").arg("SLOTS"));
-        let (_, _, primary) = slots
+        // Each range: [from, to, [host, port, id, ...] of the primary, replicas...].
+        let ranges: Vec<Vec<redis::Value>> = self.query_any(redis::cmd("CLUSTER").arg("SLOTS"));
+        let int = |v: &redis::Value| redis::from_redis_value::<i64>(v.clone()).ok();
+        let port = ranges
             .iter()
-            .find(|(from, to, _)| (*from..=*to).contains(&slot))
+            .find(|r| matches!((int(&r[0]), int(&r[1])), (Some(from), Some(to)) if (from..=to).contains(&slot)))
+            .and_then(|r| redis::from_redis_value::<Vec<redis::Value>>(r[2].clone()).ok())
+            .and_then(|primary| int(&primary[1]))
             .expect("every slot is covered");
-        let port: i64 = redis::from_redis_value(primary[1].clone()).expect("port");
         self.nodes
             .iter()
             .position(|n| i64::from(n.port) == port)
@@ -115,32 +118,49 @@ impl RedisCluster {
         redis::from_redis_value(role[0].clone()).expect("role name")
     }
 
-    /// Polls until every running node says `cluster_state:ok` and sees
-    /// every slot served by a running primary.
+    /// Polls until every running node says `cluster_state:ok` and every
+    /// running replica has finished its sync (`master_link_status:up`): a
+    /// replica still syncing would lose everything if its primary died.
     pub fn wait_ok(&self, limit: Duration) {
         let deadline = Instant::now() + limit;
         loop {
             let states: Vec<Option<String>> = self
                 .running()
-                .map(|n| n.query(redis::cmd("CLUSTER").arg("INFO")))
+                .map(|n| {
+                    let cluster: String = n.query(redis::cmd("CLUSTER").arg("INFO"))?;
+                    let replication: String = n.query(redis::cmd("INFO").arg("replication"))?;
+                    Some(cluster + &replication)
+                })
                 .collect();
-            if states
-                .iter()
-                .all(|s| s.as_deref().is_some_and(|s| s.contains("cluster_state:ok")))
-            {
+            let healthy = |s: &str| {
+                s.contains("cluster_state:ok") && (s.contains("role:master") || s.contains("master_link_status:up"))
+            };
+            if states.iter().all(|s| s.as_deref().is_some_and(healthy)) {
                 return;
             }
-            assert!(Instant::now() < deadline, "cluster never reached cluster_state:ok: {states:?}");
+            assert!(Instant::now() < deadline, "cluster never became healthy: {states:?}");
             std::thread::sleep(Duration::from_millis(50));
         }
+    }
+
+    /// Polls until `key`'s slot is served by a primary other than `old`
+    /// (its replica won the election) and the cluster is ok again.
+    pub fn wait_failover(&self, key: &str, old: usize, limit: Duration) {
+        let deadline = Instant::now() + limit;
+        while self.primary_for(key) == old {
+            assert!(Instant::now() < deadline, "no replica took over from node {old}");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        self.wait_ok(deadline.saturating_duration_since(Instant::now()));
     }
 
     /// Polls until node `i` is a replica again (after a restart).
     pub fn wait_role(&self, i: usize, role: &str, limit: Duration) {
         let deadline = Instant::now() + limit;
-        while self.nodes[i].query::<Vec<redis::Value>>(&redis::cmd("ROLE")).map(|r| {
-            redis::from_redis_value::<String>(r[0].clone()).unwrap_or_default()
-        }) != Some(role.to_string())
+        while self.nodes[i]
+            .query::<Vec<redis::Value>>(&redis::cmd("ROLE"))
+            .map(|r| redis::from_redis_value::<String>(r[0].clone()).unwrap_or_default())
+            != Some(role.to_string())
         {
             assert!(Instant::now() < deadline, "node {i} never became {role}");
             std::thread::sleep(Duration::from_millis(50));
@@ -149,9 +169,7 @@ impl RedisCluster {
 
     /// A command on any running node.
     pub fn query_any<T: redis::FromRedisValue>(&self, cmd: &redis::Cmd) -> T {
-        self.running()
-            .find_map(|n| n.query(cmd))
-            .expect("some node answers")
+        self.running().find_map(|n| n.query(cmd)).expect("some node answers")
     }
 
     fn running(&self) -> impl Iterator<Item = &Node> {
@@ -171,6 +189,8 @@ impl Node {
             // A replica may take over however long it was cut off.
             .args(["--cluster-replica-validity-factor", "0"])
             .args(["--appendonly", "yes", "--appendfsync", "everysec", "--save", ""])
+            // Sync a new replica at once, not after the default 5 s wait for others.
+            .args(["--repl-diskless-sync-delay", "0"])
             .arg("--dir")
             .arg(&self.dir)
             .stdout(Stdio::null())
@@ -182,7 +202,11 @@ impl Node {
         self.child = Some(child);
         let deadline = Instant::now() + Duration::from_secs(10);
         while self.query::<String>(&redis::cmd("PING")).is_none() {
-            assert!(Instant::now() < deadline, "redis-server on {} never answered", self.port);
+            assert!(
+                Instant::now() < deadline,
+                "redis-server on {} never answered",
+                self.port
+            );
             std::thread::sleep(Duration::from_millis(10));
         }
     }

@@ -13,7 +13,8 @@
 //! - [`route`]: path → canonical path and route name.
 //! - [`auth`]: token → team.
 //! - [`cache`]: normalized keys, L1 moka + L2 Redis, coalescing, staleness.
-//! - [`redis_backend`]: the shared Redis connection with timeouts and a breaker.
+//! - [`redis_backend`]: the shared Redis connection (standalone or Cluster)
+//!   with timeouts and a breaker.
 //! - [`ledger`]: team budgets: reserve, settle, release; file or Redis store.
 //! - [`scheduler`]: fair sharing of the upstream rate limit across teams.
 //! - [`shared_rate`]: the upstream rate shared by replicas through Redis.

@@ -10,6 +10,7 @@ mod failover;
 
 use crate::support::gateway::{team, Setup, ADMIN_TOKEN, ALPHA, SMALL};
 use crate::support::http::{get, send, Reply};
+use crate::support::probe::wait_cache_redis_ok;
 use crate::support::prometheus::Exposition;
 use crate::support::redis_cluster::RedisCluster;
 use crate::support::sim::{start_sim, unlimited, FaultKind, Faults, Sim};
@@ -239,4 +240,49 @@ async fn three_replicas_on_a_cluster_share_the_upstream_rate() {
         statuses.contains(&StatusCode::TOO_MANY_REQUESTS),
         "the shared queue refused the excess"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gateway_started_before_its_cluster_uses_it_once_it_is_up() {
+    let mut cluster = RedisCluster::reserve();
+    let sim = start_sim(unlimited()).await;
+    // The cache only: the ledger fails closed, the cache fails open.
+    let gw = Setup::new()
+        .with(
+            "cache",
+            format!("redis_url = {:?}\nmemory_max_bytes = 0", cluster.url()),
+        )
+        .start(&sim)
+        .await;
+    let search = format!("{}{}", gw.base_url(), distinct_search(&sim, 1, 2));
+    let first = as_team(&search, ALPHA.1, "alpha-1").await;
+    assert_eq!(
+        first.status,
+        StatusCode::OK,
+        "served without its cluster: {}",
+        first.text()
+    );
+    let ready = get(&format!("{}/readyz", gw.admin_url()), &[]).await;
+    assert_eq!(ready.status, StatusCode::OK, "{}", ready.text());
+    assert_ne!(ready.json()["checks"]["cache_redis"], "ok");
+
+    cluster = tokio::task::spawn_blocking(move || {
+        cluster.create();
+        cluster
+    })
+    .await
+    .expect("cluster up");
+    wait_cache_redis_ok(&gw.admin_url()).await;
+    // Written to the cluster by one request, read back by the next (no L1).
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let url = format!("{}{}", gw.base_url(), distinct_search(&sim, 2, 2));
+        let _ = as_team(&url, ALPHA.1, "alpha-2").await;
+        if as_team(&url, ALPHA.1, "alpha-3").await.header("x-cache") == Some("HIT") {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the cluster was never used");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    drop(cluster);
 }

@@ -33,6 +33,14 @@ impl RedisCluster {
     /// Starts six nodes, creates the cluster (1 replica per primary) and
     /// waits until every node reports `cluster_state:ok`.
     pub fn start() -> RedisCluster {
+        let mut cluster = RedisCluster::reserve();
+        cluster.create();
+        cluster
+    }
+
+    /// Chooses the ports (and so the URL) without starting anything: for a
+    /// gateway that starts before its cluster.
+    pub fn reserve() -> RedisCluster {
         let root = tempfile::tempdir().expect("temp dir for the cluster");
         // Hold every port until all are chosen, so none is handed out twice.
         let held: Vec<_> = (0..NODES * 2)
@@ -40,7 +48,7 @@ impl RedisCluster {
             .collect();
         let ports: Vec<u16> = held.iter().map(|l| l.local_addr().expect("addr").port()).collect();
         drop(held);
-        let mut nodes: Vec<Node> = (0..NODES)
+        let nodes: Vec<Node> = (0..NODES)
             .map(|i| {
                 let dir = root.path().join(format!("node{i}"));
                 std::fs::create_dir(&dir).expect("node dir");
@@ -52,13 +60,17 @@ impl RedisCluster {
                 }
             })
             .collect();
-        for node in &mut nodes {
+        RedisCluster { _root: root, nodes }
+    }
+
+    /// Starts the reserved nodes and joins them into a cluster.
+    pub fn create(&mut self) {
+        for node in &mut self.nodes {
             node.spawn();
         }
-        let cluster = RedisCluster { _root: root, nodes };
         let mut create = Command::new("redis-cli");
         create.arg("--cluster").arg("create");
-        for node in &cluster.nodes {
+        for node in &self.nodes {
             create.arg(format!("127.0.0.1:{}", node.port));
         }
         let out = create
@@ -71,8 +83,7 @@ impl RedisCluster {
             "redis-cli --cluster create failed: {}",
             String::from_utf8_lossy(&out.stdout)
         );
-        cluster.wait_ok(Duration::from_secs(20));
-        cluster
+        self.wait_ok(Duration::from_secs(20));
     }
 
     /// The gateway's spelling of this cluster: three seeds are enough.

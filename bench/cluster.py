@@ -128,7 +128,9 @@ def table(res, args):
           f"bench/cluster.sh: {args.secs} s per wrk run, {args.rounds} rounds (median), "
           f"hit {args.hit_conns} / miss {args.miss_conns} connections per gateway, "
           f"{os.cpu_count()} CPUs shared by every process (gateways, Redis nodes, "
-          "simulator, wrk). Indicative: the machine was shared with other work.", ""]
+          "simulator, wrk). Indicative: the machine was shared with other work. "
+          "cluster x3 runs three wrk clients (three times the connections) and "
+          "adds their req/s; its p50 is the median of the three, its p99 the worst.", ""]
     for load, what in (("hit", "hits, in-process cache off (each hit is one Redis GET)"),
                        ("miss", "misses (lease, rate, reserve, settle, cache SET)")):
         md += [f"## {what}", "", "| setup | req/s | p50 ms | p99 ms | non-2xx |", "|---|---|---|---|---|"]

@@ -5,6 +5,7 @@ mod support;
 mod admin;
 mod budget;
 mod cache;
+mod cluster;
 mod core;
 mod core_process;
 mod docs;

@@ -97,8 +97,12 @@ impl App {
         Ok(count)
     }
 
+    /// Team limits, and every team's metric children at 0 (new teams too).
     fn publish_limits(&self) {
-        for team in self.teams.load().iter() {
+        let teams = self.teams.load();
+        let redis = self.config.cache.redis_url.is_some() || self.config.quota.store == "redis";
+        self.metrics.preset(teams.iter().map(|t| t.name.as_str()), redis);
+        for team in teams.iter() {
             if let Some(limit) = team.credit_limit {
                 self.metrics
                     .team_credit_limit

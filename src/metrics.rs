@@ -236,3 +236,181 @@ impl Default for Metrics {
         Metrics::new()
     }
 }
+
+/// The contract's label values (DESIGN §3.5) that are known before any
+/// request, so every family can be exported at 0 from the first scrape.
+pub mod labels {
+    /// `cache`: every [`crate::proxy::CacheState`].
+    pub const CACHE_STATES: [&str; 4] = ["hit", "miss", "stale", "bypass"];
+    /// `tier`: every [`crate::cache::Tier`].
+    pub const TIERS: [&str; 2] = ["memory", "redis"];
+    /// `scope` of `gateway_rate_limited_total`.
+    pub const SCOPES: [&str; 2] = ["team", "upstream"];
+    /// `op` of `gateway_backend_errors_total{backend="ledger"}`.
+    pub const LEDGER_OPS: [&str; 3] = ["reserve", "settle", "usage"];
+    /// `op` of `gateway_backend_errors_total{backend="redis"}`: every name
+    /// passed to `RedisBackend::call`.
+    pub const REDIS_OPS: [&str; 12] = [
+        "cache_get",
+        "cache_set",
+        "cache_stats",
+        "cache_purge",
+        "ping",
+        "rate",
+        "lease",
+        "ledger_reserve",
+        "ledger_release",
+        "ledger_usage",
+        "ledger_rows",
+        "ledger_check",
+    ];
+    /// The status a zero child is created with: the label is an open set,
+    /// and one child is enough for the family and for `rate()` to start at 0.
+    pub const STATUS_OK: &str = "200";
+}
+
+impl Metrics {
+    /// Creates, at 0, the children of every label set known from config:
+    /// teams × routes × cache states, backends × ops, tiers, scopes. Without
+    /// them a family is missing until its first event, dashboards show "No
+    /// data" and the first increment is invisible to `rate()`. Bounded by
+    /// the config; called at start-up and on reload (new teams get theirs).
+    pub fn preset<'a>(&self, teams: impl IntoIterator<Item = &'a str>, redis: bool) {
+        use crate::route::Route;
+        use labels::*;
+        let routes = Route::ALL.map(Route::as_str);
+        for route in routes {
+            self.upstream_requests_total.with_label_values(&[route, STATUS_OK]);
+            self.upstream_request_duration_seconds.with_label_values(&[route]);
+            self.coalesced_requests_total.with_label_values(&[route]);
+            self.upstream_retries_total.with_label_values(&[route]);
+            for cache in CACHE_STATES {
+                self.request_duration_seconds.with_label_values(&[route, cache]);
+            }
+            for tier in TIERS {
+                self.cache_hits_total.with_label_values(&[route, tier]);
+            }
+        }
+        for team in teams {
+            for route in routes {
+                for cache in CACHE_STATES {
+                    self.requests_total.with_label_values(&[team, route, STATUS_OK, cache]);
+                }
+                self.credits_spent_total.with_label_values(&[team, route]);
+                self.credits_saved_total.with_label_values(&[team, route]);
+            }
+            for scope in SCOPES {
+                self.rate_limited_total.with_label_values(&[team, scope]);
+            }
+            self.quota_rejections_total.with_label_values(&[team]);
+            self.upstream_exhausted_total.with_label_values(&[team]);
+        }
+        for op in LEDGER_OPS {
+            self.backend_errors_total.with_label_values(&["ledger", op]);
+        }
+        let tiers: &[&str] = if redis { &TIERS } else { &TIERS[..1] };
+        for tier in tiers {
+            self.cache_entries.with_label_values(&[tier]);
+            self.cache_size_bytes.with_label_values(&[tier]);
+        }
+        if redis {
+            for op in REDIS_OPS {
+                self.backend_errors_total.with_label_values(&["redis", op]);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::labels::*;
+    use super::Metrics;
+    use crate::cache::Tier;
+    use crate::proxy::CacheState;
+
+    /// Fails to compile when a variant is added, so the lists above follow.
+    fn every_cache_state(c: CacheState) -> &'static str {
+        match c {
+            CacheState::Hit | CacheState::Miss | CacheState::Stale | CacheState::Bypass => c.as_str(),
+        }
+    }
+
+    fn every_tier(t: Tier) -> &'static str {
+        match t {
+            Tier::Memory | Tier::Redis => t.as_str(),
+        }
+    }
+
+    #[test]
+    fn label_lists_match_the_enums() {
+        let states = [CacheState::Hit, CacheState::Miss, CacheState::Stale, CacheState::Bypass];
+        assert_eq!(states.map(every_cache_state), CACHE_STATES);
+        assert_eq!([Tier::Memory, Tier::Redis].map(every_tier), TIERS);
+    }
+
+    /// Every op name the sources pass to Redis or label a ledger error with
+    /// is in the lists, so each one's error counter exists at 0.
+    #[test]
+    fn every_backend_op_in_the_sources_is_listed() {
+        let mut found = Vec::new();
+        let mut dirs = vec![std::path::PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/src"))];
+        while let Some(dir) = dirs.pop() {
+            for entry in std::fs::read_dir(&dir).expect("read src") {
+                let path = entry.expect("dir entry").path();
+                if path.is_dir() {
+                    dirs.push(path);
+                } else if path.extension().is_some_and(|e| e == "rs") {
+                    let text = std::fs::read_to_string(&path).expect("read source");
+                    found.extend(quoted_after(&text, ".call(\"").map(|op| ("redis", op)));
+                    found.extend(quoted_after(&text, "[\"ledger\", \"").map(|op| ("ledger", op)));
+                }
+            }
+        }
+        assert!(found.len() >= 15, "ops found: {found:?}");
+        for (backend, op) in found {
+            let listed = if backend == "redis" {
+                &REDIS_OPS[..]
+            } else {
+                &LEDGER_OPS[..]
+            };
+            assert!(
+                listed.contains(&op.as_str()),
+                "{backend} op {op:?} missing from metrics::labels"
+            );
+        }
+    }
+
+    fn quoted_after<'a>(text: &'a str, prefix: &'a str) -> impl Iterator<Item = String> + 'a {
+        text.match_indices(prefix).filter_map(move |(i, _)| {
+            let rest = &text[i + prefix.len()..];
+            rest.find('"').map(|end| rest[..end].to_string())
+        })
+    }
+
+    #[test]
+    fn preset_exports_every_family_at_zero_and_is_idempotent() {
+        let m = Metrics::new();
+        m.preset(["a", "b"], true);
+        m.preset(["a", "b", "c"], true);
+        let text = String::from_utf8(m.render()).expect("utf-8");
+        for family in [
+            "gateway_rate_limited_total",
+            "gateway_backend_errors_total",
+            "gateway_coalesced_requests_total",
+        ] {
+            assert!(text.contains(&format!("# TYPE {family} counter")), "{family}");
+        }
+        let samples: Vec<&str> = text
+            .lines()
+            .filter(|l| l.starts_with("gateway_requests_total{"))
+            .collect();
+        let routes = crate::route::Route::ALL.len();
+        assert_eq!(
+            samples.len(),
+            3 * routes * 4,
+            "teams × routes × cache states, once each"
+        );
+        assert!(samples.iter().all(|l| l.ends_with(" 0")));
+        assert!(text.contains(r#"gateway_backend_errors_total{backend="redis",op="cache_get"} 0"#));
+    }
+}

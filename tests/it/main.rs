@@ -8,6 +8,7 @@ mod core;
 mod core_process;
 mod docs;
 mod faults;
+mod first_scrape;
 mod harness;
 mod hostile;
 mod load;

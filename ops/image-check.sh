@@ -1,4 +1,4 @@
-# shellcheck shell=bash
+# shellcheck shell=bash disable=SC2154  # root, work, image, cleanup: set by ops/image.sh
 # The run checks of ops/image.sh (sourced by it): the built image, started as
 # production starts it, in front of the upstream simulator on this host.
 #   - read-only root filesystem, all capabilities dropped, no new privileges;
@@ -37,7 +37,7 @@ check() {
   docker run --rm --network none "$image" token >"$run/token.txt"
   token="$(awk '/^token:/ {print $2}' "$run/token.txt")"
   sha="$(sed -n 's/^token_sha256 = "\(.*\)"$/\1/p' "$run/token.txt")"
-  [ -n "$token" ] && [ -n "$sha" ] || die "permit-gateway token printed no token: $(cat "$run/token.txt")"
+  if [ -z "$token" ] || [ -z "$sha" ]; then die "permit-gateway token printed no token: $(cat "$run/token.txt")"; fi
   cat >"$run/gateway.toml" <<EOF
 [server]
 listen = "127.0.0.1:0"
@@ -81,7 +81,7 @@ EOF
   local url="$listen/v2/meta/release" first second
   first="$(curl -s -D - -o /dev/null --max-time 10 -H "X-API-Key: $token" "$url")"
   second="$(curl -s -D - -o /dev/null --max-time 10 -H "X-API-Key: $token" "$url")"
-  grep -qi '^x-cache: MISS' <<<"$first" && grep -q ' 200' <<<"$first" || die "first request: $first"
+  if ! grep -q '^HTTP/1.1 200' <<<"$first" || ! grep -qi '^x-cache: MISS' <<<"$first"; then die "first request: $first"; fi
   grep -qi '^x-cache: HIT' <<<"$second" || die "second request is not a hit: $second"
   sim_saw 1 || die "the simulator did not see exactly one request"
 

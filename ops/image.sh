@@ -108,7 +108,7 @@ builder_stand_in() {
   rm -rf "$ctx" && mkdir -p "$ctx"
   sysroot="$(rustc --print sysroot)"
   say "stand-in $builder_ref: rustc $rustc_v, vendored crates of Cargo.lock $lock"
-  cp -a "$sysroot" "$ctx/rust" && rm -rf "$ctx/rust/share/doc"
+  mkdir "$ctx/rust" && tar -C "$sysroot" --exclude=./share/doc -cf - . | tar -C "$ctx/rust" -xf -
   (cd "$root" && cargo vendor --locked --versioned-dirs -q "$ctx/vendor" >/dev/null)
   cat >"$ctx/config.toml" <<'EOF'
 # Offline registry: every crate of Cargo.lock, vendored (ops/image.sh).
@@ -141,16 +141,17 @@ runtime_stand_in() {
   local rootfs dir
   rootfs="$(debian_rootfs)"
   dir="$work/rootfs-runtime"
-  say "stand-in $runtime_ref: libc6, libgcc-s1, base-files, netbase, CA certificates, uid 65532"
+  say "stand-in $runtime_ref: libc6, libgcc-s1, base-files, CA certificates, uid 65532"
   rm -rf "$dir" && mkdir -p "$dir"/{etc/ssl/certs,home/nonroot,tmp,usr/bin,usr/lib,usr/lib64,usr/sbin}
   for l in bin lib lib64 sbin; do ln -s "usr/$l" "$dir/$l"; done
-  dpkg-query --admindir="$rootfs/var/lib/dpkg" -L libc6 libgcc-s1 base-files netbase \
+  dpkg-query --admindir="$rootfs/var/lib/dpkg" -L libc6 libgcc-s1 base-files \
     | sed 's|^/||' | while read -r p; do [ -e "$rootfs/$p" ] && [ ! -d "$rootfs/$p" ] && printf '%s\n' "$p"; done \
     | tar -C "$rootfs" -cf - --no-recursion -T - | tar -C "$dir" -xf - --keep-directory-symlink
   cp "$rootfs/etc/ssl/certs/ca-certificates.crt" "$dir/etc/ssl/certs/"
   printf '%s\n' 'root:x:0:0:root:/root:/sbin/nologin' 'nobody:x:65534:65534:nobody:/nonexistent:/sbin/nologin' \
     'nonroot:x:65532:65532:nonroot:/home/nonroot:/sbin/nologin' >"$dir/etc/passwd"
   printf '%s\n' 'root:x:0:' 'nobody:x:65534:' 'nonroot:x:65532:' >"$dir/etc/group"
+  printf '%s\n' 'hosts: files dns' >"$dir/etc/nsswitch.conf"
   chown 65532:65532 "$dir/home/nonroot" && chmod 1777 "$dir/tmp"
   tar -C "$dir" -c . | docker import \
     --change 'USER 65532:65532' --change 'WORKDIR /home/nonroot' \

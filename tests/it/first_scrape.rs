@@ -2,7 +2,7 @@
 //! that has served no request exports each family of DESIGN §3.5 at 0, with
 //! a child per configured team, route, cache state, scope and backend op, so
 //! dashboards and rules have a series to compute on; a reload adds the
-//! children of new teams.
+//! children of new teams. The label lists behind it follow the code.
 
 use crate::support::gateway::{team, Setup, ADMIN_TOKEN, ALPHA, BETA};
 use crate::support::http::{get, send};
@@ -11,6 +11,10 @@ use crate::support::redis::RedisServer;
 use crate::support::sim::{start_sim, unlimited};
 use bytes::Bytes;
 use http::{Method, StatusCode};
+use permit_gateway::cache::Tier;
+use permit_gateway::metrics::labels::*;
+use permit_gateway::metrics::Metrics;
+use permit_gateway::proxy::CacheState;
 use permit_gateway::route::Route;
 use std::collections::BTreeSet;
 
@@ -183,4 +187,90 @@ async fn a_reload_gives_a_new_team_its_metric_children() {
     }
     let per_team = after.matching("gateway_requests_total", &beta).count();
     assert_eq!(per_team, Route::ALL.len() * 4, "routes × cache states, once each");
+}
+
+/// Fails to compile when a variant is added, so `metrics::labels` follows.
+fn every_cache_state(c: CacheState) -> &'static str {
+    match c {
+        CacheState::Hit | CacheState::Miss | CacheState::Stale | CacheState::Bypass => c.as_str(),
+    }
+}
+
+fn every_tier(t: Tier) -> &'static str {
+    match t {
+        Tier::Memory | Tier::Redis => t.as_str(),
+    }
+}
+
+#[test]
+fn label_lists_match_the_enums() {
+    let states = [CacheState::Hit, CacheState::Miss, CacheState::Stale, CacheState::Bypass];
+    assert_eq!(states.map(every_cache_state), CACHE_STATES);
+    assert_eq!([Tier::Memory, Tier::Redis].map(every_tier), TIERS);
+}
+
+/// Every op name the sources pass to Redis or label a ledger error with
+/// is in the lists, so each one's error counter exists at 0.
+#[test]
+fn every_backend_op_in_the_sources_is_listed() {
+    let mut found = Vec::new();
+    let mut dirs = vec![std::path::PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/src"))];
+    while let Some(dir) = dirs.pop() {
+        for entry in std::fs::read_dir(&dir).expect("read src") {
+            let path = entry.expect("dir entry").path();
+            if path.is_dir() {
+                dirs.push(path);
+            } else if path.extension().is_some_and(|e| e == "rs") {
+                let text = std::fs::read_to_string(&path).expect("read source");
+                found.extend(quoted_after(&text, ".call(\"").map(|op| ("redis", op)));
+                found.extend(quoted_after(&text, "[\"ledger\", \"").map(|op| ("ledger", op)));
+            }
+        }
+    }
+    assert!(found.len() >= 15, "ops found: {found:?}");
+    for (backend, op) in found {
+        let listed = if backend == "redis" {
+            &REDIS_OPS[..]
+        } else {
+            &LEDGER_OPS[..]
+        };
+        assert!(
+            listed.contains(&op.as_str()),
+            "{backend} op {op:?} missing from metrics::labels"
+        );
+    }
+}
+
+fn quoted_after<'a>(text: &'a str, prefix: &'a str) -> impl Iterator<Item = String> + 'a {
+    text.match_indices(prefix).filter_map(move |(i, _)| {
+        let rest = &text[i + prefix.len()..];
+        rest.find('"').map(|end| rest[..end].to_string())
+    })
+}
+
+#[test]
+fn preset_exports_every_family_at_zero_and_is_idempotent() {
+    let m = Metrics::new();
+    m.preset(["a", "b"], true);
+    m.preset(["a", "b", "c"], true);
+    let text = String::from_utf8(m.render()).expect("utf-8");
+    for family in [
+        "gateway_rate_limited_total",
+        "gateway_backend_errors_total",
+        "gateway_coalesced_requests_total",
+    ] {
+        assert!(text.contains(&format!("# TYPE {family} counter")), "{family}");
+    }
+    let samples: Vec<&str> = text
+        .lines()
+        .filter(|l| l.starts_with("gateway_requests_total{"))
+        .collect();
+    let routes = Route::ALL.len();
+    assert_eq!(
+        samples.len(),
+        3 * routes * 4,
+        "teams × routes × cache states, once each"
+    );
+    assert!(samples.iter().all(|l| l.ends_with(" 0")));
+    assert!(text.contains(r#"gateway_backend_errors_total{backend="redis",op="cache_get"} 0"#));
 }

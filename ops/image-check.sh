@@ -18,6 +18,8 @@ http_status() { curl -s -o /dev/null -w '%{http_code}' --max-time 10 "$@"; }
 # Polled by wait_for: each call asks again ($admin, $sim_url: check's locals).
 ready() { [ "$(http_status "$admin/readyz")" = 200 ]; }
 sim_saw() { [ "$(curl -s "$sim_url/_sim/stats" | jq -r .requests_total)" = "$1" ]; }
+# A team connection is open (the simulator counts a request only once it answers).
+in_flight() { curl -s "$admin/metrics" | awk '$1 == "gateway_open_connections" && $2 >= 1 { ok = 1 } END { exit !ok }'; }
 
 check() {
   local run="$work/run" sim_pid sim_url cid admin listen token sha key="image-check-upstream-key"
@@ -34,7 +36,7 @@ check() {
   [[ "$sim_url" == http://* ]] || sim_url="http://$sim_url"
 
   # A team token made by the image itself.
-  docker run --rm --network none "$image" token >"$run/token.txt"
+  docker run --rm --network none "$image" token >"$run/token.txt" 2>/dev/null
   token="$(awk '/^token:/ {print $2}' "$run/token.txt")"
   sha="$(sed -n 's/^token_sha256 = "\(.*\)"$/\1/p' "$run/token.txt")"
   if [ -z "$token" ] || [ -z "$sha" ]; then die "permit-gateway token printed no token: $(cat "$run/token.txt")"; fi
@@ -86,16 +88,24 @@ EOF
   sim_saw 1 || die "the simulator did not see exactly one request"
 
   # SIGTERM while a request waits on the slow upstream (no-cache: it must go there).
-  curl -s -o "$run/inflight.body" -w '%{http_code}' --max-time 30 -H "X-API-Key: $token" \
+  curl -s -o "$run/inflight.body" -w '%{http_code} %{time_total}' --max-time 30 -H "X-API-Key: $token" \
     -H 'Cache-Control: no-cache' "$url" >"$run/inflight.status" &
   local inflight=$!
-  wait_for 10 sim_saw 2 || die "the slow request never reached the simulator"
-  local start=$SECONDS code
+  wait_for 10 in_flight || die "the slow request never reached the gateway"
+  local start code status took stopped
+  start="$(date +%s.%N)"
   docker kill --signal TERM "$cid" >/dev/null
   code="$(docker wait "$cid")"
+  stopped="$(date +%s.%N)"
   wait "$inflight" || true
-  [ "$(cat "$run/inflight.status")" = 200 ] || die "in-flight request during SIGTERM: $(cat "$run/inflight.status")"
+  read -r status took <"$run/inflight.status" || true  # no newline at the end
+  [ "$status" = 200 ] || die "in-flight request during SIGTERM: $status"
   [ "$code" = 0 ] || { docker logs "$cid" >&2; die "exit code $code after SIGTERM"; }
-  say "image checks passed: read-only root, uid 65532, /readyz 200, MISS then HIT," \
-    "SIGTERM drained the in-flight request and exited 0 in $((SECONDS - start)) s"
+  sim_saw 2 || die "the in-flight request's 200 did not come from the simulator"
+  # The upstream takes 1.5 s: an exit much sooner did not wait for it.
+  awk -v a="$start" -v b="$stopped" 'BEGIN { exit !(b - a >= 1.0) }' \
+    || die "exited $(awk -v a="$start" -v b="$stopped" 'BEGIN { print b - a }') s after SIGTERM: it did not wait for the in-flight request"
+  say "image checks passed: read-only root, uid 65532, /readyz 200, MISS then HIT;" \
+    "SIGTERM: the in-flight request (${took} s) got its 200, exit 0 after" \
+    "$(awk -v a="$start" -v b="$stopped" 'BEGIN { printf "%.1f", b - a }') s"
 }

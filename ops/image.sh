@@ -6,6 +6,7 @@
 #
 #   ops/image.sh          build the image, then run the checks
 #   ops/image.sh build    build only
+#   ops/image.sh check    run the checks on the image already built
 #
 # Works without any container registry: when the Dockerfile's base images are
 # not on the machine, local stand-ins are made from Debian packages and tagged
@@ -176,6 +177,7 @@ build() {
 
 case "${1:-all}" in
   build) build ;;
+  check) ensure_tools && ensure_engine && check ;;
   all) build && check ;;
-  *) die "usage: ops/image.sh [build]" ;;
+  *) die "usage: ops/image.sh [build|check]" ;;
 esac

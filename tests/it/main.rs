@@ -10,6 +10,7 @@ mod core;
 mod core_process;
 mod docs;
 mod faults;
+mod first_scrape;
 mod front_door;
 mod harness;
 mod hostile;

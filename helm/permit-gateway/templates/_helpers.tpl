@@ -40,6 +40,24 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- default (printf "%s-upstream" (include "permit-gateway.fullname" .)) .Values.upstream.existingSecret }}
 {{- end }}
 
+{{/* repository:tag, pinned with @digest when image.digest is set. */}}
+{{- define "permit-gateway.image" -}}
+{{- $ref := printf "%s:%s" .Values.image.repository (.Values.image.tag | default .Chart.AppVersion) }}
+{{- with .Values.image.digest }}
+{{- if not (regexMatch "^sha256:[0-9a-f]{64}$" .) }}
+{{- fail (printf "permit-gateway: image.digest must be sha256:<64 hex digits>, got %q" .) }}
+{{- end }}
+{{- $ref = printf "%s@%s" $ref . }}
+{{- end }}
+{{- $ref }}
+{{- end }}
+
+{{/* A tag alone may be re-pushed: pull it at every start. A digest cannot
+change: leave Kubernetes' default (IfNotPresent). image.pullPolicy wins. */}}
+{{- define "permit-gateway.pullPolicy" -}}
+{{- .Values.image.pullPolicy | default (ternary "" "Always" (not (empty .Values.image.digest))) }}
+{{- end }}
+
 {{/* Where the chart puts things inside the container. */}}
 {{- define "permit-gateway.dataDir" -}}/var/lib/permit-gateway{{- end }}
 {{- define "permit-gateway.keyFile" -}}/run/secrets/permit-gateway/upstream-key{{- end }}

@@ -119,8 +119,11 @@ impl App {
         Ok(count)
     }
 
+    /// Team limits, and every team's metric children at 0 (new teams too).
     fn publish_limits(&self) {
         let teams = self.teams.load();
+        let redis = self.config.cache.redis_url.is_some() || self.config.quota.store == QuotaStore::Redis;
+        self.metrics.preset(teams.iter().map(|t| t.name.as_str()), redis);
         self.metrics
             .publish_teams(teams.iter().map(|t| (t.name.as_str(), t.credit_limit)));
     }

@@ -18,8 +18,9 @@
 //! - [`cache`]: normalized keys, L1 moka + L2 Redis, staleness; coalescing
 //!   in process (`cache::flight`) and across replicas (`cache::lease`).
 //! - [`clock`]: wall-clock milliseconds, the one clock the modules share.
-//! - [`redis_backend`]: a Redis connection with timeouts and a breaker (one
-//!   each for the cache, the ledger and the shared rate).
+//! - [`redis_backend`]: a Redis connection (standalone or Cluster) with
+//!   timeouts and a breaker (one each for the cache, the ledger and the
+//!   shared rate).
 //! - [`ledger`]: team budgets: reserve, settle, release; file or Redis store.
 //! - [`scheduler`]: fair sharing of the upstream rate limit across teams.
 //! - [`shared_rate`]: the upstream rate shared by replicas through Redis.

@@ -20,7 +20,7 @@ pub enum Scope {
 }
 
 impl Scope {
-    fn as_str(self) -> &'static str {
+    pub const fn as_str(self) -> &'static str {
         match self {
             Scope::Team => "team",
             Scope::Upstream => "upstream",
@@ -36,7 +36,7 @@ pub enum Tier {
 }
 
 impl Tier {
-    pub fn as_str(self) -> &'static str {
+    pub const fn as_str(self) -> &'static str {
         match self {
             Tier::Memory => "memory",
             Tier::Redis => "redis",
@@ -53,7 +53,7 @@ pub enum LedgerOp {
 }
 
 impl LedgerOp {
-    fn as_str(self) -> &'static str {
+    pub const fn as_str(self) -> &'static str {
         match self {
             LedgerOp::Reserve => "reserve",
             LedgerOp::Settle => "settle",

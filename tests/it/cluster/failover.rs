@@ -10,6 +10,7 @@ use crate::support::http::get;
 use crate::support::redis_cluster::NODE_TIMEOUT_MS;
 use crate::support::sim::{start_sim, unlimited};
 use crate::support::traffic::{as_team, charged_to, distinct_searches, ledger_used};
+use crate::support::wait::eventually;
 use http::StatusCode;
 use permit_gateway::Running;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
@@ -60,20 +61,16 @@ fn start_load(
 
 /// Polls until every replica answered 200 after `since`.
 async fn wait_all_served_after(log: &Log, since: Duration, replicas: usize, what: &str) {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let served = (0..replicas).all(|r| {
+    let what = format!("{what}: every replica serves again");
+    eventually(&what, Duration::from_secs(20), || async {
+        (0..replicas).all(|r| {
             log.lock()
                 .expect("log")
                 .iter()
                 .any(|(t, rep, s)| *t > since && *rep == r && *s == StatusCode::OK)
-        });
-        if served {
-            return;
-        }
-        assert!(Instant::now() < deadline, "{what}: not every replica served again");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+        })
+    })
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -87,18 +84,11 @@ async fn a_primary_killed_mid_load_fails_over_and_keeps_settled_spend() {
     let (stop, log): (Arc<AtomicBool>, Log) = Default::default();
     let start = Instant::now();
     let workers = start_load(&gws, paths, &stop, &log);
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while log
-        .lock()
-        .expect("log")
-        .iter()
-        .filter(|e| e.2 == StatusCode::OK)
-        .count()
-        < 30
-    {
-        assert!(Instant::now() < deadline, "the load never got going");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    eventually("the load gets going", Duration::from_secs(10), || async {
+        let log = log.lock().expect("log");
+        log.iter().filter(|e| e.2 == StatusCode::OK).count() >= 30
+    })
+    .await;
 
     let killed_at = start.elapsed();
     let c = cluster.clone();
@@ -107,20 +97,15 @@ async fn a_primary_killed_mid_load_fails_over_and_keeps_settled_spend() {
         .expect("kill");
     // /readyz says the ledger cannot know while the slot has no primary.
     let admin = gws[0].admin_url();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
+    eventually("readyz reports the lost primary", Duration::from_secs(10), || async {
         let r = get(&format!("{admin}/readyz"), &[]).await;
-        if r.status == StatusCode::SERVICE_UNAVAILABLE {
-            assert!(r.json()["checks"]["ledger"].is_string(), "{}", r.text());
-            break;
+        if r.status != StatusCode::SERVICE_UNAVAILABLE {
+            return Err(r.text());
         }
-        assert!(
-            Instant::now() < deadline,
-            "readyz never reported the lost primary: {}",
-            r.text()
-        );
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
+        assert!(r.json()["checks"]["ledger"].is_string(), "{}", r.text());
+        Ok(())
+    })
+    .await;
     let c = cluster.clone();
     tokio::task::spawn_blocking(move || {
         c.lock()

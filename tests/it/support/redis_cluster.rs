@@ -7,6 +7,7 @@
 //! The calls here block (std sockets, child processes): from an async test
 //! run them in `tokio::task::spawn_blocking` so the gateways keep serving.
 
+use super::wait::eventually_blocking;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -133,8 +134,7 @@ impl RedisCluster {
     /// running replica has finished its sync (`master_link_status:up`): a
     /// replica still syncing would lose everything if its primary died.
     pub fn wait_ok(&self, limit: Duration) {
-        let deadline = Instant::now() + limit;
-        loop {
+        eventually_blocking("the cluster becomes healthy", limit, || {
             let states: Vec<Option<String>> = self
                 .running()
                 .map(|n| {
@@ -147,35 +147,30 @@ impl RedisCluster {
                 s.contains("cluster_state:ok") && (s.contains("role:master") || s.contains("master_link_status:up"))
             };
             if states.iter().all(|s| s.as_deref().is_some_and(healthy)) {
-                return;
+                Ok(())
+            } else {
+                Err(format!("{states:?}"))
             }
-            assert!(Instant::now() < deadline, "cluster never became healthy: {states:?}");
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        })
     }
 
     /// Polls until `key`'s slot is served by a primary other than `old`
     /// (its replica won the election) and the cluster is ok again.
     pub fn wait_failover(&self, key: &str, old: usize, limit: Duration) {
         let deadline = Instant::now() + limit;
-        while self.primary_for(key) == old {
-            assert!(Instant::now() < deadline, "no replica took over from node {old}");
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        let what = format!("a replica takes over from node {old}");
+        eventually_blocking(&what, limit, || self.primary_for(key) != old);
         self.wait_ok(deadline.saturating_duration_since(Instant::now()));
     }
 
     /// Polls until node `i` is a replica again (after a restart).
     pub fn wait_role(&self, i: usize, role: &str, limit: Duration) {
-        let deadline = Instant::now() + limit;
-        while self.nodes[i]
-            .query::<Vec<redis::Value>>(&redis::cmd("ROLE"))
-            .map(|r| redis::from_redis_value::<String>(r[0].clone()).unwrap_or_default())
-            != Some(role.to_string())
-        {
-            assert!(Instant::now() < deadline, "node {i} never became {role}");
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        eventually_blocking(&format!("node {i} becomes {role}"), limit, || {
+            self.nodes[i]
+                .query::<Vec<redis::Value>>(&redis::cmd("ROLE"))
+                .map(|r| redis::from_redis_value::<String>(r[0].clone()).unwrap_or_default())
+                == Some(role.to_string())
+        });
     }
 
     /// A command on any running node.
@@ -211,15 +206,10 @@ impl Node {
                 panic!("cannot start redis-server ({e}): install it (Debian: apt-get install redis-server)")
             });
         self.child = Some(child);
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while self.query::<String>(&redis::cmd("PING")).is_none() {
-            assert!(
-                Instant::now() < deadline,
-                "redis-server on {} never answered",
-                self.port
-            );
-            std::thread::sleep(Duration::from_millis(10));
-        }
+        let what = format!("redis-server on {} answers", self.port);
+        eventually_blocking(&what, Duration::from_secs(10), || {
+            self.query::<String>(&redis::cmd("PING")).is_some()
+        });
     }
 
     fn kill(&mut self) {

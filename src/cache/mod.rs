@@ -205,13 +205,6 @@ impl Cache {
             }
         }
     }
-
-    /// Runs moka's housekeeping now, so counts are exact (tests, scrapes).
-    pub async fn sync(&self) {
-        if let Some(memory) = &self.memory {
-            memory.run_pending_tasks().await;
-        }
-    }
 }
 
 /// The entry with a body of its own, for the memory tier. An upstream body

@@ -8,6 +8,7 @@
 //! the scheduler falls back to its local limiter (each replica then paces
 //! itself alone, as without Redis).
 
+use crate::metrics::RedisOp;
 use crate::redis_backend::{BackendError, RedisBackend};
 use redis::Script;
 use std::sync::Arc;
@@ -64,7 +65,7 @@ impl SharedRate {
             .arg(self.tolerance_ms);
         let wait: u64 = self
             .redis
-            .call("rate", |mut c| async move { inv.invoke_async(&mut c).await })
+            .call(RedisOp::Rate, |mut c| async move { inv.invoke_async(&mut c).await })
             .await?;
         Ok(Duration::from_millis(wait))
     }
@@ -75,7 +76,7 @@ impl SharedRate {
         let ms = for_.as_millis().max(1) as u64;
         let _ = self
             .redis
-            .call("rate", |mut c| async move {
+            .call(RedisOp::Rate, |mut c| async move {
                 redis::cmd("SET")
                     .arg(&key)
                     .arg(1)

@@ -11,6 +11,7 @@
 
 use super::{Cache, Entry};
 use crate::clock::now_ms;
+use crate::metrics::RedisOp;
 use crate::redis_backend::RedisBackend;
 use crate::route::Route;
 use backon::{ExponentialBuilder, Retryable};
@@ -85,7 +86,7 @@ impl Leases {
         let ttl_ms = millis(self.ttl);
         let (k, t) = (key.clone(), token.clone());
         let got: Result<Option<String>, _> = redis
-            .call("lease", |mut c| async move {
+            .call(RedisOp::Lease, |mut c| async move {
                 redis::cmd("SET")
                     .arg(&k)
                     .arg(&t)
@@ -127,7 +128,7 @@ impl Leases {
             }
             let lk = lease_key.clone();
             let held: Result<u64, _> = redis
-                .call("lease", |mut c| async move {
+                .call(RedisOp::Lease, |mut c| async move {
                     redis::cmd("EXISTS").arg(&lk).query_async(&mut c).await
                 })
                 .await;
@@ -154,7 +155,7 @@ impl Lease {
         let (key, token) = (self.key.clone(), self.token.clone());
         let _ = self
             .redis
-            .call("lease", |mut c| async move {
+            .call(RedisOp::Lease, |mut c| async move {
                 script.key(&key).arg(&token).invoke_async::<u64>(&mut c).await
             })
             .await;
@@ -178,7 +179,7 @@ async fn renew(redis: Arc<RedisBackend>, key: String, token: String, ttl: Durati
         let (k, t, ms) = (key.clone(), token.clone(), millis(ttl));
         let s = script.clone();
         let renewed = redis
-            .call("lease", |mut c| async move {
+            .call(RedisOp::Lease, |mut c| async move {
                 s.key(&k).arg(&t).arg(ms).invoke_async::<u64>(&mut c).await
             })
             .await;

@@ -18,6 +18,7 @@ pub use entry::Entry;
 use crate::clock::now_ms;
 use crate::config::CacheConfig;
 use crate::metrics::Metrics;
+use crate::metrics::RedisOp;
 use crate::redis_backend::RedisBackend;
 use crate::route::Route;
 use bytes::Bytes;
@@ -132,7 +133,7 @@ impl Cache {
         let redis = self.redis.as_ref()?;
         let rkey = self.redis_key(route, key);
         let bytes: Option<Vec<u8>> = redis
-            .call("cache_get", |mut c| async move {
+            .call(RedisOp::CacheGet, |mut c| async move {
                 redis::cmd("GET").arg(&rkey).query_async(&mut c).await
             })
             .await
@@ -156,7 +157,7 @@ impl Cache {
             let value = entry.encode();
             let px = life.as_millis() as u64;
             let _ = redis
-                .call("cache_set", |mut c| async move {
+                .call(RedisOp::CacheSet, |mut c| async move {
                     redis::cmd("SET")
                         .arg(&rkey)
                         .arg(value)
@@ -186,7 +187,7 @@ impl Cache {
             None => format!("{}c:*", self.prefix),
             Some(r) => format!("{}c:{}:*", self.prefix, r.as_str()),
         };
-        redis.scan_delete("cache_purge", &pattern).await
+        redis.scan_delete(RedisOp::CachePurge, &pattern).await
     }
 
     /// Sets the tier gauges (called at scrape time). Memory: exact, after
@@ -199,7 +200,7 @@ impl Cache {
             m.cache_size(Tier::Memory, memory.entry_count(), memory.weighted_size());
         }
         if let Some(redis) = &self.redis {
-            if let Ok((keys, used)) = redis.key_and_memory_totals("cache_stats").await {
+            if let Ok((keys, used)) = redis.key_and_memory_totals(RedisOp::CacheStats).await {
                 let count = |n: i64| u64::try_from(n).unwrap_or(0);
                 m.cache_size(Tier::Redis, count(keys), count(used));
             }

@@ -19,6 +19,7 @@
 use super::saved::{SavedTally, FLUSH_EVERY};
 use super::{new_id, LedgerError, Reservation, Reserved, TeamUsage, UsageRow, Window, UNSETTLED};
 use crate::clock::now_ms;
+use crate::metrics::RedisOp;
 use crate::redis_backend::RedisBackend;
 use crate::route::Route;
 use backon::{ExponentialBuilder, Retryable};
@@ -147,7 +148,10 @@ impl RedisLedger {
             .arg(UNSETTLED);
         let (granted, used): (u64, u64) = self
             .redis
-            .call("ledger_reserve", |mut c| async move { inv.invoke_async(&mut c).await })
+            .call(
+                RedisOp::LedgerReserve,
+                |mut c| async move { inv.invoke_async(&mut c).await },
+            )
             .await
             .map_err(|e| LedgerError(format!("ledger reserve: {e}")))?;
         Ok(match (granted, limit) {
@@ -186,10 +190,9 @@ impl RedisLedger {
                 .arg(now)
                 .arg(now.saturating_sub(millis(self.lease).saturating_mul(2)));
             self.redis
-                .call(
-                    "ledger_settle",
-                    |mut c| async move { inv.invoke_async::<u64>(&mut c).await },
-                )
+                .call(RedisOp::LedgerSettle, |mut c| async move {
+                    inv.invoke_async::<u64>(&mut c).await
+                })
                 .await
         };
         let settled = once.retry(until(r.settle_by)).await;
@@ -206,7 +209,7 @@ impl RedisLedger {
         let once = || async {
             let key = key.clone();
             self.redis
-                .call("ledger_release", |mut c| async move {
+                .call(RedisOp::LedgerRelease, |mut c| async move {
                     redis::cmd("HDEL").arg(&key).arg(r.id).query_async::<u64>(&mut c).await
                 })
                 .await
@@ -241,7 +244,7 @@ impl RedisLedger {
         let key = self.key(team, "days");
         let days: Vec<(u32, u64)> = self
             .redis
-            .call("ledger_usage", |mut c| async move {
+            .call(RedisOp::LedgerUsage, |mut c| async move {
                 redis::cmd("HGETALL").arg(&key).query_async(&mut c).await
             })
             .await
@@ -264,7 +267,7 @@ impl RedisLedger {
             let key = self.key(team, "routes");
             let fields: Vec<(String, u64)> = self
                 .redis
-                .call("ledger_rows", |mut c| async move {
+                .call(RedisOp::LedgerRows, |mut c| async move {
                     redis::cmd("HGETALL").arg(&key).query_async(&mut c).await
                 })
                 .await
@@ -350,10 +353,9 @@ async fn flush_saved(tally: std::sync::Weak<SavedTally>, redis: Arc<RedisBackend
                     .ignore();
             }
             let written = redis
-                .call(
-                    "ledger_saved",
-                    |mut c| async move { pipe.query_async::<()>(&mut c).await },
-                )
+                .call(RedisOp::LedgerSaved, |mut c| async move {
+                    pipe.query_async::<()>(&mut c).await
+                })
                 .await;
             if written.is_err() {
                 failed.extend_from_slice(team_rows);

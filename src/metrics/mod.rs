@@ -10,7 +10,7 @@
 
 mod record;
 
-pub use record::{LedgerOp, Scope, Tier, UpstreamAnswer};
+pub use record::{LedgerOp, RedisOp, Scope, Tier, UpstreamAnswer};
 
 use prometheus::{
     Encoder, Gauge, GaugeVec, Histogram, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, IntGaugeVec, Opts,
@@ -264,7 +264,7 @@ impl Default for Metrics {
 /// The contract's label values (docs/design.md §3.5) that are known before any
 /// request, so every family can be exported at 0 from the first scrape.
 pub mod labels {
-    use super::{LedgerOp, Scope, Tier};
+    use super::{LedgerOp, RedisOp, Scope, Tier};
 
     /// `cache`: every [`crate::proxy::CacheState`].
     pub const CACHE_STATES: [&str; 4] = ["hit", "miss", "stale", "bypass"];
@@ -278,22 +278,16 @@ pub mod labels {
         LedgerOp::Settle.as_str(),
         LedgerOp::Usage.as_str(),
     ];
-    /// `op` of `gateway_backend_errors_total{backend="redis"}`: every name
-    /// passed to `RedisBackend::call`.
-    pub const REDIS_OPS: [&str; 12] = [
-        "cache_get",
-        "cache_set",
-        "cache_stats",
-        "cache_purge",
-        "ping",
-        "rate",
-        "lease",
-        "ledger_reserve",
-        "ledger_release",
-        "ledger_usage",
-        "ledger_rows",
-        "ledger_check",
-    ];
+    /// `op` of `gateway_backend_errors_total{backend="redis"}`: every [`RedisOp`].
+    pub const REDIS_OPS: [&str; RedisOp::ALL.len()] = {
+        let mut ops = [""; RedisOp::ALL.len()];
+        let mut i = 0;
+        while i < ops.len() {
+            ops[i] = RedisOp::ALL[i].as_str();
+            i += 1;
+        }
+        ops
+    };
     /// The status a zero child is created with: the label is an open set,
     /// and one child is enough for the family and for `rate()` to start at 0.
     pub const STATUS_OK: &str = "200";

@@ -62,6 +62,64 @@ impl LedgerOp {
     }
 }
 
+/// A Redis call that failed (`op` label with `backend="redis"`): each
+/// call site of `RedisBackend` names its own.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RedisOp {
+    CacheGet,
+    CacheSet,
+    CacheStats,
+    CachePurge,
+    Ping,
+    Rate,
+    Lease,
+    LedgerReserve,
+    LedgerRelease,
+    LedgerUsage,
+    LedgerSettle,
+    LedgerSaved,
+    LedgerRows,
+    LedgerCheck,
+}
+
+impl RedisOp {
+    pub const ALL: [RedisOp; 14] = [
+        RedisOp::CacheGet,
+        RedisOp::CacheSet,
+        RedisOp::CacheStats,
+        RedisOp::CachePurge,
+        RedisOp::Ping,
+        RedisOp::Rate,
+        RedisOp::Lease,
+        RedisOp::LedgerReserve,
+        RedisOp::LedgerRelease,
+        RedisOp::LedgerUsage,
+        RedisOp::LedgerSettle,
+        RedisOp::LedgerSaved,
+        RedisOp::LedgerRows,
+        RedisOp::LedgerCheck,
+    ];
+
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            RedisOp::CacheGet => "cache_get",
+            RedisOp::CacheSet => "cache_set",
+            RedisOp::CacheStats => "cache_stats",
+            RedisOp::CachePurge => "cache_purge",
+            RedisOp::Ping => "ping",
+            RedisOp::Rate => "rate",
+            RedisOp::Lease => "lease",
+            RedisOp::LedgerReserve => "ledger_reserve",
+            RedisOp::LedgerRelease => "ledger_release",
+            RedisOp::LedgerUsage => "ledger_usage",
+            RedisOp::LedgerSettle => "ledger_settle",
+            RedisOp::LedgerSaved => "ledger_saved",
+            RedisOp::LedgerRows => "ledger_rows",
+            RedisOp::LedgerCheck => "ledger_check",
+        }
+    }
+}
+
 /// How an upstream attempt ended (`status` label of the upstream requests).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum UpstreamAnswer {
@@ -169,9 +227,10 @@ impl Metrics {
         self.upstream_retries_total.with_label_values(&[route.as_str()]).inc();
     }
 
-    /// A Redis call failed; `op` names the call site (`RedisBackend::call`).
-    pub fn redis_error(&self, op: &'static str) {
-        self.backend_errors_total.with_label_values(&["redis", op]).inc();
+    pub fn redis_error(&self, op: RedisOp) {
+        self.backend_errors_total
+            .with_label_values(&["redis", op.as_str()])
+            .inc();
     }
 
     pub fn ledger_error(&self, op: LedgerOp) {

@@ -19,6 +19,7 @@ pub use conn::{Conn, Target, CLUSTER_SCHEME};
 
 use crate::clock::now_ms;
 use crate::metrics::Metrics;
+use crate::metrics::RedisOp;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -75,7 +76,7 @@ impl RedisBackend {
 
     /// Runs one command (or pipeline, or script invocation) under the
     /// timeout and the breaker. `op` labels the error metric.
-    pub async fn call<T, F, Fut>(&self, op: &'static str, f: F) -> Result<T, BackendError>
+    pub async fn call<T, F, Fut>(&self, op: RedisOp, f: F) -> Result<T, BackendError>
     where
         F: FnOnce(Conn) -> Fut,
         Fut: std::future::Future<Output = redis::RedisResult<T>>,
@@ -111,14 +112,14 @@ impl RedisBackend {
         result
     }
 
-    fn failed(&self, op: &'static str, e: &BackendError) {
+    fn failed(&self, op: RedisOp, e: &BackendError) {
         self.metrics.redis_error(op);
         let failures = self.failures.fetch_add(1, Ordering::AcqRel) + 1;
         if failures >= TRIP_AFTER {
             let until = now_ms() + self.cool_down.as_millis() as u64;
             self.open_until_ms.store(until, Ordering::Release);
         }
-        tracing::warn!(op, error = %e, failures, "redis call failed");
+        tracing::warn!(op = op.as_str(), error = %e, failures, "redis call failed");
     }
 
     /// True for a Redis Cluster.
@@ -128,7 +129,7 @@ impl RedisBackend {
 
     /// PING under the breaker: readiness probes and recovery.
     pub async fn ping(&self) -> Result<(), BackendError> {
-        self.call("ping", |mut c| async move {
+        self.call(RedisOp::Ping, |mut c| async move {
             redis::cmd("PING").query_async::<String>(&mut c).await
         })
         .await

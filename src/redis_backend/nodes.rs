@@ -5,6 +5,7 @@
 
 use super::conn::Conn;
 use super::{BackendError, RedisBackend};
+use crate::metrics::RedisOp;
 use redis::cluster_routing::{MultipleNodeRoutingInfo, RoutingInfo, SingleNodeRoutingInfo};
 use redis::{Cmd, FromRedisValue, Value};
 
@@ -14,7 +15,7 @@ const SCAN_COUNT: u64 = 500;
 impl RedisBackend {
     /// `cmd` run once on every primary: `(address, answer)` pairs. A
     /// standalone Redis answers once, with an empty address.
-    pub async fn each_primary<T>(&self, op: &'static str, cmd: Cmd) -> Result<Vec<(String, T)>, BackendError>
+    pub async fn each_primary<T>(&self, op: RedisOp, cmd: Cmd) -> Result<Vec<(String, T)>, BackendError>
     where
         T: FromRedisValue + Send + 'static,
     {
@@ -45,7 +46,7 @@ impl RedisBackend {
     /// Deletes every key matching `pattern` with SCAN + UNLINK in batches
     /// (never KEYS, which blocks a shared Redis), on every primary. Returns
     /// how many keys went; stops early (keeping the count) if Redis fails.
-    pub async fn scan_delete(&self, op: &'static str, pattern: &str) -> u64 {
+    pub async fn scan_delete(&self, op: RedisOp, pattern: &str) -> u64 {
         let Ok(primaries) = self.each_primary::<Value>(op, redis::cmd("PING")).await else {
             return 0;
         };
@@ -56,7 +57,7 @@ impl RedisBackend {
         removed
     }
 
-    async fn scan_delete_on(&self, op: &'static str, addr: &str, pattern: &str) -> u64 {
+    async fn scan_delete_on(&self, op: RedisOp, addr: &str, pattern: &str) -> u64 {
         let node = addr.rsplit_once(':').and_then(|(host, port)| {
             Some(SingleNodeRoutingInfo::ByAddress {
                 host: host.trim_start_matches('[').trim_end_matches(']').to_string(),
@@ -102,7 +103,7 @@ impl RedisBackend {
 
     /// Keys and used memory summed over every primary (the whole Redis: it
     /// may hold the ledger and other data too).
-    pub async fn key_and_memory_totals(&self, op: &'static str) -> Result<(i64, i64), BackendError> {
+    pub async fn key_and_memory_totals(&self, op: RedisOp) -> Result<(i64, i64), BackendError> {
         let keys: i64 = self
             .each_primary::<i64>(op, redis::cmd("DBSIZE"))
             .await?
@@ -127,7 +128,7 @@ impl RedisBackend {
             let mut info = redis::cmd("CLUSTER");
             info.arg("INFO");
             let states = self
-                .each_primary::<String>("ledger_check", info)
+                .each_primary::<String>(RedisOp::LedgerCheck, info)
                 .await
                 .map_err(|e| format!("ledger redis cluster: {e}"))?;
             if let Some((addr, _)) = states
@@ -141,7 +142,7 @@ impl RedisBackend {
         }
         let mut get = redis::cmd("CONFIG");
         get.arg("GET").arg("appendonly");
-        let aof = self.each_primary::<Vec<String>>("ledger_check", get).await;
+        let aof = self.each_primary::<Vec<String>>(RedisOp::LedgerCheck, get).await;
         match aof {
             Ok(nodes) if nodes.iter().any(|(_, v)| v.get(1).map(String::as_str) != Some("yes")) => {
                 return Ok("ok, but Redis appendonly is off: spend is lost if Redis restarts")
@@ -149,7 +150,7 @@ impl RedisBackend {
             Ok(_) => {}
             // CONFIG may be disabled on managed Redis: a PING decides.
             Err(_) => {
-                self.each_primary::<Value>("ledger_check", redis::cmd("PING"))
+                self.each_primary::<Value>(RedisOp::LedgerCheck, redis::cmd("PING"))
                     .await
                     .map_err(|e| format!("ledger redis: {e}"))?;
                 return Ok("ok (persistence unknown)");
@@ -166,7 +167,7 @@ impl RedisBackend {
     async fn every_primary_has_a_synced_replica(&self) -> bool {
         let mut info = redis::cmd("INFO");
         info.arg("replication");
-        self.each_primary::<String>("ledger_check", info)
+        self.each_primary::<String>(RedisOp::LedgerCheck, info)
             .await
             .is_ok_and(|nodes| {
                 nodes.iter().all(|(_, text)| {

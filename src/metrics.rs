@@ -46,6 +46,9 @@ pub struct Metrics {
     /// Not in the contract table: metered calls answered 402 without asking
     /// the upstream, because the org is out of credits.
     pub upstream_exhausted_total: IntCounterVec,
+    /// Not in the contract table: ids of id lookups by where their answer
+    /// came from (`cache::records`).
+    pub cache_records_total: IntCounterVec,
 }
 
 fn counter(r: &Registry, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
@@ -207,6 +210,12 @@ impl Metrics {
                 "gateway_upstream_exhausted_total",
                 "Metered calls refused with 402 while the org is out of upstream credits.",
                 &["team"],
+            ),
+            cache_records_total: counter(
+                &r,
+                "gateway_cache_records_total",
+                "Ids of id lookups, by source: a held record, a held absence, or the upstream.",
+                &["route", "source"],
             ),
             registry: r,
         };

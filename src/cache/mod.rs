@@ -11,6 +11,7 @@ pub mod control;
 pub mod entry;
 pub mod flight;
 pub mod key;
+pub mod records;
 
 pub use entry::{now_ms, Entry};
 
@@ -72,6 +73,8 @@ pub struct Cache {
     pub max_entry_bytes: usize,
     ttls: [Option<Duration>; Route::ALL.len()],
     metrics: Arc<Metrics>,
+    /// `cache.record_reuse`: stored pages also file their records ([`records`]).
+    record_reuse: bool,
 }
 
 impl Cache {
@@ -97,6 +100,7 @@ impl Cache {
             max_entry_bytes: cfg.max_entry_bytes,
             ttls,
             metrics,
+            record_reuse: cfg.record_reuse,
         }
     }
 
@@ -182,11 +186,27 @@ impl Cache {
                 })
                 .await;
         }
+        if let Some(resource) = records::Resource::filed_by(entry.route).filter(|_| self.record_reuse) {
+            self.file_records(resource, &entry, &[]).await;
+        }
     }
 
     /// Drops every entry, or one route's, from both tiers. Returns how many
-    /// Redis keys went.
+    /// Redis keys went. The records a route's pages filed go with it: they
+    /// would otherwise keep answering lookups with what was purged.
     pub async fn purge(&self, route: Option<Route>) -> u64 {
+        let records = route
+            .and_then(records::Resource::filed_by)
+            .map(records::Resource::lookup_route)
+            .filter(|r| Some(*r) != route);
+        let mut removed = self.purge_route(route).await;
+        if let Some(lookup) = records {
+            removed += self.purge_route(Some(lookup)).await;
+        }
+        removed
+    }
+
+    async fn purge_route(&self, route: Option<Route>) -> u64 {
         if let Some(memory) = &self.memory {
             match route {
                 None => memory.invalidate_all(),

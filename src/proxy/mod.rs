@@ -5,6 +5,7 @@
 //! and then records metrics and one access-log line for every request.
 
 mod answer;
+mod by_id;
 mod context;
 mod fetch;
 mod lookup;
@@ -92,15 +93,20 @@ async fn pipeline<B>(app: &Arc<App>, req: &Request<B>, log: &mut RequestLog) -> 
     // 5. The normalized key; `None` for routes that are never cached.
     let directives = Directives::from_headers(req.headers());
     let key = app.cache.ttl(target.route).map(|_| key::cache_key(&target));
+    let request_id = log.request_id.clone();
     let job = || Job {
         team: team.clone(),
         target: target.clone(),
         key: key.clone(),
         no_store: directives.no_store,
-        request_id: log.request_id.clone(),
+        request_id: request_id.clone(),
         accept: req.headers().get(http::header::ACCEPT).cloned(),
     };
 
+    // 7a. An id lookup: from the records already bought, buying the rest.
+    if let Some(answer) = by_id::answer(app, &team, &target, &directives, req, log, &job).await {
+        return answer;
+    }
     // 7. Lookup, unless the client said no-cache.
     let mut cached = None;
     if let (Some(k), false) = (&key, directives.no_cache) {

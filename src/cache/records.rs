@@ -1,0 +1,231 @@
+//! The record tier: every record of a cached page, filed under (resource,
+//! id), so that an id lookup is answered from records that searches and
+//! earlier lookups already bought (`proxy::by_id` asks; DESIGN §2 step 7).
+//!
+//! Records live in the same two tiers as pages, under the same byte budget
+//! (L1) and in the key space of their lookup route (L2: `c:permits_by_id:…`),
+//! so a purge of everything or of the lookup route drops them. Each record
+//! keeps the answer time and TTL of the page that brought it and is only
+//! served while that page would be fresh: a record is never newer than its
+//! page claims, and never older. An id the upstream answered without a
+//! record is held as absent (an empty body) for the same TTL.
+//!
+//! A record is filed only where the upstream serves it byte for byte the
+//! same in a search and in a lookup (`docs/vendor-api.md`, "Id lookups"):
+//! contractor searches scope their tallies to the search, and property
+//! searches with excluded tags add a `trust` block, so those are not filed.
+
+use super::{now_ms, Cache, Entry};
+use crate::route::Route;
+use bytes::Bytes;
+use serde::de::IgnoredAny;
+use serde::Deserialize;
+use serde_json::value::RawValue;
+use std::sync::Arc;
+
+/// A kind of record with an id lookup.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Resource {
+    Permits,
+    Contractors,
+    Decisions,
+    Properties,
+}
+
+impl Resource {
+    /// The resource an id-lookup route answers with.
+    pub fn of_lookup(route: Route) -> Option<Resource> {
+        match route {
+            Route::PermitsById => Some(Resource::Permits),
+            Route::ContractorsById => Some(Resource::Contractors),
+            Route::DecisionsById => Some(Resource::Decisions),
+            Route::PropertiesById => Some(Resource::Properties),
+            _ => None,
+        }
+    }
+
+    /// The resource whose lookup records a route's pages carry exactly.
+    /// Contractor searches are missing on purpose: their tallies are scoped
+    /// to the search, a lookup's to the contractor's lifetime.
+    pub fn filed_by(route: Route) -> Option<Resource> {
+        match route {
+            Route::PermitsSearch | Route::ContractorPermits => Some(Resource::Permits),
+            Route::DecisionsSearch => Some(Resource::Decisions),
+            Route::PropertiesSearch => Some(Resource::Properties),
+            lookup => Resource::of_lookup(lookup),
+        }
+    }
+
+    /// The lookup route; its name is the records' purge and L2 key space.
+    pub fn lookup_route(self) -> Route {
+        match self {
+            Resource::Permits => Route::PermitsById,
+            Resource::Contractors => Route::ContractorsById,
+            Resource::Decisions => Route::DecisionsById,
+            Resource::Properties => Route::PropertiesById,
+        }
+    }
+
+    /// The record's key in L1 (a page key starts with `k1 /v2/`, so the
+    /// two never meet), also hashed into its L2 key.
+    fn key(self, id: &str) -> String {
+        format!("rec {} {id}", self.lookup_route().as_str())
+    }
+}
+
+/// Whether a held entry says "the upstream does not know this id".
+pub fn is_absent(entry: &Entry) -> bool {
+    entry.body.is_empty()
+}
+
+/// The records of a page envelope, as sent (byte for byte), each with its id.
+/// `None` when the body is not a page of records with string ids.
+pub fn records_of(body: &[u8], resource: Resource) -> Option<Vec<(String, Bytes)>> {
+    #[derive(Deserialize)]
+    struct Page<'a> {
+        #[serde(borrow)]
+        items: Vec<&'a RawValue>,
+    }
+    #[derive(Deserialize)]
+    struct Record {
+        id: String,
+        trust: Option<IgnoredAny>,
+    }
+    let page: Page = serde_json::from_slice(body).ok()?;
+    let mut out = Vec::with_capacity(page.items.len());
+    for raw in page.items {
+        let record: Record = serde_json::from_str(raw.get()).ok()?;
+        // An absence search's property carries a `trust` block no lookup sends.
+        if resource == Resource::Properties && record.trust.is_some() {
+            continue;
+        }
+        out.push((record.id, Bytes::copy_from_slice(raw.get().as_bytes())));
+    }
+    Some(out)
+}
+
+impl Cache {
+    /// Whether pages file their records here (`cache.record_reuse`).
+    pub fn record_reuse(&self) -> bool {
+        self.record_reuse
+    }
+
+    /// Files the records of a stored page under the page's answer time and
+    /// TTL, and each id of `asked` the page did not answer as absent.
+    pub async fn file_records(&self, resource: Resource, page: &Entry, asked: &[String]) {
+        let Some(records) = records_of(&page.body, resource) else {
+            return;
+        };
+        let route = resource.lookup_route();
+        let entry = |body: Bytes, credits: u64| Entry {
+            etag: super::entry::etag_of(&body),
+            body,
+            credits,
+            stored_at_ms: page.stored_at_ms,
+            ttl_ms: page.ttl_ms,
+            route,
+        };
+        let absent = asked
+            .iter()
+            .filter(|id| !records.iter().any(|(got, _)| got == *id))
+            .map(|id| (id.clone(), entry(Bytes::new(), 0)))
+            .collect::<Vec<_>>();
+        let filed: Vec<(String, Entry)> = records
+            .into_iter()
+            // One credit per record: what serving it again saves.
+            .map(|(id, body)| (resource.key(&id), entry(body, 1)))
+            .chain(absent.into_iter().map(|(id, e)| (resource.key(&id), e)))
+            .collect();
+        let life = page.remaining_life(now_ms(), self.grace);
+        if filed.is_empty() || life.is_zero() {
+            return;
+        }
+        if let Some(memory) = &self.memory {
+            for (key, e) in &filed {
+                memory.insert(Arc::from(key.as_str()), Arc::new(e.clone())).await;
+            }
+        }
+        if let Some(redis) = &self.redis {
+            let mut pipe = redis::pipe();
+            let px = (life.as_millis() as u64).max(1);
+            for (key, e) in &filed {
+                pipe.cmd("SET")
+                    .arg(self.redis_key(route, key))
+                    .arg(e.encode())
+                    .arg("PX")
+                    .arg(px)
+                    .ignore();
+            }
+            let _ = redis
+                .call("cache_set", |mut c| async move { pipe.query_async::<()>(&mut c).await })
+                .await;
+        }
+    }
+
+    /// The fresh held entry (record or absence) of each id, in order: L1,
+    /// then one `MGET` to L2 for the rest (promoting what it finds).
+    pub async fn held_records(&self, resource: Resource, ids: &[String]) -> Vec<Option<Arc<Entry>>> {
+        let now = now_ms();
+        let mut held: Vec<Option<Arc<Entry>>> = Vec::with_capacity(ids.len());
+        for id in ids {
+            let found = match &self.memory {
+                Some(memory) => memory.get(resource.key(id).as_str()).await,
+                None => None,
+            };
+            held.push(found.filter(|e| e.is_fresh(now)));
+        }
+        let Some(redis) = &self.redis else { return held };
+        let wanted: Vec<usize> = (0..ids.len()).filter(|i| held[*i].is_none()).collect();
+        if wanted.is_empty() {
+            return held;
+        }
+        let route = resource.lookup_route();
+        let rkeys: Vec<String> = wanted
+            .iter()
+            .map(|i| self.redis_key(route, &resource.key(&ids[*i])))
+            .collect();
+        let got: Vec<Option<Vec<u8>>> = redis
+            .call("cache_get", |mut c| async move {
+                redis::cmd("MGET").arg(rkeys).query_async(&mut c).await
+            })
+            .await
+            .unwrap_or_default();
+        for (i, bytes) in wanted.into_iter().zip(got) {
+            let Some(entry) = bytes.and_then(|b| Entry::decode(&b)).filter(|e| e.is_fresh(now)) else {
+                continue;
+            };
+            let entry = Arc::new(entry);
+            if let Some(memory) = &self.memory {
+                memory.insert(Arc::from(resource.key(&ids[i]).as_str()), entry.clone()).await;
+            }
+            held[i] = Some(entry);
+        }
+        held
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn records_are_taken_as_sent_and_absence_searches_are_skipped() {
+        let page = br#"{"items":[{"id":"a","x":[1, 2]},{"x":1,"id":"b"}],"size":2}"#;
+        let got = records_of(page, Resource::Permits).expect("a page");
+        assert_eq!(got[0], ("a".to_string(), Bytes::from_static(br#"{"id":"a","x":[1, 2]}"#)));
+        assert_eq!(got[1].0, "b");
+        let trust = br#"{"items":[{"id":"a","trust":{}},{"id":"b"}]}"#;
+        assert_eq!(records_of(trust, Resource::Properties).map(|r| r.len()), Some(1));
+        assert_eq!(records_of(trust, Resource::Permits).map(|r| r.len()), Some(2));
+        assert_eq!(records_of(br#"{"items":[{"id":7}]}"#, Resource::Permits), None);
+        assert_eq!(records_of(b"[]", Resource::Permits), None);
+    }
+
+    #[test]
+    fn contractor_searches_file_nothing() {
+        assert_eq!(Resource::filed_by(Route::ContractorsSearch), None);
+        assert_eq!(Resource::filed_by(Route::ContractorsById), Some(Resource::Contractors));
+        assert_eq!(Resource::filed_by(Route::ContractorPermits), Some(Resource::Permits));
+        assert_eq!(Resource::filed_by(Route::MetaRelease), None);
+    }
+}

@@ -1,0 +1,227 @@
+//! Id lookups answered from the record tier (DESIGN §2 step 7 for
+//! `permits_by_id`, `contractors_by_id`, `decisions_by_id`,
+//! `properties_by_id`; the tier is [`crate::cache::records`]).
+//!
+//! Runs instead of the page lookup and fetch when `cache.record_reuse` is on
+//! and the client did not say `no-cache`. The records already held answer
+//! at 0 credits; only the missing ids go upstream, in one coalesced call
+//! reserved and settled for those alone (steps 8–13 as for any miss); the
+//! answer is assembled as the upstream assembles it (`docs/vendor-api.md`,
+//! "Id lookups"): request order, each id once, unknown ids omitted, in
+//! `{"items":[…],"size":n,"next_cursor":null,"total_count":null}`.
+//!
+//! `X-Cache` is `HIT` when every id was held and `MISS` otherwise;
+//! `X-Credits-Request` is what this team paid.
+
+use super::context::{CacheState, RequestLog};
+use super::fetch::{self, Job, Role};
+use super::{lookup, saved};
+use crate::app::App;
+use crate::auth::Team;
+use crate::cache::control::{self, Directives};
+use crate::cache::records::{is_absent, records_of, Resource};
+use crate::cache::{key, now_ms, Entry};
+use crate::error::GatewayError;
+use crate::http_util::Body;
+use crate::route::Target;
+use bytes::{BufMut, Bytes, BytesMut};
+use http::{HeaderValue, Request, Response, StatusCode};
+use std::sync::Arc;
+
+type Answer = Result<Response<Body>, GatewayError>;
+
+/// The answer of an id lookup from held records and the missing ids'
+/// fetch; `None` when this request is not one (the page path answers it).
+pub async fn answer<B>(
+    app: &Arc<App>,
+    team: &Team,
+    target: &Target,
+    d: &Directives,
+    req: &Request<B>,
+    log: &mut RequestLog,
+    job: &impl Fn() -> Job,
+) -> Option<Answer> {
+    let resource = Resource::of_lookup(target.route)?;
+    if !app.cache.record_reuse() || d.no_cache {
+        return None;
+    }
+    let ttl = app.cache.ttl(target.route)?;
+    let ids = lookup_ids(target.query.as_deref()?)?;
+    let held = app.cache.held_records(resource, &ids).await;
+    let missing: Vec<String> = ids
+        .iter()
+        .zip(&held)
+        .filter(|(_, h)| h.is_none())
+        .map(|(id, _)| id.clone())
+        .collect();
+    if missing.is_empty() {
+        tally(app, team, target, &held, 0);
+        log.cache = CacheState::Hit;
+        let body = assemble(&ids, &held, &[]);
+        return Some(Ok(respond(body, &held, 0, CacheState::Hit, ttl, target, req)));
+    }
+    if d.only_if_cached {
+        return Some(Err(GatewayError::NotCached));
+    }
+
+    // Steps 8–13 for the missing ids alone: their own key coalesces equal
+    // lookups; no page is stored (the records are, below).
+    let mut job = job();
+    job.target = Target {
+        query: Some(query_of(&missing)),
+        ..target.clone()
+    };
+    job.key = Some(key::cache_key(&job.target));
+    job.no_store = true;
+    let (outcome, role) = fetch::coalesced(app, job).await;
+    let fetched = match outcome {
+        Ok(f) => f,
+        Err(e) => return Some(Err(e)),
+    };
+    match fetched.status {
+        StatusCode::OK => {}
+        // An id the upstream refuses (a city's id in a property lookup)
+        // refuses the whole lookup, with its position in the list: the page
+        // path asks again with the request as sent (a 422 costs nothing).
+        StatusCode::UNPROCESSABLE_ENTITY => return None,
+        _ => return Some(super::from_fetched(app, team, target, fetched, role, false, log)),
+    }
+    let Some(got) = records_of(&fetched.body, resource) else {
+        return Some(Err(GatewayError::UpstreamInvalid("Upstream sent a malformed answer")));
+    };
+    tally(app, team, target, &held, missing.len());
+    let paid = role == Role::Leader && !fetched.from_peer;
+    if paid && !d.no_store && !control::forbids_storing(&fetched.headers) {
+        let page = Entry::new(fetched.body.clone(), fetched.credits, ttl, target.route);
+        app.cache.file_records(resource, &page, &missing).await;
+    }
+    let charged = if paid { fetched.credits } else { 0 };
+    if !paid {
+        saved(app, team, target, fetched.credits);
+    }
+    log.cache = CacheState::Miss;
+    log.credits = charged;
+    let body = assemble(&ids, &held, &got);
+    Some(Ok(respond(body, &held, charged, CacheState::Miss, ttl, target, req)))
+}
+
+/// Counts each id by where its answer came from; the held records are
+/// credits this team did not spend.
+fn tally(app: &App, team: &Team, target: &Target, held: &[Option<Arc<Entry>>], fetched: usize) {
+    let reused = held.iter().flatten().filter(|e| !is_absent(e)).count() as u64;
+    let absent = held.iter().flatten().filter(|e| is_absent(e)).count() as u64;
+    for (source, n) in [("cache", reused), ("absent", absent), ("upstream", fetched as u64)] {
+        let labels = [target.route.as_str(), source];
+        app.metrics.cache_records_total.with_label_values(&labels).inc_by(n);
+    }
+    saved(app, team, target, reused);
+}
+
+/// The ids of a query made of `id` parameters only, in order, each once;
+/// `None` for anything else (another parameter, bytes that are not UTF-8):
+/// the page path forwards those as sent.
+fn lookup_ids(query: &str) -> Option<Vec<String>> {
+    let pairs = key::decode_pairs(query)?;
+    let mut ids: Vec<String> = Vec::with_capacity(pairs.len());
+    for (name, value) in pairs {
+        if name != "id" {
+            return None;
+        }
+        // The upstream answers a repeated id once, at its first position.
+        if !ids.iter().any(|id| *id == value) {
+            ids.push(value.into_owned());
+        }
+    }
+    (!ids.is_empty()).then_some(ids)
+}
+
+/// `id=a&id=b`: the only list spelling the upstream reads.
+fn query_of(ids: &[String]) -> String {
+    form_urlencoded::Serializer::new(String::new())
+        .extend_pairs(ids.iter().map(|id| ("id", id)))
+        .finish()
+}
+
+/// The upstream's lookup page: each id's record in request order, from the
+/// held entry or else the fetched records; absent and unknown ids omitted.
+fn assemble(ids: &[String], held: &[Option<Arc<Entry>>], fetched: &[(String, Bytes)]) -> Bytes {
+    let records: Vec<&[u8]> = ids
+        .iter()
+        .zip(held)
+        .filter_map(|(id, h)| match h {
+            Some(e) if is_absent(e) => None,
+            Some(e) => Some(&e.body[..]),
+            None => fetched.iter().find(|(got, _)| got == id).map(|(_, b)| &b[..]),
+        })
+        .collect();
+    let mut out = BytesMut::with_capacity(records.iter().map(|r| r.len() + 1).sum::<usize>() + 64);
+    out.put_slice(b"{\"items\":[");
+    for (i, record) in records.iter().enumerate() {
+        if i > 0 {
+            out.put_u8(b',');
+        }
+        out.put_slice(record);
+    }
+    out.put_slice(format!("],\"size\":{},\"next_cursor\":null,\"total_count\":null}}", records.len()).as_bytes());
+    out.freeze()
+}
+
+/// The response for an assembled page: as for a cached entry (ETag, 304,
+/// `Age` of the oldest record used), with what this team paid.
+fn respond<B>(
+    body: Bytes,
+    held: &[Option<Arc<Entry>>],
+    charged: u64,
+    state: CacheState,
+    ttl: std::time::Duration,
+    target: &Target,
+    req: &Request<B>,
+) -> Response<Body> {
+    let mut page = Entry::new(body, charged, ttl, target.route);
+    page.stored_at_ms = held
+        .iter()
+        .flatten()
+        .map(|e| e.stored_at_ms)
+        .min()
+        .unwrap_or_else(now_ms)
+        .min(page.stored_at_ms);
+    let mut resp = lookup::respond(&page, state, req.headers());
+    resp.headers_mut()
+        .insert(super::answer::X_CREDITS_REQUEST, HeaderValue::from(charged));
+    resp
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::route::Route;
+    use std::time::Duration;
+
+    fn record(id: &str) -> Option<Arc<Entry>> {
+        let body = Bytes::from(format!("{{\"id\":\"{id}\"}}"));
+        Some(Arc::new(Entry::new(body, 1, Duration::from_secs(60), Route::PermitsById)))
+    }
+
+    #[test]
+    fn only_id_parameters_make_a_lookup_and_repeats_count_once() {
+        let ids = |q| lookup_ids(q);
+        assert_eq!(ids("id=a&id=b&id=a"), Some(vec!["a".into(), "b".into()]));
+        assert_eq!(ids("id=a%2Cb"), Some(vec!["a,b".into()]), "a comma is part of the id");
+        assert_eq!(ids("id=a&cursor=x"), None);
+        assert_eq!(ids("id=%FF"), None);
+        assert_eq!(query_of(&["a b".into(), "c&d".into()]), "id=a+b&id=c%26d");
+    }
+
+    #[test]
+    fn assembly_follows_request_order_and_omits_absent_ids() {
+        let absent = Some(Arc::new(Entry::new(Bytes::new(), 0, Duration::from_secs(60), Route::PermitsById)));
+        let ids: Vec<String> = ["c", "x", "a", "n"].map(String::from).to_vec();
+        let held = [record("c"), absent, None, None];
+        let fetched = [("a".to_string(), Bytes::from_static(br#"{"id":"a"}"#))];
+        let body = assemble(&ids, &held, &fetched);
+        assert_eq!(
+            &body[..],
+            br#"{"items":[{"id":"c"},{"id":"a"}],"size":2,"next_cursor":null,"total_count":null}"#
+        );
+    }
+}

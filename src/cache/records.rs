@@ -196,7 +196,9 @@ impl Cache {
             };
             let entry = Arc::new(entry);
             if let Some(memory) = &self.memory {
-                memory.insert(Arc::from(resource.key(&ids[i]).as_str()), entry.clone()).await;
+                memory
+                    .insert(Arc::from(resource.key(&ids[i]).as_str()), entry.clone())
+                    .await;
             }
             held[i] = Some(entry);
         }
@@ -212,7 +214,10 @@ mod tests {
     fn records_are_taken_as_sent_and_absence_searches_are_skipped() {
         let page = br#"{"items":[{"id":"a","x":[1, 2]},{"x":1,"id":"b"}],"size":2}"#;
         let got = records_of(page, Resource::Permits).expect("a page");
-        assert_eq!(got[0], ("a".to_string(), Bytes::from_static(br#"{"id":"a","x":[1, 2]}"#)));
+        assert_eq!(
+            got[0],
+            ("a".to_string(), Bytes::from_static(br#"{"id":"a","x":[1, 2]}"#))
+        );
         assert_eq!(got[1].0, "b");
         let trust = br#"{"items":[{"id":"a","trust":{}},{"id":"b"}]}"#;
         assert_eq!(records_of(trust, Resource::Properties).map(|r| r.len()), Some(1));

@@ -162,7 +162,13 @@ fn assemble(ids: &[String], held: &[Option<Arc<Entry>>], fetched: &[(String, Byt
         }
         out.put_slice(record);
     }
-    out.put_slice(format!("],\"size\":{},\"next_cursor\":null,\"total_count\":null}}", records.len()).as_bytes());
+    out.put_slice(
+        format!(
+            "],\"size\":{},\"next_cursor\":null,\"total_count\":null}}",
+            records.len()
+        )
+        .as_bytes(),
+    );
     out.freeze()
 }
 
@@ -199,7 +205,12 @@ mod tests {
 
     fn record(id: &str) -> Option<Arc<Entry>> {
         let body = Bytes::from(format!("{{\"id\":\"{id}\"}}"));
-        Some(Arc::new(Entry::new(body, 1, Duration::from_secs(60), Route::PermitsById)))
+        Some(Arc::new(Entry::new(
+            body,
+            1,
+            Duration::from_secs(60),
+            Route::PermitsById,
+        )))
     }
 
     #[test]
@@ -214,7 +225,12 @@ mod tests {
 
     #[test]
     fn assembly_follows_request_order_and_omits_absent_ids() {
-        let absent = Some(Arc::new(Entry::new(Bytes::new(), 0, Duration::from_secs(60), Route::PermitsById)));
+        let absent = Some(Arc::new(Entry::new(
+            Bytes::new(),
+            0,
+            Duration::from_secs(60),
+            Route::PermitsById,
+        )));
         let ids: Vec<String> = ["c", "x", "a", "n"].map(String::from).to_vec();
         let held = [record("c"), absent, None, None];
         let fetched = [("a".to_string(), Bytes::from_static(br#"{"id":"a"}"#))];

@@ -16,6 +16,7 @@ mod load;
 mod observability;
 mod pyshovels;
 mod rate;
+mod records;
 mod routes;
 mod sim;
 mod vendor;

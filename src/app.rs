@@ -1,14 +1,16 @@
 //! The shared state, built once from a validated [`Config`] and handed to
-//! every connection: teams, cache, ledger, scheduler, upstream, metrics.
+//! every connection: teams, cache, flights and leases, ledger, scheduler,
+//! upstream, metrics.
 
 use crate::auth::Teams;
-use crate::cache::flight::Flights;
+use crate::cache::flight::{Flights, Outcome};
+use crate::cache::lease::Leases;
 use crate::cache::Cache;
-use crate::config::{Config, ConfigErrors, Source};
+use crate::config::{Config, ConfigErrors, Secret, Source};
 use crate::ledger::{self, Ledger, Window};
 use crate::metrics::Metrics;
 use crate::org::Org;
-use crate::proxy::Outcome;
+use crate::proxy::Refreshes;
 use crate::redis_backend::RedisBackend;
 use crate::scheduler::{self, Scheduler};
 use crate::shared_rate::SharedRate;
@@ -27,6 +29,10 @@ pub struct App {
     pub cache: Cache,
     /// Upstream fetches in flight, by cache key (in-process coalescing).
     pub flights: Flights<Outcome>,
+    /// Fetch leases across replicas (through the cache's Redis).
+    pub leases: Leases,
+    /// Keys refreshed in the background lately (stale-while-revalidate).
+    pub refreshes: Refreshes,
     pub ledger: Ledger,
     pub scheduler: Arc<Scheduler>,
     pub org: Org,
@@ -44,21 +50,36 @@ impl App {
         let upstream = Upstream::new(&config.upstream, &key)?;
         let metrics = Arc::new(Metrics::new());
         let teams = Teams::from_config(&config.teams);
+        let cache_timeout = Duration::from_millis(config.cache.redis_timeout_ms);
         let cache_redis = match &config.cache.redis_url {
             Some(url) => Some(Arc::new(RedisBackend::new(
                 url.expose(),
-                Duration::from_millis(config.cache.redis_timeout_ms),
+                cache_timeout,
                 metrics.clone(),
             )?)),
             None => None,
         };
-        let (ledger, ledger_redis) = open_ledger(&config, &metrics)?;
+        let (ledger, rate_url) = open_ledger(&config, &metrics)?;
         // Replicas share one upstream rate through Redis: the ledger's when it
-        // is there (it must be up anyway), else the cache's.
-        let shared_rate = ledger_redis.or(cache_redis.clone()).map(|redis| {
-            let rpm = config.upstream.requests_per_minute;
-            SharedRate::new(redis, &config.cache.redis_key_prefix, rpm, scheduler::burst(rpm))
-        });
+        // is there (it must be up anyway), else the cache's. Its own
+        // connection and breaker: its failures must not open the breaker
+        // that settles need.
+        let shared_rate = match rate_url.or(config.cache.redis_url.as_ref()) {
+            Some(url) => {
+                let redis = Arc::new(RedisBackend::new(url.expose(), cache_timeout, metrics.clone())?);
+                let rpm = config.upstream.requests_per_minute;
+                Some(SharedRate::new(
+                    redis,
+                    &config.cache.redis_key_prefix,
+                    rpm,
+                    scheduler::burst(rpm),
+                ))
+            }
+            None => None,
+        };
+        // A lease covers its owner's whole path, like a reservation.
+        let lease_ttl = Duration::from_secs(config.reservation_path_secs());
+        let leases = Leases::new(cache_redis.clone(), &config.cache.redis_key_prefix, lease_ttl);
         let cache = Cache::new(&config.cache, cache_redis, metrics.clone());
         let scheduler = Scheduler::start(
             config.upstream.requests_per_minute,
@@ -71,6 +92,8 @@ impl App {
             teams: arc_swap::ArcSwap::from_pointee(teams),
             cache,
             flights: Flights::default(),
+            leases,
+            refreshes: Refreshes::new(),
             ledger,
             scheduler,
             org: Org::new(Duration::from_secs(config.upstream.exhausted_backoff_secs)),
@@ -99,6 +122,8 @@ impl App {
 
     fn publish_limits(&self) {
         for team in self.teams.load().iter() {
+            // At 0 from the start, so an alert on its increase sees the first.
+            self.metrics.credit_anomalies_total.with_label_values(&[&team.name]);
             if let Some(limit) = team.credit_limit {
                 self.metrics
                     .team_credit_limit
@@ -109,8 +134,8 @@ impl App {
     }
 }
 
-/// The ledger, and its Redis connection when it is the Redis store.
-fn open_ledger(config: &Config, metrics: &Arc<Metrics>) -> Result<(Ledger, Option<Arc<RedisBackend>>), String> {
+/// The ledger, and its Redis URL when it is the Redis store.
+fn open_ledger<'c>(config: &'c Config, metrics: &Arc<Metrics>) -> Result<(Ledger, Option<&'c Secret>), String> {
     let window = Window::parse(&config.quota.window);
     let lease = Duration::from_secs(config.quota.reservation_lease_secs);
     if config.quota.store == "redis" {
@@ -126,8 +151,8 @@ fn open_ledger(config: &Config, metrics: &Arc<Metrics>) -> Result<(Ledger, Optio
             Duration::from_millis(config.quota.redis_timeout_ms),
             metrics.clone(),
         )?);
-        let ledger = ledger::redis::RedisLedger::new(redis.clone(), &config.cache.redis_key_prefix, window, lease);
-        Ok((Ledger::Redis(ledger), Some(redis)))
+        let ledger = ledger::redis::RedisLedger::new(redis, &config.cache.redis_key_prefix, window, lease);
+        Ok((Ledger::Redis(ledger), Some(url)))
     } else {
         Ok((
             Ledger::File(ledger::file::FileLedger::open(&config.quota.path, window, lease)?),

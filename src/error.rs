@@ -118,6 +118,19 @@ impl GatewayError {
         }
     }
 
+    /// The one rule for "the upstream failed": it timed out, could not be
+    /// reached, answered 5xx or something unusable, or its shared rate is
+    /// busy. Then a stale copy may answer instead (phase 14), and coalesced
+    /// followers take the failure as theirs: retrying would only repeat the
+    /// same call against the same upstream. The shared rate counts too,
+    /// although the fair queue's bound depends on the leader's team: a
+    /// follower that queued again would add a second call for a key whose
+    /// first call was just refused. Everything else (the leader's budget,
+    /// its team's own rate, a ledger outage) is the leader's alone.
+    pub fn upstream_failed(&self) -> bool {
+        self.fault() == Fault::Upstream
+    }
+
     pub fn status(&self) -> StatusCode {
         use GatewayError::*;
         match self {
@@ -167,7 +180,7 @@ impl GatewayError {
                     "upgrade_url": upgrade_url,
                 }})
             }
-            NotCached => "Not cached (only-if-cached)",
+            NotCached => "Not cached: only-if-cached and HEAD are answered from the cache only",
             UpstreamTimeout => "Upstream timed out",
             UpstreamUnavailable => "Upstream unavailable",
             UpstreamInvalid(why) => why,

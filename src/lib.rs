@@ -15,8 +15,11 @@
 //!   vendor operation: name, cost, TTL class, parameters); `size`/`id` checks
 //!   and the credit estimate.
 //! - [`auth`]: token → team.
-//! - [`cache`]: normalized keys, L1 moka + L2 Redis, coalescing, staleness.
-//! - [`redis_backend`]: the shared Redis connection with timeouts and a breaker.
+//! - [`cache`]: normalized keys, L1 moka + L2 Redis, staleness; coalescing
+//!   in process (`cache::flight`) and across replicas (`cache::lease`).
+//! - [`clock`]: wall-clock milliseconds, the one clock the modules share.
+//! - [`redis_backend`]: a Redis connection with timeouts and a breaker (one
+//!   each for the cache, the ledger and the shared rate).
 //! - [`ledger`]: team budgets: reserve, settle, release; file or Redis store.
 //! - [`scheduler`]: fair sharing of the upstream rate limit across teams.
 //! - [`shared_rate`]: the upstream rate shared by replicas through Redis.
@@ -29,14 +32,31 @@
 //! - [`demo`]: the newcomer's one command.
 //!
 //! # The life of a request
-//! method and path → authenticate → route → (team rate) → cache key →
-//! `/v2/usage` locally → cache → coalesce → reserve credits → fair queue →
-//! upstream → settle → store → respond, with metrics and an access-log line.
+//! The phases of [`proxy`], numbered in the order the code runs them:
+//!
+//! 1. admit (method, framing, size)
+//! 2. route
+//! 3. authenticate
+//! 4. team rate
+//! 5. `/v2/usage` answered locally
+//! 6. cache key
+//! 7. cache lookup
+//! 8. coalesce (in process, then across replicas)
+//! 9. reserve credits
+//! 10. fair queue
+//! 11. upstream
+//! 12. settle
+//! 13. store
+//! 14. a stale copy when the upstream failed
+//! 15. respond, with metrics and one access-log line
+//!
+//! Phases 8–13 run in a task of their own that no client can cancel.
 
 pub mod admin;
 pub mod app;
 pub mod auth;
 pub mod cache;
+pub mod clock;
 pub mod config;
 pub mod demo;
 pub mod error;

@@ -46,6 +46,12 @@ pub struct Metrics {
     /// Not in the contract table: metered calls answered 402 without asking
     /// the upstream, because the org is out of credits.
     pub upstream_exhausted_total: IntCounterVec,
+    /// Not in the contract table: upstream charges above the call's
+    /// reservation (settled as charged, logged as anomalies).
+    pub credit_anomalies_total: IntCounterVec,
+    /// Not in the contract table: the org's spend seen upstream minus the
+    /// sum of the team ledgers (reconciliation).
+    pub untracked_credits: IntGauge,
     /// Not in the contract table: ids of id lookups by where their answer
     /// came from (`cache::records`).
     pub cache_records_total: IntCounterVec,
@@ -210,6 +216,17 @@ impl Metrics {
                 "gateway_upstream_exhausted_total",
                 "Metered calls refused with 402 while the org is out of upstream credits.",
                 &["team"],
+            ),
+            credit_anomalies_total: counter(
+                &r,
+                "gateway_credit_anomalies_total",
+                "Upstream charges above the worst case reserved for the call (settled as charged).",
+                &["team"],
+            ),
+            untracked_credits: gauge(
+                &r,
+                "gateway_untracked_credits",
+                "The org's credits spent as the upstream reports them, minus the sum of the team ledgers.",
             ),
             cache_records_total: counter(
                 &r,

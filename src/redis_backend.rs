@@ -1,10 +1,14 @@
-//! One Redis connection for the cache's L2 tier, coalescing leases and the
-//! shared ledger: redis-rs's auto-reconnecting `ConnectionManager`, a short
-//! timeout on every call, and a circuit breaker so a dead Redis costs no
-//! latency: after a few consecutive failures calls fail at once for a
-//! cool-down, then one probe call is let through to see if it is back.
+//! A Redis connection with a timeout and a circuit breaker: redis-rs's
+//! auto-reconnecting `ConnectionManager`, a short timeout on every call, and
+//! a breaker so a dead Redis costs no latency: after a few consecutive
+//! failures calls fail at once for a cool-down, then one probe call is let
+//! through to see if it is back.
+//!
+//! `app` builds one per user, each with its own breaker, so that one user's
+//! failures never open the breaker another needs: the cache (L2 tier and
+//! fetch leases), the Redis ledger, and the shared upstream rate.
 
-use crate::cache::now_ms;
+use crate::clock::now_ms;
 use crate::metrics::Metrics;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
@@ -116,11 +120,6 @@ impl RedisBackend {
             self.open_until_ms.store(until, Ordering::Release);
         }
         tracing::warn!(op, error = %e, failures, "redis call failed");
-    }
-
-    /// True when the last calls worked (for /readyz).
-    pub fn is_healthy(&self) -> bool {
-        self.open_until_ms.load(Ordering::Acquire) == 0
     }
 
     /// PING under the breaker: readiness probes and recovery.

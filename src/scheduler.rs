@@ -5,8 +5,13 @@
 //! team and a dispatcher hands permits out round-robin across teams, so one
 //! team's flood waits behind itself, not in front of everyone. A call whose
 //! expected wait is longer than `upstream.max_queue_wait_secs` is refused at
-//! once with 429 and an honest `Retry-After`. An upstream 429 pauses the
-//! dispatcher for the upstream's `Retry-After`. Cache hits never come here.
+//! once with 429 and an honest `Retry-After`; the bound is also enforced: a
+//! call still waiting [`QUEUE_SLACK`] after it (a pause came meanwhile, or
+//! other teams joined the round) is refused the same way, so the wait a
+//! reservation covers is really bounded.
+//! An upstream 429 pauses the dispatcher for the upstream's `Retry-After`
+//! (clamped by the caller), and the dispatcher looks at the pause again
+//! after every permit it waited for. Cache hits never come here.
 //!
 //! With Redis, permits come from [`SharedRate`] instead, so several replicas
 //! together stay under the one key's limit; the local limiter is then only
@@ -21,6 +26,13 @@ use std::num::NonZeroU32;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio::sync::{oneshot, Notify};
+
+/// How much longer than `upstream.max_queue_wait_secs` an admitted call may
+/// wait before it is refused after all: the estimate at admission is a
+/// lower bound, and a call admitted at the edge of the bound must not be
+/// refused for a few milliseconds of jitter. Part of the margin that
+/// `quota.reservation_lease_secs` keeps beyond the queue and the call.
+pub const QUEUE_SLACK: Duration = Duration::from_secs(1);
 
 #[derive(Default)]
 struct Queues {
@@ -79,13 +91,15 @@ impl Scheduler {
         until.map_or(Duration::ZERO, |u| u.saturating_duration_since(Instant::now()))
     }
 
-    /// An upstream 429: hold every call (of every replica) for `for_`.
+    /// An upstream 429: hold every call (of every replica) for `for_`
+    /// (already clamped to `upstream.max_retry_after_secs`).
     pub async fn pause(&self, for_: Duration) {
         {
             let mut until = self.paused_until.lock().unwrap_or_else(|p| p.into_inner());
-            let new = Instant::now() + for_;
-            if until.is_none_or(|u| u < new) {
-                *until = Some(new);
+            if let Some(new) = Instant::now().checked_add(for_) {
+                if until.is_none_or(|u| u < new) {
+                    *until = Some(new);
+                }
             }
         }
         if let Some(shared) = &self.shared {
@@ -130,13 +144,7 @@ impl Scheduler {
         }
         let rx = {
             let mut q = self.queues();
-            let pause = self.pause_left();
-            // Round-robin: our call goes after one call of every other
-            // waiting team per place ahead of it in our own queue.
-            let ours = q.waiting.get(team).map_or(0, VecDeque::len) as f64 + 1.0;
-            let teams = q.turn.len() as f64 + if q.waiting.contains_key(team) { 0.0 } else { 1.0 };
-            let by_rate = Duration::from_secs_f64(ours * teams / self.per_sec);
-            let expected = pause + by_rate;
+            let expected = self.expected_wait(&q, team);
             if expected > self.max_wait {
                 self.metrics
                     .rate_limited_total
@@ -156,15 +164,38 @@ impl Scheduler {
             rx
         };
         self.wake.notify_one();
-        let granted = rx.await.is_ok();
+        // Dropping `rx` on timeout takes us out of the queue: the dispatcher
+        // hands that permit to the next waiter.
+        let granted = tokio::time::timeout(self.max_wait + QUEUE_SLACK, rx).await;
         self.metrics
             .upstream_queue_wait_seconds
             .observe(started.elapsed().as_secs_f64());
-        if granted {
-            Ok(())
-        } else {
-            Err(GatewayError::Internal)
+        match granted {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(_)) => Err(GatewayError::Internal),
+            Err(_) => {
+                self.metrics
+                    .rate_limited_total
+                    .with_label_values(&[team, "upstream"])
+                    .inc();
+                // It waited the whole bound: come back after more than it,
+                // or after what is ahead of a new call now, if longer.
+                let ahead = self.expected_wait(&self.queues(), team);
+                let secs = ahead.max(self.max_wait).as_secs_f64().ceil() as u64;
+                Err(GatewayError::UpstreamRateLimited {
+                    retry_after_secs: secs.saturating_add(1),
+                })
+            }
         }
+    }
+
+    /// The wait a new call of `team` can expect: the pause left, then one
+    /// call of every other waiting team per place ahead of it in its own
+    /// queue (round-robin).
+    fn expected_wait(&self, q: &Queues, team: &str) -> Duration {
+        let ours = q.waiting.get(team).map_or(0, VecDeque::len) as f64 + 1.0;
+        let teams = q.turn.len() as f64 + if q.waiting.contains_key(team) { 0.0 } else { 1.0 };
+        self.pause_left() + Duration::from_secs_f64(ours * teams / self.per_sec)
     }
 
     /// The next waiter in round-robin order, if any.
@@ -215,6 +246,12 @@ async fn dispatch(scheduler: std::sync::Weak<Scheduler>) {
             continue;
         }
         s.next_permit().await;
+        // A pause may have come while we waited for the permit: honour it
+        // before anyone calls.
+        let pause = s.pause_left();
+        if !pause.is_zero() {
+            tokio::time::sleep(pause).await;
+        }
         // A waiter that gave up (its request was cancelled) does not use
         // the token: the next one gets it.
         while let Some(waiter) = s.next_waiter() {
@@ -229,19 +266,29 @@ async fn dispatch(scheduler: std::sync::Weak<Scheduler>) {
 mod tests {
     use super::*;
 
-    #[tokio::test]
-    async fn an_idle_scheduler_adds_no_wait_and_a_long_queue_is_refused() {
-        let s = Scheduler::start(60, Duration::from_secs(2), None, Arc::new(Metrics::new()));
-        // Burst of 6 (a tenth of a minute) passes at once.
+    /// A scheduler of 60 calls a minute whose burst of 6 (a tenth of a
+    /// minute) is used up: the next call waits about a second.
+    async fn busy(max_wait: Duration) -> Arc<Scheduler> {
+        let s = Scheduler::start(60, max_wait, None, Arc::new(Metrics::new()));
         for _ in 0..6 {
             s.acquire("a").await.expect("within burst");
         }
+        s
+    }
+
+    /// One more call of team "a", queued in a task of its own.
+    fn queue(s: &Arc<Scheduler>) -> tokio::task::JoinHandle<Result<(), GatewayError>> {
+        let s = s.clone();
+        tokio::spawn(async move { s.acquire("a").await })
+    }
+
+    #[tokio::test]
+    async fn an_idle_scheduler_adds_no_wait_and_a_long_queue_is_refused() {
+        let s = busy(Duration::from_secs(2)).await;
         // The next calls wait ~1 s each: a queue of 3 is past the 2 s bound.
-        let s2 = s.clone();
-        let first = tokio::spawn(async move { s2.acquire("a").await });
+        let first = queue(&s);
         tokio::task::yield_now().await;
-        let s3 = s.clone();
-        let second = tokio::spawn(async move { s3.acquire("a").await });
+        let second = queue(&s);
         tokio::task::yield_now().await;
         match s.acquire("a").await {
             Err(GatewayError::UpstreamRateLimited { retry_after_secs }) => {
@@ -251,5 +298,42 @@ mod tests {
         }
         first.await.unwrap().expect("queued call served");
         second.await.unwrap().expect("queued call served");
+    }
+
+    #[tokio::test]
+    async fn a_pause_that_comes_while_a_call_waits_for_its_permit_holds_it() {
+        let s = busy(Duration::from_secs(5)).await;
+        let started = Instant::now();
+        // Queued: the dispatcher now waits ~1 s for the next permit.
+        let queued = queue(&s);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        s.pause(Duration::from_secs(2)).await;
+        queued.await.unwrap().expect("served after the pause");
+        assert!(
+            started.elapsed() >= Duration::from_millis(2_000),
+            "granted before the pause ended: {:?}",
+            started.elapsed()
+        );
+    }
+
+    #[tokio::test]
+    async fn a_queued_call_never_waits_past_the_bound() {
+        let s = busy(Duration::from_secs(1)).await;
+        let started = Instant::now();
+        let queued = queue(&s);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        // A long pause after admission: the estimate said ~1 s, the bound holds.
+        s.pause(Duration::from_secs(30)).await;
+        let refused = queued.await.unwrap();
+        assert!(
+            matches!(refused, Err(GatewayError::UpstreamRateLimited { .. })),
+            "{refused:?}"
+        );
+        let bound = Duration::from_secs(1) + QUEUE_SLACK;
+        assert!(
+            started.elapsed() < bound + Duration::from_millis(500),
+            "{:?}",
+            started.elapsed()
+        );
     }
 }

@@ -1,6 +1,6 @@
 //! Logs: human-readable or JSON lines on stderr, filtered by `log.level`.
 //! The access log is the `access` target, one line per request, written by
-//! `proxy::RequestLog::finish`. Nothing secret is ever a field: team names,
+//! `proxy::RequestContext::finish`. Nothing secret is ever a field: team names,
 //! never tokens; routes, never the upstream key.
 //!
 //! Lines are handed to a writer thread (tracing-appender), so a slow stderr

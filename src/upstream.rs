@@ -2,8 +2,13 @@
 //! upstream offers it by ALPN), the single upstream key injected, bounded
 //! retries with jittered backoff, one whole-call deadline.
 //!
-//! Last phase before the answer: `proxy` calls [`Upstream::fetch`] once per
-//! cache miss. Only an allowlist of request headers travels upstream, so a
+//! Phase 11: `proxy::fetch` calls [`Upstream::fetch`] once per cache miss.
+//! Each answer's head (status and headers) is published on a watch channel
+//! as soon as it arrives, before its body, so the caller can settle what
+//! the upstream billed at once; when the body then fails (cut, too large,
+//! the deadline), the head is also returned with the error.
+//! The upstream's `Retry-After` is never trusted beyond
+//! `upstream.max_retry_after_secs`. Only an allowlist of request headers travels upstream, so a
 //! team's credential, cookies and internal addresses (X-Forwarded-For) never
 //! reach the third party.
 
@@ -23,6 +28,7 @@ use hyper_util::rt::TokioExecutor;
 use rustls::pki_types::{pem::PemObject, CertificateDer};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use tokio::sync::watch;
 
 /// A complete upstream answer.
 #[derive(Debug, Clone)]
@@ -30,6 +36,21 @@ pub struct UpstreamResponse {
     pub status: StatusCode,
     pub headers: HeaderMap,
     pub body: Bytes,
+}
+
+/// The status and headers of an answer, kept when its body then failed.
+#[derive(Debug, Clone)]
+pub struct Head {
+    pub status: StatusCode,
+    pub headers: HeaderMap,
+}
+
+/// No answer to pass on: why, and the head of the last answer when one
+/// arrived (an answer whose body failed may still have been billed).
+#[derive(Debug)]
+pub struct Failed {
+    pub error: GatewayError,
+    pub head: Option<Head>,
 }
 
 pub struct Upstream {
@@ -40,6 +61,7 @@ pub struct Upstream {
     timeout: Duration,
     max_retries: u32,
     max_response_bytes: usize,
+    max_retry_after: Duration,
 }
 
 /// Why one attempt did not produce an answer worth returning.
@@ -84,6 +106,7 @@ impl Upstream {
             timeout: Duration::from_secs(cfg.timeout_secs),
             max_retries: cfg.max_retries,
             max_response_bytes: cfg.max_response_bytes,
+            max_retry_after: Duration::from_secs(cfg.max_retry_after_secs),
         })
     }
 
@@ -96,8 +119,22 @@ impl Upstream {
         request_id: &str,
         accept: Option<&HeaderValue>,
         metrics: &Metrics,
-    ) -> Result<UpstreamResponse, GatewayError> {
-        let uri = self.uri_for(target)?;
+    ) -> Result<UpstreamResponse, Failed> {
+        let (heads, _) = watch::channel(None);
+        self.fetch_with_heads(target, request_id, accept, metrics, &heads).await
+    }
+
+    /// As [`Upstream::fetch`], publishing each answer's head on `heads` as
+    /// soon as it arrives.
+    pub async fn fetch_with_heads(
+        &self,
+        target: &Target,
+        request_id: &str,
+        accept: Option<&HeaderValue>,
+        metrics: &Metrics,
+        heads: &watch::Sender<Option<Head>>,
+    ) -> Result<UpstreamResponse, Failed> {
+        let uri = self.uri_for(target).map_err(|error| Failed { error, head: None })?;
         let started = Instant::now();
         let deadline = started + self.timeout;
         let route = target.route.as_str();
@@ -106,28 +143,36 @@ impl Upstream {
             .with_max_delay(Duration::from_secs(2))
             .with_max_times(self.max_retries as usize)
             .with_jitter();
-        let attempt = || self.attempt(&uri, request_id, accept, route, metrics);
+        // Written by each attempt when its head arrives; read after the
+        // deadline may have dropped the attempt halfway through its body.
+        let attempt = || self.attempt(&uri, request_id, accept, route, metrics, heads);
         let retried = attempt
             .retry(backoff)
             .when(|e| !matches!(e, AttemptError::TooLarge | AttemptError::Transport))
-            .adjust(|e, backoff| retry_delay(e, backoff, deadline))
+            .adjust(|e, backoff| retry_delay(e, backoff, deadline, self.max_retry_after))
             .notify(|_, _| metrics.upstream_retries_total.with_label_values(&[route]).inc());
         let outcome = tokio::time::timeout_at(deadline.into(), retried).await;
         metrics
             .upstream_request_duration_seconds
             .with_label_values(&[route])
             .observe(started.elapsed().as_secs_f64());
+        let failed = |error| Failed {
+            error,
+            head: heads.borrow().clone(),
+        };
         match outcome {
             Err(_) => {
                 metrics
                     .upstream_requests_total
                     .with_label_values(&[route, "timeout"])
                     .inc();
-                Err(GatewayError::UpstreamTimeout)
+                Err(failed(GatewayError::UpstreamTimeout))
             }
             Ok(Ok(resp)) | Ok(Err(AttemptError::Retryable(resp))) => Ok(resp),
-            Ok(Err(AttemptError::Connect | AttemptError::Transport)) => Err(GatewayError::UpstreamUnavailable),
-            Ok(Err(AttemptError::TooLarge)) => Err(GatewayError::UpstreamInvalid("Upstream response too large")),
+            Ok(Err(AttemptError::Connect | AttemptError::Transport)) => Err(failed(GatewayError::UpstreamUnavailable)),
+            Ok(Err(AttemptError::TooLarge)) => {
+                Err(failed(GatewayError::UpstreamInvalid("Upstream response too large")))
+            }
         }
     }
 
@@ -150,6 +195,7 @@ impl Upstream {
         accept: Option<&HeaderValue>,
         route: &str,
         metrics: &Metrics,
+        heads: &watch::Sender<Option<Head>>,
     ) -> Result<UpstreamResponse, AttemptError> {
         let mut req = Request::get(uri.clone())
             .header(USER_AGENT, concat!("permit-gateway/", env!("CARGO_PKG_VERSION")))
@@ -176,6 +222,10 @@ impl Upstream {
             }
         })?;
         let (parts, body) = resp.into_parts();
+        heads.send_replace(Some(Head {
+            status: parts.status,
+            headers: parts.headers.clone(),
+        }));
         metrics
             .upstream_requests_total
             .with_label_values(&[route, parts.status.as_str()])
@@ -209,18 +259,23 @@ impl Upstream {
 
 /// The wait before the next attempt: the jittered backoff, or the upstream's
 /// `Retry-After` on a 503; no retry when that would pass the deadline.
-fn retry_delay(e: &AttemptError, backoff: Option<Duration>, deadline: Instant) -> Option<Duration> {
+fn retry_delay(e: &AttemptError, backoff: Option<Duration>, deadline: Instant, max: Duration) -> Option<Duration> {
     let wait = match e {
-        AttemptError::Retryable(resp) => retry_after(&resp.headers).or(backoff)?,
+        AttemptError::Retryable(resp) => retry_after(&resp.headers, max).or(backoff)?,
         _ => backoff?,
     };
-    (Instant::now() + wait < deadline).then_some(wait)
+    Instant::now()
+        .checked_add(wait)
+        .is_some_and(|at| at < deadline)
+        .then_some(wait)
 }
 
-/// `Retry-After` in seconds (the upstream sends integers).
-pub fn retry_after(headers: &HeaderMap) -> Option<Duration> {
+/// `Retry-After` in whole seconds (the upstream sends integers), clamped to
+/// `max`: the upstream's number decides how long every team waits, so a
+/// huge or hostile value must not pause the gateway for hours.
+pub fn retry_after(headers: &HeaderMap, max: Duration) -> Option<Duration> {
     let secs: u64 = headers.get(RETRY_AFTER)?.to_str().ok()?.trim().parse().ok()?;
-    Some(Duration::from_secs(secs))
+    Some(Duration::from_secs(secs).min(max))
 }
 
 fn client_tls(cfg: &UpstreamConfig) -> Result<rustls::ClientConfig, String> {
@@ -256,5 +311,40 @@ impl std::fmt::Display for ErrorChain<'_> {
             source = s.source();
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn retry_after_is_clamped_and_never_overflows() {
+        let max = Duration::from_secs(120);
+        let with = |v: &'static str| {
+            let mut h = HeaderMap::new();
+            h.insert(RETRY_AFTER, HeaderValue::from_static(v));
+            retry_after(&h, max)
+        };
+        assert_eq!(with("3"), Some(Duration::from_secs(3)));
+        assert_eq!(with("100000"), Some(max));
+        assert_eq!(with("18446744073709551615"), Some(max));
+        assert_eq!(with("18446744073709551616"), None, "not a u64: ignored");
+        assert_eq!(with("Wed, 21 Oct 2015 07:28:00 GMT"), None);
+        let deadline = Instant::now() + Duration::from_secs(1);
+        let huge = AttemptError::Retryable(UpstreamResponse {
+            status: StatusCode::SERVICE_UNAVAILABLE,
+            headers: {
+                let mut h = HeaderMap::new();
+                h.insert(RETRY_AFTER, HeaderValue::from_static("18446744073709551615"));
+                h
+            },
+            body: Bytes::new(),
+        });
+        assert_eq!(
+            retry_delay(&huge, None, deadline, Duration::MAX),
+            None,
+            "no panic, no retry"
+        );
     }
 }

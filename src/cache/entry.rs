@@ -1,10 +1,11 @@
 //! One cached upstream answer, with what it cost and when it goes stale,
 //! and its byte encoding for the Redis tier.
 
+use crate::clock::now_ms;
 use crate::route::Route;
 use bytes::Bytes;
 use sha2::{Digest, Sha256};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Entry {
@@ -20,12 +21,6 @@ pub struct Entry {
     pub etag: String,
     /// For purge by route and metrics.
     pub route: Route,
-}
-
-pub fn now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
 }
 
 /// A strong ETag from the body's SHA-256.

@@ -1,11 +1,46 @@
 //! In-process request coalescing: concurrent misses for one key share one
 //! fetch. The first caller leads; the others follow and receive its outcome.
-//! A leader that goes away without an outcome (its task was cancelled)
-//! releases its followers, who then try again themselves.
+//!
+//! The leader handle is moved into the task that owns the fetch (see
+//! `proxy::fetch`), not kept by a request: a client that hangs up cannot end
+//! a flight early. A leader that still goes away without an outcome (its task
+//! panicked) releases its followers, who then try again themselves.
+//!
+//! [`Fetched`] and [`Outcome`], what a flight hands its followers, live here
+//! beside the flight so that the shared state (`app`) can name them without
+//! importing the request path.
 
+use crate::error::GatewayError;
+use bytes::Bytes;
+use http::{HeaderMap, StatusCode};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use tokio::sync::watch;
+
+/// What one fetch produced, shared with coalesced followers.
+#[derive(Debug)]
+pub struct Fetched {
+    pub status: StatusCode,
+    /// The upstream's headers (only the allow-listed ones reach a team).
+    pub headers: HeaderMap,
+    pub body: Bytes,
+    /// Credits the upstream charged the leader's team for it (0 when it came
+    /// from the cache).
+    pub credits: u64,
+    /// What the answer is worth to a follower or a later hit: the charge,
+    /// bounded by what was reserved (a larger charge is an anomaly that is
+    /// settled, not trusted for the future).
+    pub worth: u64,
+    /// The answer came from a cache entry (another replica's fetch, or one
+    /// stored after the previous flight ended), not from the upstream now.
+    pub from_cache: bool,
+    /// The body's ETag on a 200, hashed once for the leader, its followers
+    /// and the cache entry alike.
+    pub etag: Option<String>,
+}
+
+/// A flight's result: the answer, or the error that ended it.
+pub type Outcome = Result<Arc<Fetched>, GatewayError>;
 
 pub struct Flights<T> {
     inflight: Arc<Mutex<HashMap<String, watch::Receiver<Option<T>>>>>,

@@ -11,10 +11,12 @@ pub mod control;
 pub mod entry;
 pub mod flight;
 pub mod key;
+pub mod lease;
 pub mod records;
 
-pub use entry::{now_ms, Entry};
+pub use entry::Entry;
 
+use crate::clock::now_ms;
 use crate::config::CacheConfig;
 use crate::metrics::Metrics;
 use crate::redis_backend::RedisBackend;
@@ -123,11 +125,6 @@ impl Cache {
         )
     }
 
-    /// The key of the cross-replica fetch lease for a cache key.
-    pub fn lease_key(&self, key: &str) -> String {
-        format!("{}lease:{}", self.prefix, hex::encode(Sha256::digest(key.as_bytes())))
-    }
-
     /// L1, then L2 (promoting an L2 hit into L1). Stale entries are returned
     /// too; the caller decides what staleness it accepts.
     pub async fn lookup(&self, route: Route, key: &str) -> Option<(Arc<Entry>, Tier)> {
@@ -187,7 +184,7 @@ impl Cache {
                 .await;
         }
         if let Some(resource) = records::Resource::filed_by(entry.route).filter(|_| self.record_reuse) {
-            self.file_records(resource, &entry, &[]).await;
+            self.file_records(resource, &entry).await;
         }
     }
 

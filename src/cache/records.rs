@@ -15,7 +15,8 @@
 //! contractor searches scope their tallies to the search, and property
 //! searches with excluded tags add a `trust` block, so those are not filed.
 
-use super::{now_ms, Cache, Entry};
+use super::{Cache, Entry};
+use crate::clock::now_ms;
 use crate::route::Route;
 use bytes::Bytes;
 use serde::de::IgnoredAny;
@@ -104,6 +105,18 @@ pub fn records_of(body: &[u8], resource: Resource) -> Option<Vec<(String, Bytes)
     Some(out)
 }
 
+/// A record (or an absence: empty body, 0 credits) with its page's times.
+fn record_entry(resource: Resource, page: &Entry, body: Bytes, credits: u64) -> Entry {
+    Entry {
+        etag: super::entry::etag_of(&body),
+        body,
+        credits,
+        stored_at_ms: page.stored_at_ms,
+        ttl_ms: page.ttl_ms,
+        route: resource.lookup_route(),
+    }
+}
+
 impl Cache {
     /// Whether pages file their records here (`cache.record_reuse`).
     pub fn record_reuse(&self) -> bool {
@@ -111,31 +124,35 @@ impl Cache {
     }
 
     /// Files the records of a stored page under the page's answer time and
-    /// TTL, and each id of `asked` the page did not answer as absent.
-    pub async fn file_records(&self, resource: Resource, page: &Entry, asked: &[String]) {
+    /// TTL (called by [`Cache::store`]).
+    pub async fn file_records(&self, resource: Resource, page: &Entry) {
         let Some(records) = records_of(&page.body, resource) else {
             return;
         };
-        let route = resource.lookup_route();
-        let entry = |body: Bytes, credits: u64| Entry {
-            etag: super::entry::etag_of(&body),
-            body,
-            credits,
-            stored_at_ms: page.stored_at_ms,
-            ttl_ms: page.ttl_ms,
-            route,
+        // One credit per record: what serving it again saves.
+        let filed = records
+            .into_iter()
+            .map(|(id, body)| (resource.key(&id), record_entry(resource, page, body, 1)))
+            .collect();
+        self.put_records(resource, page, filed).await;
+    }
+
+    /// Files each id of `asked` that the lookup page did not answer as
+    /// absent, for the page's TTL: the upstream does not know it.
+    pub async fn file_absent(&self, resource: Resource, page: &Entry, asked: &[String]) {
+        let Some(records) = records_of(&page.body, resource) else {
+            return;
         };
-        let absent = asked
+        let filed = asked
             .iter()
             .filter(|id| !records.iter().any(|(got, _)| got == *id))
-            .map(|id| (id.clone(), entry(Bytes::new(), 0)))
-            .collect::<Vec<_>>();
-        let filed: Vec<(String, Entry)> = records
-            .into_iter()
-            // One credit per record: what serving it again saves.
-            .map(|(id, body)| (resource.key(&id), entry(body, 1)))
-            .chain(absent.into_iter().map(|(id, e)| (resource.key(&id), e)))
+            .map(|id| (resource.key(id), record_entry(resource, page, Bytes::new(), 0)))
             .collect();
+        self.put_records(resource, page, filed).await;
+    }
+
+    /// Both tiers; L2 in one pipelined round trip.
+    async fn put_records(&self, resource: Resource, page: &Entry, filed: Vec<(String, Entry)>) {
         let life = page.remaining_life(now_ms(), self.grace);
         if filed.is_empty() || life.is_zero() {
             return;
@@ -150,7 +167,7 @@ impl Cache {
             let px = (life.as_millis() as u64).max(1);
             for (key, e) in &filed {
                 pipe.cmd("SET")
-                    .arg(self.redis_key(route, key))
+                    .arg(self.redis_key(resource.lookup_route(), key))
                     .arg(e.encode())
                     .arg("PX")
                     .arg(px)

@@ -69,6 +69,7 @@ pub struct UpstreamConfig {
     pub max_response_bytes: usize,
     pub max_queue_wait_secs: u64,
     pub exhausted_backoff_secs: u64,
+    pub max_retry_after_secs: u64,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -249,12 +250,32 @@ impl Config {
             p.push(e);
         }
         validate_teams(&self.teams, &mut p);
-        if self.quota.reservation_lease_secs <= self.upstream.timeout_secs {
-            // A reservation must outlive the call it covers, or a slow call's
-            // credits would be free to spend twice.
-            p.push("quota.reservation_lease_secs: must be longer than upstream.timeout_secs".into());
+        let path = self.reservation_path_secs();
+        if self.quota.reservation_lease_secs < path {
+            // A reservation must outlive the whole path it covers (fair
+            // queue, upstream call, settle), or a slow call's credits would
+            // lapse into spend while the call still runs.
+            p.push(format!(
+                "quota.reservation_lease_secs: must be at least upstream.max_queue_wait_secs + upstream.timeout_secs + {SETTLE_MARGIN_SECS} ({path})"
+            ));
         }
         p
+    }
+}
+
+/// Time a reservation keeps beyond the fair queue's bound and the upstream
+/// call's deadline: the queue's slack (`scheduler::QUEUE_SLACK`, 1 s) and
+/// the settle (retried against a Redis that blips).
+pub const SETTLE_MARGIN_SECS: u64 = 5;
+
+impl Config {
+    /// The longest a live reservation's path can take: the bounded wait in
+    /// the fair queue, the upstream call's deadline, and the settle.
+    pub fn reservation_path_secs(&self) -> u64 {
+        self.upstream
+            .max_queue_wait_secs
+            .saturating_add(self.upstream.timeout_secs)
+            .saturating_add(SETTLE_MARGIN_SECS)
     }
 }
 

@@ -93,6 +93,7 @@ impl UpstreamConfig {
             }
         }
         positive("upstream.max_response_bytes", self.max_response_bytes as u64, p);
+        positive("upstream.max_retry_after_secs", self.max_retry_after_secs, p);
     }
 }
 

@@ -11,6 +11,29 @@
 //!
 //! Spend is kept per team, per UTC day, per route; the window sums the days
 //! of the last 30 (`rolling_30d`, like the upstream) or of the current month.
+//!
+//! # A reservation's life
+//! A reservation is owned by the one task that makes the upstream call
+//! (`proxy::fetch`), which no client can cancel, and it ends exactly once:
+//! settled to what the upstream charged, or released when nothing was
+//! charged. It outlives every wait it covers by **a lease computed from the
+//! real worst case**: `quota.reservation_lease_secs` must be at least the
+//! fair queue's hard bound (`upstream.max_queue_wait_secs`, enforced as a
+//! timeout, not an estimate) plus the upstream call's deadline
+//! (`upstream.timeout_secs`, retries and a clamped `Retry-After` included)
+//! plus a margin for the settle; config validation refuses less.
+//!
+//! A reservation that is not settled within its lease can only belong to an
+//! owner that died, or whose settle never landed: the upstream may have
+//! charged it, so it **counts as spent** at its full amount (route
+//! `unsettled` in the chargeback rows) rather than being given back. The
+//! file store writes each reservation before the call and converts the
+//! ones it finds at start-up the same way; the Redis store converts lapsed
+//! ones in its reserve script. A team is then over- rather than
+//! under-charged; `gateway_untracked_credits` shows the difference to the
+//! org's spend seen upstream (reconciliation is the operator's, see
+//! docs/alerts.md). Settles are idempotent by reservation id, so a retried
+//! settle, or one after its reservation lapsed, never counts twice.
 
 pub mod file;
 pub mod redis;
@@ -91,12 +114,26 @@ pub fn date_of(day: u32) -> NaiveDate {
     DateTime::from_timestamp(i64::from(day) * 86_400, 0).map_or_else(NaiveDate::default, |t| t.date_naive())
 }
 
+/// Route under which lapsed reservations are recorded as spend.
+pub const UNSETTLED: &str = "unsettled";
+
 /// Credits held for one upstream call in flight.
 #[derive(Debug, PartialEq, Eq)]
 pub struct Reservation {
+    /// Random, so ids stay unique across restarts of a process or of Redis
+    /// (settles are idempotent by id).
     pub id: u64,
     pub team: String,
     pub amount: u64,
+    /// Until when a settle may still be retried: shortly before the lease
+    /// runs out and the reservation counts as spent.
+    pub settle_by: std::time::Instant,
+}
+
+/// A new reservation id.
+pub fn new_id() -> u64 {
+    // Never 0: the Redis reserve script answers 0 for a refusal.
+    rand::random::<u64>().max(1)
 }
 
 #[derive(Debug, PartialEq, Eq)]
@@ -145,13 +182,14 @@ impl Ledger {
     /// Holds `amount` credits for `team` unless that would pass `limit`.
     pub async fn reserve(&self, team: &str, limit: Option<u64>, amount: u64) -> Result<Reserved, LedgerError> {
         match self {
-            Ledger::File(l) => Ok(l.reserve(team, limit, amount, today())),
+            Ledger::File(l) => l.reserve(team, limit, amount, today()).await,
             Ledger::Redis(l) => l.reserve(team, limit, amount, today()).await,
         }
     }
 
     /// Turns a reservation into spend of `actual` credits (durable when
-    /// this returns Ok), recorded under `route` for chargeback.
+    /// this returns Ok), recorded under `route` for chargeback. Idempotent
+    /// by reservation id; the Redis store retries until `settle_by`.
     pub async fn settle(&self, r: Reservation, actual: u64, route: Route) -> Result<(), LedgerError> {
         match self {
             Ledger::File(l) => l.settle(r, actual, route, today()).await,
@@ -159,7 +197,9 @@ impl Ledger {
         }
     }
 
-    /// Gives the credits back: the call failed and the upstream charged nothing.
+    /// Gives the credits back: the call failed and the upstream charged
+    /// nothing. Best effort: a release that is lost leaves the reservation
+    /// to lapse into spend (over-, never under-charged).
     pub async fn release(&self, r: Reservation) {
         match self {
             Ledger::File(l) => l.release(r),

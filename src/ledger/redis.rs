@@ -2,51 +2,69 @@
 //! which Redis runs atomically, so replicas cannot together overspend.
 //!
 //! Per team (one `{team}` hash tag, so a script's keys share a Cluster slot):
-//! - `<prefix>l:{team}:days`   day → credits spent;
-//! - `<prefix>l:{team}:held`   reservation id → "amount:expires_ms";
-//! - `<prefix>l:{team}:routes` "day|route|s" (spent) / "day|route|v" (saved).
+//! - `<prefix>l:{team}:days`    day → credits spent;
+//! - `<prefix>l:{team}:held`    reservation id → "amount:expires_ms:day";
+//! - `<prefix>l:{team}:routes`  "day|route|s" (spent) / "day|route|v" (saved);
+//! - `<prefix>l:{team}:settled` reservation id → when it ended (ms), kept
+//!   for twice the lease: what makes a settle idempotent.
 //!
-//! A reservation carries its own expiry: a replica that dies between reserve
-//! and settle holds those credits only until the lease runs out.
+//! A reservation carries its own expiry. One that passes it unsettled (its
+//! replica died, or its settle never landed) is turned into spend at its
+//! full amount by the next reserve of that team (route `unsettled`). A
+//! settle is retried until it lands or its reservation's `settle_by`; the
+//! `settled` mark makes a retry that already ran, or a settle after the
+//! lapse, count nothing twice — even across a Redis restart that lost the
+//! reservation itself (ids are random, never reused).
 
 use super::saved::{SavedTally, FLUSH_EVERY};
-use super::{LedgerError, Reservation, Reserved, TeamUsage, UsageRow, Window};
-use crate::cache::now_ms;
+use super::{new_id, LedgerError, Reservation, Reserved, TeamUsage, UsageRow, Window, UNSETTLED};
+use crate::clock::now_ms;
 use crate::redis_backend::RedisBackend;
 use crate::route::Route;
+use backon::{ExponentialBuilder, Retryable};
 use redis::Script;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
+/// KEYS: days, held, routes, settled. ARGV: amount, limit (-1: none), now,
+/// first day, expires, id, today, unsettled route. Lapsed holds become spend.
 const RESERVE: &str = r#"
-local first_day = tonumber(ARGV[4])
 local now = tonumber(ARGV[3])
+local holds = redis.call('HGETALL', KEYS[2])
+local held = 0
+for i = 1, #holds, 2 do
+  local amount, expires, day = string.match(holds[i + 1], '^(%d+):(%d+):(%d+)$')
+  if amount == nil then
+    redis.call('HDEL', KEYS[2], holds[i])
+  elseif tonumber(expires) <= now then
+    redis.call('HDEL', KEYS[2], holds[i])
+    if redis.call('HSETNX', KEYS[4], holds[i], now) == 1 and tonumber(amount) > 0 then
+      redis.call('HINCRBY', KEYS[1], day, amount)
+      redis.call('HINCRBY', KEYS[3], day .. '|' .. ARGV[8] .. '|s', amount)
+    end
+  else
+    held = held + tonumber(amount)
+  end
+end
+local first_day = tonumber(ARGV[4])
 local spent = 0
 local days = redis.call('HGETALL', KEYS[1])
 for i = 1, #days, 2 do
   if tonumber(days[i]) >= first_day then spent = spent + tonumber(days[i + 1]) end
-end
-local held = 0
-local holds = redis.call('HGETALL', KEYS[2])
-for i = 1, #holds, 2 do
-  local amount, expires = string.match(holds[i + 1], '^(%d+):(%d+)$')
-  if amount == nil or tonumber(expires) <= now then
-    redis.call('HDEL', KEYS[2], holds[i])
-  else
-    held = held + tonumber(amount)
-  end
 end
 local limit = tonumber(ARGV[2])
 local amount = tonumber(ARGV[1])
 if limit >= 0 and spent + held + amount > limit then
   return {0, spent + held}
 end
-local id = redis.call('INCR', KEYS[3])
-redis.call('HSET', KEYS[2], id, amount .. ':' .. ARGV[5])
-return {id, spent + held}
+redis.call('HSET', KEYS[2], ARGV[6], amount .. ':' .. ARGV[5] .. ':' .. ARGV[7])
+return {1, spent + held}
 "#;
 
+/// KEYS: days, held, routes, settled. ARGV: id, actual, today, route,
+/// prune days before, now, forget settled marks before. 0: already ended.
 const SETTLE: &str = r#"
+if redis.call('HSETNX', KEYS[4], ARGV[1], ARGV[6]) == 0 then return 0 end
 redis.call('HDEL', KEYS[2], ARGV[1])
 local actual = tonumber(ARGV[2])
 if actual > 0 then
@@ -57,6 +75,11 @@ local prune_before = tonumber(ARGV[5])
 local days = redis.call('HKEYS', KEYS[1])
 for _, d in ipairs(days) do
   if tonumber(d) < prune_before then redis.call('HDEL', KEYS[1], d) end
+end
+local forget_before = tonumber(ARGV[7])
+local marks = redis.call('HGETALL', KEYS[4])
+for i = 1, #marks, 2 do
+  if tonumber(marks[i + 1]) < forget_before then redis.call('HDEL', KEYS[4], marks[i]) end
 end
 return 1
 "#;
@@ -106,61 +129,89 @@ impl RedisLedger {
         amount: u64,
         today: u32,
     ) -> Result<Reserved, LedgerError> {
+        let id = new_id();
+        let now = now_ms();
+        let reserved_at = Instant::now();
         let mut inv = self.reserve.prepare_invoke();
         inv.key(self.key(team, "days"))
             .key(self.key(team, "held"))
-            .key(self.key(team, "seq"));
+            .key(self.key(team, "routes"))
+            .key(self.key(team, "settled"));
         inv.arg(amount)
             .arg(limit.map_or(-1, |l| i64::try_from(l).unwrap_or(i64::MAX)))
-            .arg(now_ms())
+            .arg(now)
             .arg(self.window.first_day(today))
-            .arg(now_ms() + self.lease.as_millis() as u64);
-        let (id, used): (u64, u64) = self
+            .arg(now.saturating_add(millis(self.lease)))
+            .arg(id)
+            .arg(today)
+            .arg(UNSETTLED);
+        let (granted, used): (u64, u64) = self
             .redis
             .call("ledger_reserve", |mut c| async move { inv.invoke_async(&mut c).await })
             .await
             .map_err(|e| LedgerError(format!("ledger reserve: {e}")))?;
-        Ok(match (id, limit) {
+        Ok(match (granted, limit) {
             (0, Some(limit)) => Reserved::Rejected { used, limit },
             _ => Reserved::Granted(Reservation {
                 id,
                 team: team.to_string(),
                 amount,
+                settle_by: reserved_at + self.lease.saturating_sub(Duration::from_secs(1)),
             }),
         })
     }
 
+    /// Records the spend once, retrying a Redis that blips (a retry that
+    /// already ran counts nothing) until `settle_by`; after that the
+    /// reservation lapses into spend at its full amount.
     pub async fn settle(&self, r: Reservation, actual: u64, route: Route, today: u32) -> Result<(), LedgerError> {
-        let mut inv = self.settle.prepare_invoke();
-        inv.key(self.key(&r.team, "days"))
-            .key(self.key(&r.team, "held"))
-            .key(self.key(&r.team, "routes"));
-        inv.arg(r.id)
-            .arg(actual)
-            .arg(today)
-            .arg(route.as_str())
-            .arg(today.saturating_sub(super::ROLLING_DAYS + 32));
         self.recent_lock().remove(&r.team);
-        // Not retried: a settle that timed out may have run, and running it
-        // twice would count the spend twice.
-        self.redis
-            .call(
-                "ledger_settle",
-                |mut c| async move { inv.invoke_async::<u64>(&mut c).await },
-            )
-            .await
+        let keys = [
+            self.key(&r.team, "days"),
+            self.key(&r.team, "held"),
+            self.key(&r.team, "routes"),
+            self.key(&r.team, "settled"),
+        ];
+        let once = || async {
+            let now = now_ms();
+            let mut inv = self.settle.prepare_invoke();
+            for k in &keys {
+                inv.key(k);
+            }
+            inv.arg(r.id)
+                .arg(actual)
+                .arg(today)
+                .arg(route.as_str())
+                .arg(today.saturating_sub(super::ROLLING_DAYS + 32))
+                .arg(now)
+                .arg(now.saturating_sub(millis(self.lease).saturating_mul(2)));
+            self.redis
+                .call(
+                    "ledger_settle",
+                    |mut c| async move { inv.invoke_async::<u64>(&mut c).await },
+                )
+                .await
+        };
+        let settled = once.retry(until(r.settle_by)).await;
+        self.recent_lock().remove(&r.team);
+        settled
             .map(drop)
             .map_err(|e| LedgerError(format!("ledger settle: {e}")))
     }
 
+    /// Frees the credits, retried like a settle; one that never lands lets
+    /// the reservation lapse into spend (over-, never under-charged).
     pub async fn release(&self, r: Reservation) {
         let key = self.key(&r.team, "held");
-        let _ = self
-            .redis
-            .call("ledger_release", |mut c| async move {
-                redis::cmd("HDEL").arg(&key).arg(r.id).query_async::<u64>(&mut c).await
-            })
-            .await;
+        let once = || async {
+            let key = key.clone();
+            self.redis
+                .call("ledger_release", |mut c| async move {
+                    redis::cmd("HDEL").arg(&key).arg(r.id).query_async::<u64>(&mut c).await
+                })
+                .await
+        };
+        let _ = once.retry(until(r.settle_by)).await;
     }
 
     pub fn record_saved(&self, team: &str, route: Route, credits: u64, today: u32) {
@@ -280,6 +331,19 @@ impl RedisLedger {
                 .map_err(|e| format!("ledger redis: {e}")),
         }
     }
+}
+
+/// Backoff from 50 ms to 1 s for as long as `deadline` allows.
+fn until(deadline: Instant) -> ExponentialBuilder {
+    ExponentialBuilder::default()
+        .with_min_delay(Duration::from_millis(50))
+        .with_max_delay(Duration::from_secs(1))
+        .with_max_times(usize::MAX)
+        .with_total_delay(Some(deadline.saturating_duration_since(Instant::now())))
+}
+
+fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
 
 /// Writes the saved-credits tally every `FLUSH_EVERY` (one pipeline of

@@ -13,41 +13,45 @@
 //! `X-Cache` is `HIT` when every id was held and `MISS` otherwise;
 //! `X-Credits-Request` is what this team paid.
 
-use super::context::{CacheState, RequestLog};
-use super::fetch::{self, Job, Role};
-use super::{lookup, saved};
+use super::context::{CacheState, RequestContext};
+use super::credits::X_CREDITS_REQUEST;
+use super::fetch::{self, Role};
+use super::{respond, saved, Ask};
 use crate::app::App;
 use crate::auth::Team;
-use crate::cache::control::{self, Directives};
+use crate::cache::control;
 use crate::cache::records::{is_absent, records_of, Resource};
-use crate::cache::{key, now_ms, Entry};
+use crate::cache::{key, Entry};
+use crate::clock::now_ms;
 use crate::error::GatewayError;
 use crate::http_util::Body;
 use crate::route::Target;
 use bytes::{BufMut, Bytes, BytesMut};
-use http::{HeaderValue, Request, Response, StatusCode};
+use http::{HeaderValue, Method, Request, Response, StatusCode};
 use std::sync::Arc;
+use std::time::Duration;
 
 type Answer = Result<Response<Body>, GatewayError>;
 
 /// The answer of an id lookup from held records and the missing ids'
 /// fetch; `None` when this request is not one (the page path answers it).
-pub async fn answer<B>(
-    app: &Arc<App>,
-    team: &Team,
-    target: &Target,
-    d: &Directives,
-    req: &Request<B>,
-    log: &mut RequestLog,
-    job: &impl Fn() -> Job,
-) -> Option<Answer> {
+pub async fn answer<B>(app: &Arc<App>, ask: &Ask<'_, B>, ctx: &mut RequestContext) -> Option<Answer> {
+    let (d, target) = (&ask.directives, &ask.target);
     let resource = Resource::of_lookup(target.route)?;
     if !app.cache.record_reuse() || d.no_cache {
         return None;
     }
     let ttl = app.cache.ttl(target.route)?;
     let ids = lookup_ids(target.query.as_deref()?)?;
-    let held = app.cache.held_records(resource, &ids).await;
+    let now = now_ms();
+    let held: Vec<Option<Arc<Entry>>> = app
+        .cache
+        .held_records(resource, &ids)
+        .await
+        .into_iter()
+        // A client's max-age binds records as it binds pages.
+        .map(|h| h.filter(|e| d.max_age.is_none_or(|max| e.age(now).as_secs() <= max)))
+        .collect();
     let missing: Vec<String> = ids
         .iter()
         .zip(&held)
@@ -55,24 +59,24 @@ pub async fn answer<B>(
         .map(|(id, _)| id.clone())
         .collect();
     if missing.is_empty() {
-        tally(app, team, target, &held, 0);
-        log.cache = CacheState::Hit;
+        tally(app, &ask.team, target, &held, 0);
+        ctx.cache = CacheState::Hit;
         let body = assemble(&ids, &held, &[]);
-        return Some(Ok(respond(body, &held, 0, CacheState::Hit, ttl, target, req)));
+        return Some(Ok(respond_with(body, &held, 0, CacheState::Hit, ttl, target, ask.req)));
     }
-    if d.only_if_cached {
+    // Like only-if-cached, a HEAD never buys anything.
+    if d.only_if_cached || ask.req.method() == Method::HEAD {
         return Some(Err(GatewayError::NotCached));
     }
 
-    // Steps 8–13 for the missing ids alone: their own key coalesces equal
-    // lookups; no page is stored (the records are, below).
-    let mut job = job();
+    // Steps 8–13 for the missing ids alone, under their own key: equal
+    // lookups coalesce, and the page stored for it files its records.
+    let mut job = ask.job(&ctx.request_id);
     job.target = Target {
         query: Some(query_of(&missing)),
         ..target.clone()
     };
     job.key = Some(key::cache_key(&job.target));
-    job.no_store = true;
     let (outcome, role) = fetch::coalesced(app, job).await;
     let fetched = match outcome {
         Ok(f) => f,
@@ -84,25 +88,33 @@ pub async fn answer<B>(
         // refuses the whole lookup, with its position in the list: the page
         // path asks again with the request as sent (a 422 costs nothing).
         StatusCode::UNPROCESSABLE_ENTITY => return None,
-        _ => return Some(super::from_fetched(app, team, target, fetched, role, false, log)),
+        _ => return Some(super::from_fetched(app, &ask.team, target, fetched, role, false, ctx)),
     }
     let Some(got) = records_of(&fetched.body, resource) else {
         return Some(Err(GatewayError::UpstreamInvalid("Upstream sent a malformed answer")));
     };
-    tally(app, team, target, &held, missing.len());
-    let paid = role == Role::Leader && !fetched.from_peer;
+    let paid = role == Role::Leader && !fetched.from_cache;
     if paid && !d.no_store && !control::forbids_storing(&fetched.headers) {
-        let page = Entry::new(fetched.body.clone(), fetched.credits, ttl, target.route);
-        app.cache.file_records(resource, &page, &missing).await;
+        let page = Entry::new(fetched.body.clone(), fetched.worth, ttl, target.route);
+        app.cache.file_absent(resource, &page, &missing).await;
     }
+    tally(app, &ask.team, target, &held, missing.len());
     let charged = if paid { fetched.credits } else { 0 };
     if !paid {
-        saved(app, team, target, fetched.credits);
+        saved(app, &ask.team, target, fetched.worth);
     }
-    log.cache = CacheState::Miss;
-    log.credits = charged;
+    ctx.cache = CacheState::Miss;
+    ctx.credits = charged;
     let body = assemble(&ids, &held, &got);
-    Some(Ok(respond(body, &held, charged, CacheState::Miss, ttl, target, req)))
+    Some(Ok(respond_with(
+        body,
+        &held,
+        charged,
+        CacheState::Miss,
+        ttl,
+        target,
+        ask.req,
+    )))
 }
 
 /// Counts each id by where its answer came from; the held records are
@@ -174,26 +186,20 @@ fn assemble(ids: &[String], held: &[Option<Arc<Entry>>], fetched: &[(String, Byt
 
 /// The response for an assembled page: as for a cached entry (ETag, 304,
 /// `Age` of the oldest record used), with what this team paid.
-fn respond<B>(
+fn respond_with<B>(
     body: Bytes,
     held: &[Option<Arc<Entry>>],
     charged: u64,
     state: CacheState,
-    ttl: std::time::Duration,
+    ttl: Duration,
     target: &Target,
     req: &Request<B>,
 ) -> Response<Body> {
     let mut page = Entry::new(body, charged, ttl, target.route);
-    page.stored_at_ms = held
-        .iter()
-        .flatten()
-        .map(|e| e.stored_at_ms)
-        .min()
-        .unwrap_or_else(now_ms)
-        .min(page.stored_at_ms);
-    let mut resp = lookup::respond(&page, state, req.headers());
-    resp.headers_mut()
-        .insert(super::answer::X_CREDITS_REQUEST, HeaderValue::from(charged));
+    let oldest = held.iter().flatten().map(|e| e.stored_at_ms).min();
+    page.stored_at_ms = oldest.map_or(page.stored_at_ms, |t| t.min(page.stored_at_ms));
+    let mut resp = respond::from_entry(&page, state, req.headers());
+    resp.headers_mut().insert(X_CREDITS_REQUEST, HeaderValue::from(charged));
     resp
 }
 
@@ -201,7 +207,6 @@ fn respond<B>(
 mod tests {
     use super::*;
     use crate::route::Route;
-    use std::time::Duration;
 
     fn record(id: &str) -> Option<Arc<Entry>> {
         let body = Bytes::from(format!("{{\"id\":\"{id}\"}}"));

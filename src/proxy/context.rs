@@ -1,5 +1,8 @@
-//! What the phases learn about a request, for its metrics and its one
-//! access-log line. Holds no secret: the team's name, never its token.
+//! The request context: what the phases of one request learn about it (its
+//! id, team, route, cache state, credits, fault), shared by the phases of
+//! `proxy::pipeline` and closed by [`RequestContext::finish`] with the
+//! request's metrics and its one access-log line. Holds no secret: the
+//! team's name, never its token.
 
 use crate::error::Fault;
 use crate::metrics::Metrics;
@@ -41,8 +44,9 @@ impl CacheState {
 /// Label used for requests that never reached authentication.
 pub const NO_TEAM: &str = "unauthenticated";
 
+/// What the phases of one request learned about it.
 #[derive(Debug)]
-pub struct RequestLog {
+pub struct RequestContext {
     pub request_id: String,
     pub team: Option<String>,
     pub route: Option<Route>,
@@ -52,9 +56,9 @@ pub struct RequestLog {
     pub fault: Option<Fault>,
 }
 
-impl RequestLog {
-    pub fn new(request_id: String) -> RequestLog {
-        RequestLog {
+impl RequestContext {
+    pub fn new(request_id: String) -> RequestContext {
+        RequestContext {
             request_id,
             team: None,
             route: None,
@@ -101,5 +105,24 @@ impl RequestLog {
             Some(Fault::Upstream) => access!(warn),
             _ => access!(info),
         }
+    }
+
+    /// The access-log line of a background refresh (stale-while-revalidate):
+    /// no client waits for it and no request metric counts it, but its
+    /// credits are the team's and must be visible.
+    pub fn log_refresh(&self, status: StatusCode, took: Duration) {
+        tracing::info!(
+            target: "access",
+            request_id = %self.request_id,
+            team = self.team.as_deref().unwrap_or(NO_TEAM),
+            method = "GET",
+            route = self.route.unwrap_or(Route::Other).as_str(),
+            status = status.as_u16(),
+            cache = self.cache.as_str(),
+            credits = self.credits,
+            duration_ms = took.as_secs_f64() * 1000.0,
+            refresh = true,
+            "request"
+        );
     }
 }

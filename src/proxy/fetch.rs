@@ -1,39 +1,30 @@
-//! The miss path (DESIGN §2 steps 8–13): coalesce, fetch upstream, settle,
-//! store. The fetch runs in its own task so a client that hangs up cannot
-//! cancel it halfway: once the upstream is asked, its answer is accounted
-//! for and cached whatever happens to the caller.
+//! The miss path (phases 8–13): coalesce, reserve, queue, forward, settle,
+//! store.
+//!
+//! **A reservation has one owner and one end.** Every upstream call runs in
+//! a task of its own ([`owned`]) that holds the coalescing flight, the
+//! cross-replica lease and the reservation. No request owns them: a client
+//! that hangs up drops only its wait, while the task settles what the
+//! upstream charged (or releases what it did not), stores the answer and
+//! hands it to every follower. A follower never starts a second paid call
+//! for a key whose call is still running.
 
+use super::credits::{self, Charge};
 use crate::app::App;
 use crate::auth::Team;
 use crate::cache::entry::etag_of;
-use crate::cache::flight::{follow, Join};
-use crate::cache::{control, now_ms, Entry};
+use crate::cache::flight::{follow, Fetched, Join, Leader, Outcome};
+use crate::cache::lease::Acquired;
+use crate::cache::{control, Entry};
+use crate::clock::now_ms;
 use crate::error::GatewayError;
-use crate::ledger::{Reservation, Reserved};
+use crate::ledger::Reservation;
 use crate::route::{self, Target};
-use crate::upstream::UpstreamResponse;
-use backon::{ExponentialBuilder, Retryable};
-use bytes::Bytes;
+use crate::upstream::{retry_after, Failed, UpstreamResponse};
 use http::{HeaderMap, StatusCode};
 use std::sync::Arc;
 use std::time::Duration;
-
-/// What one upstream fetch produced, shared with coalesced followers.
-#[derive(Debug)]
-pub struct Fetch {
-    pub status: StatusCode,
-    pub headers: HeaderMap,
-    pub body: Bytes,
-    /// Credits the upstream charged for it (0 when another replica fetched).
-    pub credits: u64,
-    /// Another replica fetched it; we read its entry from Redis.
-    pub from_peer: bool,
-    /// The body's ETag on a 200, hashed once for the leader, its followers
-    /// and the cache entry alike.
-    pub etag: Option<String>,
-}
-
-pub type Outcome = Result<Arc<Fetch>, GatewayError>;
+use tokio::sync::watch;
 
 /// How this request took part in the fetch.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -51,194 +42,228 @@ pub struct Job {
     pub target: Target,
     /// `None`: not cacheable, no coalescing.
     pub key: Option<String>,
+    /// The client said `no-cache`: the answer must come from the upstream.
+    pub no_cache: bool,
     /// The client said `no-store`.
     pub no_store: bool,
     pub request_id: String,
     pub accept: Option<http::HeaderValue>,
 }
 
-impl GatewayError {
-    /// Whether followers may take this failure as theirs too: upstream
-    /// failures yes; the leader's own budget or rate, no.
-    fn shared_with_followers(&self) -> bool {
-        matches!(
-            self,
-            GatewayError::UpstreamTimeout | GatewayError::UpstreamUnavailable | GatewayError::UpstreamInvalid(_)
-        )
-    }
-}
-
 /// One upstream fetch per key at a time in this process; the others wait
-/// for it. A follower whose leader failed for its own reasons tries itself.
+/// for it. A follower whose leader failed for its own reasons (its budget,
+/// its rate) tries itself; an upstream failure is everyone's.
 pub async fn coalesced(app: &Arc<App>, job: Job) -> (Outcome, Role) {
     let Some(key) = job.key.clone() else {
-        return (run(app.clone(), job).await, Role::Leader);
+        return (owned(app, job, None).await, Role::Leader);
     };
     loop {
         match app.flights.join(&key) {
-            Join::Leader(leader) => {
-                let task = tokio::spawn(run(app.clone(), job.clone()));
-                let outcome = task.await.unwrap_or(Err(GatewayError::Internal));
-                leader.complete(outcome.clone());
-                return (outcome, Role::Leader);
-            }
+            Join::Leader(leader) => return (owned(app, job, Some(leader)).await, Role::Leader),
             Join::Follower(rx) => match follow(rx).await {
-                Some(Ok(fetch)) => return (Ok(fetch), Role::Follower),
-                Some(Err(e)) if e.shared_with_followers() => return (Err(e), Role::Follower),
+                Some(Ok(fetched)) => return (Ok(fetched), Role::Follower),
+                Some(Err(e)) if e.upstream_failed() => return (Err(e), Role::Follower),
                 _ => continue,
             },
         }
     }
 }
 
-/// The leader's work: cross-replica lease, upstream call, store.
-async fn run(app: Arc<App>, job: Job) -> Outcome {
-    let lease = match (&job.key, app.cache.redis()) {
-        (Some(key), Some(_)) => Some(app.cache.lease_key(key)),
-        _ => None,
-    };
-    if let (Some(lease_key), Some(key)) = (&lease, &job.key) {
-        if !acquire_lease(&app, lease_key).await {
-            if let Some(entry) = wait_for_peer(&app, &job, key, lease_key).await {
-                return Ok(Arc::new(Fetch {
-                    status: StatusCode::OK,
-                    headers: HeaderMap::new(),
-                    body: entry.body.clone(),
-                    credits: entry.credits,
-                    from_peer: true,
-                    etag: Some(entry.etag.clone()),
-                }));
+/// Runs the fetch in a task that owns the flight: the caller only waits
+/// for it. The flight completes with the task's outcome whatever happens to
+/// the request that started it.
+async fn owned(app: &Arc<App>, job: Job, leader: Option<Leader<Outcome>>) -> Outcome {
+    let (done, result) = tokio::sync::oneshot::channel();
+    let app = app.clone();
+    tokio::spawn(async move {
+        let outcome = run(&app, job).await;
+        if let Some(leader) = leader {
+            leader.complete(outcome.clone());
+        }
+        let _ = done.send(outcome);
+    });
+    // The task only goes away without sending if it panicked.
+    result.await.unwrap_or(Err(GatewayError::Internal))
+}
+
+/// The owner's work: the cache again, the cross-replica lease, the call.
+async fn run(app: &Arc<App>, job: Job) -> Outcome {
+    // A flight that ended between our lookup and our join stored its answer:
+    // take it instead of buying the key a second time.
+    if let (Some(key), false) = (&job.key, job.no_cache) {
+        if let Some((entry, _)) = app.cache.lookup(job.target.route, key).await {
+            if entry.is_fresh(now_ms()) {
+                return Ok(Arc::new(cached(&entry)));
             }
         }
     }
-    let outcome = fetch_upstream(&app, &job).await;
-    if let Some(lease_key) = lease {
-        release_lease(&app, lease_key).await;
+    let Some(key) = &job.key else {
+        return fetch_upstream(app, &job).await;
+    };
+    let lease = match app.leases.acquire(key).await {
+        Acquired::Owned(lease) => Some(lease),
+        Acquired::Held => {
+            let wait = Duration::from_millis(app.config.cache.coalesce_wait_ms);
+            if let Some(entry) = app.leases.wait_for_peer(&app.cache, job.target.route, key, wait).await {
+                return Ok(Arc::new(cached(&entry)));
+            }
+            None
+        }
+        Acquired::Unavailable => None,
+    };
+    let outcome = fetch_upstream(app, &job).await;
+    if let Some(lease) = lease {
+        lease.release().await;
     }
     outcome
 }
 
+/// A cache entry as a fetch result: free for whoever it answers.
+fn cached(entry: &Entry) -> Fetched {
+    Fetched {
+        status: StatusCode::OK,
+        headers: HeaderMap::new(),
+        body: entry.body.clone(),
+        credits: 0,
+        worth: entry.credits,
+        from_cache: true,
+        etag: Some(entry.etag.clone()),
+    }
+}
+
 async fn fetch_upstream(app: &Arc<App>, job: &Job) -> Outcome {
-    let metered = job.target.route.is_metered();
-    if metered {
-        if let Some((headers, body)) = app.org.exhausted() {
-            app.metrics
-                .upstream_exhausted_total
-                .with_label_values(&[&job.team.name])
-                .inc();
-            probe_org_usage(app, job);
-            return Ok(Arc::new(Fetch {
-                status: StatusCode::PAYMENT_REQUIRED,
-                headers,
-                body,
-                credits: 0,
-                from_peer: false,
-                etag: None,
-            }));
+    if job.target.route.is_metered() {
+        if let Some(refusal) = org_exhausted(app, job) {
+            return Ok(refusal);
         }
     }
     // 9. Reserve the worst case, or refuse before anything is spent.
-    let reservation = reserve(app, job).await?;
-    // 10. Wait for this team's fair turn at the upstream rate.
+    let reservation = credits::reserve(app, job).await?;
+    // 10. Wait for this team's fair turn at the upstream rate (bounded).
     if let Err(e) = app.scheduler.acquire(&job.team.name).await {
-        release(app, reservation).await;
+        credits::release(app, reservation).await;
         return Err(e);
     }
-    // 11. Forward.
-    let resp = match app
-        .upstream
-        .fetch(&job.target, &job.request_id, job.accept.as_ref(), &app.metrics)
-        .await
-    {
-        Ok(resp) => resp,
-        Err(e) => {
-            release(app, reservation).await;
-            return Err(e);
-        }
-    };
-    app.org.observe(&resp, &app.metrics);
+    // 11–12. Forward, and settle what the upstream charged.
+    let (resp, charge) = forward(app, job, reservation).await?;
     if resp.status == StatusCode::TOO_MANY_REQUESTS {
-        let wait = crate::upstream::retry_after(&resp.headers).unwrap_or(Duration::from_secs(1));
+        let max = Duration::from_secs(app.config.upstream.max_retry_after_secs);
+        let wait = retry_after(&resp.headers, max).unwrap_or(Duration::from_secs(1));
         app.scheduler.pause(wait).await;
     }
-    // 12. Settle to what the upstream charged, even for an answer we cannot
-    //     pass on: the upstream billed it all the same.
-    let credits = super::answer::credits_charged(&resp, metered);
-    settle(app, job, reservation, credits).await;
     if resp.status == StatusCode::OK && !is_json(&resp) {
         return Err(GatewayError::UpstreamInvalid("Upstream sent a malformed answer"));
     }
     let etag = (resp.status == StatusCode::OK).then(|| etag_of(&resp.body));
     // 13. Store.
     if let (Some(key), Some(etag)) = (&job.key, &etag) {
-        maybe_store(app, job, key, &resp, etag, credits).await;
+        maybe_store(app, job, key, &resp, etag, charge).await;
     }
-    Ok(Arc::new(Fetch {
+    Ok(Arc::new(Fetched {
         status: resp.status,
         headers: resp.headers,
         body: resp.body,
-        credits,
-        from_peer: false,
+        credits: charge.credits,
+        worth: charge.worth,
+        from_cache: false,
         etag,
     }))
 }
 
-async fn reserve(app: &App, job: &Job) -> Result<Option<Reservation>, GatewayError> {
-    let team = &job.team;
-    let amount = route::credit_estimate(&job.target);
-    // Free calls cannot overspend: they are recorded, never refused.
-    let limit = if amount == 0 { None } else { team.credit_limit };
-    match app.ledger.reserve(&team.name, limit, amount).await {
-        Ok(Reserved::Granted(r)) => Ok(Some(r)),
-        Ok(Reserved::Rejected { limit, .. }) => {
-            app.metrics
-                .quota_rejections_total
-                .with_label_values(&[&team.name])
-                .inc();
-            Err(GatewayError::QuotaExceeded {
-                limit,
-                upgrade_url: app.config.quota.upgrade_url.clone(),
-            })
-        }
-        Err(e) => {
-            app.metrics
-                .backend_errors_total
-                .with_label_values(&["ledger", "reserve"])
-                .inc();
-            tracing::error!(team = %team.name, error = %e, "ledger reserve failed");
-            // A free call has nothing to budget; a metered one fails closed
-            // unless the operator chose otherwise.
-            if amount == 0 || app.config.quota.fail_open {
-                Ok(None)
-            } else {
-                Err(GatewayError::Unavailable("Credit ledger unavailable"))
+/// Phases 11 and 12: forwards, and settles what the upstream billed as soon
+/// as an answer's head shows the bill — before its body, so neither a body
+/// that fails nor a crash while it streams loses the charge. An answer
+/// without a bill in its head is settled from its records once the body is
+/// in; one the upstream cannot pass on is settled all the same: the
+/// upstream billed it.
+async fn forward(
+    app: &App,
+    job: &Job,
+    reservation: Option<Reservation>,
+) -> Result<(UpstreamResponse, Charge), GatewayError> {
+    let metered = job.target.route.is_metered();
+    let reserved = credits::reserved(job, reservation.as_ref());
+    let mut reservation = Some(reservation);
+    let (heads, mut seen) = watch::channel(None);
+    let call = app
+        .upstream
+        .fetch_with_heads(&job.target, &job.request_id, job.accept.as_ref(), &app.metrics, &heads);
+    tokio::pin!(call);
+    let mut early: Option<Charge> = None;
+    let result = loop {
+        tokio::select! {
+            result = &mut call => break result,
+            Ok(()) = seen.changed(), if early.is_none() => {
+                let head = seen.borrow_and_update().clone();
+                let Some(head) = head.filter(|h| h.status == StatusCode::OK) else { continue };
+                if credits::billed(&head.headers).is_some() {
+                    app.org.observe(head.status, &head.headers, &bytes::Bytes::new(), &app.metrics);
+                    let charge = credits::charge(head.status, &head.headers, None, metered, reserved);
+                    credits::settle(app, job, reservation.take().flatten(), charge).await;
+                    early = Some(charge);
+                }
             }
         }
+    };
+    match (result, early) {
+        (Ok(resp), early) => {
+            app.org.observe(resp.status, &resp.headers, &resp.body, &app.metrics);
+            let charge = match early {
+                Some(charge) => charge,
+                None => {
+                    let charge = credits::charge(resp.status, &resp.headers, Some(&resp.body), metered, reserved);
+                    credits::settle(app, job, reservation.take().flatten(), charge).await;
+                    charge
+                }
+            };
+            Ok((resp, charge))
+        }
+        (Err(failed), Some(_)) => Err(failed.error),
+        (Err(failed), None) => Err(settle_failure(app, job, reservation.take().flatten(), failed).await),
     }
 }
 
-async fn release(app: &App, reservation: Option<Reservation>) {
-    if let Some(r) = reservation {
-        app.ledger.release(r).await;
+/// Phase 12 for a call without an answer: when the upstream sent a billed
+/// head before the body failed (cut, too large, the deadline), its charge
+/// is settled from its credit header and the answer is never cached;
+/// otherwise nothing was charged and the reservation is released.
+async fn settle_failure(app: &App, job: &Job, reservation: Option<Reservation>, failed: Failed) -> GatewayError {
+    match failed.head {
+        Some(head) if head.status == StatusCode::OK => {
+            app.org
+                .observe(head.status, &head.headers, &bytes::Bytes::new(), &app.metrics);
+            let metered = job.target.route.is_metered();
+            let reserved = credits::reserved(job, reservation.as_ref());
+            let charge = credits::charge(head.status, &head.headers, None, metered, reserved);
+            if charge.credits > 0 {
+                credits::settle(app, job, reservation, charge).await;
+            } else {
+                credits::release(app, reservation).await;
+            }
+        }
+        _ => credits::release(app, reservation).await,
     }
+    failed.error
 }
 
-async fn settle(app: &App, job: &Job, reservation: Option<Reservation>, credits: u64) {
-    let route = job.target.route;
-    if credits > 0 {
-        app.metrics
-            .credits_spent_total
-            .with_label_values(&[&job.team.name, route.as_str()])
-            .inc_by(credits);
-    }
-    let Some(r) = reservation else { return };
-    if let Err(e) = app.ledger.settle(r, credits, route).await {
-        app.metrics
-            .backend_errors_total
-            .with_label_values(&["ledger", "settle"])
-            .inc();
-        tracing::error!(team = %job.team.name, credits, error = %e, "ledger settle failed");
-    }
+/// While the org is out of credits, the upstream's last 402 instead of a
+/// call that would be refused anyway.
+fn org_exhausted(app: &Arc<App>, job: &Job) -> Option<Arc<Fetched>> {
+    let (headers, body) = app.org.exhausted()?;
+    app.metrics
+        .upstream_exhausted_total
+        .with_label_values(&[&job.team.name])
+        .inc();
+    probe_org_usage(app, job);
+    Some(Arc::new(Fetched {
+        status: StatusCode::PAYMENT_REQUIRED,
+        headers,
+        body,
+        credits: 0,
+        worth: 0,
+        from_cache: false,
+        etag: None,
+    }))
 }
 
 /// While the org is out of credits, ask the upstream's own /v2/usage now and
@@ -280,7 +305,8 @@ fn is_json(resp: &UpstreamResponse) -> bool {
 
 /// Stores 200 answers (already checked to be JSON) under the size cap,
 /// unless the client said `no-store` or the upstream `no-store`/`private`.
-async fn maybe_store(app: &App, job: &Job, key: &str, resp: &UpstreamResponse, etag: &str, credits: u64) {
+/// The entry is worth what was charged, bounded by the reservation.
+async fn maybe_store(app: &App, job: &Job, key: &str, resp: &UpstreamResponse, etag: &str, charge: Charge) {
     let Some(ttl) = app.cache.ttl(job.target.route) else {
         return;
     };
@@ -289,79 +315,7 @@ async fn maybe_store(app: &App, job: &Job, key: &str, resp: &UpstreamResponse, e
         && !control::forbids_storing(&resp.headers)
         && resp.body.len() <= app.cache.max_entry_bytes;
     if storable {
-        let entry = Entry::with_etag(resp.body.clone(), etag.to_string(), credits, ttl, job.target.route);
+        let entry = Entry::with_etag(resp.body.clone(), etag.to_string(), charge.worth, ttl, job.target.route);
         app.cache.store(key, Arc::new(entry)).await;
     }
 }
-
-/// SET NX PX: true when this replica should fetch. A Redis that does not
-/// answer means no lease: fetch ourselves rather than wait.
-async fn acquire_lease(app: &App, lease_key: &str) -> bool {
-    let Some(redis) = app.cache.redis() else {
-        return true;
-    };
-    let ttl_ms = (app.config.upstream.timeout_secs * 1000 + 1000).max(1000);
-    let key = lease_key.to_string();
-    let got: Result<Option<String>, _> = redis
-        .call("lease", |mut c| async move {
-            redis::cmd("SET")
-                .arg(&key)
-                .arg(1)
-                .arg("NX")
-                .arg("PX")
-                .arg(ttl_ms)
-                .query_async(&mut c)
-                .await
-        })
-        .await;
-    !matches!(got, Ok(None))
-}
-
-async fn release_lease(app: &App, lease_key: String) {
-    if let Some(redis) = app.cache.redis() {
-        let _ = redis
-            .call("lease", |mut c| async move {
-                redis::cmd("DEL").arg(&lease_key).query_async::<u64>(&mut c).await
-            })
-            .await;
-    }
-}
-
-/// Another replica holds the lease: poll its L2 entry (backing off from 5
-/// to 50 ms) until it appears, the lease goes away without one, or
-/// `cache.coalesce_wait_ms` passes.
-async fn wait_for_peer(app: &App, job: &Job, key: &str, lease_key: &str) -> Option<Entry> {
-    let redis = app.cache.redis()?;
-    let route = job.target.route;
-    let poll = || async {
-        if let Some(entry) = app
-            .cache
-            .lookup_redis(route, key)
-            .await
-            .filter(|e| e.is_fresh(now_ms()))
-        {
-            return Ok(Some(entry));
-        }
-        let lk = lease_key.to_string();
-        let held: Result<u64, _> = redis
-            .call("lease", |mut c| async move {
-                redis::cmd("EXISTS").arg(&lk).query_async(&mut c).await
-            })
-            .await;
-        match held {
-            Ok(1) => Err(PeerPending),
-            // Released without an entry (a failed fetch), or Redis is gone.
-            _ => Ok(None),
-        }
-    };
-    let backoff = ExponentialBuilder::default()
-        .with_min_delay(Duration::from_millis(5))
-        .with_max_delay(Duration::from_millis(50))
-        .with_max_times(usize::MAX)
-        .with_total_delay(Some(Duration::from_millis(app.config.cache.coalesce_wait_ms)));
-    poll.retry(backoff).await.ok().flatten()
-}
-
-/// The peer's fetch is still running.
-#[derive(Debug)]
-struct PeerPending;

@@ -1,14 +1,9 @@
-//! The cache lookup phase (DESIGN §2 step 7) and stale serving (step 14):
-//! which cached entries a request accepts, and the response made from one.
+//! The cache lookup phase (7): which cached entries a request accepts, and
+//! as what (the response itself is shaped in `respond`).
 
-use super::answer::{X_CACHE, X_CREDITS_REQUEST};
-use super::context::CacheState;
 use crate::cache::control::Directives;
-use crate::cache::{now_ms, Entry};
-use crate::http_util::Body;
-use http::header::{HeaderMap, HeaderValue, AGE, CONTENT_TYPE, ETAG, IF_NONE_MATCH};
-use http::{Response, StatusCode};
-use http_body_util::Full;
+use crate::cache::Entry;
+use std::time::Duration;
 
 /// How a cached entry may answer this request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -40,39 +35,35 @@ pub fn usable(entry: &Entry, d: &Directives, revalidate_secs: u64, now: u64) -> 
     }
 }
 
-/// The response for a cached entry (HIT or STALE): 0 credits for the team,
-/// `Age`, `ETag`, and 304 when the client already has this body.
-pub fn respond(entry: &Entry, state: CacheState, request_headers: &HeaderMap) -> Response<Body> {
-    let metered = entry.route.is_metered();
-    let not_modified = request_headers
-        .get_all(IF_NONE_MATCH)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .any(|tag| {
-            let tag = tag.trim();
-            tag == "*" || tag.trim_start_matches("W/") == entry.etag
-        });
-    let mut resp = if not_modified {
-        let mut r = Response::new(Full::default());
-        *r.status_mut() = StatusCode::NOT_MODIFIED;
-        r
-    } else {
-        let mut r = Response::new(Full::new(entry.body.clone()));
-        r.headers_mut()
-            .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
-        r
-    };
-    let h = resp.headers_mut();
-    h.insert(X_CACHE, HeaderValue::from_static(state.header()));
-    h.insert(AGE, HeaderValue::from(entry.age(now_ms()).as_secs()));
-    if let Ok(etag) = HeaderValue::from_str(&entry.etag) {
-        h.insert(ETAG, etag);
+/// How long a key that was refreshed in the background is not refreshed
+/// again. A refresh that stores nothing (the upstream said `no-store`, the
+/// answer was too large, the call failed) would otherwise start another
+/// paid refresh on every request that finds the stale entry.
+pub const REFRESH_EVERY: Duration = Duration::from_secs(60);
+
+/// The keys refreshed in the background within [`REFRESH_EVERY`].
+pub struct Refreshes(moka::future::Cache<String, ()>);
+
+impl Refreshes {
+    pub fn new() -> Refreshes {
+        Refreshes(
+            moka::future::Cache::builder()
+                .max_capacity(100_000)
+                .time_to_live(REFRESH_EVERY)
+                .build(),
+        )
     }
-    if metered {
-        h.insert(X_CREDITS_REQUEST, HeaderValue::from(0u64));
+
+    /// True for the one caller that may start this key's refresh now.
+    pub async fn claim(&self, key: &str) -> bool {
+        self.0.entry(key.to_string()).or_insert(()).await.is_fresh()
     }
-    resp
+}
+
+impl Default for Refreshes {
+    fn default() -> Self {
+        Refreshes::new()
+    }
 }
 
 #[cfg(test)]
@@ -80,7 +71,6 @@ mod tests {
     use super::*;
     use crate::route::Route;
     use bytes::Bytes;
-    use std::time::Duration;
 
     fn entry(ttl_secs: u64) -> Entry {
         let mut e = Entry::new(
@@ -121,15 +111,5 @@ mod tests {
             Use::FallbackOnly,
             "max-age still binds"
         );
-    }
-
-    #[test]
-    fn if_none_match_gets_304() {
-        let e = entry(60);
-        let mut h = HeaderMap::new();
-        h.insert(IF_NONE_MATCH, HeaderValue::from_str(&e.etag).unwrap());
-        assert_eq!(respond(&e, CacheState::Hit, &h).status(), StatusCode::NOT_MODIFIED);
-        h.insert(IF_NONE_MATCH, HeaderValue::from_static("\"other\""));
-        assert_eq!(respond(&e, CacheState::Hit, &h).status(), StatusCode::OK);
     }
 }

@@ -1,22 +1,35 @@
-//! The life of a team request (DESIGN §2), one phase per call, top to bottom.
+//! The life of a team request, one phase per call, top to bottom, numbered
+//! in the order the code runs them (the crate doc and the README list the
+//! same order):
+//!
+//! 1. admit (method, framing, size) · 2. route · 3. authenticate ·
+//! 4. team rate · 5. `/v2/usage` locally · 6. cache key · 7. lookup ·
+//! 8. coalesce · 9. reserve · 10. fair queue · 11. forward · 12. settle ·
+//! 13. store · 14. stale on upstream failure · 15. respond.
 //!
 //! [`handle`] is the service function of the team listener: it runs
 //! [`pipeline`], turns an error into a response at the single rescue point,
 //! and then records metrics and one access-log line for every request.
+//! Phases 8–13 are in [`fetch`], credits in [`credits`], the shaping of
+//! every answer in [`respond`].
 
-mod answer;
 mod by_id;
 mod context;
+mod credits;
 mod fetch;
 mod lookup;
+mod respond;
+mod usage;
 
-pub use context::{CacheState, RequestLog};
-pub use fetch::Outcome;
+pub use context::{CacheState, RequestContext};
+pub use lookup::Refreshes;
 
 use crate::app::App;
 use crate::auth::Team;
 use crate::cache::control::Directives;
-use crate::cache::{key, now_ms, Entry};
+use crate::cache::flight::Fetched;
+use crate::cache::{key, Entry};
+use crate::clock::now_ms;
 use crate::error::GatewayError;
 use crate::http_util::{request_id, Body};
 use crate::route::{self, Route, Target};
@@ -24,51 +37,53 @@ use fetch::{Job, Role};
 use http::{HeaderValue, Method, Request, Response};
 use lookup::Use;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 /// Answers one team request. Never fails: errors become responses here.
 pub async fn handle<B>(app: Arc<App>, req: Request<B>) -> Response<Body> {
     let started = Instant::now();
-    let request_id = request_id(req.headers());
-    let mut log = RequestLog::new(request_id);
-    let mut resp = match pipeline(&app, &req, &mut log).await {
+    let mut ctx = RequestContext::new(request_id(req.headers()));
+    let mut resp = match pipeline(&app, &req, &mut ctx).await {
         Ok(resp) => resp,
         Err(e) => {
-            log.fault = Some(e.fault());
+            ctx.fault = Some(e.fault());
             e.into_response()
         }
     };
-    // The team's budget, as the upstream shows the org's: on answers and on
-    // 402s, omitted for unlimited teams.
-    if let Some(team) = log.team.as_deref() {
-        if resp.status().is_success() || resp.status().as_u16() == 304 || resp.status().as_u16() == 402 {
-            answer::team_budget_headers(&app, team, resp.headers_mut()).await;
+    // 15. The team's budget, as the upstream shows the org's: on answers
+    //     and on 402s, omitted for unlimited teams.
+    if let Some(team) = ctx.team.as_deref() {
+        let status = resp.status().as_u16();
+        if resp.status().is_success() || status == 304 || status == 402 {
+            credits::team_budget_headers(&app, team, resp.headers_mut()).await;
         }
     }
-    if let Ok(v) = HeaderValue::from_str(&log.request_id) {
+    if let Ok(v) = HeaderValue::from_str(&ctx.request_id) {
         resp.headers_mut().insert("x-request-id", v);
     }
-    log.finish(&app.metrics, req.method(), resp.status(), started.elapsed());
+    ctx.finish(&app.metrics, req.method(), resp.status(), started.elapsed());
     resp
 }
 
 /// The phases in order; each returns early with the error that ends it.
-async fn pipeline<B>(app: &Arc<App>, req: &Request<B>, log: &mut RequestLog) -> Result<Response<Body>, GatewayError> {
+async fn pipeline<B>(
+    app: &Arc<App>,
+    req: &Request<B>,
+    ctx: &mut RequestContext,
+) -> Result<Response<Body>, GatewayError> {
     // 1. Method, framing and size: only plain GET and HEAD are ours.
     admit(app, req)?;
-    // 3. Route (before auth only so that 404 needs no token, like upstream).
+    // 2. Route (before auth only so that 404 needs no token, like upstream).
     let target = route::classify(req.uri(), app.config.server.max_uri_bytes)?;
-    log.route = Some(target.route);
+    ctx.route = Some(target.route);
     if target.route == Route::Other {
         // The one place an operator learns which path the vendor may have
         // added (alert GatewayUnknownVendorOperation); the query stays out.
-        tracing::info!(request_id = %log.request_id, path = %target.path, "unknown /v2 path, routed as other");
+        tracing::info!(request_id = %ctx.request_id, path = %target.path, "unknown /v2 path, routed as other");
     }
-
-    // 2. Authenticate before anything costs money or reveals data.
+    // 3. Authenticate before anything costs money or reveals data.
     let team = app.teams.load().authenticate(req.headers())?;
-    log.team = Some(team.name.clone());
-
+    ctx.team = Some(team.name.clone());
     // 4. The team's own request rate.
     if let Err(retry_after_secs) = team.check_rate() {
         app.metrics
@@ -77,71 +92,109 @@ async fn pipeline<B>(app: &Arc<App>, req: &Request<B>, log: &mut RequestLog) -> 
             .inc();
         return Err(GatewayError::TeamRateLimited { retry_after_secs });
     }
-
-    // 4b. A `size` or `id` list the upstream would refuse: its free 422,
-    //     answered here before anything is looked up, reserved or sent, so
-    //     the estimate below is computed from a valid value.
+    // 4. (cont.) A `size` or `id` list the upstream would refuse: its free
+    //    422, answered here before anything is looked up, reserved or sent,
+    //    so the estimate below is computed from a valid value.
     route::validate(&target)?;
-
-    // 6. /v2/usage is the team's own usage: answered here, never forwarded,
-    //    since the upstream's answer is the whole org's.
+    // 5. /v2/usage is the team's own usage: answered here, never forwarded.
     if target.route == Route::Usage {
-        log.cache = CacheState::Bypass;
-        return answer::usage(app, &team).await;
+        ctx.cache = CacheState::Bypass;
+        return usage::usage(app, &team).await;
     }
-
-    // 5. The normalized key; `None` for routes that are never cached.
-    let directives = Directives::from_headers(req.headers());
+    // 6. The normalized key; `None` for routes that are never cached.
     let key = app.cache.ttl(target.route).map(|_| key::cache_key(&target));
-    let request_id = log.request_id.clone();
-    let job = || Job {
-        team: team.clone(),
-        target: target.clone(),
-        key: key.clone(),
-        no_store: directives.no_store,
-        request_id: request_id.clone(),
-        accept: req.headers().get(http::header::ACCEPT).cloned(),
+    let ask = Ask {
+        req,
+        directives: Directives::from_headers(req.headers()),
+        team,
+        target,
+        key,
     };
+    cached_or_fetched(app, &ask, ctx).await
+}
 
+/// What one request asks for, once it is known who asks.
+struct Ask<'r, B> {
+    req: &'r Request<B>,
+    directives: Directives,
+    team: Arc<Team>,
+    target: Target,
+    /// `None`: never cached.
+    key: Option<String>,
+}
+
+impl<B> Ask<'_, B> {
+    /// The fetch this request would start; built only on a miss.
+    fn job(&self, request_id: &str) -> Job {
+        Job {
+            team: self.team.clone(),
+            target: self.target.clone(),
+            key: self.key.clone(),
+            // A client that bounds the age it accepts must not be answered
+            // from the cache by the fetch either.
+            no_cache: self.directives.no_cache || self.directives.max_age.is_some(),
+            no_store: self.directives.no_store,
+            request_id: request_id.to_string(),
+            accept: self.req.headers().get(http::header::ACCEPT).cloned(),
+        }
+    }
+}
+
+/// Phases 7–15 of a request that may be answered from the cache.
+async fn cached_or_fetched<B>(
+    app: &Arc<App>,
+    ask: &Ask<'_, B>,
+    ctx: &mut RequestContext,
+) -> Result<Response<Body>, GatewayError> {
     // 7a. An id lookup: from the records already bought, buying the rest.
-    if let Some(answer) = by_id::answer(app, &team, &target, &directives, req, log, &job).await {
+    if let Some(answer) = by_id::answer(app, ask, ctx).await {
         return answer;
     }
+    let (d, target) = (&ask.directives, &ask.target);
     // 7. Lookup, unless the client said no-cache.
     let mut cached = None;
-    if let (Some(k), false) = (&key, directives.no_cache) {
+    if let (Some(k), false) = (&ask.key, d.no_cache) {
         if let Some((entry, tier)) = app.cache.lookup(target.route, k).await {
-            if let Some(state) = accept_cached(app, &entry, &directives, job) {
+            if let Some(state) = accept_cached(app, &entry, d, k, || ask.job(&ctx.request_id)).await {
                 let labels = [target.route.as_str(), tier.as_str()];
                 app.metrics.cache_hits_total.with_label_values(&labels).inc();
-                return Ok(from_cache(app, &team, &target, &entry, state, req, log));
+                return Ok(from_cache(app, &ask.team, target, &entry, state, ask.req, ctx));
             }
             cached = Some(entry);
         }
     }
-    if directives.only_if_cached {
+    // A HEAD never buys anything: it is answered from the cache or not at
+    // all, like only-if-cached (the upstream has no HEAD to forward to).
+    let head_of_metered = ask.req.method() == Method::HEAD && route::credit_estimate(target) > 0;
+    if d.only_if_cached || head_of_metered {
         return Err(GatewayError::NotCached);
     }
-
-    // 8–13. Coalesce, fetch upstream, settle, store.
-    let (outcome, role) = fetch::coalesced(app, job()).await;
-
+    // 8–13. Coalesce, reserve, queue, forward, settle, store.
+    let (outcome, role) = fetch::coalesced(app, ask.job(&ctx.request_id)).await;
     // 14. The upstream failed and a stale copy exists: serve it instead.
     let failed = match &outcome {
-        Ok(f) => answer::is_failure(f.status),
-        Err(e) => e.fault() == crate::error::Fault::Upstream,
+        Ok(f) => matches!(f.status.as_u16(), 402 | 429 | 500..=599),
+        Err(e) => e.upstream_failed(),
     };
-    if let (true, Some(k)) = (failed, key.as_deref()) {
+    if let (true, Some(k)) = (failed, ask.key.as_deref()) {
         if cached.is_none() {
             cached = app.cache.lookup(target.route, k).await.map(|(e, _)| e);
         }
         if let Some(entry) = &cached {
-            return Ok(from_cache(app, &team, &target, entry, CacheState::Stale, req, log));
+            return Ok(from_cache(
+                app,
+                &ask.team,
+                target,
+                entry,
+                CacheState::Stale,
+                ask.req,
+                ctx,
+            ));
         }
     }
     // 15. Respond with what the fetch brought.
-    let no_cache = directives.no_cache || key.is_none();
-    from_fetched(app, &team, &target, outcome?, role, no_cache, log)
+    let no_cache = d.no_cache || ask.key.is_none();
+    from_fetched(app, &ask.team, target, outcome?, role, no_cache, ctx)
 }
 
 /// Phase 1: refuses what is not a plain GET or HEAD of a bounded size.
@@ -164,16 +217,24 @@ fn admit<B>(app: &App, req: &Request<B>) -> Result<(), GatewayError> {
 
 /// Whether a found entry answers this request, and as what. An entry within
 /// the stale-while-revalidate window answers at once and starts one
-/// background refresh (coalesced by key), paid by this team like a miss.
-fn accept_cached(app: &Arc<App>, entry: &Entry, d: &Directives, job: impl FnOnce() -> Job) -> Option<CacheState> {
+/// background refresh per key and [`lookup::REFRESH_EVERY`], paid by this
+/// team like a miss (its cost shows in the team's usage and in the
+/// refresh's own access-log line, not in this free answer).
+async fn accept_cached(
+    app: &Arc<App>,
+    entry: &Entry,
+    d: &Directives,
+    key: &str,
+    job: impl FnOnce() -> Job,
+) -> Option<CacheState> {
     match lookup::usable(entry, d, app.config.cache.stale_while_revalidate_secs, now_ms()) {
         Use::Hit => Some(CacheState::Hit),
         Use::StaleAccepted => Some(CacheState::Stale),
         Use::Revalidate => {
             // only-if-cached never reaches the upstream, not even so.
-            if !d.only_if_cached {
+            if !d.only_if_cached && app.refreshes.claim(key).await {
                 let (app, job) = (app.clone(), job());
-                tokio::spawn(async move { fetch::coalesced(&app, job).await });
+                tokio::spawn(refresh(app, job));
             }
             Some(CacheState::Stale)
         }
@@ -181,33 +242,54 @@ fn accept_cached(app: &Arc<App>, entry: &Entry, d: &Directives, job: impl FnOnce
     }
 }
 
+/// A stale-while-revalidate refresh: a miss of its own, logged as one.
+async fn refresh(app: Arc<App>, job: Job) {
+    let started = Instant::now();
+    let mut ctx = RequestContext::new(job.request_id.clone());
+    ctx.team = Some(job.team.name.clone());
+    ctx.route = Some(job.target.route);
+    let (outcome, role) = fetch::coalesced(&app, job).await;
+    let status = match &outcome {
+        Ok(f) => {
+            if role == Role::Leader && !f.from_cache {
+                ctx.cache = CacheState::Miss;
+                ctx.credits = f.credits;
+            }
+            f.status
+        }
+        Err(e) => e.status(),
+    };
+    ctx.log_refresh(status, started.elapsed());
+}
+
 /// The response for a fetch: the leader pays what the upstream charged;
-/// followers and answers fetched by another replica are free (saved).
+/// followers and answers found in the cache are free (saved).
 fn from_fetched(
     app: &App,
     team: &Team,
     target: &Target,
-    fetched: Arc<fetch::Fetch>,
+    fetched: Arc<Fetched>,
     role: Role,
     no_cache: bool,
-    log: &mut RequestLog,
+    ctx: &mut RequestContext,
 ) -> Result<Response<Body>, GatewayError> {
     let (state, charged) = match role {
-        Role::Leader if fetched.from_peer => (CacheState::Hit, 0),
+        Role::Leader if fetched.from_cache => (CacheState::Hit, 0),
         Role::Leader if no_cache => (CacheState::Bypass, fetched.credits),
         Role::Leader => (CacheState::Miss, fetched.credits),
         Role::Follower => (CacheState::Hit, 0),
     };
-    if role == Role::Follower || fetched.from_peer {
+    if role == Role::Follower || fetched.from_cache {
         app.metrics
             .coalesced_requests_total
             .with_label_values(&[target.route.as_str()])
             .inc();
-        saved(app, team, target, fetched.credits);
+        saved(app, team, target, fetched.worth);
     }
-    log.cache = state;
-    log.credits = charged;
-    let answer = answer::from_fetch(&fetched, charged, state, log);
+    ctx.cache = state;
+    ctx.credits = charged;
+    let max_retry_after = Duration::from_secs(app.config.upstream.max_retry_after_secs);
+    let answer = respond::from_fetched(&fetched, charged, state, ctx, max_retry_after);
     if let Err(GatewayError::UpstreamRateLimited { .. }) = answer {
         // The upstream itself said 429 (the scheduler counts its own refusals).
         app.metrics
@@ -227,11 +309,11 @@ fn from_cache<B>(
     entry: &Entry,
     state: CacheState,
     req: &Request<B>,
-    log: &mut RequestLog,
+    ctx: &mut RequestContext,
 ) -> Response<Body> {
-    log.cache = state;
+    ctx.cache = state;
     saved(app, team, target, entry.credits);
-    lookup::respond(entry, state, req.headers())
+    respond::from_entry(entry, state, req.headers())
 }
 
 fn saved(app: &App, team: &Team, target: &Target, credits: u64) {

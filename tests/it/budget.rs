@@ -159,16 +159,16 @@ async fn spend_survives_a_restart_of_the_file_ledger() {
 }
 
 #[tokio::test]
-async fn sigkill_mid_load_loses_no_settled_spend_and_reservations_expire() {
+async fn sigkill_mid_load_loses_no_settled_spend_and_lapsed_reservations_count_as_spent() {
     let redis = RedisServer::start();
     let sim = start_sim(unlimited()).await;
     let setup = Setup::new()
         .teams(team(SMALL.0, SMALL.1, "credit_limit = 100"))
-        .with("upstream", "timeout_secs = 1\nmax_retries = 0")
+        .with("upstream", "timeout_secs = 1\nmax_retries = 0\nmax_queue_wait_secs = 1")
         .with(
             "quota",
             format!(
-                "store = \"redis\"\nredis_url = {:?}\nreservation_lease_secs = 2",
+                "store = \"redis\"\nredis_url = {:?}\nreservation_lease_secs = 7",
                 redis.url()
             ),
         );
@@ -217,32 +217,49 @@ async fn sigkill_mid_load_loses_no_settled_spend_and_reservations_expire() {
         h.abort();
     }
     sim.clear_faults();
-    // 60 credits were held by the dead process; its leases run out.
+    // 60 credits were held by the dead process. When their lease runs out
+    // they count as spent (the upstream might have charged them): the
+    // budget is then 90 used, at least what the upstream charged (30) and
+    // never above the limit.
     let gw = ChildGateway::spawn(&setup, &sim.base_url(), sim.api_key());
     assert_eq!(
         used(&gw.base_url(), SMALL.1).await,
         30,
         "settled spend survived the kill"
     );
-    let deadline = Instant::now() + Duration::from_secs(15);
+    let deadline = Instant::now() + Duration::from_secs(20);
     loop {
+        // 20 more never fit (30 + 60 held, or 90 spent): each try runs the
+        // reserve script, which turns lapsed reservations into spend.
         let r = as_team(
-            &format!("{}{}", gw.base_url(), distinct_search(&sim, 9, 70)),
+            &format!("{}{}", gw.base_url(), distinct_search(&sim, 9, 20)),
             SMALL.1,
             "after",
         )
         .await;
-        if r.status == StatusCode::OK {
+        assert_eq!(r.status, StatusCode::PAYMENT_REQUIRED, "{}", r.text());
+        if used(&gw.base_url(), SMALL.1).await == 90 {
             break;
         }
-        assert_eq!(r.status, StatusCode::PAYMENT_REQUIRED, "{}", r.text());
         assert!(
             Instant::now() < deadline,
-            "reservations of the killed process never expired"
+            "reservations of the killed process never lapsed into spend"
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
-    assert_eq!(used(&gw.base_url(), SMALL.1).await, 100);
+    let last = as_team(
+        &format!("{}{}", gw.base_url(), distinct_search(&sim, 10, 10)),
+        SMALL.1,
+        "last",
+    )
+    .await;
+    assert_eq!(last.status, StatusCode::OK);
+    assert_eq!(used(&gw.base_url(), SMALL.1).await, 100, "exactly the limit");
+    assert_eq!(
+        sim.log().iter().map(|e| e.credits).sum::<u64>(),
+        40,
+        "the upstream charged 30 + 10"
+    );
 }
 
 #[tokio::test]

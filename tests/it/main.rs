@@ -13,6 +13,7 @@ mod front_door;
 mod harness;
 mod hostile;
 mod load;
+mod money;
 mod observability;
 mod pyshovels;
 mod rate;

@@ -1,0 +1,305 @@
+//! The file ledger: spend durably in redb, budgets checked in memory.
+//!
+//! Memory holds a mirror of the last days' spend (loaded at start) and the
+//! reservations in flight; the budget check is a mutex-guarded sum. Writes go
+//! to one writer thread that commits every write queued at that moment in
+//! one fsync'd transaction (group commit) and only then answers.
+//!
+//! **Durable intent**: a metered reservation is written (`held` table)
+//! before its upstream call may start, and removed by its settle or release
+//! in the same transaction that records the spend. A process that dies in
+//! between leaves the row behind; at the next start every such row counts
+//! as spent at its full amount (route `unsettled`): the upstream may have
+//! charged it, and the budget must never forget a charge.
+
+mod disk;
+#[cfg(test)]
+mod tests;
+
+use super::saved::SavedTally;
+use super::{new_id, LedgerError, Reservation, Reserved, TeamUsage, UsageRow, Window, UNSETTLED};
+use crate::route::Route;
+use disk::{Op, Write};
+use redb::Database;
+use std::collections::{BTreeMap, HashMap};
+use std::path::Path;
+use std::sync::{mpsc, Arc, Mutex};
+use std::time::{Duration, Instant};
+use tokio::sync::oneshot;
+
+/// Days of spend kept in memory: enough for either window.
+const MEMORY_DAYS: u32 = 62;
+
+/// A reservation in memory.
+struct Hold {
+    team: String,
+    amount: u64,
+    day: u32,
+    expires: Instant,
+}
+
+#[derive(Default)]
+struct State {
+    /// team → day → credits spent.
+    days: HashMap<String, BTreeMap<u32, u64>>,
+    held: HashMap<u64, Hold>,
+}
+
+pub struct FileLedger {
+    db: Arc<Database>,
+    state: Mutex<State>,
+    writes: mpsc::Sender<Write>,
+    /// Credits saved by hits, written by the writer thread in the background.
+    saved: Arc<SavedTally>,
+    /// Joined on drop, so the file is closed when the ledger is gone.
+    writer: Option<std::thread::JoinHandle<()>>,
+    lease: Duration,
+    pub window: Window,
+}
+
+impl FileLedger {
+    /// Opens (or creates) `<dir>/ledger.redb` and loads recent spend.
+    pub fn open(dir: &Path, window: Window, lease: Duration) -> Result<FileLedger, String> {
+        std::fs::create_dir_all(dir).map_err(|e| format!("quota.path: cannot create {}: {e}", dir.display()))?;
+        let path = dir.join("ledger.redb");
+        let db = Database::create(&path).map_err(|e| format!("quota.path: cannot open {}: {e}", path.display()))?;
+        let db = Arc::new(db);
+        let since = super::today().saturating_sub(MEMORY_DAYS);
+        let disk::Loaded { spend, unsettled } =
+            disk::load(&db, since).map_err(|e| format!("quota.path: cannot read {}: {e}", path.display()))?;
+        let mut state = State::default();
+        for (team, day, credits) in spend {
+            add(&mut state.days, &team, day, credits);
+        }
+        if unsettled > 0 {
+            tracing::warn!(
+                reservations = unsettled,
+                "reservations left unsettled by the last run now count as spent"
+            );
+        }
+        let (tx, rx) = mpsc::channel();
+        let writer_db = db.clone();
+        let saved = Arc::new(SavedTally::default());
+        let writer_saved = saved.clone();
+        let handle = std::thread::Builder::new()
+            .name("ledger-writer".into())
+            .spawn(move || disk::writer(writer_db, rx, writer_saved))
+            .map_err(|e| format!("ledger writer: {e}"))?;
+        Ok(FileLedger {
+            db,
+            state: Mutex::new(state),
+            writes: tx,
+            saved,
+            writer: Some(handle),
+            lease,
+            window,
+        })
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Holds `amount` unless that would pass `limit`; a metered hold is
+    /// durable before this returns.
+    pub async fn reserve(
+        &self,
+        team: &str,
+        limit: Option<u64>,
+        amount: u64,
+        today: u32,
+    ) -> Result<Reserved, LedgerError> {
+        let id = new_id();
+        let now = Instant::now();
+        {
+            let mut s = self.lock();
+            self.lapse_expired(&mut s, now);
+            let spent = window_sum(s.days.get(team), self.window.first_day(today));
+            let held = s
+                .held
+                .values()
+                .filter(|h| h.team == team)
+                .fold(0u64, |sum, h| sum.saturating_add(h.amount));
+            let used = spent.saturating_add(held);
+            if let Some(limit) = limit {
+                if used.saturating_add(amount) > limit {
+                    return Ok(Reserved::Rejected { used, limit });
+                }
+            }
+            let hold = Hold {
+                team: team.to_string(),
+                amount,
+                day: today,
+                expires: now + self.lease,
+            };
+            s.held.insert(id, hold);
+        }
+        if amount > 0 {
+            let op = Op::Hold {
+                id,
+                team: team.to_string(),
+                amount,
+                day: today,
+            };
+            if let Err(e) = self.write(op).await {
+                self.lock().held.remove(&id);
+                return Err(LedgerError(e));
+            }
+        }
+        Ok(Reserved::Granted(Reservation {
+            id,
+            team: team.to_string(),
+            amount,
+            settle_by: now + self.lease.saturating_sub(Duration::from_secs(1)),
+        }))
+    }
+
+    /// Reservations past their lease count as spent: their owner is gone.
+    fn lapse_expired(&self, s: &mut State, now: Instant) {
+        let lapsed: Vec<u64> = s
+            .held
+            .iter()
+            .filter(|(_, h)| h.expires <= now)
+            .map(|(id, _)| *id)
+            .collect();
+        for id in lapsed {
+            let Some(h) = s.held.remove(&id) else { continue };
+            tracing::warn!(team = %h.team, credits = h.amount, "a reservation lapsed unsettled: counted as spent");
+            if h.amount == 0 {
+                continue;
+            }
+            add(&mut s.days, &h.team, h.day, h.amount);
+            let op = Op::End {
+                id,
+                team: h.team,
+                day: h.day,
+                route: UNSETTLED,
+                spent: h.amount,
+            };
+            // Not awaited: the held row already makes this durable.
+            let _ = self.writes.send(Write { op, done: None });
+        }
+    }
+
+    /// Queues a write and waits until it is durable.
+    async fn write(&self, op: Op) -> Result<(), String> {
+        let (tx, rx) = oneshot::channel();
+        match self.writes.send(Write { op, done: Some(tx) }) {
+            Ok(()) => rx.await.unwrap_or_else(|_| Err("ledger writer stopped".into())),
+            Err(_) => Err("ledger writer stopped".into()),
+        }
+    }
+
+    pub async fn settle(&self, r: Reservation, actual: u64, route: Route, today: u32) -> Result<(), LedgerError> {
+        // Spend counts in memory even when the disk fails: the upstream
+        // charged it, so the budget must see it (fail closed). A reservation
+        // that already lapsed was counted in full, once.
+        let was_held = {
+            let mut s = self.lock();
+            let was_held = s.held.remove(&r.id).is_some();
+            if was_held && actual > 0 {
+                add(&mut s.days, &r.team, today, actual);
+            }
+            was_held
+        };
+        let op = match (was_held, r.amount, actual) {
+            (false, _, _) | (true, 0, 0) => return Ok(()),
+            // A hold of 0 credits was never written: nothing to end.
+            (true, 0, _) => Op::Spend {
+                team: r.team,
+                day: today,
+                route: route.as_str(),
+                spent: actual,
+            },
+            _ => Op::End {
+                id: r.id,
+                team: r.team,
+                day: today,
+                route: route.as_str(),
+                spent: actual,
+            },
+        };
+        self.write(op).await.map_err(LedgerError)
+    }
+
+    pub fn release(&self, r: Reservation) {
+        let was_held = self.lock().held.remove(&r.id).is_some();
+        if was_held && r.amount > 0 {
+            let op = Op::End {
+                id: r.id,
+                team: r.team,
+                day: 0,
+                route: UNSETTLED,
+                spent: 0,
+            };
+            // Not awaited: a release lost to a crash only over-charges.
+            let _ = self.writes.send(Write { op, done: None });
+        }
+    }
+
+    pub fn record_saved(&self, team: &str, route: Route, credits: u64, today: u32) {
+        if credits > 0 {
+            self.saved.add(team, today, route, credits);
+        }
+    }
+
+    /// The same sum `reserve` checks the budget against (settled spend).
+    pub fn used(&self, team: &str, today: u32) -> u64 {
+        window_sum(self.lock().days.get(team), self.window.first_day(today))
+    }
+
+    pub fn usage(&self, team: &str, today: u32) -> TeamUsage {
+        let s = self.lock();
+        let first = self.window.first_day(today);
+        let daily: Vec<(u32, u64)> = s
+            .days
+            .get(team)
+            .map(|d| {
+                d.range(first..=today)
+                    .map(|(d, c)| (*d, *c))
+                    .filter(|(_, c)| *c > 0)
+                    .collect()
+            })
+            .unwrap_or_default();
+        TeamUsage {
+            used: daily.iter().map(|(_, c)| c).sum(),
+            daily,
+        }
+    }
+
+    pub fn rows(&self, from: u32, to: u32) -> Vec<UsageRow> {
+        let mut rows = disk::read_rows(&self.db, from, to).unwrap_or_else(|e| {
+            tracing::error!(error = %e, "ledger read failed");
+            Vec::new()
+        });
+        self.saved.merge_into(&mut rows, from, to);
+        rows
+    }
+
+    /// Writable: a write transaction can begin.
+    pub fn check(&self) -> Result<(), String> {
+        self.db
+            .begin_write()
+            .map(drop)
+            .map_err(|e| format!("ledger not writable: {e}"))
+    }
+}
+
+impl Drop for FileLedger {
+    fn drop(&mut self) {
+        // Closing the channel ends the writer after its last batch.
+        self.writes = mpsc::channel().0;
+        if let Some(handle) = self.writer.take() {
+            let _ = handle.join();
+        }
+    }
+}
+
+fn window_sum(days: Option<&BTreeMap<u32, u64>>, first: u32) -> u64 {
+    days.map_or(0, |d| d.range(first..).fold(0u64, |sum, (_, c)| sum.saturating_add(*c)))
+}
+
+fn add(days: &mut HashMap<String, BTreeMap<u32, u64>>, team: &str, day: u32, credits: u64) {
+    let slot = days.entry(team.to_string()).or_default().entry(day).or_insert(0);
+    *slot = slot.saturating_add(credits);
+}

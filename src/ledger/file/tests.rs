@@ -1,0 +1,108 @@
+//! The file ledger: reserve, settle, release, restarts and lapses.
+
+use super::*;
+use crate::ledger::{Reservation, Reserved, Window, UNSETTLED};
+
+fn ledger(dir: &Path) -> FileLedger {
+    FileLedger::open(dir, Window::Rolling30d, Duration::from_secs(60)).expect("opens")
+}
+
+async fn granted(l: &FileLedger, limit: u64, amount: u64, today: u32) -> Reservation {
+    match l.reserve("t", Some(limit), amount, today).await.expect("reserve") {
+        Reserved::Granted(r) => r,
+        other => panic!("not granted: {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn reserve_settle_release_and_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let today = crate::ledger::today();
+    {
+        let l = ledger(dir.path());
+        let a = granted(&l, 100, 60, today).await;
+        assert_eq!(
+            l.reserve("t", Some(100), 50, today).await.unwrap(),
+            Reserved::Rejected { used: 60, limit: 100 }
+        );
+        l.settle(a, 10, Route::PermitsSearch, today).await.expect("settle");
+        let b = granted(&l, 100, 90, today).await;
+        l.release(b);
+        assert_eq!(l.usage("t", today).used, 10);
+        l.record_saved("t", Route::PermitsSearch, 5, today);
+    }
+    let l = ledger(dir.path());
+    assert_eq!(
+        l.usage("t", today).used,
+        10,
+        "spend survives a restart; a release is no spend"
+    );
+    assert_eq!(l.usage("t", today + 30).used, 0, "and leaves the rolling window");
+    let rows = l.rows(today, today);
+    assert_eq!(rows.len(), 1);
+    assert_eq!((rows[0].spent, rows[0].saved), (10, 5));
+}
+
+#[tokio::test]
+async fn a_reservation_left_by_a_dead_process_counts_as_spent_after_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let today = crate::ledger::today();
+    {
+        let l = ledger(dir.path());
+        let settled = granted(&l, 100, 30, today).await;
+        l.settle(settled, 25, Route::PermitsSearch, today)
+            .await
+            .expect("settle");
+        // Never settled: the process "dies" with it in flight.
+        std::mem::forget(granted(&l, 100, 40, today).await);
+    }
+    let l = ledger(dir.path());
+    assert_eq!(l.usage("t", today).used, 65, "25 settled + 40 worst case");
+    let unsettled: u64 = l
+        .rows(today, today)
+        .iter()
+        .filter(|r| r.route == UNSETTLED)
+        .map(|r| r.spent)
+        .sum();
+    assert_eq!(unsettled, 40);
+    drop(l);
+    assert_eq!(
+        ledger(dir.path()).usage("t", today).used,
+        65,
+        "converted once, not again"
+    );
+}
+
+#[tokio::test]
+async fn lapsed_reservations_count_as_spent_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let l = FileLedger::open(dir.path(), Window::Rolling30d, Duration::ZERO).expect("opens");
+    let today = crate::ledger::today();
+    let first = granted(&l, 10, 6, today).await;
+    assert!(
+        matches!(
+            l.reserve("t", Some(10), 6, today).await.unwrap(),
+            Reserved::Rejected { used: 6, .. }
+        ),
+        "the lapsed reservation is spent, not given back"
+    );
+    l.settle(first, 2, Route::PermitsSearch, today).await.expect("settle");
+    assert_eq!(
+        l.usage("t", today).used,
+        6,
+        "a settle after the lapse does not count twice"
+    );
+}
+
+#[tokio::test]
+async fn a_free_call_charged_after_all_is_durable() {
+    let dir = tempfile::tempdir().unwrap();
+    let today = crate::ledger::today();
+    {
+        let l = ledger(dir.path());
+        let free = granted(&l, 100, 0, today).await;
+        l.settle(free, 3, Route::MetaRelease, today).await.expect("settle");
+        assert_eq!(l.usage("t", today).used, 3);
+    }
+    assert_eq!(ledger(dir.path()).usage("t", today).used, 3, "on disk too");
+}

@@ -1,0 +1,277 @@
+//! The credits of one upstream call (phases 9 and 12): reserve the worst
+//! case, read what the upstream charged, settle it, or release it when
+//! nothing was charged; the team's budget headers; and the reconciliation of
+//! the org's spend seen upstream against the sum of the team ledgers.
+//!
+//! The upstream's numbers are distrusted: a charge that does not parse as a
+//! number (or is beyond any real bill) is replaced by the records counted in
+//! the page, and a charge above the reservation (which is the worst case of
+//! the call) is settled — the upstream billed it — but counted as an
+//! anomaly and never trusted for the future: what a later hit "saves" stays
+//! bounded by the reservation.
+
+use super::fetch::Job;
+use crate::app::App;
+use crate::error::GatewayError;
+use crate::ledger::{Reservation, Reserved};
+use crate::route;
+use http::header::{HeaderMap, HeaderName, HeaderValue};
+use http::StatusCode;
+
+pub const X_CREDITS_REQUEST: HeaderName = HeaderName::from_static("x-credits-request");
+pub const X_CREDITS_LIMIT: HeaderName = HeaderName::from_static("x-credits-limit");
+pub const X_CREDITS_REMAINING: HeaderName = HeaderName::from_static("x-credits-remaining");
+
+/// What one upstream answer costs the team that fetched it, and what it is
+/// worth to the followers and hits it serves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Charge {
+    /// Settled in the team's ledger: what the upstream billed.
+    pub credits: u64,
+    /// `credits` bounded by the reservation.
+    pub worth: u64,
+}
+
+/// The charge of an answer from its status, its `X-Credits-Request` and, when
+/// that is missing or not a number, the records in its body. `body` is
+/// `None` when the headers arrived but the body did not (cut, too large,
+/// timed out): then only a head that carries its bill is charged (the
+/// upstream bills every metered 200 in `X-Credits-Request`; a head without
+/// it is the answer of a fault, not a bill).
+pub fn charge(status: StatusCode, headers: &HeaderMap, body: Option<&[u8]>, metered: bool, reserved: u64) -> Charge {
+    if status != StatusCode::OK {
+        return Charge { credits: 0, worth: 0 };
+    }
+    let credits = match (billed(headers), body) {
+        (Some(n), _) => n,
+        (None, _) if !metered => 0,
+        (None, Some(body)) => count_items(body),
+        (None, None) => 0,
+    };
+    Charge {
+        credits,
+        worth: credits.min(reserved),
+    }
+}
+
+/// Above this a bill is not a number the upstream can mean (a page holds at
+/// most 100 records): it is treated like one that does not parse. Low
+/// enough that no sum of such bills overflows, here or in Redis's 64-bit
+/// integers.
+const MAX_BILL: u64 = u32::MAX as u64;
+
+/// The upstream's bill in `X-Credits-Request`, when it is a number.
+pub fn billed(headers: &HeaderMap) -> Option<u64> {
+    headers
+        .get(X_CREDITS_REQUEST)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|s| s.trim().parse::<u64>().ok())
+        .filter(|n| *n <= MAX_BILL)
+}
+
+/// Records in a page envelope; 0 when the body is not one.
+pub fn count_items(body: &[u8]) -> u64 {
+    #[derive(serde::Deserialize)]
+    struct Page {
+        items: Vec<serde::de::IgnoredAny>,
+    }
+    serde_json::from_slice::<Page>(body).map_or(0, |p| p.items.len() as u64)
+}
+
+/// Phase 9: holds the worst case of this call in the team's ledger, or
+/// refuses (402) before anything is spent. `Ok(None)`: nothing to hold
+/// (the ledger is down and the operator chose to fail open).
+pub async fn reserve(app: &App, job: &Job) -> Result<Option<Reservation>, GatewayError> {
+    let team = &job.team;
+    let amount = route::credit_estimate(&job.target);
+    // Free calls cannot overspend: they are recorded, never refused.
+    let limit = if amount == 0 { None } else { team.credit_limit };
+    match app.ledger.reserve(&team.name, limit, amount).await {
+        Ok(Reserved::Granted(r)) => Ok(Some(r)),
+        Ok(Reserved::Rejected { limit, .. }) => {
+            app.metrics
+                .quota_rejections_total
+                .with_label_values(&[&team.name])
+                .inc();
+            Err(GatewayError::QuotaExceeded {
+                limit,
+                upgrade_url: app.config.quota.upgrade_url.clone(),
+            })
+        }
+        Err(e) => {
+            app.metrics
+                .backend_errors_total
+                .with_label_values(&["ledger", "reserve"])
+                .inc();
+            tracing::error!(team = %team.name, error = %e, "ledger reserve failed");
+            // A free call has nothing to budget; a metered one fails closed
+            // unless the operator chose otherwise.
+            if amount == 0 || app.config.quota.fail_open {
+                Ok(None)
+            } else {
+                Err(GatewayError::Unavailable("Credit ledger unavailable"))
+            }
+        }
+    }
+}
+
+/// The reservation's amount, or the route's estimate when there is none:
+/// the bound a charge is held against.
+pub fn reserved(job: &Job, reservation: Option<&Reservation>) -> u64 {
+    reservation.map_or_else(|| route::credit_estimate(&job.target), |r| r.amount)
+}
+
+/// Gives the credits back: the upstream charged nothing.
+pub async fn release(app: &App, reservation: Option<Reservation>) {
+    if let Some(r) = reservation {
+        app.ledger.release(r).await;
+    }
+}
+
+/// Phase 12: turns the reservation into what the upstream charged. Runs in
+/// the task that owns the call, so no client can cancel it halfway.
+pub async fn settle(app: &App, job: &Job, reservation: Option<Reservation>, charge: Charge) {
+    let route = job.target.route;
+    let team = &job.team.name;
+    let reserved = reserved(job, reservation.as_ref());
+    if charge.credits > reserved {
+        app.metrics.credit_anomalies_total.with_label_values(&[team]).inc();
+        tracing::warn!(
+            team = %team,
+            route = route.as_str(),
+            request_id = %job.request_id,
+            reserved,
+            charged = charge.credits,
+            "anomaly: the upstream charged more than the worst case reserved; settled as charged"
+        );
+    }
+    if charge.credits > 0 {
+        app.metrics
+            .credits_spent_total
+            .with_label_values(&[team, route.as_str()])
+            .inc_by(charge.credits);
+    }
+    if let Some(r) = reservation {
+        if let Err(e) = app.ledger.settle(r, charge.credits, route).await {
+            app.metrics
+                .backend_errors_total
+                .with_label_values(&["ledger", "settle"])
+                .inc();
+            tracing::error!(team = %team, credits = charge.credits, error = %e, "ledger settle failed: the reservation stays counted as spent");
+        }
+    }
+    reconcile(app).await;
+}
+
+/// The safety net no single anchor gives: the org's spend as the upstream
+/// reports it (`X-Credits-Limit` − `X-Credits-Remaining`) minus the sum of
+/// the team ledgers, exported as `gateway_untracked_credits`. Positive:
+/// credits spent upstream that no team was charged (another client of the
+/// key, a lost settle); negative: reservations counted as spent that the
+/// upstream never charged (a crash). Both windows roll, so it is a trend.
+/// Run after every settle: settles are bounded by the upstream rate, and
+/// the ledgers answer `used` from memory (file) or a one-second cache (Redis).
+pub async fn reconcile(app: &App) {
+    let Some(org_spent) = app.org.spent() else { return };
+    let mut teams_spent: u64 = 0;
+    for team in app.teams.load().iter() {
+        match app.ledger.used(&team.name).await {
+            Ok(used) => teams_spent = teams_spent.saturating_add(used),
+            // An incomplete sum would report phantom untracked credits.
+            Err(_) => return,
+        }
+    }
+    let untracked = i128::from(org_spent) - i128::from(teams_spent);
+    let untracked = i64::try_from(untracked).unwrap_or(if untracked < 0 { i64::MIN } else { i64::MAX });
+    app.metrics.untracked_credits.set(untracked);
+}
+
+/// `X-Credits-Limit` and `X-Credits-Remaining` from the team's budget, and
+/// the used-credits gauge. A ledger that cannot answer just leaves them out.
+pub async fn team_budget_headers(app: &App, team: &str, headers: &mut HeaderMap) {
+    let Some(limit) = app.teams.load().by_name(team).and_then(|t| t.credit_limit) else {
+        return;
+    };
+    let Ok(used) = app.ledger.used(team).await else {
+        app.metrics
+            .backend_errors_total
+            .with_label_values(&["ledger", "usage"])
+            .inc();
+        return;
+    };
+    app.metrics
+        .team_credits_used
+        .with_label_values(&[team])
+        .set(i64::try_from(used).unwrap_or(i64::MAX));
+    headers.insert(X_CREDITS_LIMIT, HeaderValue::from(limit));
+    headers.insert(X_CREDITS_REMAINING, HeaderValue::from(limit.saturating_sub(used)));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn headers(credits: Option<&'static str>) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        if let Some(c) = credits {
+            h.insert(X_CREDITS_REQUEST, HeaderValue::from_static(c));
+        }
+        h
+    }
+
+    const PAGE: &[u8] = br#"{"items":[{},{},{}],"size":3}"#;
+
+    #[test]
+    fn credits_come_from_the_header_else_from_the_records() {
+        let ok = StatusCode::OK;
+        assert_eq!(charge(ok, &headers(Some("7")), Some(PAGE), true, 10).credits, 7);
+        for absurd in [
+            "abc",
+            "-5",
+            "99999999999999999999",
+            "18446744073709551615",
+            "4294967296",
+            "",
+        ] {
+            let c = charge(ok, &headers(Some(absurd)), Some(PAGE), true, 10);
+            assert_eq!(c.credits, 3, "{absurd}");
+        }
+        assert_eq!(
+            charge(ok, &headers(None), Some(PAGE), true, 10).credits,
+            3,
+            "missing: count"
+        );
+        assert_eq!(
+            charge(ok, &headers(None), Some(PAGE), false, 0).credits,
+            0,
+            "free endpoints"
+        );
+        let refused = charge(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            &headers(Some("7")),
+            Some(PAGE),
+            true,
+            10,
+        );
+        assert_eq!(refused.credits, 0);
+    }
+
+    #[test]
+    fn a_charge_above_the_reservation_is_settled_but_not_worth_more() {
+        let c = charge(StatusCode::OK, &headers(Some("5000000")), Some(PAGE), true, 50);
+        assert_eq!(
+            c,
+            Charge {
+                credits: 5_000_000,
+                worth: 50
+            }
+        );
+    }
+
+    #[test]
+    fn a_head_without_its_body_is_charged_what_it_bills() {
+        let ok = StatusCode::OK;
+        assert_eq!(charge(ok, &headers(Some("40")), None, true, 50).credits, 40);
+        assert_eq!(charge(ok, &headers(None), None, true, 50).credits, 0);
+    }
+}

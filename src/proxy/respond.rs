@@ -1,0 +1,183 @@
+//! The one place a team's answer is shaped (phase 15), whether it comes from
+//! the cache (HIT, STALE) or from a fetch (MISS, BYPASS, or a follower's HIT).
+//!
+//! Only an allow-list of the upstream's response headers reaches a team:
+//! `Content-Type` and `Retry-After` (clamped) on passed-through errors; on a
+//! 200 the gateway writes every header itself. So a HIT, a MISS and a STALE
+//! answer of one key carry the same header names, and nothing the upstream
+//! adds (`Set-Cookie`, `Location`, CORS, HSTS, its own credit headers, a
+//! header that might echo a secret) reaches a team.
+
+use super::context::{CacheState, RequestContext};
+use super::credits::X_CREDITS_REQUEST;
+use crate::cache::flight::Fetched;
+use crate::cache::Entry;
+use crate::clock::now_ms;
+use crate::error::GatewayError;
+use crate::http_util::Body;
+use crate::route::Route;
+use crate::upstream::retry_after;
+use bytes::Bytes;
+use http::header::{HeaderMap, HeaderName, HeaderValue, AGE, CONTENT_TYPE, ETAG, IF_NONE_MATCH, RETRY_AFTER};
+use http::{Response, StatusCode};
+use http_body_util::Full;
+use std::time::Duration;
+
+pub const X_CACHE: HeaderName = HeaderName::from_static("x-cache");
+
+/// A 200 answer: the same header names whatever its cache state. `credits`
+/// is what this team pays for it (written on metered routes only, like the
+/// upstream).
+fn ok(body: Bytes, etag: Option<&str>, age_secs: u64, state: CacheState, route: Route, credits: u64) -> Response<Body> {
+    let mut resp = Response::new(Full::new(body));
+    let h = resp.headers_mut();
+    // Every 200 the gateway passes on was checked to be JSON.
+    h.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    common(h, etag, age_secs, state, route, credits);
+    resp
+}
+
+fn common(h: &mut HeaderMap, etag: Option<&str>, age_secs: u64, state: CacheState, route: Route, credits: u64) {
+    h.insert(X_CACHE, HeaderValue::from_static(state.header()));
+    h.insert(AGE, HeaderValue::from(age_secs));
+    if let Some(Ok(etag)) = etag.map(HeaderValue::from_str) {
+        h.insert(ETAG, etag);
+    }
+    if route.is_metered() {
+        h.insert(X_CREDITS_REQUEST, HeaderValue::from(credits));
+    }
+}
+
+/// The answer from a cached entry (HIT or STALE): 0 credits for the team,
+/// and 304 when the client already has this body.
+pub fn from_entry(entry: &Entry, state: CacheState, request_headers: &HeaderMap) -> Response<Body> {
+    let age = entry.age(now_ms()).as_secs();
+    if !client_has(request_headers, &entry.etag) {
+        return ok(entry.body.clone(), Some(&entry.etag), age, state, entry.route, 0);
+    }
+    let mut resp = Response::new(Full::default());
+    *resp.status_mut() = StatusCode::NOT_MODIFIED;
+    common(resp.headers_mut(), Some(&entry.etag), age, state, entry.route, 0);
+    resp
+}
+
+/// `If-None-Match` names this body (or `*`).
+fn client_has(request_headers: &HeaderMap, etag: &str) -> bool {
+    request_headers
+        .get_all(IF_NONE_MATCH)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .any(|tag| {
+            let tag = tag.trim();
+            tag == "*" || tag.trim_start_matches("W/") == etag
+        })
+}
+
+/// The team's answer for a fetch; `charged` is what this team pays (0 for a
+/// follower). Upstream failures become errors here, with the upstream's
+/// `Retry-After` clamped to `max_retry_after`.
+pub fn from_fetched(
+    fetched: &Fetched,
+    charged: u64,
+    state: CacheState,
+    ctx: &RequestContext,
+    max_retry_after: Duration,
+) -> Result<Response<Body>, GatewayError> {
+    match fetched.status.as_u16() {
+        // Our key was refused: the gateway's problem, not the team's token.
+        401 | 403 => {
+            tracing::error!(request_id = %ctx.request_id, status = fetched.status.as_u16(), "upstream refused the gateway's key");
+            return Err(GatewayError::UpstreamUnavailable);
+        }
+        429 => {
+            let secs = retry_after(&fetched.headers, max_retry_after).map_or(1, |d| d.as_secs());
+            return Err(GatewayError::UpstreamRateLimited { retry_after_secs: secs });
+        }
+        500..=599 => return Err(GatewayError::UpstreamUnavailable),
+        _ => {}
+    }
+    let route = ctx.route.unwrap_or(Route::Other);
+    if fetched.status == StatusCode::OK {
+        return Ok(ok(
+            fetched.body.clone(),
+            fetched.etag.as_deref(),
+            0,
+            state,
+            route,
+            charged,
+        ));
+    }
+    // An answer the upstream gave for free (404, 422, 402, ...): its body
+    // and the allow-listed headers only.
+    let mut resp = Response::new(Full::new(fetched.body.clone()));
+    *resp.status_mut() = fetched.status;
+    let h = resp.headers_mut();
+    if let Some(ct) = fetched.headers.get(CONTENT_TYPE) {
+        h.insert(CONTENT_TYPE, ct.clone());
+    }
+    if let Some(wait) = retry_after(&fetched.headers, max_retry_after) {
+        h.insert(RETRY_AFTER, HeaderValue::from(wait.as_secs()));
+    }
+    h.insert(X_CACHE, HeaderValue::from_static(state.header()));
+    Ok(resp)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry() -> Entry {
+        Entry::new(
+            Bytes::from_static(b"{}"),
+            3,
+            Duration::from_secs(60),
+            Route::PermitsSearch,
+        )
+    }
+
+    #[test]
+    fn if_none_match_gets_304() {
+        let e = entry();
+        let mut h = HeaderMap::new();
+        h.insert(IF_NONE_MATCH, HeaderValue::from_str(&e.etag).unwrap());
+        assert_eq!(from_entry(&e, CacheState::Hit, &h).status(), StatusCode::NOT_MODIFIED);
+        h.insert(IF_NONE_MATCH, HeaderValue::from_static("\"other\""));
+        assert_eq!(from_entry(&e, CacheState::Hit, &h).status(), StatusCode::OK);
+    }
+
+    #[test]
+    fn a_fetched_200_carries_the_gateway_headers_only() {
+        let mut upstream = HeaderMap::new();
+        for (k, v) in [
+            ("location", "https://evil.example"),
+            ("set-cookie", "a=b"),
+            ("access-control-allow-origin", "*"),
+            ("age", "99999"),
+            ("x-credits-remaining", "123"),
+            ("content-type", "application/json; charset=utf-8"),
+        ] {
+            upstream.insert(HeaderName::from_static(k), HeaderValue::from_static(v));
+        }
+        let fetched = Fetched {
+            status: StatusCode::OK,
+            headers: upstream,
+            body: Bytes::from_static(b"{}"),
+            credits: 3,
+            worth: 3,
+            from_cache: false,
+            etag: Some(entry().etag),
+        };
+        let mut ctx = RequestContext::new("r".into());
+        ctx.route = Some(Route::PermitsSearch);
+        let miss = from_fetched(&fetched, 3, CacheState::Miss, &ctx, Duration::from_secs(120)).unwrap();
+        let hit = from_entry(&entry(), CacheState::Hit, &HeaderMap::new());
+        let names = |h: &HeaderMap| {
+            let mut n: Vec<String> = h.keys().map(|k| k.to_string()).collect();
+            n.sort();
+            n
+        };
+        assert_eq!(names(miss.headers()), names(hit.headers()));
+        assert_eq!(miss.headers()[AGE], "0");
+    }
+}

@@ -1,0 +1,56 @@
+//! `GET /v2/usage` (phase 5): the team's own usage, answered by the gateway
+//! from its ledger in the upstream's usage shape. Never forwarded and never
+//! cached: the upstream's answer would be the whole org's.
+
+use crate::app::App;
+use crate::auth::Team;
+use crate::error::GatewayError;
+use crate::http_util::{json_response, Body};
+use crate::ledger::date_of;
+use http::{Response, StatusCode};
+use serde_json::json;
+
+/// `GET /v2/usage` for one team, in the upstream's usage shape.
+pub async fn usage(app: &App, team: &Team) -> Result<Response<Body>, GatewayError> {
+    let usage = app.ledger.usage(&team.name).await.map_err(|e| {
+        app.metrics
+            .backend_errors_total
+            .with_label_values(&["ledger", "usage"])
+            .inc();
+        tracing::error!(team = %team.name, error = %e, "ledger usage failed");
+        GatewayError::Unavailable("Credit ledger unavailable")
+    })?;
+    let window = app.ledger.window();
+    let over = team.credit_limit.is_some_and(|l| usage.used >= l);
+    let daily: Vec<_> = usage
+        .daily
+        .iter()
+        .map(|(day, credits)| {
+            json!({
+                "date": date_of(*day).to_string(),
+                "credits": credits,
+                "expires": date_of(window.expires(*day)).to_string(),
+            })
+        })
+        .collect();
+    // When over the limit: the day the oldest spend leaves the window.
+    let available_at = over
+        .then(|| {
+            usage
+                .daily
+                .first()
+                .map(|(d, _)| date_of(window.expires(*d)).to_string())
+        })
+        .flatten();
+    Ok(json_response(
+        StatusCode::OK,
+        &json!({
+            "credits_used": usage.used,
+            "credit_limit": team.credit_limit,
+            "is_over_limit": over,
+            "available_at": available_at,
+            "daily_usage": daily,
+            "window": window.as_str(),
+        }),
+    ))
+}

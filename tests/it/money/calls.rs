@@ -1,0 +1,146 @@
+//! A call's life belongs to no request: a client that hangs up, a body that
+//! fails after a billed head, Redis restarting under a settle (cases 1, 2, 4).
+
+use super::{fault, redis_for, replicas, wait_until};
+use crate::support::gateway::{Setup, ALPHA, BETA};
+use crate::support::redis::RedisServer;
+use crate::support::sim::{start_sim, unlimited, FaultKind, Faults};
+use crate::support::traffic::{as_team, assert_ledger_matches, charged_to, distinct_search, ledger_used};
+use http::StatusCode;
+use std::time::Duration;
+
+/// Case 1: the call belongs to no request. A client that hangs up neither
+/// cancels it nor lets the next caller buy the key a second time.
+async fn a_hang_up_buys_nothing_twice(n: usize) {
+    let redis = redis_for(n);
+    let sim = start_sim(unlimited()).await;
+    let gws = replicas(n, &sim, redis.as_ref(), Setup::new()).await;
+    let path = distinct_search(&sim, 0, 20);
+    sim.set_faults(Faults {
+        latency_ms: Some(1_500),
+        ..fault(FaultKind::Latency)
+    });
+    let first = format!("{}{path}", gws[0].base_url());
+    let hung_up = tokio::time::timeout(Duration::from_millis(300), as_team(&first, ALPHA.1, "alpha-1")).await;
+    assert!(hung_up.is_err(), "the client gave up before the upstream answered");
+    let other = format!("{}{path}", gws[n - 1].base_url());
+    let r = as_team(&other, BETA.1, "beta-1").await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text());
+    assert_eq!(r.header("x-cache"), Some("HIT"), "beta got the running call's answer");
+    assert_eq!(r.header_u64("x-credits-request"), Some(0));
+    let again = as_team(&first, ALPHA.1, "alpha-2").await;
+    assert_eq!(
+        again.header("x-cache"),
+        Some("HIT"),
+        "the retry after the timeout is free"
+    );
+    assert_eq!(sim.stats().requests_total, 1, "one upstream call for the key");
+    assert_eq!(charged_to(&sim, "alpha-"), 20, "the hung-up caller's team paid");
+    assert_ledger_matches(&sim, &gws[0].admin_url(), &["alpha", "beta"]).await;
+}
+
+#[tokio::test]
+async fn a_client_that_hangs_up_does_not_buy_the_key_twice() {
+    a_hang_up_buys_nothing_twice(1).await;
+}
+
+#[tokio::test]
+async fn a_client_that_hangs_up_does_not_buy_the_key_twice_across_replicas() {
+    a_hang_up_buys_nothing_twice(2).await;
+}
+
+/// Case 2: an answer billed in its headers whose body then fails (the
+/// whole-call deadline) is settled, not released, and never cached.
+async fn a_billed_answer_is_settled_when_its_body_fails(n: usize) {
+    let redis = redis_for(n);
+    let sim = start_sim(unlimited()).await;
+    let setup = Setup::new().with("upstream", "timeout_secs = 1\nmax_retries = 0");
+    let gws = replicas(n, &sim, redis.as_ref(), setup).await;
+    let path = distinct_search(&sim, 1, 20);
+    sim.set_faults(Faults {
+        delay_ms: Some(3_000),
+        count: Some(1),
+        ..fault(FaultKind::SlowBody)
+    });
+    let url = format!("{}{path}", gws[0].base_url());
+    let cut = as_team(&url, ALPHA.1, "alpha-1").await;
+    assert_eq!(cut.status, StatusCode::GATEWAY_TIMEOUT, "{}", cut.text());
+    assert_eq!(charged_to(&sim, "alpha-"), 20, "the upstream billed the cut answer");
+    assert_eq!(
+        ledger_used(&gws[0].admin_url(), "alpha").await,
+        20,
+        "and so did the ledger"
+    );
+    let next = as_team(&format!("{}{path}", gws[n - 1].base_url()), ALPHA.1, "alpha-2").await;
+    assert_eq!(next.header("x-cache"), Some("MISS"), "the cut answer was not cached");
+    assert_ledger_matches(&sim, &gws[0].admin_url(), &["alpha"]).await;
+}
+
+#[tokio::test]
+async fn a_billed_answer_whose_body_fails_is_settled_not_released() {
+    a_billed_answer_is_settled_when_its_body_fails(1).await;
+}
+
+#[tokio::test]
+async fn a_billed_answer_whose_body_fails_is_settled_across_replicas() {
+    a_billed_answer_is_settled_when_its_body_fails(2).await;
+}
+
+/// Case 4: Redis restarts while a call is in flight; the settle is retried
+/// until it lands, once.
+async fn a_redis_restart_mid_call_loses_no_spend(n: usize) {
+    let mut redis = RedisServer::start();
+    let sim = start_sim(unlimited()).await;
+    let gws = replicas(n, &sim, Some(&redis), Setup::new()).await;
+    sim.set_faults(Faults {
+        latency_ms: Some(1_500),
+        count: Some(1),
+        ..fault(FaultKind::Latency)
+    });
+    let url = format!("{}{}", gws[0].base_url(), distinct_search(&sim, 0, 20));
+    let call = tokio::spawn(async move { as_team(&url, ALPHA.1, "alpha-1").await });
+    let held = held_reservations(&redis, "alpha");
+    wait_until("the call holds its reservation", Duration::from_secs(5), held).await;
+    redis.restart();
+    let r = call.await.expect("call");
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text());
+    assert_eq!(charged_to(&sim, "alpha-"), 20);
+    wait_until("the settle lands", Duration::from_secs(10), || async {
+        ledger_used(&gws[n - 1].admin_url(), "alpha").await == 20
+    })
+    .await;
+    assert_ledger_matches(&sim, &gws[n - 1].admin_url(), &["alpha"]).await;
+}
+
+/// A check that the team holds a reservation in the Redis ledger.
+fn held_reservations(
+    redis: &RedisServer,
+    team: &str,
+) -> impl Fn() -> std::pin::Pin<Box<dyn std::future::Future<Output = bool> + Send>> {
+    let client = redis::Client::open(redis.url()).expect("redis url");
+    let key = format!("pgw:l:{{{team}}}:held");
+    move || {
+        let (client, key) = (client.clone(), key.clone());
+        Box::pin(async move {
+            let Ok(mut c) = client.get_multiplexed_async_connection().await else {
+                return false;
+            };
+            redis::cmd("HLEN")
+                .arg(&key)
+                .query_async::<u64>(&mut c)
+                .await
+                .unwrap_or(0)
+                > 0
+        })
+    }
+}
+
+#[tokio::test]
+async fn a_redis_restart_mid_call_settles_the_spend() {
+    a_redis_restart_mid_call_loses_no_spend(1).await;
+}
+
+#[tokio::test]
+async fn a_redis_restart_mid_call_settles_the_spend_across_replicas() {
+    a_redis_restart_mid_call_loses_no_spend(2).await;
+}

@@ -171,7 +171,7 @@ class Gateway:
     """`permit-gateway serve` on fixed free loopback ports chosen now."""
 
     def __init__(self, bin_dir, tmp, name, sim, teams, memory_max_bytes=268435456,
-                 redis_url=None, level="warn", log_to=None):
+                 redis_url=None, level="warn", log_to=None, cache_lines=()):
         self.port, self.admin_port = free_port(), free_port()
         lines = [
             "[server]",
@@ -186,6 +186,7 @@ class Gateway:
         ]
         if redis_url:
             lines += [f'redis_url = "{redis_url}"', f'redis_key_prefix = "pgw-{name}:"']
+        lines += list(cache_lines)
         lines += [
             "[quota]",
             'store = "file"',

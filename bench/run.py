@@ -9,7 +9,9 @@ Phases, each with its own processes on loopback ports:
      cache writes), one connection;
   3. memory: RSS per cached entry, and RSS under a small memory_max_bytes;
   4. credits: the seeded replay (bench/replay.py) against no cache, nginx
-     and the gateway, the simulator's counters reset between targets.
+     and the gateway, the simulator's counters reset between targets;
+  5. clicks: the search → click-through replay (issue 16) against no cache,
+     nginx, the gateway with record reuse off and with it on.
 Writes the markdown table to bench/results/latest.md (and raw JSON next to it).
 """
 
@@ -276,6 +278,65 @@ def credits(args, tmp, redis):
     return out
 
 
+# --- 5. clicks ---------------------------------------------------------------
+
+
+def clicks(args, tmp, redis):
+    sim = lib.Sim(args.bin_dir, tmp, "sim-clicks", SIM_KEY, 50, 150)
+    samples = sim.samples()
+    # Ids no search of the workload shows: a year of the big state, asked
+    # before the counters are reset (so no target pays for them).
+    q = (f"/v2/permits/search?geo_id={samples['big_state']}&permit_from=2015-01-01&permit_to=2015-12-31"
+         "&size=100")
+    key = {"X-API-Key": SIM_KEY}
+    first = lib.get_json(sim.base + q, headers=key)
+    second = lib.get_json(sim.base + q + "&cursor=" + urllib.parse.quote(first["next_cursor"]), headers=key)
+    cold = [r["id"] for r in first["items"] + second["items"]]
+    ticks, styles = replay.generate_clicks(args.seed, samples)
+    out = {"workload": replay.summary(ticks), "seed": args.seed, "targets": {}}
+    apps = ["search_ui", "mobile", "reports"]
+    tokens = {a: APP_TOKENS[a] for a in apps}
+    nginx = lib.Nginx(tmp, "clicks", sim)
+    off = lib.Gateway(args.bin_dir, tmp, "clicks-off", sim, tokens, redis_url=redis.url,
+                      cache_lines=["record_reuse = false"])
+    on = lib.Gateway(args.bin_dir, tmp, "clicks-on", sim, tokens, redis_url=redis.url)
+    for name, base, toks in (("no cache", sim.base, {a: SIM_KEY for a in apps}),
+                             ("nginx proxy_cache", nginx.base, {a: SIM_KEY for a in apps}),
+                             ("gateway, record reuse off", off.base, tokens),
+                             ("gateway, record reuse on", on.base, tokens)):
+        sim.reset()
+        started = time.time()
+        client = replay.run(ticks, styles, base, toks, cold_ids=cold)
+        st = sim.stats()
+        out["targets"][name] = {"credits": st["credits_total"], "upstream_requests": st["requests_total"],
+                                "client": client, "secs": round(time.time() - started, 1)}
+        log(f"  clicks {name}: {st['credits_total']} credits, {st['requests_total']} upstream requests, "
+            f"{client}")
+    m = on.metrics()
+    out["records"] = {src: m.get(f'gateway_cache_records_total{{route="permits_by_id",source="{src}"}}', 0)
+                      for src in ("cache", "absent", "upstream")}
+    for p in (on.proc, off.proc, nginx.proc, sim.proc):
+        lib.stop(p)
+    return out
+
+
+def clicks_table(cl):
+    w = cl["workload"]
+    L = [f"### Credits — search → click-through replay (seed {cl['seed']}): {w['actions']} requests in "
+         f"{w['ticks']} ticks, {w['lookups']} of them id lookups, simulator latency 50–200 ms", "",
+         "| target | credits charged | upstream requests | credits vs no cache | credits vs nginx | "
+         "client statuses | wall s |", "|---|---:|---:|---:|---:|---|---:|"]
+    T = cl["targets"]
+    base_c, ng_c = T["no cache"]["credits"], T["nginx proxy_cache"]["credits"]
+    for name, t in T.items():
+        L.append(f"| {name} | {t['credits']} | {t['upstream_requests']} | {t['credits'] / base_c:.2f}× | "
+                 f"{t['credits'] / ng_c:.2f}× | {t['client']['statuses']} | {t['secs']} |")
+    r = cl["records"]
+    L += ["", f"Record reuse on: lookup ids answered from held records {r['cache']:.0f}, from held absences "
+          f"{r['absent']:.0f}, bought {r['upstream']:.0f} (`gateway_cache_records_total`).", ""]
+    return "\n".join(L) + "\n"
+
+
 # --- the table ---------------------------------------------------------------
 
 
@@ -399,7 +460,7 @@ def main():
     ap.add_argument("--mem-entries", type=int, default=4000)
     ap.add_argument("--mem-cap", type=int, default=16 * 1024 * 1024)
     ap.add_argument("--out", default=os.path.join(HERE, "results"))
-    ap.add_argument("--only", nargs="*", default=["hit", "miss", "memory", "credits"])
+    ap.add_argument("--only", nargs="*", default=["hit", "miss", "memory", "credits", "clicks"])
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
     tmp = tempfile.mkdtemp(prefix="pgw-bench-")
@@ -408,7 +469,7 @@ def main():
     redis = lib.Redis(tmp)
     res = {}
     prev = os.path.join(args.out, "latest.json")
-    if set(args.only) != {"hit", "miss", "memory", "credits"} and os.path.exists(prev):
+    if set(args.only) != {"hit", "miss", "memory", "credits", "clicks"} and os.path.exists(prev):
         with open(prev) as f:
             res = json.load(f)
         # JSON turned the int conns keys into strings.
@@ -432,10 +493,16 @@ def main():
     if "credits" in args.only:
         log("4. credits")
         res["credits"] = credits(args, tmp, redis)
+    if "clicks" in args.only:
+        log("5. clicks")
+        res["clicks"] = clicks(args, tmp, redis)
     res["took_secs"] = round(time.time() - started)
     with open(os.path.join(args.out, "latest.json"), "w") as f:
         json.dump(res, f, indent=1, default=str)
-    md = table(res, args)
+    full = all(k in res for k in ("hit", "miss", "memory", "credits"))
+    md = table(res, args) if full else ""
+    if "clicks" in res:
+        md += "\n" + clicks_table(res["clicks"])
     md += f"\nWhole run: {res['took_secs']} s.\n"
     with open(os.path.join(args.out, "latest.md"), "w") as f:
         f.write(md)

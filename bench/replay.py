@@ -173,7 +173,8 @@ def generate_clicks(seed, samples):
                 tick.append({"app": app, "label": label, "url": styles[app].render("/v2/permits/search", q)})
                 labels.append(label)
             if shown and rng.random() < 0.8:
-                picks = rng.sample(range(25), 1 if rng.random() < 0.6 else rng.choice([2, 3, 5]))
+                # Places in the list as fractions: lists differ in length.
+                picks = [rng.random() for _ in range(1 if rng.random() < 0.6 else rng.choice([2, 3, 5]))]
                 cold = rng.sample(range(200), rng.choice([1, 2])) if rng.random() < 0.25 else []
                 tick.append({"app": app, "lookup": {"from": rng.choice(shown), "picks": picks, "cold": cold,
                                                     "unknown": rng.random() < 0.1}})
@@ -186,7 +187,7 @@ def lookup_url(action, seen, cold_ids):
     `None` when none of its picks exist (the same on every target)."""
     lk = action["lookup"]
     shown = seen.get(lk["from"], [])
-    ids = [shown[i] for i in lk["picks"] if i < len(shown)]
+    ids = list(dict.fromkeys(shown[int(f * len(shown))] for f in lk["picks"])) if shown else []
     ids += [cold_ids[i] for i in lk["cold"] if i < len(cold_ids)]
     if lk["unknown"]:
         ids.append("ffffffffffffffff")

@@ -284,10 +284,11 @@ def credits(args, tmp, redis):
 def clicks(args, tmp, redis):
     sim = lib.Sim(args.bin_dir, tmp, "sim-clicks", SIM_KEY, 50, 150)
     samples = sim.samples()
-    # Ids no search of the workload shows: a year of the big state, asked
-    # before the counters are reset (so no target pays for them).
-    q = (f"/v2/permits/search?geo_id={samples['big_state']}&permit_from=2015-01-01&permit_to=2015-12-31"
-         "&size=100")
+    # Ids no search of the workload shows (it searches the small state's
+    # places): the big state's, asked before the counters are reset (so no
+    # target pays for them).
+    q = (f"/v2/permits/search?geo_id={samples['big_state']}&permit_from={samples['permit_from']}"
+         f"&permit_to={samples['permit_to']}&size=100")
     key = {"X-API-Key": SIM_KEY}
     first = lib.get_json(sim.base + q, headers=key)
     second = lib.get_json(sim.base + q + "&cursor=" + urllib.parse.quote(first["next_cursor"]), headers=key)

@@ -164,8 +164,12 @@ impl Cache {
         if life.is_zero() {
             return;
         }
+        // Records are views into the page's own (compacted) body: filed, they
+        // add their index, not a second copy of the bytes.
+        let mut page = entry.clone();
         if let Some(memory) = &self.memory {
-            memory.insert(Arc::from(key), compact(&entry)).await;
+            page = compact(&entry);
+            memory.insert(Arc::from(key), page.clone()).await;
         }
         if let Some(redis) = &self.redis {
             let rkey = self.redis_key(entry.route, key);
@@ -184,7 +188,7 @@ impl Cache {
                 .await;
         }
         if let Some(resource) = records::Resource::filed_by(entry.route).filter(|_| self.record_reuse) {
-            self.file_records(resource, &entry).await;
+            self.file_records(resource, &page).await;
         }
     }
 

@@ -79,9 +79,10 @@ pub fn is_absent(entry: &Entry) -> bool {
     entry.body.is_empty()
 }
 
-/// The records of a page envelope, as sent (byte for byte), each with its id.
-/// `None` when the body is not a page of records with string ids.
-pub fn records_of(body: &[u8], resource: Resource) -> Option<Vec<(String, Bytes)>> {
+/// The records of a page envelope, as sent (byte for byte, views into
+/// `body`, not copies), each with its id. `None` when the body is not a page
+/// of records with string ids.
+pub fn records_of(body: &Bytes, resource: Resource) -> Option<Vec<(String, Bytes)>> {
     #[derive(Deserialize)]
     struct Page<'a> {
         #[serde(borrow)]
@@ -100,20 +101,29 @@ pub fn records_of(body: &[u8], resource: Resource) -> Option<Vec<(String, Bytes)
         if resource == Resource::Properties && record.trust.is_some() {
             continue;
         }
-        out.push((record.id, Bytes::copy_from_slice(raw.get().as_bytes())));
+        out.push((record.id, body.slice_ref(raw.get().as_bytes())));
     }
     Some(out)
 }
 
 /// A record (or an absence: empty body, 0 credits) with its page's times.
+/// No ETag in memory (a record is never answered alone); L2 adds one, its
+/// integrity check.
 fn record_entry(resource: Resource, page: &Entry, body: Bytes, credits: u64) -> Entry {
     Entry {
-        etag: super::entry::etag_of(&body),
+        etag: String::new(),
         body,
         credits,
         stored_at_ms: page.stored_at_ms,
         ttl_ms: page.ttl_ms,
         route: resource.lookup_route(),
+    }
+}
+
+fn with_etag(e: &Entry) -> Entry {
+    Entry {
+        etag: super::entry::etag_of(&e.body),
+        ..e.clone()
     }
 }
 
@@ -168,7 +178,7 @@ impl Cache {
             for (key, e) in &filed {
                 pipe.cmd("SET")
                     .arg(self.redis_key(resource.lookup_route(), key))
-                    .arg(e.encode())
+                    .arg(with_etag(e).encode())
                     .arg("PX")
                     .arg(px)
                     .ignore();
@@ -229,18 +239,21 @@ mod tests {
 
     #[test]
     fn records_are_taken_as_sent_and_absence_searches_are_skipped() {
-        let page = br#"{"items":[{"id":"a","x":[1, 2]},{"x":1,"id":"b"}],"size":2}"#;
-        let got = records_of(page, Resource::Permits).expect("a page");
+        let page = Bytes::from_static(br#"{"items":[{"id":"a","x":[1, 2]},{"x":1,"id":"b"}],"size":2}"#);
+        let got = records_of(&page, Resource::Permits).expect("a page");
         assert_eq!(
             got[0],
             ("a".to_string(), Bytes::from_static(br#"{"id":"a","x":[1, 2]}"#))
         );
         assert_eq!(got[1].0, "b");
-        let trust = br#"{"items":[{"id":"a","trust":{}},{"id":"b"}]}"#;
-        assert_eq!(records_of(trust, Resource::Properties).map(|r| r.len()), Some(1));
-        assert_eq!(records_of(trust, Resource::Permits).map(|r| r.len()), Some(2));
-        assert_eq!(records_of(br#"{"items":[{"id":7}]}"#, Resource::Permits), None);
-        assert_eq!(records_of(b"[]", Resource::Permits), None);
+        let inside = |b: &Bytes| page.as_ptr_range().contains(&b.as_ptr());
+        assert!(got.iter().all(|(_, b)| inside(b)), "views into the page, not copies");
+        let trust = Bytes::from_static(br#"{"items":[{"id":"a","trust":{}},{"id":"b"}]}"#);
+        assert_eq!(records_of(&trust, Resource::Properties).map(|r| r.len()), Some(1));
+        assert_eq!(records_of(&trust, Resource::Permits).map(|r| r.len()), Some(2));
+        let bad = |b: &'static [u8]| records_of(&Bytes::from_static(b), Resource::Permits);
+        assert_eq!(bad(br#"{"items":[{"id":7}]}"#), None);
+        assert_eq!(bad(b"[]"), None);
     }
 
     #[test]

@@ -189,8 +189,10 @@ impl Cache {
         }
     }
 
-    /// The fresh held entry (record or absence) of each id, in order: L1,
-    /// then one `MGET` to L2 for the rest (promoting what it finds).
+    /// The held entry (record or absence) of each id, in order, fresh or
+    /// within the stale grace (the caller serves stale ones only when the
+    /// upstream fails): L1, then one `MGET` to L2 for the rest (promoting
+    /// what it finds).
     pub async fn held_records(&self, resource: Resource, ids: &[String]) -> Vec<Option<Arc<Entry>>> {
         let now = now_ms();
         let mut held: Vec<Option<Arc<Entry>>> = Vec::with_capacity(ids.len());
@@ -199,10 +201,13 @@ impl Cache {
                 Some(memory) => memory.get(resource.key(id).as_str()).await,
                 None => None,
             };
-            held.push(found.filter(|e| e.is_fresh(now)));
+            held.push(found.filter(|e| !e.remaining_life(now, self.grace).is_zero()));
         }
         let Some(redis) = &self.redis else { return held };
-        let wanted: Vec<usize> = (0..ids.len()).filter(|i| held[*i].is_none()).collect();
+        // Stale in L1 may be fresh in L2: another replica bought it again.
+        let wanted: Vec<usize> = (0..ids.len())
+            .filter(|i| !held[*i].as_ref().is_some_and(|e| e.is_fresh(now)))
+            .collect();
         if wanted.is_empty() {
             return held;
         }
@@ -220,6 +225,11 @@ impl Cache {
         for (i, bytes) in wanted.into_iter().zip(got) {
             let Some(entry) = bytes.and_then(|b| Entry::decode(&b)).filter(|e| e.is_fresh(now)) else {
                 continue;
+            };
+            // L1 keeps no ETag for records (see `record_entry`).
+            let entry = Entry {
+                etag: String::new(),
+                ..entry
             };
             let entry = Arc::new(entry);
             if let Some(memory) = &self.memory {

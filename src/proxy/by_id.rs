@@ -44,14 +44,24 @@ pub async fn answer<B>(app: &Arc<App>, ask: &Ask<'_, B>, ctx: &mut RequestContex
     let ttl = app.cache.ttl(target.route)?;
     let ids = lookup_ids(target.query.as_deref()?)?;
     let now = now_ms();
-    let held: Vec<Option<Arc<Entry>>> = app
+    // Fresh records answer; stale ones (within the grace) only stand in when
+    // the upstream fails. A client's max-age binds records as it binds pages.
+    let (held, stale): (Vec<_>, Vec<_>) = app
         .cache
         .held_records(resource, &ids)
         .await
         .into_iter()
-        // A client's max-age binds records as it binds pages.
-        .map(|h| h.filter(|e| d.max_age.is_none_or(|max| e.age(now).as_secs() <= max)))
-        .collect();
+        .map(|h| {
+            let fresh = h
+                .as_ref()
+                .is_some_and(|e| e.is_fresh(now) && d.max_age.is_none_or(|max| e.age(now).as_secs() <= max));
+            if fresh {
+                (h, None)
+            } else {
+                (None, h)
+            }
+        })
+        .unzip();
     let missing: Vec<String> = ids
         .iter()
         .zip(&held)
@@ -78,6 +88,30 @@ pub async fn answer<B>(app: &Arc<App>, ask: &Ask<'_, B>, ctx: &mut RequestContex
     };
     job.key = Some(key::cache_key(&job.target));
     let (outcome, role) = fetch::coalesced(app, job).await;
+    let failed = match &outcome {
+        Ok(f) => matches!(f.status.as_u16(), 402 | 429 | 500..=599),
+        Err(e) => e.upstream_failed(),
+    };
+    // 14. The upstream failed: stale records for every missing id stand in.
+    if failed && stale.iter().zip(&held).all(|(s, h)| h.is_some() || s.is_some()) {
+        let merged: Vec<_> = held
+            .iter()
+            .zip(&stale)
+            .map(|(h, s)| h.clone().or_else(|| s.clone()))
+            .collect();
+        tally(app, &ask.team, target, &merged, 0);
+        ctx.cache = CacheState::Stale;
+        let body = assemble(&ids, &merged, &[]);
+        return Some(Ok(respond_with(
+            body,
+            &merged,
+            0,
+            CacheState::Stale,
+            ttl,
+            target,
+            ask.req,
+        )));
+    }
     let fetched = match outcome {
         Ok(f) => f,
         Err(e) => return Some(Err(e)),

@@ -6,7 +6,7 @@
 use crate::support::gateway::{Setup, ADMIN_TOKEN, ALPHA};
 use crate::support::http::{get, send, Reply};
 use crate::support::redis::RedisServer;
-use crate::support::sim::{start_sim, unlimited, Sim};
+use crate::support::sim::{start_sim, unlimited, FaultKind, Faults, Sim};
 use crate::support::traffic::{assert_ledger_matches, charged_to};
 use bytes::Bytes;
 use http::{Method, StatusCode};
@@ -171,18 +171,49 @@ async fn records_expire_with_the_page_that_brought_them() {
     let path = lookup("permits", &[&held[0], &held[1], &held[2]]);
     let only_cached = [("cache-control", "only-if-cached")];
     assert_eq!(alpha_with(&gw, &path, &only_cached).await.status, StatusCode::OK);
-    // only-if-cached never reaches the upstream: poll it until the records go.
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while alpha_with(&gw, &path, &only_cached).await.status == StatusCode::OK {
-        assert!(Instant::now() < deadline, "records outlived their page's TTL");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    wait_until_expired(&gw, &path).await;
     assert_eq!(upstream_requests(&sim), 1);
     let r = alpha(&gw, &path).await;
     assert_eq!(r.header("x-cache"), Some("MISS"));
     assert_eq!(r.header_u64("x-credits-request"), Some(3));
     assert_eq!(charged_to(&sim, "alpha-"), 8);
     assert_ledger_matches(&sim, &gw.admin_url(), &["alpha"]).await;
+}
+
+/// Polls `only-if-cached` (which never reaches the upstream) until the
+/// lookup's records are no longer fresh.
+async fn wait_until_expired(gw: &Running, path: &str) {
+    let only_cached = [("cache-control", "only-if-cached")];
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while alpha_with(gw, path, &only_cached).await.status == StatusCode::OK {
+        assert!(Instant::now() < deadline, "records outlived their page's TTL");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test]
+async fn stale_records_stand_in_when_the_upstream_fails() {
+    let sim = start_sim(unlimited()).await;
+    let gw = Setup::new()
+        .with("cache", "[cache.route_ttl_secs]\npermits_search = 1")
+        .start(&sim)
+        .await;
+    let held = ids_of(&alpha(&gw, &permit_search(&sim, 5)).await);
+    let path = lookup("permits", &[&held[4], &held[1]]);
+    wait_until_expired(&gw, &path).await;
+    sim.set_faults(Faults {
+        kind: FaultKind::Status,
+        status: Some(500),
+        ..Faults::default()
+    });
+    let r = alpha(&gw, &path).await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text());
+    assert_eq!(r.header("x-cache"), Some("STALE"));
+    assert_eq!(r.header_u64("x-credits-request"), Some(0));
+    assert!(upstream_requests(&sim) >= 2, "the upstream was asked first");
+    sim.clear_faults();
+    assert_ledger_matches(&sim, &gw.admin_url(), &["alpha"]).await;
+    assert_same_as_upstream(&sim, &path, &r).await;
 }
 
 #[tokio::test]

@@ -6,9 +6,13 @@
 #     -v permit-gateway-data:/var/lib/permit-gateway \
 #     permit-gateway:0.1.0
 #
-# The binary is built with exactly the command CI uses:
-#   cargo build --release --locked
-# No Docker engine runs in CI; .ci/run lints this file with hadolint.
+# The binary is built with the command CI uses, from the same context:
+#   cargo build --release --locked -p permit-gateway --bin permit-gateway
+# .ci/run lints this file with hadolint and builds that binary from the
+# context .dockerignore leaves (ops/context.py). ops/image.sh builds and runs
+# the image for real, also on a machine without registry access (local
+# stand-ins for the two base images, an offline cargo registry): see
+# docs/operations.md, "Container image".
 #
 # Runtime layout (docs/operations.md):
 #   /usr/local/bin/permit-gateway        the binary (ENTRYPOINT)
@@ -30,29 +34,16 @@ ARG RUST_VERSION=1
 FROM rust:${RUST_VERSION}-bookworm AS builder
 WORKDIR /src
 
-# 1. Dependencies only: manifests + lock file with stub sources, so this
-#    layer is rebuilt only when Cargo.toml / Cargo.lock change.
-COPY Cargo.toml Cargo.lock ./
-COPY sim/Cargo.toml sim/Cargo.toml
-RUN mkdir -p src sim/src tests/it \
- && echo 'fn main() {}' > src/main.rs \
- && touch src/lib.rs tests/it/main.rs sim/src/lib.rs \
- && echo 'fn main() {}' > sim/src/main.rs \
- && cargo build --release --locked \
- && rm -rf src sim/src tests
-
-# 2. The real sources (sim/ is a workspace member the gateway depends on;
-#    config/ is compiled in with include_str!).
-COPY src src
-COPY sim/src sim/src
-COPY config config
-# COPY keeps the sources' old mtimes; touch them so cargo rebuilds the two
-# workspace crates over the stubs.
-RUN touch src/main.rs src/lib.rs sim/src/main.rs sim/src/lib.rs \
- && cargo build --release --locked \
+# 1. The whole workspace as .dockerignore leaves it (no target/, docs or
+#    charts): cargo reads every member and target of the workspace even to
+#    build one package, so copying a chosen few broke this stage whenever one
+#    was added. No dependency-only layer: it needs a stub per member and
+#    target, the same trap. .ci/run builds from exactly this context.
+COPY . .
+RUN cargo build --release --locked -p permit-gateway --bin permit-gateway \
  && ./target/release/permit-gateway --version
 
-# 3. What the runtime stage copies: the binary, a container config, and the
+# 2. What the runtime stage copies: the binary, a container config, and the
 #    data directory owned by the runtime user (distroless has no shell).
 RUN mkdir -p /out/etc /out/data/ledger \
  && cp target/release/permit-gateway /out/permit-gateway \

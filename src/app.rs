@@ -120,8 +120,12 @@ impl App {
         Ok(count)
     }
 
+    /// Team limits, and every team's metric children at 0 (new teams too).
     fn publish_limits(&self) {
-        for team in self.teams.load().iter() {
+        let teams = self.teams.load();
+        let redis = self.config.cache.redis_url.is_some() || self.config.quota.store == "redis";
+        self.metrics.preset(teams.iter().map(|t| t.name.as_str()), redis);
+        for team in teams.iter() {
             // At 0 from the start, so an alert on its increase sees the first.
             self.metrics.credit_anomalies_total.with_label_values(&[&team.name]);
             if let Some(limit) = team.credit_limit {

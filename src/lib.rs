@@ -20,8 +20,9 @@
 //!   record tier (`cache::records`) that answers id lookups record by record
 //!   (`proxy::by_id`).
 //! - [`clock`]: wall-clock milliseconds, the one clock the modules share.
-//! - [`redis_backend`]: a Redis connection with timeouts and a breaker (one
-//!   each for the cache, the ledger and the shared rate).
+//! - [`redis_backend`]: a Redis connection (standalone or Cluster) with
+//!   timeouts and a breaker (one each for the cache, the ledger and the
+//!   shared rate).
 //! - [`ledger`]: team budgets: reserve, settle, release; file or Redis store.
 //! - [`scheduler`]: fair sharing of the upstream rate limit across teams.
 //! - [`shared_rate`]: the upstream rate shared by replicas through Redis.

@@ -262,3 +262,87 @@ impl Default for Metrics {
         Metrics::new()
     }
 }
+
+/// The contract's label values (DESIGN §3.5) that are known before any
+/// request, so every family can be exported at 0 from the first scrape.
+pub mod labels {
+    /// `cache`: every [`crate::proxy::CacheState`].
+    pub const CACHE_STATES: [&str; 4] = ["hit", "miss", "stale", "bypass"];
+    /// `tier`: every [`crate::cache::Tier`].
+    pub const TIERS: [&str; 2] = ["memory", "redis"];
+    /// `scope` of `gateway_rate_limited_total`.
+    pub const SCOPES: [&str; 2] = ["team", "upstream"];
+    /// `op` of `gateway_backend_errors_total{backend="ledger"}`.
+    pub const LEDGER_OPS: [&str; 3] = ["reserve", "settle", "usage"];
+    /// `op` of `gateway_backend_errors_total{backend="redis"}`: every name
+    /// passed to `RedisBackend::call`.
+    pub const REDIS_OPS: [&str; 12] = [
+        "cache_get",
+        "cache_set",
+        "cache_stats",
+        "cache_purge",
+        "ping",
+        "rate",
+        "lease",
+        "ledger_reserve",
+        "ledger_release",
+        "ledger_usage",
+        "ledger_rows",
+        "ledger_check",
+    ];
+    /// The status a zero child is created with: the label is an open set,
+    /// and one child is enough for the family and for `rate()` to start at 0.
+    pub const STATUS_OK: &str = "200";
+}
+
+impl Metrics {
+    /// Creates, at 0, the children of every label set known from config:
+    /// teams × routes × cache states, backends × ops, tiers, scopes. Without
+    /// them a family is missing until its first event, dashboards show "No
+    /// data" and the first increment is invisible to `rate()`. Bounded by
+    /// the config; called at start-up and on reload (new teams get theirs).
+    pub fn preset<'a>(&self, teams: impl IntoIterator<Item = &'a str>, redis: bool) {
+        use crate::route::Route;
+        use labels::*;
+        let routes = Route::ALL.map(Route::as_str);
+        for route in routes {
+            self.upstream_requests_total.with_label_values(&[route, STATUS_OK]);
+            self.upstream_request_duration_seconds.with_label_values(&[route]);
+            self.coalesced_requests_total.with_label_values(&[route]);
+            self.upstream_retries_total.with_label_values(&[route]);
+            for cache in CACHE_STATES {
+                self.request_duration_seconds.with_label_values(&[route, cache]);
+            }
+            for tier in TIERS {
+                self.cache_hits_total.with_label_values(&[route, tier]);
+            }
+        }
+        for team in teams {
+            for route in routes {
+                for cache in CACHE_STATES {
+                    self.requests_total.with_label_values(&[team, route, STATUS_OK, cache]);
+                }
+                self.credits_spent_total.with_label_values(&[team, route]);
+                self.credits_saved_total.with_label_values(&[team, route]);
+            }
+            for scope in SCOPES {
+                self.rate_limited_total.with_label_values(&[team, scope]);
+            }
+            self.quota_rejections_total.with_label_values(&[team]);
+            self.upstream_exhausted_total.with_label_values(&[team]);
+        }
+        for op in LEDGER_OPS {
+            self.backend_errors_total.with_label_values(&["ledger", op]);
+        }
+        let tiers: &[&str] = if redis { &TIERS } else { &TIERS[..1] };
+        for tier in tiers {
+            self.cache_entries.with_label_values(&[tier]);
+            self.cache_size_bytes.with_label_values(&[tier]);
+        }
+        if redis {
+            for op in REDIS_OPS {
+                self.backend_errors_total.with_label_values(&["redis", op]);
+            }
+        }
+    }
+}

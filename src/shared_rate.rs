@@ -45,8 +45,9 @@ impl SharedRate {
         let interval_ms = 60_000 / u64::from(requests_per_minute.max(1));
         SharedRate {
             redis,
-            tat_key: format!("{prefix}rate:upstream"),
-            pause_key: format!("{prefix}rate:upstream:pause"),
+            // One `{rate}` hash tag: the script's two keys share a Cluster slot.
+            tat_key: format!("{prefix}{{rate}}:upstream"),
+            pause_key: format!("{prefix}{{rate}}:upstream:pause"),
             interval_ms: interval_ms.max(1),
             tolerance_ms: interval_ms * u64::from(burst.max(1) - 1),
             take: Script::new(TAKE),

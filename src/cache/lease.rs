@@ -69,7 +69,7 @@ impl Leases {
 
     fn key(&self, cache_key: &str) -> String {
         format!(
-            "{}lease:{}",
+            "{}lease:{{{}}}",
             self.prefix,
             hex::encode(Sha256::digest(cache_key.as_bytes()))
         )

@@ -115,10 +115,11 @@ impl Cache {
         self.redis.as_ref()
     }
 
-    /// The Redis key of an entry; the route in it lets purge find a route's keys.
+    /// The Redis key of an entry; the route in it lets purge find a route's
+    /// keys. The `{hash}` tag puts it in its lease's Cluster slot.
     fn redis_key(&self, route: Route, key: &str) -> String {
         format!(
-            "{}c:{}:{}",
+            "{}c:{}:{{{}}}",
             self.prefix,
             route.as_str(),
             hex::encode(Sha256::digest(key.as_bytes()))
@@ -222,7 +223,7 @@ impl Cache {
             None => format!("{}c:*", self.prefix),
             Some(r) => format!("{}c:{}:*", self.prefix, r.as_str()),
         };
-        purge_pattern(redis, pattern).await
+        redis.scan_delete("cache_purge", &pattern).await
     }
 
     /// Sets the tier gauges (called at scrape time). Memory: exact, after
@@ -240,19 +241,7 @@ impl Cache {
                 .set(memory.weighted_size() as i64);
         }
         if let Some(redis) = &self.redis {
-            let stats = redis
-                .call("cache_stats", |mut c| async move {
-                    let keys: i64 = redis::cmd("DBSIZE").query_async(&mut c).await?;
-                    let info: String = redis::cmd("INFO").arg("memory").query_async(&mut c).await?;
-                    Ok((keys, info))
-                })
-                .await;
-            if let Ok((keys, info)) = stats {
-                let used = info
-                    .lines()
-                    .find_map(|l| l.strip_prefix("used_memory:"))
-                    .and_then(|v| v.trim().parse::<i64>().ok())
-                    .unwrap_or(0);
+            if let Ok((keys, used)) = redis.key_and_memory_totals("cache_stats").await {
                 m.cache_entries.with_label_values(&["redis"]).set(keys);
                 m.cache_size_bytes.with_label_values(&["redis"]).set(used);
             }
@@ -277,41 +266,4 @@ fn compact(entry: &Arc<Entry>) -> Arc<Entry> {
         body: Bytes::copy_from_slice(&entry.body),
         ..Entry::clone(entry)
     })
-}
-
-/// SCAN + UNLINK in batches: never KEYS, which blocks a shared Redis.
-async fn purge_pattern(redis: &RedisBackend, pattern: String) -> u64 {
-    let mut cursor: u64 = 0;
-    let mut removed = 0;
-    loop {
-        let pattern = pattern.clone();
-        let step: Result<(u64, Vec<String>), _> = redis
-            .call("cache_purge", |mut c| async move {
-                redis::cmd("SCAN")
-                    .arg(cursor)
-                    .arg("MATCH")
-                    .arg(&pattern)
-                    .arg("COUNT")
-                    .arg(500)
-                    .query_async(&mut c)
-                    .await
-            })
-            .await;
-        let Ok((next, keys)) = step else {
-            return removed;
-        };
-        if !keys.is_empty() {
-            let n = keys.len() as u64;
-            let gone = redis
-                .call("cache_purge", |mut c| async move {
-                    redis::cmd("UNLINK").arg(keys).query_async::<u64>(&mut c).await
-                })
-                .await;
-            removed += gone.unwrap_or(0).min(n);
-        }
-        if next == 0 {
-            return removed;
-        }
-        cursor = next;
-    }
 }

@@ -17,6 +17,7 @@
 
 use super::{Cache, Entry};
 use crate::clock::now_ms;
+use crate::redis_backend::RedisBackend;
 use crate::route::Route;
 use bytes::Bytes;
 use serde::de::IgnoredAny;
@@ -120,6 +121,35 @@ fn record_entry(resource: Resource, page: &Entry, body: Bytes, credits: u64) -> 
     }
 }
 
+/// One command per key, all in flight at once: on one multiplexed
+/// connection they share round trips like a pipeline, and each is routed to
+/// its own slot on a Cluster (record keys carry their own hash tag, so a
+/// pipeline or `MGET` of them would cross slots). Answers in order; `None`
+/// for a command that failed.
+async fn each<T>(redis: &Arc<RedisBackend>, op: &'static str, cmds: Vec<redis::Cmd>) -> Vec<Option<T>>
+where
+    T: redis::FromRedisValue + Send + 'static,
+{
+    let mut set = tokio::task::JoinSet::new();
+    for (i, cmd) in cmds.into_iter().enumerate() {
+        let redis = redis.clone();
+        set.spawn(async move {
+            let got = redis
+                .call(op, |mut c| async move { cmd.query_async::<T>(&mut c).await })
+                .await;
+            (i, got.ok())
+        });
+    }
+    let mut out: Vec<Option<T>> = Vec::new();
+    out.resize_with(set.len(), || None);
+    while let Some(done) = set.join_next().await {
+        if let Ok((i, got)) = done {
+            out[i] = got;
+        }
+    }
+    out
+}
+
 fn with_etag(e: &Entry) -> Entry {
     Entry {
         etag: super::entry::etag_of(&e.body),
@@ -173,26 +203,22 @@ impl Cache {
             }
         }
         if let Some(redis) = &self.redis {
-            let mut pipe = redis::pipe();
             let px = (life.as_millis() as u64).max(1);
-            for (key, e) in &filed {
-                pipe.cmd("SET")
-                    .arg(self.redis_key(resource.lookup_route(), key))
+            let sets = filed.iter().map(|(key, e)| {
+                let mut set = redis::cmd("SET");
+                set.arg(self.redis_key(resource.lookup_route(), key))
                     .arg(with_etag(e).encode())
                     .arg("PX")
-                    .arg(px)
-                    .ignore();
-            }
-            let _ = redis
-                .call("cache_set", |mut c| async move { pipe.query_async::<()>(&mut c).await })
-                .await;
+                    .arg(px);
+                set
+            });
+            each::<()>(redis, "cache_set", sets.collect()).await;
         }
     }
 
     /// The held entry (record or absence) of each id, in order, fresh or
     /// within the stale grace (the caller serves stale ones only when the
-    /// upstream fails): L1, then one `MGET` to L2 for the rest (promoting
-    /// what it finds).
+    /// upstream fails): L1, then L2 for the rest (promoting what it finds).
     pub async fn held_records(&self, resource: Resource, ids: &[String]) -> Vec<Option<Arc<Entry>>> {
         let now = now_ms();
         let mut held: Vec<Option<Arc<Entry>>> = Vec::with_capacity(ids.len());
@@ -216,16 +242,20 @@ impl Cache {
             .iter()
             .map(|i| self.redis_key(route, &resource.key(&ids[*i])))
             .collect();
-        let got: Vec<Option<Vec<u8>>> = redis
-            .call("cache_get", |mut c| async move {
-                redis::cmd("MGET").arg(rkeys).query_async(&mut c).await
-            })
-            .await
-            .unwrap_or_default();
+        let gets = rkeys.into_iter().map(|k| {
+            let mut get = redis::cmd("GET");
+            get.arg(k);
+            get
+        });
+        let got: Vec<Option<Option<Vec<u8>>>> = each(redis, "cache_get", gets.collect()).await;
         for (i, bytes) in wanted.into_iter().zip(got) {
-            let Some(entry) = bytes.and_then(|b| Entry::decode(&b)).filter(|e| e.is_fresh(now)) else {
+            let Some(entry) = bytes.flatten().and_then(|b| Entry::decode(&b)) else {
                 continue;
             };
+            let newer = held[i].as_ref().is_none_or(|e| e.stored_at_ms < entry.stored_at_ms);
+            if !newer || entry.remaining_life(now, self.grace).is_zero() {
+                continue;
+            }
             // L1 keeps no ETag for records (see `record_entry`).
             let entry = Entry {
                 etag: String::new(),

@@ -117,3 +117,16 @@ fn route_ttls_come_from_the_route_table_unless_configured() {
     assert_eq!(ttl(Route::CitiesSearch), None);
     assert_eq!(ttl(Route::Usage), None);
 }
+
+#[test]
+fn a_cluster_url_is_accepted_and_a_bad_one_named_without_its_password() {
+    let ok = format!("{KEY}[cache]\nredis_url = \"redis+cluster://:pw@10.0.0.1:7000,10.0.0.2:7000\"\n");
+    load(&ok).expect("a cluster URL is valid");
+    let bad =
+        format!("{KEY}[cache]\nredis_url = \"redis+cluster://:hunter2@h:1/5\"\nredis_key_prefix = \"pgw{{x}}:\"\n");
+    let errs = load(&bad).expect_err("invalid").0;
+    for key in ["cache.redis_url", "cache.redis_key_prefix"] {
+        assert!(errs.iter().any(|e| e.starts_with(key)), "{key} missing from {errs:#?}");
+    }
+    assert!(errs.iter().all(|e| !e.contains("hunter2")), "{errs:#?}");
+}

@@ -21,6 +21,11 @@ impl CacheConfig {
             p.push("cache.stale_while_revalidate_secs: must not exceed cache.stale_grace_secs".into());
         }
         positive("cache.max_entry_bytes", self.max_entry_bytes as u64, p);
+        if self.redis_key_prefix.contains(['{', '}']) {
+            // Redis Cluster hashes the first `{...}` of a key: braces in the
+            // prefix would put every key in one slot and split scripts' keys.
+            p.push("cache.redis_key_prefix: must not contain { or }".into());
+        }
         if let Some(url) = &self.redis_url {
             check_redis_url("cache.redis_url", url, p);
         }
@@ -172,10 +177,10 @@ pub(super) fn check_sha256(key: &str, value: &str, p: &mut Vec<String>) -> bool 
 }
 
 fn check_redis_url(key: &str, url: &Secret, p: &mut Vec<String>) {
-    if redis::Client::open(url.expose()).is_err() {
-        // Never echo the URL: it may hold a password.
+    // Never echo the URL: it may hold a password.
+    if let Err(e) = crate::redis_backend::Target::parse(url.expose()) {
         p.push(format!(
-            "{key}: not a valid redis URL (redis://, rediss://, redis+unix://)"
+            "{key}: {e}; expected redis://, redis+unix:// or redis+cluster://host:port,host:port"
         ));
     }
 }

@@ -307,29 +307,10 @@ impl RedisLedger {
         Ok(rows)
     }
 
-    /// Reachable, and whether spend survives a Redis restart (AOF).
+    /// Reachable (on a cluster: every slot covered), and whether spend
+    /// survives a Redis restart (AOF).
     pub async fn check(&self) -> Result<&'static str, String> {
-        let aof: Result<Vec<String>, _> = self
-            .redis
-            .call("ledger_check", |mut c| async move {
-                redis::cmd("CONFIG")
-                    .arg("GET")
-                    .arg("appendonly")
-                    .query_async(&mut c)
-                    .await
-            })
-            .await;
-        match aof {
-            Ok(v) if v.get(1).map(String::as_str) == Some("yes") => Ok("ok"),
-            Ok(_) => Ok("ok, but Redis appendonly is off: spend is lost if Redis restarts"),
-            // CONFIG may be disabled on managed Redis: PING decides.
-            Err(_) => self
-                .redis
-                .ping()
-                .await
-                .map(|()| "ok (persistence unknown)")
-                .map_err(|e| format!("ledger redis: {e}")),
-        }
+        self.redis.check_ledger_ready().await
     }
 }
 
@@ -356,23 +337,30 @@ async fn flush_saved(tally: std::sync::Weak<SavedTally>, redis: Arc<RedisBackend
         if rows.is_empty() {
             continue;
         }
-        let mut pipe = redis::pipe();
-        for (team, day, route, credits) in &rows {
-            let key = format!("{prefix}l:{{{team}}}:routes");
-            pipe.cmd("HINCRBY")
-                .arg(key)
-                .arg(format!("{day}|{}|v", route.as_str()))
-                .arg(*credits)
-                .ignore();
+        // One pipeline per team: a pipeline must stay in one Cluster slot.
+        let mut failed = Vec::new();
+        for team_rows in rows.chunk_by(|a, b| a.0 == b.0) {
+            let mut pipe = redis::pipe();
+            for (team, day, route, credits) in team_rows {
+                let key = format!("{prefix}l:{{{team}}}:routes");
+                pipe.cmd("HINCRBY")
+                    .arg(key)
+                    .arg(format!("{day}|{}|v", route.as_str()))
+                    .arg(*credits)
+                    .ignore();
+            }
+            let written = redis
+                .call(
+                    "ledger_saved",
+                    |mut c| async move { pipe.query_async::<()>(&mut c).await },
+                )
+                .await;
+            if written.is_err() {
+                failed.extend_from_slice(team_rows);
+            }
         }
-        let written = redis
-            .call(
-                "ledger_saved",
-                |mut c| async move { pipe.query_async::<()>(&mut c).await },
-            )
-            .await;
-        if written.is_err() {
-            tally.restore(rows);
+        if !failed.is_empty() {
+            tally.restore(failed);
         }
     }
 }

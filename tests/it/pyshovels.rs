@@ -4,8 +4,10 @@
 //! non-200 at ERROR and carries on, so a silent failure would otherwise pass).
 //!
 //! Needs Python ≥ 3.10 with `pyshovels` installed: `PYSHOVELS_PYTHON` names
-//! the interpreter (e.g. a virtualenv's), else `python3`. Without it the test
-//! says so and passes, so a machine without Python still runs the suite.
+//! the interpreter (e.g. a virtualenv's), else `python3`. When
+//! `PYSHOVELS_PYTHON` is set (CI sets it) a missing client is a failure;
+//! otherwise the test says it skipped, so a machine without Python still runs
+//! the rest of the suite.
 
 use crate::support::gateway::{Setup, ALPHA};
 use crate::support::sim::{start_sim, unlimited};
@@ -27,6 +29,10 @@ fn pyshovels_available(python: &str) -> bool {
 async fn every_public_method_of_pyshovels_works_through_the_gateway() {
     let python = python();
     if !pyshovels_available(&python) {
+        assert!(
+            std::env::var_os("PYSHOVELS_PYTHON").is_none(),
+            "PYSHOVELS_PYTHON={python} cannot import pyshovels"
+        );
         eprintln!(
             "SKIPPED: `{python}` cannot import pyshovels; install it (`pip install pyshovels==0.0.2`, \
              Python >= 3.10) and set PYSHOVELS_PYTHON to that interpreter to run this test"

@@ -7,7 +7,7 @@ use crate::support::gateway::{Setup, ADMIN_TOKEN, ALPHA};
 use crate::support::http::{get, send, Reply};
 use crate::support::redis::RedisServer;
 use crate::support::sim::{start_sim, unlimited, FaultKind, Faults, Sim};
-use crate::support::traffic::{assert_ledger_matches, charged_to};
+use crate::support::traffic::{assert_ledger_matches, charged_to, ledger_used};
 use bytes::Bytes;
 use http::{Method, StatusCode};
 use permit_gateway::Running;
@@ -357,4 +357,36 @@ async fn a_refused_id_gets_the_upstreams_own_error_for_the_whole_list() {
         "the city's place in the list as sent"
     );
     assert_ledger_matches(&sim, &gw.admin_url(), &["alpha"]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replicas_share_records_on_a_redis_cluster() {
+    use crate::support::prometheus::Exposition;
+    use crate::support::redis_cluster::RedisCluster;
+    let cluster = tokio::task::spawn_blocking(RedisCluster::start)
+        .await
+        .expect("cluster start");
+    let sim = start_sim(unlimited()).await;
+    // Each replica its own ledger file; cache and leases on the cluster.
+    let setup = || Setup::new().with("cache", format!("redis_url = {:?}", cluster.url()));
+    let (one, two) = (setup().start(&sim).await, setup().start(&sim).await);
+    let held = ids_of(&alpha(&one, &permit_search(&sim, 6)).await);
+    // Six records, each in a slot of its own hash: read back across slots.
+    let path = lookup("permits", &[&held[5], &held[0], &held[3], "ffffffffffffffff"]);
+    let first = alpha(&two, &path).await;
+    assert_eq!(first.header("x-cache"), Some("MISS"), "the unknown id is asked once");
+    assert_eq!(first.header_u64("x-credits-request"), Some(0));
+    assert_eq!(last_query(&sim), "id=ffffffffffffffff");
+    let r = alpha(&one, &path).await;
+    assert_eq!(r.header("x-cache"), Some("HIT"), "its absence is shared too");
+    assert_eq!(upstream_requests(&sim), 2);
+    for gw in [&one, &two] {
+        let m = Exposition::parse(&get(&format!("{}/metrics", gw.admin_url()), &[]).await.text());
+        assert_eq!(m.sum("gateway_backend_errors_total", &[("backend", "redis")]), 0.0);
+    }
+    assert_same_as_upstream(&sim, &path, &r).await;
+    // The two replicas keep their own ledgers: together, what was charged.
+    let ledgers = ledger_used(&one.admin_url(), "alpha").await + ledger_used(&two.admin_url(), "alpha").await;
+    assert_eq!(ledgers, charged_to(&sim, "alpha-"));
+    assert_eq!(ledgers, 6);
 }

@@ -40,6 +40,24 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- default (printf "%s-upstream" (include "permit-gateway.fullname" .)) .Values.upstream.existingSecret }}
 {{- end }}
 
+{{/* repository:tag, pinned with @digest when image.digest is set. */}}
+{{- define "permit-gateway.image" -}}
+{{- $ref := printf "%s:%s" .Values.image.repository (.Values.image.tag | default .Chart.AppVersion) }}
+{{- with .Values.image.digest }}
+{{- if not (regexMatch "^sha256:[0-9a-f]{64}$" .) }}
+{{- fail (printf "permit-gateway: image.digest must be sha256:<64 hex digits>, got %q" .) }}
+{{- end }}
+{{- $ref = printf "%s@%s" $ref . }}
+{{- end }}
+{{- $ref }}
+{{- end }}
+
+{{/* A tag alone may be re-pushed: pull it at every start. A digest cannot
+change: leave Kubernetes' default (IfNotPresent). image.pullPolicy wins. */}}
+{{- define "permit-gateway.pullPolicy" -}}
+{{- .Values.image.pullPolicy | default (ternary "" "Always" (not (empty .Values.image.digest))) }}
+{{- end }}
+
 {{/* Where the chart puts things inside the container. */}}
 {{- define "permit-gateway.dataDir" -}}/var/lib/permit-gateway{{- end }}
 {{- define "permit-gateway.keyFile" -}}/run/secrets/permit-gateway/upstream-key{{- end }}
@@ -79,8 +97,17 @@ start. Every message says what to set.
 {{- if and .Values.autoscaling.enabled (ne $store "redis") }}
 {{- fail (printf "permit-gateway: autoscaling.enabled=true requires the Redis ledger: set config.quota.store=redis (and config.cache.redis_url or redis.existingSecret). The file ledger (store=%q) is single-replica." $store) }}
 {{- end }}
-{{- if and (eq $store "redis") (not (or $quota.redis_url $cache.redis_url .Values.redis.existingSecret)) }}
-{{- fail "permit-gateway: config.quota.store=redis needs a Redis URL: set config.cache.redis_url, config.quota.redis_url or redis.existingSecret." }}
+{{- $clusterNodes := default list .Values.redis.clusterNodes }}
+{{- if and (eq $store "redis") (not (or $quota.redis_url $cache.redis_url .Values.redis.existingSecret $clusterNodes)) }}
+{{- fail "permit-gateway: config.quota.store=redis needs a Redis URL: set config.cache.redis_url, config.quota.redis_url, redis.existingSecret or redis.clusterNodes." }}
+{{- end }}
+{{- if and $clusterNodes (or $cache.redis_url .Values.redis.existingSecret) }}
+{{- fail "permit-gateway: redis.clusterNodes sets config.cache.redis_url: leave config.cache.redis_url and redis.existingSecret unset (or put the whole redis+cluster:// URL in one of them instead)." }}
+{{- end }}
+{{- range $i, $node := $clusterNodes }}
+{{- if not (regexMatch "^[A-Za-z0-9.-]+:[0-9]{1,5}$" (toString $node)) }}
+{{- fail (printf "permit-gateway: redis.clusterNodes[%d] must be host:port (no scheme, no password: put a URL with a password in redis.existingSecret)" $i) }}
+{{- end }}
 {{- end }}
 {{- if not (or .Values.upstream.apiKey .Values.upstream.existingSecret) }}
 {{- fail "permit-gateway: the upstream API key is required: set upstream.apiKey (the chart creates a Secret) or upstream.existingSecret (a Secret with the key under upstream.existingSecretKey)." }}
@@ -157,7 +184,10 @@ start. Every message says what to set.
 {{- $_ := set $cfg.server "listen" (printf "0.0.0.0:%d" (int .Values.ports.http)) }}
 {{- $_ = set $cfg.server "admin_listen" (printf "0.0.0.0:%d" (int .Values.ports.admin)) }}
 {{- $_ = set $cfg.upstream "api_key_file" (include "permit-gateway.keyFile" .) }}
-{{- $_ = set $cfg.quota "path" (printf "%s/ledger" (include "permit-gateway.dataDir" .)) -}}
+{{- $_ = set $cfg.quota "path" (printf "%s/ledger" (include "permit-gateway.dataDir" .)) }}
+{{- with .Values.redis.clusterNodes }}
+{{- $_ = set $cfg.cache "redis_url" (printf "redis+cluster://%s" (join "," .)) }}
+{{- end -}}
 # Rendered by the permit-gateway Helm chart from values.yaml; every key is
 # explained in config/defaults.toml and docs/operations.md.
 {{- range $section := list "server" "upstream" "cache" "quota" "admin" "log" }}

@@ -3,6 +3,7 @@
 //! - `http`: a small client that returns status, headers and body.
 //! - `sim`: the upstream simulator started in-process on 127.0.0.1:0.
 //! - `redis`: a real `redis-server` child in a temp dir, killed on drop.
+//! - `redis_cluster`: a real 3 + 3 node Redis Cluster, killed on drop.
 //! - `gateway`: the real gateway, in-process or as a child process.
 //! - `tls`: a throwaway CA and leaf certificate.
 #![allow(dead_code)]
@@ -12,6 +13,7 @@ pub mod http;
 pub mod probe;
 pub mod prometheus;
 pub mod redis;
+pub mod redis_cluster;
 pub mod relay;
 pub mod secrets;
 pub mod sim;

@@ -9,7 +9,16 @@ use http::StatusCode;
 /// 2015-01-01 as the lower date bound, over the big state (thousands of
 /// matches, so every page is full).
 pub fn distinct_search(sim: &Sim, i: u32, size: u32) -> String {
+    search_path(&sim.samples(), i, size)
+}
+
+/// `distinct_search` for `0..n` (the samples are computed once).
+pub fn distinct_searches(sim: &Sim, n: u32, size: u32) -> Vec<String> {
     let s = sim.samples();
+    (0..n).map(|i| search_path(&s, i, size)).collect()
+}
+
+fn search_path(s: &super::sim::Samples, i: u32, size: u32) -> String {
     let from = chrono::NaiveDate::from_ymd_opt(2015, 1, 1).expect("date") + chrono::Days::new(u64::from(i));
     format!(
         "/v2/permits/search?geo_id={}&permit_from={from}&permit_to={}&size={size}",

@@ -1,16 +1,24 @@
-//! A Redis connection with a timeout and a circuit breaker: redis-rs's
-//! auto-reconnecting `ConnectionManager`, a short timeout on every call, and
-//! a breaker so a dead Redis costs no latency: after a few consecutive
-//! failures calls fail at once for a cool-down, then one probe call is let
-//! through to see if it is back.
+//! A Redis connection, to a standalone Redis or a Redis Cluster ([`conn`]),
+//! with a short timeout on every call and a circuit breaker so a dead Redis
+//! costs no latency: after a few consecutive failures calls fail at once for
+//! a cool-down, then one probe call is let through to see if it is back.
+//! Keyspace-wide commands (purge, gauges, readiness) are in [`nodes`].
 //!
 //! `app` builds one per user, each with its own breaker, so that one user's
 //! failures never open the breaker another needs: the cache (L2 tier and
 //! fetch leases), the Redis ledger, and the shared upstream rate.
+//!
+//! Every multi-key script and command keeps its keys in one Cluster hash
+//! slot through a `{tag}`: `{team}` for the ledger, `{rate}` for the shared
+//! upstream rate, `{<key hash>}` for a cache entry and its fetch lease.
+
+mod conn;
+mod nodes;
+
+pub use conn::{Conn, Target, CLUSTER_SCHEME};
 
 use crate::clock::now_ms;
 use crate::metrics::Metrics;
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -40,7 +48,7 @@ impl std::fmt::Display for BackendError {
 }
 
 pub struct RedisBackend {
-    conn: ConnectionManager,
+    conn: Conn,
     timeout: Duration,
     cool_down: Duration,
     failures: AtomicU32,
@@ -53,14 +61,8 @@ impl RedisBackend {
     /// Connects lazily: a Redis that is down at start-up does not stop the
     /// gateway, the first calls just fail (and open the breaker).
     pub fn new(url: &str, timeout: Duration, metrics: Arc<Metrics>) -> Result<RedisBackend, String> {
-        let client = redis::Client::open(url).map_err(|e| format!("redis url: {:?}", e.kind()))?;
-        let config = ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(timeout.max(Duration::from_millis(200))))
-            .set_response_timeout(Some(timeout))
-            .set_number_of_retries(1)
-            .set_max_delay(Duration::from_millis(500));
-        let conn =
-            ConnectionManager::new_lazy_with_config(client, config).map_err(|e| format!("redis: {:?}", e.kind()))?;
+        let target = Target::parse(url).map_err(|e| format!("redis url: {e}"))?;
+        let conn = Conn::open(&target, timeout).map_err(|e| format!("redis: {:?}", e.kind()))?;
         Ok(RedisBackend {
             conn,
             timeout,
@@ -75,7 +77,7 @@ impl RedisBackend {
     /// timeout and the breaker. `op` labels the error metric.
     pub async fn call<T, F, Fut>(&self, op: &'static str, f: F) -> Result<T, BackendError>
     where
-        F: FnOnce(ConnectionManager) -> Fut,
+        F: FnOnce(Conn) -> Fut,
         Fut: std::future::Future<Output = redis::RedisResult<T>>,
     {
         let open_until = self.open_until_ms.load(Ordering::Acquire);
@@ -120,6 +122,11 @@ impl RedisBackend {
             self.open_until_ms.store(until, Ordering::Release);
         }
         tracing::warn!(op, error = %e, failures, "redis call failed");
+    }
+
+    /// True for a Redis Cluster.
+    pub fn is_cluster(&self) -> bool {
+        matches!(self.conn, Conn::Cluster(_))
     }
 
     /// PING under the breaker: readiness probes and recovery.

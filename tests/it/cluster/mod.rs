@@ -1,0 +1,288 @@
+//! Three gateway replicas on a real Redis Cluster (3 primaries, 3
+//! replicas): every script and multi-key command works across slots, one
+//! upstream call per cold query, one budget, one upstream rate, and a
+//! primary killed mid-load fails over without losing settled spend.
+//!
+//! Each test starts its own cluster (about 3 s) so a failover cannot
+//! disturb the others; the whole suite runs in well under a minute.
+
+mod failover;
+
+use crate::support::gateway::{team, Setup, ADMIN_TOKEN, ALPHA, SMALL};
+use crate::support::http::{get, send, Reply};
+use crate::support::probe::wait_cache_redis_ok;
+use crate::support::prometheus::Exposition;
+use crate::support::redis_cluster::RedisCluster;
+use crate::support::sim::{start_sim, unlimited, FaultKind, Faults, Sim};
+use crate::support::traffic::{as_team, charged_to, distinct_search, ledger_used, used};
+use bytes::Bytes;
+use http::{Method, StatusCode};
+use permit_gateway::Running;
+use std::time::{Duration, Instant};
+
+/// The cluster, started off the async runtime (it blocks for seconds).
+async fn cluster() -> RedisCluster {
+    tokio::task::spawn_blocking(RedisCluster::start)
+        .await
+        .expect("cluster start")
+}
+
+/// Cache, leases, ledger and shared rate all on the cluster.
+fn on_cluster(cluster: &RedisCluster) -> Setup {
+    let url = cluster.url();
+    Setup::new()
+        .with("cache", format!("redis_url = {url:?}"))
+        .with("quota", "store = \"redis\"")
+}
+
+async fn three(setup: &Setup, sim: &Sim) -> Vec<Running> {
+    vec![setup.start(sim).await, setup.start(sim).await, setup.start(sim).await]
+}
+
+async fn metrics(gw: &Running) -> Exposition {
+    Exposition::parse(&get(&format!("{}/metrics", gw.admin_url()), &[]).await.text())
+}
+
+/// Redis and ledger errors a replica counted (CROSSSLOT, MOVED not
+/// followed, timeouts all land here).
+async fn backend_errors(gw: &Running) -> f64 {
+    let m = metrics(gw).await;
+    m.sum("gateway_backend_errors_total", &[("backend", "redis")])
+        + m.sum("gateway_backend_errors_total", &[("backend", "ledger")])
+}
+
+async fn admin(method: Method, url: &str) -> Reply {
+    let bearer = format!("Bearer {ADMIN_TOKEN}");
+    send(method, url, &[("authorization", &bearer)], Bytes::new()).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_script_and_multi_key_command_runs_on_a_real_cluster() {
+    let cluster = cluster().await;
+    let sim = start_sim(unlimited()).await;
+    // Generous timeouts: on a loaded machine a slow call must not pass for
+    // a failed one; only real errors (CROSSSLOT, MOVED not followed) count.
+    let setup = on_cluster(&cluster).with("cache", "redis_timeout_ms = 3000");
+    let gws = three(&setup, &sim).await;
+    // Misses: reserve, lease (SET NX, DEL), rate script, settle, cache SET;
+    // spread over many keys, so over every primary.
+    for i in 0..12 {
+        let url = format!("{}{}", gws[i % 3].base_url(), distinct_search(&sim, i as u32, 2));
+        let r = as_team(&url, ALPHA.1, &format!("alpha-{i}")).await;
+        assert_eq!(r.status, StatusCode::OK, "{}", r.text());
+    }
+    // An L2 hit on another replica; its saved credits go out as a pipeline.
+    let hit = as_team(
+        &format!("{}{}", gws[1].base_url(), distinct_search(&sim, 0, 2)),
+        ALPHA.1,
+        "alpha-hit",
+    )
+    .await;
+    assert_eq!(hit.header("x-cache"), Some("HIT"), "{:?}", hit.headers);
+    // A failed upstream call releases its reservation; a 429 pauses every replica.
+    for (status, i) in [(500, 40), (429, 41)] {
+        sim.set_faults(Faults {
+            kind: FaultKind::Status,
+            status: Some(status),
+            count: Some(1),
+            retry_after_secs: Some(1),
+            ..Faults::default()
+        });
+        let url = format!("{}{}", gws[2].base_url(), distinct_search(&sim, i, 2));
+        let r = as_team(&url, ALPHA.1, &format!("alpha-{i}")).await;
+        assert!(
+            r.status.is_client_error() || r.status.is_server_error(),
+            "{status}: {}",
+            r.status
+        );
+        sim.clear_faults();
+    }
+    // The chargeback rows (HGETALL per team) show the saved credits once flushed.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let csv = admin(Method::GET, &format!("{}/admin/usage.csv", gws[1].admin_url())).await;
+        assert_eq!(csv.status, StatusCode::OK);
+        let saved: u64 = csv
+            .text()
+            .lines()
+            .skip(1)
+            .filter_map(|l| l.rsplit(',').next()?.parse::<u64>().ok())
+            .sum();
+        if saved > 0 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "saved credits never written: {}", csv.text());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // Purge scans every primary: all twelve entries go, whichever node holds them.
+    let purged = admin(Method::POST, &format!("{}/admin/cache/purge", gws[0].admin_url())).await;
+    assert_eq!(purged.json()["redis_keys"], 12, "{}", purged.text());
+    let again = as_team(
+        &format!("{}{}", gws[2].base_url(), distinct_search(&sim, 3, 2)),
+        ALPHA.1,
+        "alpha-after-purge",
+    )
+    .await;
+    assert_eq!(again.header("x-cache"), Some("MISS"), "the purge reached L2");
+    assert_eq!(
+        ledger_used(&gws[0].admin_url(), "alpha").await,
+        charged_to(&sim, "alpha-")
+    );
+    let ready = get(&format!("{}/readyz", gws[2].admin_url()), &[]).await;
+    assert_eq!(ready.status, StatusCode::OK, "{}", ready.text());
+    assert_eq!(ready.json()["checks"]["ledger"], "ok", "AOF is on on every primary");
+    for gw in &gws {
+        assert_eq!(backend_errors(gw).await, 0.0, "no Redis call failed (no CROSSSLOT)");
+    }
+    // The shared rate's state and pause keys live together under `{rate}`.
+    let slots: Vec<i64> = ["pgw:{rate}:upstream", "pgw:{rate}:upstream:pause"]
+        .iter()
+        .map(|k| cluster.query_any(redis::cmd("CLUSTER").arg("KEYSLOT").arg(*k)))
+        .collect();
+    assert_eq!(slots[0], slots[1]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cold_query_fired_at_three_replicas_at_once_reaches_the_upstream_once() {
+    let cluster = cluster().await;
+    let sim = start_sim(unlimited()).await;
+    let gws = three(&on_cluster(&cluster), &sim).await;
+    let path = distinct_search(&sim, 7, 5);
+    let tasks: Vec<_> = (0..9)
+        .map(|i| {
+            let url = format!("{}{path}", gws[i % 3].base_url());
+            tokio::spawn(async move { as_team(&url, ALPHA.1, &format!("alpha-{i}")).await })
+        })
+        .collect();
+    let mut bodies = Vec::new();
+    for t in tasks {
+        let r = t.await.expect("task");
+        assert_eq!(r.status, StatusCode::OK, "{}", r.text());
+        bodies.push(r.body);
+    }
+    assert_eq!(sim.stats().requests_total, 1, "one upstream call for nine requests");
+    assert!(
+        bodies.windows(2).all(|w| w[0] == w[1]),
+        "every replica answered the same body"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forty_concurrent_searches_over_three_replicas_never_overspend() {
+    let cluster = cluster().await;
+    let sim = start_sim(unlimited()).await;
+    let setup = on_cluster(&cluster).teams(team(SMALL.0, SMALL.1, "credit_limit = 100"));
+    let gws = three(&setup, &sim).await;
+    let tasks: Vec<_> = (0..42)
+        .map(|i| {
+            let url = format!("{}{}", gws[i % 3].base_url(), distinct_search(&sim, i as u32, 10));
+            tokio::spawn(async move { as_team(&url, SMALL.1, &format!("small-{i}")).await.status })
+        })
+        .collect();
+    let mut ok = 0;
+    for t in tasks {
+        match t.await.expect("task") {
+            StatusCode::OK => ok += 1,
+            StatusCode::PAYMENT_REQUIRED => {}
+            other => panic!("only 200 and 402 expected, got {other}"),
+        }
+    }
+    assert_eq!(ok, 10, "exactly the budget's worth was served");
+    assert_eq!(
+        charged_to(&sim, "small-"),
+        100,
+        "the upstream charged the budget, no more"
+    );
+    for gw in &gws {
+        assert_eq!(
+            used(&gw.base_url(), SMALL.1).await,
+            100,
+            "every replica reads one ledger"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_replicas_on_a_cluster_share_the_upstream_rate() {
+    let cluster = cluster().await;
+    let sim = start_sim(unlimited()).await;
+    let setup = on_cluster(&cluster).with("upstream", "requests_per_minute = 120\nmax_queue_wait_secs = 2");
+    let gws = three(&setup, &sim).await;
+    let started = Instant::now();
+    let tasks: Vec<_> = (0..60)
+        .map(|i| {
+            let url = format!("{}{}", gws[i % 3].base_url(), distinct_search(&sim, i as u32, 1));
+            tokio::spawn(async move { as_team(&url, ALPHA.1, "alpha").await.status })
+        })
+        .collect();
+    let mut statuses = Vec::new();
+    for t in tasks {
+        statuses.push(t.await.expect("task"));
+    }
+    let elapsed = started.elapsed().as_secs_f64();
+    let upstream = sim.stats().requests_total as f64;
+    // One budget for all three: a burst of 12 plus 2 a second. Three
+    // replicas pacing alone (the fallback when the rate script fails, as
+    // with CROSSSLOT) would send up to three times that.
+    let allowed = 12.0 + 2.0 * elapsed + 1.0;
+    assert!(
+        upstream <= allowed,
+        "{upstream} upstream calls in {elapsed:.1}s > {allowed:.0}"
+    );
+    assert!(upstream >= 12.0, "the burst went through: {upstream}");
+    assert!(
+        statuses
+            .iter()
+            .all(|s| *s == StatusCode::OK || *s == StatusCode::TOO_MANY_REQUESTS),
+        "{statuses:?}"
+    );
+    assert!(
+        statuses.contains(&StatusCode::TOO_MANY_REQUESTS),
+        "the shared queue refused the excess"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gateway_started_before_its_cluster_uses_it_once_it_is_up() {
+    let mut cluster = RedisCluster::reserve();
+    let sim = start_sim(unlimited()).await;
+    // The cache only: the ledger fails closed, the cache fails open.
+    let gw = Setup::new()
+        .with(
+            "cache",
+            format!("redis_url = {:?}\nmemory_max_bytes = 0", cluster.url()),
+        )
+        .start(&sim)
+        .await;
+    let search = format!("{}{}", gw.base_url(), distinct_search(&sim, 1, 2));
+    let first = as_team(&search, ALPHA.1, "alpha-1").await;
+    assert_eq!(
+        first.status,
+        StatusCode::OK,
+        "served without its cluster: {}",
+        first.text()
+    );
+    let ready = get(&format!("{}/readyz", gw.admin_url()), &[]).await;
+    assert_eq!(ready.status, StatusCode::OK, "{}", ready.text());
+    assert_ne!(ready.json()["checks"]["cache_redis"], "ok");
+
+    cluster = tokio::task::spawn_blocking(move || {
+        cluster.create();
+        cluster
+    })
+    .await
+    .expect("cluster up");
+    wait_cache_redis_ok(&gw.admin_url()).await;
+    // Written to the cluster by one request, read back by the next (no L1).
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let url = format!("{}{}", gw.base_url(), distinct_search(&sim, 2, 2));
+        let _ = as_team(&url, ALPHA.1, "alpha-2").await;
+        if as_team(&url, ALPHA.1, "alpha-3").await.header("x-cache") == Some("HIT") {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the cluster was never used");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    drop(cluster);
+}

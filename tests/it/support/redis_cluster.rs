@@ -1,0 +1,246 @@
+//! A real Redis Cluster for one test: three primaries and three replicas
+//! from Debian's `redis-server` on free loopback ports, joined by
+//! `redis-cli --cluster create`, each node in its own temp dir (AOF on, as
+//! the ledger wants), killed on drop. A node can be killed mid-test and
+//! started again on its port with its `nodes.conf`, so it rejoins.
+//!
+//! The calls here block (std sockets, child processes): from an async test
+//! run them in `tokio::task::spawn_blocking` so the gateways keep serving.
+
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// Milliseconds before a silent primary counts as failed: lowered from the
+/// 15 s default so a failover takes about two seconds here.
+pub const NODE_TIMEOUT_MS: u64 = 1000;
+
+const NODES: usize = 6;
+
+struct Node {
+    port: u16,
+    bus_port: u16,
+    dir: PathBuf,
+    child: Option<Child>,
+}
+
+pub struct RedisCluster {
+    _root: tempfile::TempDir,
+    nodes: Vec<Node>,
+}
+
+impl RedisCluster {
+    /// Starts six nodes, creates the cluster (1 replica per primary) and
+    /// waits until every node reports `cluster_state:ok`.
+    pub fn start() -> RedisCluster {
+        let mut cluster = RedisCluster::reserve();
+        cluster.create();
+        cluster
+    }
+
+    /// Chooses the ports (and so the URL) without starting anything: for a
+    /// gateway that starts before its cluster.
+    pub fn reserve() -> RedisCluster {
+        let root = tempfile::tempdir().expect("temp dir for the cluster");
+        // Hold every port until all are chosen, so none is handed out twice.
+        let held: Vec<_> = (0..NODES * 2)
+            .map(|_| std::net::TcpListener::bind("127.0.0.1:0").expect("bind loopback"))
+            .collect();
+        let ports: Vec<u16> = held.iter().map(|l| l.local_addr().expect("addr").port()).collect();
+        drop(held);
+        let nodes: Vec<Node> = (0..NODES)
+            .map(|i| {
+                let dir = root.path().join(format!("node{i}"));
+                std::fs::create_dir(&dir).expect("node dir");
+                Node {
+                    port: ports[2 * i],
+                    bus_port: ports[2 * i + 1],
+                    dir,
+                    child: None,
+                }
+            })
+            .collect();
+        RedisCluster { _root: root, nodes }
+    }
+
+    /// Starts the reserved nodes and joins them into a cluster.
+    pub fn create(&mut self) {
+        for node in &mut self.nodes {
+            node.spawn();
+        }
+        let mut create = Command::new("redis-cli");
+        create.arg("--cluster").arg("create");
+        for node in &self.nodes {
+            create.arg(format!("127.0.0.1:{}", node.port));
+        }
+        let out = create
+            .args(["--cluster-replicas", "1", "--cluster-yes"])
+            .stdin(Stdio::null())
+            .output()
+            .expect("redis-cli runs");
+        assert!(
+            out.status.success(),
+            "redis-cli --cluster create failed: {}",
+            String::from_utf8_lossy(&out.stdout)
+        );
+        self.wait_ok(Duration::from_secs(20));
+    }
+
+    /// The gateway's spelling of this cluster: three seeds are enough.
+    pub fn url(&self) -> String {
+        let seeds: Vec<String> = self.nodes[..3]
+            .iter()
+            .map(|n| format!("127.0.0.1:{}", n.port))
+            .collect();
+        format!("redis+cluster://{}", seeds.join(","))
+    }
+
+    /// Which node now serves `key`'s slot as primary.
+    pub fn primary_for(&self, key: &str) -> usize {
+        let slot: i64 = self.query_any(redis::cmd("CLUSTER").arg("KEYSLOT").arg(key));
+        // Each range: [from, to, [host, port, id, ...] of the primary, replicas...].
+        let ranges: Vec<Vec<redis::Value>> = self.query_any(redis::cmd("CLUSTER").arg("SLOTS"));
+        let int = |v: &redis::Value| redis::from_redis_value::<i64>(v.clone()).ok();
+        let port = ranges
+            .iter()
+            .find(|r| matches!((int(&r[0]), int(&r[1])), (Some(from), Some(to)) if (from..=to).contains(&slot)))
+            .and_then(|r| redis::from_redis_value::<Vec<redis::Value>>(r[2].clone()).ok())
+            .and_then(|primary| int(&primary[1]))
+            .expect("every slot is covered");
+        self.nodes
+            .iter()
+            .position(|n| i64::from(n.port) == port)
+            .expect("a node of ours")
+    }
+
+    /// SIGKILL one node, as a crash would.
+    pub fn kill(&mut self, i: usize) {
+        self.nodes[i].kill();
+    }
+
+    /// Starts a killed node again with its own `nodes.conf` and data.
+    pub fn restart(&mut self, i: usize) {
+        self.nodes[i].spawn();
+    }
+
+    /// `master` or `slave`, from the node's own `ROLE`.
+    pub fn role(&self, i: usize) -> String {
+        let role: Vec<redis::Value> = self.nodes[i].query(&redis::cmd("ROLE")).expect("ROLE answers");
+        redis::from_redis_value(role[0].clone()).expect("role name")
+    }
+
+    /// Polls until every running node says `cluster_state:ok` and every
+    /// running replica has finished its sync (`master_link_status:up`): a
+    /// replica still syncing would lose everything if its primary died.
+    pub fn wait_ok(&self, limit: Duration) {
+        let deadline = Instant::now() + limit;
+        loop {
+            let states: Vec<Option<String>> = self
+                .running()
+                .map(|n| {
+                    let cluster: String = n.query(redis::cmd("CLUSTER").arg("INFO"))?;
+                    let replication: String = n.query(redis::cmd("INFO").arg("replication"))?;
+                    Some(cluster + &replication)
+                })
+                .collect();
+            let healthy = |s: &str| {
+                s.contains("cluster_state:ok") && (s.contains("role:master") || s.contains("master_link_status:up"))
+            };
+            if states.iter().all(|s| s.as_deref().is_some_and(healthy)) {
+                return;
+            }
+            assert!(Instant::now() < deadline, "cluster never became healthy: {states:?}");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// Polls until `key`'s slot is served by a primary other than `old`
+    /// (its replica won the election) and the cluster is ok again.
+    pub fn wait_failover(&self, key: &str, old: usize, limit: Duration) {
+        let deadline = Instant::now() + limit;
+        while self.primary_for(key) == old {
+            assert!(Instant::now() < deadline, "no replica took over from node {old}");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        self.wait_ok(deadline.saturating_duration_since(Instant::now()));
+    }
+
+    /// Polls until node `i` is a replica again (after a restart).
+    pub fn wait_role(&self, i: usize, role: &str, limit: Duration) {
+        let deadline = Instant::now() + limit;
+        while self.nodes[i]
+            .query::<Vec<redis::Value>>(&redis::cmd("ROLE"))
+            .map(|r| redis::from_redis_value::<String>(r[0].clone()).unwrap_or_default())
+            != Some(role.to_string())
+        {
+            assert!(Instant::now() < deadline, "node {i} never became {role}");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// A command on any running node.
+    pub fn query_any<T: redis::FromRedisValue>(&self, cmd: &redis::Cmd) -> T {
+        self.running().find_map(|n| n.query(cmd)).expect("some node answers")
+    }
+
+    fn running(&self) -> impl Iterator<Item = &Node> {
+        self.nodes.iter().filter(|n| n.child.is_some())
+    }
+}
+
+impl Node {
+    fn spawn(&mut self) {
+        let child = Command::new("redis-server")
+            .args(["--bind", "127.0.0.1", "--port"])
+            .arg(self.port.to_string())
+            .args(["--cluster-enabled", "yes", "--cluster-port"])
+            .arg(self.bus_port.to_string())
+            .args(["--cluster-config-file", "nodes.conf", "--cluster-node-timeout"])
+            .arg(NODE_TIMEOUT_MS.to_string())
+            // A replica may take over however long it was cut off.
+            .args(["--cluster-replica-validity-factor", "0"])
+            .args(["--appendonly", "yes", "--appendfsync", "everysec", "--save", ""])
+            // Sync a new replica at once, not after the default 5 s wait for others.
+            .args(["--repl-diskless-sync-delay", "0"])
+            .arg("--dir")
+            .arg(&self.dir)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap_or_else(|e| {
+                panic!("cannot start redis-server ({e}): install it (Debian: apt-get install redis-server)")
+            });
+        self.child = Some(child);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while self.query::<String>(&redis::cmd("PING")).is_none() {
+            assert!(
+                Instant::now() < deadline,
+                "redis-server on {} never answered",
+                self.port
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// One command on this node alone (no redirects followed).
+    fn query<T: redis::FromRedisValue>(&self, cmd: &redis::Cmd) -> Option<T> {
+        let client = redis::Client::open(format!("redis://127.0.0.1:{}", self.port)).ok()?;
+        let mut conn = client.get_connection_with_timeout(Duration::from_secs(1)).ok()?;
+        cmd.query(&mut conn).ok()
+    }
+}
+
+impl Drop for RedisCluster {
+    fn drop(&mut self) {
+        for node in &mut self.nodes {
+            node.kill();
+        }
+    }
+}

@@ -10,7 +10,8 @@
 //! "Id lookups"): request order, each id once, unknown ids omitted, in
 //! `{"items":[…],"size":n,"next_cursor":null,"total_count":null}`.
 //!
-//! `X-Cache` is `HIT` when every id was held and `MISS` otherwise;
+//! `X-Cache` is `HIT` when every id was held, `MISS` when some were bought,
+//! `STALE` when the upstream failed and expired records stood in;
 //! `X-Credits-Request` is what this team paid.
 
 use super::context::{CacheState, RequestContext};
@@ -19,7 +20,8 @@ use super::fetch::{self, Role};
 use super::{respond, saved, Ask};
 use crate::app::App;
 use crate::auth::Team;
-use crate::cache::control;
+use crate::cache::control::{self, Directives};
+use crate::cache::flight::Fetched;
 use crate::cache::records::{is_absent, records_of, Resource};
 use crate::cache::{key, Entry};
 use crate::clock::now_ms;
@@ -32,6 +34,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 type Answer = Result<Response<Body>, GatewayError>;
+/// A held record or absence, if any.
+type Held = Option<Arc<Entry>>;
 
 /// The answer of an id lookup from held records and the missing ids'
 /// fetch; `None` when this request is not one (the page path answers it).
@@ -43,42 +47,28 @@ pub async fn answer<B>(app: &Arc<App>, ask: &Ask<'_, B>, ctx: &mut RequestContex
     }
     let ttl = app.cache.ttl(target.route)?;
     let ids = lookup_ids(target.query.as_deref()?)?;
-    let now = now_ms();
-    // Fresh records answer; stale ones (within the grace) only stand in when
-    // the upstream fails. A client's max-age binds records as it binds pages.
-    let (held, stale): (Vec<_>, Vec<_>) = app
-        .cache
-        .held_records(resource, &ids)
-        .await
-        .into_iter()
-        .map(|h| {
-            let fresh = h
-                .as_ref()
-                .is_some_and(|e| e.is_fresh(now) && d.max_age.is_none_or(|max| e.age(now).as_secs() <= max));
-            if fresh {
-                (h, None)
-            } else {
-                (None, h)
-            }
-        })
-        .unzip();
+    let (held, stale) = split_fresh(app.cache.held_records(resource, &ids).await, d);
     let missing: Vec<String> = ids
         .iter()
         .zip(&held)
         .filter(|(_, h)| h.is_none())
         .map(|(id, _)| id.clone())
         .collect();
+    let page = Page {
+        ids: &ids,
+        ttl,
+        target,
+        req: ask.req,
+    };
     if missing.is_empty() {
         tally(app, &ask.team, target, &held, 0);
         ctx.cache = CacheState::Hit;
-        let body = assemble(&ids, &held, &[]);
-        return Some(Ok(respond_with(body, &held, 0, CacheState::Hit, ttl, target, ask.req)));
+        return Some(Ok(page.respond(&held, &[], 0, CacheState::Hit)));
     }
     // Like only-if-cached, a HEAD never buys anything.
     if d.only_if_cached || ask.req.method() == Method::HEAD {
         return Some(Err(GatewayError::NotCached));
     }
-
     // Steps 8–13 for the missing ids alone, under their own key: equal
     // lookups coalesce, and the page stored for it files its records.
     let mut job = ask.job(&ctx.request_id);
@@ -94,61 +84,72 @@ pub async fn answer<B>(app: &Arc<App>, ask: &Ask<'_, B>, ctx: &mut RequestContex
     };
     // 14. The upstream failed: stale records for every missing id stand in.
     if failed && stale.iter().zip(&held).all(|(s, h)| h.is_some() || s.is_some()) {
-        let merged: Vec<_> = held
-            .iter()
-            .zip(&stale)
-            .map(|(h, s)| h.clone().or_else(|| s.clone()))
-            .collect();
+        let merged: Vec<_> = held.iter().zip(stale).map(|(h, s)| h.clone().or(s)).collect();
         tally(app, &ask.team, target, &merged, 0);
         ctx.cache = CacheState::Stale;
-        let body = assemble(&ids, &merged, &[]);
-        return Some(Ok(respond_with(
-            body,
-            &merged,
-            0,
-            CacheState::Stale,
-            ttl,
-            target,
-            ask.req,
-        )));
+        return Some(Ok(page.respond(&merged, &[], 0, CacheState::Stale)));
     }
     let fetched = match outcome {
         Ok(f) => f,
         Err(e) => return Some(Err(e)),
     };
     match fetched.status {
-        StatusCode::OK => {}
+        StatusCode::OK => Some(bought(app, ask, ctx, &page, &held, &missing, fetched, role).await),
         // An id the upstream refuses (a city's id in a property lookup)
         // refuses the whole lookup, with its position in the list: the page
         // path asks again with the request as sent (a 422 costs nothing).
-        StatusCode::UNPROCESSABLE_ENTITY => return None,
-        _ => return Some(super::from_fetched(app, &ask.team, target, fetched, role, false, ctx)),
+        StatusCode::UNPROCESSABLE_ENTITY => None,
+        _ => Some(super::from_fetched(app, &ask.team, target, fetched, role, false, ctx)),
     }
-    let Some(got) = records_of(&fetched.body, resource) else {
-        return Some(Err(GatewayError::UpstreamInvalid("Upstream sent a malformed answer")));
-    };
+}
+
+/// Fresh entries answer; the others (within the stale grace) only stand in
+/// when the upstream fails. A client's `max-age` binds records as it binds
+/// pages.
+fn split_fresh(entries: Vec<Option<Arc<Entry>>>, d: &Directives) -> (Vec<Held>, Vec<Held>) {
+    let now = now_ms();
+    entries
+        .into_iter()
+        .map(|h| {
+            let young = |e: &Arc<Entry>| d.max_age.is_none_or(|max| e.age(now).as_secs() <= max);
+            match h {
+                Some(e) if e.is_fresh(now) && young(&e) => (Some(e), None),
+                other => (None, other),
+            }
+        })
+        .unzip()
+}
+
+/// The 200 for a lookup whose missing ids were fetched: files the ids the
+/// upstream does not know as absent, and charges what the fetch cost
+/// (nothing for a follower or an answer found in the cache).
+#[allow(clippy::too_many_arguments)]
+async fn bought<B>(
+    app: &Arc<App>,
+    ask: &Ask<'_, B>,
+    ctx: &mut RequestContext,
+    page: &Page<'_, B>,
+    held: &[Held],
+    missing: &[String],
+    fetched: Arc<Fetched>,
+    role: Role,
+) -> Answer {
+    let resource = Resource::of_lookup(page.target.route).ok_or(GatewayError::Internal)?;
+    let got =
+        records_of(&fetched.body, resource).ok_or(GatewayError::UpstreamInvalid("Upstream sent a malformed answer"))?;
     let paid = role == Role::Leader && !fetched.from_cache;
-    if paid && !d.no_store && !control::forbids_storing(&fetched.headers) {
-        let page = Entry::new(fetched.body.clone(), fetched.worth, ttl, target.route);
-        app.cache.file_absent(resource, &page, &missing).await;
+    if paid && !ask.directives.no_store && !control::forbids_storing(&fetched.headers) {
+        let stored = Entry::new(fetched.body.clone(), fetched.worth, page.ttl, page.target.route);
+        app.cache.file_absent(resource, &stored, missing).await;
     }
-    tally(app, &ask.team, target, &held, missing.len());
+    tally(app, &ask.team, page.target, held, missing.len());
     let charged = if paid { fetched.credits } else { 0 };
     if !paid {
-        saved(app, &ask.team, target, fetched.worth);
+        saved(app, &ask.team, page.target, fetched.worth);
     }
     ctx.cache = CacheState::Miss;
     ctx.credits = charged;
-    let body = assemble(&ids, &held, &got);
-    Some(Ok(respond_with(
-        body,
-        &held,
-        charged,
-        CacheState::Miss,
-        ttl,
-        target,
-        ask.req,
-    )))
+    Ok(page.respond(held, &got, charged, CacheState::Miss))
 }
 
 /// Counts each id by where its answer came from; the held records are
@@ -218,23 +219,26 @@ fn assemble(ids: &[String], held: &[Option<Arc<Entry>>], fetched: &[(String, Byt
     out.freeze()
 }
 
-/// The response for an assembled page: as for a cached entry (ETag, 304,
-/// `Age` of the oldest record used), with what this team paid.
-fn respond_with<B>(
-    body: Bytes,
-    held: &[Option<Arc<Entry>>],
-    charged: u64,
-    state: CacheState,
+/// What an assembled answer is made for.
+struct Page<'a, B> {
+    ids: &'a [String],
     ttl: Duration,
-    target: &Target,
-    req: &Request<B>,
-) -> Response<Body> {
-    let mut page = Entry::new(body, charged, ttl, target.route);
-    let oldest = held.iter().flatten().map(|e| e.stored_at_ms).min();
-    page.stored_at_ms = oldest.map_or(page.stored_at_ms, |t| t.min(page.stored_at_ms));
-    let mut resp = respond::from_entry(&page, state, req.headers());
-    resp.headers_mut().insert(X_CREDITS_REQUEST, HeaderValue::from(charged));
-    resp
+    target: &'a Target,
+    req: &'a Request<B>,
+}
+
+impl<B> Page<'_, B> {
+    /// The response for the assembled page: as for a cached entry (ETag,
+    /// 304, `Age` of the oldest record used), with what this team paid.
+    fn respond(&self, held: &[Held], fetched: &[(String, Bytes)], charged: u64, state: CacheState) -> Response<Body> {
+        let body = assemble(self.ids, held, fetched);
+        let mut page = Entry::new(body, charged, self.ttl, self.target.route);
+        let oldest = held.iter().flatten().map(|e| e.stored_at_ms).min();
+        page.stored_at_ms = oldest.map_or(page.stored_at_ms, |t| t.min(page.stored_at_ms));
+        let mut resp = respond::from_entry(&page, state, self.req.headers());
+        resp.headers_mut().insert(X_CREDITS_REQUEST, HeaderValue::from(charged));
+        resp
+    }
 }
 
 #[cfg(test)]

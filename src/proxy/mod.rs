@@ -11,7 +11,8 @@
 //! [`pipeline`], turns an error into a response at the single rescue point,
 //! and then records metrics and one access-log line for every request.
 //! Phases 8–13 are in [`fetch`], credits in [`credits`], the shaping of
-//! every answer in [`respond`].
+//! every answer in [`respond`]; an id lookup takes phases 7–15 record by
+//! record in [`by_id`].
 
 mod by_id;
 mod context;

@@ -171,9 +171,11 @@ class Gateway:
     """`permit-gateway serve` on fixed free loopback ports chosen now."""
 
     def __init__(self, bin_dir, tmp, name, sim, teams, memory_max_bytes=268435456,
-                 redis_url=None, level="warn", log_to=None, prefix=None, ledger="file"):
+                 redis_url=None, level="warn", log_to=None, prefix=None, ledger="file",
+                 cache_lines=()):
         """`prefix`: the Redis key prefix (replicas sharing a cache share
-        one; default per gateway). `ledger`: "file" or "redis"."""
+        one; default per gateway). `ledger`: "file" or "redis". `cache_lines`:
+        extra `[cache]` keys."""
         self.port, self.admin_port = free_port(), free_port()
         lines = [
             "[server]",
@@ -188,6 +190,7 @@ class Gateway:
         ]
         if redis_url:
             lines += [f'redis_url = "{redis_url}"', f'redis_key_prefix = "{prefix or f"pgw-{name}:"}"']
+        lines += list(cache_lines)
         lines += [
             "[quota]",
             f'store = "{ledger}"',

@@ -15,6 +15,12 @@ cannot see through:
   same export;
 - bursts of identical concurrent requests (dashboards refreshing together).
 
+A second workload, `generate_clicks`, is the search → click-through pattern
+(issue 16): apps search, show a list, then look up (`/v2/permits?id=`) ids
+the user clicks: mostly ids they saw in an earlier search, sometimes ids
+they never searched for (from a pool asked once before the run), now and
+then an id the upstream does not know.
+
 Run alone to print the workload summary: `python3 bench/replay.py`.
 """
 
@@ -147,9 +153,53 @@ def generate(seed, samples):
     return ticks, styles
 
 
-def run(ticks, styles, base_url, tokens, timeout=60):
+def generate_clicks(seed, samples):
+    """The click-through workload: searches that remember the ids they
+    showed (`label`), and lookups of some of them in later ticks."""
+    rng = random.Random(seed)
+    apps = ["search_ui", "mobile", "reports"]
+    styles = {a: Style(rng, a) for a in apps}
+    searches = universe(rng, samples, 60)
+    ticks, labels = [], []
+    for t in range(100):
+        tick, before = [], len(labels)
+        # Clicks are on lists shown in earlier ticks (this tick's run concurrently).
+        shown = labels[max(0, before - 12):before]
+        for app in apps:
+            if rng.random() < 0.6:
+                q = [p for p in searches[zipf_pick(rng, len(searches))] if p[0] != "size"]
+                q.append(("size", rng.choice(["10", "25"])))
+                label = f"s{t}-{app}"
+                tick.append({"app": app, "label": label, "url": styles[app].render("/v2/permits/search", q)})
+                labels.append(label)
+            if shown and rng.random() < 0.8:
+                # Places in the list as fractions: lists differ in length.
+                picks = [rng.random() for _ in range(1 if rng.random() < 0.6 else rng.choice([2, 3, 5]))]
+                cold = rng.sample(range(200), rng.choice([1, 2])) if rng.random() < 0.25 else []
+                tick.append({"app": app, "lookup": {"from": rng.choice(shown), "picks": picks, "cold": cold,
+                                                    "unknown": rng.random() < 0.1}})
+        ticks.append(tick)
+    return ticks, styles
+
+
+def lookup_url(action, seen, cold_ids):
+    """The lookup of an action, once the ids of its search are known;
+    `None` when none of its picks exist (the same on every target)."""
+    lk = action["lookup"]
+    shown = seen.get(lk["from"], [])
+    ids = list(dict.fromkeys(shown[int(f * len(shown))] for f in lk["picks"])) if shown else []
+    ids += [cold_ids[i] for i in lk["cold"] if i < len(cold_ids)]
+    if lk["unknown"]:
+        ids.append("ffffffffffffffff")
+    if not ids:
+        return None
+    return "/v2/permits?" + urllib.parse.urlencode([("id", i) for i in ids])
+
+
+def run(ticks, styles, base_url, tokens, timeout=60, cold_ids=()):
     """Plays the ticks against `base_url`; returns client-side counts."""
     walks = {}  # walk id -> (params, next cursor or None when done)
+    seen = {}  # search label -> the ids it showed
     lock = threading.Lock()
     statuses, cache = {}, {}
     sent = 0
@@ -167,6 +217,11 @@ def run(ticks, styles, base_url, tokens, timeout=60):
                     if params is None or cursor is None:
                         return None  # the walk ended early: the same for every target
             url = style.render(action["path"], params, cursor=cursor)
+        elif "lookup" in action:
+            with lock:
+                url = lookup_url(action, seen, cold_ids)
+            if url is None:
+                return None
         else:
             url = action["url"]
         status, headers, body = lib.get(base_url + url, headers={"X-API-Key": tokens[app]}, timeout=timeout)
@@ -174,6 +229,9 @@ def run(ticks, styles, base_url, tokens, timeout=60):
             nxt = json.loads(body).get("next_cursor")
             with lock:
                 walks[action["walk"]] = (walks[action["walk"]][0], nxt)
+        if "label" in action and status == 200:
+            with lock:
+                seen[action["label"]] = [r["id"] for r in json.loads(body).get("items", [])]
         return status, headers.get("x-cache", "-")
 
     with ThreadPoolExecutor(max_workers=32) as pool:
@@ -191,8 +249,9 @@ def summary(ticks):
     n = sum(len(t) for t in ticks)
     urls = [a["url"] for t in ticks for a in t if "url" in a]
     walks = len({a["walk"] for t in ticks for a in t if "walk" in a})
+    lookups = sum(1 for t in ticks for a in t if "lookup" in a)
     return {"ticks": len(ticks), "actions": n, "distinct_literal_urls": len(set(urls)), "walks": walks,
-            "widest_tick": max(len(t) for t in ticks)}
+            "lookups": lookups, "widest_tick": max(len(t) for t in ticks)}
 
 
 if __name__ == "__main__":
@@ -200,3 +259,5 @@ if __name__ == "__main__":
             "big_state": "CA", "permit_from": "2000-01-01", "permit_to": "2025-12-31", "contractor_id": "k1"}
     ticks, _ = generate(8, fake)
     print(summary(ticks))
+    ticks, _ = generate_clicks(8, fake)
+    print("clicks:", summary(ticks))

@@ -16,7 +16,9 @@
 //!   and the credit estimate.
 //! - [`auth`]: token → team.
 //! - [`cache`]: normalized keys, L1 moka + L2 Redis, staleness; coalescing
-//!   in process (`cache::flight`) and across replicas (`cache::lease`).
+//!   in process (`cache::flight`) and across replicas (`cache::lease`); the
+//!   record tier (`cache::records`) that answers id lookups record by record
+//!   (`proxy::by_id`).
 //! - [`clock`]: wall-clock milliseconds, the one clock the modules share.
 //! - [`redis_backend`]: a Redis connection (standalone or Cluster) with
 //!   timeouts and a breaker (one each for the cache, the ledger and the

@@ -149,7 +149,7 @@ pub fn normalize_query(route: Route, query: &str) -> String {
 /// `application/x-www-form-urlencoded` pairs, strictly: `None` when any
 /// name or value is not UTF-8 after decoding (a lossy decode could make two
 /// different queries equal).
-fn decode_pairs(query: &str) -> Option<Vec<(Cow<'_, str>, Cow<'_, str>)>> {
+pub(crate) fn decode_pairs(query: &str) -> Option<Vec<(Cow<'_, str>, Cow<'_, str>)>> {
     let mut pairs = Vec::new();
     for part in query.split('&').filter(|p| !p.is_empty()) {
         let (k, v) = part.split_once('=').unwrap_or((part, ""));

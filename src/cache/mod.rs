@@ -12,6 +12,7 @@ pub mod entry;
 pub mod flight;
 pub mod key;
 pub mod lease;
+pub mod records;
 
 pub use entry::Entry;
 
@@ -62,6 +63,8 @@ pub struct Cache {
     pub max_entry_bytes: usize,
     ttls: [Option<Duration>; Route::ALL.len()],
     metrics: Arc<Metrics>,
+    /// `cache.record_reuse`: stored pages also file their records ([`records`]).
+    record_reuse: bool,
 }
 
 impl Cache {
@@ -87,6 +90,7 @@ impl Cache {
             max_entry_bytes: cfg.max_entry_bytes,
             ttls,
             metrics,
+            record_reuse: cfg.record_reuse,
         }
     }
 
@@ -149,8 +153,12 @@ impl Cache {
         if life.is_zero() {
             return;
         }
+        // Records are views into the page's own (compacted) body: filed, they
+        // add their index, not a second copy of the bytes.
+        let mut page = entry.clone();
         if let Some(memory) = &self.memory {
-            memory.insert(Arc::from(key), compact(&entry)).await;
+            page = compact(&entry);
+            memory.insert(Arc::from(key), page.clone()).await;
         }
         if let Some(redis) = &self.redis {
             let rkey = self.redis_key(entry.route, key);
@@ -168,11 +176,27 @@ impl Cache {
                 })
                 .await;
         }
+        if let Some(resource) = records::Resource::filed_by(entry.route).filter(|_| self.record_reuse) {
+            self.file_records(resource, &page).await;
+        }
     }
 
     /// Drops every entry, or one route's, from both tiers. Returns how many
-    /// Redis keys went.
+    /// Redis keys went. The records a route's pages filed go with it: they
+    /// would otherwise keep answering lookups with what was purged.
     pub async fn purge(&self, route: Option<Route>) -> u64 {
+        let records = route
+            .and_then(records::Resource::filed_by)
+            .map(records::Resource::lookup_route)
+            .filter(|r| Some(*r) != route);
+        let mut removed = self.purge_route(route).await;
+        if let Some(lookup) = records {
+            removed += self.purge_route(Some(lookup)).await;
+        }
+        removed
+    }
+
+    async fn purge_route(&self, route: Option<Route>) -> u64 {
         if let Some(memory) = &self.memory {
             match route {
                 None => memory.invalidate_all(),

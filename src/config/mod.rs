@@ -83,6 +83,9 @@ pub struct CacheConfig {
     pub redis_key_prefix: String,
     pub redis_timeout_ms: u64,
     pub coalesce_wait_ms: u64,
+    /// Id lookups answered from records that searches and earlier lookups
+    /// already bought (`cache::records`); off: lookups cache as whole queries.
+    pub record_reuse: bool,
     #[serde(default)]
     pub route_ttl_secs: std::collections::BTreeMap<String, u64>,
 }

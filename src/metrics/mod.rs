@@ -10,7 +10,7 @@
 
 mod record;
 
-pub use record::{LedgerOp, RedisOp, Scope, Tier, UpstreamAnswer};
+pub use record::{LedgerOp, RecordSource, RedisOp, Scope, Tier, UpstreamAnswer};
 
 use prometheus::{
     Encoder, Gauge, GaugeVec, Histogram, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, IntGaugeVec, Opts,
@@ -59,6 +59,9 @@ pub struct Metrics {
     /// Not in the contract table: the org's spend seen upstream minus the
     /// sum of the team ledgers (reconciliation).
     pub untracked_credits: IntGauge,
+    /// Not in the contract table: ids of id lookups by where their answer
+    /// came from (`cache::records`).
+    cache_records_total: IntCounterVec,
 }
 
 fn counter(r: &Registry, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
@@ -231,6 +234,12 @@ impl Metrics {
                 &r,
                 "gateway_untracked_credits",
                 "The org's credits spent as the upstream reports them, minus the sum of the team ledgers.",
+            ),
+            cache_records_total: counter(
+                &r,
+                "gateway_cache_records_total",
+                "Ids of id lookups, by source: a held record, a held absence, or the upstream.",
+                &["route", "source"],
             ),
             registry: r,
         };

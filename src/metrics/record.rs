@@ -120,6 +120,26 @@ impl RedisOp {
     }
 }
 
+/// Where an id of an id lookup got its answer (`source` label).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RecordSource {
+    /// A record held from an earlier lookup.
+    Cache,
+    /// An absence held from an earlier lookup.
+    Absent,
+    Upstream,
+}
+
+impl RecordSource {
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            RecordSource::Cache => "cache",
+            RecordSource::Absent => "absent",
+            RecordSource::Upstream => "upstream",
+        }
+    }
+}
+
 /// How an upstream attempt ended (`status` label of the upstream requests).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum UpstreamAnswer {
@@ -186,6 +206,13 @@ impl Metrics {
     /// A request answered by another request's upstream fetch.
     pub fn coalesced(&self, route: Route) {
         self.coalesced_requests_total.with_label_values(&[route.as_str()]).inc();
+    }
+
+    /// `ids` ids of an id lookup answered from `source`.
+    pub fn cache_records(&self, route: Route, source: RecordSource, ids: u64) {
+        self.cache_records_total
+            .with_label_values(&[route.as_str(), source.as_str()])
+            .inc_by(ids);
     }
 
     pub fn credits_spent(&self, team: &str, route: Route, credits: u64) {

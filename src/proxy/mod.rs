@@ -11,8 +11,10 @@
 //! [`pipeline`], turns an error into a response at the single rescue point,
 //! and then records metrics and one access-log line for every request.
 //! Phases 8–13 are in [`fetch`], credits in [`credits`], the shaping of
-//! every answer in [`respond`].
+//! every answer in [`respond`]; an id lookup takes phases 7–15 record by
+//! record in [`by_id`].
 
+mod by_id;
 mod context;
 mod credits;
 mod fetch;
@@ -156,6 +158,10 @@ async fn cached_or_fetched<B>(
     ask: &Ask<'_, B>,
     ctx: &mut RequestContext,
 ) -> Result<Response<Body>, GatewayError> {
+    // 7a. An id lookup: from the records already bought, buying the rest.
+    if let Some(answer) = by_id::answer(app, ask, ctx).await {
+        return answer;
+    }
     let (d, target) = (&ask.directives, &ask.target);
     // 7. Lookup, unless the client said no-cache.
     let mut cached = None;

@@ -18,6 +18,7 @@ mod money;
 mod observability;
 mod pyshovels;
 mod rate;
+mod records;
 mod request_surface;
 mod routes;
 mod sim;

@@ -67,10 +67,15 @@ async fn every_script_and_multi_key_command_runs_on_a_real_cluster() {
     let gws = three(&setup, &sim).await;
     // Misses: reserve, lease (SET NX, DEL), rate script, settle, cache SET;
     // spread over many keys, so over every primary.
+    // Each page also files its records (one key per permit id, see
+    // cache::records), so purge finds those too.
+    let mut records = std::collections::BTreeSet::new();
     for i in 0..12 {
         let url = format!("{}{}", gws[i % 3].base_url(), distinct_search(&sim, i as u32, 2));
         let r = as_team(&url, ALPHA.1, &format!("alpha-{i}")).await;
         assert_eq!(r.status, StatusCode::OK, "{}", r.text());
+        let items = r.json()["items"].as_array().cloned().unwrap_or_default();
+        records.extend(items.iter().filter_map(|p| p["id"].as_str().map(str::to_owned)));
     }
     // An L2 hit on another replica; its saved credits go out as a pipeline.
     let hit = as_team(
@@ -115,9 +120,10 @@ async fn every_script_and_multi_key_command_runs_on_a_real_cluster() {
         }
     })
     .await;
-    // Purge scans every primary: all twelve entries go, whichever node holds them.
+    // Purge scans every primary: all twelve entries and their records go,
+    // whichever node holds them.
     let purged = admin(Method::POST, &format!("{}/admin/cache/purge", gws[0].admin_url())).await;
-    assert_eq!(purged.json()["redis_keys"], 12, "{}", purged.text());
+    assert_eq!(purged.json()["redis_keys"], 12 + records.len(), "{}", purged.text());
     let again = as_team(
         &format!("{}{}", gws[2].base_url(), distinct_search(&sim, 3, 2)),
         ALPHA.1,

@@ -1,0 +1,307 @@
+//! The record tier: every record of a cached page, filed under (resource,
+//! id), so that an id lookup is answered from records that searches and
+//! earlier lookups already bought (`proxy::by_id` asks; docs/design.md §2 step 7).
+//!
+//! Records live in the same two tiers as pages, under the same byte budget
+//! (L1) and in the key space of their lookup route (L2: `c:permits_by_id:…`),
+//! so a purge of everything or of the lookup route drops them. Each record
+//! keeps the answer time and TTL of the page that brought it and is only
+//! served while that page would be fresh: a record is never newer than its
+//! page claims, and never older. An id the upstream answered without a
+//! record is held as absent (an empty body) for the same TTL.
+//!
+//! A record is filed only where the upstream serves it byte for byte the
+//! same in a search and in a lookup (`docs/vendor-api.md`, "Id lookups"):
+//! contractor searches scope their tallies to the search, and property
+//! searches with excluded tags add a `trust` block, so those are not filed.
+
+use super::{Cache, Entry};
+use crate::clock::now_ms;
+use crate::metrics::RedisOp;
+use crate::redis_backend::RedisBackend;
+use crate::route::Route;
+use bytes::Bytes;
+use serde::de::IgnoredAny;
+use serde::Deserialize;
+use serde_json::value::RawValue;
+use std::sync::Arc;
+
+/// A kind of record with an id lookup.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Resource {
+    Permits,
+    Contractors,
+    Decisions,
+    Properties,
+}
+
+impl Resource {
+    /// The resource an id-lookup route answers with.
+    pub fn of_lookup(route: Route) -> Option<Resource> {
+        match route {
+            Route::PermitsById => Some(Resource::Permits),
+            Route::ContractorsById => Some(Resource::Contractors),
+            Route::DecisionsById => Some(Resource::Decisions),
+            Route::PropertiesById => Some(Resource::Properties),
+            _ => None,
+        }
+    }
+
+    /// The resource whose lookup records a route's pages carry exactly.
+    /// Contractor searches are missing on purpose: their tallies are scoped
+    /// to the search, a lookup's to the contractor's lifetime.
+    pub fn filed_by(route: Route) -> Option<Resource> {
+        match route {
+            Route::PermitsSearch | Route::ContractorPermits => Some(Resource::Permits),
+            Route::DecisionsSearch => Some(Resource::Decisions),
+            Route::PropertiesSearch => Some(Resource::Properties),
+            lookup => Resource::of_lookup(lookup),
+        }
+    }
+
+    /// The lookup route; its name is the records' purge and L2 key space.
+    pub fn lookup_route(self) -> Route {
+        match self {
+            Resource::Permits => Route::PermitsById,
+            Resource::Contractors => Route::ContractorsById,
+            Resource::Decisions => Route::DecisionsById,
+            Resource::Properties => Route::PropertiesById,
+        }
+    }
+
+    /// The record's key in L1 (a page key starts with `k1 /v2/`, so the
+    /// two never meet), also hashed into its L2 key.
+    fn key(self, id: &str) -> String {
+        format!("rec {} {id}", self.lookup_route().as_str())
+    }
+}
+
+/// Whether a held entry says "the upstream does not know this id".
+pub fn is_absent(entry: &Entry) -> bool {
+    entry.body.is_empty()
+}
+
+/// The records of a page envelope, as sent (byte for byte, views into
+/// `body`, not copies), each with its id. `None` when the body is not a page
+/// of records with string ids.
+pub fn records_of(body: &Bytes, resource: Resource) -> Option<Vec<(String, Bytes)>> {
+    #[derive(Deserialize)]
+    struct Page<'a> {
+        #[serde(borrow)]
+        items: Vec<&'a RawValue>,
+    }
+    #[derive(Deserialize)]
+    struct Record {
+        id: String,
+        trust: Option<IgnoredAny>,
+    }
+    let page: Page = serde_json::from_slice(body).ok()?;
+    let mut out = Vec::with_capacity(page.items.len());
+    for raw in page.items {
+        let record: Record = serde_json::from_str(raw.get()).ok()?;
+        // An absence search's property carries a `trust` block no lookup sends.
+        if resource == Resource::Properties && record.trust.is_some() {
+            continue;
+        }
+        out.push((record.id, body.slice_ref(raw.get().as_bytes())));
+    }
+    Some(out)
+}
+
+/// A record (or an absence: empty body, 0 credits) with its page's times.
+/// No ETag in memory (a record is never answered alone); L2 adds one, its
+/// integrity check.
+fn record_entry(resource: Resource, page: &Entry, body: Bytes, credits: u64) -> Entry {
+    Entry {
+        etag: String::new(),
+        body,
+        credits,
+        stored_at_ms: page.stored_at_ms,
+        ttl_ms: page.ttl_ms,
+        route: resource.lookup_route(),
+    }
+}
+
+/// One command per key, all in flight at once: on one multiplexed
+/// connection they share round trips like a pipeline, and each is routed to
+/// its own slot on a Cluster (record keys carry their own hash tag, so a
+/// pipeline or `MGET` of them would cross slots). Answers in order; `None`
+/// for a command that failed.
+async fn each<T>(redis: &Arc<RedisBackend>, op: RedisOp, cmds: Vec<redis::Cmd>) -> Vec<Option<T>>
+where
+    T: redis::FromRedisValue + Send + 'static,
+{
+    let mut set = tokio::task::JoinSet::new();
+    for (i, cmd) in cmds.into_iter().enumerate() {
+        let redis = redis.clone();
+        set.spawn(async move {
+            let got = redis
+                .call(op, |mut c| async move { cmd.query_async::<T>(&mut c).await })
+                .await;
+            (i, got.ok())
+        });
+    }
+    let mut out: Vec<Option<T>> = Vec::new();
+    out.resize_with(set.len(), || None);
+    while let Some(done) = set.join_next().await {
+        if let Ok((i, got)) = done {
+            out[i] = got;
+        }
+    }
+    out
+}
+
+fn with_etag(e: &Entry) -> Entry {
+    Entry {
+        etag: super::entry::etag_of(&e.body),
+        ..e.clone()
+    }
+}
+
+impl Cache {
+    /// Whether pages file their records here (`cache.record_reuse`).
+    pub fn record_reuse(&self) -> bool {
+        self.record_reuse
+    }
+
+    /// Files the records of a stored page under the page's answer time and
+    /// TTL (called by [`Cache::store`]).
+    pub async fn file_records(&self, resource: Resource, page: &Entry) {
+        let Some(records) = records_of(&page.body, resource) else {
+            return;
+        };
+        // One credit per record: what serving it again saves.
+        let filed = records
+            .into_iter()
+            .map(|(id, body)| (resource.key(&id), record_entry(resource, page, body, 1)))
+            .collect();
+        self.put_records(resource, page, filed).await;
+    }
+
+    /// Files each id of `asked` that the lookup page did not answer as
+    /// absent, for the page's TTL: the upstream does not know it.
+    pub async fn file_absent(&self, resource: Resource, page: &Entry, asked: &[String]) {
+        let Some(records) = records_of(&page.body, resource) else {
+            return;
+        };
+        let filed = asked
+            .iter()
+            .filter(|id| !records.iter().any(|(got, _)| got == *id))
+            .map(|id| (resource.key(id), record_entry(resource, page, Bytes::new(), 0)))
+            .collect();
+        self.put_records(resource, page, filed).await;
+    }
+
+    /// Both tiers; L2 in one pipelined round trip.
+    async fn put_records(&self, resource: Resource, page: &Entry, filed: Vec<(String, Entry)>) {
+        let life = page.remaining_life(now_ms(), self.grace);
+        if filed.is_empty() || life.is_zero() {
+            return;
+        }
+        if let Some(memory) = &self.memory {
+            for (key, e) in &filed {
+                memory.insert(Arc::from(key.as_str()), Arc::new(e.clone())).await;
+            }
+        }
+        if let Some(redis) = &self.redis {
+            let px = (life.as_millis() as u64).max(1);
+            let sets = filed.iter().map(|(key, e)| {
+                let mut set = redis::cmd("SET");
+                set.arg(self.redis_key(resource.lookup_route(), key))
+                    .arg(with_etag(e).encode())
+                    .arg("PX")
+                    .arg(px);
+                set
+            });
+            each::<()>(redis, RedisOp::CacheSet, sets.collect()).await;
+        }
+    }
+
+    /// The held entry (record or absence) of each id, in order, fresh or
+    /// within the stale grace (the caller serves stale ones only when the
+    /// upstream fails): L1, then L2 for the rest (promoting what it finds).
+    pub async fn held_records(&self, resource: Resource, ids: &[String]) -> Vec<Option<Arc<Entry>>> {
+        let now = now_ms();
+        let mut held: Vec<Option<Arc<Entry>>> = Vec::with_capacity(ids.len());
+        for id in ids {
+            let found = match &self.memory {
+                Some(memory) => memory.get(resource.key(id).as_str()).await,
+                None => None,
+            };
+            held.push(found.filter(|e| !e.remaining_life(now, self.grace).is_zero()));
+        }
+        let Some(redis) = &self.redis else { return held };
+        // Stale in L1 may be fresh in L2: another replica bought it again.
+        let wanted: Vec<usize> = (0..ids.len())
+            .filter(|i| !held[*i].as_ref().is_some_and(|e| e.is_fresh(now)))
+            .collect();
+        if wanted.is_empty() {
+            return held;
+        }
+        let route = resource.lookup_route();
+        let rkeys: Vec<String> = wanted
+            .iter()
+            .map(|i| self.redis_key(route, &resource.key(&ids[*i])))
+            .collect();
+        let gets = rkeys.into_iter().map(|k| {
+            let mut get = redis::cmd("GET");
+            get.arg(k);
+            get
+        });
+        let got: Vec<Option<Option<Vec<u8>>>> = each(redis, RedisOp::CacheGet, gets.collect()).await;
+        for (i, bytes) in wanted.into_iter().zip(got) {
+            let Some(entry) = bytes.flatten().and_then(|b| Entry::decode(&b)) else {
+                continue;
+            };
+            let newer = held[i].as_ref().is_none_or(|e| e.stored_at_ms < entry.stored_at_ms);
+            if !newer || entry.remaining_life(now, self.grace).is_zero() {
+                continue;
+            }
+            // L1 keeps no ETag for records (see `record_entry`).
+            let entry = Entry {
+                etag: String::new(),
+                ..entry
+            };
+            let entry = Arc::new(entry);
+            if let Some(memory) = &self.memory {
+                memory
+                    .insert(Arc::from(resource.key(&ids[i]).as_str()), entry.clone())
+                    .await;
+            }
+            held[i] = Some(entry);
+        }
+        held
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn records_are_taken_as_sent_and_absence_searches_are_skipped() {
+        let page = Bytes::from_static(br#"{"items":[{"id":"a","x":[1, 2]},{"x":1,"id":"b"}],"size":2}"#);
+        let got = records_of(&page, Resource::Permits).expect("a page");
+        assert_eq!(
+            got[0],
+            ("a".to_string(), Bytes::from_static(br#"{"id":"a","x":[1, 2]}"#))
+        );
+        assert_eq!(got[1].0, "b");
+        let inside = |b: &Bytes| page.as_ptr_range().contains(&b.as_ptr());
+        assert!(got.iter().all(|(_, b)| inside(b)), "views into the page, not copies");
+        let trust = Bytes::from_static(br#"{"items":[{"id":"a","trust":{}},{"id":"b"}]}"#);
+        assert_eq!(records_of(&trust, Resource::Properties).map(|r| r.len()), Some(1));
+        assert_eq!(records_of(&trust, Resource::Permits).map(|r| r.len()), Some(2));
+        let bad = |b: &'static [u8]| records_of(&Bytes::from_static(b), Resource::Permits);
+        assert_eq!(bad(br#"{"items":[{"id":7}]}"#), None);
+        assert_eq!(bad(b"[]"), None);
+    }
+
+    #[test]
+    fn contractor_searches_file_nothing() {
+        assert_eq!(Resource::filed_by(Route::ContractorsSearch), None);
+        assert_eq!(Resource::filed_by(Route::ContractorsById), Some(Resource::Contractors));
+        assert_eq!(Resource::filed_by(Route::ContractorPermits), Some(Resource::Permits));
+        assert_eq!(Resource::filed_by(Route::MetaRelease), None);
+    }
+}

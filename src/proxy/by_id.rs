@@ -1,0 +1,291 @@
+//! Id lookups answered from the record tier (docs/design.md §2 step 7 for
+//! `permits_by_id`, `contractors_by_id`, `decisions_by_id`,
+//! `properties_by_id`; the tier is [`crate::cache::records`]).
+//!
+//! Runs instead of the page lookup and fetch when `cache.record_reuse` is on
+//! and the client did not say `no-cache`. The records already held answer
+//! at 0 credits; only the missing ids go upstream, in one coalesced call
+//! reserved and settled for those alone (steps 8–13 as for any miss); the
+//! answer is assembled as the upstream assembles it (`docs/vendor-api.md`,
+//! "Id lookups"): request order, each id once, unknown ids omitted, in
+//! `{"items":[…],"size":n,"next_cursor":null,"total_count":null}`.
+//!
+//! `X-Cache` is `HIT` when every id was held, `MISS` when some were bought,
+//! `STALE` when the upstream failed and expired records stood in;
+//! `X-Credits-Request` is what this team paid.
+
+use super::context::{CacheState, RequestContext};
+use super::credits::X_CREDITS_REQUEST;
+use super::fetch::{self, Role};
+use super::{respond, saved, Ask};
+use crate::app::App;
+use crate::auth::Team;
+use crate::cache::control::{self, Directives};
+use crate::cache::flight::Fetched;
+use crate::cache::records::{is_absent, records_of, Resource};
+use crate::cache::{key, Entry};
+use crate::clock::now_ms;
+use crate::error::GatewayError;
+use crate::http_util::Body;
+use crate::metrics::RecordSource;
+use crate::route::Target;
+use bytes::{BufMut, Bytes, BytesMut};
+use http::{HeaderValue, Method, Request, Response, StatusCode};
+use std::sync::Arc;
+use std::time::Duration;
+
+type Answer = Result<Response<Body>, GatewayError>;
+/// A held record or absence, if any.
+type Held = Option<Arc<Entry>>;
+
+/// The answer of an id lookup from held records and the missing ids'
+/// fetch; `None` when this request is not one (the page path answers it).
+pub async fn answer<B>(app: &Arc<App>, ask: &Ask<'_, B>, ctx: &mut RequestContext) -> Option<Answer> {
+    let (d, target) = (&ask.directives, &ask.target);
+    let resource = Resource::of_lookup(target.route)?;
+    if !app.cache.record_reuse() || d.no_cache {
+        return None;
+    }
+    let ttl = app.cache.ttl(target.route)?;
+    let ids = lookup_ids(target.query.as_deref()?)?;
+    let (held, stale) = split_fresh(app.cache.held_records(resource, &ids).await, d);
+    let missing: Vec<String> = ids
+        .iter()
+        .zip(&held)
+        .filter(|(_, h)| h.is_none())
+        .map(|(id, _)| id.clone())
+        .collect();
+    let page = Page {
+        ids: &ids,
+        ttl,
+        target,
+        req: ask.req,
+    };
+    if missing.is_empty() {
+        tally(app, &ask.team, target, &held, 0);
+        ctx.cache = CacheState::Hit;
+        return Some(Ok(page.respond(&held, &[], 0, CacheState::Hit)));
+    }
+    // Like only-if-cached, a HEAD never buys anything.
+    if d.only_if_cached || ask.req.method() == Method::HEAD {
+        return Some(Err(GatewayError::NotCached));
+    }
+    // Steps 8–13 for the missing ids alone, under their own key: equal
+    // lookups coalesce, and the page stored for it files its records.
+    let mut job = ask.job(&ctx.request_id);
+    job.target = Target {
+        query: Some(query_of(&missing)),
+        ..target.clone()
+    };
+    job.key = Some(key::cache_key(&job.target));
+    let (outcome, role) = fetch::coalesced(app, job).await;
+    let failed = match &outcome {
+        Ok(f) => matches!(f.status.as_u16(), 402 | 429 | 500..=599),
+        Err(e) => e.upstream_failed(),
+    };
+    // 14. The upstream failed: stale records for every missing id stand in.
+    if failed && stale.iter().zip(&held).all(|(s, h)| h.is_some() || s.is_some()) {
+        let merged: Vec<_> = held.iter().zip(stale).map(|(h, s)| h.clone().or(s)).collect();
+        tally(app, &ask.team, target, &merged, 0);
+        ctx.cache = CacheState::Stale;
+        return Some(Ok(page.respond(&merged, &[], 0, CacheState::Stale)));
+    }
+    let fetched = match outcome {
+        Ok(f) => f,
+        Err(e) => return Some(Err(e)),
+    };
+    match fetched.status {
+        StatusCode::OK => Some(bought(app, ask, ctx, &page, &held, &missing, fetched, role).await),
+        // An id the upstream refuses (a city's id in a property lookup)
+        // refuses the whole lookup, with its position in the list: the page
+        // path asks again with the request as sent (a 422 costs nothing).
+        StatusCode::UNPROCESSABLE_ENTITY => None,
+        _ => Some(super::from_fetched(app, &ask.team, target, fetched, role, false, ctx)),
+    }
+}
+
+/// Fresh entries answer; the others (within the stale grace) only stand in
+/// when the upstream fails. A client's `max-age` binds records as it binds
+/// pages.
+fn split_fresh(entries: Vec<Option<Arc<Entry>>>, d: &Directives) -> (Vec<Held>, Vec<Held>) {
+    let now = now_ms();
+    entries
+        .into_iter()
+        .map(|h| {
+            let young = |e: &Arc<Entry>| d.max_age.is_none_or(|max| e.age(now).as_secs() <= max);
+            match h {
+                Some(e) if e.is_fresh(now) && young(&e) => (Some(e), None),
+                other => (None, other),
+            }
+        })
+        .unzip()
+}
+
+/// The 200 for a lookup whose missing ids were fetched: files the ids the
+/// upstream does not know as absent, and charges what the fetch cost
+/// (nothing for a follower or an answer found in the cache).
+#[allow(clippy::too_many_arguments)]
+async fn bought<B>(
+    app: &Arc<App>,
+    ask: &Ask<'_, B>,
+    ctx: &mut RequestContext,
+    page: &Page<'_, B>,
+    held: &[Held],
+    missing: &[String],
+    fetched: Arc<Fetched>,
+    role: Role,
+) -> Answer {
+    let resource = Resource::of_lookup(page.target.route).ok_or(GatewayError::Internal)?;
+    let got =
+        records_of(&fetched.body, resource).ok_or(GatewayError::UpstreamInvalid("Upstream sent a malformed answer"))?;
+    let paid = role == Role::Leader && !fetched.from_cache;
+    if paid && !ask.directives.no_store && !control::forbids_storing(&fetched.headers) {
+        let stored = Entry::new(fetched.body.clone(), fetched.worth, page.ttl, page.target.route);
+        app.cache.file_absent(resource, &stored, missing).await;
+    }
+    tally(app, &ask.team, page.target, held, missing.len());
+    let charged = if paid { fetched.credits } else { 0 };
+    if !paid {
+        saved(app, &ask.team, page.target, fetched.worth);
+    }
+    ctx.cache = CacheState::Miss;
+    ctx.credits = charged;
+    Ok(page.respond(held, &got, charged, CacheState::Miss))
+}
+
+/// Counts each id by where its answer came from; the held records are
+/// credits this team did not spend.
+fn tally(app: &App, team: &Team, target: &Target, held: &[Option<Arc<Entry>>], fetched: usize) {
+    let reused = held.iter().flatten().filter(|e| !is_absent(e)).count() as u64;
+    let absent = held.iter().flatten().filter(|e| is_absent(e)).count() as u64;
+    let sources = [
+        (RecordSource::Cache, reused),
+        (RecordSource::Absent, absent),
+        (RecordSource::Upstream, fetched as u64),
+    ];
+    for (source, ids) in sources {
+        app.metrics.cache_records(target.route, source, ids);
+    }
+    saved(app, team, target, reused);
+}
+
+/// The ids of a query made of `id` parameters only, in order, each once;
+/// `None` for anything else (another parameter, bytes that are not UTF-8):
+/// the page path forwards those as sent.
+fn lookup_ids(query: &str) -> Option<Vec<String>> {
+    let pairs = key::decode_pairs(query)?;
+    let mut ids: Vec<String> = Vec::with_capacity(pairs.len());
+    for (name, value) in pairs {
+        if name != "id" {
+            return None;
+        }
+        // The upstream answers a repeated id once, at its first position.
+        if !ids.iter().any(|id| *id == value) {
+            ids.push(value.into_owned());
+        }
+    }
+    (!ids.is_empty()).then_some(ids)
+}
+
+/// `id=a&id=b`: the only list spelling the upstream reads.
+fn query_of(ids: &[String]) -> String {
+    form_urlencoded::Serializer::new(String::new())
+        .extend_pairs(ids.iter().map(|id| ("id", id)))
+        .finish()
+}
+
+/// The upstream's lookup page: each id's record in request order, from the
+/// held entry or else the fetched records; absent and unknown ids omitted.
+fn assemble(ids: &[String], held: &[Option<Arc<Entry>>], fetched: &[(String, Bytes)]) -> Bytes {
+    let records: Vec<&[u8]> = ids
+        .iter()
+        .zip(held)
+        .filter_map(|(id, h)| match h {
+            Some(e) if is_absent(e) => None,
+            Some(e) => Some(&e.body[..]),
+            None => fetched.iter().find(|(got, _)| got == id).map(|(_, b)| &b[..]),
+        })
+        .collect();
+    let mut out = BytesMut::with_capacity(records.iter().map(|r| r.len() + 1).sum::<usize>() + 64);
+    out.put_slice(b"{\"items\":[");
+    for (i, record) in records.iter().enumerate() {
+        if i > 0 {
+            out.put_u8(b',');
+        }
+        out.put_slice(record);
+    }
+    out.put_slice(
+        format!(
+            "],\"size\":{},\"next_cursor\":null,\"total_count\":null}}",
+            records.len()
+        )
+        .as_bytes(),
+    );
+    out.freeze()
+}
+
+/// What an assembled answer is made for.
+struct Page<'a, B> {
+    ids: &'a [String],
+    ttl: Duration,
+    target: &'a Target,
+    req: &'a Request<B>,
+}
+
+impl<B> Page<'_, B> {
+    /// The response for the assembled page: as for a cached entry (ETag,
+    /// 304, `Age` of the oldest record used), with what this team paid.
+    fn respond(&self, held: &[Held], fetched: &[(String, Bytes)], charged: u64, state: CacheState) -> Response<Body> {
+        let body = assemble(self.ids, held, fetched);
+        let mut page = Entry::new(body, charged, self.ttl, self.target.route);
+        let oldest = held.iter().flatten().map(|e| e.stored_at_ms).min();
+        page.stored_at_ms = oldest.map_or(page.stored_at_ms, |t| t.min(page.stored_at_ms));
+        let mut resp = respond::from_entry(&page, state, self.req.headers());
+        resp.headers_mut().insert(X_CREDITS_REQUEST, HeaderValue::from(charged));
+        resp
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::route::Route;
+
+    fn record(id: &str) -> Option<Arc<Entry>> {
+        let body = Bytes::from(format!("{{\"id\":\"{id}\"}}"));
+        Some(Arc::new(Entry::new(
+            body,
+            1,
+            Duration::from_secs(60),
+            Route::PermitsById,
+        )))
+    }
+
+    #[test]
+    fn only_id_parameters_make_a_lookup_and_repeats_count_once() {
+        let ids = |q| lookup_ids(q);
+        assert_eq!(ids("id=a&id=b&id=a"), Some(vec!["a".into(), "b".into()]));
+        assert_eq!(ids("id=a%2Cb"), Some(vec!["a,b".into()]), "a comma is part of the id");
+        assert_eq!(ids("id=a&cursor=x"), None);
+        assert_eq!(ids("id=%FF"), None);
+        assert_eq!(query_of(&["a b".into(), "c&d".into()]), "id=a+b&id=c%26d");
+    }
+
+    #[test]
+    fn assembly_follows_request_order_and_omits_absent_ids() {
+        let absent = Some(Arc::new(Entry::new(
+            Bytes::new(),
+            0,
+            Duration::from_secs(60),
+            Route::PermitsById,
+        )));
+        let ids: Vec<String> = ["c", "x", "a", "n"].map(String::from).to_vec();
+        let held = [record("c"), absent, None, None];
+        let fetched = [("a".to_string(), Bytes::from_static(br#"{"id":"a"}"#))];
+        let body = assemble(&ids, &held, &fetched);
+        assert_eq!(
+            &body[..],
+            br#"{"items":[{"id":"c"},{"id":"a"}],"size":2,"next_cursor":null,"total_count":null}"#
+        );
+    }
+}

@@ -8,11 +8,12 @@ use crate::support::http::{get, send, Reply};
 use crate::support::redis::RedisServer;
 use crate::support::sim::{start_sim, unlimited, FaultKind, Faults, Sim};
 use crate::support::traffic::{assert_ledger_matches, charged_to, ledger_used};
+use crate::support::wait::eventually;
 use bytes::Bytes;
 use http::{Method, StatusCode};
 use permit_gateway::Running;
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// Request ids `alpha-N`, so the simulator's charges are attributed.
 static SEQ: AtomicU32 = AtomicU32::new(0);
@@ -184,11 +185,12 @@ async fn records_expire_with_the_page_that_brought_them() {
 /// lookup's records are no longer fresh.
 async fn wait_until_expired(gw: &Running, path: &str) {
     let only_cached = [("cache-control", "only-if-cached")];
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while alpha_with(gw, path, &only_cached).await.status == StatusCode::OK {
-        assert!(Instant::now() < deadline, "records outlived their page's TTL");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    eventually(
+        "the records expire with their page",
+        Duration::from_secs(10),
+        || async { alpha_with(gw, path, &only_cached).await.status != StatusCode::OK },
+    )
+    .await;
 }
 
 #[tokio::test]

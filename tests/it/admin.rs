@@ -2,7 +2,7 @@
 //! `/metrics` optionally behind it, errors in the upstream's body shapes,
 //! and counters that survive a reload.
 
-use crate::support::gateway::{team, Setup, ADMIN_TOKEN, ALPHA, BETA};
+use crate::support::gateway::{team, FromFile, Setup, ADMIN_TOKEN, ALPHA, BETA};
 use crate::support::http::{get, send};
 use crate::support::sim::{start_sim, unlimited};
 use bytes::Bytes;
@@ -99,15 +99,9 @@ async fn admin_errors_keep_their_status_and_body_shapes() {
 #[tokio::test]
 async fn team_request_counters_survive_a_reload() {
     let sim = start_sim(unlimited()).await;
-    let dir = tempfile::tempdir().expect("tmp");
-    let path = dir.path().join("gateway.toml");
     let setup = Setup::new().teams(team(ALPHA.0, ALPHA.1, ""));
-    std::fs::write(&path, setup.toml(&sim.base_url(), sim.api_key())).expect("write");
-    let listeners = permit_gateway::Listeners {
-        team: tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind"),
-        admin: tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind"),
-    };
-    let gw = permit_gateway::Running::spawn_from_file(&path, listeners).expect("starts");
+    let file = FromFile::start(&setup, &sim).await;
+    let gw = &file.gw;
     let url = format!("{}/v2/meta/release", gw.base_url());
     for _ in 0..3 {
         assert_eq!(get(&url, &[("x-api-key", ALPHA.1)]).await.status, StatusCode::OK);
@@ -125,7 +119,7 @@ async fn team_request_counters_survive_a_reload() {
     let teams_url = format!("{}/admin/teams", gw.admin_url());
     assert_eq!(requests(get(&teams_url, &h).await.json(), "alpha"), Some(json!(3)));
     let setup = setup.teams(team(ALPHA.0, ALPHA.1, "credit_limit = 50") + &team(BETA.0, BETA.1, ""));
-    std::fs::write(&path, setup.toml(&sim.base_url(), sim.api_key())).expect("rewrite");
+    file.rewrite(&setup, &sim);
     let reload = send(
         Method::POST,
         &format!("{}/admin/reload", gw.admin_url()),
@@ -139,7 +133,7 @@ async fn team_request_counters_survive_a_reload() {
     assert_eq!(requests(after.clone(), "alpha"), Some(json!(4)), "reset by the reload");
     assert_eq!(requests(after, "beta"), Some(json!(0)));
     // A config that does not load: every problem, in a 422.
-    std::fs::write(&path, "[server]\nlisten = 1\n").expect("break");
+    std::fs::write(&file.path, "[server]\nlisten = 1\n").expect("break");
     let refused = send(
         Method::POST,
         &format!("{}/admin/reload", gw.admin_url()),

@@ -1,7 +1,7 @@
 //! Hard team budgets, the durable ledger and fair sharing of the upstream
 //! rate: asserted against what the simulator really charged.
 
-use crate::support::gateway::{team, ChildGateway, Setup, ADMIN_TOKEN, ALPHA, BETA, SMALL};
+use crate::support::gateway::{team, ChildGateway, FromFile, Setup, ADMIN_TOKEN, ALPHA, BETA, SMALL};
 use crate::support::http::{get, send, Reply};
 use crate::support::redis::RedisServer;
 use crate::support::sim::{start_sim, unlimited, FaultKind, Faults, Sim, SimConfig};
@@ -367,15 +367,9 @@ async fn admin_reports_budgets_and_chargeback_rows() {
 #[tokio::test]
 async fn hot_reload_changes_a_budget_and_adds_a_team_without_dropping_requests() {
     let sim = start_sim(unlimited()).await;
-    let dir = tempfile::tempdir().expect("tmp");
-    let path = dir.path().join("gateway.toml");
     let setup = Setup::new().teams(team(SMALL.0, SMALL.1, "credit_limit = 100"));
-    std::fs::write(&path, setup.toml(&sim.base_url(), sim.api_key())).expect("write");
-    let listeners = permit_gateway::Listeners {
-        team: tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind"),
-        admin: tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind"),
-    };
-    let gw = permit_gateway::Running::spawn_from_file(&path, listeners).expect("starts");
+    let file = FromFile::start(&setup, &sim).await;
+    let gw = &file.gw;
     let url = format!("{}/v2/meta/release", gw.base_url());
     let search = format!("{}{}", gw.base_url(), distinct_search(&sim, 0, 5));
     assert_eq!(
@@ -397,7 +391,7 @@ async fn hot_reload_changes_a_budget_and_adds_a_team_without_dropping_requests()
     let new_teams = team(SMALL.0, SMALL.1, "credit_limit = 500") + &team(BETA.0, BETA.1, "");
     // The same data dir moves along: the running gateway's ledger lives there.
     let setup = setup.teams(new_teams);
-    std::fs::write(&path, setup.toml(&sim.base_url(), sim.api_key())).expect("rewrite");
+    file.rewrite(&setup, &sim);
     let bearer = format!("Bearer {ADMIN_TOKEN}");
     let reload = send(
         Method::POST,
@@ -428,7 +422,7 @@ async fn hot_reload_changes_a_budget_and_adds_a_team_without_dropping_requests()
         "a request failed during reload: {statuses:?}"
     );
     // A broken file is refused and the old teams stay.
-    std::fs::write(&path, "[server]\nlisten = 1\n").expect("break");
+    std::fs::write(&file.path, "[server]\nlisten = 1\n").expect("break");
     let refused = send(
         Method::POST,
         &format!("{}/admin/reload", gw.admin_url()),

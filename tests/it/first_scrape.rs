@@ -4,7 +4,7 @@
 //! dashboards and rules have a series to compute on; a reload adds the
 //! children of new teams. The label lists behind it follow the code.
 
-use crate::support::gateway::{team, Setup, ADMIN_TOKEN, ALPHA, BETA};
+use crate::support::gateway::{team, FromFile, Setup, ADMIN_TOKEN, ALPHA, BETA};
 use crate::support::http::{get, send};
 use crate::support::prometheus::{dashboards_dir, gateway_names, Exposition};
 use crate::support::redis::RedisServer;
@@ -156,20 +156,14 @@ fn the_metrics_reference_marks_the_contract_names() {
 #[tokio::test]
 async fn a_reload_gives_a_new_team_its_metric_children() {
     let sim = start_sim(unlimited()).await;
-    let dir = tempfile::tempdir().expect("tmp");
-    let path = dir.path().join("gateway.toml");
     let setup = Setup::new().teams(team(ALPHA.0, ALPHA.1, ""));
-    std::fs::write(&path, setup.toml(&sim.base_url(), sim.api_key())).expect("write");
-    let listeners = permit_gateway::Listeners {
-        team: tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind"),
-        admin: tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind"),
-    };
-    let gw = permit_gateway::Running::spawn_from_file(&path, listeners).expect("starts");
+    let file = FromFile::start(&setup, &sim).await;
+    let gw = &file.gw;
     let before = scrape(&gw.admin_url()).await;
     assert_eq!(before.get("gateway_rate_limited_total", &[("team", "beta")]), None);
 
     let setup = setup.teams(team(ALPHA.0, ALPHA.1, "") + &team(BETA.0, BETA.1, "credit_limit = 7"));
-    std::fs::write(&path, setup.toml(&sim.base_url(), sim.api_key())).expect("rewrite");
+    file.rewrite(&setup, &sim);
     let bearer = format!("Bearer {ADMIN_TOKEN}");
     let url = format!("{}/admin/reload", gw.admin_url());
     let reload = send(Method::POST, &url, &[("authorization", &bearer)], Bytes::new()).await;

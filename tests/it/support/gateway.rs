@@ -107,6 +107,34 @@ impl Setup {
     }
 }
 
+/// A gateway started from a config file, so a test can rewrite the file and
+/// reload (`POST /admin/reload` or SIGHUP).
+pub struct FromFile {
+    pub gw: Running,
+    pub path: std::path::PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl FromFile {
+    /// Writes `setup`'s config to a fresh file and starts the gateway on it.
+    pub async fn start(setup: &Setup, sim: &Sim) -> FromFile {
+        let dir = tempfile::tempdir().expect("tmp");
+        let path = dir.path().join("gateway.toml");
+        std::fs::write(&path, setup.toml(&sim.base_url(), sim.api_key())).expect("write config");
+        let listeners = Listeners {
+            team: TcpListener::bind("127.0.0.1:0").await.expect("bind team"),
+            admin: TcpListener::bind("127.0.0.1:0").await.expect("bind admin"),
+        };
+        let gw = Running::spawn_from_file(&path, listeners).expect("gateway starts");
+        FromFile { gw, path, _dir: dir }
+    }
+
+    /// Replaces the file with `setup`'s config (reload it to apply).
+    pub fn rewrite(&self, setup: &Setup, sim: &Sim) {
+        std::fs::write(&self.path, setup.toml(&sim.base_url(), sim.api_key())).expect("rewrite config");
+    }
+}
+
 pub async fn start_config(config: Config) -> Running {
     crate::support::secrets::capture_logs();
     let listeners = Listeners {

@@ -257,10 +257,15 @@ async fn sigkill_mid_load_loses_no_settled_spend_and_lapsed_reservations_count_a
     .await;
     assert_eq!(last.status, StatusCode::OK);
     assert_eq!(used(&gw.base_url(), SMALL.1).await, 100, "exactly the limit");
-    assert_eq!(
-        sim.log().iter().map(|e| e.credits).sum::<u64>(),
-        40,
-        "the upstream charged 30 + 10"
+    // After a crash the ledger may hold more than the upstream charged (the
+    // lapsed holds count in full), never less, and never more than the
+    // limit. The upstream charged the 3 settled calls and the last one, plus
+    // any hung call it answered before the kill landed (seen once on a
+    // loaded machine: 60).
+    let charged: u64 = sim.log().iter().map(|e| e.credits).sum();
+    assert!(
+        (40..=100).contains(&charged),
+        "the upstream charged 30 + 10 (+ hung calls it answered): {charged}"
     );
 }
 

@@ -4,7 +4,7 @@
 use crate::support::gateway::{team, Setup, ALPHA, BETA, SMALL};
 use crate::support::redis::RedisServer;
 use crate::support::sim::{start_sim, unlimited};
-use crate::support::traffic::{as_team, distinct_search};
+use crate::support::traffic::{as_team, assert_replicas_share_the_upstream_rate, distinct_search};
 use crate::support::wait::eventually;
 use http::StatusCode;
 use std::time::{Duration, Instant};
@@ -90,37 +90,7 @@ async fn replicas_on_one_redis_share_the_upstream_rate() {
         .with("quota", "store = \"redis\"")
         .with("upstream", "requests_per_minute = 120\nmax_queue_wait_secs = 2");
     let (gw1, gw2) = (setup.start(&sim).await, setup.start(&sim).await);
-    let started = Instant::now();
-    let tasks: Vec<_> = (0..60)
-        .map(|i| {
-            let base = if i % 2 == 0 { gw1.base_url() } else { gw2.base_url() };
-            let url = format!("{base}{}", distinct_search(&sim, i, 1));
-            tokio::spawn(async move { as_team(&url, ALPHA.1, "alpha").await.status })
-        })
-        .collect();
-    let mut statuses = Vec::new();
-    for t in tasks {
-        statuses.push(t.await.expect("task"));
-    }
-    let elapsed = started.elapsed().as_secs_f64();
-    let upstream = sim.stats().requests_total as f64;
-    // One budget for both: a burst of 12 plus 2 a second. Two replicas pacing
-    // alone would send up to twice that.
-    let allowed = 12.0 + 2.0 * elapsed + 1.0;
-    assert!(
-        upstream <= allowed,
-        "{upstream} upstream calls in {elapsed:.1}s > {allowed:.0}"
-    );
-    assert!(
-        statuses
-            .iter()
-            .all(|s| *s == StatusCode::OK || *s == StatusCode::TOO_MANY_REQUESTS),
-        "{statuses:?}"
-    );
-    assert!(
-        statuses.contains(&StatusCode::TOO_MANY_REQUESTS),
-        "the shared queue refused what it could not serve in time"
-    );
+    assert_replicas_share_the_upstream_rate(&sim, &[gw1.base_url(), gw2.base_url()], ALPHA.1).await;
 }
 
 /// A 429 is counted where it reaches the client, once: the upstream's own

@@ -14,12 +14,14 @@ use crate::support::probe::wait_cache_redis_ok;
 use crate::support::prometheus::Exposition;
 use crate::support::redis_cluster::RedisCluster;
 use crate::support::sim::{start_sim, unlimited, FaultKind, Faults, Sim};
-use crate::support::traffic::{as_team, charged_to, distinct_search, ledger_used, used};
+use crate::support::traffic::{
+    as_team, assert_replicas_share_the_upstream_rate, charged_to, distinct_search, ledger_used, used,
+};
 use crate::support::wait::eventually;
 use bytes::Bytes;
 use http::{Method, StatusCode};
 use permit_gateway::Running;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// The cluster, started off the async runtime (it blocks for seconds).
 async fn cluster() -> RedisCluster {
@@ -215,38 +217,8 @@ async fn three_replicas_on_a_cluster_share_the_upstream_rate() {
     let sim = start_sim(unlimited()).await;
     let setup = on_cluster(&cluster).with("upstream", "requests_per_minute = 120\nmax_queue_wait_secs = 2");
     let gws = three(&setup, &sim).await;
-    let started = Instant::now();
-    let tasks: Vec<_> = (0..60)
-        .map(|i| {
-            let url = format!("{}{}", gws[i % 3].base_url(), distinct_search(&sim, i as u32, 1));
-            tokio::spawn(async move { as_team(&url, ALPHA.1, "alpha").await.status })
-        })
-        .collect();
-    let mut statuses = Vec::new();
-    for t in tasks {
-        statuses.push(t.await.expect("task"));
-    }
-    let elapsed = started.elapsed().as_secs_f64();
-    let upstream = sim.stats().requests_total as f64;
-    // One budget for all three: a burst of 12 plus 2 a second. Three
-    // replicas pacing alone (the fallback when the rate script fails, as
-    // with CROSSSLOT) would send up to three times that.
-    let allowed = 12.0 + 2.0 * elapsed + 1.0;
-    assert!(
-        upstream <= allowed,
-        "{upstream} upstream calls in {elapsed:.1}s > {allowed:.0}"
-    );
-    assert!(upstream >= 12.0, "the burst went through: {upstream}");
-    assert!(
-        statuses
-            .iter()
-            .all(|s| *s == StatusCode::OK || *s == StatusCode::TOO_MANY_REQUESTS),
-        "{statuses:?}"
-    );
-    assert!(
-        statuses.contains(&StatusCode::TOO_MANY_REQUESTS),
-        "the shared queue refused the excess"
-    );
+    let bases: Vec<String> = gws.iter().map(Running::base_url).collect();
+    assert_replicas_share_the_upstream_rate(&sim, &bases, ALPHA.1).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -85,3 +85,42 @@ pub async fn assert_ledger_matches(sim: &Sim, admin: &str, teams: &[&str]) {
         );
     }
 }
+
+/// Sends 60 distinct one-record searches of team alpha, spread round-robin
+/// over `bases` (one gateway replica each), all at once, and asserts that the
+/// replicas shared one upstream budget of 120/min (a burst of 12 plus 2 a
+/// second): at most that many calls reached the upstream, and the shared
+/// queue answered the excess 429. Replicas pacing alone would send up to
+/// `bases.len()` times the budget.
+pub async fn assert_replicas_share_the_upstream_rate(sim: &Sim, bases: &[String], token: &str) {
+    let started = std::time::Instant::now();
+    let tasks: Vec<_> = (0..60u32)
+        .map(|i| {
+            let url = format!("{}{}", bases[i as usize % bases.len()], distinct_search(sim, i, 1));
+            let token = token.to_string();
+            tokio::spawn(async move { as_team(&url, &token, "alpha").await.status })
+        })
+        .collect();
+    let mut statuses = Vec::new();
+    for t in tasks {
+        statuses.push(t.await.expect("task"));
+    }
+    let elapsed = started.elapsed().as_secs_f64();
+    let upstream = sim.stats().requests_total as f64;
+    let allowed = 12.0 + 2.0 * elapsed + 1.0;
+    assert!(
+        upstream <= allowed,
+        "{upstream} upstream calls in {elapsed:.1}s > {allowed:.0}"
+    );
+    assert!(upstream >= 12.0, "the burst went through: {upstream}");
+    assert!(
+        statuses
+            .iter()
+            .all(|s| *s == StatusCode::OK || *s == StatusCode::TOO_MANY_REQUESTS),
+        "{statuses:?}"
+    );
+    assert!(
+        statuses.contains(&StatusCode::TOO_MANY_REQUESTS),
+        "the shared queue refused what it could not serve in time"
+    );
+}

@@ -10,7 +10,7 @@ use crate::config::{Config, ConfigErrors, QuotaStore, Secret, Source};
 use crate::ledger::{self, Ledger};
 use crate::metrics::Metrics;
 use crate::org::Org;
-use crate::proxy::Refreshes;
+use crate::proxy::{ParsedTargets, Refreshes};
 use crate::redis_backend::RedisBackend;
 use crate::scheduler::{self, Scheduler};
 use crate::shared_rate::SharedRate;
@@ -18,6 +18,10 @@ use crate::upstream::Upstream;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
+
+/// Request targets kept routed and keyed (`proxy::ParsedTargets`): the
+/// distinct queries of a busy day's dashboards fit, in about 2 MB.
+const PARSED_TARGETS: u64 = 4096;
 
 pub struct App {
     pub config: Config,
@@ -33,6 +37,8 @@ pub struct App {
     pub leases: Leases,
     /// Keys refreshed in the background lately (stale-while-revalidate).
     pub refreshes: Refreshes,
+    /// Request targets already routed, validated and keyed.
+    pub parsed: ParsedTargets,
     pub ledger: Ledger,
     pub scheduler: Arc<Scheduler>,
     pub org: Org,
@@ -94,6 +100,7 @@ impl App {
             flights: Flights::default(),
             leases,
             refreshes: Refreshes::new(),
+            parsed: ParsedTargets::new(PARSED_TARGETS),
             ledger,
             scheduler,
             org: Org::new(Duration::from_secs(config.upstream.exhausted_backoff_secs)),

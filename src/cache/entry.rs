@@ -6,6 +6,7 @@ use crate::route::Route;
 use bytes::Bytes;
 use sha2::{Digest, Sha256};
 use std::time::Duration;
+use xxhash_rust::xxh3::xxh3_64;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Entry {
@@ -74,10 +75,14 @@ impl Entry {
         u32::try_from(self.body.len() + self.etag.len() + key_len + overhead).unwrap_or(u32::MAX)
     }
 
-    /// `[version][credits u64][stored_at u64][ttl u64][route u8][etag len u8][etag][body]`.
+    /// `[2][credits u64][stored_at u64][ttl u64][route u8][etag len u8][etag][xxh3 of body u64][body]`.
+    ///
+    /// The checksum makes a foreign or damaged value a miss. Version 1
+    /// checked the body against its SHA-256 ETag instead: ~4 µs for a 6 KB
+    /// page with SHA-NI, on every hit from Redis (xxh3: ~0.3 µs).
     pub fn encode(&self) -> Vec<u8> {
-        let mut out = Vec::with_capacity(self.body.len() + 64);
-        out.push(1u8);
+        let mut out = Vec::with_capacity(self.body.len() + HEAD + self.etag.len() + 8);
+        out.push(VERSION);
         out.extend_from_slice(&self.credits.to_be_bytes());
         out.extend_from_slice(&self.stored_at_ms.to_be_bytes());
         out.extend_from_slice(&self.ttl_ms.to_be_bytes());
@@ -85,33 +90,41 @@ impl Entry {
         out.push(u8::try_from(self.route.index()).unwrap_or(u8::MAX));
         out.push(self.etag.len() as u8);
         out.extend_from_slice(self.etag.as_bytes());
+        out.extend_from_slice(&xxh3_64(&self.body).to_be_bytes());
         out.extend_from_slice(&self.body);
         out
     }
 
-    /// The inverse of [`Entry::encode`]; `None` for anything else, so a
-    /// foreign or truncated value is a miss, never a wrong answer.
-    pub fn decode(bytes: &[u8]) -> Option<Entry> {
-        let (&version, rest) = bytes.split_first()?;
-        if version != 1 || rest.len() < 26 {
+    /// The inverse of [`Entry::encode`] (and of version 1, which replicas
+    /// of the previous release still write); `None` for anything else, so a
+    /// foreign or truncated value is a miss, never a wrong answer. The body
+    /// is a view into `bytes`, not a copy.
+    pub fn decode(bytes: Bytes) -> Option<Entry> {
+        let version = *bytes.first()?;
+        if !(version == 1 || version == VERSION) || bytes.len() < HEAD {
             return None;
         }
         let u64_at = |at: usize| {
-            rest.get(at..at + 8)
+            bytes
+                .get(at..at + 8)
                 .and_then(|b| b.try_into().ok())
                 .map(u64::from_be_bytes)
         };
-        let credits = u64_at(0)?;
-        let stored_at_ms = u64_at(8)?;
-        let ttl_ms = u64_at(16)?;
+        let credits = u64_at(1)?;
+        let stored_at_ms = u64_at(9)?;
+        let ttl_ms = u64_at(17)?;
         // A code this build does not know (a newer replica's route): a miss.
-        let route = Route::from_index(usize::from(rest[24]))?;
-        let etag_len = usize::from(rest[25]);
-        let etag = std::str::from_utf8(rest.get(26..26 + etag_len)?).ok()?.to_string();
-        let body = Bytes::copy_from_slice(rest.get(26 + etag_len..)?);
-        if etag != etag_of(&body) {
-            return None;
-        }
+        let route = Route::from_index(usize::from(bytes[25]))?;
+        let etag_end = HEAD + usize::from(bytes[26]);
+        let etag = std::str::from_utf8(bytes.get(HEAD..etag_end)?).ok()?.to_string();
+        let body = if version == VERSION {
+            let sum = u64_at(etag_end)?;
+            let body = bytes.slice(etag_end.checked_add(8).filter(|&at| at <= bytes.len())?..);
+            (xxh3_64(&body) == sum).then_some(body)?
+        } else {
+            let body = bytes.slice(etag_end.min(bytes.len())..);
+            (etag_end <= bytes.len() && etag == etag_of(&body)).then_some(body)?
+        };
         Some(Entry {
             body,
             credits,
@@ -122,6 +135,11 @@ impl Entry {
         })
     }
 }
+
+/// The encoding [`Entry::encode`] writes.
+const VERSION: u8 = 2;
+/// Bytes before the ETag: version, three `u64`s, route, ETag length.
+const HEAD: usize = 27;
 
 #[cfg(test)]
 mod tests {
@@ -135,15 +153,43 @@ mod tests {
             Duration::from_secs(60),
             Route::PermitsSearch,
         );
-        let bytes = e.encode();
-        assert_eq!(Entry::decode(&bytes), Some(e));
+        let bytes = Bytes::from(e.encode());
+        assert_eq!(Entry::decode(bytes.clone()), Some(e.clone()));
         assert_eq!(
-            Entry::decode(&bytes[..bytes.len() - 1]),
+            Entry::decode(bytes.slice(..bytes.len() - 1)),
             None,
-            "a cut body fails its etag"
+            "a cut body fails its checksum"
         );
-        assert_eq!(Entry::decode(b"garbage"), None);
-        assert_eq!(Entry::decode(&[]), None);
+        let mut flipped = bytes.to_vec();
+        *flipped.last_mut().unwrap() ^= 1;
+        assert_eq!(Entry::decode(Bytes::from(flipped)), None, "a changed byte fails it");
+        for cut in 0..HEAD + e.etag.len() + 8 {
+            assert_eq!(Entry::decode(bytes.slice(..cut)), None, "cut at {cut}");
+        }
+        assert_eq!(Entry::decode(Bytes::from_static(b"garbage")), None);
+        assert_eq!(Entry::decode(Bytes::new()), None);
+    }
+
+    #[test]
+    fn version_1_values_still_read() {
+        // What the previous release wrote: no checksum, the ETag checked.
+        let e = Entry::new(
+            Bytes::from_static(b"{\"items\":[1]}"),
+            3,
+            Duration::from_secs(60),
+            Route::PermitsSearch,
+        );
+        let mut v1 = vec![1u8];
+        v1.extend_from_slice(&e.credits.to_be_bytes());
+        v1.extend_from_slice(&e.stored_at_ms.to_be_bytes());
+        v1.extend_from_slice(&e.ttl_ms.to_be_bytes());
+        v1.push(e.route.index() as u8);
+        v1.push(e.etag.len() as u8);
+        v1.extend_from_slice(e.etag.as_bytes());
+        v1.extend_from_slice(&e.body);
+        assert_eq!(Entry::decode(Bytes::from(v1.clone())), Some(e));
+        *v1.last_mut().unwrap() ^= 1;
+        assert_eq!(Entry::decode(Bytes::from(v1)), None, "a changed body fails its ETag");
     }
 
     #[test]

@@ -143,7 +143,7 @@ impl Cache {
             .await
             .ok()
             .flatten();
-        bytes.and_then(|b| Entry::decode(&b))
+        bytes.and_then(|b| Entry::decode(Bytes::from(b)))
     }
 
     /// Stores in both tiers. L2 is awaited (bounded by its timeout) so that a

@@ -250,7 +250,7 @@ impl Cache {
         });
         let got: Vec<Option<Option<Vec<u8>>>> = each(redis, RedisOp::CacheGet, gets.collect()).await;
         for (i, bytes) in wanted.into_iter().zip(got) {
-            let Some(entry) = bytes.flatten().and_then(|b| Entry::decode(&b)) else {
+            let Some(entry) = bytes.flatten().and_then(|b| Entry::decode(Bytes::from(b))) else {
                 continue;
             };
             let newer = held[i].as_ref().is_none_or(|e| e.stored_at_ms < entry.stored_at_ms);

@@ -19,11 +19,13 @@ mod context;
 mod credits;
 mod fetch;
 mod lookup;
+mod parsed;
 mod respond;
 mod usage;
 
 pub use context::{CacheState, RequestContext};
 pub use lookup::Refreshes;
+pub use parsed::ParsedTargets;
 
 use crate::app::App;
 use crate::auth::Team;
@@ -89,8 +91,14 @@ async fn pipeline<B>(
 ) -> Result<Response<Body>, GatewayError> {
     // 1. Method, framing and size: only plain GET and HEAD are ours.
     admit(app, req)?;
-    // 2. Route (before auth only so that 404 needs no token, like upstream).
-    let target = route::classify(req.uri(), app.config.server.max_uri_bytes)?;
+    // 2. Route (before auth only so that 404 needs no token, like upstream);
+    //    a target seen before was routed, validated and keyed then.
+    let raw = req.uri().path_and_query().map_or("", |pq| pq.as_str());
+    let memo = app.parsed.get(raw);
+    let target = match &memo {
+        Some(parsed) => parsed.target.clone(),
+        None => route::classify(req.uri(), app.config.server.max_uri_bytes)?,
+    };
     ctx.route = Some(target.route);
     if target.route == Route::Other {
         // The one place an operator learns which path the vendor may have
@@ -107,14 +115,27 @@ async fn pipeline<B>(
     // 4. (cont.) A `size` or `id` list the upstream would refuse: its free
     //    422, answered here before anything is looked up, reserved or sent,
     //    so the estimate below is computed from a valid value.
-    route::validate(&target)?;
+    if memo.is_none() {
+        route::validate(&target)?;
+    }
     // 5. /v2/usage is the team's own usage: answered here, never forwarded.
     if target.route == Route::Usage {
         ctx.cache = CacheState::Bypass;
         return usage::usage(app, &team).await;
     }
     // 6. The normalized key; `None` for routes that are never cached.
-    let key = app.cache.ttl(target.route).map(|_| key::cache_key(&target));
+    let key = match memo {
+        Some(parsed) => parsed.key.clone(),
+        None => {
+            let key = app.cache.ttl(target.route).map(|_| key::cache_key(&target));
+            let parsed = parsed::Parsed {
+                target: target.clone(),
+                key: key.clone(),
+            };
+            app.parsed.insert(raw, parsed);
+            key
+        }
+    };
     let ask = Ask {
         req,
         directives: Directives::from_headers(req.headers()),

@@ -103,9 +103,15 @@ impl RedisBackend {
             Err(_) => Err(BackendError::Timeout),
         };
         match &result {
+            // Read before written: a store on every success would bounce
+            // these cache lines between the cores on every Redis call.
             Ok(_) => {
-                self.failures.store(0, Ordering::Release);
-                self.open_until_ms.store(0, Ordering::Release);
+                if self.failures.load(Ordering::Relaxed) != 0 {
+                    self.failures.store(0, Ordering::Release);
+                }
+                if self.open_until_ms.load(Ordering::Relaxed) != 0 {
+                    self.open_until_ms.store(0, Ordering::Release);
+                }
             }
             Err(e) => self.failed(op, e),
         }

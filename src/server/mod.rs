@@ -85,8 +85,10 @@ fn builder(limits: &Limits) -> auto::Builder<TokioExecutor> {
         .header_read_timeout(limits.timeouts.header_read)
         // Room above the limit, so that most oversized heads still reach the
         // handler and get a JSON 431 instead of hyper's bare one.
-        .max_buf_size(limits.max_header_bytes.saturating_mul(4).max(65_536))
-        .max_headers(128);
+        // hyper's default of 100 headers is kept: it parses into an array on
+        // the stack, where any `max_headers` setting allocates and zeroes a
+        // vector twice per request (measured: 1.7k instructions of a 46k hit).
+        .max_buf_size(limits.max_header_bytes.saturating_mul(4).max(65_536));
     b.http2()
         .timer(TokioTimer::new())
         .max_concurrent_streams(limits.http2_max_concurrent_streams)

@@ -5,7 +5,8 @@ and one against three on a 3-primary + 3-replica Redis Cluster (issue 19).
 Every gateway has the Redis L2, the leases, the Redis ledger and the shared
 upstream rate on Redis; the replicas of a setup share one key prefix (one
 cache, one ledger). Every setup gets the SAME total offered load, split over
-its replicas: one `wrk -t1` per replica, all started at once, req/s summed.
+its replicas: the same wrk clients (`-t1` each, default six) for every setup,
+client j on replica j mod n, all started at once, req/s summed.
 
   hit, L1 on   one cached ~6 KB page, each replica promotes it into its
                memory tier (the steady state), 64 connections in all;
@@ -119,14 +120,21 @@ def upstream_count(sim, timeout=10):
     return last, len({(e["path"], e["query"]) for e in entries})
 
 
-def one_run(gws, load, url, conns, secs, token, script, geo, offset, herd=False):
+def one_run(gws, load, url, conns, secs, token, script, geo, offset, clients, herd=False):
     """All replicas of one setup under load at once; one result row.
-    Misses: each replica walks its own searches, or with `herd` all walk the
-    same ones at once (every search asked of every replica)."""
+
+    The load generator is the same for every setup: `clients` wrk processes
+    (`-t1`, `conns` split over them), client j on replica j mod n, so that
+    one replica does not get one wrk thread where three get three. Misses:
+    every client walks its own searches, or with `herd` the clients of
+    different replicas walk the same ones at once."""
+    n = len(gws)
     jobs = []
-    for i, (g, c) in enumerate(zip(gws, split(conns, len(gws)))):
+    for j, c in enumerate(split(conns, clients)):
+        g = gws[j % n]
         if load == "miss":
-            env = {"MISS_OFFSET": str(offset + (0 if herd else i * 50_000)), "MISS_GEO": geo}
+            walk = j // n if herd else j
+            env = {"MISS_OFFSET": str(offset + walk * 100_000), "MISS_GEO": geo}
             jobs.append((g.base + "/", c, env, script))
         else:
             jobs.append((g.base + url, c, None, None))
@@ -137,7 +145,7 @@ def one_run(gws, load, url, conns, secs, token, script, geo, offset, herd=False)
             "p50": statistics.median([r["p50"] for r in rs if r["p50"] is not None] or [0]),
             "p99": max([r["p99"] for r in rs if r["p99"] is not None] or [0]),
             "bad": sum(r["non2xx"] + r["errors"] for r in rs),
-            "per_replica": [round(r["rps"]) for r in rs]}
+            "per_replica": [round(sum(r["rps"] for r in rs[i::n])) for i in range(n)]}
 
 
 def measure(targets, load, args, sim, token, script, log):
@@ -150,10 +158,11 @@ def measure(targets, load, args, sim, token, script, log):
     offset = 0
     for rnd in range(args.rounds):
         for name, gws in targets.items():
-            offset += 200_000
+            offset += 1_000_000
             if load == "miss":
                 sim.reset()
-            r = one_run(gws, load, url, conns, args.replica_secs, token, script, geo, offset)
+            r = one_run(gws, load, url, conns, args.replica_secs, token, script, geo, offset,
+                        args.replica_clients)
             if load == "miss":
                 requests, distinct = upstream_count(sim)
                 upstream[name]["requests"] += requests
@@ -166,9 +175,10 @@ def measure(targets, load, args, sim, token, script, log):
         if load == "miss" and len(gws) > 1:
             # The cross-replica check: the same searches asked of every
             # replica at once must still be bought once each.
-            offset += 200_000
+            offset += 1_000_000
             sim.reset()
-            r = one_run(gws, load, url, conns, args.replica_herd_secs, token, script, geo, offset, herd=True)
+            r = one_run(gws, load, url, conns, args.replica_herd_secs, token, script, geo, offset,
+                        args.replica_clients, herd=True)
             requests, distinct = upstream_count(sim)
             upstream[name]["herd"] = {"requests": requests, "distinct": distinct, "rps": round(r["rps"]),
                                       "bad": r["bad"]}
@@ -196,7 +206,8 @@ def replicas(args, tmp, redis, log, sim_key, token, miss_lua):
     script = os.path.join(tmp, "replicas-miss.lua")
     with open(script, "w") as f:
         f.write(miss_lua)
-    out = {"secs": args.replica_secs, "rounds": args.rounds, "hit_conns": args.replica_hit_conns,
+    out = {"secs": args.replica_secs, "rounds": args.rounds, "clients": args.replica_clients,
+           "hit_conns": args.replica_hit_conns,
            "miss_conns": args.replica_miss_conns, "cpus": os.cpu_count()}
     for memory, loads in ((0, ("hit_redis",)), (268435456, ("hit_l1", "miss"))):
         targets = setups(args, tmp, sim, urls, memory, token)
@@ -224,8 +235,9 @@ def bought(u):
 def table(res):
     L = ["### Replicas — one, two and three gateways on one Redis, one and three on a 3 + 3 Redis Cluster",
          "",
-         f"The same total load for every setup, split over its replicas (one `wrk -t1` each, run at once, "
-         f"req/s summed): hits at {res['hit_conns']} connections in all, misses at {res['miss_conns']}; "
+         f"The same load generator for every setup: {res['clients']} `wrk -t1` clients run at once, client j "
+         f"on replica j mod n, req/s summed; hits at {res['hit_conns']} connections in all, misses at "
+         f"{res['miss_conns']}; "
          f"{res['secs']} s per run, median of {res['rounds']} interleaved rounds; p50 is the median of "
          f"the replicas' p50, p99 the worst replica's. Every process (gateways, Redis, simulator, wrk) "
          f"shares the machine's {res['cpus']} CPUs. Phase took {res['took_secs']} s.", ""]
@@ -233,7 +245,7 @@ def table(res):
         R = res[load]
         base = R["standalone x1"]["rps"]
         miss = load == "miss"
-        L += [f"#### {what.capitalize()}", "",
+        L += [f"#### {what[0].upper()}{what[1:]}", "",
               "| setup | req/s | vs standalone x1 | p50 ms | p99 ms | bad | rounds req/s |"
               + (" upstream requests / distinct searches | herd: upstream / distinct |" if miss else ""),
               "|---|---:|---:|---:|---:|---:|---|" + ("---:|---:|" if miss else "")]

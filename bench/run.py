@@ -414,6 +414,8 @@ def main():
                     help="seconds per wrk run in the replicas phase (default: BENCH_SECS / 2)")
     ap.add_argument("--replica-herd-secs", type=int, default=2,
                     help="seconds of the replicas phase's herd check (same searches on every replica)")
+    ap.add_argument("--replica-clients", type=int, default=6,
+                    help="wrk processes (-t1) in the replicas phase, the same for every setup")
     ap.add_argument("--replica-hit-conns", type=int, default=64, help="hit connections over all replicas")
     ap.add_argument("--replica-miss-conns", type=int, default=8, help="miss connections over all replicas")
     ap.add_argument("--only", nargs="*", default=PHASES)

@@ -206,7 +206,8 @@ def replicas(args, tmp, redis, log, sim_key, token, miss_lua):
     script = os.path.join(tmp, "replicas-miss.lua")
     with open(script, "w") as f:
         f.write(miss_lua)
-    out = {"secs": args.replica_secs, "rounds": args.rounds, "clients": args.replica_clients,
+    out = {"secs": args.replica_secs, "herd_secs": args.replica_herd_secs, "rounds": args.rounds,
+           "clients": args.replica_clients,
            "hit_conns": args.replica_hit_conns,
            "miss_conns": args.replica_miss_conns, "cpus": os.cpu_count()}
     for memory, loads in ((0, ("hit_redis",)), (268435456, ("hit_l1", "miss"))):
@@ -239,7 +240,9 @@ def table(res):
          f"on replica j mod n, req/s summed; hits at {res['hit_conns']} connections in all, misses at "
          f"{res['miss_conns']}; "
          f"{res['secs']} s per run, median of {res['rounds']} interleaved rounds; p50 is the median of "
-         f"the replicas' p50, p99 the worst replica's. Every process (gateways, Redis, simulator, wrk) "
+         f"the clients' p50, p99 the worst client's. Misses: the last column is a "
+         f"{res['herd_secs']} s herd (the clients of "
+         f"every replica walk the same searches at once). Every process (gateways, Redis, simulator, wrk) "
          f"shares the machine's {res['cpus']} CPUs. Phase took {res['took_secs']} s.", ""]
     for load, what in FLAVOURS:
         R = res[load]

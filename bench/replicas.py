@@ -31,6 +31,9 @@ from concurrent.futures import ThreadPoolExecutor
 
 import lib
 
+# The kernel's CFS weight of nice 0..9 (sched_prio_to_weight).
+NICE_WEIGHTS = (1024, 820, 655, 526, 423, 335, 272, 215, 172, 137)
+
 SETUPS = (("standalone x1", "redis", 1), ("standalone x2", "redis", 2), ("standalone x3", "redis", 3),
           ("cluster x1", "cluster", 1), ("cluster x3", "cluster", 3))
 FLAVOURS = (("hit_l1", "hits, L1 on (each replica serves from its memory tier)"),
@@ -43,14 +46,16 @@ class Cluster:
 
     def __init__(self, tmp, nodes=6):
         self.ports = [lib.free_port() for _ in range(nodes)]
+        self.pids = []
         for port in self.ports:
             d = os.path.join(tmp, f"cluster-{port}")
             os.makedirs(d)
-            lib.spawn(["redis-server", "--bind", "127.0.0.1", "--port", str(port),
-                       "--cluster-port", str(lib.free_port()), "--cluster-enabled", "yes",
-                       "--cluster-config-file", "nodes.conf", "--save", "",
-                       "--appendonly", "yes", "--repl-diskless-sync-delay", "0", "--dir", d],
-                      os.path.join(d, "redis.log"))
+            p = lib.spawn(["redis-server", "--bind", "127.0.0.1", "--port", str(port),
+                           "--cluster-port", str(lib.free_port()), "--cluster-enabled", "yes",
+                           "--cluster-config-file", "nodes.conf", "--save", "",
+                           "--appendonly", "yes", "--repl-diskless-sync-delay", "0", "--dir", d],
+                          os.path.join(d, "redis.log"))
+            self.pids.append(p.pid)
             lib.wait_port(port)
         subprocess.run(["redis-cli", "--cluster", "create",
                         *[f"127.0.0.1:{p}" for p in self.ports],
@@ -69,6 +74,28 @@ class Cluster:
                               text=True, timeout=30).stdout
 
 
+def one_share(pids, busy=None):
+    """Gives `pids` together the CPU share of one process.
+
+    Every child runs in its own session (lib.spawn), so with autogroup
+    scheduling (Linux's default for desktop and VM kernels) each gets its
+    own CPU share: three gateways would get three shares of the 2 cores
+    against the wrk clients', Redis' and the simulator's one each, and
+    "three replicas scale" would only measure that. Their autogroups get the
+    nice level whose weight, times the `busy` count (default all), is
+    closest to one nice-0 share. Returns False where the kernel has no
+    autogroups to adjust."""
+    busy = busy or len(pids)
+    nice = min(range(len(NICE_WEIGHTS)), key=lambda n: abs(busy * NICE_WEIGHTS[n] - NICE_WEIGHTS[0]))
+    try:
+        for pid in pids:
+            with open(f"/proc/{pid}/autogroup", "w") as f:
+                f.write(str(nice))
+    except OSError:
+        return False
+    return True
+
+
 def hit_url(sim):
     s = sim.samples()
     q = urllib.parse.urlencode([("geo_id", s["state"]), ("permit_from", s["permit_from"]),
@@ -82,7 +109,9 @@ def split(total, n):
 
 
 def setups(args, tmp, sim, urls, memory_max_bytes, token):
-    """Every setup's gateways; `urls`: "redis"/"cluster" → Redis URL."""
+    """Every setup's gateways; `urls`: "redis"/"cluster" → Redis URL. With
+    `--replica-cpu-share setup`, the replicas of a setup share one CPU
+    share (see one_share)."""
     tag = "l1off" if memory_max_bytes == 0 else "l1on"
     out = {}
     for name, backend, n in SETUPS:
@@ -91,6 +120,8 @@ def setups(args, tmp, sim, urls, memory_max_bytes, token):
                                  memory_max_bytes=memory_max_bytes, redis_url=urls[backend],
                                  prefix=f"{slug}:", ledger="redis")
                      for i in range(n)]
+        if args.replica_cpu_share == "setup":
+            one_share([g.proc.pid for g in out[name]])
     return out
 
 
@@ -202,11 +233,14 @@ def replicas(args, tmp, redis, log, sim_key, token, miss_lua):
     sim = lib.Sim(args.bin_dir, tmp, "sim-replicas", sim_key, 0, 0)
     cluster = Cluster(tmp)
     log(f"  cluster up in {time.time() - started:.1f} s")
+    # The cluster's three primaries (the replicas only copy) together get
+    # the standalone server's one share, as the replicas of a setup do.
+    shared = args.replica_cpu_share == "setup" and one_share(cluster.pids, busy=3)
     urls = {"redis": redis.url, "cluster": cluster.url}
     script = os.path.join(tmp, "replicas-miss.lua")
     with open(script, "w") as f:
         f.write(miss_lua)
-    out = {"secs": args.replica_secs, "herd_secs": args.replica_herd_secs, "rounds": args.rounds,
+    out = {"cpu_share": "setup" if shared else "process", "secs": args.replica_secs, "herd_secs": args.replica_herd_secs, "rounds": args.rounds,
            "clients": args.replica_clients,
            "hit_conns": args.replica_hit_conns,
            "miss_conns": args.replica_miss_conns, "cpus": os.cpu_count()}
@@ -223,6 +257,15 @@ def replicas(args, tmp, redis, log, sim_key, token, miss_lua):
     lib.stop(sim.proc)
     out["took_secs"] = round(time.time() - started)
     return out
+
+
+SHARES = {
+    "setup": "the replicas of a setup, and the cluster's primaries, together get the CPU share of one "
+             "process (autogroup nice levels: 3 for two, 5 for three), so more replicas do not mean more "
+             "CPU.",
+    "process": "every replica and Redis node has its own CPU share (autogroup scheduling), so more "
+               "replicas also take more of the CPU from the wrk clients.",
+}
 
 
 def bought(u):
@@ -243,7 +286,8 @@ def table(res):
          f"the clients' p50, p99 the worst client's. Misses: the last column is a "
          f"{res['herd_secs']} s herd (the clients of "
          f"every replica walk the same searches at once). Every process (gateways, Redis, simulator, wrk) "
-         f"shares the machine's {res['cpus']} CPUs. Phase took {res['took_secs']} s.", ""]
+         f"shares the machine's {res['cpus']} CPUs; {SHARES[res.get('cpu_share', 'process')]} "
+         f"Phase took {res['took_secs']} s.", ""]
     for load, what in FLAVOURS:
         R = res[load]
         base = R["standalone x1"]["rps"]

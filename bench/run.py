@@ -416,6 +416,8 @@ def main():
                     help="seconds of the replicas phase's herd check (same searches on every replica)")
     ap.add_argument("--replica-clients", type=int, default=6,
                     help="wrk processes (-t1) in the replicas phase, the same for every setup")
+    ap.add_argument("--replica-cpu-share", choices=["setup", "process"], default="setup",
+                    help="replicas phase: one CPU share per setup (default) or per process")
     ap.add_argument("--replica-hit-conns", type=int, default=64, help="hit connections over all replicas")
     ap.add_argument("--replica-miss-conns", type=int, default=8, help="miss connections over all replicas")
     ap.add_argument("--only", nargs="*", default=PHASES)

@@ -104,7 +104,7 @@ def hit_url(sim):
 
 
 def split(total, n):
-    """`total` connections over `n` replicas, as even as integers allow."""
+    """`total` connections over `n` clients, as even as integers allow."""
     return [total // n + (1 if i < total % n else 0) for i in range(n)]
 
 
@@ -201,20 +201,9 @@ def measure(targets, load, args, sim, token, script, log):
             log(f"  replicas {load} round {rnd} {name}: {r['rps']:.0f} req/s {r['per_replica']} "
                 f"p50 {r['p50']:.2f} p99 {r['p99']:.2f} ms bad {r['bad']}")
             runs[name].append(r)
+    if load == "miss":
+        herd(targets, args, sim, token, script, geo, offset, upstream, log)
     out = {}
-    for name, gws in targets.items():
-        if load == "miss" and len(gws) > 1:
-            # The cross-replica check: the same searches asked of every
-            # replica at once must still be bought once each.
-            offset += 1_000_000
-            sim.reset()
-            r = one_run(gws, load, url, conns, args.replica_herd_secs, token, script, geo, offset,
-                        args.replica_clients, herd=True)
-            requests, distinct = upstream_count(sim)
-            upstream[name]["herd"] = {"requests": requests, "distinct": distinct, "rps": round(r["rps"]),
-                                      "bad": r["bad"]}
-            log(f"  replicas miss herd {name}: {r['rps']:.0f} req/s, {requests} upstream requests for "
-                f"{distinct} distinct searches, bad {r['bad']}")
     for name, rs in runs.items():
         out[name] = {"rps": statistics.median([r["rps"] for r in rs]),
                      "p50": statistics.median([r["p50"] for r in rs]),
@@ -224,6 +213,23 @@ def measure(targets, load, args, sim, token, script, log):
         if load == "miss":
             out[name]["upstream"] = upstream[name]
     return out
+
+
+def herd(targets, args, sim, token, script, geo, offset, upstream, log):
+    """The cross-replica check, into `upstream`: the same searches asked of
+    every replica at once must still be bought once each."""
+    for name, gws in targets.items():
+        if len(gws) < 2:
+            continue
+        offset += 1_000_000
+        sim.reset()
+        r = one_run(gws, "miss", None, args.replica_miss_conns, args.replica_herd_secs, token, script, geo,
+                    offset, args.replica_clients, herd=True)
+        requests, distinct = upstream_count(sim)
+        upstream[name]["herd"] = {"requests": requests, "distinct": distinct, "rps": round(r["rps"]),
+                                  "bad": r["bad"]}
+        log(f"  replicas miss herd {name}: {r['rps']:.0f} req/s, {requests} upstream requests for "
+            f"{distinct} distinct searches, bad {r['bad']}")
 
 
 def replicas(args, tmp, redis, log, sim_key, token, miss_lua):

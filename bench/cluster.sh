@@ -1,18 +1,13 @@
 #!/usr/bin/env bash
-# Redis Cluster against standalone Redis, side by side in one run (about
-# two minutes): hit and miss throughput of one gateway on standalone Redis,
-# one and three gateways on a 3 + 3 node Redis Cluster. See bench/cluster.py.
+# Replicas on standalone Redis and on Redis Cluster, alone (about two and a
+# half minutes): the `replicas` phase of bench/run.py (bench/replicas.py) —
+# one, two and three gateways on one redis-server, one and three on a 3 + 3
+# node Redis Cluster, the same total load; hits (L1 on and off) and misses.
 #   bench/cluster.sh
-# Needs: cargo, python3, wrk, redis-server, redis-cli
-#   (Debian: apt-get install -y wrk redis-server).
-# Knobs: BENCH_SECS (per wrk run, default 5), BENCH_ROUNDS (default 2),
-#   CARGO_TARGET_DIR (default target/); extra arguments go to cluster.py.
+# The same as `bench/run.sh --only replicas` (the table goes to
+# bench/results/latest.md with the other phases' last results).
+# Knobs: BENCH_SECS (the phase runs BENCH_SECS / 2 per wrk run, default 8),
+#   BENCH_REPLICA_SECS (overrides that), BENCH_ROUNDS (default 2),
+#   CARGO_TARGET_DIR; extra arguments go to run.py.
 set -euo pipefail
-cd "$(dirname "$0")/.."
-for tool in wrk redis-server redis-cli python3; do
-  command -v "$tool" >/dev/null || { echo "bench/cluster.sh: $tool is missing (apt-get install wrk redis-server)" >&2; exit 2; }
-done
-target_dir="${CARGO_TARGET_DIR:-target}"
-cargo build --release --workspace --locked
-# Bounded: the harness kills its children and gives up after 10 minutes.
-exec timeout --signal=TERM 600 python3 bench/cluster.py --bin-dir "$target_dir/release" "$@"
+exec "$(dirname "$0")/run.sh" --only replicas "$@"

@@ -363,3 +363,76 @@ def wrk(url, conns, secs, headers, threads=2, script=None, env=None):
     if m:
         res["errors"] = sum(int(x) for x in m.groups())
     return res
+
+
+# --- varnish -----------------------------------------------------------------
+
+VARNISH_VCL = """vcl 4.1;
+
+backend sim {{
+    .host = "{sim_host}";
+    .port = "{sim_port}";
+}}
+
+sub vcl_recv {{
+    if (req.method != "GET" && req.method != "HEAD") {{
+        return (pass);
+    }}
+    # A plain cache in front of an API that says nothing about caching: the
+    # client's cookies and Cache-Control do not decide anything.
+    unset req.http.Cookie;
+    unset req.http.Cache-Control;
+    return (hash);
+}}
+
+sub vcl_hash {{
+    hash_data(req.url);
+    return (lookup);
+}}
+
+sub vcl_backend_fetch {{
+    set bereq.http.X-API-Key = "{api_key}";
+}}
+
+sub vcl_backend_response {{
+    unset beresp.http.Set-Cookie;
+    unset beresp.http.Cache-Control;
+    unset beresp.http.Expires;
+    unset beresp.http.Vary;
+    if (beresp.status == 200) {{
+        set beresp.ttl = 1d;
+        set beresp.uncacheable = false;
+    }}
+    return (deliver);
+}}
+
+sub vcl_deliver {{
+    if (obj.hits > 0) {{
+        set resp.http.X-Cache = "HIT";
+    }} else {{
+        set resp.http.X-Cache = "MISS";
+    }}
+}}
+"""
+
+
+class Varnish:
+    """varnishd in the foreground with its own work dir, malloc storage and
+    the VCL above: the second hit reference next to nginx (issue 19).
+    Backend connections are kept alive (varnish's default)."""
+
+    def __init__(self, tmp, name, sim, storage="malloc,256m"):
+        self.port = free_port()
+        host, port = sim.addr.rsplit(":", 1)
+        vcl = os.path.join(tmp, f"varnish-{name}.vcl")
+        with open(vcl, "w") as f:
+            f.write(VARNISH_VCL.format(sim_host=host, sim_port=port, api_key=sim.api_key))
+        workdir = os.path.join(tmp, f"varnish-{name}")
+        os.makedirs(workdir, exist_ok=True)
+        # `-j none`: no privilege separation, so the child can read the
+        # run's private temp dir; `-T none`: no management port.
+        self.proc = spawn(["varnishd", "-F", "-j", "none", "-T", "none", "-n", workdir,
+                           "-a", f"127.0.0.1:{self.port}", "-f", vcl, "-s", storage],
+                          os.path.join(tmp, f"varnish-{name}.log"))
+        self.base = f"http://127.0.0.1:{self.port}"
+        wait_port(self.port, timeout=60)

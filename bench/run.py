@@ -1,9 +1,9 @@
 """The whole comparison in one run (bench/run.sh builds, then calls this).
 
 Phases, each with its own processes on loopback ports:
-  1. hit path: gateway (L1), gateway (Redis L2 only), nginx proxy_cache and
-     the hyper ceiling, wrk with identical flags at 8 and 64 connections,
-     interleaved rounds, median of rounds;
+  1. hit path: gateway (L1), gateway (Redis L2 only), nginx proxy_cache,
+     varnish and the hyper ceiling, wrk with identical flags at 8 and 64
+     connections, interleaved rounds, median of rounds;
   2. miss path: the latency the gateway adds over a direct call, every
      request a distinct query (so a miss, with ledger reserve/settle and
      cache writes), one connection;
@@ -30,12 +30,14 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import lib  # noqa: E402
 import replay  # noqa: E402
 import clicks as click_replay  # noqa: E402
+import replicas as replica_bench  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SIM_KEY = "bench-upstream-key"
 TOKEN = "pgw_bench_team_token"
 APPS = ["dashboard", "search_ui", "export", "mobile", "reports"]
 APP_TOKENS = {a: f"pgw_bench_{a}_token" for a in APPS}
+PHASES = ["hit", "miss", "memory", "credits", "clicks", "replicas"]
 
 
 def log(*a):
@@ -76,6 +78,7 @@ def hit_path(args, tmp, sim, redis):
         "gateway_redis_l2": lib.Gateway(args.bin_dir, tmp, "hit-l2", sim, team, memory_max_bytes=0,
                                         redis_url=redis.url),
         "nginx": lib.Nginx(tmp, "hit", sim),
+        "varnish": lib.Varnish(tmp, "hit", sim),
         "ceiling": lib.Ceiling(args.bin_dir, tmp, body_file),
     }
     headers = {"X-API-Key": TOKEN}
@@ -85,7 +88,7 @@ def hit_path(args, tmp, sim, redis):
             status, h, b = lib.get(t.base + url, headers=headers)
         assert status == 200 and len(b) == len(body), (name, status, len(b))
         log(f"  {name}: X-Cache {h.get('x-cache')}, {len(b)} bytes")
-        if name.startswith("gateway"):
+        if name.startswith("gateway") or name == "varnish":
             assert h.get("x-cache") == "HIT", (name, h)
     runs = {(n, c): [] for n in targets for c in args.conns}
     for rnd in range(args.rounds):
@@ -303,7 +306,9 @@ def table(res, args):
     R = h["results"]
     for conns in args.conns:
         ng, ce = R["nginx"][conns]["rps"], R["ceiling"][conns]["rps"]
-        for name in ("gateway", "gateway_redis_l2", "nginx", "ceiling"):
+        for name in ("gateway", "gateway_redis_l2", "nginx", "varnish", "ceiling"):
+            if name not in R:  # a latest.json from before varnish joined
+                continue
             r = R[name][conns]
             bad = f" ({r['bad']} bad)" if r["bad"] else ""
             L.append(f"| {name}{bad} | {conns} | {r['rps']:.0f} | {fmt_ms(r['p50'])} | {fmt_ms(r['p99'])} | "
@@ -404,8 +409,22 @@ def main():
     ap.add_argument("--mem-entries", type=int, default=4000)
     ap.add_argument("--mem-cap", type=int, default=16 * 1024 * 1024)
     ap.add_argument("--out", default=os.path.join(HERE, "results"))
-    ap.add_argument("--only", nargs="*", default=["hit", "miss", "memory", "credits", "clicks"])
+    ap.add_argument("--replica-secs", type=int,
+                    default=int(os.environ.get("BENCH_REPLICA_SECS", "0")) or None,
+                    help="seconds per wrk run in the replicas phase (default: BENCH_SECS / 2)")
+    ap.add_argument("--replica-herd-secs", type=int, default=2,
+                    help="seconds of the replicas phase's herd check (same searches on every replica)")
+    ap.add_argument("--replica-clients", type=int, default=6,
+                    help="wrk processes (-t1) in the replicas phase, the same for every setup")
+    ap.add_argument("--replica-cpu-share", choices=["setup", "process"], default="setup",
+                    help="replicas phase: one CPU share per setup (default) or per process")
+    ap.add_argument("--replica-hit-conns", type=int, default=64, help="hit connections over all replicas")
+    ap.add_argument("--replica-miss-conns", type=int, default=8, help="miss connections over all replicas")
+    ap.add_argument("--only", nargs="*", default=PHASES)
     args = ap.parse_args()
+    # 15 runs a round (5 setups x 3 loads): half of BENCH_SECS keeps the
+    # phase near two and a half minutes at the defaults.
+    args.replica_secs = args.replica_secs or max(2, args.secs // 2)
     os.makedirs(args.out, exist_ok=True)
     tmp = tempfile.mkdtemp(prefix="pgw-bench-")
     log(f"work dir {tmp}")
@@ -413,7 +432,7 @@ def main():
     redis = lib.Redis(tmp)
     res = {}
     prev = os.path.join(args.out, "latest.json")
-    if set(args.only) != {"hit", "miss", "memory", "credits", "clicks"} and os.path.exists(prev):
+    if set(args.only) != set(PHASES) and os.path.exists(prev):
         with open(prev) as f:
             res = json.load(f)
         # JSON turned the int conns keys into strings.
@@ -440,6 +459,9 @@ def main():
     if "clicks" in args.only:
         log("5. clicks")
         res["clicks"] = click_replay.clicks(args, tmp, redis, log, SIM_KEY, APP_TOKENS)
+    if "replicas" in args.only:
+        log("6. replicas")
+        res["replicas"] = replica_bench.replicas(args, tmp, redis, log, SIM_KEY, TOKEN, MISS_LUA)
     res["took_secs"] = round(time.time() - started)
     with open(os.path.join(args.out, "latest.json"), "w") as f:
         json.dump(res, f, indent=1, default=str)
@@ -447,6 +469,8 @@ def main():
     md = table(res, args) if full else ""
     if "clicks" in res:
         md += "\n" + click_replay.table(res["clicks"])
+    if "replicas" in res:
+        md += "\n" + replica_bench.table(res["replicas"])
     md += f"\nWhole run: {res['took_secs']} s.\n"
     with open(os.path.join(args.out, "latest.md"), "w") as f:
         f.write(md)

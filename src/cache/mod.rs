@@ -55,8 +55,10 @@ impl Expiry<Arc<str>, Arc<Entry>> for LifeOf {
 }
 
 pub struct Cache {
-    /// `None` when `memory_max_bytes = 0` (L2 only).
-    memory: Option<Moka<Arc<str>, Arc<Entry>>>,
+    /// `None` when `memory_max_bytes = 0` (L2 only). foldhash, randomly
+    /// seeded per process, instead of SipHash: a key is ~100 bytes hashed
+    /// on every lookup.
+    memory: Option<Moka<Arc<str>, Arc<Entry>, foldhash::fast::RandomState>>,
     redis: Option<Arc<RedisBackend>>,
     prefix: String,
     pub grace: Duration,
@@ -76,7 +78,7 @@ impl Cache {
                 .weigher(|k: &Arc<str>, v: &Arc<Entry>| v.weight(k.len()))
                 .expire_after(LifeOf { grace })
                 .support_invalidation_closures()
-                .build()
+                .build_with_hasher(foldhash::fast::RandomState::default())
         });
         let mut ttls = [None; Route::ALL.len()];
         for (i, route) in Route::ALL.iter().enumerate() {

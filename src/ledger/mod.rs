@@ -230,7 +230,7 @@ impl Ledger {
     /// Per team, day and route, between two days inclusive.
     pub async fn rows(&self, teams: &[String], from: u32, to: u32) -> Result<Vec<UsageRow>, LedgerError> {
         match self {
-            Ledger::File(l) => Ok(l.rows(from, to)),
+            Ledger::File(l) => Ok(l.rows(from, to).await),
             Ledger::Redis(l) => l.rows(teams, from, to).await,
         }
     }

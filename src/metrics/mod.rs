@@ -8,8 +8,10 @@
 //! mistyped, and adding a metric touches this module only. Gauges without
 //! labels stay public fields.
 
+mod children;
 mod record;
 
+use children::Children;
 pub use record::{LedgerOp, RecordSource, RedisOp, Scope, Tier, UpstreamAnswer};
 
 use prometheus::{
@@ -62,6 +64,8 @@ pub struct Metrics {
     /// Not in the contract table: ids of id lookups by where their answer
     /// came from (`cache::records`).
     cache_records_total: IntCounterVec,
+    /// The hit path's children, resolved once (`children.rs`).
+    children: Children,
 }
 
 fn counter(r: &Registry, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
@@ -92,19 +96,28 @@ fn histogram(r: &Registry, name: &str, help: &str, labels: &[&str]) -> Histogram
 impl Metrics {
     pub fn new() -> Metrics {
         let r = Registry::new();
+        let request_duration_seconds = histogram(
+                &r,
+                "gateway_request_duration_seconds",
+                "Time to answer a team request.",
+                &["route", "cache"],
+            );
+        let cache_hits_total = counter(
+                &r,
+                "gateway_cache_hits_total",
+                "Cache lookups answered, by tier.",
+                &["route", "tier"],
+            );
+        let children = Children::new(&request_duration_seconds, &cache_hits_total);
         let m = Metrics {
+            children,
             requests_total: counter(
                 &r,
                 "gateway_requests_total",
                 "Team requests answered.",
                 &["team", "route", "status", "cache"],
             ),
-            request_duration_seconds: histogram(
-                &r,
-                "gateway_request_duration_seconds",
-                "Time to answer a team request.",
-                &["route", "cache"],
-            ),
+            request_duration_seconds,
             upstream_requests_total: counter(
                 &r,
                 "gateway_upstream_requests_total",
@@ -212,12 +225,7 @@ impl Metrics {
                 r.register(Box::new(g.clone())).expect("unique metric");
                 g
             },
-            cache_hits_total: counter(
-                &r,
-                "gateway_cache_hits_total",
-                "Cache lookups answered, by tier.",
-                &["route", "tier"],
-            ),
+            cache_hits_total,
             upstream_exhausted_total: counter(
                 &r,
                 "gateway_upstream_exhausted_total",
@@ -324,6 +332,9 @@ impl Metrics {
                 self.cache_hits_total.with_label_values(&[route, tier]);
             }
         }
+        let teams: Vec<&str> = teams.into_iter().collect();
+        self.children
+            .set_teams(teams.iter().copied(), &self.requests_total, &self.credits_saved_total);
         for team in teams {
             for route in routes {
                 for cache in CACHE_STATES {

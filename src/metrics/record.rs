@@ -4,6 +4,7 @@
 //! Team names are the one free-form label, and they come from config
 //! (validated as 1–64 of `[a-z0-9_-]`).
 
+use super::children::{cache_index, route_index};
 use super::Metrics;
 use crate::route::Route;
 use http::StatusCode;
@@ -170,13 +171,22 @@ impl Metrics {
     /// A team request answered; `cache` is its `X-Cache` state
     /// (`CacheState::as_str`, a fixed set of four).
     pub fn request(&self, team: &str, route: Route, status: StatusCode, cache: &'static str, took: Duration) {
-        let route = route.as_str();
-        self.requests_total
-            .with_label_values(&[team, route, status.as_str(), cache])
-            .inc();
-        self.request_duration_seconds
-            .with_label_values(&[route, cache])
-            .observe(took.as_secs_f64());
+        let (r, c) = (route_index(route), cache_index(cache));
+        match (status, self.children.team(team), c) {
+            (StatusCode::OK, Some(t), Some(c)) => t.answered[r][c].inc(),
+            _ => self
+                .requests_total
+                .with_label_values(&[team, route.as_str(), status.as_str(), cache])
+                .inc(),
+        }
+        let took = took.as_secs_f64();
+        match c {
+            Some(c) => self.children.routes[r].durations[c].observe(took),
+            None => self
+                .request_duration_seconds
+                .with_label_values(&[route.as_str(), cache])
+                .observe(took),
+        }
     }
 
     /// A request refused with 429: counted once, where the error becomes
@@ -191,9 +201,7 @@ impl Metrics {
     }
 
     pub fn cache_hit(&self, route: Route, tier: Tier) {
-        self.cache_hits_total
-            .with_label_values(&[route.as_str(), tier.as_str()])
-            .inc();
+        self.children.routes[route_index(route)].hits[tier as usize].inc();
     }
 
     /// A tier's size as last observed.
@@ -222,9 +230,13 @@ impl Metrics {
     }
 
     pub fn credits_saved(&self, team: &str, route: Route, credits: u64) {
-        self.credits_saved_total
-            .with_label_values(&[team, route.as_str()])
-            .inc_by(credits);
+        match self.children.team(team) {
+            Some(t) => t.saved[route_index(route)].inc_by(credits),
+            None => self
+                .credits_saved_total
+                .with_label_values(&[team, route.as_str()])
+                .inc_by(credits),
+        }
     }
 
     /// An upstream charge above the call's reservation.

@@ -182,7 +182,8 @@ pub async fn team_budget_headers(app: &App, team: &str, headers: &mut HeaderMap)
         app.metrics.ledger_error(LedgerOp::Usage);
         return;
     };
-    app.metrics.team_credits_used(team, used);
+    // The `gateway_team_credits_used` gauge is set at scrape time (admin),
+    // not here on every answer.
     headers.insert(X_CREDITS_LIMIT, HeaderValue::from(limit));
     headers.insert(X_CREDITS_REMAINING, HeaderValue::from(limit.saturating_sub(used)));
 }

@@ -42,6 +42,9 @@ pub(super) enum Op {
         route: &'static str,
         spent: u64,
     },
+    /// Nothing: answered once every write queued before it is committed
+    /// (a reader that must see settles not waited for).
+    Flush,
 }
 
 /// A write, answered once it is durable (when someone waits for it).
@@ -199,6 +202,7 @@ fn commit(db: &Database, batch: &[Write], saved: &[(String, u32, Route, u64)], l
                     route,
                     spent,
                 } => credit(team, *day, route, *spent, 0)?,
+                Op::Flush => {}
             }
         }
         for (team, day, route, credits) in saved {

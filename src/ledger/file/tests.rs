@@ -38,7 +38,7 @@ async fn reserve_settle_release_and_restart() {
         "spend survives a restart; a release is no spend"
     );
     assert_eq!(l.usage("t", today + 30).used, 0, "and leaves the rolling window");
-    let rows = l.rows(today, today);
+    let rows = l.rows(today, today).await;
     assert_eq!(rows.len(), 1);
     assert_eq!((rows[0].spent, rows[0].saved), (10, 5));
 }
@@ -60,6 +60,7 @@ async fn a_reservation_left_by_a_dead_process_counts_as_spent_after_restart() {
     assert_eq!(l.usage("t", today).used, 65, "25 settled + 40 worst case");
     let unsettled: u64 = l
         .rows(today, today)
+        .await
         .iter()
         .filter(|r| r.route == UNSETTLED)
         .map(|r| r.spent)

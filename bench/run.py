@@ -428,8 +428,10 @@ def main():
                     help="replicas phase: one CPU share per setup (default) or per process")
     ap.add_argument("--replica-hit-conns", type=int, default=64, help="hit connections over all replicas")
     ap.add_argument("--replica-miss-conns", type=int, default=8, help="miss connections over all replicas")
-    ap.add_argument("--latency-secs", type=int, default=10, help="k6: seconds measured per rate and target")
-    ap.add_argument("--latency-warmup", type=int, default=2, help="k6: warm-up seconds before those")
+    ap.add_argument("--latency-secs", type=int, default=10,
+                    help="latency phase: seconds measured per rate, target and generator")
+    ap.add_argument("--latency-warmup", type=int, default=2,
+                    help="latency phase: warm-up seconds before each measured run")
     ap.add_argument("--latency-rates", type=float, nargs="+", default=[0.25, 0.5, 0.8],
                     help="offered rates as shares of nginx's max req/s")
     ap.add_argument("--latency-conns", type=int, default=64, help="oha -c (k6 sizes its VUs by the rate)")

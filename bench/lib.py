@@ -172,15 +172,20 @@ class Gateway:
 
     def __init__(self, bin_dir, tmp, name, sim, teams, memory_max_bytes=268435456,
                  redis_url=None, level="warn", log_to=None, prefix=None, ledger="file",
-                 cache_lines=()):
+                 cache_lines=(), tls=None):
         """`prefix`: the Redis key prefix (replicas sharing a cache share
         one; default per gateway). `ledger`: "file" or "redis". `cache_lines`:
-        extra `[cache]` keys."""
+        extra `[cache]` keys. `tls`: (cert PEM path, key PEM path) for the
+        team listener, which then speaks only TLS (`base` is https)."""
         self.port, self.admin_port = free_port(), free_port()
         lines = [
             "[server]",
             f'listen = "127.0.0.1:{self.port}"',
             f'admin_listen = "127.0.0.1:{self.admin_port}"',
+        ]
+        if tls:
+            lines += [f'tls_cert_file = "{tls[0]}"', f'tls_key_file = "{tls[1]}"']
+        lines += [
             "[upstream]",
             f'base_url = "{sim.base}"',
             # So the fair scheduler never throttles the benchmark.
@@ -216,7 +221,7 @@ class Gateway:
             log_to or os.path.join(tmp, f"gateway-{name}.log"),
             env=env,
         )
-        self.base = f"http://127.0.0.1:{self.port}"
+        self.base = f"{'https' if tls else 'http'}://127.0.0.1:{self.port}"
         self.admin = f"http://127.0.0.1:{self.admin_port}"
         wait_http(self.admin + "/healthz")
         wait_port(self.port)
@@ -263,6 +268,7 @@ http {{
     upstream sim {{ server {sim}; keepalive 64; }}
     server {{
         listen 127.0.0.1:{port};
+        {server_lines}
         location / {{
             proxy_pass http://sim;
             proxy_http_version 1.1;
@@ -283,12 +289,15 @@ http {{
 
 
 class Nginx:
-    def __init__(self, tmp, name, sim, workers=2):
+    def __init__(self, tmp, name, sim, workers=2, server_lines=()):
+        """`server_lines`: extra directives in the `server` block (more
+        `listen`s, certificates)."""
         self.port = free_port()
         conf = os.path.join(tmp, f"nginx-{name}.conf")
         with open(conf, "w") as f:
             f.write(NGINX_CONF.format(tmp=tmp, name=name, sim=sim.addr, api_key=sim.api_key,
-                                      port=self.port, workers=workers))
+                                      port=self.port, workers=workers,
+                                      server_lines="\n        ".join(server_lines)))
         self.proc = spawn(["nginx", "-c", conf, "-p", tmp], os.path.join(tmp, f"nginx-{name}.log"))
         self.base = f"http://127.0.0.1:{self.port}"
         wait_port(self.port)

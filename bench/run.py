@@ -11,7 +11,13 @@ Phases, each with its own processes on loopback ports:
   4. credits: the seeded replay (bench/replay.py) against no cache, nginx
      and the gateway, the simulator's counters reset between targets;
   5. clicks: the search → click-through replay (issue 16) against no cache,
-     nginx, the gateway with record reuse off and with it on.
+     nginx, the gateway with record reuse off and with it on;
+  6. replicas: one, two and three gateways on one Redis (bench/replicas.py);
+  7. latency: k6 (and oha, when installed) at fixed offered rates (25/50/80 %
+     of nginx's max), gateway vs nginx on the hit page, p50/p99/p99.9 free of
+     coordinated omission (bench/latency.py);
+  8. h2, 9. tls: the hit comparison over h2c and over TLS (h2 and HTTP/1.1),
+     with h2load (bench/protocols.py).
 Writes the markdown table to bench/results/latest.md (and raw JSON next to it).
 """
 
@@ -31,13 +37,15 @@ import lib  # noqa: E402
 import replay  # noqa: E402
 import clicks as click_replay  # noqa: E402
 import replicas as replica_bench  # noqa: E402
+import latency as fixed_rate  # noqa: E402
+import protocols  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SIM_KEY = "bench-upstream-key"
 TOKEN = "pgw_bench_team_token"
 APPS = ["dashboard", "search_ui", "export", "mobile", "reports"]
 APP_TOKENS = {a: f"pgw_bench_{a}_token" for a in APPS}
-PHASES = ["hit", "miss", "memory", "credits", "clicks", "replicas"]
+PHASES = ["hit", "miss", "memory", "credits", "clicks", "replicas", "latency", "h2", "tls"]
 
 
 def log(*a):
@@ -420,7 +428,17 @@ def main():
                     help="replicas phase: one CPU share per setup (default) or per process")
     ap.add_argument("--replica-hit-conns", type=int, default=64, help="hit connections over all replicas")
     ap.add_argument("--replica-miss-conns", type=int, default=8, help="miss connections over all replicas")
-    ap.add_argument("--only", nargs="*", default=PHASES)
+    ap.add_argument("--latency-secs", type=int, default=10,
+                    help="latency phase: seconds measured per rate, target and generator")
+    ap.add_argument("--latency-warmup", type=int, default=2,
+                    help="latency phase: warm-up seconds before each measured run")
+    ap.add_argument("--latency-rates", type=float, nargs="+", default=[0.25, 0.5, 0.8],
+                    help="offered rates as shares of nginx's max req/s")
+    ap.add_argument("--latency-conns", type=int, default=64, help="oha -c (k6 sizes its VUs by the rate)")
+    ap.add_argument("--h2-secs", type=int, default=6, help="h2load -D per run (h2 and tls phases)")
+    ap.add_argument("--h2-conns", type=int, default=64, help="h2load -c")
+    ap.add_argument("--h2-streams", type=int, default=10, help="h2load -m over HTTP/2")
+    ap.add_argument("--only", nargs="*", choices=PHASES, default=PHASES)
     args = ap.parse_args()
     # 15 runs a round (5 setups x 3 loads): half of BENCH_SECS keeps the
     # phase near two and a half minutes at the defaults.
@@ -462,6 +480,16 @@ def main():
     if "replicas" in args.only:
         log("6. replicas")
         res["replicas"] = replica_bench.replicas(args, tmp, redis, log, SIM_KEY, TOKEN, MISS_LUA)
+    if "latency" in args.only:
+        log("7. latency at a fixed rate (k6, oha)")
+        res["latency"] = fixed_rate.latency(args, tmp, res.get("hit"), "hit" in args.only, log, SIM_KEY, TOKEN,
+                                            pick_page)
+    if "h2" in args.only:
+        log("8. HTTP/2 cleartext (h2load)")
+        res["h2"] = protocols.h2(args, tmp, log, SIM_KEY, TOKEN, pick_page)
+    if "tls" in args.only:
+        log("9. TLS (h2load)")
+        res["tls"] = protocols.tls(args, tmp, log, SIM_KEY, TOKEN, pick_page)
     res["took_secs"] = round(time.time() - started)
     with open(os.path.join(args.out, "latest.json"), "w") as f:
         json.dump(res, f, indent=1, default=str)
@@ -471,6 +499,10 @@ def main():
         md += "\n" + click_replay.table(res["clicks"])
     if "replicas" in res:
         md += "\n" + replica_bench.table(res["replicas"])
+    if "latency" in res:
+        md += "\n" + fixed_rate.table(res["latency"])
+    if "h2" in res or "tls" in res:
+        md += "\n" + protocols.table(res)
     md += f"\nWhole run: {res['took_secs']} s.\n"
     with open(os.path.join(args.out, "latest.md"), "w") as f:
         f.write(md)

@@ -45,7 +45,7 @@ SIM_KEY = "bench-upstream-key"
 TOKEN = "pgw_bench_team_token"
 APPS = ["dashboard", "search_ui", "export", "mobile", "reports"]
 APP_TOKENS = {a: f"pgw_bench_{a}_token" for a in APPS}
-PHASES = ["hit", "miss", "memory", "credits", "clicks", "replicas", "latency", "h2", "tls"]
+PHASES = ["hit", "miss", "memory", "credits", "clicks", "replicas", "latency", "h2", "tls", "instructions"]
 
 
 def log(*a):
@@ -490,6 +490,10 @@ def main():
     if "tls" in args.only:
         log("9. TLS (h2load)")
         res["tls"] = protocols.tls(args, tmp, log, SIM_KEY, TOKEN, pick_page)
+    if "instructions" in args.only:
+        log("10. instructions per hit (callgrind)")
+        import instructions  # noqa: E402  (imports run: not at the top)
+        res["instructions"] = instructions.phase(args, tmp, redis, log, SIM_KEY)
     res["took_secs"] = round(time.time() - started)
     with open(os.path.join(args.out, "latest.json"), "w") as f:
         json.dump(res, f, indent=1, default=str)
@@ -503,6 +507,9 @@ def main():
         md += "\n" + fixed_rate.table(res["latency"])
     if "h2" in res or "tls" in res:
         md += "\n" + protocols.table(res)
+    if "instructions" in res:
+        import instructions  # noqa: E402
+        md += "\n" + instructions.table(res["instructions"])
     md += f"\nWhole run: {res['took_secs']} s.\n"
     with open(os.path.join(args.out, "latest.md"), "w") as f:
         f.write(md)

@@ -12,8 +12,10 @@ use std::sync::Mutex;
 /// How often the tally is written out.
 pub const FLUSH_EVERY: std::time::Duration = std::time::Duration::from_secs(2);
 
-/// team → (day, route) → credits saved, not yet written.
-type Pending = HashMap<String, HashMap<(u32, Route), u64>>;
+/// team → (day, route) → credits saved, not yet written (foldhash: two
+/// lookups on every hit).
+type Pending = HashMap<String, HashMap<(u32, Route), u64, Fold>, Fold>;
+type Fold = foldhash::fast::RandomState;
 
 #[derive(Default)]
 pub struct SavedTally {
@@ -31,7 +33,9 @@ impl SavedTally {
         match pending.get_mut(team) {
             Some(per_team) => *per_team.entry((day, route)).or_insert(0) += credits,
             None => {
-                pending.insert(team.to_string(), HashMap::from([((day, route), credits)]));
+                let mut per_team = HashMap::default();
+                per_team.insert((day, route), credits);
+                pending.insert(team.to_string(), per_team);
             }
         }
     }

@@ -97,17 +97,17 @@ impl Metrics {
     pub fn new() -> Metrics {
         let r = Registry::new();
         let request_duration_seconds = histogram(
-                &r,
-                "gateway_request_duration_seconds",
-                "Time to answer a team request.",
-                &["route", "cache"],
-            );
+            &r,
+            "gateway_request_duration_seconds",
+            "Time to answer a team request.",
+            &["route", "cache"],
+        );
         let cache_hits_total = counter(
-                &r,
-                "gateway_cache_hits_total",
-                "Cache lookups answered, by tier.",
-                &["route", "tier"],
-            );
+            &r,
+            "gateway_cache_hits_total",
+            "Cache lookups answered, by tier.",
+            &["route", "tier"],
+        );
         let children = Children::new(&request_duration_seconds, &cache_hits_total);
         let m = Metrics {
             children,

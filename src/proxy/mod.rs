@@ -63,7 +63,11 @@ pub async fn handle<B>(app: Arc<App>, req: Request<B>) -> Response<Body> {
             credits::team_budget_headers(&app, team, resp.headers_mut()).await;
         }
     }
-    if let Ok(v) = HeaderValue::from_str(&ctx.request_id) {
+    if let Ok(mut v) = HeaderValue::from_str(&ctx.request_id) {
+        // Never indexed by HPACK: a value unique to each answer would only
+        // churn the HTTP/2 header table (inserting it evicted the entries
+        // every answer shares: Content-Type, X-Cache, the budget).
+        v.set_sensitive(true);
         resp.headers_mut().insert("x-request-id", v);
     }
     ctx.finish(&app.metrics, req.method(), resp.status(), started.elapsed());

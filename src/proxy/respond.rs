@@ -46,12 +46,21 @@ fn ok(body: Bytes, etag: Option<&str>, age_secs: u64, state: CacheState, route: 
 
 fn common(h: &mut HeaderMap, etag: Option<&str>, age_secs: u64, state: CacheState, route: Route, credits: u64) {
     h.insert(X_CACHE, HeaderValue::from_static(state.header()));
-    h.insert(AGE, HeaderValue::from(age_secs));
+    h.insert(AGE, number(age_secs));
     if let Some(Ok(etag)) = etag.map(HeaderValue::from_str) {
         h.insert(ETAG, etag);
     }
     if route.is_metered() {
-        h.insert(X_CREDITS_REQUEST, HeaderValue::from(credits));
+        h.insert(X_CREDITS_REQUEST, number(credits));
+    }
+}
+
+/// A count as a header value; 0, what every hit carries twice, without
+/// formatting it.
+fn number(n: u64) -> HeaderValue {
+    match n {
+        0 => HeaderValue::from_static("0"),
+        n => HeaderValue::from(n),
     }
 }
 

@@ -7,7 +7,7 @@
 use crate::config::TeamConfig;
 use crate::error::GatewayError;
 use governor::{DefaultDirectRateLimiter, Quota};
-use http::header::{HeaderMap, AUTHORIZATION};
+use http::header::{HeaderMap, HeaderName, AUTHORIZATION};
 use sha2::{Digest, Sha256};
 use std::num::NonZeroU32;
 use std::sync::Arc;
@@ -141,8 +141,8 @@ fn digest_eq(a: &[u8; 32], b: &[u8; 32]) -> subtle::Choice {
 /// The one credential of a request. Repeated or disagreeing credentials are
 /// refused rather than guessed at: a proxy in front might have added one.
 fn credential(headers: &HeaderMap) -> Result<&str, GatewayError> {
-    let api_key = single(headers, "x-api-key")?;
-    let bearer = match single(headers, AUTHORIZATION.as_str())? {
+    let api_key = single(headers, &X_API_KEY)?;
+    let bearer = match single(headers, &AUTHORIZATION)? {
         Some(value) => bearer_token(value),
         None => None,
     };
@@ -153,7 +153,10 @@ fn credential(headers: &HeaderMap) -> Result<&str, GatewayError> {
     }
 }
 
-fn single<'a>(headers: &'a HeaderMap, name: &str) -> Result<Option<&'a str>, GatewayError> {
+/// A typed name: a `&str` name is parsed again on every lookup.
+const X_API_KEY: HeaderName = HeaderName::from_static("x-api-key");
+
+fn single<'a>(headers: &'a HeaderMap, name: &HeaderName) -> Result<Option<&'a str>, GatewayError> {
     let mut values = headers.get_all(name).iter();
     let Some(first) = values.next() else {
         return Ok(None);

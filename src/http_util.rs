@@ -50,13 +50,16 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
     headers.remove("proxy-connection");
 }
 
+/// `X-Request-Id`, typed once: a `&str` name is parsed on every use.
+pub const X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
+
 /// The client's `X-Request-Id` when it is a sane token, else a new one.
 ///
 /// A client-chosen id is echoed and forwarded, so it must not carry header
 /// injection or unbounded size.
 pub fn request_id(headers: &HeaderMap) -> String {
     headers
-        .get("x-request-id")
+        .get(X_REQUEST_ID)
         .and_then(|v| v.to_str().ok())
         .filter(|v| {
             !v.is_empty() && v.len() <= 128 && v.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_.:".contains(&b))

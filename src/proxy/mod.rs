@@ -34,7 +34,7 @@ use crate::cache::flight::Fetched;
 use crate::cache::{key, Entry};
 use crate::clock::now_ms;
 use crate::error::GatewayError;
-use crate::http_util::{request_id, Body};
+use crate::http_util::{request_id, Body, X_REQUEST_ID};
 use crate::metrics::Scope;
 use crate::route::{self, Route, Target};
 use fetch::{Job, Role};
@@ -68,7 +68,7 @@ pub async fn handle<B>(app: Arc<App>, req: Request<B>) -> Response<Body> {
         // churn the HTTP/2 header table (inserting it evicted the entries
         // every answer shares: Content-Type, X-Cache, the budget).
         v.set_sensitive(true);
-        resp.headers_mut().insert("x-request-id", v);
+        resp.headers_mut().insert(X_REQUEST_ID, v);
     }
     ctx.finish(&app.metrics, req.method(), resp.status(), started.elapsed());
     resp

@@ -13,6 +13,7 @@ use permit_gateway::Running;
 mod calls;
 mod crash;
 mod edges;
+mod herd;
 mod leases;
 mod upstream_numbers;
 

@@ -10,6 +10,7 @@
 //! to milliseconds, so a regression shows in every run, not one in fifty.
 
 use crate::support::gateway::{Setup, ALPHA, BETA};
+use crate::support::monitor::Monitor;
 use crate::support::redis::RedisServer;
 use crate::support::relay::SlowRelay;
 use crate::support::sim::{start_sim, unlimited, SimConfig};
@@ -20,7 +21,6 @@ use permit_gateway::cache::Entry;
 use permit_gateway::Running;
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 
 /// Searches asked of every replica at once, per round.
 const SEARCHES: u32 = 12;
@@ -145,39 +145,4 @@ async fn a_replica_takes_the_entry_stored_just_before_the_lease_went() {
     assert_eq!(r.status, StatusCode::OK, "{}", r.text());
     assert_eq!(r.body, body, "B answered with the peer's entry");
     assert_eq!(r.header("x-cache"), Some("HIT"));
-}
-
-/// Redis MONITOR on its own connection: every command Redis runs, as it
-/// runs it (from scripts too), one line each.
-struct Monitor {
-    lines: tokio::io::Lines<BufReader<tokio::net::UnixStream>>,
-}
-
-impl Monitor {
-    async fn start(redis: &RedisServer) -> Monitor {
-        let mut conn = tokio::net::UnixStream::connect(redis.socket())
-            .await
-            .expect("redis socket");
-        conn.write_all(b"MONITOR\r\n").await.expect("MONITOR");
-        let mut lines = BufReader::new(conn).lines();
-        let ok = lines.next_line().await.expect("MONITOR answer");
-        assert_eq!(ok.as_deref(), Some("+OK"));
-        Monitor { lines }
-    }
-
-    /// Reads up to the next `command` on a key that starts with `key`.
-    async fn until(&mut self, command: &str, key: &str) {
-        let (command, key) = (format!("\"{command}\" "), format!("\"{key}"));
-        let read = async {
-            while let Some(line) = self.lines.next_line().await.expect("MONITOR line") {
-                if line.contains(&command) && line.contains(&key) {
-                    return;
-                }
-            }
-            panic!("MONITOR ended");
-        };
-        tokio::time::timeout(Duration::from_secs(20), read)
-            .await
-            .unwrap_or_else(|_| panic!("Redis never ran {command}{key}…"));
-    }
 }

@@ -15,6 +15,7 @@ mod crash;
 mod edges;
 mod herd;
 mod leases;
+mod marks;
 mod upstream_numbers;
 
 /// `n` gateways in front of `sim`: one alone (file ledger, no Redis), or

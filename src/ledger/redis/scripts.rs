@@ -46,8 +46,9 @@ return {1, spent + held}
 /// actual, today, route, prune days before, now, forget marks before, most
 /// marks to forget, hash buckets to walk. 0: already ended.
 ///
-/// Every step is O(1) or O(log marks) plus at most `most` marks: a settle
-/// costs the same with a hundred marks as with a million.
+/// Each step is O(1) or O(log marks), on at most ARGV[8] (forgotten) and
+/// about ARGV[9] (walked) marks, plus the days hash (at most ~63 days): a
+/// settle costs the same with a hundred marks as with a million.
 pub(super) const SETTLE: &str = r#"
 local now = ARGV[6]
 if redis.call('HSETNX', KEYS[4], ARGV[1], now) == 0 then return 0 end
@@ -63,12 +64,15 @@ local days = redis.call('HKEYS', KEYS[1])
 for _, d in ipairs(days) do
   if tonumber(d) < prune_before then redis.call('HDEL', KEYS[1], d) end
 end
+-- Marks past the window, oldest first, a bounded number per settle.
 local forget_before = tonumber(ARGV[7])
 local old = redis.call('ZRANGEBYSCORE', KEYS[5], '-inf', '(' .. forget_before, 'LIMIT', 0, ARGV[8])
 if #old > 0 then
   redis.call('HDEL', KEYS[4], unpack(old))
   redis.call('ZREM', KEYS[5], unpack(old))
 end
+-- More marks than index entries: the previous release wrote some. Walk the
+-- hash a page per settle (the cursor survives in KEYS[6]) until none is left.
 if redis.call('HLEN', KEYS[4]) > redis.call('ZCARD', KEYS[5]) then
   local page = redis.call('HSCAN', KEYS[4], redis.call('GET', KEYS[6]) or '0', 'COUNT', ARGV[9])
   local marks = page[2]

@@ -8,6 +8,12 @@
 //! another's lease. Its TTL covers the owner's whole path (reserve, fair
 //! queue, upstream call, settle); renewal keeps a slow path covered, and a
 //! dead owner's lease simply runs out.
+//!
+//! An owner stores its entry in L2 *before* it releases, so a lease that is
+//! free may be free because the key was just bought: whoever takes a lease
+//! looks at L2 once more before paying, and a waiter that sees the lease go
+//! looks at L2 once more, then takes the lease in turn rather than fetching
+//! without one (issue 19: replicas herding on one search bought it twice).
 
 use super::{Cache, Entry};
 use crate::clock::now_ms;
@@ -43,11 +49,24 @@ pub struct Leases {
 pub enum Acquired {
     /// Ours: fetch, then [`Lease::release`].
     Owned(Lease),
-    /// Another replica holds it: [`Leases::wait_for_peer`].
+    /// Another replica holds it: [`Leases::wait_for_peer`], then ask again.
     Held,
     /// No Redis, or Redis did not answer: fetch without a lease rather than
     /// wait on a store that is not there.
     Unavailable,
+}
+
+/// How a wait on a peer's lease ended.
+pub enum Peer {
+    /// The peer stored the key's entry: answer with it.
+    Stored(Entry),
+    /// The lease went and no entry came (the peer's call failed, or its
+    /// answer was not to be stored): take the lease in turn, so that still
+    /// only one replica buys the key at a time.
+    Gone,
+    /// The wait ran out, or Redis stopped answering: fetch without a lease
+    /// rather than wait longer.
+    GaveUp,
 }
 
 /// A lease this replica holds; renewed in the background until released.
@@ -113,18 +132,26 @@ impl Leases {
     }
 
     /// Another replica holds the lease: poll its L2 entry (backing off from
-    /// 5 to 50 ms) until it appears, the lease goes away without one, or
-    /// `wait` passes. `None`: fetch ourselves.
-    pub async fn wait_for_peer(&self, cache: &Cache, route: Route, cache_key: &str, wait: Duration) -> Option<Entry> {
-        let redis = self.redis.as_ref()?;
+    /// 5 to 50 ms) until it appears, the lease goes away, or `wait` passes.
+    ///
+    /// A lease seen gone gets one more look at L2: the peer stores before it
+    /// releases, so an entry that was not there at the poll's first look may
+    /// have landed just before the release. Only when that look misses too
+    /// did the peer store nothing ([`Peer::Gone`]).
+    pub async fn wait_for_peer(&self, cache: &Cache, route: Route, cache_key: &str, wait: Duration) -> Peer {
+        let Some(redis) = &self.redis else {
+            return Peer::GaveUp;
+        };
         let lease_key = self.key(cache_key);
-        let poll = || async {
-            if let Some(entry) = cache
+        let stored = || async {
+            cache
                 .lookup_redis(route, cache_key)
                 .await
                 .filter(|e| e.is_fresh(now_ms()))
-            {
-                return Ok(Some(entry));
+        };
+        let poll = || async {
+            if let Some(entry) = stored().await {
+                return Ok(Peer::Stored(entry));
             }
             let lk = lease_key.clone();
             let held: Result<u64, _> = redis
@@ -134,8 +161,8 @@ impl Leases {
                 .await;
             match held {
                 Ok(1) => Err(PeerPending),
-                // Released without an entry (a failed fetch), or Redis is gone.
-                _ => Ok(None),
+                Ok(_) => Ok(stored().await.map_or(Peer::Gone, Peer::Stored)),
+                Err(_) => Ok(Peer::GaveUp),
             }
         };
         let backoff = ExponentialBuilder::default()
@@ -143,7 +170,7 @@ impl Leases {
             .with_max_delay(Duration::from_millis(50))
             .with_max_times(usize::MAX)
             .with_total_delay(Some(wait));
-        poll.retry(backoff).await.ok().flatten()
+        poll.retry(backoff).await.unwrap_or(Peer::GaveUp)
     }
 }
 

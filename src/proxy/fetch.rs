@@ -14,7 +14,7 @@ use crate::app::App;
 use crate::auth::Team;
 use crate::cache::entry::etag_of;
 use crate::cache::flight::{follow, Fetched, Join, Leader, Outcome};
-use crate::cache::lease::Acquired;
+use crate::cache::lease::{Acquired, Lease, Peer};
 use crate::cache::{control, Entry};
 use crate::clock::now_ms;
 use crate::error::GatewayError;
@@ -23,7 +23,7 @@ use crate::route::{self, Target};
 use crate::upstream::{retry_after, Failed, UpstreamResponse};
 use http::{HeaderMap, StatusCode};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use tokio::sync::watch;
 
 /// How this request took part in the fetch.
@@ -100,22 +100,65 @@ async fn run(app: &Arc<App>, job: Job) -> Outcome {
     let Some(key) = &job.key else {
         return fetch_upstream(app, &job).await;
     };
-    let lease = match app.leases.acquire(key).await {
-        Acquired::Owned(lease) => Some(lease),
-        Acquired::Held => {
-            let wait = Duration::from_millis(app.config.cache.coalesce_wait_ms);
-            if let Some(entry) = app.leases.wait_for_peer(&app.cache, job.target.route, key, wait).await {
-                return Ok(Arc::new(cached(&entry)));
-            }
-            None
-        }
-        Acquired::Unavailable => None,
+    let lease = match take_turn(app, &job, key).await {
+        Turn::Stored(entry) => return Ok(Arc::new(cached(&entry))),
+        Turn::Buy(lease) => lease,
     };
     let outcome = fetch_upstream(app, &job).await;
     if let Some(lease) = lease {
         lease.release().await;
     }
     outcome
+}
+
+/// Where the cross-replica lease leaves the owner.
+enum Turn {
+    /// A peer bought the key meanwhile: its entry answers.
+    Stored(Entry),
+    /// Ours to buy: under the lease, or without one when Redis cannot give
+    /// one or the peer took longer than `cache.coalesce_wait_ms`.
+    Buy(Option<Lease>),
+}
+
+/// Takes the key's lease, or waits for the peer that holds it, until one of
+/// the two has the entry or ours is the turn to buy. A lease that went
+/// without an entry is taken in turn, never bypassed: two replicas that
+/// both saw it go would otherwise both buy.
+async fn take_turn(app: &App, job: &Job, key: &str) -> Turn {
+    let deadline = Instant::now() + Duration::from_millis(app.config.cache.coalesce_wait_ms);
+    loop {
+        match app.leases.acquire(key).await {
+            Acquired::Owned(lease) => {
+                // The lease may be free because a peer has just stored the
+                // key and released it, after our last look at the cache:
+                // one more look at L2 before paying.
+                if !job.no_cache {
+                    if let Some(entry) = stored_by_peer(app, job, key).await {
+                        lease.release().await;
+                        return Turn::Stored(entry);
+                    }
+                }
+                return Turn::Buy(Some(lease));
+            }
+            Acquired::Held => {
+                let left = deadline.saturating_duration_since(Instant::now());
+                match app.leases.wait_for_peer(&app.cache, job.target.route, key, left).await {
+                    Peer::Stored(entry) => return Turn::Stored(entry),
+                    Peer::Gone => continue,
+                    Peer::GaveUp => return Turn::Buy(None),
+                }
+            }
+            Acquired::Unavailable => return Turn::Buy(None),
+        }
+    }
+}
+
+/// A fresh entry in L2 (the tier peers store to; L1 was looked at already).
+async fn stored_by_peer(app: &App, job: &Job, key: &str) -> Option<Entry> {
+    app.cache
+        .lookup_redis(job.target.route, key)
+        .await
+        .filter(|e| e.is_fresh(now_ms()))
 }
 
 /// A cache entry as a fetch result: free for whoever it answers.

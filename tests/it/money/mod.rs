@@ -13,7 +13,9 @@ use permit_gateway::Running;
 mod calls;
 mod crash;
 mod edges;
+mod herd;
 mod leases;
+mod marks;
 mod upstream_numbers;
 
 /// `n` gateways in front of `sim`: one alone (file ledger, no Redis), or

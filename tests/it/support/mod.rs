@@ -3,6 +3,7 @@
 //! - `http`: a small client that returns status, headers and body.
 //! - `sim`: the upstream simulator started in-process on 127.0.0.1:0.
 //! - `redis`: a real `redis-server` child in a temp dir, killed on drop.
+//! - `monitor`: Redis MONITOR, to see what a call made Redis do.
 //! - `redis_cluster`: a real 3 + 3 node Redis Cluster, killed on drop.
 //! - `gateway`: the real gateway, in-process or as a child process.
 //! - `tls`: a throwaway CA and leaf certificate.
@@ -11,6 +12,7 @@
 
 pub mod gateway;
 pub mod http;
+pub mod monitor;
 pub mod probe;
 pub mod prometheus;
 pub mod redis;

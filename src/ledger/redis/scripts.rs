@@ -1,0 +1,91 @@
+//! The Redis ledger's Lua scripts (see the parent module for its keys).
+//! Redis runs each atomically; every key a script touches is passed in
+//! KEYS and carries the team's `{team}` tag, so on a Cluster all sit in
+//! one slot.
+
+/// KEYS: days, held, routes, settled, settled_at. ARGV: amount, limit (-1:
+/// none), now, first day, expires, id, today, unsettled route. Lapsed holds
+/// become spend, marked settled (and indexed) so a late settle counts nothing.
+pub(super) const RESERVE: &str = r#"
+local now = tonumber(ARGV[3])
+local holds = redis.call('HGETALL', KEYS[2])
+local held = 0
+for i = 1, #holds, 2 do
+  local amount, expires, day = string.match(holds[i + 1], '^(%d+):(%d+):(%d+)$')
+  if amount == nil then
+    redis.call('HDEL', KEYS[2], holds[i])
+  elseif tonumber(expires) <= now then
+    redis.call('HDEL', KEYS[2], holds[i])
+    if redis.call('HSETNX', KEYS[4], holds[i], now) == 1 then
+      redis.call('ZADD', KEYS[5], now, holds[i])
+      if tonumber(amount) > 0 then
+        redis.call('HINCRBY', KEYS[1], day, amount)
+        redis.call('HINCRBY', KEYS[3], day .. '|' .. ARGV[8] .. '|s', amount)
+      end
+    end
+  else
+    held = held + tonumber(amount)
+  end
+end
+local first_day = tonumber(ARGV[4])
+local spent = 0
+local days = redis.call('HGETALL', KEYS[1])
+for i = 1, #days, 2 do
+  if tonumber(days[i]) >= first_day then spent = spent + tonumber(days[i + 1]) end
+end
+local limit = tonumber(ARGV[2])
+local amount = tonumber(ARGV[1])
+if limit >= 0 and spent + held + amount > limit then
+  return {0, spent + held}
+end
+redis.call('HSET', KEYS[2], ARGV[6], amount .. ':' .. ARGV[5] .. ':' .. ARGV[7])
+return {1, spent + held}
+"#;
+
+/// KEYS: days, held, routes, settled, settled_at, settled_scan. ARGV: id,
+/// actual, today, route, prune days before, now, forget marks before, most
+/// marks to forget, hash buckets to walk. 0: already ended.
+///
+/// Each step is O(1) or O(log marks), on at most ARGV[8] (forgotten) and
+/// about ARGV[9] (walked) marks, plus the days hash (at most ~63 days): a
+/// settle costs the same with a hundred marks as with a million.
+pub(super) const SETTLE: &str = r#"
+local now = ARGV[6]
+if redis.call('HSETNX', KEYS[4], ARGV[1], now) == 0 then return 0 end
+redis.call('ZADD', KEYS[5], now, ARGV[1])
+redis.call('HDEL', KEYS[2], ARGV[1])
+local actual = tonumber(ARGV[2])
+if actual > 0 then
+  redis.call('HINCRBY', KEYS[1], ARGV[3], actual)
+  redis.call('HINCRBY', KEYS[3], ARGV[3] .. '|' .. ARGV[4] .. '|s', actual)
+end
+local prune_before = tonumber(ARGV[5])
+local days = redis.call('HKEYS', KEYS[1])
+for _, d in ipairs(days) do
+  if tonumber(d) < prune_before then redis.call('HDEL', KEYS[1], d) end
+end
+-- Marks past the window, oldest first, a bounded number per settle.
+local forget_before = tonumber(ARGV[7])
+local old = redis.call('ZRANGEBYSCORE', KEYS[5], '-inf', '(' .. forget_before, 'LIMIT', 0, ARGV[8])
+if #old > 0 then
+  redis.call('HDEL', KEYS[4], unpack(old))
+  redis.call('ZREM', KEYS[5], unpack(old))
+end
+-- More marks than index entries: the previous release wrote some. Walk the
+-- hash a page per settle (the cursor survives in KEYS[6]) until none is left.
+if redis.call('HLEN', KEYS[4]) > redis.call('ZCARD', KEYS[5]) then
+  local page = redis.call('HSCAN', KEYS[4], redis.call('GET', KEYS[6]) or '0', 'COUNT', ARGV[9])
+  local marks = page[2]
+  for i = 1, #marks, 2 do
+    local at = tonumber(marks[i + 1])
+    if at == nil or at < forget_before then
+      redis.call('HDEL', KEYS[4], marks[i])
+      redis.call('ZREM', KEYS[5], marks[i])
+    elseif not redis.call('ZSCORE', KEYS[5], marks[i]) then
+      redis.call('ZADD', KEYS[5], at, marks[i])
+    end
+  end
+  if page[1] == '0' then redis.call('DEL', KEYS[6]) else redis.call('SET', KEYS[6], page[1]) end
+end
+return 1
+"#;

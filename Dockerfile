@@ -6,10 +6,12 @@
 #     -v permit-gateway-data:/var/lib/permit-gateway \
 #     permit-gateway:0.1.0
 #
-# The binary is built with the command CI uses, from the same context:
-#   cargo build --release --locked -p permit-gateway --bin permit-gateway
-# .ci/run lints this file with hadolint and builds that binary from the
-# context .dockerignore leaves (ops/context.py). ops/image.sh builds and runs
+# The binary is built from the same context CI builds, with the `dist`
+# profile (release + fat LTO, Cargo.toml; what the benchmarks measure):
+#   cargo build --profile dist --locked -p permit-gateway --bin permit-gateway
+# .ci/run lints this file with hadolint and builds the binary from the
+# context .dockerignore leaves (ops/context.py), with `--release`: the same
+# sources and files, without the long LTO link. ops/image.sh builds and runs
 # the image for real, also on a machine without registry access (local
 # stand-ins for the two base images, an offline cargo registry): see
 # docs/operations.md, "Container image".
@@ -40,13 +42,13 @@ WORKDIR /src
 #    was added. No dependency-only layer: it needs a stub per member and
 #    target, the same trap. .ci/run builds from exactly this context.
 COPY . .
-RUN cargo build --release --locked -p permit-gateway --bin permit-gateway \
- && ./target/release/permit-gateway --version
+RUN cargo build --profile dist --locked -p permit-gateway --bin permit-gateway \
+ && ./target/dist/permit-gateway --version
 
 # 2. What the runtime stage copies: the binary, a container config, and the
 #    data directory owned by the runtime user (distroless has no shell).
 RUN mkdir -p /out/etc /out/data/ledger \
- && cp target/release/permit-gateway /out/permit-gateway \
+ && cp target/dist/permit-gateway /out/permit-gateway \
  && printf '%s\n' \
       '# permit-gateway in a container: mount your own file here, or override' \
       '# any key with PERMIT_GATEWAY_<SECTION>__<KEY>. Every key with its' \

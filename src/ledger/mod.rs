@@ -4,8 +4,9 @@
 //!
 //! - [`file`]: redb on local disk, for one replica. Chosen over SQLite: pure
 //!   Rust (no C toolchain in the image), ACID with fsync'd commits, and a
-//!   single-writer model that fits one replica; settles are group-committed
-//!   so concurrent misses share an fsync.
+//!   single-writer model that fits one replica; writes are group-committed
+//!   so concurrent misses share an fsync, and a settle covered by its
+//!   durable reservation rides the next one (`file`'s module doc).
 //! - [`redis`]: Lua scripts on a shared Redis, so N replicas share one budget
 //!   exactly; keys of one team share a `{team}` hash tag (Redis Cluster).
 //!

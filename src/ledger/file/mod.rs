@@ -3,7 +3,8 @@
 //! Memory holds a mirror of the last days' spend (loaded at start) and the
 //! reservations in flight; the budget check is a mutex-guarded sum. Writes go
 //! to one writer thread that commits every write queued at that moment in
-//! one fsync'd transaction (group commit) and only then answers.
+//! one fsync'd transaction (group commit) and only then answers. A settle
+//! the durable hold already covers is not waited for (see `settle`).
 //!
 //! **Durable intent**: a metered reservation is written (`held` table)
 //! before its upstream call may start, and removed by its settle or release

@@ -80,8 +80,11 @@ impl Children {
         self.teams.store(Arc::new(map));
     }
 
-    pub fn team(&self, team: &str) -> Option<Arc<TeamChildren>> {
-        self.teams.load().get(team).cloned()
+    /// Runs `f` on a team's children, if the table holds the team. Borrowed
+    /// under arc-swap's guard: cloning the `Arc` would make both cores
+    /// write its count on every request.
+    pub fn with_team<R>(&self, team: &str, f: impl FnOnce(&TeamChildren) -> R) -> Option<R> {
+        self.teams.load().get(team).map(|t| f(t))
     }
 }
 

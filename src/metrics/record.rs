@@ -172,12 +172,14 @@ impl Metrics {
     /// (`CacheState::as_str`, a fixed set of four).
     pub fn request(&self, team: &str, route: Route, status: StatusCode, cache: &'static str, took: Duration) {
         let (r, c) = (route_index(route), cache_index(cache));
-        match (status, self.children.team(team), c) {
-            (StatusCode::OK, Some(t), Some(c)) => t.answered[r][c].inc(),
-            _ => self
-                .requests_total
+        let counted = match (status, c) {
+            (StatusCode::OK, Some(c)) => self.children.with_team(team, |t| t.answered[r][c].inc()),
+            _ => None,
+        };
+        if counted.is_none() {
+            self.requests_total
                 .with_label_values(&[team, route.as_str(), status.as_str(), cache])
-                .inc(),
+                .inc();
         }
         let took = took.as_secs_f64();
         match c {
@@ -230,12 +232,11 @@ impl Metrics {
     }
 
     pub fn credits_saved(&self, team: &str, route: Route, credits: u64) {
-        match self.children.team(team) {
-            Some(t) => t.saved[route_index(route)].inc_by(credits),
-            None => self
-                .credits_saved_total
+        let r = route_index(route);
+        if self.children.with_team(team, |t| t.saved[r].inc_by(credits)).is_none() {
+            self.credits_saved_total
                 .with_label_values(&[team, route.as_str()])
-                .inc_by(credits),
+                .inc_by(credits);
         }
     }
 

@@ -16,7 +16,6 @@
 //! without one (issue 19: replicas herding on one search bought it twice).
 
 use super::{Cache, Entry};
-use crate::clock::now_ms;
 use crate::metrics::RedisOp;
 use crate::redis_backend::RedisBackend;
 use crate::route::Route;
@@ -143,12 +142,7 @@ impl Leases {
             return Peer::GaveUp;
         };
         let lease_key = self.key(cache_key);
-        let stored = || async {
-            cache
-                .lookup_redis(route, cache_key)
-                .await
-                .filter(|e| e.is_fresh(now_ms()))
-        };
+        let stored = || cache.fresh_in_redis(route, cache_key);
         let poll = || async {
             if let Some(entry) = stored().await {
                 return Ok(Peer::Stored(entry));

@@ -148,6 +148,12 @@ impl Cache {
         bytes.and_then(|b| Entry::decode(Bytes::from(b)))
     }
 
+    /// A fresh entry in L2, the tier peers store to: what a replica that
+    /// coalesces on another's lease accepts in place of buying the key.
+    pub async fn fresh_in_redis(&self, route: Route, key: &str) -> Option<Entry> {
+        self.lookup_redis(route, key).await.filter(|e| e.is_fresh(now_ms()))
+    }
+
     /// Stores in both tiers. L2 is awaited (bounded by its timeout) so that a
     /// replica waiting on the lease finds the entry as soon as we answer.
     pub async fn store(&self, key: &str, entry: Arc<Entry>) {

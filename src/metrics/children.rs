@@ -92,8 +92,3 @@ impl Children {
 pub(super) fn cache_index(cache: &str) -> Option<usize> {
     CACHE_STATES.iter().position(|c| *c == cache)
 }
-
-/// The index of a route in [`Route::ALL`] (its discriminant).
-pub(super) fn route_index(route: Route) -> usize {
-    route.index()
-}

@@ -50,8 +50,6 @@ pub struct Metrics {
     pub upstream_queue_wait_seconds: Histogram,
     /// Not in the contract table: open team connections.
     pub open_connections: Gauge,
-    /// Not in the contract table: cache answers by the tier that had them.
-    cache_hits_total: IntCounterVec,
     /// Not in the contract table: metered calls answered 402 without asking
     /// the upstream, because the org is out of credits.
     upstream_exhausted_total: IntCounterVec,
@@ -102,6 +100,8 @@ impl Metrics {
             "Time to answer a team request.",
             &["route", "cache"],
         );
+        // Not in the contract table: cache answers by the tier that had
+        // them. Recorded through its children only (`children.rs`).
         let cache_hits_total = counter(
             &r,
             "gateway_cache_hits_total",
@@ -225,7 +225,6 @@ impl Metrics {
                 r.register(Box::new(g.clone())).expect("unique metric");
                 g
             },
-            cache_hits_total,
             upstream_exhausted_total: counter(
                 &r,
                 "gateway_upstream_exhausted_total",
@@ -325,23 +324,16 @@ impl Metrics {
             self.upstream_request_duration_seconds.with_label_values(&[route]);
             self.coalesced_requests_total.with_label_values(&[route]);
             self.upstream_retries_total.with_label_values(&[route]);
-            for cache in CACHE_STATES {
-                self.request_duration_seconds.with_label_values(&[route, cache]);
-            }
-            for tier in TIERS {
-                self.cache_hits_total.with_label_values(&[route, tier]);
-            }
         }
+        // Durations and hits by route × cache state × tier exist since
+        // `new`; each team's 200s by route × cache state and its saved
+        // credits by route are created here, as the hit path's children.
         let teams: Vec<&str> = teams.into_iter().collect();
         self.children
             .set_teams(teams.iter().copied(), &self.requests_total, &self.credits_saved_total);
         for team in teams {
             for route in routes {
-                for cache in CACHE_STATES {
-                    self.requests_total.with_label_values(&[team, route, STATUS_OK, cache]);
-                }
                 self.credits_spent_total.with_label_values(&[team, route]);
-                self.credits_saved_total.with_label_values(&[team, route]);
             }
             for scope in SCOPES {
                 self.rate_limited_total.with_label_values(&[team, scope]);

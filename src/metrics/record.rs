@@ -4,7 +4,7 @@
 //! Team names are the one free-form label, and they come from config
 //! (validated as 1–64 of `[a-z0-9_-]`).
 
-use super::children::{cache_index, route_index};
+use super::children::cache_index;
 use super::Metrics;
 use crate::route::Route;
 use http::StatusCode;
@@ -171,7 +171,7 @@ impl Metrics {
     /// A team request answered; `cache` is its `X-Cache` state
     /// (`CacheState::as_str`, a fixed set of four).
     pub fn request(&self, team: &str, route: Route, status: StatusCode, cache: &'static str, took: Duration) {
-        let (r, c) = (route_index(route), cache_index(cache));
+        let (r, c) = (route.index(), cache_index(cache));
         let counted = match (status, c) {
             (StatusCode::OK, Some(c)) => self.children.with_team(team, |t| t.answered[r][c].inc()),
             _ => None,
@@ -203,7 +203,7 @@ impl Metrics {
     }
 
     pub fn cache_hit(&self, route: Route, tier: Tier) {
-        self.children.routes[route_index(route)].hits[tier as usize].inc();
+        self.children.routes[route.index()].hits[tier as usize].inc();
     }
 
     /// A tier's size as last observed.
@@ -232,7 +232,7 @@ impl Metrics {
     }
 
     pub fn credits_saved(&self, team: &str, route: Route, credits: u64) {
-        let r = route_index(route);
+        let r = route.index();
         if self.children.with_team(team, |t| t.saved[r].inc_by(credits)).is_none() {
             self.credits_saved_total
                 .with_label_values(&[team, route.as_str()])

@@ -133,7 +133,7 @@ async fn take_turn(app: &App, job: &Job, key: &str) -> Turn {
                 // key and released it, after our last look at the cache:
                 // one more look at L2 before paying.
                 if !job.no_cache {
-                    if let Some(entry) = stored_by_peer(app, job, key).await {
+                    if let Some(entry) = app.cache.fresh_in_redis(job.target.route, key).await {
                         lease.release().await;
                         return Turn::Stored(entry);
                     }
@@ -151,14 +151,6 @@ async fn take_turn(app: &App, job: &Job, key: &str) -> Turn {
             Acquired::Unavailable => return Turn::Buy(None),
         }
     }
-}
-
-/// A fresh entry in L2 (the tier peers store to; L1 was looked at already).
-async fn stored_by_peer(app: &App, job: &Job, key: &str) -> Option<Entry> {
-    app.cache
-        .lookup_redis(job.target.route, key)
-        .await
-        .filter(|e| e.is_fresh(now_ms()))
 }
 
 /// A cache entry as a fetch result: free for whoever it answers.

@@ -10,8 +10,9 @@ import lib
 import replay
 
 
-def clicks(args, tmp, redis, log, sim_key, app_tokens):
-    """`sim_key`: the simulator's key; `app_tokens`: each app's gateway token."""
+def clicks(p):
+    """The phase (`p`: a lib.Phase): its results."""
+    args, tmp, redis, log, sim_key, app_tokens = p.opts, p.tmp, p.redis, p.log, p.sim_key, p.app_tokens
     sim = lib.Sim(args.bin_dir, tmp, "sim-clicks", sim_key, 50, 150)
     samples = sim.samples()
     # Ids no search of the workload shows (it searches the small state's

@@ -23,6 +23,7 @@ import stat
 import subprocess
 import sys
 import tempfile
+from dataclasses import dataclass
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import lib  # noqa: E402
@@ -66,8 +67,21 @@ def count(pid, url, headers, secs, conns, dumps, h2=False):
     return int(m.group(1)), done
 
 
-def measure(bin_dir, tmp, sim, redis, url, body_file, names, secs, conns, h2, log=print):
+@dataclass
+class Page:
+    """What every target's count shares: the binaries, the work dir, the
+    simulator and Redis behind the gateways, and the page they all serve."""
+    bin_dir: str
+    tmp: str
+    sim: lib.Sim
+    redis: lib.Redis | None
+    url: str
+    body_file: str
+
+
+def measure(page, names, secs, conns, h2, log=print):
     """{name: instructions per request} for each target in `names`."""
+    bin_dir, tmp, sim, redis, url, body_file = page.bin_dir, page.tmp, page.sim, page.redis, page.url, page.body_file
     headers = {"X-API-Key": run.TOKEN}
     team = {"bench": run.TOKEN}
     out = {}
@@ -90,17 +104,19 @@ def measure(bin_dir, tmp, sim, redis, url, body_file, names, secs, conns, h2, lo
     return out
 
 
-def phase(args, tmp, redis, log, sim_key):
-    """The `instructions` phase of bench/run.py: HTTP/1.1 and h2c."""
+def phase(p):
+    """The `instructions` phase of bench/run.py: HTTP/1.1 and h2c (`p`: a
+    lib.Phase)."""
+    args, tmp, redis, log, sim_key = p.opts, p.tmp, p.redis, p.log, p.sim_key
     sim = lib.Sim(args.bin_dir, tmp, "sim-instr", sim_key, 0, 0)
     url, body = run.pick_page(sim)
     body_file = os.path.join(tmp, "instr-page.json")
     with open(body_file, "wb") as f:
         f.write(body)
     res = {"url": url, "body_bytes": len(body), "conns": 8, "secs": 4}
-    res["h1"] = measure(args.bin_dir, tmp, sim, redis, url, body_file, ["gateway", "gateway_redis_l2", "ceiling"],
-                        4, 8, False, log)
-    res["h2"] = measure(args.bin_dir, tmp, sim, redis, url, body_file, ["gateway", "ceiling"], 4, 8, True, log)
+    page = Page(args.bin_dir, tmp, sim, redis, url, body_file)
+    res["h1"] = measure(page, ["gateway", "gateway_redis_l2", "ceiling"], 4, 8, False, log)
+    res["h2"] = measure(page, ["gateway", "ceiling"], 4, 8, True, log)
     lib.stop(sim.proc)
     return res
 
@@ -136,7 +152,7 @@ def main():
     with open(body_file, "wb") as f:
         f.write(body)
     redis = lib.Redis(tmp) if "gateway_redis_l2" in args.only else None
-    res = measure(args.bin_dir, tmp, sim, redis, url, body_file, args.only, args.secs, args.conns, args.h2)
+    res = measure(Page(args.bin_dir, tmp, sim, redis, url, body_file), args.only, args.secs, args.conns, args.h2)
     lib.stop(sim.proc)
     if "ceiling" in res:
         for name, n in res.items():

@@ -26,6 +26,7 @@ import resource
 import shutil
 import subprocess
 import sysconfig
+from dataclasses import dataclass
 
 import lib
 
@@ -96,7 +97,19 @@ def vus_for(rate):
     return max(64, min(400, rate // 100))
 
 
-def run_k6(k6, script, tmp, label, url, token, rate, secs, warmup):
+@dataclass
+class Schedule:
+    """What every fixed-rate run shares: the work dir, the gateway token, the
+    measured and warm-up seconds, and oha's connections."""
+    tmp: str
+    token: str
+    secs: int
+    warmup: int
+    conns: int
+
+
+def run_k6(k6, script, sched, label, url, rate):
+    tmp, token, secs, warmup = sched.tmp, sched.token, sched.secs, sched.warmup
     out = os.path.join(tmp, f"k6-{label}.json")
     vus = vus_for(rate)
     env = dict(os.environ, URL=url, TOKEN=token, RATE=str(rate), SECS=str(secs), WARMUP=str(warmup),
@@ -134,9 +147,10 @@ def oha_binary():
     return found if os.path.exists(found) else None
 
 
-def run_oha(oha, tmp, label, url, token, rate, secs, warmup, conns):
+def run_oha(oha, sched, label, url, rate):
     """A warm-up run, then the measured one; returns the same fields as
     run_k6 (`dropped` is None: oha queues instead, inside the latency)."""
+    tmp, token, secs, warmup, conns = sched.tmp, sched.token, sched.secs, sched.warmup, sched.conns
     base = [oha, "-q", str(rate), "--latency-correction", "-c", str(conns), "--no-tui", "--output-format", "json",
             "--wait-ongoing-requests-after-deadline", "-H", f"X-API-Key: {token}"]
     subprocess.run([*base[:1], "-z", f"{warmup}s", *base[1:], url], capture_output=True, timeout=warmup + 60,
@@ -182,9 +196,11 @@ def nginx_max(res_hit, ran_hit, nginx, url, headers, secs, log):
     return r["rps"], f"wrk -c64 -d{secs}s"
 
 
-def latency(args, tmp, res_hit, ran_hit, log, sim_key, token, pick_page):
-    """`res_hit`: the hit phase's result (if any); `ran_hit`: it ran in this
-    invocation; `pick_page`: run.pick_page."""
+def latency(p):
+    """The phase (`p`: a lib.Phase; `p.hit`: the hit phase's result, if any;
+    `p.ran_hit`: it ran in this invocation)."""
+    args, tmp, log, sim_key, token, pick_page = p.opts, p.tmp, p.log, p.sim_key, p.token, p.pick_page
+    res_hit, ran_hit = p.hit, p.ran_hit
     k6, oha = k6_binary(), oha_binary()
     if not oha:
         log("  oha is not installed (cargo install oha): k6 only")
@@ -205,6 +221,7 @@ def latency(args, tmp, res_hit, ran_hit, log, sim_key, token, pick_page):
     with open(script, "w") as f:
         f.write(K6_SCRIPT)
     secs, warmup = args.latency_secs, args.latency_warmup
+    sched = Schedule(tmp=tmp, token=token, secs=secs, warmup=warmup, conns=args.latency_conns)
     out = {"url": url, "body_bytes": len(body), "nginx_max": max_rps, "nginx_max_source": source,
            "secs": secs, "warmup": warmup, "conns": args.latency_conns, "rows": []}
     k6_limited = False
@@ -212,10 +229,9 @@ def latency(args, tmp, res_hit, ran_hit, log, sim_key, token, pick_page):
         rate = max(1, round(max_rps * frac))
         runners = {}
         if not k6_limited:
-            runners["k6"] = lambda label, u, r=rate: run_k6(k6, script, tmp, label, u, token, r, secs, warmup)
+            runners["k6"] = lambda label, u, r=rate: run_k6(k6, script, sched, label, u, r)
         if oha:
-            runners["oha"] = lambda label, u, r=rate: run_oha(oha, tmp, label, u, token, r, secs, warmup,
-                                                              args.latency_conns)
+            runners["oha"] = lambda label, u, r=rate: run_oha(oha, sched, label, u, r)
         for gen, run in runners.items():
             row = {"fraction": frac, "offered": rate, "generator": gen, "targets": {}}
             for name, t in targets.items():

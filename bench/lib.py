@@ -2,7 +2,10 @@
 
 Everything here binds to 127.0.0.1 only, starts children in their own
 process group and kills exactly those groups at exit; every wait is bounded.
+`Options` and `Phase` are what every phase of bench/run.py takes.
 """
+
+from __future__ import annotations
 
 import atexit
 import hashlib
@@ -16,6 +19,8 @@ import subprocess
 import threading
 import time
 import urllib.request
+from dataclasses import dataclass, field, fields
+from typing import Callable
 
 CHILDREN = []
 
@@ -445,3 +450,70 @@ class Varnish:
                           os.path.join(tmp, f"varnish-{name}.log"))
         self.base = f"http://127.0.0.1:{self.port}"
         wait_port(self.port, timeout=60)
+
+
+# --- what a phase takes --------------------------------------------------------
+
+
+@dataclass
+class Options:
+    """bench/run.py's command line, typed (`run.py --help` says what each is)."""
+    bin_dir: str
+    secs: int
+    rounds: int
+    conns: list[int]
+    seed: int
+    mem_entries: int
+    mem_cap: int
+    out: str
+    replica_secs: int
+    replica_herd_secs: int
+    replica_clients: int
+    replica_cpu_share: str
+    replica_hit_conns: int
+    replica_miss_conns: int
+    latency_secs: int
+    latency_warmup: int
+    latency_rates: list[float]
+    latency_conns: int
+    h2_secs: int
+    h2_conns: int
+    h2_streams: int
+    only: list[str]
+
+    @classmethod
+    def from_args(cls, args) -> Options:
+        """From argparse's namespace (which may hold more than the phases use)."""
+        return cls(**{f.name: getattr(args, f.name) for f in fields(cls)})
+
+
+@dataclass
+class Phase:
+    """Everything one phase of bench/run.py needs, in one object."""
+    opts: Options
+    # The run's work dir: configs, logs, scripts, certificates.
+    tmp: str
+    log: Callable[..., None]
+    # The simulator's upstream key.
+    sim_key: str
+    # The gateway token of the one-team phases.
+    token: str
+    # Each app's gateway token (credits, clicks).
+    app_tokens: dict[str, str]
+    # The wrk script of distinct searches (miss, replicas).
+    miss_lua: str
+    # The ~6 KB hit page every hit comparison uses: sim -> (path?query, body).
+    pick_page: Callable[[Sim], tuple[str, bytes]]
+    # The hit phase's result (latency sizes its rates by nginx's max), and
+    # whether it ran in this invocation rather than coming from latest.json.
+    hit: dict | None = None
+    ran_hit: bool = False
+    _redis: Redis | None = field(default=None, init=False, repr=False)
+
+    @property
+    def redis(self) -> Redis:
+        """The shared standalone redis-server, started on first use: a phase
+        that needs none (`--only memory`) runs without redis-server."""
+        if self._redis is None:
+            self._redis = Redis(self.tmp)
+        return self._redis

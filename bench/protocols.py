@@ -140,8 +140,9 @@ def _page(args, tmp, name, sim_key, pick_page):
 NGINX_KEEPALIVE = ["keepalive_requests 100000000;"]
 
 
-def h2(args, tmp, log, sim_key, token, pick_page):
-    """h2c: gateway, nginx, ceiling."""
+def h2(p):
+    """h2c: gateway, nginx, ceiling (`p`: a lib.Phase)."""
+    args, tmp, log, sim_key, token, pick_page = p.opts, p.tmp, p.log, p.sim_key, p.token, p.pick_page
     sim, url, body, body_file = _page(args, tmp, "h2", sim_key, pick_page)
     h2c_port = lib.free_port()
     targets = {
@@ -172,8 +173,10 @@ def self_signed(tmp):
     return cert, key
 
 
-def tls(args, tmp, log, sim_key, token, pick_page):
-    """TLS: gateway (rustls) and nginx (OpenSSL), h2 by ALPN and HTTP/1.1."""
+def tls(p):
+    """TLS: gateway (rustls) and nginx (OpenSSL), h2 by ALPN and HTTP/1.1
+    (`p`: a lib.Phase)."""
+    args, tmp, log, sim_key, token, pick_page = p.opts, p.tmp, p.log, p.sim_key, p.token, p.pick_page
     sim, url, body, _ = _page(args, tmp, "tls", sim_key, pick_page)
     cert, key = self_signed(tmp)
     tls_port = lib.free_port()
@@ -190,8 +193,8 @@ def tls(args, tmp, log, sim_key, token, pick_page):
         out["flags"][mode] = " ".join(h2load_flags(args, h1))
         out["results"][mode] = rounds(args, {n: (b + url, token, h1) for n, b in bases.items()}, log,
                                       f"tls {mode}")
-    for p in (gw.proc, nginx.proc, sim.proc):
-        lib.stop(p)
+    for proc in (gw.proc, nginx.proc, sim.proc):
+        lib.stop(proc)
     return out
 
 

@@ -28,6 +28,7 @@ import subprocess
 import time
 import urllib.parse
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 
 import lib
 
@@ -151,7 +152,20 @@ def upstream_count(sim, timeout=10):
     return last, len({(e["path"], e["query"]) for e in entries})
 
 
-def one_run(gws, load, url, conns, secs, token, script, geo, offset, clients, herd=False):
+@dataclass
+class Walk:
+    """What every load run of the phase shares."""
+    # The hit page.
+    url: str
+    # The miss walk's area and wrk script (run.MISS_LUA).
+    geo: str
+    script: str
+    token: str
+    # wrk processes (-t1) per run, the same for every setup.
+    clients: int
+
+
+def one_run(gws, walk, load, conns, secs, offset, herd=False):
     """All replicas of one setup under load at once; one result row.
 
     The load generator is the same for every setup: `clients` wrk processes
@@ -159,6 +173,7 @@ def one_run(gws, load, url, conns, secs, token, script, geo, offset, clients, he
     one replica does not get one wrk thread where three get three. Misses:
     every client walks its own searches, or with `herd` the clients of
     different replicas walk the same ones at once."""
+    url, geo, script, token, clients = walk.url, walk.geo, walk.script, walk.token, walk.clients
     n = len(gws)
     jobs = []
     for j, c in enumerate(split(conns, clients)):
@@ -179,10 +194,12 @@ def one_run(gws, load, url, conns, secs, token, script, geo, offset, clients, he
             "per_replica": [round(sum(r["rps"] for r in rs[i::n])) for i in range(n)]}
 
 
-def measure(targets, load, args, sim, token, script, log):
+def measure(p, targets, load, sim, script):
     """`load` ("hit_l1", "hit_redis" or "miss") on every setup, rounds
     interleaved; for misses, upstream requests against distinct queries."""
-    url, geo = hit_url(sim), sim.samples()["state"]
+    args, log = p.opts, p.log
+    walk = Walk(url=hit_url(sim), geo=sim.samples()["state"], script=script, token=p.token,
+                clients=args.replica_clients)
     conns = args.replica_hit_conns if load.startswith("hit") else args.replica_miss_conns
     runs = {name: [] for name in targets}
     upstream = {name: {"requests": 0, "distinct": 0} for name in targets}
@@ -192,8 +209,7 @@ def measure(targets, load, args, sim, token, script, log):
             offset += 1_000_000
             if load == "miss":
                 sim.reset()
-            r = one_run(gws, load, url, conns, args.replica_secs, token, script, geo, offset,
-                        args.replica_clients)
+            r = one_run(gws, walk, load, conns, args.replica_secs, offset)
             if load == "miss":
                 requests, distinct = upstream_count(sim)
                 upstream[name]["requests"] += requests
@@ -202,7 +218,7 @@ def measure(targets, load, args, sim, token, script, log):
                 f"p50 {r['p50']:.2f} p99 {r['p99']:.2f} ms bad {r['bad']}")
             runs[name].append(r)
     if load == "miss":
-        herd(targets, args, sim, token, script, geo, offset, upstream, log)
+        herd(p, targets, sim, walk, offset, upstream)
     out = {}
     for name, rs in runs.items():
         out[name] = {"rps": statistics.median([r["rps"] for r in rs]),
@@ -215,16 +231,16 @@ def measure(targets, load, args, sim, token, script, log):
     return out
 
 
-def herd(targets, args, sim, token, script, geo, offset, upstream, log):
+def herd(p, targets, sim, walk, offset, upstream):
     """The cross-replica check, into `upstream`: the same searches asked of
     every replica at once must still be bought once each."""
+    args, log = p.opts, p.log
     for name, gws in targets.items():
         if len(gws) < 2:
             continue
         offset += 1_000_000
         sim.reset()
-        r = one_run(gws, "miss", None, args.replica_miss_conns, args.replica_herd_secs, token, script, geo,
-                    offset, args.replica_clients, herd=True)
+        r = one_run(gws, walk, "miss", args.replica_miss_conns, args.replica_herd_secs, offset, herd=True)
         requests, distinct = upstream_count(sim)
         upstream[name]["herd"] = {"requests": requests, "distinct": distinct, "rps": round(r["rps"]),
                                   "bad": r["bad"]}
@@ -232,9 +248,10 @@ def herd(targets, args, sim, token, script, geo, offset, upstream, log):
             f"{distinct} distinct searches, bad {r['bad']}")
 
 
-def replicas(args, tmp, redis, log, sim_key, token, miss_lua):
-    """The phase: returns its results (and the knobs it ran with, for the
-    table)."""
+def replicas(p):
+    """The phase (`p`: a lib.Phase): returns its results (and the knobs it
+    ran with, for the table)."""
+    args, tmp, redis, log, sim_key, token, miss_lua = p.opts, p.tmp, p.redis, p.log, p.sim_key, p.token, p.miss_lua
     started = time.time()
     sim = lib.Sim(args.bin_dir, tmp, "sim-replicas", sim_key, 0, 0)
     cluster = Cluster(tmp)
@@ -254,12 +271,12 @@ def replicas(args, tmp, redis, log, sim_key, token, miss_lua):
         targets = setups(args, tmp, sim, urls, memory, token)
         warm(targets, hit_url(sim), token)
         for load in loads:
-            out[load] = measure(targets, load, args, sim, token, script, log)
+            out[load] = measure(p, targets, load, sim, script)
         for gws in targets.values():
             for g in gws:
                 lib.stop(g.proc)
-    for p in cluster.ports:
-        Cluster.cli(p, "SHUTDOWN", "NOSAVE")
+    for port in cluster.ports:
+        Cluster.cli(port, "SHUTDOWN", "NOSAVE")
     lib.stop(sim.proc)
     out["took_secs"] = round(time.time() - started)
     return out

@@ -46,6 +46,20 @@ TOKEN = "pgw_bench_team_token"
 APPS = ["dashboard", "search_ui", "export", "mobile", "reports"]
 APP_TOKENS = {a: f"pgw_bench_{a}_token" for a in APPS}
 PHASES = ["hit", "miss", "memory", "credits", "clicks", "replicas", "latency", "h2", "tls", "instructions"]
+# The programs each phase runs besides python3 and the workspace's binaries:
+# bench/run.sh checks only those of the phases asked for (`--needs`).
+TOOLS = {
+    "hit": ["wrk", "nginx", "varnishd", "redis-server"],
+    "miss": ["wrk", "redis-server"],
+    "memory": [],
+    "credits": ["nginx", "redis-server", "redis-cli"],
+    "clicks": ["nginx", "redis-server"],
+    "replicas": ["wrk", "redis-server", "redis-cli"],
+    "latency": ["k6", "wrk", "nginx"],
+    "h2": ["h2load", "nginx", "curl"],
+    "tls": ["h2load", "nginx", "curl", "openssl"],
+    "instructions": ["valgrind", "callgrind_control", "wrk", "h2load", "redis-server"],
+}
 
 
 def log(*a):
@@ -74,7 +88,9 @@ def pick_page(sim):
     return best
 
 
-def hit_path(args, tmp, sim, redis):
+def hit_path(p):
+    args, tmp, redis = p.opts, p.tmp, p.redis
+    sim = lib.Sim(args.bin_dir, tmp, "sim-hit", SIM_KEY, 50, 150)
     url, body = pick_page(sim)
     body_file = os.path.join(tmp, "page.json")
     with open(body_file, "wb") as f:
@@ -128,6 +144,7 @@ def hit_path(args, tmp, sim, redis):
         out["info"][conns] = {"rps": r["rps"], "p50": r["p50"], "p99": r["p99"]}
     for t in targets.values():
         lib.stop(t.proc)
+    lib.stop(sim.proc)
     return out
 
 
@@ -152,7 +169,8 @@ end
 """
 
 
-def miss_path(args, tmp, redis):
+def miss_path(p):
+    args, tmp, redis = p.opts, p.tmp, p.redis
     sim = lib.Sim(args.bin_dir, tmp, "sim-miss", SIM_KEY, 0, 0)
     s = sim.samples()
     script = os.path.join(tmp, "miss.lua")
@@ -181,8 +199,8 @@ def miss_path(args, tmp, redis):
                      "p90": median([r["p90"] for r in rs]), "rps": median([r["rps"] for r in rs]),
                      "bad": sum(r["non2xx"] + r["errors"] for r in rs)}
     out["gateway_hits_during_miss_test"] = hits
-    for p in (gw.proc, gw_redis.proc, sim.proc):
-        lib.stop(p)
+    for proc in (gw.proc, gw_redis.proc, sim.proc):
+        lib.stop(proc)
     return out
 
 
@@ -218,7 +236,8 @@ def settle_rss(pid):
     return lib.rss(pid)
 
 
-def memory(args, tmp):
+def memory(p):
+    args, tmp = p.opts, p.tmp
     sim = lib.Sim(args.bin_dir, tmp, "sim-mem", SIM_KEY, 0, 0)
     s = sim.samples()
     team = {"bench": TOKEN}
@@ -262,7 +281,8 @@ def memory(args, tmp):
 # --- 4. credits --------------------------------------------------------------
 
 
-def credits(args, tmp, redis):
+def credits(p):
+    args, tmp, redis = p.opts, p.tmp, p.redis
     sim = lib.Sim(args.bin_dir, tmp, "sim-credits", SIM_KEY, 50, 150)
     samples = sim.samples()
     ticks, styles = replay.generate(args.seed, samples)
@@ -287,8 +307,8 @@ def credits(args, tmp, redis):
     out["gateway_cache_keys"] = redis.count("pgw-credits:c:*") - redis.count("pgw-credits:c:permits_by_id:*")
     out["gateway_upstream_requests_metric"] = sum(
         v for k, v in gw.metrics().items() if k.startswith("gateway_upstream_requests_total"))
-    for p in (gw.proc, nginx.proc, sim.proc):
-        lib.stop(p)
+    for proc in (gw.proc, nginx.proc, sim.proc):
+        lib.stop(proc)
     return out
 
 
@@ -413,8 +433,8 @@ def table(res, args):
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--bin-dir", required=True)
+    ap = argparse.ArgumentParser(description="The benchmark comparison (bench/run.sh builds, then runs this).")
+    ap.add_argument("--bin-dir", help="where the dist build's binaries are (required unless --needs)")
     ap.add_argument("--secs", type=int, default=int(os.environ.get("BENCH_SECS", "8")))
     ap.add_argument("--rounds", type=int, default=int(os.environ.get("BENCH_ROUNDS", "2")))
     ap.add_argument("--conns", type=int, nargs="+", default=[8, 64])
@@ -444,15 +464,22 @@ def main():
     ap.add_argument("--h2-conns", type=int, default=64, help="h2load -c")
     ap.add_argument("--h2-streams", type=int, default=10, help="h2load -m over HTTP/2")
     ap.add_argument("--only", nargs="*", choices=PHASES, default=PHASES)
+    ap.add_argument("--needs", action="store_true",
+                    help="print the programs the chosen phases run, one a line, and exit (bench/run.sh checks them)")
     args = ap.parse_args()
+    if args.needs:
+        print("\n".join(sorted({tool for phase in args.only for tool in TOOLS[phase]})))
+        return
+    if not args.bin_dir:
+        ap.error("--bin-dir is required")
     # 15 runs a round (5 setups x 3 loads): half of BENCH_SECS keeps the
     # phase near two and a half minutes at the defaults.
     args.replica_secs = args.replica_secs or max(2, args.secs // 2)
+    args = lib.Options.from_args(args)
     os.makedirs(args.out, exist_ok=True)
     tmp = tempfile.mkdtemp(prefix="pgw-bench-")
     log(f"work dir {tmp}")
     started = time.time()
-    redis = lib.Redis(tmp)
     res = {}
     prev = os.path.join(args.out, "latest.json")
     if set(args.only) != set(PHASES) and os.path.exists(prev):
@@ -465,40 +492,40 @@ def main():
                     res["hit"][sect][k] = {int(c): x for c, x in v.items()}
                 elif k.isdigit():
                     res["hit"][sect][int(k)] = res["hit"][sect].pop(k)
+    phase = lib.Phase(opts=args, tmp=tmp, log=log, sim_key=SIM_KEY, token=TOKEN, app_tokens=APP_TOKENS,
+                      miss_lua=MISS_LUA, pick_page=pick_page)
     if "hit" in args.only:
         log("1. hit path")
-        sim = lib.Sim(args.bin_dir, tmp, "sim-hit", SIM_KEY, 50, 150)
-        res["hit"] = hit_path(args, tmp, sim, redis)
-        lib.stop(sim.proc)
+        res["hit"] = hit_path(phase)
     if "miss" in args.only:
         log("2. miss path")
-        res["miss"] = miss_path(args, tmp, redis)
+        res["miss"] = miss_path(phase)
     if "memory" in args.only:
         log("3. memory")
-        res["memory"] = memory(args, tmp)
+        res["memory"] = memory(phase)
     if "credits" in args.only:
         log("4. credits")
-        res["credits"] = credits(args, tmp, redis)
+        res["credits"] = credits(phase)
     if "clicks" in args.only:
         log("5. clicks")
-        res["clicks"] = click_replay.clicks(args, tmp, redis, log, SIM_KEY, APP_TOKENS)
+        res["clicks"] = click_replay.clicks(phase)
     if "replicas" in args.only:
         log("6. replicas")
-        res["replicas"] = replica_bench.replicas(args, tmp, redis, log, SIM_KEY, TOKEN, MISS_LUA)
+        res["replicas"] = replica_bench.replicas(phase)
     if "latency" in args.only:
         log("7. latency at a fixed rate (k6, oha)")
-        res["latency"] = fixed_rate.latency(args, tmp, res.get("hit"), "hit" in args.only, log, SIM_KEY, TOKEN,
-                                            pick_page)
+        phase.hit, phase.ran_hit = res.get("hit"), "hit" in args.only
+        res["latency"] = fixed_rate.latency(phase)
     if "h2" in args.only:
         log("8. HTTP/2 cleartext (h2load)")
-        res["h2"] = protocols.h2(args, tmp, log, SIM_KEY, TOKEN, pick_page)
+        res["h2"] = protocols.h2(phase)
     if "tls" in args.only:
         log("9. TLS (h2load)")
-        res["tls"] = protocols.tls(args, tmp, log, SIM_KEY, TOKEN, pick_page)
+        res["tls"] = protocols.tls(phase)
     if "instructions" in args.only:
         log("10. instructions per hit (callgrind)")
         import instructions  # noqa: E402  (imports run: not at the top)
-        res["instructions"] = instructions.phase(args, tmp, redis, log, SIM_KEY)
+        res["instructions"] = instructions.phase(phase)
     res["took_secs"] = round(time.time() - started)
     with open(os.path.join(args.out, "latest.json"), "w") as f:
         json.dump(res, f, indent=1, default=str)

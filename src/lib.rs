@@ -18,7 +18,8 @@
 //! - [`cache`]: normalized keys, L1 moka + L2 Redis, staleness; coalescing
 //!   in process (`cache::flight`) and across replicas (`cache::lease`); the
 //!   record tier (`cache::records`) that answers id lookups record by record
-//!   (`proxy::by_id`).
+//!   (`proxy::by_id`); the memo of parsed request targets (`cache::parsed`)
+//!   and the keys refreshed in the background (`cache::refresh`).
 //! - [`clock`]: wall-clock milliseconds, the one clock the modules share.
 //! - [`redis_backend`]: a Redis connection (standalone or Cluster) with
 //!   timeouts and a breaker (one each for the cache, the ledger and the
@@ -33,6 +34,10 @@
 //! - [`metrics`]: every metric name, recorded through typed methods.
 //! - [`telemetry`]: logs (human or JSON), one access-log line per request.
 //! - [`demo`]: the newcomer's one command.
+//!
+//! Imports run one way: [`run`] hands [`server`] the handlers of [`proxy`]
+//! and [`admin`]; those two use [`app`]; [`app`] holds only state defined
+//! below them (`cache`, `ledger`, `scheduler`, ...) and imports neither.
 //!
 //! # The life of a request
 //! The phases of [`proxy`], numbered in the order the code runs them:

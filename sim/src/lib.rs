@@ -1,9 +1,9 @@
 //! `permit-api-sim`: a faithful, deterministic stand-in for the paid permit
-//! data upstream described in `shared/upstream-api.md`, for tests, the demo
-//! and benchmarks.
+//! data upstream described in `docs/vendor-api.md`, for tests, the demo and
+//! benchmarks.
 //!
-//! It serves all 34 `/v2` operations of the vendor's OpenAPI (the seed spec
-//! `upstream-api.md` decides where it speaks) from a seeded synthetic
+//! It serves all 34 `/v2` operations of the vendor's OpenAPI (the vendor's
+//! interface specification decides where it speaks) from a seeded synthetic
 //! dataset, meters credits like the real service (headers, rolling 30-day
 //! window, 402), validates queries with FastAPI/Pydantic-v2-shaped 422s,
 //! rate-limits with 429 + `Retry-After`, and can inject faults. It counts what

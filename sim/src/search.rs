@@ -1,6 +1,6 @@
-//! Permit search, contractor search and a contractor's permits: the filters of
-//! `upstream-research.md` §1.1 (combined with AND) over the precomputed area
-//! indexes, so a page only walks the permits of its area.
+//! Permit search, contractor search and a contractor's permits: the filters
+//! of `docs/vendor-api.md`, "Search filters" (combined with AND), over the
+//! precomputed area indexes, so a page only walks the permits of its area.
 
 use crate::dataset::names::{PROPERTY_TYPES, STATUSES};
 use crate::dataset::{Contractor, Dataset, Permit};

@@ -3,7 +3,8 @@
 //!
 //! How each parameter is read comes from the route table
 //! ([`crate::route::table`]). What is normalized, and why each is provably
-//! equal for the upstream (FastAPI + Pydantic v2, per `upstream-research.md`):
+//! equal for the upstream (FastAPI + Pydantic v2, per `docs/vendor-api.md`,
+//! "How the upstream reads a query"):
 //! - parameter order: FastAPI reads parameters by name;
 //! - set-valued filters (`permit_tags`, `permit_status`, `property_type`,
 //!   `contractor_classification_derived` on the two searches): sorted and

@@ -12,7 +12,9 @@ pub mod entry;
 pub mod flight;
 pub mod key;
 pub mod lease;
+pub mod parsed;
 pub mod records;
+pub mod refresh;
 
 pub use entry::Entry;
 

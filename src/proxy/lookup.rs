@@ -1,9 +1,9 @@
 //! The cache lookup phase (7): which cached entries a request accepts, and
-//! as what (the response itself is shaped in `respond`).
+//! as what (the response itself is shaped in `respond`; the keys refreshed
+//! in the background lately are in [`crate::cache::refresh`]).
 
 use crate::cache::control::Directives;
 use crate::cache::Entry;
-use std::time::Duration;
 
 /// How a cached entry may answer this request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -35,42 +35,12 @@ pub fn usable(entry: &Entry, d: &Directives, revalidate_secs: u64, now: u64) -> 
     }
 }
 
-/// How long a key that was refreshed in the background is not refreshed
-/// again. A refresh that stores nothing (the upstream said `no-store`, the
-/// answer was too large, the call failed) would otherwise start another
-/// paid refresh on every request that finds the stale entry.
-pub const REFRESH_EVERY: Duration = Duration::from_secs(60);
-
-/// The keys refreshed in the background within [`REFRESH_EVERY`].
-pub struct Refreshes(moka::future::Cache<String, ()>);
-
-impl Refreshes {
-    pub fn new() -> Refreshes {
-        Refreshes(
-            moka::future::Cache::builder()
-                .max_capacity(100_000)
-                .time_to_live(REFRESH_EVERY)
-                .build(),
-        )
-    }
-
-    /// True for the one caller that may start this key's refresh now.
-    pub async fn claim(&self, key: &str) -> bool {
-        self.0.entry(key.to_string()).or_insert(()).await.is_fresh()
-    }
-}
-
-impl Default for Refreshes {
-    fn default() -> Self {
-        Refreshes::new()
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::route::Route;
     use bytes::Bytes;
+    use std::time::Duration;
 
     fn entry(ttl_secs: u64) -> Entry {
         let mut e = Entry::new(

@@ -19,19 +19,16 @@ mod context;
 mod credits;
 mod fetch;
 mod lookup;
-mod parsed;
 mod respond;
 mod usage;
 
 pub use context::{CacheState, RequestContext};
-pub use lookup::Refreshes;
-pub use parsed::ParsedTargets;
 
 use crate::app::App;
 use crate::auth::Team;
 use crate::cache::control::Directives;
 use crate::cache::flight::Fetched;
-use crate::cache::{key, Entry};
+use crate::cache::{key, parsed, Entry};
 use crate::clock::now_ms;
 use crate::error::GatewayError;
 use crate::http_util::{request_id, Body, X_REQUEST_ID};
@@ -253,9 +250,11 @@ fn admit<B>(app: &App, req: &Request<B>) -> Result<(), GatewayError> {
 
 /// Whether a found entry answers this request, and as what. An entry within
 /// the stale-while-revalidate window answers at once and starts one
-/// background refresh per key and [`lookup::REFRESH_EVERY`], paid by this
+/// background refresh per key and [`REFRESH_EVERY`], paid by this
 /// team like a miss (its cost shows in the team's usage and in the
 /// refresh's own access-log line, not in this free answer).
+///
+/// [`REFRESH_EVERY`]: crate::cache::refresh::REFRESH_EVERY
 async fn accept_cached(
     app: &Arc<App>,
     entry: &Entry,

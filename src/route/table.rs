@@ -16,7 +16,7 @@ use super::Route;
 use std::sync::LazyLock;
 
 /// What one call of an operation costs the org, by the upstream's metering
-/// (`upstream-research.md`, "Credits").
+/// (`docs/vendor-api.md`, "Credits").
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Cost {
     /// No credit headers, nothing billed: never reserved, never refused for

@@ -4,6 +4,12 @@
 //! `Config` structs (serialized, `None` included), the defaults from the
 //! compiled-in `config/defaults.toml`. Also: the example config and the Helm
 //! chart's rendered configs pass validation (the chart when `helm` is on PATH).
+//! And every repository path a doc or a comment cites exists
+//! ([`cited_paths`]); imports between the modules of `src/` run one way, as
+//! the crate doc says ([`imports`]).
+
+mod cited_paths;
+mod imports;
 
 use permit_gateway::config::{Config, Source, DEFAULTS_TOML};
 use std::collections::BTreeSet;

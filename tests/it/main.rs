@@ -21,5 +21,4 @@ mod rate;
 mod records;
 mod request_surface;
 mod routes;
-mod sim;
 mod vendor;

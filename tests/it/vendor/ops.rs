@@ -7,7 +7,7 @@ use crate::support::sim::{Samples, Sim};
 use serde_json::Value;
 
 /// One vendor operation: its OpenAPI path, a concrete request, and whether
-/// the vendor bills it per record (`upstream-research.md` §3 "Credits").
+/// the vendor bills it per record (`docs/vendor-api.md`, "Credits").
 pub struct Op {
     pub spec_path: &'static str,
     pub url: String,

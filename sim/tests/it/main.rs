@@ -1,4 +1,8 @@
-//! The upstream simulator's own behaviour, over real HTTP against `start_sim`.
+//! The upstream simulator's own behaviour, over real HTTP against
+//! `start_sim`: one test binary of the `permit-api-sim` crate, without the
+//! gateway (`cargo test -p permit-api-sim`).
+
+mod support;
 
 mod control;
 mod credits;

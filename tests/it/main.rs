@@ -22,4 +22,5 @@ mod records;
 mod request_surface;
 mod routes;
 mod sim;
+mod spend;
 mod vendor;

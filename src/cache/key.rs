@@ -98,6 +98,12 @@ pub fn cache_key(target: &Target) -> String {
 /// that has that text as its own key.
 const COMPLETE_VERSION: &str = "k1c";
 
+/// Whether `key` is a complete-page index ([`complete_key`]).
+pub fn is_complete_index(key: &str) -> bool {
+    key.strip_prefix(COMPLETE_VERSION)
+        .is_some_and(|rest| rest.starts_with(' '))
+}
+
 /// The path and normalized query of a key; `None` for a verbatim
 /// (undecodable) query, which is never shared.
 fn key_parts(key: &str) -> Option<(&str, &str)> {
@@ -346,7 +352,8 @@ mod tests {
         assert_ne!(complete("geo_id=CA&size=10"), complete("geo_id=TX&size=10"));
         assert_ne!(complete("geo_id=CA"), complete("geo_id=CA&include_count=true"));
         assert_ne!(complete("geo_id=CA&cursor=a"), complete("geo_id=CA&cursor=b"));
-        assert!(complete("geo_id=CA").starts_with("k1c "), "a key space of its own");
+        assert!(is_complete_index(&complete("geo_id=CA")), "a key space of its own");
+        assert!(!is_complete_index(&permits("geo_id=CA")));
         assert_ne!(complete("geo_id=CA"), permits("geo_id=CA"));
         let counted = |q: &str| counted_key(Route::PermitsSearch, &permits(q));
         assert_eq!(

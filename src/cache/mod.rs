@@ -107,12 +107,15 @@ impl Cache {
     }
 
     /// The Redis key of an entry; the route in it lets purge find a route's
-    /// keys. The `{hash}` tag puts it in its lease's Cluster slot.
+    /// keys. The `{hash}` tag puts it in its lease's Cluster slot. A
+    /// complete-page index ([`spend`]) is marked `i:`, so that it can be
+    /// counted apart from the answers bought.
     fn redis_key(&self, route: Route, key: &str) -> String {
         format!(
-            "{}c:{}:{{{}}}",
+            "{}c:{}:{}{{{}}}",
             self.prefix,
             route.as_str(),
+            if key::is_complete_index(key) { "i:" } else { "" },
             hex::encode(Sha256::digest(key.as_bytes()))
         )
     }

@@ -12,7 +12,8 @@
 //! and then records metrics and one access-log line for every request.
 //! Phases 8–13 are in [`fetch`], credits in [`credits`], the shaping of
 //! every answer in [`respond`]; an id lookup takes phases 7–15 record by
-//! record in [`by_id`].
+//! record in [`by_id`]; answers held by another key's page (7b) and pages
+//! clamped to a team's remaining credits (8a) in [`spend`].
 
 mod by_id;
 mod context;

@@ -303,8 +303,11 @@ def credits(p):
     # One upstream request per distinct normalized query: every upstream
     # answer was a cacheable 200 stored under its normalized key in Redis.
     # Records filed by the pages (issue 16) live under permits_by_id; this
-    # workload makes no id lookups, so every key there is a record.
-    out["gateway_cache_keys"] = redis.count("pgw-credits:c:*") - redis.count("pgw-credits:c:permits_by_id:*")
+    # workload makes no id lookups, so every key there is a record. Complete
+    # pages are filed a second time under a size-free index (`c:<route>:i:`,
+    # issue 28): not an answer bought, so not counted.
+    out["gateway_cache_keys"] = (redis.count("pgw-credits:c:*") - redis.count("pgw-credits:c:permits_by_id:*")
+                                 - redis.count("pgw-credits:c:*:i:*"))
     out["gateway_upstream_requests_metric"] = sum(
         v for k, v in gw.metrics().items() if k.startswith("gateway_upstream_requests_total"))
     for proc in (gw.proc, nginx.proc, sim.proc):

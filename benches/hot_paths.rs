@@ -55,6 +55,7 @@ fn token_lookup(c: &mut Criterion) {
             token_sha256: token_sha256_hex(&format!("pgw_token_of_team_{i:02}")),
             credit_limit: Some(100_000),
             requests_per_minute: None,
+            clamp_to_budget: false,
         })
         .collect();
     let teams = Teams::from_config(&configs);

@@ -22,6 +22,8 @@ pub struct Team {
     pub credit_limit: Option<u64>,
     /// The team's own request rate; `None` is no limit of its own.
     pub requests_per_minute: Option<u32>,
+    /// `clamp_to_budget`: pages clamped to the remaining credits.
+    pub clamp_to_budget: bool,
     /// Enforces `requests_per_minute` (docs/design.md §2 step 4). Rebuilt on reload.
     pub limiter: Option<DefaultDirectRateLimiter>,
     /// Authenticated requests since start (admin API). Shared with the
@@ -88,6 +90,7 @@ impl Teams {
                     token_sha256: hash,
                     credit_limit: t.credit_limit,
                     requests_per_minute: t.requests_per_minute,
+                    clamp_to_budget: t.clamp_to_budget,
                     limiter,
                     requests: self
                         .by_name(&t.name)
@@ -191,12 +194,14 @@ mod tests {
                 token_sha256: token_sha256_hex("tok-growth"),
                 credit_limit: Some(10),
                 requests_per_minute: None,
+                clamp_to_budget: false,
             },
             TeamConfig {
                 name: "ops".into(),
                 token_sha256: token_sha256_hex("tok-ops"),
                 credit_limit: None,
                 requests_per_minute: None,
+                clamp_to_budget: false,
             },
         ])
     }

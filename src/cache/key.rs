@@ -94,6 +94,61 @@ pub fn cache_key(target: &Target) -> String {
     key
 }
 
+/// Prefix of a complete-page index key ([`complete_key`]): a key space of
+/// its own, so an index entry is never taken for the answer of a request
+/// that has that text as its own key.
+const COMPLETE_VERSION: &str = "k1c";
+
+/// Whether `key` is a complete-page index ([`complete_key`]).
+pub fn is_complete_index(key: &str) -> bool {
+    key.strip_prefix(COMPLETE_VERSION)
+        .is_some_and(|rest| rest.starts_with(' '))
+}
+
+/// The path and normalized query of a key; `None` for a verbatim
+/// (undecodable) query, which is never shared.
+fn key_parts(key: &str) -> Option<(&str, &str)> {
+    let rest = key.strip_prefix(KEY_VERSION)?.strip_prefix(' ')?;
+    let (path, query) = rest.split_once('?').unwrap_or((rest, ""));
+    (!query.starts_with('!')).then_some((path, query))
+}
+
+fn joined(version: &str, path: &str, query: &str) -> String {
+    if query.is_empty() {
+        format!("{version} {path}")
+    } else {
+        format!("{version} {path}?{query}")
+    }
+}
+
+/// The index a complete page (`next_cursor: null`) of `key` is filed under:
+/// the key without `size`. Every page filed there for one query is the
+/// same answer (all of its records from the cursor on), and it answers a
+/// `size` only when it holds no more records than that size
+/// ([`super::Cache::derived`] checks). `None` on routes without `size`.
+pub fn complete_key(route: Route, key: &str) -> Option<String> {
+    if route.param("size") != Some(Param::Size) {
+        return None;
+    }
+    let (path, query) = key_parts(key)?;
+    // The default, appended last, wins and is then dropped: no size left.
+    let sizeless = normalize_query(route, &format!("{query}&size=50"));
+    Some(joined(COMPLETE_VERSION, path, &sizeless))
+}
+
+/// The key of the same first page asked with `include_count=true`, which
+/// holds the answer to `key` plus its count. `None` on a cursor page (the
+/// count is ignored there, so that key is `key` itself), on a page already
+/// counted and on routes without `include_count`.
+pub fn counted_key(route: Route, key: &str) -> Option<String> {
+    if route.param("include_count") != Some(Param::Count) {
+        return None;
+    }
+    let (path, query) = key_parts(key)?;
+    let counted = normalize_query(route, &format!("{query}&include_count=true"));
+    (counted != query).then(|| joined(KEY_VERSION, path, &counted))
+}
+
 /// The canonical form of a query string for a route.
 pub fn normalize_query(route: Route, query: &str) -> String {
     let Some(pairs) = decode_pairs(query) else {
@@ -288,6 +343,29 @@ mod tests {
             permits("geo_id=CA&cursor=abc")
         );
         assert_ne!(permits("geo_id=CA&include_count=true"), permits("geo_id=CA"));
+    }
+
+    #[test]
+    fn derived_keys_drop_size_or_add_the_count_and_nothing_else() {
+        let complete = |q: &str| complete_key(Route::PermitsSearch, &permits(q)).expect("paged");
+        assert_eq!(complete("geo_id=CA&size=10"), complete("geo_id=CA&size=100"));
+        assert_eq!(complete("geo_id=CA&size=10"), complete("geo_id=CA"));
+        assert_ne!(complete("geo_id=CA&size=10"), complete("geo_id=TX&size=10"));
+        assert_ne!(complete("geo_id=CA"), complete("geo_id=CA&include_count=true"));
+        assert_ne!(complete("geo_id=CA&cursor=a"), complete("geo_id=CA&cursor=b"));
+        assert!(is_complete_index(&complete("geo_id=CA")), "a key space of its own");
+        assert!(!is_complete_index(&permits("geo_id=CA")));
+        assert_ne!(complete("geo_id=CA"), permits("geo_id=CA"));
+        let counted = |q: &str| counted_key(Route::PermitsSearch, &permits(q));
+        assert_eq!(
+            counted("size=5&geo_id=CA"),
+            Some(permits("geo_id=CA&size=5&include_count=true"))
+        );
+        assert_eq!(counted("geo_id=CA&cursor=x"), None, "ignored on a cursor page");
+        assert_eq!(counted("geo_id=CA&include_count=1"), None, "already counted");
+        assert_eq!(complete_key(Route::CitiesSearch, "k1 /v2/cities/search?q=a"), None);
+        assert_eq!(counted_key(Route::ZipcodesSearch, "k1 /v2/zipcodes/search?q=1"), None);
+        assert_eq!(complete_key(Route::PermitsSearch, &permits("geo_id=%FF")), None);
     }
 
     #[test]

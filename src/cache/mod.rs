@@ -15,6 +15,7 @@ pub mod lease;
 pub mod parsed;
 pub mod records;
 pub mod refresh;
+pub mod spend;
 
 pub use entry::Entry;
 
@@ -108,12 +109,15 @@ impl Cache {
     }
 
     /// The Redis key of an entry; the route in it lets purge find a route's
-    /// keys. The `{hash}` tag puts it in its lease's Cluster slot.
+    /// keys. The `{hash}` tag puts it in its lease's Cluster slot. A
+    /// complete-page index ([`spend`]) is marked `i:`, so that it can be
+    /// counted apart from the answers bought.
     fn redis_key(&self, route: Route, key: &str) -> String {
         format!(
-            "{}c:{}:{{{}}}",
+            "{}c:{}:{}{{{}}}",
             self.prefix,
             route.as_str(),
+            if key::is_complete_index(key) { "i:" } else { "" },
             hex::encode(Sha256::digest(key.as_bytes()))
         )
     }
@@ -158,17 +162,30 @@ impl Cache {
 
     /// Stores in both tiers. L2 is awaited (bounded by its timeout) so that a
     /// replica waiting on the lease finds the entry as soon as we answer.
+    /// A complete page is also filed under its size-free key ([`spend`]).
     pub async fn store(&self, key: &str, entry: Arc<Entry>) {
-        let life = entry.remaining_life(now_ms(), self.grace);
-        if life.is_zero() {
+        if entry.remaining_life(now_ms(), self.grace).is_zero() {
             return;
         }
         // Records are views into the page's own (compacted) body: filed, they
         // add their index, not a second copy of the bytes.
-        let mut page = entry.clone();
+        let page = match &self.memory {
+            Some(_) => compact(&entry),
+            None => entry.clone(),
+        };
+        self.put(key, &entry, page.clone()).await;
+        self.file_complete(key, &entry, &page).await;
+        if let Some(resource) = records::Resource::filed_by(entry.route).filter(|_| self.record_reuse) {
+            self.file_records(resource, &page).await;
+        }
+    }
+
+    /// Writes one key in both tiers: `page` (the compacted entry) in memory,
+    /// `entry` encoded in Redis, for what is left of its life.
+    async fn put(&self, key: &str, entry: &Entry, page: Arc<Entry>) {
+        let life = entry.remaining_life(now_ms(), self.grace);
         if let Some(memory) = &self.memory {
-            page = compact(&entry);
-            memory.insert(Arc::from(key), page.clone()).await;
+            memory.insert(Arc::from(key), page).await;
         }
         if let Some(redis) = &self.redis {
             let rkey = self.redis_key(entry.route, key);
@@ -185,9 +202,6 @@ impl Cache {
                         .await
                 })
                 .await;
-        }
-        if let Some(resource) = records::Resource::filed_by(entry.route).filter(|_| self.record_reuse) {
-            self.file_records(resource, &page).await;
         }
     }
 

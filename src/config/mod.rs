@@ -164,6 +164,10 @@ pub struct TeamConfig {
     pub token_sha256: String,
     pub credit_limit: Option<u64>,
     pub requests_per_minute: Option<u32>,
+    /// A page its remaining credits cannot cover is asked with the size
+    /// they cover instead of refused (docs/design.md, "Spending less").
+    #[serde(default)]
+    pub clamp_to_budget: bool,
 }
 
 /// A value that must never be printed: Debug and Serialize redact it.

@@ -12,7 +12,8 @@
 //! and then records metrics and one access-log line for every request.
 //! Phases 8–13 are in [`fetch`], credits in [`credits`], the shaping of
 //! every answer in [`respond`]; an id lookup takes phases 7–15 record by
-//! record in [`by_id`].
+//! record in [`by_id`]; answers held by another key's page (7b) and pages
+//! clamped to a team's remaining credits (8a) in [`spend`].
 
 mod by_id;
 mod context;
@@ -20,6 +21,7 @@ mod credits;
 mod fetch;
 mod lookup;
 mod respond;
+mod spend;
 mod usage;
 
 pub use context::{CacheState, RequestContext};
@@ -196,11 +198,29 @@ async fn cached_or_fetched<B>(
             cached = Some(entry);
         }
     }
+    // 7b. The answer held by another key's page (issue 28).
+    if let Some(answer) = spend::derived(app, ask, ctx).await {
+        return Ok(answer);
+    }
     // A HEAD never buys anything: it is answered from the cache or not at
     // all, like only-if-cached (the upstream has no HEAD to forward to).
     let head_of_metered = ask.req.method() == Method::HEAD && route::credit_estimate(target) > 0;
     if d.only_if_cached || head_of_metered {
         return Err(GatewayError::NotCached);
+    }
+    // 8a. A team that opted in gets the page its remaining credits cover
+    //     (looked up, then bought, as a request of its own).
+    if let Some(clamped) = spend::clamp(app, ask).await {
+        let narrowed = Ask {
+            req: ask.req,
+            directives: ask.directives,
+            team: ask.team.clone(),
+            target: clamped.target,
+            key: clamped.key,
+        };
+        let mut resp = Box::pin(cached_or_fetched(app, &narrowed, ctx)).await?;
+        spend::mark(&mut resp, clamped.asked);
+        return Ok(resp);
     }
     // 8–13. Coalesce, reserve, queue, forward, settle, store.
     let (outcome, role) = fetch::coalesced(app, ask.job(&ctx.request_id)).await;

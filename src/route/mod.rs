@@ -19,7 +19,7 @@ pub mod params;
 mod path;
 pub mod table;
 
-pub use params::{credit_estimate, validate};
+pub use params::{credit_estimate, page_size_asked, validate};
 pub use path::classify;
 
 use table::{Cost, Kind, Row, TtlClass, TABLE};

@@ -118,6 +118,17 @@ pub fn credit_estimate(target: &Target) -> u64 {
     }
 }
 
+/// The page size a paged operation is asked for (absent: the default), as
+/// the upstream reads it; `None` on an operation without `size` or for a
+/// value the upstream refuses.
+pub fn page_size_asked(target: &Target) -> Option<u64> {
+    target.route.row().param("size").filter(|k| *k == Kind::Size)?;
+    match read(target.query.as_deref()).size.as_deref() {
+        None => Some(SIZE_DEFAULT),
+        Some(raw) => page_size(raw).ok(),
+    }
+}
+
 /// A `size` value as the upstream validates it: 1..=100.
 fn page_size(raw: &str) -> Result<u64, Violation> {
     let input = json!(raw);

@@ -21,4 +21,5 @@ mod rate;
 mod records;
 mod request_surface;
 mod routes;
+mod spend;
 mod vendor;

@@ -123,8 +123,8 @@ start. Every message says what to set.
 {{- fail (printf "permit-gateway: teams[%d] (%s): token_sha256 must be the 64-hex SHA-256 of the team's token (`permit-gateway token` prints it); plaintext tokens are never accepted" $i (toString $team.name)) }}
 {{- end }}
 {{- range $k, $_ := $team }}
-{{- if not (has $k (list "name" "token_sha256" "credit_limit" "requests_per_minute")) }}
-{{- fail (printf "permit-gateway: teams[%d].%s is not a team key (name, token_sha256, credit_limit, requests_per_minute)" $i $k) }}
+{{- if not (has $k (list "name" "token_sha256" "credit_limit" "requests_per_minute" "clamp_to_budget")) }}
+{{- fail (printf "permit-gateway: teams[%d].%s is not a team key (name, token_sha256, credit_limit, requests_per_minute, clamp_to_budget)" $i $k) }}
 {{- end }}
 {{- end }}
 {{- end }}
@@ -204,6 +204,9 @@ credit_limit = {{ include "permit-gateway.tomlValue" .credit_limit }}
 {{- end }}
 {{- if not (kindIs "invalid" .requests_per_minute) }}
 requests_per_minute = {{ include "permit-gateway.tomlValue" .requests_per_minute }}
+{{- end }}
+{{- if not (kindIs "invalid" .clamp_to_budget) }}
+clamp_to_budget = {{ include "permit-gateway.tomlValue" .clamp_to_budget }}
 {{- end }}
 {{- end }}
 {{- end }}

@@ -1,0 +1,200 @@
+//! Answers held under another key (issue 28): what the upstream answers is
+//! sometimes provably inside an answer already bought for a different query.
+//!
+//! - **A complete page is size-independent.** A page whose `next_cursor`
+//!   is `null` holds every record of its query from its position on (the
+//!   upstream's cursors are keysets, `upstream-research.md` §2). With n
+//!   records, the same query asked with any `size` ≥ n gets those n records,
+//!   and the envelope's `size` is the number of records *returned*, so the
+//!   body is byte for byte the same. [`Cache::store`] files such a page a
+//!   second time under [`key::complete_key`] (the key without `size`);
+//!   [`Cache::derived`] answers from it only when the asked size is ≥ n.
+//! - **A counted first page holds the uncounted one.** `include_count=true`
+//!   adds `total_count` and changes nothing else; the upstream answers
+//!   `"total_count":null` when not asked ([`uncounted`] rewrites exactly
+//!   that value, leaving every other byte as the upstream sent it).
+//!
+//! Both lookups run only on a miss of the request's own key; the caller
+//! decides freshness as for any entry.
+
+use super::{key, Cache, Entry, Tier};
+use crate::route::{self, Target};
+use bytes::{Bytes, BytesMut};
+use serde::Deserialize;
+use serde_json::value::RawValue;
+use serde_json::Value;
+use std::sync::Arc;
+
+/// The two facts of a page envelope the derivations need.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PageFacts {
+    pub records: u64,
+    /// `next_cursor` is present and `null`: nothing follows this page.
+    pub complete: bool,
+}
+
+/// What a body says of itself; `None` when it is not a page envelope.
+pub fn page_facts(body: &[u8]) -> Option<PageFacts> {
+    #[derive(Deserialize)]
+    struct Page {
+        items: Vec<serde::de::IgnoredAny>,
+        /// Absent is not "complete": some answers omit the cursor.
+        #[serde(default = "absent")]
+        next_cursor: Value,
+    }
+    fn absent() -> Value {
+        Value::Bool(false)
+    }
+    if !is_object(body) {
+        return None;
+    }
+    let page: Page = serde_json::from_slice(body).ok()?;
+    Some(PageFacts {
+        records: page.items.len() as u64,
+        complete: page.next_cursor.is_null(),
+    })
+}
+
+/// The body of a counted page as the upstream answers the same page
+/// uncounted: the top-level `total_count` value replaced by `null`, every
+/// other byte kept. `None` when the body is not a JSON object.
+pub fn uncounted(body: &Bytes) -> Option<Bytes> {
+    #[derive(Deserialize)]
+    struct Counted<'a> {
+        #[serde(borrow, default)]
+        total_count: Option<&'a RawValue>,
+    }
+    if !is_object(body) {
+        return None;
+    }
+    let counted: Counted<'_> = serde_json::from_slice(body).ok()?;
+    // `null` or absent already: the uncounted page is this one.
+    let Some(raw) = counted.total_count else {
+        return Some(body.clone());
+    };
+    // The raw value borrows from `body`: its offset is where it sits.
+    let start = (raw.get().as_ptr() as usize).checked_sub(body.as_ptr() as usize)?;
+    let end = start + raw.get().len();
+    let mut out = BytesMut::with_capacity(body.len());
+    out.extend_from_slice(body.get(..start)?);
+    out.extend_from_slice(b"null");
+    out.extend_from_slice(body.get(end..)?);
+    Some(out.freeze())
+}
+
+/// Serde reads a struct from an array too; an envelope is an object.
+fn is_object(body: &[u8]) -> bool {
+    body.iter().find(|b| !b.is_ascii_whitespace()) == Some(&b'{')
+}
+
+/// Where a derived answer came from (the access log and metrics say so).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Derivation {
+    /// A complete page of the same query asked with another size.
+    Complete,
+    /// The same first page asked with `include_count=true`.
+    Counted,
+    /// A complete counted page of the same query, another size.
+    CompleteCounted,
+}
+
+impl Cache {
+    /// Files a complete page under its size-free index key too (both tiers,
+    /// so every replica finds it). `page` is what the memory tier holds.
+    pub(super) async fn file_complete(&self, key: &str, entry: &Arc<Entry>, page: &Arc<Entry>) {
+        let Some(index) = key::complete_key(entry.route, key) else {
+            return;
+        };
+        if !page_facts(&entry.body).is_some_and(|f| f.complete) {
+            return;
+        }
+        self.put(&index, entry, page.clone()).await;
+    }
+
+    /// On a miss of `key`: an entry of another key that provably holds the
+    /// upstream's answer to `target`, rewritten to be that answer.
+    pub async fn derived(&self, target: &Target, key: &str) -> Option<(Entry, Tier, Derivation)> {
+        let asked = route::page_size_asked(target)?;
+        let route = target.route;
+        let counted = key::counted_key(route, key);
+        let candidates = [
+            (key::complete_key(route, key), Derivation::Complete),
+            (counted.clone(), Derivation::Counted),
+            (
+                counted.and_then(|c| key::complete_key(route, &c)),
+                Derivation::CompleteCounted,
+            ),
+        ];
+        for (k, how) in candidates {
+            let Some(k) = k else { continue };
+            let Some((held, tier)) = self.lookup(route, &k).await else {
+                continue;
+            };
+            let fits = match how {
+                // Same size: the very page, counted.
+                Derivation::Counted => true,
+                _ => page_facts(&held.body).is_some_and(|f| f.complete && f.records <= asked),
+            };
+            if !fits {
+                continue;
+            }
+            let entry = match how {
+                Derivation::Complete => Entry::clone(&held),
+                _ => {
+                    let Some(body) = uncounted(&held.body) else { continue };
+                    Entry {
+                        etag: super::entry::etag_of(&body),
+                        body,
+                        ..Entry::clone(&held)
+                    }
+                }
+            };
+            return Some((entry, tier, how));
+        }
+        None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn facts_tell_complete_pages_apart() {
+        let f = |b: &str| page_facts(b.as_bytes());
+        assert_eq!(
+            f(r#"{"items":[1,2],"size":2,"next_cursor":null,"total_count":null}"#),
+            Some(PageFacts {
+                records: 2,
+                complete: true
+            })
+        );
+        assert!(!f(r#"{"items":[1],"size":1,"next_cursor":"abc"}"#).unwrap().complete);
+        assert!(!f(r#"{"items":[1],"size":1}"#).unwrap().complete, "absent is not null");
+        assert_eq!(f(r#"{"geo_id":"x"}"#), None);
+        assert_eq!(f("not json"), None);
+        assert_eq!(f("[[1], null]"), None, "an array is no envelope");
+    }
+
+    #[test]
+    fn uncounted_rewrites_only_the_count() {
+        let counted = Bytes::from_static(
+            br#"{"items":[{"total_count":{"value":1}}],"size":1,"next_cursor":null,"total_count":{"value":7,"relation":"eq"}}"#,
+        );
+        assert_eq!(
+            uncounted(&counted).unwrap(),
+            Bytes::from_static(
+                br#"{"items":[{"total_count":{"value":1}}],"size":1,"next_cursor":null,"total_count":null}"#
+            )
+        );
+        let plain = Bytes::from_static(br#"{"items":[],"size":0,"next_cursor":null,"total_count":null}"#);
+        assert_eq!(uncounted(&plain).unwrap(), plain);
+        let spaced =
+            Bytes::from_static(b"{\"total_count\" : {\"value\": 10000, \"relation\": \"gte\"} , \"items\":[]}");
+        assert_eq!(
+            uncounted(&spaced).unwrap(),
+            Bytes::from_static(b"{\"total_count\" : null , \"items\":[]}")
+        );
+        assert_eq!(uncounted(&Bytes::from_static(b"[1]")), None);
+    }
+}

@@ -1,0 +1,258 @@
+//! Issue 28: spending less than asked. A complete page answers the same
+//! query at any size it fits in, a counted first page answers the uncounted
+//! one, and a team that opted in gets the page its remaining credits cover
+//! instead of a 402. Each with one gateway and with two replicas sharing
+//! Redis (cache, leases, ledger): the second request goes to the other
+//! replica, so what answers it is what the first one stored in Redis.
+
+use crate::support::gateway::{team, Setup, ALPHA};
+use crate::support::http::{get, Reply};
+use crate::support::redis::RedisServer;
+use crate::support::sim::{start_sim, unlimited, Sim};
+use crate::support::traffic::{as_team, assert_ledger_matches, charged_to, distinct_search, ledger_used};
+use http::StatusCode;
+use permit_gateway::Running;
+use serde_json::Value;
+
+/// `n` gateways in front of `sim`, sharing `redis` when there are two.
+async fn replicas(n: usize, sim: &Sim, redis: Option<&RedisServer>, setup: Setup) -> Vec<Running> {
+    let setup = match redis {
+        Some(r) => setup
+            .with("cache", format!("redis_url = {:?}", r.url()))
+            .with("quota", "store = \"redis\""),
+        None => setup,
+    };
+    let mut gws = Vec::new();
+    for _ in 0..n {
+        gws.push(setup.start(sim).await);
+    }
+    gws
+}
+
+/// The upstream's own answer to `path`, asked directly (outside the
+/// gateway): what a held answer must equal byte for byte.
+async fn upstream(sim: &Sim, path: &str) -> Reply {
+    let r = get(&format!("{}{path}", sim.base_url()), &[("x-api-key", sim.api_key())]).await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text());
+    r
+}
+
+fn records(r: &Reply) -> usize {
+    r.json()["items"].as_array().map_or(0, Vec::len)
+}
+
+/// A permit search whose whole answer is 2..=40 records (one complete page
+/// at `size=100`), and that number. Probed on the simulator directly.
+async fn small_search(sim: &Sim) -> (String, usize) {
+    let s = sim.samples();
+    for geo in [
+        &s.address_geo_id,
+        &s.zip,
+        &s.city_geo_id,
+        &s.jurisdiction_geo_id,
+        &s.county_geo_id,
+    ] {
+        for days in [1u64, 7, 31, 92, 366, 3650] {
+            let from =
+                chrono::NaiveDate::parse_from_str(&s.permit_to, "%Y-%m-%d").expect("date") - chrono::Days::new(days);
+            let path = format!(
+                "/v2/permits/search?geo_id={geo}&permit_from={from}&permit_to={}",
+                s.permit_to
+            );
+            let r = upstream(sim, &format!("{path}&size=100")).await;
+            let n = records(&r);
+            if (2..=40).contains(&n) && r.json()["next_cursor"].is_null() {
+                return (path, n);
+            }
+        }
+    }
+    panic!("no small search in the dataset");
+}
+
+/// A search of the big state: every page full, a cursor after each.
+fn big_search(sim: &Sim) -> String {
+    let s = sim.samples();
+    format!(
+        "/v2/permits/search?geo_id={}&permit_from={}&permit_to={}",
+        s.big_state, s.permit_from, s.permit_to
+    )
+}
+
+fn assert_hit(r: &Reply, what: &str) {
+    assert_eq!(r.status, StatusCode::OK, "{what}: {}", r.text());
+    assert_eq!(r.header("x-cache"), Some("HIT"), "{what}");
+    assert_eq!(r.header_u64("x-credits-request"), Some(0), "{what}");
+}
+
+async fn complete_page_answers_other_sizes(n_replicas: usize) {
+    let redis = (n_replicas > 1).then(RedisServer::start);
+    let sim = start_sim(unlimited()).await;
+    let (path, n) = small_search(&sim).await;
+    let gws = replicas(n_replicas, &sim, redis.as_ref(), Setup::new()).await;
+    let base = |i: usize| gws[i % gws.len()].base_url();
+    let before = sim.stats().requests_total;
+    let bought = as_team(&format!("{}{path}&size={}", base(0), n + 5), ALPHA.1, "alpha-buy").await;
+    assert_eq!(bought.status, StatusCode::OK, "{}", bought.text());
+    assert_eq!(bought.header_u64("x-credits-request"), Some(n as u64));
+    assert!(bought.json()["next_cursor"].is_null(), "complete");
+    let mut sizes = vec![n, 100];
+    if n <= 50 {
+        sizes.push(50); // no `size`: the default
+    }
+    for (i, size) in sizes.into_iter().enumerate() {
+        let asked = if size == 50 {
+            path.clone()
+        } else {
+            format!("{path}&size={size}")
+        };
+        let r = as_team(&format!("{}{asked}", base(i + 1)), ALPHA.1, &format!("alpha-{i}")).await;
+        assert_hit(&r, &asked);
+        assert_eq!(r.json()["items"], bought.json()["items"], "{asked}: same records");
+        assert_eq!(r.body, bought.body, "{asked}: the same bytes");
+    }
+    assert_eq!(
+        sim.stats().requests_total - before,
+        1,
+        "one upstream call for all sizes"
+    );
+    // Fewer than n: that page has a cursor; it is bought, not derived.
+    let fewer = format!("{path}&size={}", n - 1);
+    let r = as_team(&format!("{}{fewer}", base(0)), ALPHA.1, "alpha-fewer").await;
+    assert_eq!(r.header("x-cache"), Some("MISS"), "size {} < {n}", n - 1);
+    assert_eq!(records(&r), n - 1);
+    assert!(r.json()["next_cursor"].is_string());
+    assert_eq!(sim.stats().requests_total - before, 2);
+    // What the gateway answered is what the upstream sends for that size.
+    assert_eq!(upstream(&sim, &format!("{path}&size=100")).await.body, bought.body);
+    assert_ledger_matches(&sim, &gws[0].admin_url(), &["alpha"]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_complete_page_answers_smaller_and_larger_sizes_for_free() {
+    complete_page_answers_other_sizes(1).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_complete_page_answers_other_sizes_on_two_replicas() {
+    complete_page_answers_other_sizes(2).await;
+}
+
+async fn counted_page_answers_the_plain_one(n_replicas: usize) {
+    let redis = (n_replicas > 1).then(RedisServer::start);
+    let sim = start_sim(unlimited()).await;
+    let (small, n) = small_search(&sim).await;
+    let gws = replicas(n_replicas, &sim, redis.as_ref(), Setup::new()).await;
+    let base = |i: usize| gws[i % gws.len()].base_url();
+    let before = sim.stats().requests_total;
+    // A page with a cursor: only the very same size is held.
+    let big = format!("{}&size=5", big_search(&sim));
+    let counted = as_team(&format!("{}{big}&include_count=true", base(0)), ALPHA.1, "alpha-c1").await;
+    assert_eq!(counted.header_u64("x-credits-request"), Some(5), "{}", counted.text());
+    assert!(counted.json()["total_count"].is_object());
+    let plain = as_team(&format!("{}{big}", base(1)), ALPHA.1, "alpha-p1").await;
+    assert_hit(&plain, "the uncounted page");
+    assert_eq!(plain.json()["items"], counted.json()["items"]);
+    assert_eq!(plain.json()["next_cursor"], counted.json()["next_cursor"]);
+    assert!(plain.json()["next_cursor"].is_string());
+    assert_eq!(plain.json()["total_count"], Value::Null);
+    // A complete counted page answers the plain query at any size ≥ n.
+    let c2 = format!("{}{small}&size={}&include_count=true", base(0), n + 3);
+    let counted_small = as_team(&c2, ALPHA.1, "alpha-c2").await;
+    assert_eq!(counted_small.header_u64("x-credits-request"), Some(n as u64));
+    let plain_small = as_team(&format!("{}{small}&size=100", base(1)), ALPHA.1, "alpha-p2").await;
+    assert_hit(&plain_small, "the uncounted complete page at another size");
+    assert_eq!(plain_small.json()["items"], counted_small.json()["items"]);
+    assert_eq!(
+        sim.stats().requests_total - before,
+        2,
+        "only the counted pages were bought"
+    );
+    // Byte for byte what the upstream sends uncounted.
+    assert_eq!(upstream(&sim, &big).await.body, plain.body);
+    assert_eq!(
+        upstream(&sim, &format!("{small}&size=100")).await.body,
+        plain_small.body
+    );
+    // The reverse is never derived: the count is not in the plain page.
+    let other = format!("{}&size=4", big_search(&sim));
+    as_team(&format!("{}{other}", base(0)), ALPHA.1, "alpha-p3").await;
+    let r = as_team(&format!("{}{other}&include_count=true", base(1)), ALPHA.1, "alpha-c3").await;
+    assert_eq!(r.header("x-cache"), Some("MISS"));
+    assert!(r.json()["total_count"].is_object());
+    assert_ledger_matches(&sim, &gws[0].admin_url(), &["alpha"]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_counted_first_page_answers_the_plain_one_for_free() {
+    counted_page_answers_the_plain_one(1).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_counted_first_page_answers_the_plain_one_on_two_replicas() {
+    counted_page_answers_the_plain_one(2).await;
+}
+
+const BATCH: (&str, &str) = ("batch", "tok-batch-4b5c6d7e8f901a2b");
+const PLAIN: (&str, &str) = ("plain", "tok-plain-9e8d7c6b5a4f3e2d");
+const LIMIT: u64 = 30;
+
+async fn clamped_pages(n_replicas: usize) {
+    let redis = (n_replicas > 1).then(RedisServer::start);
+    let sim = start_sim(unlimited()).await;
+    let teams = team(
+        BATCH.0,
+        BATCH.1,
+        &format!("credit_limit = {LIMIT}\nclamp_to_budget = true"),
+    ) + &team(PLAIN.0, PLAIN.1, &format!("credit_limit = {LIMIT}"));
+    let gws = replicas(n_replicas, &sim, redis.as_ref(), Setup::new().teams(teams)).await;
+    let base = |i: usize| gws[i % gws.len()].base_url();
+    let search = |i: u32, size: u32| distinct_search(&sim, i, size);
+    // Batch spends 12, then asks 100 with 18 left: it gets 18 and a cursor.
+    let first = as_team(&format!("{}{}", base(0), search(0, 12)), BATCH.1, "batch-0").await;
+    assert_eq!(first.header_u64("x-credits-request"), Some(12), "{}", first.text());
+    assert_eq!(first.header("x-gateway-clamped"), None, "it fit");
+    let r = as_team(&format!("{}{}", base(1), search(1, 100)), BATCH.1, "batch-1").await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text());
+    assert_eq!(r.header("x-gateway-clamped"), Some("100"));
+    let remaining = LIMIT - 12;
+    assert!(records(&r) as u64 <= remaining, "{} records", records(&r));
+    assert_eq!(records(&r) as u64, remaining);
+    assert!(r.json()["next_cursor"].is_string(), "the upstream's cursor");
+    assert_eq!(r.header_u64("x-credits-request"), Some(remaining));
+    assert_eq!(r.header_u64("x-credits-remaining"), Some(0));
+    let sent = sim
+        .log()
+        .into_iter()
+        .find(|e| e.request_id.as_deref() == Some("batch-1"));
+    assert!(
+        sent.is_some_and(|e| e.query.contains(&format!("size={remaining}")) && !e.query.contains("size=100")),
+        "the upstream was asked for what the team can pay"
+    );
+    // Nothing left: the upstream's 402, nothing sent.
+    let calls = sim.stats().requests_total;
+    let broke = as_team(&format!("{}{}", base(0), search(2, 10)), BATCH.1, "batch-2").await;
+    assert_eq!(broke.status, StatusCode::PAYMENT_REQUIRED);
+    assert_eq!(broke.json()["detail"]["limit"], LIMIT);
+    assert!(broke.json()["detail"]["error"].is_string());
+    assert_eq!(broke.header("x-gateway-clamped"), None);
+    // A team without the opt-in: 402 as before, nothing sent.
+    let p = as_team(&format!("{}{}", base(1), search(3, 100)), PLAIN.1, "plain-0").await;
+    assert_eq!(p.status, StatusCode::PAYMENT_REQUIRED, "{}", p.text());
+    assert!(p.json()["detail"]["upgrade_url"].is_string());
+    assert_eq!(p.header("x-gateway-clamped"), None);
+    assert_eq!(sim.stats().requests_total, calls, "no 402 reached the upstream");
+    assert_eq!(charged_to(&sim, "plain-"), 0);
+    assert_eq!(ledger_used(&gws[0].admin_url(), "plain").await, 0);
+    assert_ledger_matches(&sim, &gws[0].admin_url(), &["batch", "plain"]).await;
+    assert_eq!(ledger_used(&gws[0].admin_url(), "batch").await, LIMIT);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_clamped_team_gets_what_its_credits_cover_and_a_cursor() {
+    clamped_pages(1).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_clamped_team_gets_what_its_credits_cover_on_two_replicas() {
+    clamped_pages(2).await;
+}

@@ -82,8 +82,16 @@ pub fn count_items(body: &[u8]) -> u64 {
 /// Phase 9: holds the worst case of this call in the team's ledger, or
 /// refuses (402) before anything is spent. `Ok(None)`: nothing to hold
 /// (the ledger is down and the operator chose to fail open).
+///
+/// The team is the one in the live table now, not the one the request was
+/// admitted as: a reserve may run up to `cache.coalesce_wait_ms` after
+/// admission (a lease wait, a follower's retry), and a reload meanwhile
+/// that lowered the team's limit binds it; one that removed the team
+/// refuses it as the upstream refuses an unknown key (401).
 pub async fn reserve(app: &App, job: &Job) -> Result<Option<Reservation>, GatewayError> {
-    let team = &job.team;
+    let Some(team) = app.teams.load().by_name(&job.team.name).cloned() else {
+        return Err(GatewayError::InvalidCredential);
+    };
     let amount = route::credit_estimate(&job.target);
     // Free calls cannot overspend: they are recorded, never refused.
     let limit = if amount == 0 { None } else { team.credit_limit };

@@ -104,3 +104,52 @@ async fn a_reservation_across_midnight_counts_on_the_day_it_becomes_spend() {
         "the ledger ({spent}) holds at least what the upstream charged ({charged})"
     );
 }
+
+/// The Redis ledger alone: a reservation made today lapses at a reserve
+/// made tomorrow (a replica whose clock is a day on) and counts there, on
+/// the day it became spend; its settle, arriving after the lapse with a
+/// charge above the reservation, adds just the excess, once.
+#[tokio::test]
+async fn a_lapsed_reservation_counts_tomorrow_and_a_late_settle_adds_its_excess() {
+    use permit_gateway::clock::Clock;
+    use permit_gateway::ledger::redis::RedisLedger;
+    use permit_gateway::ledger::{Ledger, Reserved, Window};
+    use permit_gateway::redis_backend::RedisBackend;
+    use permit_gateway::route::Route;
+    use std::sync::Arc;
+    let redis = RedisServer::start();
+    let open = |clock: Clock| {
+        let metrics = Arc::new(permit_gateway::metrics::Metrics::new());
+        let backend = RedisBackend::new(&redis.url(), Duration::from_secs(5), metrics).expect("backend");
+        let lease = Duration::from_secs(60);
+        Ledger::Redis(RedisLedger::new(Arc::new(backend), "pgw:", Window::Rolling30d, lease).with_clock(clock))
+    };
+    let today = open(Clock::default());
+    let tomorrow = open(Clock::shifted(86_400 + 120));
+    let Ok(Reserved::Granted(r)) = today.reserve("t", Some(100), 40).await else {
+        panic!("granted")
+    };
+    // A day on, the hold's lease is long over: the reserve converts it.
+    let Ok(Reserved::Rejected { used, .. }) = tomorrow.reserve("t", Some(100), 61).await else {
+        panic!("40 lapsed + 61 > 100")
+    };
+    assert_eq!(used, 40);
+    let usage = tomorrow.usage("t").await.expect("usage");
+    assert_eq!(
+        usage.daily,
+        vec![(tomorrow.today(), 40)],
+        "booked on the day it became spend"
+    );
+    assert_eq!(
+        today.usage("t").await.expect("usage").used,
+        0,
+        "not on the reserve's day"
+    );
+    // The settle after the lapse: the upstream billed 45 for the 40 held.
+    today.settle(r, 45, Route::PermitsSearch).await.expect("settle");
+    assert_eq!(
+        tomorrow.usage("t").await.expect("usage").used,
+        45,
+        "the excess of 5 added"
+    );
+}

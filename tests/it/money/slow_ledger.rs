@@ -55,6 +55,7 @@ async fn a_frozen_ledger_during_the_settle_still_delivers_the_paid_answer() {
         count: Some(1),
         ..fault(FaultKind::SlowBody)
     });
+    let started = std::time::Instant::now();
     let call = {
         let url = url.clone();
         tokio::spawn(async move { as_team(&url, SMALL.1, "small-1").await })
@@ -65,7 +66,15 @@ async fn a_frozen_ledger_during_the_settle_still_delivers_the_paid_answer() {
     .await;
     redis.pause();
     let r = call.await.expect("the paid call");
+    let took = started.elapsed();
     assert_eq!(r.status, StatusCode::OK, "the paid answer was delivered");
+    // 1.5 s to the head + 2 s of body + at most 1 s waiting for the settle
+    // + the budget headers' ledger read timing out (1 s): not the settle's
+    // own bound (the lease, 60 s).
+    assert!(
+        took < Duration::from_secs(9),
+        "the answer waited for the ledger: {took:?}"
+    );
     assert_eq!(r.header("x-cache"), Some("MISS"));
     let items = r.json()["items"].as_array().map_or(0, Vec::len);
     assert_eq!(items, 100, "the whole paid body");

@@ -139,8 +139,9 @@ impl RedisLedger {
             inv
         };
         // The first call after a Redis restart finds a dead connection:
-        // tried once more on a fresh one (a reserve that did not run holds
-        // nothing, and the id makes one that did run count once).
+        // tried once more on a fresh one. A reserve that did not run holds
+        // nothing; one that did run is overwritten under the same id (held
+        // once; at the limit's very edge it may refuse: erring to count).
         let (granted, used): (u64, u64) = self
             .redis
             .call_reconnecting(RedisOp::LedgerReserve, |mut c| {

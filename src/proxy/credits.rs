@@ -18,6 +18,8 @@ use crate::metrics::LedgerOp;
 use crate::route;
 use http::header::{HeaderMap, HeaderName, HeaderValue};
 use http::StatusCode;
+use std::sync::Arc;
+use std::time::Duration;
 
 pub const X_CREDITS_REQUEST: HeaderName = HeaderName::from_static("x-credits-request");
 pub const X_CREDITS_LIMIT: HeaderName = HeaderName::from_static("x-credits-limit");
@@ -155,6 +157,27 @@ pub async fn settle(app: &App, job: &Job, reservation: Option<Reservation>, char
         }
     }
     reconcile(app).await;
+}
+
+/// The longest a finished call's answer waits for its settle; the settle
+/// goes on after it. Long enough that a healthy ledger (a Redis round trip,
+/// a group commit) is done first, so the team's budget headers show it.
+pub const SETTLE_WAIT: Duration = Duration::from_secs(1);
+
+/// A settle running in a task of its own.
+pub type Settling = tokio::task::JoinHandle<()>;
+
+/// Phase 12 in its own task: no call waits on it, no client cancels it.
+pub fn settle_beside(app: &Arc<App>, job: &Job, reservation: Option<Reservation>, charge: Charge) -> Settling {
+    let (app, job) = (app.clone(), job.clone());
+    tokio::spawn(async move { settle(&app, &job, reservation, charge).await })
+}
+
+/// Waits up to [`SETTLE_WAIT`] for a settle, then leaves it to finish.
+pub async fn settled_or_late(settling: Settling) {
+    if tokio::time::timeout(SETTLE_WAIT, settling).await.is_err() {
+        tracing::warn!("ledger settle still running: the answer goes out, the settle finishes behind it");
+    }
 }
 
 /// The safety net no single anchor gives: the org's spend as the upstream

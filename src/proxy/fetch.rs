@@ -237,7 +237,7 @@ async fn fetch_upstream(app: &Arc<App>, job: &Job) -> Outcome {
 ///
 /// **The settle never stalls the call.** It runs in a task of its own
 /// beside the call, which is polled to its end whatever the ledger does;
-/// once the call has ended its answer waits at most [`SETTLE_WAIT`] for the
+/// once the call has ended its answer waits at most [`credits::SETTLE_WAIT`] for the
 /// settle, which then goes on alone within its own retry bound (the Redis
 /// ledger's `settle_by`; the file ledger's durable hold). A paid answer is
 /// delivered and stored even while the ledger is slow.
@@ -254,7 +254,7 @@ async fn forward(
         .upstream
         .fetch_with_heads(&job.target, &job.request_id, job.accept.as_ref(), &app.metrics, &heads);
     tokio::pin!(call);
-    let mut early: Option<(Charge, Settling)> = None;
+    let mut early: Option<(Charge, credits::Settling)> = None;
     let result = loop {
         tokio::select! {
             result = &mut call => break result,
@@ -264,7 +264,7 @@ async fn forward(
                 if credits::billed(&head.headers).is_some() {
                     app.org.observe(head.status, &head.headers, &bytes::Bytes::new(), &app.metrics);
                     let charge = credits::charge(head.status, &head.headers, None, metered, reserved);
-                    early = Some((charge, settle_beside(app, job, reservation.take().flatten(), charge)));
+                    early = Some((charge, credits::settle_beside(app, job, reservation.take().flatten(), charge)));
                 }
             }
         }
@@ -272,41 +272,20 @@ async fn forward(
     match (result, early) {
         (Ok(resp), Some((charge, settling))) => {
             app.org.observe(resp.status, &resp.headers, &resp.body, &app.metrics);
-            settled_or_late(settling).await;
+            credits::settled_or_late(settling).await;
             Ok((resp, charge))
         }
         (Ok(resp), None) => {
             app.org.observe(resp.status, &resp.headers, &resp.body, &app.metrics);
             let charge = credits::charge(resp.status, &resp.headers, Some(&resp.body), metered, reserved);
-            settled_or_late(settle_beside(app, job, reservation.take().flatten(), charge)).await;
+            credits::settled_or_late(credits::settle_beside(app, job, reservation.take().flatten(), charge)).await;
             Ok((resp, charge))
         }
         (Err(failed), Some((_, settling))) => {
-            settled_or_late(settling).await;
+            credits::settled_or_late(settling).await;
             Err(failed.error)
         }
         (Err(failed), None) => Err(settle_failure(app, job, reservation.take().flatten(), failed).await),
-    }
-}
-
-/// The longest a finished call's answer waits for its settle; the settle
-/// goes on after it. Long enough that a healthy ledger (a Redis round trip,
-/// a group commit) is done first, so the team's budget headers show it.
-pub const SETTLE_WAIT: Duration = Duration::from_secs(1);
-
-/// A settle running in a task of its own.
-type Settling = tokio::task::JoinHandle<()>;
-
-/// Phase 12 in its own task: no call waits on it, no client cancels it.
-fn settle_beside(app: &Arc<App>, job: &Job, reservation: Option<Reservation>, charge: Charge) -> Settling {
-    let (app, job) = (app.clone(), job.clone());
-    tokio::spawn(async move { credits::settle(&app, &job, reservation, charge).await })
-}
-
-/// Waits up to [`SETTLE_WAIT`] for a settle, then leaves it to finish.
-async fn settled_or_late(settling: Settling) {
-    if tokio::time::timeout(SETTLE_WAIT, settling).await.is_err() {
-        tracing::warn!("ledger settle still running: the answer goes out, the settle finishes behind it");
     }
 }
 
@@ -339,7 +318,7 @@ async fn settle_failure(app: &Arc<App>, job: &Job, reservation: Option<Reservati
                 };
             }
             if charge.credits > 0 {
-                settled_or_late(settle_beside(app, job, reservation, charge)).await;
+                credits::settled_or_late(credits::settle_beside(app, job, reservation, charge)).await;
             } else {
                 credits::release(app, reservation).await;
             }

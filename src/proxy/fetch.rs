@@ -74,7 +74,7 @@ pub async fn coalesced(app: &Arc<App>, job: Job) -> (Outcome, Role) {
             Join::Leader(leader) => return (owned(app, job, Some(leader)).await, Role::Leader),
             Join::Follower(rx) => match follow(rx).await {
                 Some(Ok(fetched)) => return (Ok(fetched), Role::Follower),
-                Some(Err(e)) if e.upstream_failed() => return (Err(e), Role::Follower),
+                Some(failed) if upstream_failed(&failed) => return (failed, Role::Follower),
                 _ => continue,
             },
         }

@@ -185,7 +185,7 @@ async fn teams(app: &App) -> Response<Body> {
 /// `GET /admin/usage.csv?from=YYYY-MM-DD&to=YYYY-MM-DD` (default: the last
 /// 30 days): credits spent and saved per team, day and route, for chargeback.
 async fn usage_csv(app: &App, query: Option<&str>) -> Result<Response<Body>, GatewayError> {
-    let today = ledger::today();
+    let today = app.ledger.today();
     let day = |name: &'static str, default: u32| -> Result<u32, GatewayError> {
         match query_param(query, name) {
             None => Ok(default),

@@ -142,6 +142,13 @@ impl App {
 fn open_ledger<'c>(config: &'c Config, metrics: &Arc<Metrics>) -> Result<(Ledger, Option<&'c Secret>), String> {
     let window = config.quota.window;
     let lease = Duration::from_secs(config.quota.reservation_lease_secs);
+    let clock = crate::clock::Clock::shifted(config.quota.clock_offset_secs);
+    if config.quota.clock_offset_secs != 0 {
+        tracing::warn!(
+            offset_secs = config.quota.clock_offset_secs,
+            "quota.clock_offset_secs is set: the ledger books spend on a shifted clock (tests only)"
+        );
+    }
     if config.quota.store == QuotaStore::Redis {
         let url = config.quota_redis_url().ok_or("quota.redis_url: not set")?;
         // Its own connection and breaker: a slow cache must not trip the ledger.
@@ -150,11 +157,17 @@ fn open_ledger<'c>(config: &'c Config, metrics: &Arc<Metrics>) -> Result<(Ledger
             Duration::from_millis(config.quota.redis_timeout_ms),
             metrics.clone(),
         )?);
-        let ledger = ledger::redis::RedisLedger::new(redis, &config.cache.redis_key_prefix, window, lease);
+        let ledger =
+            ledger::redis::RedisLedger::new(redis, &config.cache.redis_key_prefix, window, lease).with_clock(clock);
         Ok((Ledger::Redis(ledger), Some(url)))
     } else {
         Ok((
-            Ledger::File(ledger::file::FileLedger::open(&config.quota.path, window, lease)?),
+            Ledger::File(ledger::file::FileLedger::open_at(
+                &config.quota.path,
+                window,
+                lease,
+                clock,
+            )?),
             None,
         ))
     }

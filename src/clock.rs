@@ -11,3 +11,33 @@ pub fn now_ms() -> u64 {
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
+
+/// The ledger's clock: wall-clock time shifted by `quota.clock_offset_secs`
+/// (0 in production). A shift exists only so that tests can make a
+/// reservation on one day and see it turned into spend on another (across
+/// midnight, across a month's end) without waiting for either; it moves
+/// only the days the ledger books on and its reservations' expiries, never
+/// the cache, the breaker or the upstream's deadlines.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Clock {
+    offset_ms: i64,
+}
+
+impl Clock {
+    /// The wall clock shifted by `secs` (negative: into the past).
+    pub fn shifted(secs: i64) -> Clock {
+        Clock {
+            offset_ms: secs.saturating_mul(1000),
+        }
+    }
+
+    pub fn now_ms(self) -> u64 {
+        now_ms().saturating_add_signed(self.offset_ms)
+    }
+
+    /// Today as days since the epoch, UTC (Unix time has no leap seconds:
+    /// whole days since the epoch are UTC days).
+    pub fn today(self) -> u32 {
+        u32::try_from(self.now_ms() / 86_400_000).unwrap_or(u32::MAX)
+    }
+}

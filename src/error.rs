@@ -54,6 +54,9 @@ pub enum GatewayError {
     UpstreamUnavailable,
     /// The upstream answered something we cannot pass on (too large, cut off).
     UpstreamInvalid(&'static str),
+    /// The upstream refused the gateway's own key (401/403): the team's
+    /// token was fine, the operator's `upstream.api_key` is not.
+    UpstreamKeyRefused,
     /// A backend we must not fail open on (the ledger) is down.
     Unavailable(&'static str),
     /// A bug: never expected.
@@ -113,7 +116,11 @@ impl GatewayError {
             | QuotaExceeded { .. }
             | NotCached
             | ReloadRefused(_) => Fault::Client,
-            UpstreamRateLimited { .. } | UpstreamTimeout | UpstreamUnavailable | UpstreamInvalid(_) => Fault::Upstream,
+            UpstreamRateLimited { .. }
+            | UpstreamTimeout
+            | UpstreamUnavailable
+            | UpstreamInvalid(_)
+            | UpstreamKeyRefused => Fault::Upstream,
             Unavailable(_) | Internal => Fault::Internal,
         }
     }
@@ -131,6 +138,33 @@ impl GatewayError {
         self.fault() == Fault::Upstream
     }
 
+    /// What an upstream answer's status means, decided where the fetch
+    /// returns so that every path (pages, id lookups, refreshes, followers)
+    /// sees the same error: `None` for an answer passed on as it is (a 200,
+    /// or the upstream's free 404/422/402 with its own body).
+    ///
+    /// A 401 or 403 is the upstream refusing **the gateway's** key (teams
+    /// never reach the upstream with theirs): not the team's fault, so not
+    /// the team's 401; it is an upstream failure a stale copy may answer,
+    /// else a 502 that says what happened.
+    pub fn of_upstream_status(
+        status: StatusCode,
+        headers: &http::HeaderMap,
+        max_retry_after: std::time::Duration,
+    ) -> Option<GatewayError> {
+        match status.as_u16() {
+            401 | 403 => Some(GatewayError::UpstreamKeyRefused),
+            429 => {
+                let wait = crate::upstream::retry_after(headers, max_retry_after);
+                Some(GatewayError::UpstreamRateLimited {
+                    retry_after_secs: wait.map_or(1, |d| d.as_secs()),
+                })
+            }
+            500..=599 => Some(GatewayError::UpstreamUnavailable),
+            _ => None,
+        }
+    }
+
     pub fn status(&self) -> StatusCode {
         use GatewayError::*;
         match self {
@@ -144,7 +178,7 @@ impl GatewayError {
             TeamRateLimited { .. } | UpstreamRateLimited { .. } => StatusCode::TOO_MANY_REQUESTS,
             QuotaExceeded { .. } => StatusCode::PAYMENT_REQUIRED,
             NotCached | UpstreamTimeout => StatusCode::GATEWAY_TIMEOUT,
-            UpstreamUnavailable | UpstreamInvalid(_) => StatusCode::BAD_GATEWAY,
+            UpstreamUnavailable | UpstreamInvalid(_) | UpstreamKeyRefused => StatusCode::BAD_GATEWAY,
             Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
             Internal => StatusCode::INTERNAL_SERVER_ERROR,
         }
@@ -184,6 +218,7 @@ impl GatewayError {
             UpstreamTimeout => "Upstream timed out",
             UpstreamUnavailable => "Upstream unavailable",
             UpstreamInvalid(why) => why,
+            UpstreamKeyRefused => "Upstream refused the gateway's credentials",
             Unavailable(why) => why,
             Internal => "Internal Server Error",
             ReloadRefused(problems) => return json!({ "detail": problems }),
@@ -259,6 +294,7 @@ mod tests {
             (UpstreamTimeout, 504),
             (UpstreamUnavailable, 502),
             (UpstreamInvalid("x"), 502),
+            (UpstreamKeyRefused, 502),
             (Unavailable("ledger"), 503),
             (Internal, 500),
             (ReloadRefused(vec!["x: bad".into()]), 422),
@@ -301,6 +337,25 @@ mod tests {
         assert_eq!(
             body,
             json!({"detail": [{"type": "less_than_equal", "loc": ["query", "size"], "msg": "m", "input": "101", "ctx": {"le": 100}}]})
+        );
+    }
+
+    #[test]
+    fn upstream_statuses_map_to_one_error_each() {
+        let max = std::time::Duration::from_secs(120);
+        let of = |code: u16| {
+            GatewayError::of_upstream_status(StatusCode::from_u16(code).unwrap(), &http::HeaderMap::new(), max)
+        };
+        assert_eq!(of(401), Some(GatewayError::UpstreamKeyRefused));
+        assert_eq!(of(403), Some(GatewayError::UpstreamKeyRefused));
+        assert_eq!(of(429), Some(GatewayError::UpstreamRateLimited { retry_after_secs: 1 }));
+        assert_eq!(of(503), Some(GatewayError::UpstreamUnavailable));
+        for passed_on in [200, 402, 404, 422] {
+            assert_eq!(of(passed_on), None, "{passed_on}");
+        }
+        assert!(
+            GatewayError::UpstreamKeyRefused.upstream_failed(),
+            "a stale copy may answer"
         );
     }
 

@@ -116,6 +116,9 @@ pub struct QuotaConfig {
     pub redis_timeout_ms: u64,
     pub reservation_lease_secs: u64,
     pub fail_open: bool,
+    /// Tests only: shifts the ledger's clock (its days and reservation
+    /// expiries) by this many seconds; 0 in production.
+    pub clock_offset_secs: i64,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -292,6 +295,18 @@ impl Config {
             // lapse into spend while the call still runs.
             p.push(format!(
                 "quota.reservation_lease_secs: must be at least upstream.max_queue_wait_secs + upstream.timeout_secs + {SETTLE_MARGIN_SECS} ({path})"
+            ));
+        }
+        // A replica that gives up waiting for a peer's lease before the
+        // peer's call can have ended buys the key a second time.
+        let call_ms = self
+            .upstream
+            .max_queue_wait_secs
+            .saturating_add(self.upstream.timeout_secs)
+            .saturating_mul(1000);
+        if self.cache.coalesce_wait_ms < call_ms {
+            p.push(format!(
+                "cache.coalesce_wait_ms: must be at least (upstream.max_queue_wait_secs + upstream.timeout_secs) * 1000 ({call_ms})"
             ));
         }
         p

@@ -196,3 +196,29 @@ fn a_cluster_url_is_accepted_and_a_bad_one_named_without_its_password() {
     }
     assert!(errs.iter().all(|e| !e.contains("hunter2")), "{errs:#?}");
 }
+
+#[test]
+fn a_coalesce_wait_shorter_than_the_call_it_covers_is_refused() {
+    // Issue 25: 500 ms was accepted, and a second replica then bought the key.
+    let short = format!("{KEY}timeout_secs = 30\nmax_queue_wait_secs = 10\n[cache]\ncoalesce_wait_ms = 500\n");
+    let errs = load(&short).expect_err("too short").0;
+    assert!(
+        errs.iter()
+            .any(|e| e.starts_with("cache.coalesce_wait_ms") && e.contains("40000")),
+        "{errs:#?}"
+    );
+    let enough = format!("{KEY}timeout_secs = 1\nmax_queue_wait_secs = 0\n[cache]\ncoalesce_wait_ms = 1000\n");
+    load(&enough).expect("a wait that covers queue and call is valid");
+}
+
+#[test]
+fn the_ledger_clock_shift_is_bounded() {
+    let far = format!("{KEY}[quota]\nclock_offset_secs = -99999999\n");
+    let errs = load(&far).expect_err("too far").0;
+    assert!(
+        errs.iter().any(|e| e.starts_with("quota.clock_offset_secs")),
+        "{errs:#?}"
+    );
+    let day = format!("{KEY}[quota]\nclock_offset_secs = 86400\n");
+    assert_eq!(load(&day).expect("a day is fine").quota.clock_offset_secs, 86_400);
+}

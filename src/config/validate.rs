@@ -104,6 +104,10 @@ impl QuotaConfig {
     pub(super) fn validate(&self, p: &mut Vec<String>, has_redis: bool) {
         positive("quota.reservation_lease_secs", self.reservation_lease_secs, p);
         positive("quota.redis_timeout_ms", self.redis_timeout_ms, p);
+        // A test's shift of a day or a month; anything larger is a mistake.
+        if self.clock_offset_secs.unsigned_abs() > 400 * 86_400 {
+            p.push("quota.clock_offset_secs: must be within 400 days of 0 (tests only)".into());
+        }
         if self.store != QuotaStore::Redis {
             return;
         }

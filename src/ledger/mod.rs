@@ -30,11 +30,16 @@
 //! `unsettled` in the chargeback rows) rather than being given back. The
 //! file store writes each reservation before the call and converts the
 //! ones it finds at start-up the same way; the Redis store converts lapsed
-//! ones in its reserve script. A team is then over- rather than
+//! ones in its reserve script. Such spend is booked on **the later of the
+//! reservation's day and the day it is turned into spend**: a call
+//! reserved at 23:59:58 and billed after midnight counts in the new day
+//! (and month), where it was spent, never in a window that already closed. A team is then over- rather than
 //! under-charged; `gateway_untracked_credits` shows the difference to the
 //! org's spend seen upstream (reconciliation is the operator's, see
 //! docs/alerts.md). Settles are idempotent by reservation id, so a retried
-//! settle, or one after its reservation lapsed, never counts twice.
+//! settle, or one after its reservation lapsed, never counts twice; a
+//! settle after the lapse that charges more than the reservation adds
+//! just the excess (the upstream billed it).
 
 pub mod file;
 pub mod redis;
@@ -91,13 +96,9 @@ impl Window {
     }
 }
 
-/// Today as days since the epoch, UTC.
+/// Today as days since the epoch, UTC, on the unshifted clock.
 pub fn today() -> u32 {
-    // Unix time has no leap seconds: whole days since the epoch are UTC days.
-    let secs = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs());
-    u32::try_from(secs / 86_400).unwrap_or(u32::MAX)
+    crate::clock::Clock::default().today()
 }
 
 pub fn day_of(date: NaiveDate) -> u32 {
@@ -177,8 +178,8 @@ impl Ledger {
     /// Holds `amount` credits for `team` unless that would pass `limit`.
     pub async fn reserve(&self, team: &str, limit: Option<u64>, amount: u64) -> Result<Reserved, LedgerError> {
         match self {
-            Ledger::File(l) => l.reserve(team, limit, amount, today()).await,
-            Ledger::Redis(l) => l.reserve(team, limit, amount, today()).await,
+            Ledger::File(l) => l.reserve(team, limit, amount, self.today()).await,
+            Ledger::Redis(l) => l.reserve(team, limit, amount, self.today()).await,
         }
     }
 
@@ -187,8 +188,8 @@ impl Ledger {
     /// by reservation id; the Redis store retries until `settle_by`.
     pub async fn settle(&self, r: Reservation, actual: u64, route: Route) -> Result<(), LedgerError> {
         match self {
-            Ledger::File(l) => l.settle(r, actual, route, today()).await,
-            Ledger::Redis(l) => l.settle(r, actual, route, today()).await,
+            Ledger::File(l) => l.settle(r, actual, route, self.today()).await,
+            Ledger::Redis(l) => l.settle(r, actual, route, self.today()).await,
         }
     }
 
@@ -206,8 +207,8 @@ impl Ledger {
     /// only). Never waits: the hit path must not pay for bookkeeping.
     pub fn record_saved(&self, team: &str, route: Route, credits: u64) {
         match self {
-            Ledger::File(l) => l.record_saved(team, route, credits, today()),
-            Ledger::Redis(l) => l.record_saved(team, route, credits, today()),
+            Ledger::File(l) => l.record_saved(team, route, credits, self.today()),
+            Ledger::Redis(l) => l.record_saved(team, route, credits, self.today()),
         }
     }
 
@@ -216,15 +217,15 @@ impl Ledger {
     /// for up to a second (refreshed at once after that team's settles).
     pub async fn used(&self, team: &str) -> Result<u64, LedgerError> {
         match self {
-            Ledger::File(l) => Ok(l.used(team, today())),
-            Ledger::Redis(l) => l.used(team, today()).await,
+            Ledger::File(l) => Ok(l.used(team, self.today())),
+            Ledger::Redis(l) => l.used(team, self.today()).await,
         }
     }
 
     pub async fn usage(&self, team: &str) -> Result<TeamUsage, LedgerError> {
         match self {
-            Ledger::File(l) => Ok(l.usage(team, today())),
-            Ledger::Redis(l) => l.usage(team, today()).await,
+            Ledger::File(l) => Ok(l.usage(team, self.today())),
+            Ledger::Redis(l) => l.usage(team, self.today()).await,
         }
     }
 
@@ -242,6 +243,15 @@ impl Ledger {
         match self {
             Ledger::File(l) => l.check().map(|()| "ok"),
             Ledger::Redis(l) => l.check().await,
+        }
+    }
+
+    /// The day the ledger books on: today on its clock
+    /// (`quota.clock_offset_secs`, 0 but in tests).
+    pub fn today(&self) -> u32 {
+        match self {
+            Ledger::File(l) => l.clock.today(),
+            Ledger::Redis(l) => l.clock.today(),
         }
     }
 

@@ -12,15 +12,20 @@
 //!   (`ZRANGEBYSCORE … LIMIT`, O(log n)) instead of reading every mark
 //!   (issue 19: an `HGETALL` per settle made each settle O(marks));
 //! - `<prefix>l:{team}:settled_scan` where the walk over unindexed marks
-//!   (see *Upgrading*) goes on.
+//!   (see *Upgrading*) goes on;
+//! - `<prefix>l:{team}:lapsed` reservation id → the amount its lapse
+//!   counted, forgotten with its mark: what a late settle adds its excess
+//!   over.
 //!
 //! A reservation carries its own expiry. One that passes it unsettled (its
 //! replica died, or its settle never landed) is turned into spend at its
-//! full amount by the next reserve of that team (route `unsettled`). A
+//! full amount by the next reserve of that team (route `unsettled`), on the
+//! later of its own day and the reserve's (the day it becomes spend). A
 //! settle is retried until it lands or its reservation's `settle_by`; the
 //! `settled` mark makes a retry that already ran, or a settle after the
 //! lapse, count nothing twice — even across a Redis restart that lost the
-//! reservation itself (ids are random, never reused).
+//! reservation itself (ids are random, never reused). A settle after the
+//! lapse that charges more than was counted adds the excess, once.
 //!
 //! # Upgrading
 //! The marks stay where and as the previous release kept them (the
@@ -40,7 +45,7 @@ mod scripts;
 
 use super::saved::{SavedTally, FLUSH_EVERY};
 use super::{new_id, LedgerError, Reservation, Reserved, TeamUsage, UsageRow, Window, UNSETTLED};
-use crate::clock::now_ms;
+use crate::clock::Clock;
 use crate::metrics::RedisOp;
 use crate::redis_backend::RedisBackend;
 use crate::route::Route;
@@ -74,6 +79,8 @@ pub struct RedisLedger {
     settle: Script,
     lease: Duration,
     pub window: Window,
+    /// Days booked and reservation expiries (shifted only in tests).
+    pub clock: Clock,
 }
 
 impl RedisLedger {
@@ -90,7 +97,14 @@ impl RedisLedger {
             settle: Script::new(SETTLE),
             lease,
             window,
+            clock: Clock::default(),
         }
+    }
+
+    /// Books days and expiries on `clock` (tests: `quota.clock_offset_secs`).
+    pub fn with_clock(mut self, clock: Clock) -> RedisLedger {
+        self.clock = clock;
+        self
     }
 
     fn key(&self, team: &str, what: &str) -> String {
@@ -105,28 +119,35 @@ impl RedisLedger {
         today: u32,
     ) -> Result<Reserved, LedgerError> {
         let id = new_id();
-        let now = now_ms();
+        let now = self.clock.now_ms();
         let reserved_at = Instant::now();
-        let mut inv = self.reserve.prepare_invoke();
-        inv.key(self.key(team, "days"))
-            .key(self.key(team, "held"))
-            .key(self.key(team, "routes"))
-            .key(self.key(team, "settled"))
-            .key(self.key(team, "settled_at"));
-        inv.arg(amount)
-            .arg(limit.map_or(-1, |l| i64::try_from(l).unwrap_or(i64::MAX)))
-            .arg(now)
-            .arg(self.window.first_day(today))
-            .arg(now.saturating_add(millis(self.lease)))
-            .arg(id)
-            .arg(today)
-            .arg(UNSETTLED);
+        let keys = ["days", "held", "routes", "settled", "settled_at", "lapsed"].map(|k| self.key(team, k));
+        let limit_arg = limit.map_or(-1, |l| i64::try_from(l).unwrap_or(i64::MAX));
+        let invocation = || {
+            let mut inv = self.reserve.prepare_invoke();
+            for k in &keys {
+                inv.key(k);
+            }
+            inv.arg(amount)
+                .arg(limit_arg)
+                .arg(now)
+                .arg(self.window.first_day(today))
+                .arg(now.saturating_add(millis(self.lease)))
+                .arg(id)
+                .arg(today)
+                .arg(UNSETTLED);
+            inv
+        };
+        // The first call after a Redis restart finds a dead connection:
+        // tried once more on a fresh one. A reserve that did not run holds
+        // nothing; one that did run is overwritten under the same id (held
+        // once; at the limit's very edge it may refuse: erring to count).
         let (granted, used): (u64, u64) = self
             .redis
-            .call(
-                RedisOp::LedgerReserve,
-                |mut c| async move { inv.invoke_async(&mut c).await },
-            )
+            .call_reconnecting(RedisOp::LedgerReserve, |mut c| {
+                let inv = invocation();
+                async move { inv.invoke_async(&mut c).await }
+            })
             .await
             .map_err(|e| LedgerError(format!("ledger reserve: {e}")))?;
         Ok(match (granted, limit) {
@@ -152,9 +173,10 @@ impl RedisLedger {
             self.key(&r.team, "settled"),
             self.key(&r.team, "settled_at"),
             self.key(&r.team, "settled_scan"),
+            self.key(&r.team, "lapsed"),
         ];
         let once = || async {
-            let now = now_ms();
+            let now = self.clock.now_ms();
             let mut inv = self.settle.prepare_invoke();
             for k in &keys {
                 inv.key(k);

@@ -79,10 +79,7 @@ pub async fn answer<B>(app: &Arc<App>, ask: &Ask<'_, B>, ctx: &mut RequestContex
     };
     job.key = Some(key::cache_key(&job.target));
     let (outcome, role) = fetch::coalesced(app, job).await;
-    let failed = match &outcome {
-        Ok(f) => matches!(f.status.as_u16(), 402 | 429 | 500..=599),
-        Err(e) => e.upstream_failed(),
-    };
+    let failed = fetch::upstream_failed(&outcome);
     // 14. The upstream failed: stale records for every missing id stand in.
     if failed && stale.iter().zip(&held).all(|(s, h)| h.is_some() || s.is_some()) {
         let merged: Vec<_> = held.iter().zip(stale).map(|(h, s)| h.clone().or(s)).collect();

@@ -18,6 +18,8 @@ use crate::metrics::LedgerOp;
 use crate::route;
 use http::header::{HeaderMap, HeaderName, HeaderValue};
 use http::StatusCode;
+use std::sync::Arc;
+use std::time::Duration;
 
 pub const X_CREDITS_REQUEST: HeaderName = HeaderName::from_static("x-credits-request");
 pub const X_CREDITS_LIMIT: HeaderName = HeaderName::from_static("x-credits-limit");
@@ -82,8 +84,16 @@ pub fn count_items(body: &[u8]) -> u64 {
 /// Phase 9: holds the worst case of this call in the team's ledger, or
 /// refuses (402) before anything is spent. `Ok(None)`: nothing to hold
 /// (the ledger is down and the operator chose to fail open).
+///
+/// The team is the one in the live table now, not the one the request was
+/// admitted as: a reserve may run up to `cache.coalesce_wait_ms` after
+/// admission (a lease wait, a follower's retry), and a reload meanwhile
+/// that lowered the team's limit binds it; one that removed the team
+/// refuses it as the upstream refuses an unknown key (401).
 pub async fn reserve(app: &App, job: &Job) -> Result<Option<Reservation>, GatewayError> {
-    let team = &job.team;
+    let Some(team) = app.teams.load().by_name(&job.team.name).cloned() else {
+        return Err(GatewayError::InvalidCredential);
+    };
     let amount = route::credit_estimate(&job.target);
     // Free calls cannot overspend: they are recorded, never refused.
     let limit = if amount == 0 { None } else { team.credit_limit };
@@ -147,6 +157,27 @@ pub async fn settle(app: &App, job: &Job, reservation: Option<Reservation>, char
         }
     }
     reconcile(app).await;
+}
+
+/// The longest a finished call's answer waits for its settle; the settle
+/// goes on after it. Long enough that a healthy ledger (a Redis round trip,
+/// a group commit) is done first, so the team's budget headers show it.
+pub const SETTLE_WAIT: Duration = Duration::from_secs(1);
+
+/// A settle running in a task of its own.
+pub type Settling = tokio::task::JoinHandle<()>;
+
+/// Phase 12 in its own task: no call waits on it, no client cancels it.
+pub fn settle_beside(app: &Arc<App>, job: &Job, reservation: Option<Reservation>, charge: Charge) -> Settling {
+    let (app, job) = (app.clone(), job.clone());
+    tokio::spawn(async move { settle(&app, &job, reservation, charge).await })
+}
+
+/// Waits up to [`SETTLE_WAIT`] for a settle, then leaves it to finish.
+pub async fn settled_or_late(settling: Settling) {
+    if tokio::time::timeout(SETTLE_WAIT, settling).await.is_err() {
+        tracing::warn!("ledger settle still running: the answer goes out, the settle finishes behind it");
+    }
 }
 
 /// The safety net no single anchor gives: the org's spend as the upstream

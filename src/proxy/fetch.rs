@@ -50,6 +50,18 @@ pub struct Job {
     pub accept: Option<http::HeaderValue>,
 }
 
+/// The one rule for "the upstream failed" on every path (pages, id
+/// lookups, refreshes, followers): an upstream error (its error statuses
+/// became [`GatewayError`]s where the fetch returned), or the org's 402
+/// (out of credits, passed on with the upstream's body). Then a stale copy
+/// answers when one is held, and a follower takes the failure as its own.
+pub fn upstream_failed(outcome: &Outcome) -> bool {
+    match outcome {
+        Ok(f) => f.status == StatusCode::PAYMENT_REQUIRED && !f.from_cache,
+        Err(e) => e.upstream_failed(),
+    }
+}
+
 /// One upstream fetch per key at a time in this process; the others wait
 /// for it. A follower whose leader failed for its own reasons (its budget,
 /// its rate) tries itself; an upstream failure is everyone's.
@@ -62,7 +74,7 @@ pub async fn coalesced(app: &Arc<App>, job: Job) -> (Outcome, Role) {
             Join::Leader(leader) => return (owned(app, job, Some(leader)).await, Role::Leader),
             Join::Follower(rx) => match follow(rx).await {
                 Some(Ok(fetched)) => return (Ok(fetched), Role::Follower),
-                Some(Err(e)) if e.upstream_failed() => return (Err(e), Role::Follower),
+                Some(failed) if upstream_failed(&failed) => return (failed, Role::Follower),
                 _ => continue,
             },
         }
@@ -181,10 +193,21 @@ async fn fetch_upstream(app: &Arc<App>, job: &Job) -> Outcome {
     }
     // 11–12. Forward, and settle what the upstream charged.
     let (resp, charge) = forward(app, job, reservation).await?;
+    let max = Duration::from_secs(app.config.upstream.max_retry_after_secs);
     if resp.status == StatusCode::TOO_MANY_REQUESTS {
-        let max = Duration::from_secs(app.config.upstream.max_retry_after_secs);
         let wait = retry_after(&resp.headers, max).unwrap_or(Duration::from_secs(1));
         app.scheduler.pause(wait).await;
+    }
+    // An error status becomes the error here, once, for every path.
+    if let Some(e) = GatewayError::of_upstream_status(resp.status, &resp.headers, max) {
+        if e == GatewayError::UpstreamKeyRefused {
+            tracing::error!(
+                request_id = %job.request_id,
+                status = resp.status.as_u16(),
+                "upstream refused the gateway's key (upstream.api_key): an upstream failure, not the team's"
+            );
+        }
+        return Err(e);
     }
     if resp.status == StatusCode::OK && !is_json(&resp) {
         return Err(GatewayError::UpstreamInvalid("Upstream sent a malformed answer"));
@@ -211,8 +234,15 @@ async fn fetch_upstream(app: &Arc<App>, job: &Job) -> Outcome {
 /// without a bill in its head is settled from its records once the body is
 /// in; one the upstream cannot pass on is settled all the same: the
 /// upstream billed it.
+///
+/// **The settle never stalls the call.** It runs in a task of its own
+/// beside the call, which is polled to its end whatever the ledger does;
+/// once the call has ended its answer waits at most [`credits::SETTLE_WAIT`] for the
+/// settle, which then goes on alone within its own retry bound (the Redis
+/// ledger's `settle_by`; the file ledger's durable hold). A paid answer is
+/// delivered and stored even while the ledger is slow.
 async fn forward(
-    app: &App,
+    app: &Arc<App>,
     job: &Job,
     reservation: Option<Reservation>,
 ) -> Result<(UpstreamResponse, Charge), GatewayError> {
@@ -224,7 +254,7 @@ async fn forward(
         .upstream
         .fetch_with_heads(&job.target, &job.request_id, job.accept.as_ref(), &app.metrics, &heads);
     tokio::pin!(call);
-    let mut early: Option<Charge> = None;
+    let mut early: Option<(Charge, credits::Settling)> = None;
     let result = loop {
         tokio::select! {
             result = &mut call => break result,
@@ -234,44 +264,61 @@ async fn forward(
                 if credits::billed(&head.headers).is_some() {
                     app.org.observe(head.status, &head.headers, &bytes::Bytes::new(), &app.metrics);
                     let charge = credits::charge(head.status, &head.headers, None, metered, reserved);
-                    credits::settle(app, job, reservation.take().flatten(), charge).await;
-                    early = Some(charge);
+                    early = Some((charge, credits::settle_beside(app, job, reservation.take().flatten(), charge)));
                 }
             }
         }
     };
     match (result, early) {
-        (Ok(resp), early) => {
+        (Ok(resp), Some((charge, settling))) => {
             app.org.observe(resp.status, &resp.headers, &resp.body, &app.metrics);
-            let charge = match early {
-                Some(charge) => charge,
-                None => {
-                    let charge = credits::charge(resp.status, &resp.headers, Some(&resp.body), metered, reserved);
-                    credits::settle(app, job, reservation.take().flatten(), charge).await;
-                    charge
-                }
-            };
+            credits::settled_or_late(settling).await;
             Ok((resp, charge))
         }
-        (Err(failed), Some(_)) => Err(failed.error),
+        (Ok(resp), None) => {
+            app.org.observe(resp.status, &resp.headers, &resp.body, &app.metrics);
+            let charge = credits::charge(resp.status, &resp.headers, Some(&resp.body), metered, reserved);
+            credits::settled_or_late(credits::settle_beside(app, job, reservation.take().flatten(), charge)).await;
+            Ok((resp, charge))
+        }
+        (Err(failed), Some((_, settling))) => {
+            credits::settled_or_late(settling).await;
+            Err(failed.error)
+        }
         (Err(failed), None) => Err(settle_failure(app, job, reservation.take().flatten(), failed).await),
     }
 }
 
-/// Phase 12 for a call without an answer: when the upstream sent a billed
-/// head before the body failed (cut, too large, the deadline), its charge
-/// is settled from its credit header and the answer is never cached;
-/// otherwise nothing was charged and the reservation is released.
-async fn settle_failure(app: &App, job: &Job, reservation: Option<Reservation>, failed: Failed) -> GatewayError {
+/// Phase 12 for a call without an answer: when the upstream sent a 200 head
+/// before the body failed (cut, too large, the deadline), the call may have
+/// been billed. A head that carries its bill is settled at it; one that
+/// does not (the upstream bills every metered 200 in `X-Credits-Request`)
+/// is settled at its reservation and counted as an anomaly: erring towards
+/// counting, since the upstream may have billed it. Never cached.
+/// Otherwise nothing was charged and the reservation is released.
+async fn settle_failure(app: &Arc<App>, job: &Job, reservation: Option<Reservation>, failed: Failed) -> GatewayError {
     match failed.head {
         Some(head) if head.status == StatusCode::OK => {
             app.org
                 .observe(head.status, &head.headers, &bytes::Bytes::new(), &app.metrics);
             let metered = job.target.route.is_metered();
             let reserved = credits::reserved(job, reservation.as_ref());
-            let charge = credits::charge(head.status, &head.headers, None, metered, reserved);
+            let mut charge = credits::charge(head.status, &head.headers, None, metered, reserved);
+            if metered && credits::billed(&head.headers).is_none() {
+                app.metrics.credit_anomaly(&job.team.name);
+                tracing::warn!(
+                    team = %job.team.name,
+                    request_id = %job.request_id,
+                    reserved,
+                    "anomaly: a 200 head without X-Credits-Request whose body failed; settled at the reservation"
+                );
+                charge = Charge {
+                    credits: reserved,
+                    worth: reserved,
+                };
+            }
             if charge.credits > 0 {
-                credits::settle(app, job, reservation, charge).await;
+                credits::settled_or_late(credits::settle_beside(app, job, reservation, charge)).await;
             } else {
                 credits::release(app, reservation).await;
             }

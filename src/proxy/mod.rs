@@ -191,7 +191,11 @@ async fn cached_or_fetched<B>(
     let mut cached = None;
     if let (Some(k), false) = (&ask.key, d.no_cache) {
         if let Some((entry, tier)) = app.cache.lookup(target.route, k).await {
-            if let Some(state) = accept_cached(app, &entry, d, k, || ask.job(&ctx.request_id)).await {
+            // A HEAD never buys, not even a background refresh (built only
+            // when one starts: the hit path allocates no job).
+            let buys = ask.req.method() != Method::HEAD;
+            let job = || buys.then(|| ask.job(&ctx.request_id));
+            if let Some(state) = accept_cached(app, &entry, d, k, job).await {
                 app.metrics.cache_hit(target.route, tier);
                 return Ok(from_cache(app, &ask.team, target, &entry, state, ask.req, ctx));
             }
@@ -225,11 +229,7 @@ async fn cached_or_fetched<B>(
     // 8–13. Coalesce, reserve, queue, forward, settle, store.
     let (outcome, role) = fetch::coalesced(app, ask.job(&ctx.request_id)).await;
     // 14. The upstream failed and a stale copy exists: serve it instead.
-    let failed = match &outcome {
-        Ok(f) => matches!(f.status.as_u16(), 402 | 429 | 500..=599),
-        Err(e) => e.upstream_failed(),
-    };
-    if let (true, Some(k)) = (failed, ask.key.as_deref()) {
+    if let (true, Some(k)) = (fetch::upstream_failed(&outcome), ask.key.as_deref()) {
         if cached.is_none() {
             cached = app.cache.lookup(target.route, k).await.map(|(e, _)| e);
         }
@@ -272,7 +272,8 @@ fn admit<B>(app: &App, req: &Request<B>) -> Result<(), GatewayError> {
 /// the stale-while-revalidate window answers at once and starts one
 /// background refresh per key and [`REFRESH_EVERY`], paid by this
 /// team like a miss (its cost shows in the team's usage and in the
-/// refresh's own access-log line, not in this free answer).
+/// refresh's own access-log line, not in this free answer). `job`: the
+/// refresh to start; `None` for a request that may not buy (a HEAD).
 ///
 /// [`REFRESH_EVERY`]: crate::cache::refresh::REFRESH_EVERY
 async fn accept_cached(
@@ -280,16 +281,17 @@ async fn accept_cached(
     entry: &Entry,
     d: &Directives,
     key: &str,
-    job: impl FnOnce() -> Job,
+    job: impl FnOnce() -> Option<Job>,
 ) -> Option<CacheState> {
     match lookup::usable(entry, d, app.config.cache.stale_while_revalidate_secs, now_ms()) {
         Use::Hit => Some(CacheState::Hit),
         Use::StaleAccepted => Some(CacheState::Stale),
         Use::Revalidate => {
             // only-if-cached never reaches the upstream, not even so.
-            if !d.only_if_cached && app.refreshes.claim(key).await {
-                let (app, job) = (app.clone(), job());
-                tokio::spawn(refresh(app, job));
+            if let (Some(job), false) = (job(), d.only_if_cached) {
+                if app.refreshes.claim(key).await {
+                    tokio::spawn(refresh(app.clone(), job));
+                }
             }
             Some(CacheState::Stale)
         }

@@ -91,8 +91,10 @@ fn client_has(request_headers: &HeaderMap, etag: &str) -> bool {
 }
 
 /// The team's answer for a fetch; `charged` is what this team pays (0 for a
-/// follower). Upstream failures become errors here, with the upstream's
-/// `Retry-After` clamped to `max_retry_after`.
+/// follower). Upstream error statuses never get here: they became
+/// [`GatewayError`]s where the fetch returned (`GatewayError::of_upstream_status`);
+/// a free answer passed on keeps the upstream's `Retry-After`, clamped to
+/// `max_retry_after`.
 pub fn from_fetched(
     fetched: &Fetched,
     charged: u64,
@@ -100,19 +102,6 @@ pub fn from_fetched(
     ctx: &RequestContext,
     max_retry_after: Duration,
 ) -> Result<Response<Body>, GatewayError> {
-    match fetched.status.as_u16() {
-        // Our key was refused: the gateway's problem, not the team's token.
-        401 | 403 => {
-            tracing::error!(request_id = %ctx.request_id, status = fetched.status.as_u16(), "upstream refused the gateway's key");
-            return Err(GatewayError::UpstreamUnavailable);
-        }
-        429 => {
-            let secs = retry_after(&fetched.headers, max_retry_after).map_or(1, |d| d.as_secs());
-            return Err(GatewayError::UpstreamRateLimited { retry_after_secs: secs });
-        }
-        500..=599 => return Err(GatewayError::UpstreamUnavailable),
-        _ => {}
-    }
     let route = ctx.route.unwrap_or(Route::Other);
     if fetched.status == StatusCode::OK {
         return Ok(ok(

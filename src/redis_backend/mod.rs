@@ -118,6 +118,28 @@ impl RedisBackend {
         result
     }
 
+    /// As [`RedisBackend::call`], tried once more when the connection had
+    /// dropped: after a Redis restart the first call of an idle replica
+    /// finds its old connection dead (the manager reconnects only then), and
+    /// a budget must not answer 503 for that. Once: a Redis that is down
+    /// stays a quick failure.
+    pub async fn call_reconnecting<T, F, Fut>(&self, op: RedisOp, f: F) -> Result<T, BackendError>
+    where
+        F: Fn(Conn) -> Fut,
+        Fut: std::future::Future<Output = redis::RedisResult<T>>,
+    {
+        match self.call(op, &f).await {
+            Err(BackendError::Redis(e)) if e.is_connection_dropped() || e.is_io_error() => {
+                tracing::info!(
+                    op = op.as_str(),
+                    "redis connection dropped: retrying once on a fresh one"
+                );
+                self.call(op, f).await
+            }
+            other => other,
+        }
+    }
+
     fn failed(&self, op: RedisOp, e: &BackendError) {
         self.metrics.redis_error(op);
         let failures = self.failures.fetch_add(1, Ordering::AcqRel) + 1;

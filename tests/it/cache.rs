@@ -232,7 +232,25 @@ async fn upstream_failures_serve_a_stale_copy_or_the_mapped_error() {
     let fresh = alpha(&cached).await;
     assert_eq!(fresh.header("x-cache"), Some("MISS"));
     let uncached = format!("{}{}", gw.base_url(), search_path(&sim, 8));
-    let cases: [(Faults, StatusCode); 4] = [
+    let cases: [(Faults, StatusCode); 6] = [
+        // The upstream refused the gateway's own key: an upstream failure
+        // (stale if held), never the team's 401.
+        (
+            Faults {
+                kind: FaultKind::Status,
+                status: Some(401),
+                ..Faults::default()
+            },
+            StatusCode::BAD_GATEWAY,
+        ),
+        (
+            Faults {
+                kind: FaultKind::Status,
+                status: Some(403),
+                ..Faults::default()
+            },
+            StatusCode::BAD_GATEWAY,
+        ),
         (
             Faults {
                 kind: FaultKind::Status,
@@ -283,6 +301,13 @@ async fn upstream_failures_serve_a_stale_copy_or_the_mapped_error() {
         }
         if mapped == StatusCode::PAYMENT_REQUIRED {
             assert!(failed.json()["detail"]["error"].is_string(), "402 body passes through");
+        }
+        if matches!(fault.status, Some(401 | 403)) {
+            assert_eq!(
+                failed.json()["detail"],
+                "Upstream refused the gateway's credentials",
+                "says what happened"
+            );
         }
     }
     sim.clear_faults();

@@ -62,8 +62,9 @@ pub(super) struct Loaded {
 }
 
 /// Turns the reservations a dead process left into spend, then reads the
-/// spend since `since`.
-pub(super) fn load(db: &Database, since: u32) -> Result<Loaded, redb::Error> {
+/// spend since `since`. A hold becomes spend on the later of its day and
+/// `today` (the day it is turned into spend).
+pub(super) fn load(db: &Database, since: u32, today: u32) -> Result<Loaded, redb::Error> {
     let txn = db.begin_write()?;
     let unsettled = {
         let mut held = txn.open_table(HELD)?;
@@ -76,7 +77,7 @@ pub(super) fn load(db: &Database, since: u32) -> Result<Loaded, redb::Error> {
         }
         for (id, team, amount, day) in &rows {
             held.remove(id)?;
-            let key = (team.as_str(), *day, UNSETTLED);
+            let key = (team.as_str(), (*day).max(today), UNSETTLED);
             let (spent, saved) = spend.get(key)?.map_or((0, 0), |v| v.value());
             spend.insert(key, (spent.saturating_add(*amount), saved))?;
         }

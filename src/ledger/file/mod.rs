@@ -11,7 +11,10 @@
 //! in the same transaction that records the spend. A process that dies in
 //! between leaves the row behind; at the next start every such row counts
 //! as spent at its full amount (route `unsettled`): the upstream may have
-//! charged it, and the budget must never forget a charge.
+//! charged it, and the budget must never forget a charge. It counts on the
+//! later of its reservation's day and the day of that start: the charge
+//! may have landed after midnight, and a window that closed meanwhile must
+//! not hide it from the new one.
 
 mod disk;
 #[cfg(test)]
@@ -19,6 +22,7 @@ mod tests;
 
 use super::saved::SavedTally;
 use super::{new_id, LedgerError, Reservation, Reserved, TeamUsage, UsageRow, Window, UNSETTLED};
+use crate::clock::Clock;
 use crate::route::Route;
 use disk::{Op, Write};
 use redb::Database;
@@ -56,18 +60,26 @@ pub struct FileLedger {
     writer: Option<std::thread::JoinHandle<()>>,
     lease: Duration,
     pub window: Window,
+    /// The days spend is booked on (shifted only in tests).
+    pub clock: Clock,
 }
 
 impl FileLedger {
     /// Opens (or creates) `<dir>/ledger.redb` and loads recent spend.
     pub fn open(dir: &Path, window: Window, lease: Duration) -> Result<FileLedger, String> {
+        FileLedger::open_at(dir, window, lease, Clock::default())
+    }
+
+    /// As [`FileLedger::open`], booking days on `clock`.
+    pub fn open_at(dir: &Path, window: Window, lease: Duration, clock: Clock) -> Result<FileLedger, String> {
         std::fs::create_dir_all(dir).map_err(|e| format!("quota.path: cannot create {}: {e}", dir.display()))?;
         let path = dir.join("ledger.redb");
         let db = Database::create(&path).map_err(|e| format!("quota.path: cannot open {}: {e}", path.display()))?;
         let db = Arc::new(db);
-        let since = super::today().saturating_sub(MEMORY_DAYS);
+        let today = clock.today();
+        let since = today.saturating_sub(MEMORY_DAYS);
         let disk::Loaded { spend, unsettled } =
-            disk::load(&db, since).map_err(|e| format!("quota.path: cannot read {}: {e}", path.display()))?;
+            disk::load(&db, since, today).map_err(|e| format!("quota.path: cannot read {}: {e}", path.display()))?;
         let mut state = State::default();
         for (team, day, credits) in spend {
             add(&mut state.days, &team, day, credits);
@@ -94,6 +106,7 @@ impl FileLedger {
             writer: Some(handle),
             lease,
             window,
+            clock,
         })
     }
 
@@ -114,7 +127,7 @@ impl FileLedger {
         let now = Instant::now();
         {
             let mut s = self.lock();
-            self.lapse_expired(&mut s, now);
+            self.lapse_expired(&mut s, now, today);
             let spent = window_sum(s.days.get(team), self.window.first_day(today));
             let held = s
                 .held
@@ -156,7 +169,9 @@ impl FileLedger {
     }
 
     /// Reservations past their lease count as spent: their owner is gone.
-    fn lapse_expired(&self, s: &mut State, now: Instant) {
+    /// Booked on the later of the reservation's day and today's, the day it
+    /// becomes spend.
+    fn lapse_expired(&self, s: &mut State, now: Instant, today: u32) {
         let lapsed: Vec<u64> = s
             .held
             .iter()
@@ -169,11 +184,12 @@ impl FileLedger {
             if h.amount == 0 {
                 continue;
             }
-            add(&mut s.days, &h.team, h.day, h.amount);
+            let day = h.day.max(today);
+            add(&mut s.days, &h.team, day, h.amount);
             let op = Op::End {
                 id,
                 team: h.team,
-                day: h.day,
+                day,
                 route: UNSETTLED,
                 spent: h.amount,
             };
@@ -194,16 +210,26 @@ impl FileLedger {
     pub async fn settle(&self, r: Reservation, actual: u64, route: Route, today: u32) -> Result<(), LedgerError> {
         // Spend counts in memory even when the disk fails: the upstream
         // charged it, so the budget must see it (fail closed). A reservation
-        // that already lapsed was counted in full, once.
+        // that already lapsed was counted in full, once; a charge above it
+        // adds its excess (a reservation is settled at most once, so one
+        // that is no longer held lapsed).
         let was_held = {
             let mut s = self.lock();
             let was_held = s.held.remove(&r.id).is_some();
             if was_held && actual > 0 {
                 add(&mut s.days, &r.team, today, actual);
+            } else if !was_held && actual > r.amount {
+                add(&mut s.days, &r.team, today, actual - r.amount);
             }
             was_held
         };
         let op = match (was_held, r.amount, actual) {
+            (false, amount, actual) if actual > amount => Op::Spend {
+                team: r.team,
+                day: today,
+                route: route.as_str(),
+                spent: actual - amount,
+            },
             (false, _, _) | (true, 0, 0) => return Ok(()),
             // A hold of 0 credits was never written: nothing to end.
             (true, 0, _) => Op::Spend {

@@ -107,3 +107,42 @@ async fn a_free_call_charged_after_all_is_durable() {
     }
     assert_eq!(ledger(dir.path()).usage("t", today).used, 3, "on disk too");
 }
+
+#[tokio::test]
+async fn lapsed_spend_is_booked_on_the_day_it_becomes_spend() {
+    let dir = tempfile::tempdir().unwrap();
+    let l = FileLedger::open(dir.path(), Window::CalendarMonth, Duration::ZERO).expect("opens");
+    // Reserved on the last day of a month, lapsed on the first of the next.
+    let last = crate::ledger::day_of(chrono::NaiveDate::from_ymd_opt(2026, 11, 30).unwrap());
+    let first = last + 1;
+    let late = granted(&l, 100, 40, last).await;
+    assert!(matches!(
+        l.reserve("t", Some(100), 61, first).await.unwrap(),
+        Reserved::Rejected { used: 40, .. }
+    ));
+    assert_eq!(l.usage("t", first).used, 40, "in the month it was spent in");
+    assert_eq!(l.usage("t", last).used, 0, "not in the month that closed");
+    // A settle after the lapse that charges more adds the excess, once.
+    l.settle(late, 45, Route::PermitsSearch, first).await.expect("settle");
+    assert_eq!(l.usage("t", first).used, 45);
+    drop(l);
+    let l = FileLedger::open(dir.path(), Window::CalendarMonth, Duration::ZERO).expect("reopens");
+    assert_eq!(l.usage("t", first).used, 45, "durable");
+}
+
+#[tokio::test]
+async fn a_hold_left_by_a_crash_counts_on_the_day_of_the_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let today = crate::ledger::today();
+    {
+        let l = ledger(dir.path());
+        std::mem::forget(granted(&l, 100, 40, today - 1).await);
+    }
+    let l = ledger(dir.path());
+    let rows = l.rows(today - 1, today).await;
+    assert_eq!(
+        rows.iter().map(|r| (r.day, r.spent)).collect::<Vec<_>>(),
+        vec![(today, 40)],
+        "booked on the restart's day, not the reservation's"
+    );
+}

@@ -3,9 +3,11 @@
 //! KEYS and carries the team's `{team}` tag, so on a Cluster all sit in
 //! one slot.
 
-/// KEYS: days, held, routes, settled, settled_at. ARGV: amount, limit (-1:
-/// none), now, first day, expires, id, today, unsettled route. Lapsed holds
-/// become spend, marked settled (and indexed) so a late settle counts nothing.
+/// KEYS: days, held, routes, settled, settled_at, lapsed. ARGV: amount,
+/// limit (-1: none), now, first day, expires, id, today, unsettled route.
+/// Lapsed holds become spend on the later of their day and today's, marked
+/// settled (and indexed) so a late settle counts them once; `lapsed` keeps
+/// what they counted, for a late settle's excess.
 pub(super) const RESERVE: &str = r#"
 local now = tonumber(ARGV[3])
 local holds = redis.call('HGETALL', KEYS[2])
@@ -19,8 +21,10 @@ for i = 1, #holds, 2 do
     if redis.call('HSETNX', KEYS[4], holds[i], now) == 1 then
       redis.call('ZADD', KEYS[5], now, holds[i])
       if tonumber(amount) > 0 then
-        redis.call('HINCRBY', KEYS[1], day, amount)
-        redis.call('HINCRBY', KEYS[3], day .. '|' .. ARGV[8] .. '|s', amount)
+        local book = string.format('%d', math.max(tonumber(day), tonumber(ARGV[7])))
+        redis.call('HINCRBY', KEYS[1], book, amount)
+        redis.call('HINCRBY', KEYS[3], book .. '|' .. ARGV[8] .. '|s', amount)
+        redis.call('HSET', KEYS[6], holds[i], amount)
       end
     end
   else
@@ -42,16 +46,27 @@ redis.call('HSET', KEYS[2], ARGV[6], amount .. ':' .. ARGV[5] .. ':' .. ARGV[7])
 return {1, spent + held}
 "#;
 
-/// KEYS: days, held, routes, settled, settled_at, settled_scan. ARGV: id,
-/// actual, today, route, prune days before, now, forget marks before, most
-/// marks to forget, hash buckets to walk. 0: already ended.
+/// KEYS: days, held, routes, settled, settled_at, settled_scan, lapsed.
+/// ARGV: id, actual, today, route, prune days before, now, forget marks
+/// before, most marks to forget, hash buckets to walk. 0: already
+/// ended (a lapsed reservation's charge above what its lapse counted is
+/// added then, once).
 ///
 /// Each step is O(1) or O(log marks), on at most ARGV[8] (forgotten) and
 /// about ARGV[9] (walked) marks, plus the days hash (at most ~63 days): a
 /// settle costs the same with a hundred marks as with a million.
 pub(super) const SETTLE: &str = r#"
 local now = ARGV[6]
-if redis.call('HSETNX', KEYS[4], ARGV[1], now) == 0 then return 0 end
+if redis.call('HSETNX', KEYS[4], ARGV[1], now) == 0 then
+  local counted = tonumber(redis.call('HGET', KEYS[7], ARGV[1]) or '')
+  local actual = tonumber(ARGV[2])
+  if counted ~= nil and actual > counted then
+    redis.call('HDEL', KEYS[7], ARGV[1])
+    redis.call('HINCRBY', KEYS[1], ARGV[3], actual - counted)
+    redis.call('HINCRBY', KEYS[3], ARGV[3] .. '|' .. ARGV[4] .. '|s', actual - counted)
+  end
+  return 0
+end
 redis.call('ZADD', KEYS[5], now, ARGV[1])
 redis.call('HDEL', KEYS[2], ARGV[1])
 local actual = tonumber(ARGV[2])
@@ -70,6 +85,7 @@ local old = redis.call('ZRANGEBYSCORE', KEYS[5], '-inf', '(' .. forget_before, '
 if #old > 0 then
   redis.call('HDEL', KEYS[4], unpack(old))
   redis.call('ZREM', KEYS[5], unpack(old))
+  redis.call('HDEL', KEYS[7], unpack(old))
 end
 -- More marks than index entries: the previous release wrote some. Walk the
 -- hash a page per settle (the cursor survives in KEYS[6]) until none is left.

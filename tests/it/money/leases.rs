@@ -20,35 +20,34 @@ use std::time::Duration;
 async fn a_lease_is_released_only_by_its_owner() {
     let redis = RedisServer::start();
     let sim = start_sim(unlimited()).await;
+    let owners = replicas(1, &sim, Some(&redis), Setup::new()).await;
+    // The shortest wait validation allows: its own queue bound (0) and
+    // upstream deadline (1 s) — shorter than the owner's slow call.
     let impatient = replicas(
-        2,
-        &sim,
-        Some(&redis),
-        Setup::new().with("cache", "coalesce_wait_ms = 200"),
-    )
-    .await;
-    let patient = replicas(
         1,
         &sim,
         Some(&redis),
-        Setup::new().with("cache", "coalesce_wait_ms = 10000"),
+        Setup::new()
+            .with("cache", "coalesce_wait_ms = 1000")
+            .with("upstream", "timeout_secs = 1\nmax_queue_wait_secs = 0"),
     )
     .await;
+    let patient = replicas(1, &sim, Some(&redis), Setup::new()).await;
     let path = distinct_search(&sim, 0, 10);
     sim.set_faults(Faults {
-        latency_ms: Some(2_000),
+        latency_ms: Some(3_000),
         count: Some(1),
         ..fault(FaultKind::Latency)
     });
-    let owner_url = format!("{}{path}", impatient[0].base_url());
+    let owner_url = format!("{}{path}", owners[0].base_url());
     let owner = tokio::spawn(async move { as_team(&owner_url, ALPHA.1, "alpha-owner").await });
     let leases = lease_count(&redis);
     eventually("the owner holds the lease", Duration::from_secs(5), || async {
         leases().await == 1
     })
     .await;
-    // Gives up after 200 ms, fetches itself without storing, releases nothing.
-    let url = format!("{}{path}", impatient[1].base_url());
+    // Gives up after 1 s, fetches itself without storing, releases nothing.
+    let url = format!("{}{path}", impatient[0].base_url());
     let own = get(
         &url,
         &[
@@ -77,10 +76,12 @@ async fn a_lease_is_released_only_by_its_owner() {
         "the owner and the impatient replica, not the third"
     );
     assert_eq!(leases().await, 0, "the owner released its lease");
-    assert_ledger_matches(&sim, &impatient[0].admin_url(), &["alpha", "beta"]).await;
+    assert_ledger_matches(&sim, &owners[0].admin_url(), &["alpha", "beta"]).await;
 }
 
-fn lease_count(redis: &RedisServer) -> impl Fn() -> std::pin::Pin<Box<dyn std::future::Future<Output = usize> + Send>> {
+pub(super) fn lease_count(
+    redis: &RedisServer,
+) -> impl Fn() -> std::pin::Pin<Box<dyn std::future::Future<Output = usize> + Send>> {
     let client = redis::Client::open(redis.url()).expect("redis url");
     move || {
         let client = client.clone();

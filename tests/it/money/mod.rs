@@ -12,10 +12,14 @@ use permit_gateway::Running;
 
 mod calls;
 mod crash;
+mod days;
 mod edges;
+mod heads;
 mod herd;
 mod leases;
+mod live_team;
 mod marks;
+mod slow_ledger;
 mod upstream_numbers;
 
 /// `n` gateways in front of `sim`: one alone (file ledger, no Redis), or

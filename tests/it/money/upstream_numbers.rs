@@ -116,3 +116,32 @@ async fn no_retry_after_value_makes_the_gateway_fail() {
     }
     assert_ledger_matches(&sim, &gw.admin_url(), &["alpha"]).await;
 }
+
+/// Issue 25, case 5: a 200 head without `X-Credits-Request` whose body
+/// then fails (here: beyond `upstream.max_response_bytes`) may have been
+/// billed. It is settled at its reservation and counted as an anomaly,
+/// never released: the ledger errs towards counting.
+#[tokio::test]
+async fn an_unbilled_head_whose_body_fails_is_settled_at_its_reservation() {
+    let sim = start_sim(unlimited()).await;
+    let gw = Setup::new()
+        .with("upstream", "max_response_bytes = 2048\nmax_retries = 0")
+        .start(&sim)
+        .await;
+    sim.set_faults(Faults {
+        count: Some(1),
+        ..fault(FaultKind::MissingCredits)
+    });
+    let url = format!("{}{}", gw.base_url(), distinct_search(&sim, 0, 10));
+    let r = as_team(&url, ALPHA.1, "alpha-1").await;
+    assert_eq!(r.status, StatusCode::BAD_GATEWAY);
+    assert_eq!(charged_to(&sim, "alpha-"), 10, "the upstream billed the call");
+    assert_ledger_matches(&sim, &gw.admin_url(), &["alpha"]).await;
+    let metrics = crate::support::http::get(&format!("{}/metrics", gw.admin_url()), &[])
+        .await
+        .text();
+    assert!(
+        metrics.contains("gateway_credit_anomalies_total{team=\"alpha\"} 1"),
+        "the anomaly is counted"
+    );
+}

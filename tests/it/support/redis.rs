@@ -45,6 +45,27 @@ impl RedisServer {
         self.spawn();
     }
 
+    /// Freezes the server (SIGSTOP): connections stay open and nothing
+    /// answers, as a Redis stalled by a fork, a swap storm or a paused VM.
+    pub fn pause(&self) {
+        self.signal("STOP");
+    }
+
+    /// Thaws a paused server (SIGCONT).
+    pub fn resume(&self) {
+        self.signal("CONT");
+    }
+
+    fn signal(&self, sig: &str) {
+        let child = self.child.as_ref().expect("redis is running");
+        let status = Command::new("kill")
+            .arg(format!("-{sig}"))
+            .arg(child.id().to_string())
+            .status()
+            .expect("kill runs");
+        assert!(status.success(), "kill -{sig} redis failed");
+    }
+
     pub fn is_running(&self) -> bool {
         self.child.is_some()
     }

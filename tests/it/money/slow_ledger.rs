@@ -1,0 +1,127 @@
+//! A ledger that stalls or restarts never costs a paid answer (issue 25,
+//! cases 2 and 5): the upstream call is driven to its end while the settle
+//! waits for Redis, and the first reserve after a Redis restart is retried
+//! on a fresh connection instead of refused.
+
+use super::replicas;
+use crate::support::gateway::{team, Setup, ADMIN_TOKEN, ALPHA, SMALL};
+use crate::support::http::get;
+use crate::support::redis::RedisServer;
+use crate::support::sim::{fault, start_sim, unlimited, FaultKind, Faults};
+use crate::support::traffic::{as_team, charged_to, distinct_search, ledger_used};
+use crate::support::wait::eventually;
+use http::StatusCode;
+use std::time::Duration;
+
+/// A team's spend as the admin API reports it; `None` while the ledger
+/// cannot answer.
+async fn spent(admin: &str, team: &str) -> Option<u64> {
+    let bearer = format!("Bearer {ADMIN_TOKEN}");
+    let r = get(&format!("{admin}/admin/teams"), &[("authorization", &bearer)]).await;
+    let teams = r.json()["teams"].as_array().cloned().unwrap_or_default();
+    teams.iter().find(|t| t["name"] == team)?["used"].as_u64()
+}
+
+/// Holds of `team` in the Redis ledger (reservations in flight).
+async fn holds(redis: &RedisServer, team: &str) -> usize {
+    let client = redis::Client::open(redis.url()).expect("redis url");
+    let mut c = client.get_multiplexed_async_connection().await.expect("redis");
+    redis::cmd("HLEN")
+        .arg(format!("pgw:l:{{{team}}}:held"))
+        .query_async(&mut c)
+        .await
+        .expect("HLEN")
+}
+
+/// Case 2: Redis freezes (SIGSTOP) after the reserve and stays frozen
+/// while the upstream sends a billed head and then a 100-record body over
+/// 2 s, against a 5 s deadline. The answer is delivered (200, stored) while
+/// the settle waits; once Redis thaws the settle lands, and the ledger
+/// equals the charge. Before issue 25 the settle, awaited in the call's
+/// `select!`, left the call unpolled past its deadline: 504, and the retry
+/// bought the key again.
+#[tokio::test]
+async fn a_frozen_ledger_during_the_settle_still_delivers_the_paid_answer() {
+    let redis = RedisServer::start();
+    let sim = start_sim(unlimited()).await;
+    let setup = Setup::new()
+        .teams(team(SMALL.0, SMALL.1, "credit_limit = 150"))
+        .with("upstream", "timeout_secs = 5\nmax_retries = 0");
+    let gws = replicas(1, &sim, Some(&redis), setup).await;
+    let url = format!("{}{}", gws[0].base_url(), distinct_search(&sim, 0, 100));
+    sim.set_faults(Faults {
+        latency_ms: Some(1_500),
+        delay_ms: Some(2_000),
+        count: Some(1),
+        ..fault(FaultKind::SlowBody)
+    });
+    let started = std::time::Instant::now();
+    let call = {
+        let url = url.clone();
+        tokio::spawn(async move { as_team(&url, SMALL.1, "small-1").await })
+    };
+    eventually("the reservation is held", Duration::from_secs(5), || async {
+        holds(&redis, "small").await == 1
+    })
+    .await;
+    redis.pause();
+    let r = call.await.expect("the paid call");
+    let took = started.elapsed();
+    assert_eq!(r.status, StatusCode::OK, "the paid answer was delivered");
+    // 1.5 s to the head + 2 s of body + at most 1 s waiting for the settle
+    // + the budget headers' ledger read timing out (1 s): not the settle's
+    // own bound (the lease, 60 s).
+    assert!(
+        took < Duration::from_secs(9),
+        "the answer waited for the ledger: {took:?}"
+    );
+    assert_eq!(r.header("x-cache"), Some("MISS"));
+    let items = r.json()["items"].as_array().map_or(0, Vec::len);
+    assert_eq!(items, 100, "the whole paid body");
+    assert_eq!(charged_to(&sim, "small-"), 100);
+    // Answered again from the cache while Redis is still frozen: the paid
+    // body was stored, and nothing is bought twice.
+    let again = as_team(&url, SMALL.1, "small-2").await;
+    assert_eq!(again.header("x-cache"), Some("HIT"));
+    redis.resume();
+    let admin = gws[0].admin_url();
+    eventually("the settle lands once Redis thaws", Duration::from_secs(20), || async {
+        spent(&admin, "small").await == Some(100)
+    })
+    .await;
+    assert_eq!(sim.stats().requests_total, 1, "the key was bought once");
+    assert_eq!(ledger_used(&admin, "small").await, charged_to(&sim, "small-"));
+    assert!(charged_to(&sim, "small-") <= 150, "within the limit");
+}
+
+/// Case 5: Redis restarts (its data lost, every connection dead). A replica
+/// that sat idle meanwhile reserves on its next miss: the dead connection
+/// is retried once on a fresh one, so the team gets its answer, not a 503.
+#[tokio::test]
+async fn the_first_reserve_after_a_redis_restart_on_an_idle_replica_succeeds() {
+    let mut redis = RedisServer::start();
+    let sim = start_sim(unlimited()).await;
+    let gws = replicas(2, &sim, Some(&redis), Setup::new()).await;
+    // Both replicas have live connections to the first Redis.
+    for (i, gw) in gws.iter().enumerate() {
+        let url = format!("{}{}", gw.base_url(), distinct_search(&sim, i as u32, 1));
+        assert_eq!(as_team(&url, ALPHA.1, "warm").await.status, StatusCode::OK);
+    }
+    redis.restart();
+    let url = format!("{}{}", gws[1].base_url(), distinct_search(&sim, 5, 10));
+    let r = as_team(&url, ALPHA.1, "alpha-1").await;
+    assert_eq!(r.status, StatusCode::OK, "not refused: {}", r.json()["detail"]);
+    assert_eq!(r.header("x-cache"), Some("MISS"));
+    // The restarted Redis holds only what was spent since; the other
+    // replica reads it once its own connection is back.
+    assert_eq!(charged_to(&sim, "alpha-"), 10);
+    for gw in &gws {
+        let admin = gw.admin_url();
+        eventually(
+            "every replica's ledger equals the upstream's charge",
+            Duration::from_secs(10),
+            || async { spent(&admin, "alpha").await == Some(10) },
+        )
+        .await;
+    }
+}

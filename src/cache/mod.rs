@@ -67,6 +67,8 @@ pub struct Cache {
     metrics: Arc<Metrics>,
     /// `cache.record_reuse`: stored pages also file their records ([`records`]).
     record_reuse: bool,
+    /// The ids this process's lookups are buying ([`records::IdFlights`]).
+    id_flights: records::IdFlights,
 }
 
 impl Cache {
@@ -93,6 +95,7 @@ impl Cache {
             ttls,
             metrics,
             record_reuse: cfg.record_reuse,
+            id_flights: records::IdFlights::default(),
         }
     }
 

@@ -3,6 +3,7 @@
 //! and earlier lookups brought; only the missing ids reach the upstream, and
 //! every assembled answer equals what the simulator itself returns.
 
+mod edges;
 mod overlap;
 
 use crate::support::gateway::{Setup, ADMIN_TOKEN, ALPHA};

@@ -4,6 +4,7 @@
 //! every assembled answer equals what the simulator itself returns.
 
 mod edges;
+mod memory;
 mod overlap;
 
 use crate::support::gateway::{Setup, ADMIN_TOKEN, ALPHA};

@@ -136,3 +136,56 @@ async fn the_lookup_routes_ttl_bounds_its_records() {
     assert_eq!(r.header_u64("x-credits-request"), Some(2));
     assert_ledger_matches(&sim, &gw.admin_url(), &["alpha"]).await;
 }
+
+/// `no-cache` on one replica while another holds the key's lease for its
+/// own `no-cache` call: the answer is the peer's new one, not the old L2
+/// entry the peer is replacing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_cache_waits_for_the_peers_new_answer_not_the_old_entry() {
+    use crate::support::monitor::Monitor;
+    use crate::support::redis::RedisServer;
+    let redis = RedisServer::start();
+    let sim = start_sim(unlimited()).await;
+    let setup = || Setup::new().with("cache", format!("redis_url = {:?}", redis.url()));
+    let (one, two) = (setup().start(&sim).await, setup().start(&sim).await);
+    let path = permit_search(&sim, 5);
+    assert_eq!(alpha(&one, &path).await.header("x-cache"), Some("MISS"));
+    let requests = upstream_requests(&sim);
+    let mut monitor = Monitor::start(&redis).await;
+    let latency = std::time::Duration::from_millis(800);
+    sim.set_faults(Faults {
+        kind: FaultKind::Latency,
+        latency_ms: Some(latency.as_millis() as u64),
+        ..Faults::default()
+    });
+    let no_cache = [("cache-control", "no-cache")];
+    let first = {
+        let (url, path) = (one.base_url(), path.clone());
+        tokio::spawn(async move {
+            let h = [("x-api-key", BETA.1), ("x-request-id", "beta-first"), no_cache[0]];
+            get(&format!("{url}{path}"), &h).await
+        })
+    };
+    // Replica one holds the lease for its call to the slow upstream.
+    monitor.until("SET", "pgw:lease:").await;
+    let asked = std::time::Instant::now();
+    let second = alpha_with(&two, &path, &no_cache).await;
+    let waited = asked.elapsed();
+    let first = first.await.expect("first");
+    sim.clear_faults();
+    assert_eq!(first.status, StatusCode::OK, "{}", first.text());
+    assert_eq!(second.status, StatusCode::OK, "{}", second.text());
+    assert!(
+        waited >= latency / 2,
+        "answered after {waited:?}: from the old entry, not the peer's call"
+    );
+    assert_eq!(upstream_requests(&sim), requests + 1, "one call for both");
+    assert_eq!(second.header_u64("x-credits-request"), Some(0));
+    for team in ["alpha", "beta"] {
+        let mut ledgers = 0;
+        for gw in [&one, &two] {
+            ledgers += crate::support::traffic::ledger_used(&gw.admin_url(), team).await;
+        }
+        assert_eq!(ledgers, charged_to(&sim, &format!("{team}-")), "team {team}");
+    }
+}

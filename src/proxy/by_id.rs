@@ -4,7 +4,8 @@
 //!
 //! Runs instead of the page lookup and fetch when `cache.record_reuse` is on
 //! and the client did not say `no-cache`. The records already held answer
-//! at 0 credits; only the missing ids go upstream, in one coalesced call
+//! at 0 credits; only the missing ids go upstream, each bought once
+//! however lookups overlap ([`buy`]: per-id flights and leases), in one call
 //! reserved and settled for those alone (steps 8–13 as for any miss); the
 //! answer is assembled as the upstream assembles it (`docs/vendor-api.md`,
 //! "Id lookups"): request order, each id once, unknown ids omitted, in
@@ -12,7 +13,8 @@
 //!
 //! `X-Cache` is `HIT` when every id was held, `MISS` when some were bought,
 //! `STALE` when the upstream failed and expired records stood in;
-//! `X-Credits-Request` is what this team paid.
+//! `X-Credits-Request` is what this team paid (a failed call the upstream
+//! still billed included).
 
 mod buy;
 
@@ -76,8 +78,7 @@ pub async fn answer<B>(app: &Arc<App>, ask: &Ask<'_, B>, ctx: &mut RequestContex
     // for, the others bought in one call.
     let job = ask.job(&ctx.request_id);
     let got = buy::gather(app, &job, resource, &missing).await;
-    let charged = got.charged;
-    ctx.credits = charged;
+    ctx.credits = got.charged;
     // 14. The upstream failed: stale records for every missing id stand in,
     // and the answer says what the failed calls still cost.
     let failed = got.outcomes.iter().any(|o| match o {
@@ -89,10 +90,24 @@ pub async fn answer<B>(app: &Arc<App>, ask: &Ask<'_, B>, ctx: &mut RequestContex
         let merged: Vec<_> = held.iter().zip(stale).map(|(h, s)| h.clone().or(s)).collect();
         tally(app, &ask.team, target, &merged, 0);
         ctx.cache = CacheState::Stale;
-        return Some(Ok(page.respond(&merged, &[], charged, CacheState::Stale)));
+        return Some(Ok(page.respond(&merged, &[], got.charged, CacheState::Stale)));
     }
+    gathered(app, ask, ctx, &page, &held, &missing, got)
+}
+
+/// The answer from the held records and what was gathered for the missing
+/// ids: the assembled page, or the refusal or error that stands for them.
+fn gathered<B>(
+    app: &App,
+    ask: &Ask<'_, B>,
+    ctx: &mut RequestContext,
+    page: &Page<'_, B>,
+    held: &[Held],
+    missing: &[String],
+    got: buy::Gathered,
+) -> Option<Answer> {
+    let target = page.target;
     let mut bought: Vec<(String, Bytes)> = Vec::with_capacity(missing.len());
-    let mut fetched_records = 0;
     for ((id, outcome), led) in missing.iter().zip(got.outcomes).zip(got.led) {
         match outcome {
             Err(e) => return Some(Err(e)),
@@ -105,21 +120,19 @@ pub async fn answer<B>(app: &Arc<App>, ask: &Ask<'_, B>, ctx: &mut RequestContex
                 let role = if led { Role::Leader } else { Role::Follower };
                 return Some(super::from_fetched(app, &ask.team, target, f, role, false, ctx));
             }
-            Ok(IdGot::Held(e)) => {
-                if !is_absent(&e) {
-                    fetched_records += 1;
-                    if !led {
-                        saved(app, &ask.team, target, e.credits);
-                    }
-                    bought.push((id.clone(), e.body.clone()));
+            Ok(IdGot::Held(e)) if !is_absent(&e) => {
+                // Another lookup's purchase: a credit this team did not spend.
+                if !led {
+                    saved(app, &ask.team, target, e.credits);
                 }
+                bought.push((id.clone(), e.body.clone()));
             }
-            Ok(IdGot::Unknown) => {}
+            Ok(IdGot::Held(_) | IdGot::Unknown) => {}
         }
     }
-    tally(app, &ask.team, target, &held, fetched_records);
+    tally(app, &ask.team, target, held, bought.len());
     ctx.cache = CacheState::Miss;
-    Some(Ok(page.respond(&held, &bought, charged, CacheState::Miss)))
+    Some(Ok(page.respond(held, &bought, got.charged, CacheState::Miss)))
 }
 
 /// Fresh entries answer; the others (within the stale grace) only stand in

@@ -345,3 +345,39 @@ where
     }
     out
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http::{HeaderMap, HeaderValue};
+
+    fn answer(body: &'static str, billed: Option<u64>) -> Fetched {
+        let mut headers = HeaderMap::new();
+        if let Some(n) = billed {
+            headers.insert(credits::X_CREDITS_REQUEST, HeaderValue::from(n));
+        }
+        Fetched {
+            status: StatusCode::OK,
+            headers,
+            body: Bytes::from_static(body.as_bytes()),
+            credits: billed.unwrap_or(0),
+            worth: 0,
+            from_cache: false,
+            etag: None,
+        }
+    }
+
+    #[test]
+    fn only_a_whole_page_billed_for_what_it_carries_is_complete() {
+        let two = r#"{"items":[{"id":"a"},{"id":"b"}],"size":2,"next_cursor":null,"total_count":null}"#;
+        assert!(complete(&answer(two, Some(2)), 2));
+        assert!(!complete(&answer(two, Some(3)), 2), "billed for a record it lacks");
+        assert!(!complete(&answer(two, None), 2), "no bill to check");
+        let cut = r#"{"items":[{"id":"a"}],"size":2,"next_cursor":null}"#;
+        assert!(!complete(&answer(cut, Some(1)), 1), "size says two");
+        let paged = r#"{"items":[{"id":"a"}],"size":1,"next_cursor":"x"}"#;
+        assert!(!complete(&answer(paged, Some(1)), 1), "a next page");
+        let none = r#"{"items":[],"size":0,"next_cursor":null,"total_count":null}"#;
+        assert!(complete(&answer(none, Some(0)), 0), "no record, no charge: all unknown");
+    }
+}

@@ -111,3 +111,56 @@ async fn overlapping_lookups_across_replicas_on_a_redis_cluster_buy_each_record_
     let (one, two) = (setup().start(&sim).await, setup().start(&sim).await);
     buys_each_record_once(&sim, &[&one, &two]).await;
 }
+
+/// Contractors, decisions and properties meet on their shared ids too: two
+/// teams' overlapping lookups at once, each record bought once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn overlapping_lookups_of_every_resource_buy_each_record_once() {
+    let sim = start_sim(unlimited()).await;
+    let gw = Setup::new().start(&sim).await;
+    let s = sim.samples();
+    let searches = [
+        (
+            "contractors",
+            format!(
+                "/v2/contractors/search?geo_id={}&permit_from={}&permit_to={}&size=6",
+                s.state, s.permit_from, s.permit_to
+            ),
+        ),
+        (
+            "decisions",
+            format!(
+                "/v2/decisions/search?geo_id={}&decision_from=2020-01-01&decision_to=2026-12-31&size=6",
+                s.state
+            ),
+        ),
+        ("properties", format!("/v2/properties/search?geo_id={}&size=6", s.zip)),
+    ];
+    for (resource, search) in searches {
+        let ids = ids_of(&direct(&sim, &search).await);
+        assert!(ids.len() >= 5, "{resource}: {ids:?}");
+        let (alpha_before, beta_before) = (charged_to(&sim, "alpha-"), charged_to(&sim, "beta-"));
+        sim.set_faults(Faults {
+            kind: FaultKind::Latency,
+            latency_ms: Some(400),
+            ..Faults::default()
+        });
+        let first: Vec<&str> = ids[..4].iter().map(String::as_str).collect();
+        let second: Vec<&str> = ids[1..5].iter().rev().map(String::as_str).collect();
+        let (a, b) = (lookup(resource, &first), lookup(resource, &second));
+        let (ua, ub) = (format!("{}{a}", gw.base_url()), format!("{}{b}", gw.base_url()));
+        let (ra, rb) = tokio::join!(
+            get(&ua, &[("x-api-key", ALPHA.1), ("x-request-id", "alpha-r")]),
+            get(&ub, &[("x-api-key", BETA.1), ("x-request-id", "beta-r")]),
+        );
+        sim.clear_faults();
+        assert_same_as_upstream(&sim, &a, &ra).await;
+        assert_same_as_upstream(&sim, &b, &rb).await;
+        let charged = charged_to(&sim, "alpha-") + charged_to(&sim, "beta-") - alpha_before - beta_before;
+        assert_eq!(charged, 5, "{resource}: five distinct records");
+    }
+    for team in ["alpha", "beta"] {
+        let ledger = ledger_used(&gw.admin_url(), team).await;
+        assert_eq!(ledger, charged_to(&sim, &format!("{team}-")), "team {team}");
+    }
+}

@@ -262,19 +262,7 @@ async fn learn(
         let invalid = GatewayError::UpstreamInvalid("Upstream sent a malformed answer");
         return (charged, vec![Err(invalid); ids.len()]);
     };
-    let foreign = records.iter().filter(|(id, _)| !ids.contains(id)).count();
-    if foreign > 0 {
-        app.metrics
-            .cache_records(job.target.route, RecordSource::Foreign, foreign as u64);
-        tracing::warn!(
-            request_id = %job.request_id,
-            route = job.target.route.as_str(),
-            asked = ids.len(),
-            foreign,
-            "upstream anomaly: a lookup answered records it was not asked for; nothing filed"
-        );
-    }
-    let trusted = foreign == 0 && complete(&fetched, records.len());
+    let trusted = !foreign(app, job, ids, &records) && complete(&fetched, records.len());
     let route = job.target.route;
     let ttl = app.cache.ttl(route).unwrap_or_default();
     let page = Entry::new(Bytes::new(), 0, ttl, route);
@@ -304,6 +292,24 @@ async fn learn(
         .map(|(_, e)| Ok(e.map_or(IdGot::Unknown, IdGot::Held)))
         .collect();
     (charged, got)
+}
+
+/// Whether the answer carries records for ids it was not asked: an
+/// upstream anomaly, counted and logged (the caller files nothing of it).
+fn foreign(app: &App, job: &Job, ids: &[String], records: &[(String, Bytes)]) -> bool {
+    let foreign = records.iter().filter(|(id, _)| !ids.contains(id)).count();
+    if foreign > 0 {
+        app.metrics
+            .cache_records(job.target.route, RecordSource::Foreign, foreign as u64);
+        tracing::warn!(
+            request_id = %job.request_id,
+            route = job.target.route.as_str(),
+            asked = ids.len(),
+            foreign,
+            "upstream anomaly: a lookup answered records it was not asked for; nothing filed"
+        );
+    }
+    foreign > 0
 }
 
 /// A well-formed complete lookup page: one page (`size` its records, no

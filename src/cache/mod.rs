@@ -164,8 +164,8 @@ impl Cache {
         if life.is_zero() {
             return;
         }
-        // Records are views into the page's own (compacted) body: filed, they
-        // add their index, not a second copy of the bytes.
+        // Records are filed as copies of their bytes (`records::own`), so
+        // the page's body can go when the page leaves L1.
         let mut page = entry.clone();
         if let Some(memory) = &self.memory {
             page = compact(&entry);

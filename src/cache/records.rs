@@ -5,10 +5,13 @@
 //! Records live in the same two tiers as pages, under the same byte budget
 //! (L1) and in the key space of their lookup route (L2: `c:permits_by_id:…`),
 //! so a purge of everything or of the lookup route drops them. Each record
-//! keeps the answer time and TTL of the page that brought it and is only
-//! served while that page would be fresh: a record is never newer than its
-//! page claims, and never older. An id the upstream answered without a
-//! record is held as absent (an empty body) for the same TTL.
+//! keeps the answer time and TTL of the page that brought it (bounded by
+//! the lookup route's own TTL) and is only served while that page would be
+//! fresh: a record is never newer than its page claims, and never older.
+//! Filed, a record owns a copy of its bytes: a view would keep its whole
+//! page alive after the page left L1 while weighing only itself. An id a
+//! complete lookup answer lacks is held as absent (an empty body) for the
+//! same TTL; only a trustworthy answer says so (`proxy::by_id`).
 //!
 //! A record is filed only where the upstream serves it byte for byte the
 //! same in a search and in a lookup (`docs/vendor-api.md`, "Id lookups"):
@@ -105,7 +108,7 @@ pub fn is_absent(entry: &Entry) -> bool {
 }
 
 /// The records of a page envelope, as sent (byte for byte, views into
-/// `body`, not copies), each with its id. `None` when the body is not a page
+/// `body`, not copies: the caller copies what it keeps), each with its id. `None` when the body is not a page
 /// of records with string ids.
 pub fn records_of(body: &Bytes, resource: Resource) -> Option<Vec<(String, Bytes)>> {
     #[derive(Deserialize)]

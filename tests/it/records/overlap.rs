@@ -164,3 +164,43 @@ async fn overlapping_lookups_of_every_resource_buy_each_record_once() {
         assert_eq!(ledger, charged_to(&sim, &format!("{team}-")), "team {team}");
     }
 }
+
+/// A client that hangs up while its lookup buys leaves nothing half done:
+/// the buy runs on, files its records and ends its flights, so the other
+/// team's overlapping lookup waits for it and the retry is free.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lookup_whose_client_hangs_up_still_buys_its_ids_once() {
+    use std::time::Duration;
+    let sim = start_sim(unlimited()).await;
+    let gw = Setup::new().start(&sim).await;
+    let ids = ids_of(&direct(&sim, &permit_search(&sim, 4)).await);
+    sim.set_faults(Faults {
+        kind: FaultKind::Latency,
+        latency_ms: Some(800),
+        ..Faults::default()
+    });
+    let first = lookup("permits", &[&ids[0], &ids[1], &ids[2]]);
+    let second = lookup("permits", &[&ids[3], &ids[2], &ids[1]]);
+    let base = gw.base_url();
+    let ask = |path: &str, (team, token): (&'static str, &'static str), n: u32| {
+        let url = format!("{base}{path}");
+        async move {
+            let request_id = format!("{team}-hangup-{n}");
+            get(&url, &[("x-api-key", token), ("x-request-id", &request_id)]).await
+        }
+    };
+    let hung_up = tokio::time::timeout(Duration::from_millis(300), ask(&first, ALPHA, 1)).await;
+    assert!(hung_up.is_err(), "the client hung up before the answer");
+    let other = ask(&second, BETA, 2).await;
+    sim.clear_faults();
+    assert_eq!(other.status, StatusCode::OK, "{}", other.text());
+    assert_eq!(other.header_u64("x-credits-request"), Some(1), "only its own new id");
+    let retry = ask(&first, ALPHA, 3).await;
+    assert_eq!(retry.header("x-cache"), Some("HIT"), "{}", retry.text());
+    assert_eq!(charged_to(&sim, "alpha-"), 3);
+    assert_eq!(charged_to(&sim, "beta-"), 1);
+    for team in ["alpha", "beta"] {
+        let ledger = ledger_used(&gw.admin_url(), team).await;
+        assert_eq!(ledger, charged_to(&sim, &format!("{team}-")), "team {team}");
+    }
+}

@@ -114,13 +114,20 @@ async fn buy(app: Arc<App>, job: Job, resource: Resource, leading: Vec<(String, 
             lease_first: true,
         })
         .collect();
+    // A lookup with `max-age` (a `no_cache` job) takes no held record the
+    // age of which it did not check, only what is bought from now on.
+    let since_ms = if job.no_cache { crate::clock::now_ms() } else { 0 };
     let mut charged = 0;
     while !todo.is_empty() {
         let (ours, theirs) = take_leases(&app, resource, todo).await;
-        let ours = held_meanwhile(&app, resource, ours).await;
+        let ours = if job.no_cache {
+            ours
+        } else {
+            held_meanwhile(&app, resource, ours).await
+        };
         let (paid, again) = tokio::join!(
             buy_now(&app, &job, resource, ours),
-            wait_for_peers(&app, resource, theirs, deadline)
+            wait_for_peers(&app, resource, theirs, deadline, since_ms)
         );
         charged += paid;
         todo = again;
@@ -186,14 +193,20 @@ async fn held_meanwhile(app: &App, resource: Resource, ours: Vec<Ours>) -> Vec<O
 /// peer filed ends its flight; one whose peer went without filing it is
 /// taken in turn (its lease first); one whose wait ran out is bought
 /// without a lease.
-async fn wait_for_peers(app: &Arc<App>, resource: Resource, theirs: Vec<Todo>, deadline: Instant) -> Vec<Todo> {
+async fn wait_for_peers(
+    app: &Arc<App>,
+    resource: Resource,
+    theirs: Vec<Todo>,
+    deadline: Instant,
+    since_ms: u64,
+) -> Vec<Todo> {
     let keys = theirs.iter().map(|t| resource.key(&t.id)).collect();
     let waited = all(keys, |key| {
         let app = app.clone();
         let left = deadline.saturating_duration_since(Instant::now());
         async move {
             let route = resource.lookup_route();
-            app.leases.wait_for_peer(&app.cache, route, &key, left, 0).await
+            app.leases.wait_for_peer(&app.cache, route, &key, left, since_ms).await
         }
     })
     .await;

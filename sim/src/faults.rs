@@ -5,7 +5,8 @@
 //! `count` and `ratio` pick which of them are affected; the ratio draws from a
 //! seeded RNG so a run is reproducible. Faults that replace the answer
 //! (Status, Reset, Hang, MalformedJson, WrongContentType, HugeBody) charge
-//! nothing; the others serve the real answer and charge its real credits.
+//! nothing; the others serve the real answer (or, ForeignRecords and
+//! PartialRecords, a reshaped one) and charge its real credits.
 
 use crate::reply::{respond, Answer, Body};
 use bytes::Bytes;
@@ -57,6 +58,12 @@ pub enum FaultKind {
     MissingCredits,
     HugeBody,
     Latency,
+    /// A page of records for ids that were not asked: each record's `id`
+    /// gets a `-foreign` suffix (charged as the real answer).
+    ForeignRecords,
+    /// Only the first record of the page (its `size` 1), charged as the
+    /// whole real answer.
+    PartialRecords,
 }
 
 /// Values AbsurdCredits rotates through: negative, overflowing, not a number.
@@ -175,6 +182,9 @@ impl Active {
             FaultKind::MissingCredits => {
                 answer.headers.retain(|(n, _)| !n.starts_with("x-credits-"));
             }
+            FaultKind::ForeignRecords | FaultKind::PartialRecords => {
+                answer.body = reshape(&answer.body, f.kind);
+            }
             FaultKind::SlowBody => {
                 let total = Duration::from_millis(f.delay_ms.unwrap_or(1_000));
                 let body = SlowBody::new(answer.body.clone(), total);
@@ -184,6 +194,30 @@ impl Active {
         }
         answer.into_response()
     }
+}
+
+/// A page envelope with foreign or fewer records; other bodies unchanged.
+fn reshape(body: &Bytes, kind: FaultKind) -> Bytes {
+    let Ok(mut page) = serde_json::from_slice::<serde_json::Value>(body) else {
+        return body.clone();
+    };
+    let Some(items) = page.get_mut("items").and_then(|i| i.as_array_mut()) else {
+        return body.clone();
+    };
+    if kind == FaultKind::PartialRecords {
+        items.truncate(1);
+    } else {
+        for item in items.iter_mut() {
+            if let Some(id) = item.get("id").and_then(|v| v.as_str()) {
+                item["id"] = json!(format!("{id}-foreign"));
+            }
+        }
+    }
+    let n = items.len();
+    page["size"] = json!(n);
+    serde_json::to_vec(&page)
+        .map(Bytes::from)
+        .unwrap_or_else(|_| body.clone())
 }
 
 fn raw(content_type: &'static str, body: Bytes) -> Answer {

@@ -71,7 +71,10 @@ impl Entry {
 
     /// Bytes held for this entry, for the memory tier's weigher.
     pub fn weight(&self, key_len: usize) -> u32 {
-        let overhead = 160; // Entry, Arc, moka node, key String header
+        // Entry, its Arc, the key's Arc<str>, moka's node, deque links and
+        // table bucket: measured by a counting allocator at ~460 bytes an
+        // entry (tests/it/records/memory.rs; BENCHMARKS.md "Record weights").
+        let overhead = 480;
         u32::try_from(self.body.len() + self.etag.len() + key_len + overhead).unwrap_or(u32::MAX)
     }
 

@@ -90,6 +90,12 @@ impl<T: Clone> Flights<T> {
 }
 
 impl<T> Leader<T> {
+    /// A wait on this flight's outcome, for a leader that hands its work to
+    /// a task and waits like its followers.
+    pub fn subscribe(&self) -> watch::Receiver<Option<T>> {
+        self.tx.subscribe()
+    }
+
     /// Hands the outcome to every follower and ends the flight.
     pub fn complete(self, outcome: T) {
         // Remove first: a caller arriving after this starts its own lookup,

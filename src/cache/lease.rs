@@ -137,12 +137,25 @@ impl Leases {
     /// releases, so an entry that was not there at the poll's first look may
     /// have landed just before the release. Only when that look misses too
     /// did the peer store nothing ([`Peer::Gone`]).
-    pub async fn wait_for_peer(&self, cache: &Cache, route: Route, cache_key: &str, wait: Duration) -> Peer {
+    ///
+    /// Only an entry answered at or after `since_ms` counts: a `no-cache`
+    /// request must not take the old entry the peer is replacing.
+    pub async fn wait_for_peer(
+        &self,
+        cache: &Cache,
+        route: Route,
+        cache_key: &str,
+        wait: Duration,
+        since_ms: u64,
+    ) -> Peer {
         let Some(redis) = &self.redis else {
             return Peer::GaveUp;
         };
         let lease_key = self.key(cache_key);
-        let stored = || cache.fresh_in_redis(route, cache_key);
+        let stored = || async {
+            let entry = cache.fresh_in_redis(route, cache_key).await;
+            entry.filter(|e| e.stored_at_ms >= since_ms)
+        };
         let poll = || async {
             if let Some(entry) = stored().await {
                 return Ok(Peer::Stored(entry));

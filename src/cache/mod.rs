@@ -70,6 +70,8 @@ pub struct Cache {
     metrics: Arc<Metrics>,
     /// `cache.record_reuse`: stored pages also file their records ([`records`]).
     record_reuse: bool,
+    /// The ids this process's lookups are buying ([`records::IdFlights`]).
+    id_flights: records::IdFlights,
 }
 
 impl Cache {
@@ -96,6 +98,7 @@ impl Cache {
             ttls,
             metrics,
             record_reuse: cfg.record_reuse,
+            id_flights: records::IdFlights::default(),
         }
     }
 
@@ -167,8 +170,8 @@ impl Cache {
         if entry.remaining_life(now_ms(), self.grace).is_zero() {
             return;
         }
-        // Records are views into the page's own (compacted) body: filed, they
-        // add their index, not a second copy of the bytes.
+        // Records are filed as copies of their bytes (`records::own`), so
+        // the page's body can go when the page leaves L1.
         let page = match &self.memory {
             Some(_) => compact(&entry),
             None => entry.clone(),

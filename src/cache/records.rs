@@ -5,18 +5,23 @@
 //! Records live in the same two tiers as pages, under the same byte budget
 //! (L1) and in the key space of their lookup route (L2: `c:permits_by_id:…`),
 //! so a purge of everything or of the lookup route drops them. Each record
-//! keeps the answer time and TTL of the page that brought it and is only
-//! served while that page would be fresh: a record is never newer than its
-//! page claims, and never older. An id the upstream answered without a
-//! record is held as absent (an empty body) for the same TTL.
+//! keeps the answer time and TTL of the page that brought it (bounded by
+//! the lookup route's own TTL) and is only served while that page would be
+//! fresh: a record is never newer than its page claims, and never older.
+//! Filed, a record owns a copy of its bytes: a view would keep its whole
+//! page alive after the page left L1 while weighing only itself. An id a
+//! complete lookup answer lacks is held as absent (an empty body) for the
+//! same TTL; only a trustworthy answer says so (`proxy::by_id`).
 //!
 //! A record is filed only where the upstream serves it byte for byte the
 //! same in a search and in a lookup (`docs/vendor-api.md`, "Id lookups"):
 //! contractor searches scope their tallies to the search, and property
 //! searches with excluded tags add a `trust` block, so those are not filed.
 
+use super::flight::{Fetched, Flights};
 use super::{Cache, Entry};
 use crate::clock::now_ms;
+use crate::error::GatewayError;
 use crate::metrics::RedisOp;
 use crate::redis_backend::RedisBackend;
 use crate::route::Route;
@@ -70,11 +75,32 @@ impl Resource {
     }
 
     /// The record's key in L1 (a page key starts with `k1 /v2/`, so the
-    /// two never meet), also hashed into its L2 key.
-    fn key(self, id: &str) -> String {
+    /// two never meet), also hashed into its L2 key, its lease's key and
+    /// its in-process flight's key.
+    pub fn key(self, id: &str) -> String {
         format!("rec {} {id}", self.lookup_route().as_str())
     }
 }
+
+/// What a lookup learned about one id it bought or waited for.
+#[derive(Debug, Clone)]
+pub enum IdGot {
+    /// Its record, or its absence (an empty body).
+    Held(Arc<Entry>),
+    /// The answer that was to bring it cannot be trusted to say the
+    /// upstream does not know it (`records::trusted`): omitted, not filed.
+    Unknown,
+    /// The upstream answered the call that was to buy it with an error
+    /// status (402, 429, 5xx, 422): that answer stands for it.
+    Refused(Arc<Fetched>),
+}
+
+/// An id's flight: what its buyer learned, or the error that ended the buy.
+pub type IdOutcome = Result<IdGot, GatewayError>;
+
+/// Per-id flights: an id some lookup of this process is buying is waited
+/// for, not bought again (`proxy::by_id`).
+pub type IdFlights = Flights<IdOutcome>;
 
 /// Whether a held entry says "the upstream does not know this id".
 pub fn is_absent(entry: &Entry) -> bool {
@@ -82,7 +108,7 @@ pub fn is_absent(entry: &Entry) -> bool {
 }
 
 /// The records of a page envelope, as sent (byte for byte, views into
-/// `body`, not copies), each with its id. `None` when the body is not a page
+/// `body`, not copies: the caller copies what it keeps), each with its id. `None` when the body is not a page
 /// of records with string ids.
 pub fn records_of(body: &Bytes, resource: Resource) -> Option<Vec<(String, Bytes)>> {
     #[derive(Deserialize)]
@@ -151,6 +177,11 @@ where
     out
 }
 
+/// A record's bytes on their own allocation (see [`Cache::record_entry`]).
+fn own(body: &Bytes) -> Bytes {
+    Bytes::copy_from_slice(body)
+}
+
 fn with_etag(e: &Entry) -> Entry {
     Entry {
         etag: super::entry::etag_of(&e.body),
@@ -170,32 +201,52 @@ impl Cache {
         let Some(records) = records_of(&page.body, resource) else {
             return;
         };
-        // One credit per record: what serving it again saves.
         let filed = records
             .into_iter()
-            .map(|(id, body)| (resource.key(&id), record_entry(resource, page, body, 1)))
+            .map(|(id, body)| (resource.key(&id), self.record_entry(resource, page, own(&body))))
             .collect();
-        self.put_records(resource, page, filed).await;
+        self.put_records(resource, filed).await;
     }
 
-    /// Files each id of `asked` that the lookup page did not answer as
-    /// absent, for the page's TTL: the upstream does not know it.
-    pub async fn file_absent(&self, resource: Resource, page: &Entry, asked: &[String]) {
-        let Some(records) = records_of(&page.body, resource) else {
-            return;
-        };
-        let filed = asked
+    /// Files what a trusted lookup answer said of each asked id: its record,
+    /// or its absence (see `by_id`'s `trusted`).
+    pub async fn file_lookup(&self, resource: Resource, filed: &[(String, Arc<Entry>)]) {
+        let filed = filed
             .iter()
-            .filter(|id| !records.iter().any(|(got, _)| got == *id))
-            .map(|id| (resource.key(id), record_entry(resource, page, Bytes::new(), 0)))
+            .map(|(id, e)| (resource.key(id), Entry::clone(e)))
             .collect();
-        self.put_records(resource, page, filed).await;
+        self.put_records(resource, filed).await;
     }
 
-    /// Both tiers; L2 in one pipelined round trip.
-    async fn put_records(&self, resource: Resource, page: &Entry, filed: Vec<(String, Entry)>) {
-        let life = page.remaining_life(now_ms(), self.grace);
-        if filed.is_empty() || life.is_zero() {
+    /// An id's record (its body copied out of `page`'s, so that the page can
+    /// go when it leaves L1: a view would pin all of it while weighing
+    /// itself; BENCHMARKS.md, "Record weights") or, with an empty body, its
+    /// absence. Its life is the page's, bounded by the lookup route's TTL
+    /// (`cache.route_ttl_secs.permits_by_id` and siblings).
+    pub fn record_entry(&self, resource: Resource, page: &Entry, body: Bytes) -> Entry {
+        // One credit per record: what serving it again saves.
+        let credits = u64::from(!body.is_empty());
+        let mut e = record_entry(resource, page, body, credits);
+        if let Some(ttl) = self.ttl(resource.lookup_route()) {
+            e.ttl_ms = e.ttl_ms.min(u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX));
+        }
+        e
+    }
+
+    /// The per-id flights of this process's lookups.
+    pub fn id_flights(&self) -> &IdFlights {
+        &self.id_flights
+    }
+
+    /// Both tiers; L2 in one pipelined round trip. Nothing when the lookup
+    /// route is never cached.
+    async fn put_records(&self, resource: Resource, filed: Vec<(String, Entry)>) {
+        let now = now_ms();
+        let filed: Vec<(String, Entry)> = filed
+            .into_iter()
+            .filter(|(_, e)| !e.remaining_life(now, self.grace).is_zero())
+            .collect();
+        if filed.is_empty() || self.ttl(resource.lookup_route()).is_none() {
             return;
         }
         if let Some(memory) = &self.memory {
@@ -204,8 +255,8 @@ impl Cache {
             }
         }
         if let Some(redis) = &self.redis {
-            let px = (life.as_millis() as u64).max(1);
             let sets = filed.iter().map(|(key, e)| {
+                let px = (e.remaining_life(now, self.grace).as_millis() as u64).max(1);
                 let mut set = redis::cmd("SET");
                 set.arg(self.redis_key(resource.lookup_route(), key))
                     .arg(with_etag(e).encode())

@@ -129,6 +129,9 @@ pub enum RecordSource {
     /// An absence held from an earlier lookup.
     Absent,
     Upstream,
+    /// A record a lookup answer carried for an id it was not asked: an
+    /// upstream anomaly, logged and never filed.
+    Foreign,
 }
 
 impl RecordSource {
@@ -137,6 +140,7 @@ impl RecordSource {
             RecordSource::Cache => "cache",
             RecordSource::Absent => "absent",
             RecordSource::Upstream => "upstream",
+            RecordSource::Foreign => "foreign",
         }
     }
 }

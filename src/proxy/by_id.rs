@@ -4,7 +4,8 @@
 //!
 //! Runs instead of the page lookup and fetch when `cache.record_reuse` is on
 //! and the client did not say `no-cache`. The records already held answer
-//! at 0 credits; only the missing ids go upstream, in one coalesced call
+//! at 0 credits; only the missing ids go upstream, each bought once
+//! however lookups overlap ([`buy`]: per-id flights and leases), in one call
 //! reserved and settled for those alone (steps 8–13 as for any miss); the
 //! answer is assembled as the upstream assembles it (`docs/vendor-api.md`,
 //! "Id lookups"): request order, each id once, unknown ids omitted, in
@@ -12,23 +13,25 @@
 //!
 //! `X-Cache` is `HIT` when every id was held, `MISS` when some were bought,
 //! `STALE` when the upstream failed and expired records stood in;
-//! `X-Credits-Request` is what this team paid.
+//! `X-Credits-Request` is what this team paid (a failed call the upstream
+//! still billed included).
+
+mod buy;
 
 use super::context::{CacheState, RequestContext};
 use super::credits::X_CREDITS_REQUEST;
-use super::fetch::{self, Role};
+use super::fetch::Role;
 use super::{respond, saved, Ask};
 use crate::app::App;
 use crate::auth::Team;
-use crate::cache::control::{self, Directives};
-use crate::cache::flight::Fetched;
-use crate::cache::records::{is_absent, records_of, Resource};
+use crate::cache::control::Directives;
+use crate::cache::records::{is_absent, IdGot, Resource};
 use crate::cache::{key, Entry};
 use crate::clock::now_ms;
 use crate::error::GatewayError;
 use crate::http_util::Body;
 use crate::metrics::RecordSource;
-use crate::route::Target;
+use crate::route::{Route, Target};
 use bytes::{BufMut, Bytes, BytesMut};
 use http::{HeaderValue, Method, Request, Response, StatusCode};
 use std::sync::Arc;
@@ -47,7 +50,7 @@ pub async fn answer<B>(app: &Arc<App>, ask: &Ask<'_, B>, ctx: &mut RequestContex
         return None;
     }
     let ttl = app.cache.ttl(target.route)?;
-    let ids = lookup_ids(target.query.as_deref()?)?;
+    let ids = lookup_ids(target.route, target.query.as_deref()?)?;
     let (held, stale) = split_fresh(app.cache.held_records(resource, &ids).await, d);
     let missing: Vec<String> = ids
         .iter()
@@ -70,35 +73,68 @@ pub async fn answer<B>(app: &Arc<App>, ask: &Ask<'_, B>, ctx: &mut RequestContex
     if d.only_if_cached || ask.req.method() == Method::HEAD {
         return Some(Err(GatewayError::NotCached));
     }
-    // Steps 8–13 for the missing ids alone, under their own key: equal
-    // lookups coalesce, and the page stored for it files its records.
-    let mut job = ask.job(&ctx.request_id);
-    job.target = Target {
-        query: Some(query_of(&missing)),
-        ..target.clone()
-    };
-    job.key = Some(key::cache_key(&job.target));
-    let (outcome, role) = fetch::coalesced(app, job).await;
-    let failed = fetch::upstream_failed(&outcome);
-    // 14. The upstream failed: stale records for every missing id stand in.
+    // Steps 8–13 for the missing ids alone, each id bought once whoever
+    // else asks for it (`buy`): the ids another lookup is buying are waited
+    // for, the others bought in one call.
+    let job = ask.job(&ctx.request_id);
+    let got = buy::gather(app, &job, resource, &missing).await;
+    ctx.credits = got.charged;
+    // 14. The upstream failed: stale records for every missing id stand in,
+    // and the answer says what the failed calls still cost.
+    let failed = got.outcomes.iter().any(|o| match o {
+        // The one rule (`fetch::upstream_failed`) for an answer that
+        // refuses the ids as for any other.
+        Ok(IdGot::Refused(f)) => fetch::upstream_failed(&Ok(f.clone())),
+        Ok(_) => false,
+        Err(e) => e.upstream_failed(),
+    });
     if failed && stale.iter().zip(&held).all(|(s, h)| h.is_some() || s.is_some()) {
         let merged: Vec<_> = held.iter().zip(stale).map(|(h, s)| h.clone().or(s)).collect();
         tally(app, &ask.team, target, &merged, 0);
         ctx.cache = CacheState::Stale;
-        return Some(Ok(page.respond(&merged, &[], 0, CacheState::Stale)));
+        return Some(Ok(page.respond(&merged, &[], got.charged, CacheState::Stale)));
     }
-    let fetched = match outcome {
-        Ok(f) => f,
-        Err(e) => return Some(Err(e)),
-    };
-    match fetched.status {
-        StatusCode::OK => Some(bought(app, ask, ctx, &page, &held, &missing, fetched, role).await),
-        // An id the upstream refuses (a city's id in a property lookup)
-        // refuses the whole lookup, with its position in the list: the page
-        // path asks again with the request as sent (a 422 costs nothing).
-        StatusCode::UNPROCESSABLE_ENTITY => None,
-        _ => Some(super::from_fetched(app, &ask.team, target, fetched, role, false, ctx)),
+    gathered(app, ask, ctx, &page, &held, &missing, got)
+}
+
+/// The answer from the held records and what was gathered for the missing
+/// ids: the assembled page, or the refusal or error that stands for them.
+fn gathered<B>(
+    app: &App,
+    ask: &Ask<'_, B>,
+    ctx: &mut RequestContext,
+    page: &Page<'_, B>,
+    held: &[Held],
+    missing: &[String],
+    got: buy::Gathered,
+) -> Option<Answer> {
+    let target = page.target;
+    let mut bought: Vec<(String, Bytes)> = Vec::with_capacity(missing.len());
+    for ((id, outcome), led) in missing.iter().zip(got.outcomes).zip(got.led) {
+        match outcome {
+            Err(e) => return Some(Err(e)),
+            // An id the upstream refuses (a city's id in a property lookup)
+            // refuses the whole lookup, with its position in the list: the
+            // page path asks again with the request as sent (a 422 costs
+            // nothing).
+            Ok(IdGot::Refused(f)) if f.status == StatusCode::UNPROCESSABLE_ENTITY => return None,
+            Ok(IdGot::Refused(f)) => {
+                let role = if led { Role::Leader } else { Role::Follower };
+                return Some(super::from_fetched(app, &ask.team, target, f, role, false, ctx));
+            }
+            Ok(IdGot::Held(e)) if !is_absent(&e) => {
+                // Another lookup's purchase: a credit this team did not spend.
+                if !led {
+                    saved(app, &ask.team, target, e.credits);
+                }
+                bought.push((id.clone(), e.body.clone()));
+            }
+            Ok(IdGot::Held(_) | IdGot::Unknown) => {}
+        }
     }
+    tally(app, &ask.team, target, held, bought.len());
+    ctx.cache = CacheState::Miss;
+    Some(Ok(page.respond(held, &bought, got.charged, CacheState::Miss)))
 }
 
 /// Fresh entries answer; the others (within the stale grace) only stand in
@@ -118,38 +154,6 @@ fn split_fresh(entries: Vec<Option<Arc<Entry>>>, d: &Directives) -> (Vec<Held>, 
         .unzip()
 }
 
-/// The 200 for a lookup whose missing ids were fetched: files the ids the
-/// upstream does not know as absent, and charges what the fetch cost
-/// (nothing for a follower or an answer found in the cache).
-#[allow(clippy::too_many_arguments)]
-async fn bought<B>(
-    app: &Arc<App>,
-    ask: &Ask<'_, B>,
-    ctx: &mut RequestContext,
-    page: &Page<'_, B>,
-    held: &[Held],
-    missing: &[String],
-    fetched: Arc<Fetched>,
-    role: Role,
-) -> Answer {
-    let resource = Resource::of_lookup(page.target.route).ok_or(GatewayError::Internal)?;
-    let got =
-        records_of(&fetched.body, resource).ok_or(GatewayError::UpstreamInvalid("Upstream sent a malformed answer"))?;
-    let paid = role == Role::Leader && !fetched.from_cache;
-    if paid && !ask.directives.no_store && !control::forbids_storing(&fetched.headers) {
-        let stored = Entry::new(fetched.body.clone(), fetched.worth, page.ttl, page.target.route);
-        app.cache.file_absent(resource, &stored, missing).await;
-    }
-    tally(app, &ask.team, page.target, held, missing.len());
-    let charged = if paid { fetched.credits } else { 0 };
-    if !paid {
-        saved(app, &ask.team, page.target, fetched.worth);
-    }
-    ctx.cache = CacheState::Miss;
-    ctx.credits = charged;
-    Ok(page.respond(held, &got, charged, CacheState::Miss))
-}
-
 /// Counts each id by where its answer came from; the held records are
 /// credits this team did not spend.
 fn tally(app: &App, team: &Team, target: &Target, held: &[Option<Arc<Entry>>], fetched: usize) {
@@ -166,15 +170,20 @@ fn tally(app: &App, team: &Team, target: &Target, held: &[Option<Arc<Entry>>], f
     saved(app, team, target, reused);
 }
 
-/// The ids of a query made of `id` parameters only, in order, each once;
-/// `None` for anything else (another parameter, bytes that are not UTF-8):
-/// the page path forwards those as sent.
-fn lookup_ids(query: &str) -> Option<Vec<String>> {
+/// The ids of a lookup's query, in order, each once. Parameters the
+/// route does not declare are ignored by the upstream (FastAPI reads
+/// parameters by name), so they are here too; `None` for a declared one
+/// (`cursor`) or bytes that are not UTF-8: the page path forwards those as
+/// sent.
+fn lookup_ids(route: Route, query: &str) -> Option<Vec<String>> {
     let pairs = key::decode_pairs(query)?;
     let mut ids: Vec<String> = Vec::with_capacity(pairs.len());
     for (name, value) in pairs {
         if name != "id" {
-            return None;
+            if route.param(&name).is_some() {
+                return None;
+            }
+            continue;
         }
         // The upstream answers a repeated id once, at its first position.
         if !ids.iter().any(|id| *id == value) {
@@ -246,7 +255,6 @@ impl<B> Page<'_, B> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::route::Route;
 
     fn record(id: &str) -> Option<Arc<Entry>> {
         let body = Bytes::from(format!("{{\"id\":\"{id}\"}}"));
@@ -260,10 +268,11 @@ mod tests {
 
     #[test]
     fn only_id_parameters_make_a_lookup_and_repeats_count_once() {
-        let ids = |q| lookup_ids(q);
+        let ids = |q| lookup_ids(Route::PermitsById, q);
         assert_eq!(ids("id=a&id=b&id=a"), Some(vec!["a".into(), "b".into()]));
         assert_eq!(ids("id=a%2Cb"), Some(vec!["a,b".into()]), "a comma is part of the id");
-        assert_eq!(ids("id=a&cursor=x"), None);
+        assert_eq!(ids("id=a&foo=1"), Some(vec!["a".into()]), "the upstream ignores foo");
+        assert_eq!(lookup_ids(Route::ContractorsById, "id=a&cursor=x"), None);
         assert_eq!(ids("id=%FF"), None);
         assert_eq!(query_of(&["a b".into(), "c&d".into()]), "id=a+b&id=c%26d");
     }

@@ -138,6 +138,8 @@ enum Turn {
 /// both saw it go would otherwise both buy.
 async fn take_turn(app: &App, job: &Job, key: &str) -> Turn {
     let deadline = Instant::now() + Duration::from_millis(app.config.cache.coalesce_wait_ms);
+    // `no-cache`: only an answer the peer is buying now, not its old entry.
+    let since_ms = if job.no_cache { now_ms() } else { 0 };
     loop {
         match app.leases.acquire(key).await {
             Acquired::Owned(lease) => {
@@ -154,7 +156,11 @@ async fn take_turn(app: &App, job: &Job, key: &str) -> Turn {
             }
             Acquired::Held => {
                 let left = deadline.saturating_duration_since(Instant::now());
-                match app.leases.wait_for_peer(&app.cache, job.target.route, key, left).await {
+                match app
+                    .leases
+                    .wait_for_peer(&app.cache, job.target.route, key, left, since_ms)
+                    .await
+                {
                     Peer::Stored(entry) => return Turn::Stored(entry),
                     Peer::Gone => continue,
                     Peer::GaveUp => return Turn::Buy(None),

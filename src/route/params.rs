@@ -83,9 +83,10 @@ pub fn validate(target: &Target) -> Result<(), GatewayError> {
 /// The most this call can cost: 0 on free operations; the number of ids on
 /// a lookup; else the page size asked for (default 50).
 ///
-/// Ids are counted as the upstream could read them at worst: repeats count,
-/// and a comma-joined value counts each part (whether the upstream splits
-/// `id=a,b` is not known; counting the parts can only over-reserve).
+/// Ids are counted as the upstream reads them: one per `id` value (repeats
+/// count, to be safe). A comma-joined value is one id: the upstream does
+/// not split `id=a,b` (`docs/vendor-api.md`, "Id lookups"), so counting its
+/// parts would refuse a team the credits the call cannot cost.
 /// Called after [`validate`]; a value that would not validate counts as the
 /// largest page.
 pub fn credit_estimate(target: &Target) -> u64 {
@@ -94,12 +95,7 @@ pub fn credit_estimate(target: &Target) -> u64 {
         return 0;
     }
     let read = read(target.query.as_deref());
-    let ids = || {
-        read.ids
-            .iter()
-            .map(|v| v.split(',').filter(|s| !s.is_empty()).count().max(1) as u64)
-            .sum()
-    };
+    let ids = || read.ids.len() as u64;
     let page = || match read.size.as_deref().map(page_size) {
         None => SIZE_DEFAULT,
         Some(Ok(n)) => n,
@@ -309,7 +305,7 @@ mod tests {
         assert_eq!(est(Route::AddressResidents, "size=2"), 2);
         assert_eq!(est(Route::PermitsById, "id=a&id=b&id=c"), 3);
         assert_eq!(est(Route::ContractorsById, "id=a&id=a&cursor=x&size=90"), 2);
-        assert_eq!(est(Route::PropertiesById, "id=a,b,c&id=d"), 4);
+        assert_eq!(est(Route::PropertiesById, "id=a,b,c&id=d"), 2, "a comma list is one id");
         assert_eq!(est(Route::Other, "id=a&id=b"), 2);
         assert_eq!(est(Route::Other, "size=500"), 100);
         assert_eq!(est(Route::Other, "size=abc"), 50);

@@ -3,6 +3,10 @@
 //! and earlier lookups brought; only the missing ids reach the upstream, and
 //! every assembled answer equals what the simulator itself returns.
 
+mod edges;
+mod memory;
+mod overlap;
+
 use crate::support::gateway::{Setup, ADMIN_TOKEN, ALPHA};
 use crate::support::http::{get, send, Reply};
 use crate::support::redis::RedisServer;

@@ -176,13 +176,16 @@ async fn an_id_lookup_reserves_one_credit_per_id() {
             ids[..n].iter().map(|i| format!("id={i}")).collect::<Vec<_>>().join("&")
         )
     };
-    // 3 credits left: four ids (or four comma-joined) are refused before the upstream...
+    // A comma list is one id to the upstream (unknown, free): it reserves one.
+    let comma = format!("{base}/v2/permits?id={}", ids[..4].join(","));
+    let r = as_team(&comma, SMALL.1, "small-comma").await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text());
+    assert_eq!(r.header_u64("x-credits-request"), Some(0));
+    // 3 credits left: four ids are refused before the upstream...
     let before = sim.stats().requests_total;
-    for url in [lookup(4), format!("{base}/v2/permits?id={}", ids[..4].join(","))] {
-        let r = as_team(&url, SMALL.1, "small-four").await;
-        assert_eq!(r.status, StatusCode::PAYMENT_REQUIRED, "{url}: {}", r.text());
-        assert_eq!(r.json()["detail"]["limit"], 13);
-    }
+    let r = as_team(&lookup(4), SMALL.1, "small-four").await;
+    assert_eq!(r.status, StatusCode::PAYMENT_REQUIRED, "{}", r.text());
+    assert_eq!(r.json()["detail"]["limit"], 13);
     // An unknown path reserves its ids too: four do not fit either.
     let unknown = as_team(
         &format!("{base}/v2/permit_records?id=a&id=b&id=c&id=d"),

@@ -1,0 +1,206 @@
+//! Overlapping lookups buy each record once (issue 24): lookups in flight
+//! at once, in any order, with repeats, from two teams, on one replica or
+//! several sharing Redis or a Redis Cluster, behind a slow upstream.
+
+use super::{assert_same_as_upstream, direct, ids_of, lookup, permit_search};
+use crate::support::gateway::{Setup, ALPHA, BETA};
+use crate::support::http::{get, Reply};
+use crate::support::redis::RedisServer;
+use crate::support::sim::{start_sim, unlimited, FaultKind, Faults, Sim};
+use crate::support::traffic::{charged_to, ledger_used};
+use http::StatusCode;
+use permit_gateway::Running;
+
+/// A team's lookup of ids by their place in `ids`, with a request id that
+/// attributes the upstream's charge to the team.
+struct Lookup {
+    team: (&'static str, &'static str),
+    at: Vec<usize>,
+}
+
+/// The overlapping lists: 0–9 and 5–14 and 14–10 reversed (issue 24's
+/// three), with repeats and reorderings of shared ids from the other team.
+fn lookups() -> Vec<Lookup> {
+    let l = |team, at: Vec<usize>| Lookup { team, at };
+    vec![
+        l(ALPHA, (0..10).collect()),
+        l(BETA, (5..15).collect()),
+        l(ALPHA, (10..15).rev().collect()),
+        l(BETA, vec![7, 2, 7, 13, 2]),
+        l(ALPHA, vec![9, 8, 9, 5]),
+        l(BETA, vec![1, 14, 0, 1]),
+    ]
+}
+
+/// Fires every lookup at once, round-robin over the replicas, behind a
+/// 600 ms upstream, then asserts: each answer is the upstream's own, the
+/// upstream charged exactly the 15 distinct records, and each team's
+/// ledgers (summed over the replicas) equal what the upstream charged it.
+async fn buys_each_record_once(sim: &Sim, replicas: &[&Running]) {
+    let ids = ids_of(&direct(sim, &permit_search(sim, 15)).await);
+    assert_eq!(ids.len(), 15);
+    sim.set_faults(Faults {
+        kind: FaultKind::Latency,
+        latency_ms: Some(600),
+        ..Faults::default()
+    });
+    let tasks: Vec<_> = lookups()
+        .into_iter()
+        .enumerate()
+        .map(|(i, l)| {
+            let asked: Vec<&str> = l.at.iter().map(|a| ids[*a].as_str()).collect();
+            let path = lookup("permits", &asked);
+            let url = format!("{}{path}", replicas[i % replicas.len()].base_url());
+            let (team, token) = l.team;
+            tokio::spawn(async move {
+                let request_id = format!("{team}-overlap-{i}");
+                let r: Reply = get(&url, &[("x-api-key", token), ("x-request-id", &request_id)]).await;
+                (path, r)
+            })
+        })
+        .collect();
+    let mut answers = Vec::new();
+    for t in tasks {
+        answers.push(t.await.expect("lookup task"));
+    }
+    sim.clear_faults();
+    for (path, r) in &answers {
+        assert_eq!(r.status, StatusCode::OK, "{path}: {}", r.text());
+        assert_same_as_upstream(sim, path, r).await;
+    }
+    let (alpha, beta) = (charged_to(sim, "alpha-"), charged_to(sim, "beta-"));
+    assert_eq!(alpha + beta, 15, "15 distinct records, each bought once");
+    let paid: u64 = answers
+        .iter()
+        .filter_map(|(_, r)| r.header_u64("x-credits-request"))
+        .sum();
+    assert_eq!(paid, 15, "the answers say what each team paid");
+    for (team, charged) in [("alpha", alpha), ("beta", beta)] {
+        let mut ledgers = 0;
+        for gw in replicas {
+            ledgers += ledger_used(&gw.admin_url(), team).await;
+        }
+        assert_eq!(ledgers, charged, "team {team}: ledgers vs upstream charge");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn overlapping_lookups_in_one_process_buy_each_record_once() {
+    let sim = start_sim(unlimited()).await;
+    let gw = Setup::new().start(&sim).await;
+    buys_each_record_once(&sim, &[&gw]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn overlapping_lookups_across_replicas_on_redis_buy_each_record_once() {
+    let redis = RedisServer::start();
+    let sim = start_sim(unlimited()).await;
+    let setup = || Setup::new().with("cache", format!("redis_url = {:?}", redis.url()));
+    let (one, two) = (setup().start(&sim).await, setup().start(&sim).await);
+    buys_each_record_once(&sim, &[&one, &two]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn overlapping_lookups_across_replicas_on_a_redis_cluster_buy_each_record_once() {
+    use crate::support::redis_cluster::RedisCluster;
+    let cluster = tokio::task::spawn_blocking(RedisCluster::start)
+        .await
+        .expect("cluster start");
+    let sim = start_sim(unlimited()).await;
+    let setup = || Setup::new().with("cache", format!("redis_url = {:?}", cluster.url()));
+    let (one, two) = (setup().start(&sim).await, setup().start(&sim).await);
+    buys_each_record_once(&sim, &[&one, &two]).await;
+}
+
+/// Contractors, decisions and properties meet on their shared ids too: two
+/// teams' overlapping lookups at once, each record bought once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn overlapping_lookups_of_every_resource_buy_each_record_once() {
+    let sim = start_sim(unlimited()).await;
+    let gw = Setup::new().start(&sim).await;
+    let s = sim.samples();
+    let searches = [
+        (
+            "contractors",
+            format!(
+                "/v2/contractors/search?geo_id={}&permit_from={}&permit_to={}&size=6",
+                s.state, s.permit_from, s.permit_to
+            ),
+        ),
+        (
+            "decisions",
+            format!(
+                "/v2/decisions/search?geo_id={}&decision_from=2020-01-01&decision_to=2026-12-31&size=6",
+                s.state
+            ),
+        ),
+        ("properties", format!("/v2/properties/search?geo_id={}&size=6", s.zip)),
+    ];
+    for (resource, search) in searches {
+        let ids = ids_of(&direct(&sim, &search).await);
+        assert!(ids.len() >= 5, "{resource}: {ids:?}");
+        let (alpha_before, beta_before) = (charged_to(&sim, "alpha-"), charged_to(&sim, "beta-"));
+        sim.set_faults(Faults {
+            kind: FaultKind::Latency,
+            latency_ms: Some(400),
+            ..Faults::default()
+        });
+        let first: Vec<&str> = ids[..4].iter().map(String::as_str).collect();
+        let second: Vec<&str> = ids[1..5].iter().rev().map(String::as_str).collect();
+        let (a, b) = (lookup(resource, &first), lookup(resource, &second));
+        let (ua, ub) = (format!("{}{a}", gw.base_url()), format!("{}{b}", gw.base_url()));
+        let (ra, rb) = tokio::join!(
+            get(&ua, &[("x-api-key", ALPHA.1), ("x-request-id", "alpha-r")]),
+            get(&ub, &[("x-api-key", BETA.1), ("x-request-id", "beta-r")]),
+        );
+        sim.clear_faults();
+        assert_same_as_upstream(&sim, &a, &ra).await;
+        assert_same_as_upstream(&sim, &b, &rb).await;
+        let charged = charged_to(&sim, "alpha-") + charged_to(&sim, "beta-") - alpha_before - beta_before;
+        assert_eq!(charged, 5, "{resource}: five distinct records");
+    }
+    for team in ["alpha", "beta"] {
+        let ledger = ledger_used(&gw.admin_url(), team).await;
+        assert_eq!(ledger, charged_to(&sim, &format!("{team}-")), "team {team}");
+    }
+}
+
+/// A client that hangs up while its lookup buys leaves nothing half done:
+/// the buy runs on, files its records and ends its flights, so the other
+/// team's overlapping lookup waits for it and the retry is free.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lookup_whose_client_hangs_up_still_buys_its_ids_once() {
+    use std::time::Duration;
+    let sim = start_sim(unlimited()).await;
+    let gw = Setup::new().start(&sim).await;
+    let ids = ids_of(&direct(&sim, &permit_search(&sim, 4)).await);
+    sim.set_faults(Faults {
+        kind: FaultKind::Latency,
+        latency_ms: Some(800),
+        ..Faults::default()
+    });
+    let first = lookup("permits", &[&ids[0], &ids[1], &ids[2]]);
+    let second = lookup("permits", &[&ids[3], &ids[2], &ids[1]]);
+    let base = gw.base_url();
+    let ask = |path: &str, (team, token): (&'static str, &'static str), n: u32| {
+        let url = format!("{base}{path}");
+        async move {
+            let request_id = format!("{team}-hangup-{n}");
+            get(&url, &[("x-api-key", token), ("x-request-id", &request_id)]).await
+        }
+    };
+    let hung_up = tokio::time::timeout(Duration::from_millis(300), ask(&first, ALPHA, 1)).await;
+    assert!(hung_up.is_err(), "the client hung up before the answer");
+    let other = ask(&second, BETA, 2).await;
+    sim.clear_faults();
+    assert_eq!(other.status, StatusCode::OK, "{}", other.text());
+    assert_eq!(other.header_u64("x-credits-request"), Some(1), "only its own new id");
+    let retry = ask(&first, ALPHA, 3).await;
+    assert_eq!(retry.header("x-cache"), Some("HIT"), "{}", retry.text());
+    assert_eq!(charged_to(&sim, "alpha-"), 3);
+    assert_eq!(charged_to(&sim, "beta-"), 1);
+    for team in ["alpha", "beta"] {
+        let ledger = ledger_used(&gw.admin_url(), team).await;
+        assert_eq!(ledger, charged_to(&sim, &format!("{team}-")), "team {team}");
+    }
+}

@@ -21,5 +21,6 @@ mod rate;
 mod records;
 mod request_surface;
 mod routes;
+mod siege;
 mod sim;
 mod vendor;

@@ -432,3 +432,42 @@ async fn hits(addr: SocketAddr, path: &str) -> Latencies {
         failures,
     }
 }
+
+#[tokio::test]
+async fn a_team_past_its_requests_in_flight_gets_429_while_another_is_served() {
+    let sim = start_sim(SimConfig {
+        latency_ms: 500,
+        ..unlimited()
+    })
+    .await;
+    let gw = Setup::new().with("server", "team_max_in_flight = 2").start(&sim).await;
+    let base = gw.base_url();
+    let warm = get(&format!("{base}/v2/meta/release"), &[("x-api-key", BETA.1)]).await;
+    assert_eq!(warm.status, StatusCode::OK);
+    // Six slow misses at once, two distinct and four followers of them:
+    // followers count as requests in flight too.
+    let calls: Vec<_> = (0..6)
+        .map(|i| {
+            let url = format!("{base}/v2/cities/search?q=slow{}", i % 2);
+            tokio::spawn(async move { get(&url, &[("x-api-key", ALPHA.1)]).await })
+        })
+        .collect();
+    let other = get(&format!("{base}/v2/meta/release"), &[("x-api-key", BETA.1)]).await;
+    assert_eq!(other.status, StatusCode::OK, "another team is not limited");
+    let mut statuses = Vec::new();
+    for c in calls {
+        let r = c.await.expect("task");
+        if r.status == StatusCode::TOO_MANY_REQUESTS {
+            assert!(r.header_u64("retry-after").is_some_and(|s| s >= 1), "no Retry-After");
+            assert_eq!(r.json()["detail"], "Rate limit exceeded for this team");
+        }
+        statuses.push(r.status.as_u16());
+    }
+    let refused = statuses.iter().filter(|s| **s == 429).count();
+    // Two in flight for half a second: the other four come meanwhile (one
+    // may come late on a loaded machine, after the first two ended).
+    assert!(refused >= 3, "more than two in flight at a time: {statuses:?}");
+    // The upstream's own answer (a 404 for an unknown city) or the 429.
+    assert!(statuses.iter().all(|s| *s == 404 || *s == 429), "{statuses:?}");
+    assert!(sim.stats().requests_total <= 3, "one warm-up and at most two calls");
+}

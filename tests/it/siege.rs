@@ -471,3 +471,64 @@ async fn a_team_past_its_requests_in_flight_gets_429_while_another_is_served() {
     assert!(statuses.iter().all(|s| *s == 404 || *s == 429), "{statuses:?}");
     assert!(sim.stats().requests_total <= 3, "one warm-up and at most two calls");
 }
+
+#[tokio::test]
+async fn one_address_holds_at_most_its_share_of_the_connections() {
+    const PER_PEER: usize = 4;
+    let sim = start_sim(unlimited()).await;
+    let gw = Setup::new()
+        .with(
+            "server",
+            format!("max_connections = 32\nmax_connections_per_peer = {PER_PEER}"),
+        )
+        .start(&sim)
+        .await;
+    let mut kept_alive = KeptAlive::open(gw.addr).await.expect("connects");
+    assert_eq!(
+        kept_alive.get("/v2/meta/release", ALPHA.1).await.expect("answered").0,
+        StatusCode::OK
+    );
+    // Another loopback address opens 40 silent connections.
+    let mut theirs = Vec::new();
+    for _ in 0..40 {
+        let socket = tokio::net::TcpSocket::new_v4().expect("socket");
+        socket
+            .bind("127.0.0.2:0".parse().expect("addr"))
+            .expect("binds 127.0.0.2");
+        theirs.push(socket.connect(gw.addr).await.expect("connect"));
+    }
+    let theirs = Arc::new(tokio::sync::Mutex::new(theirs));
+    let open = crate::support::wait::eventually("all but its share closed", Duration::from_secs(10), || {
+        let theirs = theirs.clone();
+        async move {
+            let mut still = 0;
+            for s in theirs.lock().await.iter_mut() {
+                let mut b = [0u8; 1];
+                // A closed socket reads EOF (or a reset) at once; an open
+                // silent one has nothing to read.
+                if tokio::time::timeout(Duration::from_millis(1), s.read(&mut b))
+                    .await
+                    .is_err()
+                {
+                    still += 1;
+                }
+            }
+            if still <= PER_PEER {
+                Ok(still)
+            } else {
+                Err(still)
+            }
+        }
+    })
+    .await;
+    eprintln!("per-peer cap {PER_PEER}: {open} of 40 connections of 127.0.0.2 left open");
+    // The other address's clients never noticed.
+    for _ in 0..10 {
+        assert_eq!(
+            kept_alive.get("/v2/meta/release", ALPHA.1).await.expect("answered").0,
+            StatusCode::OK
+        );
+        let fresh = on_new_connection(gw.addr, "/v2/meta/release", ALPHA.1).await;
+        assert_eq!(fresh.expect("answered").0, StatusCode::OK);
+    }
+}

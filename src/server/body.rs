@@ -27,6 +27,12 @@ use std::task::{Context, Poll, Waker};
 /// size, so cutting costs no extra frames.
 pub const CHUNK: usize = 16 * 1024;
 
+/// The piece HTTP/1.1 answers are handed to hyper in: its write buffer's
+/// size, so that it asks for the next one only once the client took most of
+/// the last, and a big answer to a slow but steady reader shows progress
+/// (else the stall deadline would cut a download that is moving).
+const HTTP1_CHUNK: usize = 64 * 1024;
+
 /// Response bytes held for HTTP/2 streams, against a bound.
 pub struct Budget {
     max: usize,
@@ -107,7 +113,7 @@ impl Outgoing {
         let guards = (!rest.is_empty()).then(|| (in_flight, conn.sending()));
         Outgoing {
             rest,
-            chunk: usize::MAX,
+            chunk: HTTP1_CHUNK,
             budget: None,
             counted: 0,
             guards,

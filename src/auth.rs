@@ -10,6 +10,7 @@ use governor::{DefaultDirectRateLimiter, Quota};
 use http::header::{HeaderMap, HeaderName, AUTHORIZATION};
 use sha2::{Digest, Sha256};
 use std::num::NonZeroU32;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use subtle::ConstantTimeEq;
 
@@ -29,6 +30,17 @@ pub struct Team {
     /// Authenticated requests since start (admin API). Shared with the
     /// same-named team of the table a reload replaces, so it survives it.
     pub requests: Arc<std::sync::atomic::AtomicU64>,
+    /// Requests of this team in flight now; carried over a reload too.
+    in_flight: Arc<AtomicUsize>,
+}
+
+/// One of a team's requests in flight, until dropped.
+pub struct TeamInFlight(Arc<AtomicUsize>);
+
+impl Drop for TeamInFlight {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
 }
 
 impl std::fmt::Debug for Team {
@@ -48,6 +60,14 @@ impl PartialEq for Team {
 }
 
 impl Team {
+    /// Counts one more request in flight, unless `limit` are already.
+    pub fn enter(&self, limit: usize) -> Option<TeamInFlight> {
+        self.in_flight
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| (n < limit).then_some(n + 1))
+            .ok()
+            .map(|_| TeamInFlight(self.in_flight.clone()))
+    }
+
     /// The team's own rate: `Err(seconds to wait)` when exceeded.
     pub fn check_rate(&self) -> Result<(), u64> {
         let Some(limiter) = &self.limiter else {
@@ -95,6 +115,10 @@ impl Teams {
                     requests: self
                         .by_name(&t.name)
                         .map(|old| old.requests.clone())
+                        .unwrap_or_default(),
+                    in_flight: self
+                        .by_name(&t.name)
+                        .map(|old| old.in_flight.clone())
                         .unwrap_or_default(),
                 })
             })

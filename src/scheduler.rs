@@ -328,4 +328,23 @@ mod tests {
             started.elapsed()
         );
     }
+
+    #[tokio::test]
+    async fn a_teams_flood_of_calls_waits_behind_itself_not_in_front_of_another_team() {
+        // The scheduler never asks what a call costs: a free call queues
+        // like a paid one, in its team's own line.
+        let s = busy(Duration::from_secs(10)).await;
+        let flood: Vec<_> = (0..3).map(|_| queue(&s)).collect();
+        tokio::task::yield_now().await;
+        let started = Instant::now();
+        s.acquire("b").await.expect("served");
+        let b_waited = started.elapsed();
+        let flood_done = flood.iter().filter(|q| q.is_finished()).count();
+        for q in flood {
+            q.await.unwrap().expect("queued call served");
+        }
+        // One permit a second: "b" gets the second, after one of "a"'s three.
+        assert!(flood_done <= 1, "b waited behind {flood_done} of a's calls");
+        assert!(b_waited < Duration::from_millis(2_500), "{b_waited:?}");
+    }
 }

@@ -47,13 +47,29 @@ pub struct ServerConfig {
     pub tls_cert_file: Option<PathBuf>,
     pub tls_key_file: Option<PathBuf>,
     pub max_connections: usize,
+    pub max_connections_per_peer: usize,
     pub max_header_bytes: usize,
     pub max_uri_bytes: usize,
     pub header_read_timeout_secs: u64,
     pub idle_timeout_secs: u64,
     pub write_timeout_secs: u64,
     pub http2_max_concurrent_streams: u32,
+    pub http2_max_buffered_bytes: usize,
+    /// 0: derived from `max_connections` ([`ServerConfig::team_in_flight_limit`]).
+    pub team_max_in_flight: usize,
     pub shutdown_grace_secs: u64,
+}
+
+impl ServerConfig {
+    /// Requests one team may have in flight at once (followers included):
+    /// `team_max_in_flight`, or a quarter of `max_connections`, so that one
+    /// team can never keep every connection busy.
+    pub fn team_in_flight_limit(&self) -> usize {
+        match self.team_max_in_flight {
+            0 => (self.max_connections / 4).max(1),
+            n => n,
+        }
+    }
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]

@@ -53,6 +53,17 @@ impl ServerConfig {
             }
         }
         positive("server.max_connections", self.max_connections as u64, p);
+        positive(
+            "server.max_connections_per_peer",
+            self.max_connections_per_peer as u64,
+            p,
+        );
+        if self.http2_max_buffered_bytes < crate::server::CHUNK {
+            p.push(format!(
+                "server.http2_max_buffered_bytes: must be at least {}",
+                crate::server::CHUNK
+            ));
+        }
         if self.max_header_bytes < 8192 {
             p.push("server.max_header_bytes: must be at least 8192".into());
         }

@@ -84,7 +84,7 @@ pub async fn answer<B>(app: &Arc<App>, ask: &Ask<'_, B>, ctx: &mut RequestContex
     let failed = got.outcomes.iter().any(|o| match o {
         // The one rule (`fetch::upstream_failed`) for an answer that
         // refuses the ids as for any other.
-        Ok(IdGot::Refused(f)) => fetch::upstream_failed(&Ok(f.clone())),
+        Ok(IdGot::Refused(f)) => super::fetch::upstream_failed(&Ok(f.clone())),
         Ok(_) => false,
         Err(e) => e.upstream_failed(),
     });

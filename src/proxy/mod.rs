@@ -111,6 +111,14 @@ async fn pipeline<B>(
     // 3. Authenticate before anything costs money or reveals data.
     let team = app.teams.load().authenticate(req.headers())?;
     ctx.team = Some(team.name.clone());
+    if let Some(mark) = req.extensions().get::<crate::server::ConnectionMark>() {
+        mark.team_seen(&team.name);
+    }
+    // 4. The team's requests in flight (followers too), so one team cannot
+    //    keep every connection and queue place busy; held until answered.
+    let Some(_in_flight) = team.enter(app.config.server.team_in_flight_limit()) else {
+        return Err(GatewayError::TeamRateLimited { retry_after_secs: 1 });
+    };
     // 4. The team's own request rate.
     if let Err(retry_after_secs) = team.check_rate() {
         return Err(GatewayError::TeamRateLimited { retry_after_secs });

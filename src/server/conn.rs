@@ -12,11 +12,20 @@
 //!   if it has not finished within `write_timeout`.
 //! - A write that makes no progress for `write_timeout` fails the
 //!   connection (tokio-io-timeout under TLS and hyper): a client that stops
-//!   reading cannot hold its place.
+//!   reading cannot hold its place. The same deadline covers answers that
+//!   HTTP/2 flow control holds back (`body.rs`): when none of the
+//!   connection's answers took a chunk for `write_timeout`, it is closed
+//!   and their buffers freed.
+//! - HTTP/2 streams opened while the listener's budget of buffered answer
+//!   bytes is spent get a 503 with `Retry-After` at once (hyper offers no
+//!   `REFUSED_STREAM` to a service; this is the nearest, and costs nothing).
 //! - The registry's orders (`conns.rs`): drain on shutdown, close on
 //!   eviction or when the grace ran out.
 
-use super::conns::{Conn, Order, Slot};
+use super::body::{bytes_of, Budget, Outgoing};
+use super::conns::{Conn, InFlight, Order, Slot};
+use super::ConnectionMark;
+use crate::error::GatewayError;
 use crate::http_util::Body;
 use hyper::body::Incoming;
 use hyper::service::service_fn;
@@ -51,6 +60,7 @@ pub async fn serve<H, F>(
     handler: H,
     slot: Slot,
     timeouts: Timeouts,
+    budget: Arc<Budget>,
 ) where
     H: Fn(Request<Incoming>) -> F + Send + Sync + 'static,
     F: Future<Output = Response<Body>> + Send + 'static,
@@ -66,13 +76,24 @@ pub async fn serve<H, F>(
     let io = Box::pin(io);
     let service = {
         let conn = conn.clone();
-        service_fn(move |req: Request<Incoming>| {
-            let in_flight = conn.begin(req.version() == Version::HTTP_2);
-            let response = handler(req);
+        service_fn(move |mut req: Request<Incoming>| {
+            let http2 = req.version() == Version::HTTP_2;
+            let in_flight = conn.begin(http2);
+            req.extensions_mut().insert(ConnectionMark(conn.clone()));
+            let budget = http2.then(|| budget.clone());
+            // Boxed: the stream's task then keeps a pointer, not the whole
+            // handler state, while an HTTP/2 client holds its answer back.
+            let response = budget
+                .as_ref()
+                .is_none_or(|b| b.has_room())
+                .then(|| Box::pin(handler(req)));
+            let conn = conn.clone();
             async move {
-                let response = response.await;
-                drop(in_flight);
-                Ok::<_, Infallible>(response)
+                let response = match response {
+                    Some(response) => response.await,
+                    None => busy(),
+                };
+                Ok::<_, Infallible>(outgoing(response, &conn, in_flight, budget.as_ref()))
             }
         })
     };
@@ -96,6 +117,33 @@ pub async fn serve<H, F>(
         }
     }
     drop(slot);
+}
+
+/// The answer as sent: counted against the budget (HTTP/2), or a 503 when
+/// it does not fit.
+fn outgoing(
+    response: Response<Body>,
+    conn: &Arc<Conn>,
+    in_flight: InFlight,
+    budget: Option<&Arc<Budget>>,
+) -> Response<Outgoing> {
+    let (parts, body) = response.into_parts();
+    match Outgoing::new(body, conn, in_flight, budget) {
+        Ok(body) => Response::from_parts(parts, body),
+        Err(in_flight) => {
+            let (parts, body) = busy().into_parts();
+            Response::from_parts(parts, Outgoing::uncounted(bytes_of(body), conn, in_flight))
+        }
+    }
+}
+
+/// Too many answers wait for HTTP/2 readers that do not read.
+fn busy() -> Response<Body> {
+    let mut resp =
+        GatewayError::Unavailable("Too many answers are waiting for slow readers; retry shortly").into_response();
+    resp.headers_mut()
+        .insert(http::header::RETRY_AFTER, http::HeaderValue::from(1u32));
+    resp
 }
 
 /// Polls the HTTP connection while watching its deadlines and orders.
@@ -127,9 +175,21 @@ where
                         http.as_mut().graceful_shutdown();
                     }
                     Order::Drain => {}
+                    // Graceful: an idle connection closes at once, one whose
+                    // head just arrived answers it first (bounded).
+                    Order::Evict if gone_by.is_none() => {
+                        gone_by = Some(Instant::now() + t.write);
+                        if !draining {
+                            draining = true;
+                            http.as_mut().graceful_shutdown();
+                        }
+                    }
+                    Order::Evict => {}
                     Order::Close => return,
                 }
             }
+            // The stall deadline starts: look at the deadlines again.
+            () = conn.started_sending() => {}
             () = tokio::time::sleep_until(check_at) => {
                 let now = Instant::now();
                 if !conn.started() && now >= head_by {
@@ -137,6 +197,10 @@ where
                     return;
                 }
                 if gone_by.is_some_and(|by| now >= by) {
+                    return;
+                }
+                if conn.stalled_for().is_some_and(|d| d >= t.write) {
+                    tracing::debug!("answers made no progress in time: closing");
                     return;
                 }
                 let idle = conn.http2() && conn.idle_for().is_some_and(|d| d >= t.idle);
@@ -154,11 +218,21 @@ where
 
 /// When the driver next has a deadline to look at.
 fn next_check(conn: &Conn, head_by: Instant, gone_by: Option<Instant>, t: Timeouts) -> Instant {
-    if !conn.started() {
-        return head_by;
+    let other = other_check(conn, head_by, gone_by, t);
+    match conn.stalled_for() {
+        Some(stalled) => other.min(Instant::now() + t.write.saturating_sub(stalled)),
+        // An answer may start and stall meanwhile: look again within the deadline.
+        None if conn.started() => other.min(Instant::now() + t.write),
+        None => other,
     }
-    if let Some(by) = gone_by {
-        return by;
+}
+
+fn other_check(conn: &Conn, head_by: Instant, gone_by: Option<Instant>, t: Timeouts) -> Instant {
+    match (conn.started(), gone_by) {
+        (false, Some(by)) => return by.min(head_by),
+        (false, None) => return head_by,
+        (true, Some(by)) => return by,
+        (true, None) => {}
     }
     let now = Instant::now();
     match (conn.http2(), conn.idle_for()) {
@@ -170,7 +244,7 @@ fn next_check(conn: &Conn, head_by: Instant, gone_by: Option<Instant>, t: Timeou
     }
 }
 
-/// Resolves when the connection is ordered closed.
+/// Resolves when the connection is ordered closed or evicted.
 async fn closed(orders: &mut watch::Receiver<Order>) {
-    let _ = orders.wait_for(|o| *o == Order::Close).await;
+    let _ = orders.wait_for(|o| matches!(o, Order::Evict | Order::Close)).await;
 }

@@ -1,18 +1,28 @@
 //! The open connections of one listener, and room made for newcomers.
 //!
 //! At `server.max_connections`, a newly accepted connection takes the place
-//! of one with no request in flight: the oldest that never sent a complete
-//! head, else the oldest idle keep-alive or stuck writing to a client that
-//! stopped reading. Without
-//! that, sockets that never send a byte would hold every place until their
-//! deadline, then be replaced by the next wave, and a real client queued
-//! behind them in the kernel's backlog would wait a deadline per wave. Only
-//! when every connection has a request in flight does a newcomer wait.
+//! of one with nothing in flight (no request being handled, no answer still
+//! being sent: a download in progress is never cut). The victim is chosen
+//! so that sending one head cannot aim eviction at teams ([`Conn::rank`]):
+//! first connections that were answered without ever carrying a valid team
+//! token, then those still reading their first head (oldest first), and only
+//! then idle connections of teams: of the team holding the most connections,
+//! longest idle first (a team that loops on many connections cannot push out
+//! another's quiet keep-alive one). Without that, sockets
+//! that never send a byte, or anonymous peers churning one free head each,
+//! would push real clients out. Only when every connection has something in
+//! flight does a newcomer wait.
+//!
+//! One peer address may hold `server.max_connections_per_peer` connections
+//! (like nginx's `limit_conn`): beyond it, the newcomer takes the place of
+//! that peer's own victim, or is refused when all of the peer's are busy,
+//! so one address cannot fill the listener.
 //!
 //! Each connection's driver (`conn.rs`) obeys the [`Order`] sent to it here:
 //! keep serving, drain (graceful shutdown), or close now.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
+use std::net::IpAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
@@ -24,6 +34,10 @@ pub enum Order {
     Serve,
     /// Finish what is in flight, take nothing new (shutdown).
     Drain,
+    /// Make room: finish a request whose head arrived meanwhile, then close
+    /// (within the write timeout). A connection chosen while it had nothing
+    /// in flight may have received a head since: cutting it would fail it.
+    Evict,
     /// Drop the connection now (evicted, or the shutdown grace ran out).
     Close,
 }
@@ -31,24 +45,44 @@ pub enum Order {
 /// The registry of one listener's connections, oldest first.
 pub struct Conns {
     max: usize,
-    open: Mutex<BTreeMap<u64, Arc<Conn>>>,
+    max_per_peer: usize,
+    open: Mutex<Open>,
     next_id: AtomicU64,
     /// A connection closed or went idle: the accept loop may find room.
     changed: Arc<Notify>,
 }
 
-/// One connection's shared state: written by its request handlers, read by
-/// its driver and by the registry when it looks for room.
+#[derive(Default)]
+struct Open {
+    by_id: BTreeMap<u64, Arc<Conn>>,
+    per_peer: HashMap<IpAddr, usize>,
+}
+
+/// One connection's shared state: written by its request handlers and
+/// response bodies, read by its driver and by the registry when it looks
+/// for room.
 pub struct Conn {
     id: u64,
+    peer: IpAddr,
     born: Instant,
+    /// Requests being handled plus answers still being sent.
     in_flight: AtomicUsize,
+    /// Answers still being sent (their bodies not finished).
+    sending: AtomicUsize,
     started: AtomicBool,
+    /// A request with a valid team token came on this connection.
+    teamed: AtomicBool,
+    /// Which team's (a hash of its name), once `teamed`.
+    team: AtomicU64,
     http2: AtomicBool,
     /// Milliseconds after `born` when the last request finished.
     idle_since_ms: AtomicU64,
+    /// Milliseconds after `born` when an answer last made progress.
+    progress_ms: AtomicU64,
     orders: watch::Sender<Order>,
     changed: Arc<Notify>,
+    /// An answer started being sent: the driver's stall deadline starts.
+    sending_started: Notify,
 }
 
 /// A connection's place in the registry; dropping it frees the place.
@@ -60,49 +94,61 @@ pub struct Slot {
 /// A request in flight on a connection, until dropped.
 pub struct InFlight(Arc<Conn>);
 
+/// An answer being sent on a connection, until dropped.
+pub struct Sending(Arc<Conn>);
+
 impl Conns {
-    pub fn new(max: usize) -> Arc<Conns> {
+    pub fn new(max: usize, max_per_peer: usize) -> Arc<Conns> {
         Arc::new(Conns {
             max: max.max(1),
-            open: Mutex::new(BTreeMap::new()),
+            max_per_peer: max_per_peer.max(1),
+            open: Mutex::new(Open::default()),
             next_id: AtomicU64::new(0),
             changed: Arc::new(Notify::new()),
         })
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<u64, Arc<Conn>>> {
-        // The map stays consistent even if a holder panicked: plain inserts and removes.
+    fn lock(&self) -> std::sync::MutexGuard<'_, Open> {
+        // The maps stay consistent even if a holder panicked: plain inserts and removes.
         self.open.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// A place for a connection just accepted: a free one, or the place of
-    /// the oldest connection with nothing in flight (told to close). Waits
-    /// only while every open connection has a request in flight.
-    pub async fn admit(self: &Arc<Self>) -> Slot {
+    /// A place for a connection just accepted from `peer`: a free one, or
+    /// the place of the connection [`Conn::rank`] puts first (told to
+    /// close). Waits only while every open connection has something in
+    /// flight. `None`: the peer is at its own limit with every one of its
+    /// connections busy; the newcomer is refused.
+    pub async fn admit(self: &Arc<Self>, peer: IpAddr) -> Option<Slot> {
+        {
+            let open = self.lock();
+            if open.per_peer.get(&peer).copied().unwrap_or(0) >= self.max_per_peer {
+                let victim = victim(open.by_id.values().filter(|c| c.peer == peer))?;
+                tracing::debug!(
+                    connection = victim.id,
+                    "per-peer connection limit: closing an idle connection"
+                );
+                victim.order(Order::Evict);
+            }
+        }
         loop {
             {
                 let mut open = self.lock();
-                if open.len() < self.max {
+                if open.by_id.len() < self.max {
                     let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-                    let conn = Arc::new(Conn::new(id, self.changed.clone()));
-                    open.insert(id, conn.clone());
-                    return Slot {
+                    let conn = Arc::new(Conn::new(id, peer, self.changed.clone()));
+                    open.by_id.insert(id, conn.clone());
+                    *open.per_peer.entry(peer).or_default() += 1;
+                    return Some(Slot {
                         conns: self.clone(),
                         conn,
-                    };
+                    });
                 }
                 // One place per newcomer: while an evicted connection is
                 // still on its way out, wait for it rather than evict more.
-                let closing = open.values().any(|c| *c.orders.borrow() == Order::Close);
-                // Those that never sent a head go first: under a flood of
-                // silent sockets, idle keep-alive clients keep their place.
-                let victim = open
-                    .values()
-                    .filter(|c| c.evictable())
-                    .min_by_key(|c| (c.started(), c.id));
-                if let Some(victim) = victim.filter(|_| !closing) {
+                let closing = open.by_id.values().any(|c| c.leaving());
+                if let Some(victim) = victim(open.by_id.values()).filter(|_| !closing) {
                     tracing::debug!(connection = victim.id, "connection limit: closing an idle connection");
-                    victim.order(Order::Close);
+                    victim.order(Order::Evict);
                 }
             }
             // Woken when the victim's place is freed or another goes idle.
@@ -112,7 +158,7 @@ impl Conns {
 
     /// Sends `order` to every open connection.
     pub fn order_all(&self, order: Order) {
-        for conn in self.lock().values() {
+        for conn in self.lock().by_id.values() {
             conn.order(order);
         }
     }
@@ -120,7 +166,7 @@ impl Conns {
     /// Resolves once no connection is open.
     pub async fn all_closed(&self) {
         loop {
-            if self.lock().is_empty() {
+            if self.lock().by_id.is_empty() {
                 return;
             }
             self.changed.notified().await;
@@ -128,24 +174,42 @@ impl Conns {
     }
 }
 
+/// The evictable connection that goes first, if any.
+fn victim<'a>(conns: impl Iterator<Item = &'a Arc<Conn>> + Clone) -> Option<&'a Arc<Conn>> {
+    let mut per_team: HashMap<u64, usize> = HashMap::new();
+    for c in conns.clone().filter(|c| c.teamed.load(Ordering::Acquire)) {
+        *per_team.entry(c.team.load(Ordering::Acquire)).or_default() += 1;
+    }
+    conns.filter(|c| c.evictable()).min_by_key(|c| c.rank(&per_team))
+}
+
 impl Conn {
-    fn new(id: u64, changed: Arc<Notify>) -> Conn {
+    fn new(id: u64, peer: IpAddr, changed: Arc<Notify>) -> Conn {
         Conn {
             id,
+            peer,
             born: Instant::now(),
             in_flight: AtomicUsize::new(0),
+            sending: AtomicUsize::new(0),
             started: AtomicBool::new(false),
+            teamed: AtomicBool::new(false),
+            team: AtomicU64::new(0),
             http2: AtomicBool::new(false),
             idle_since_ms: AtomicU64::new(0),
+            progress_ms: AtomicU64::new(0),
             orders: watch::channel(Order::Serve).0,
             changed,
+            sending_started: Notify::new(),
         }
     }
 
     fn order(&self, order: Order) {
-        // Close overrides Drain; nothing overrides Close.
+        // Close overrides Evict, which overrides Drain; nothing overrides Close.
         self.orders.send_if_modified(|current| {
-            let stronger = matches!((*current, order), (Order::Serve, _) | (Order::Drain, Order::Close));
+            let stronger = matches!(
+                (*current, order),
+                (Order::Serve, _) | (Order::Drain, Order::Evict | Order::Close) | (Order::Evict, Order::Close)
+            );
             if stronger {
                 *current = order;
             }
@@ -158,7 +222,40 @@ impl Conn {
     }
 
     fn evictable(&self) -> bool {
-        self.in_flight.load(Ordering::Acquire) == 0 && *self.orders.borrow() != Order::Close
+        self.in_flight.load(Ordering::Acquire) == 0 && !self.leaving()
+    }
+
+    /// Told to close, or to make room.
+    fn leaving(&self) -> bool {
+        matches!(*self.orders.borrow(), Order::Evict | Order::Close)
+    }
+
+    /// Eviction order, lowest first: answered without a team token, then
+    /// still reading the first head (its deadline closes it anyway), then
+    /// a team's, the team with the most connections first; within each,
+    /// the one quiet the longest (or oldest).
+    fn rank(&self, per_team: &HashMap<u64, usize>) -> (u8, std::cmp::Reverse<usize>, Instant, u64) {
+        let teamed = self.teamed.load(Ordering::Acquire);
+        let class = match (teamed, self.started()) {
+            (false, true) => 0,
+            (false, false) => 1,
+            (true, _) => 2,
+        };
+        let team_conns = match teamed {
+            true => per_team.get(&self.team.load(Ordering::Acquire)).copied().unwrap_or(0),
+            false => 0,
+        };
+        let quiet_since = self.born + Duration::from_millis(self.idle_since_ms.load(Ordering::Acquire));
+        (class, std::cmp::Reverse(team_conns), quiet_since, self.id)
+    }
+
+    /// A request with a valid token of `team` came on this connection.
+    pub fn mark_teamed(&self, team: &str) {
+        use std::hash::{Hash, Hasher};
+        let mut h = std::hash::DefaultHasher::new();
+        team.hash(&mut h);
+        self.team.store(h.finish(), Ordering::Release);
+        self.teamed.store(true, Ordering::Release);
     }
 
     /// Marks a request as started (its head arrived) until the guard drops.
@@ -169,6 +266,39 @@ impl Conn {
             self.http2.store(true, Ordering::Relaxed);
         }
         InFlight(self.clone())
+    }
+
+    /// Marks an answer as being sent until the guard drops.
+    pub fn sending(self: &Arc<Self>) -> Sending {
+        self.progressed();
+        if self.sending.fetch_add(1, Ordering::AcqRel) == 0 {
+            self.sending_started.notify_one();
+        }
+        Sending(self.clone())
+    }
+
+    /// Resolves when an answer starts being sent while none was.
+    pub async fn started_sending(&self) {
+        self.sending_started.notified().await;
+    }
+
+    /// An answer on this connection made progress (a chunk was taken).
+    pub fn progressed(&self) {
+        self.progress_ms.store(self.now_ms(), Ordering::Release);
+    }
+
+    /// How long answers have been waiting to be sent without progress;
+    /// `None` while none is being sent.
+    pub fn stalled_for(&self) -> Option<Duration> {
+        if self.sending.load(Ordering::Acquire) == 0 {
+            return None;
+        }
+        let since = Duration::from_millis(self.progress_ms.load(Ordering::Acquire));
+        Some(self.born.elapsed().saturating_sub(since))
+    }
+
+    fn now_ms(&self) -> u64 {
+        u64::try_from(self.born.elapsed().as_millis()).unwrap_or(u64::MAX)
     }
 
     /// Whether a complete request head has arrived yet.
@@ -198,7 +328,16 @@ impl Slot {
 
 impl Drop for Slot {
     fn drop(&mut self) {
-        self.conns.lock().remove(&self.conn.id);
+        {
+            let mut open = self.conns.lock();
+            open.by_id.remove(&self.conn.id);
+            if let Some(n) = open.per_peer.get_mut(&self.conn.peer) {
+                *n -= 1;
+                if *n == 0 {
+                    open.per_peer.remove(&self.conn.peer);
+                }
+            }
+        }
         self.conns.changed.notify_one();
     }
 }
@@ -206,97 +345,26 @@ impl Drop for Slot {
 impl Drop for InFlight {
     fn drop(&mut self) {
         let conn = &self.0;
-        let now = u64::try_from(conn.born.elapsed().as_millis()).unwrap_or(u64::MAX);
-        conn.idle_since_ms.store(now, Ordering::Release);
+        conn.idle_since_ms.store(conn.now_ms(), Ordering::Release);
         if conn.in_flight.fetch_sub(1, Ordering::AcqRel) == 1 {
             conn.changed.notify_one();
         }
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[tokio::test]
-    async fn at_the_limit_the_oldest_idle_connection_makes_room() {
-        let conns = Conns::new(2);
-        let first = conns.admit().await;
-        let busy = conns.admit().await;
-        let _request = first.conn().begin(false);
-        let mut busy_orders = busy.conn().orders();
-        let mut first_orders = first.conn().orders();
-        let admitting = tokio::spawn({
-            let conns = conns.clone();
-            async move { conns.admit().await }
-        });
-        // `busy` has nothing in flight (despite its name): it is the idle one.
-        busy_orders.changed().await.expect("ordered");
-        assert_eq!(*busy_orders.borrow(), Order::Close);
-        assert_eq!(*first_orders.borrow_and_update(), Order::Serve, "in flight: kept");
-        drop(busy);
-        let third = tokio::time::timeout(Duration::from_secs(5), admitting)
-            .await
-            .expect("admitted once the victim closed")
-            .expect("task");
-        assert_eq!(conns.lock().len(), 2);
-        drop(third);
-    }
-
-    #[tokio::test]
-    async fn connections_that_never_sent_a_head_are_evicted_before_idle_keep_alive_ones() {
-        let conns = Conns::new(2);
-        let kept_alive = conns.admit().await;
-        drop(kept_alive.conn().begin(false));
-        let silent = conns.admit().await;
-        let admitting = tokio::spawn({
-            let conns = conns.clone();
-            async move { conns.admit().await }
-        });
-        let mut orders = silent.conn().orders();
-        tokio::time::timeout(Duration::from_secs(5), orders.wait_for(|o| *o == Order::Close))
-            .await
-            .expect("the silent one evicted")
-            .expect("sender alive");
-        assert_eq!(
-            *kept_alive.conn().orders().borrow(),
-            Order::Serve,
-            "older but it has served"
-        );
-        drop(silent);
-        let _third = tokio::time::timeout(Duration::from_secs(5), admitting)
-            .await
-            .expect("admitted")
-            .expect("task");
-    }
-
-    #[tokio::test]
-    async fn a_newcomer_waits_while_every_connection_is_busy() {
-        let conns = Conns::new(1);
-        let only = conns.admit().await;
-        let request = only.conn().begin(false);
-        let refused = tokio::time::timeout(Duration::from_millis(100), conns.admit()).await;
-        assert!(refused.is_err(), "admitted past the limit");
-        assert_eq!(
-            *only.conn().orders().borrow(),
-            Order::Serve,
-            "a busy connection is kept"
-        );
-        let waiting = tokio::spawn({
-            let conns = conns.clone();
-            async move { conns.admit().await }
-        });
-        // The request ends: now the connection is idle and gives its place.
-        drop(request);
-        let mut orders = only.conn().orders();
-        tokio::time::timeout(Duration::from_secs(5), orders.wait_for(|o| *o == Order::Close))
-            .await
-            .expect("evicted once idle")
-            .expect("sender alive");
-        drop(only);
-        let _admitted = tokio::time::timeout(Duration::from_secs(5), waiting)
-            .await
-            .expect("admitted")
-            .expect("task");
+impl Sending {
+    /// The answer made progress: the client took a chunk.
+    pub fn progressed(&self) {
+        self.0.progressed();
     }
 }
+
+impl Drop for Sending {
+    fn drop(&mut self) {
+        self.0.progressed();
+        self.0.sending.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+#[cfg(test)]
+mod tests;

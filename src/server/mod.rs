@@ -9,11 +9,13 @@
 //! own. `conn.rs` drives each connection. Takes an already-bound listener so tests
 //! start the real server on port 0.
 
+mod body;
 mod conn;
 mod conns;
 
 use crate::config::ServerConfig;
 use crate::http_util::Body;
+pub use body::CHUNK;
 pub use conn::Timeouts;
 use conns::{Conns, Order};
 use hyper::body::Incoming;
@@ -31,9 +33,12 @@ use tokio_rustls::TlsAcceptor;
 #[derive(Clone)]
 pub struct Limits {
     pub max_connections: usize,
+    pub max_connections_per_peer: usize,
     pub max_header_bytes: usize,
     pub timeouts: Timeouts,
     pub http2_max_concurrent_streams: u32,
+    /// Answer bytes HTTP/2 streams may hold at once (`body.rs`).
+    pub http2_max_buffered_bytes: usize,
     /// How long in-flight requests may run on after shutdown starts.
     pub shutdown_grace: Duration,
     /// Counts open connections (the team listener's; `None` for admin).
@@ -44,6 +49,7 @@ impl Limits {
     pub fn from_config(cfg: &ServerConfig) -> Limits {
         Limits {
             max_connections: cfg.max_connections,
+            max_connections_per_peer: cfg.max_connections_per_peer.min(cfg.max_connections),
             max_header_bytes: cfg.max_header_bytes,
             timeouts: Timeouts {
                 header_read: Duration::from_secs(cfg.header_read_timeout_secs),
@@ -51,9 +57,43 @@ impl Limits {
                 write: Duration::from_secs(cfg.write_timeout_secs),
             },
             http2_max_concurrent_streams: cfg.http2_max_concurrent_streams,
+            http2_max_buffered_bytes: cfg.http2_max_buffered_bytes,
             shutdown_grace: Duration::from_secs(cfg.shutdown_grace_secs),
             open_connections: None,
         }
+    }
+}
+
+/// An HTTP/2 connection's own buffers, an upper estimate: a 16 KiB frame
+/// buffer each way, HPACK tables, TLS records (docs/operations.md).
+pub const CONNECTION_BYTES: u64 = 64 * 1024;
+/// One open HTTP/2 stream held back by flow control, its answer aside:
+/// h2's stream state, hyper's task for it, the answer head it sent.
+/// Measured about 9 KiB in a debug build (tests/it/siege.rs); rounded up.
+pub const STREAM_BYTES: u64 = 16 * 1024;
+
+/// The most memory `connections` HTTP/2 connections can make a listener
+/// hold, answers held back by flow control included (the formula of
+/// docs/operations.md, "Memory under hostile clients").
+pub fn worst_case_bytes(limits: &Limits, connections: usize, max_response_bytes: usize) -> u64 {
+    let streams = u64::from(limits.http2_max_concurrent_streams);
+    let fixed = connections as u64 * (CONNECTION_BYTES + streams * STREAM_BYTES);
+    let answers = (connections as u64)
+        .saturating_mul(streams)
+        .saturating_mul(max_response_bytes as u64)
+        .min(limits.http2_max_buffered_bytes as u64);
+    fixed + answers
+}
+
+/// Put in each request's extensions: lets the handler tell the connection
+/// that a valid team token came on it, which moves it to the back of the
+/// eviction order (`conns.rs`).
+#[derive(Clone)]
+pub struct ConnectionMark(Arc<conns::Conn>);
+
+impl ConnectionMark {
+    pub fn team_seen(&self, team: &str) {
+        self.0.mark_teamed(team);
     }
 }
 
@@ -117,12 +157,13 @@ pub async fn serve<H, F>(
     F: Future<Output = Response<Body>> + Send + 'static,
 {
     let builder = Arc::new(builder(&limits));
-    let conns = Conns::new(limits.max_connections);
+    let conns = Conns::new(limits.max_connections, limits.max_connections_per_peer);
+    let budget = body::Budget::new(limits.http2_max_buffered_bytes);
     tokio::pin!(shutdown);
     loop {
-        let stream = tokio::select! {
+        let (stream, peer) = tokio::select! {
             accepted = listener.accept() => match accepted {
-                Ok((stream, _peer)) => stream,
+                Ok(accepted) => accepted,
                 Err(e) => {
                     // EMFILE and friends: back off instead of spinning.
                     tracing::warn!(error = %e, "accept failed");
@@ -135,8 +176,13 @@ pub async fn serve<H, F>(
         // At the limit this closes an idle connection, or waits for one;
         // meanwhile the kernel's backlog holds the next newcomers.
         let slot = tokio::select! {
-            slot = conns.admit() => slot,
+            slot = conns.admit(peer.ip()) => slot,
             () = &mut shutdown => break,
+        };
+        let Some(slot) = slot else {
+            // The peer is at its own limit with all its connections busy.
+            tracing::debug!("per-peer connection limit: refusing a connection");
+            continue;
         };
         let _ = stream.set_nodelay(true);
         let open = limits.open_connections.clone().map(Open::new);
@@ -147,6 +193,7 @@ pub async fn serve<H, F>(
             handler.clone(),
             slot,
             limits.timeouts,
+            budget.clone(),
         );
         tokio::spawn(async move {
             // Counted for the connection's whole life, whichever way it ends.
@@ -179,5 +226,25 @@ impl Open {
 impl Drop for Open {
     fn drop(&mut self) {
         self.0.dec();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_worst_case_at_the_defaults_is_what_operations_md_says() {
+        let cfg = crate::config::Config::load(crate::config::Source::Text("[upstream]\napi_key = \"k\"\n"))
+            .expect("defaults load");
+        let limits = Limits::from_config(&cfg.server);
+        let max_response = cfg.upstream.max_response_bytes;
+        let at_cap = worst_case_bytes(&limits, cfg.server.max_connections, max_response);
+        assert_eq!(at_cap, 10_000 * (64 + 100 * 16) * 1024 + 64 * 1024 * 1024);
+        let gib = at_cap as f64 / f64::from(1u32 << 30);
+        let one = worst_case_bytes(&limits, 1, max_response) as f64 / f64::from(1u32 << 20);
+        let doc = include_str!("../../docs/operations.md");
+        assert!(doc.contains(&format!("**{gib:.2} GiB**")), "{gib:.2} GiB");
+        assert!(doc.contains(&format!("**{one:.1} MiB**")), "{one:.1} MiB");
     }
 }

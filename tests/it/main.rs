@@ -22,4 +22,6 @@ mod records;
 mod request_surface;
 mod routes;
 mod spend;
+
+mod siege;
 mod vendor;

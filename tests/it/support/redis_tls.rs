@@ -1,0 +1,138 @@
+//! A real TLS-only `redis-server` for one test: no plaintext port
+//! (`--port 0`), a TLS port on a free loopback port, certificates from a
+//! throw-away CA made here ([`TestPki`]), optionally demanding a client
+//! certificate (`--tls-auth-clients yes`). Killed on drop.
+//!
+//! The calls block (std sockets, child processes): from an async test run
+//! them in `tokio::task::spawn_blocking` or before the gateways start.
+
+use super::tls::TestPki;
+use super::wait::eventually_blocking;
+use redis::{ClientTlsConfig, TlsCertificates};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+pub struct TlsRedis {
+    pub pki: TestPki,
+    pub port: u16,
+    dir: tempfile::TempDir,
+    child: Option<Child>,
+    /// The login the test's own queries use (after `ACL SETUSER`).
+    login: String,
+}
+
+impl TlsRedis {
+    /// Starts the server; `client_certs`: `--tls-auth-clients yes`.
+    pub fn start(client_certs: bool) -> TlsRedis {
+        let pki = TestPki::new();
+        let port = free_port();
+        let dir = tempfile::tempdir().expect("temp dir for redis");
+        let mut server = TlsRedis {
+            pki,
+            port,
+            dir,
+            child: None,
+            login: String::new(),
+        };
+        server.spawn(client_certs);
+        server
+    }
+
+    /// `rediss://[login@]127.0.0.1:port`.
+    pub fn url(&self, login: &str) -> String {
+        match login {
+            "" => format!("rediss://127.0.0.1:{}", self.port),
+            login => format!("rediss://{login}@127.0.0.1:{}", self.port),
+        }
+    }
+
+    /// The `[redis]` lines trusting this server's CA, with the client
+    /// certificate when `client_cert`.
+    pub fn redis_section(&self, client_cert: bool) -> String {
+        let mut lines = format!("tls_ca_file = {:?}\n", self.pki.ca_path());
+        if client_cert {
+            lines += &format!(
+                "tls_cert_file = {:?}\ntls_key_file = {:?}\n",
+                self.pki.cert_path(),
+                self.pki.key_path()
+            );
+        }
+        lines
+    }
+
+    /// Creates an ACL user with every command and key, turns the passwordless
+    /// `default` user off (so only that login works from now on) and uses
+    /// it for the test's own queries.
+    pub fn acl_user(&mut self, user: &str, password: &str) {
+        let mut set = redis::cmd("ACL");
+        set.arg("SETUSER").arg(user).arg("on").arg(format!(">{password}"));
+        set.arg("~*").arg("&*").arg("+@all");
+        let _: String = self.query(&set);
+        self.login = format!("{user}:{password}");
+        let _: String = self.query(redis::cmd("ACL").arg("SETUSER").arg("default").arg("off"));
+    }
+
+    /// One command, over TLS with the client certificate (always accepted).
+    pub fn query<T: redis::FromRedisValue>(&self, cmd: &redis::Cmd) -> T {
+        self.try_query(cmd).expect("the TLS redis answers")
+    }
+
+    fn try_query<T: redis::FromRedisValue>(&self, cmd: &redis::Cmd) -> Option<T> {
+        let certs = TlsCertificates {
+            client_tls: Some(ClientTlsConfig {
+                client_cert: self.pki.cert_pem.clone().into_bytes(),
+                client_key: self.pki.key_pem.clone().into_bytes(),
+            }),
+            root_cert: Some(self.pki.ca_pem.clone().into_bytes()),
+        };
+        let client = redis::Client::build_with_tls(self.url(&self.login), certs).ok()?;
+        let mut conn = client.get_connection_with_timeout(Duration::from_secs(2)).ok()?;
+        cmd.query(&mut conn).ok()
+    }
+
+    /// Keys matching `pattern` (KEYS: a test Redis holds a handful).
+    pub fn keys(&self, pattern: &str) -> Vec<String> {
+        self.query(redis::cmd("KEYS").arg(pattern))
+    }
+
+    fn spawn(&mut self, client_certs: bool) {
+        let child = Command::new("redis-server")
+            .args(["--bind", "127.0.0.1", "--port", "0", "--tls-port"])
+            .arg(self.port.to_string())
+            .arg("--tls-cert-file")
+            .arg(self.pki.cert_path())
+            .arg("--tls-key-file")
+            .arg(self.pki.key_path())
+            .arg("--tls-ca-cert-file")
+            .arg(self.pki.ca_path())
+            .args(["--tls-auth-clients", if client_certs { "yes" } else { "no" }])
+            .args(["--save", "", "--appendonly", "no", "--dir"])
+            .arg(self.dir.path())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap_or_else(|e| {
+                panic!("cannot start redis-server ({e}): install it (Debian: apt-get install redis-server)")
+            });
+        self.child = Some(child);
+        let what = format!("the TLS redis-server on {} answers PING", self.port);
+        eventually_blocking(&what, Duration::from_secs(10), || {
+            self.try_query::<String>(&redis::cmd("PING")).is_some()
+        });
+    }
+}
+
+/// A loopback port nobody listens on (the OS's choice, released at once).
+pub fn free_port() -> u16 {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind loopback");
+    l.local_addr().expect("addr").port()
+}
+
+impl Drop for TlsRedis {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}

@@ -1,19 +1,86 @@
 //! A real TLS-only `redis-server` for one test: no plaintext port
 //! (`--port 0`), a TLS port on a free loopback port, certificates from a
-//! throw-away CA made here ([`TestPki`]), optionally demanding a client
+//! throw-away CA made here ([`RedisPki`]), optionally demanding a client
 //! certificate (`--tls-auth-clients yes`). Killed on drop.
 //!
 //! The calls block (std sockets, child processes): from an async test run
 //! them in `tokio::task::spawn_blocking` or before the gateways start.
 
-use super::tls::TestPki;
 use super::wait::eventually_blocking;
+use rcgen::{
+    BasicConstraints, CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
+    KeyUsagePurpose,
+};
 use redis::{ClientTlsConfig, TlsCertificates};
+use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
+/// A CA, a server certificate for 127.0.0.1 and a client certificate, as
+/// PEM files. Every certificate has its own subject: OpenSSL (the server's
+/// side) takes a leaf whose subject is its issuer's for a self-signed one.
+pub struct RedisPki {
+    dir: tempfile::TempDir,
+    pub ca_pem: String,
+    pub client_cert_pem: String,
+    pub client_key_pem: String,
+}
+
+impl RedisPki {
+    pub fn new() -> RedisPki {
+        let ca_key = KeyPair::generate().expect("ca key");
+        let mut ca = CertificateParams::new(Vec::<String>::new()).expect("ca params");
+        ca.distinguished_name = name("permit-gateway test Redis CA");
+        ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        ca.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
+        let ca_cert = ca.self_signed(&ca_key).expect("ca cert");
+        let issuer = Issuer::new(ca, ca_key);
+        let leaf = |cn: &str, sans: Vec<String>, usage: ExtendedKeyUsagePurpose| {
+            let key = KeyPair::generate().expect("leaf key");
+            let mut params = CertificateParams::new(sans).expect("leaf params");
+            params.distinguished_name = name(cn);
+            params.extended_key_usages = vec![usage];
+            let cert = params.signed_by(&key, &issuer).expect("leaf cert");
+            (cert.pem(), key.serialize_pem())
+        };
+        let server = leaf(
+            "redis server",
+            vec!["127.0.0.1".into(), "localhost".into()],
+            ExtendedKeyUsagePurpose::ServerAuth,
+        );
+        let client = leaf("gateway client", Vec::new(), ExtendedKeyUsagePurpose::ClientAuth);
+        let pki = RedisPki {
+            dir: tempfile::tempdir().expect("tmp"),
+            ca_pem: ca_cert.pem(),
+            client_cert_pem: client.0,
+            client_key_pem: client.1,
+        };
+        for (file, text) in [
+            ("ca.pem", &pki.ca_pem),
+            ("server.pem", &server.0),
+            ("server.key", &server.1),
+            ("client.pem", &pki.client_cert_pem),
+            ("client.key", &pki.client_key_pem),
+        ] {
+            std::fs::write(pki.path(file), text).expect("write pem");
+        }
+        pki
+    }
+
+    /// One of ca.pem, server.pem, server.key, client.pem, client.key.
+    pub fn path(&self, file: &str) -> PathBuf {
+        self.dir.path().join(file)
+    }
+}
+
+fn name(cn: &str) -> DistinguishedName {
+    let mut dn = DistinguishedName::new();
+    dn.push(DnType::CommonName, cn);
+    dn
+}
+
 pub struct TlsRedis {
-    pub pki: TestPki,
+    pub pki: RedisPki,
     pub port: u16,
     dir: tempfile::TempDir,
     child: Option<Child>,
@@ -24,7 +91,7 @@ pub struct TlsRedis {
 impl TlsRedis {
     /// Starts the server; `client_certs`: `--tls-auth-clients yes`.
     pub fn start(client_certs: bool) -> TlsRedis {
-        let pki = TestPki::new();
+        let pki = RedisPki::new();
         let port = free_port();
         let dir = tempfile::tempdir().expect("temp dir for redis");
         let mut server = TlsRedis {
@@ -49,12 +116,12 @@ impl TlsRedis {
     /// The `[redis]` lines trusting this server's CA, with the client
     /// certificate when `client_cert`.
     pub fn redis_section(&self, client_cert: bool) -> String {
-        let mut lines = format!("tls_ca_file = {:?}\n", self.pki.ca_path());
+        let mut lines = format!("tls_ca_file = {:?}\n", self.pki.path("ca.pem"));
         if client_cert {
             lines += &format!(
                 "tls_cert_file = {:?}\ntls_key_file = {:?}\n",
-                self.pki.cert_path(),
-                self.pki.key_path()
+                self.pki.path("client.pem"),
+                self.pki.path("client.key")
             );
         }
         lines
@@ -80,8 +147,8 @@ impl TlsRedis {
     fn try_query<T: redis::FromRedisValue>(&self, cmd: &redis::Cmd) -> Option<T> {
         let certs = TlsCertificates {
             client_tls: Some(ClientTlsConfig {
-                client_cert: self.pki.cert_pem.clone().into_bytes(),
-                client_key: self.pki.key_pem.clone().into_bytes(),
+                client_cert: self.pki.client_cert_pem.clone().into_bytes(),
+                client_key: self.pki.client_key_pem.clone().into_bytes(),
             }),
             root_cert: Some(self.pki.ca_pem.clone().into_bytes()),
         };
@@ -100,11 +167,11 @@ impl TlsRedis {
             .args(["--bind", "127.0.0.1", "--port", "0", "--tls-port"])
             .arg(self.port.to_string())
             .arg("--tls-cert-file")
-            .arg(self.pki.cert_path())
+            .arg(self.pki.path("server.pem"))
             .arg("--tls-key-file")
-            .arg(self.pki.key_path())
+            .arg(self.pki.path("server.key"))
             .arg("--tls-ca-cert-file")
-            .arg(self.pki.ca_path())
+            .arg(self.pki.path("ca.pem"))
             .args(["--tls-auth-clients", if client_certs { "yes" } else { "no" }])
             .args(["--save", "", "--appendonly", "no", "--dir"])
             .arg(self.dir.path())

@@ -20,7 +20,8 @@
 //!   record tier (`cache::records`) that answers id lookups record by record
 //!   (`proxy::by_id`).
 //! - [`clock`]: wall-clock milliseconds, the one clock the modules share.
-//! - [`redis_backend`]: a Redis connection (standalone or Cluster) with
+//! - [`redis_backend`]: a Redis connection (standalone, Cluster or the
+//!   primary Sentinel names; plain or TLS) with
 //!   timeouts and a breaker (one each for the cache, the ledger and the
 //!   shared rate).
 //! - [`ledger`]: team budgets: reserve, settle, release; file or Redis store.

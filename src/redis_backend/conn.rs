@@ -102,7 +102,7 @@ impl std::fmt::Debug for Target {
         match self {
             Target::Standalone(_) => f.write_str("Standalone(<redacted>)"),
             Target::Cluster(nodes) => write!(f, "Cluster({} seeds, <redacted>)", nodes.len()),
-            Target::Sentinel(s) => write!(f, "Sentinel({} sentinels, <redacted>)", s.sentinels.len()),
+            Target::Sentinel(s) => write!(f, "Sentinel({s:?})"),
         }
     }
 }

@@ -25,7 +25,7 @@ use std::time::Duration;
 pub const SENTINEL_SCHEME: &str = "redis+sentinel://";
 pub const TLS_SENTINEL_SCHEME: &str = "rediss+sentinel://";
 
-/// A parsed Sentinel URL. No `Debug` with the password.
+/// A parsed Sentinel URL. `Debug` hides the login.
 #[derive(PartialEq)]
 pub struct SentinelTarget {
     pub sentinels: Vec<(String, u16)>,
@@ -44,6 +44,17 @@ impl SentinelTarget {
             None => (url.strip_prefix(TLS_SENTINEL_SCHEME)?, true),
         };
         Some(parse_rest(rest, tls))
+    }
+}
+
+impl std::fmt::Debug for SentinelTarget {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SentinelTarget")
+            .field("sentinels", &self.sentinels)
+            .field("service", &self.service)
+            .field("tls", &self.tls)
+            .field("login", &"<redacted>")
+            .finish()
     }
 }
 

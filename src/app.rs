@@ -146,12 +146,15 @@ impl App {
     }
 }
 
+/// A Redis URL and the name of its setting (for start-up errors).
+type SettingUrl<'c> = (&'static str, &'c Secret);
+
 /// The ledger, and its Redis URL when it is the Redis store.
 fn open_ledger<'c>(
     config: &'c Config,
     tls: &Tls,
     metrics: &Arc<Metrics>,
-) -> Result<(Ledger, Option<(&'static str, &'c Secret)>), String> {
+) -> Result<(Ledger, Option<SettingUrl<'c>>), String> {
     let window = config.quota.window;
     let lease = Duration::from_secs(config.quota.reservation_lease_secs);
     if config.quota.store == QuotaStore::Redis {

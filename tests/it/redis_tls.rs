@@ -157,8 +157,6 @@ async fn a_wrong_ca_stops_the_start_naming_the_setting() {
     std::fs::write(&bad, "not a certificate").expect("write");
     let setup = on_tls(&redis.url(""), format!("tls_ca_file = {bad:?}"));
     let text = setup.toml(&sim.base_url(), sim.api_key());
-    let e = permit_gateway::config::Config::load(permit_gateway::config::Source::Text(&text))
-        .err()
-        .expect("refused");
+    let e = permit_gateway::config::Config::load(permit_gateway::config::Source::Text(&text)).expect_err("refused");
     assert!(e.to_string().contains("redis.tls_ca_file"), "{e}");
 }

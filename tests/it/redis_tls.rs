@@ -7,7 +7,7 @@
 
 use crate::support::gateway::{Setup, ALPHA};
 use crate::support::http::get;
-use crate::support::redis_tls::{RedisPki, TlsRedis};
+use crate::support::redis_tls::{RedisPki, TlsCluster, TlsRedis};
 use crate::support::secrets;
 use crate::support::sim::{start_sim, unlimited, Sim};
 use crate::support::traffic::{as_team, assert_ledger_matches, distinct_search};
@@ -159,4 +159,36 @@ async fn a_wrong_ca_stops_the_start_naming_the_setting() {
     let text = setup.toml(&sim.base_url(), sim.api_key());
     let e = permit_gateway::config::Config::load(permit_gateway::config::Source::Text(&text)).expect_err("refused");
     assert!(e.to_string().contains("redis.tls_ca_file"), "{e}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tls_only_cluster_over_rediss_cluster() {
+    let cluster = tokio::task::spawn_blocking(TlsCluster::start)
+        .await
+        .expect("TLS cluster up");
+    let sim = start_sim(unlimited()).await;
+    let ca = format!("tls_ca_file = {:?}", cluster.pki.path("ca.pem"));
+    let setup = on_tls(&cluster.url(), ca);
+    let gws = [setup.start(&sim).await, setup.start(&sim).await];
+    // Spread over every primary: each query's key hashes to its own slot.
+    for i in 0..6u32 {
+        let url = format!("{}{}", gws[0].base_url(), distinct_search(&sim, i, 2));
+        let r = as_team(&url, ALPHA.1, &format!("alpha-{i}")).await;
+        assert_eq!(r.status, StatusCode::OK, "{}", r.text());
+    }
+    for i in 0..6u32 {
+        let url = format!("{}{}", gws[1].base_url(), distinct_search(&sim, i, 2));
+        let r = as_team(&url, ALPHA.1, &format!("alpha-{i}b")).await;
+        assert_eq!(
+            r.header("x-cache"),
+            Some("HIT"),
+            "L2 on the TLS cluster: {:?}",
+            r.headers
+        );
+    }
+    assert_eq!(sim.log().len(), 6, "one upstream call per cold query");
+    assert_ledger_matches(&sim, &gws[1].admin_url(), &["alpha"]).await;
+    let ready = get(&format!("{}/readyz", gws[0].admin_url()), &[]).await;
+    assert_eq!(ready.status, StatusCode::OK, "{}", ready.text());
+    assert_eq!(ready.json()["checks"]["cache_redis"], "ok", "{}", ready.text());
 }

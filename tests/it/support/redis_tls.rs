@@ -35,20 +35,21 @@ impl RedisPki {
         ca.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
         let ca_cert = ca.self_signed(&ca_key).expect("ca cert");
         let issuer = Issuer::new(ca, ca_key);
-        let leaf = |cn: &str, sans: Vec<String>, usage: ExtendedKeyUsagePurpose| {
+        let leaf = |cn: &str, sans: Vec<String>, usages: Vec<ExtendedKeyUsagePurpose>| {
             let key = KeyPair::generate().expect("leaf key");
             let mut params = CertificateParams::new(sans).expect("leaf params");
             params.distinguished_name = name(cn);
-            params.extended_key_usages = vec![usage];
+            params.extended_key_usages = usages;
             let cert = params.signed_by(&key, &issuer).expect("leaf cert");
             (cert.pem(), key.serialize_pem())
         };
         let server = leaf(
             "redis server",
             vec!["127.0.0.1".into(), "localhost".into()],
-            ExtendedKeyUsagePurpose::ServerAuth,
+            // A cluster node is also a client of the others' bus (mutual TLS).
+            vec![ExtendedKeyUsagePurpose::ServerAuth, ExtendedKeyUsagePurpose::ClientAuth],
         );
-        let client = leaf("gateway client", Vec::new(), ExtendedKeyUsagePurpose::ClientAuth);
+        let client = leaf("gateway client", Vec::new(), vec![ExtendedKeyUsagePurpose::ClientAuth]);
         let pki = RedisPki {
             dir: tempfile::tempdir().expect("tmp"),
             ca_pem: ca_cert.pem(),
@@ -186,6 +187,96 @@ impl TlsRedis {
         eventually_blocking(&what, Duration::from_secs(10), || {
             self.try_query::<String>(&redis::cmd("PING")).is_some()
         });
+    }
+}
+
+/// A TLS-only Redis Cluster of three primaries (no replicas: the failover
+/// is the plaintext cluster's test), TLS on the cluster bus too, created
+/// with `redis-cli --tls --cluster create`.
+pub struct TlsCluster {
+    pub pki: RedisPki,
+    nodes: Vec<(u16, tempfile::TempDir, Child)>,
+}
+
+impl TlsCluster {
+    pub fn start() -> TlsCluster {
+        let pki = RedisPki::new();
+        let mut nodes = Vec::new();
+        for _ in 0..3 {
+            let (port, bus) = (free_port(), free_port());
+            let dir = tempfile::tempdir().expect("node dir");
+            let child = Command::new("redis-server")
+                .args(["--bind", "127.0.0.1", "--port", "0", "--tls-port"])
+                .arg(port.to_string())
+                .args(["--cluster-enabled", "yes", "--tls-cluster", "yes", "--cluster-port"])
+                .arg(bus.to_string())
+                .arg("--tls-cert-file")
+                .arg(pki.path("server.pem"))
+                .arg("--tls-key-file")
+                .arg(pki.path("server.key"))
+                .arg("--tls-ca-cert-file")
+                .arg(pki.path("ca.pem"))
+                .args(["--tls-auth-clients", "no", "--save", "", "--appendonly", "no", "--dir"])
+                .arg(dir.path())
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .expect("redis-server starts");
+            nodes.push((port, dir, child));
+        }
+        let cluster = TlsCluster { pki, nodes };
+        for (port, _, _) in &cluster.nodes {
+            eventually_blocking("a TLS cluster node answers", Duration::from_secs(10), || {
+                cluster.cli(*port, &["PING"]).is_some_and(|o| o.contains("PONG"))
+            });
+        }
+        let mut create = vec!["--cluster".to_string(), "create".to_string()];
+        create.extend(cluster.nodes.iter().map(|(p, _, _)| format!("127.0.0.1:{p}")));
+        create.extend(["--cluster-replicas", "0", "--cluster-yes"].map(String::from));
+        let args: Vec<&str> = create.iter().map(String::as_str).collect();
+        let port = cluster.nodes[0].0;
+        cluster.cli(port, &args).expect("redis-cli --cluster create");
+        eventually_blocking("the TLS cluster is ok", Duration::from_secs(20), || {
+            cluster.nodes.iter().all(|(p, _, _)| {
+                cluster
+                    .cli(*p, &["CLUSTER", "INFO"])
+                    .is_some_and(|o| o.contains("cluster_state:ok"))
+            })
+        });
+        cluster
+    }
+
+    /// `rediss+cluster://` with two seeds.
+    pub fn url(&self) -> String {
+        format!(
+            "rediss+cluster://127.0.0.1:{},127.0.0.1:{}",
+            self.nodes[0].0, self.nodes[1].0
+        )
+    }
+
+    /// `redis-cli --tls` against one node: its stdout when it succeeds.
+    fn cli(&self, port: u16, args: &[&str]) -> Option<String> {
+        let out = Command::new("redis-cli")
+            .args(["--tls", "--cacert"])
+            .arg(self.pki.path("ca.pem"))
+            .args(["-h", "127.0.0.1", "-p"])
+            .arg(port.to_string())
+            .args(args)
+            .stdin(Stdio::null())
+            .output()
+            .ok()?;
+        out.status
+            .success()
+            .then(|| String::from_utf8_lossy(&out.stdout).into_owned())
+    }
+}
+
+impl Drop for TlsCluster {
+    fn drop(&mut self) {
+        for (_, _, child) in &mut self.nodes {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
     }
 }
 

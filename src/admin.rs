@@ -53,11 +53,11 @@ async fn readyz(app: &App) -> Response<Body> {
     let mut checks = serde_json::Map::new();
     let mut ready = true;
     if let Some(redis) = app.cache.redis() {
-        let ok = redis.ping().await.is_ok();
-        checks.insert(
-            "cache_redis".into(),
-            json!(if ok { "ok" } else { "unreachable (serving from memory)" }),
-        );
+        let state = match redis.ping().await {
+            Ok(()) => "ok".to_string(),
+            Err(_) => format!("{} (serving from memory)", redis.unready_reason()),
+        };
+        checks.insert("cache_redis".into(), json!(state));
     }
     checks.insert("config".into(), json!("ok"));
     match app.ledger.check().await {

@@ -12,7 +12,7 @@ use crate::config::{Config, ConfigErrors, QuotaStore, Secret, Source};
 use crate::ledger::{self, Ledger};
 use crate::metrics::Metrics;
 use crate::org::Org;
-use crate::redis_backend::RedisBackend;
+use crate::redis_backend::{RedisBackend, Tls};
 use crate::scheduler::{self, Scheduler};
 use crate::shared_rate::SharedRate;
 use crate::upstream::Upstream;
@@ -59,22 +59,31 @@ impl App {
         let metrics = Arc::new(Metrics::new());
         let teams = Teams::from_config(&config.teams);
         let cache_timeout = Duration::from_millis(config.cache.redis_timeout_ms);
+        let tls = Tls::from_config(&config.redis)?;
         let cache_redis = match &config.cache.redis_url {
-            Some(url) => Some(Arc::new(RedisBackend::new(
+            Some(url) => Some(Arc::new(RedisBackend::with_tls(
+                "cache.redis_url",
                 url.expose(),
+                &tls,
                 cache_timeout,
                 metrics.clone(),
             )?)),
             None => None,
         };
-        let (ledger, rate_url) = open_ledger(&config, &metrics)?;
+        let (ledger, rate_url) = open_ledger(&config, &tls, &metrics)?;
         // Replicas share one upstream rate through Redis: the ledger's when it
         // is there (it must be up anyway), else the cache's. Its own
         // connection and breaker: its failures must not open the breaker
         // that settles need.
-        let shared_rate = match rate_url.or(config.cache.redis_url.as_ref()) {
-            Some(url) => {
-                let redis = Arc::new(RedisBackend::new(url.expose(), cache_timeout, metrics.clone())?);
+        let shared_rate = match rate_url.or(config.cache.redis_url.as_ref().map(|url| ("cache.redis_url", url))) {
+            Some((key, url)) => {
+                let redis = Arc::new(RedisBackend::with_tls(
+                    key,
+                    url.expose(),
+                    &tls,
+                    cache_timeout,
+                    metrics.clone(),
+                )?);
                 let rpm = config.upstream.requests_per_minute;
                 Some(SharedRate::new(
                     redis,
@@ -138,8 +147,15 @@ impl App {
     }
 }
 
+/// A Redis URL and the name of its setting (for start-up errors).
+type SettingUrl<'c> = (&'static str, &'c Secret);
+
 /// The ledger, and its Redis URL when it is the Redis store.
-fn open_ledger<'c>(config: &'c Config, metrics: &Arc<Metrics>) -> Result<(Ledger, Option<&'c Secret>), String> {
+fn open_ledger<'c>(
+    config: &'c Config,
+    tls: &Tls,
+    metrics: &Arc<Metrics>,
+) -> Result<(Ledger, Option<SettingUrl<'c>>), String> {
     let window = config.quota.window;
     let lease = Duration::from_secs(config.quota.reservation_lease_secs);
     let clock = crate::clock::Clock::shifted(config.quota.clock_offset_secs);
@@ -152,14 +168,20 @@ fn open_ledger<'c>(config: &'c Config, metrics: &Arc<Metrics>) -> Result<(Ledger
     if config.quota.store == QuotaStore::Redis {
         let url = config.quota_redis_url().ok_or("quota.redis_url: not set")?;
         // Its own connection and breaker: a slow cache must not trip the ledger.
-        let redis = Arc::new(RedisBackend::new(
+        let key = match config.quota.redis_url {
+            Some(_) => "quota.redis_url",
+            None => "cache.redis_url",
+        };
+        let redis = Arc::new(RedisBackend::with_tls(
+            key,
             url.expose(),
+            tls,
             Duration::from_millis(config.quota.redis_timeout_ms),
             metrics.clone(),
         )?);
         let ledger =
             ledger::redis::RedisLedger::new(redis, &config.cache.redis_key_prefix, window, lease).with_clock(clock);
-        Ok((Ledger::Redis(ledger), Some(url)))
+        Ok((Ledger::Redis(ledger), Some((key, url))))
     } else {
         Ok((
             Ledger::File(ledger::file::FileLedger::open_at(

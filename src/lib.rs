@@ -21,7 +21,8 @@
 //!   (`proxy::by_id`); the memo of parsed request targets (`cache::parsed`)
 //!   and the keys refreshed in the background (`cache::refresh`).
 //! - [`clock`]: wall-clock milliseconds, the one clock the modules share.
-//! - [`redis_backend`]: a Redis connection (standalone or Cluster) with
+//! - [`redis_backend`]: a Redis connection (standalone, Cluster or the
+//!   primary Sentinel names; plain or TLS) with
 //!   timeouts and a breaker (one each for the cache, the ledger and the
 //!   shared rate).
 //! - [`ledger`]: team budgets: reserve, settle, release; file or Redis store.

@@ -32,6 +32,9 @@ pub struct Config {
     pub upstream: UpstreamConfig,
     pub cache: CacheConfig,
     pub quota: QuotaConfig,
+    /// TLS files and Sentinel login for every Redis URL (cache, ledger, rate).
+    #[serde(default)]
+    pub redis: RedisConfig,
     pub admin: AdminConfig,
     pub log: LogConfig,
     #[serde(default)]
@@ -135,6 +138,19 @@ pub struct QuotaConfig {
     /// Tests only: shifts the ledger's clock (its days and reservation
     /// expiries) by this many seconds; 0 in production.
     pub clock_offset_secs: i64,
+}
+
+/// `[redis]`: what a `rediss://` (or `rediss+cluster://`,
+/// `rediss+sentinel://`) URL needs beyond the URL, shared by the cache's,
+/// the ledger's and the rate limiter's Redis: in practice they are one
+/// service behind one CA. The ACL login stays in the URL (`user:password@`).
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct RedisConfig {
+    pub tls_ca_file: Option<PathBuf>,
+    pub tls_cert_file: Option<PathBuf>,
+    pub tls_key_file: Option<PathBuf>,
+    pub sentinel_username: Option<String>,
+    pub sentinel_password: Option<Secret>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -293,6 +309,7 @@ impl Config {
         self.upstream.validate(&mut p);
         self.cache.validate(&mut p);
         self.quota.validate(&mut p, self.quota_redis_url().is_some());
+        self.redis.validate(&mut p);
         validate_log(&self.log, &mut p);
         if let Some(hash) = &self.admin.token_sha256 {
             check_sha256("admin.token_sha256", hash, &mut p);

@@ -222,3 +222,35 @@ fn the_ledger_clock_shift_is_bounded() {
     let day = format!("{KEY}[quota]\nclock_offset_secs = 86400\n");
     assert_eq!(load(&day).expect("a day is fine").quota.clock_offset_secs, 86_400);
 }
+
+#[test]
+fn tls_and_sentinel_urls_are_accepted_and_their_secrets_redacted() {
+    let text = format!(
+        "{KEY}[cache]\nredis_url = \"rediss+sentinel://app:url-pw@s1:26379,s2:26379/mymaster\"\n\
+         [quota]\nredis_url = \"rediss://app:url-pw@h:6380\"\n\
+         [redis]\nsentinel_username = \"watcher\"\nsentinel_password = \"sentinel-pw\"\n"
+    );
+    let c = load(&text).expect("valid");
+    for printed in [c.redacted_toml(), format!("{c:?}")] {
+        assert!(
+            !printed.contains("url-pw") && !printed.contains("sentinel-pw"),
+            "{printed}"
+        );
+    }
+}
+
+#[test]
+fn redis_tls_files_are_checked_and_named() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let junk = dir.path().join("junk.pem");
+    std::fs::write(&junk, "not pem").expect("write");
+    let text = format!(
+        "{KEY}[redis]\ntls_ca_file = {:?}\ntls_cert_file = {:?}\n",
+        junk.display().to_string(),
+        dir.path().join("missing.pem").display().to_string()
+    );
+    let errs = load(&text).expect_err("invalid").0;
+    for key in ["redis.tls_key_file: required", "redis.tls_ca_file"] {
+        assert!(errs.iter().any(|e| e.starts_with(key)), "{key} missing from {errs:#?}");
+    }
+}

@@ -1,7 +1,9 @@
 //! Validation: every semantic problem of a loaded [`Config`](super::Config),
 //! each prefixed with its key path, all collected at once.
 
-use super::{CacheConfig, LogConfig, QuotaConfig, QuotaStore, Secret, ServerConfig, TeamConfig, UpstreamConfig};
+use super::{
+    CacheConfig, LogConfig, QuotaConfig, QuotaStore, RedisConfig, Secret, ServerConfig, TeamConfig, UpstreamConfig,
+};
 
 impl CacheConfig {
     pub(super) fn validate(&self, p: &mut Vec<String>) {
@@ -180,11 +182,26 @@ pub(super) fn check_sha256(key: &str, value: &str, p: &mut Vec<String>) -> bool 
     ok
 }
 
+impl RedisConfig {
+    /// The files must be there and readable as PEM now, not at the first
+    /// connection (which is lazy, and may come long after start-up).
+    pub(super) fn validate(&self, p: &mut Vec<String>) {
+        match (&self.tls_cert_file, &self.tls_key_file) {
+            (Some(_), None) => p.push("redis.tls_key_file: required with redis.tls_cert_file".into()),
+            (None, Some(_)) => p.push("redis.tls_cert_file: required with redis.tls_key_file".into()),
+            _ => {}
+        }
+        if let Err(e) = crate::redis_backend::TlsFiles::load(self) {
+            p.push(e);
+        }
+    }
+}
+
 fn check_redis_url(key: &str, url: &Secret, p: &mut Vec<String>) {
     // Never echo the URL: it may hold a password.
     if let Err(e) = crate::redis_backend::Target::parse(url.expose()) {
         p.push(format!(
-            "{key}: {e}; expected redis://, redis+unix:// or redis+cluster://host:port,host:port"
+            "{key}: {e}; expected redis://, rediss://, redis+unix://, redis[s]+cluster://host:port,host:port or redis[s]+sentinel://host:port,host:port/service"
         ));
     }
 }

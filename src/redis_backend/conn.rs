@@ -12,6 +12,10 @@
 //! `redis+unix://` scheme redis-rs already takes, and the comma-separated
 //! seed list is what Lettuce and most cluster clients accept. The seeds only
 //! bootstrap: the client learns every node from `CLUSTER SLOTS`.
+//!
+//! TLS is the `rediss` spelling of each (`rediss://`, `rediss+cluster://`,
+//! `rediss+sentinel://`), with the files of `[redis]` ([`super::tls`]); a
+//! Sentinel-watched primary is [`super::sentinel`].
 
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::{ClusterClient, ClusterConfig};
@@ -19,8 +23,13 @@ use redis::cluster_async::ClusterConnection;
 use redis::{Cmd, IntoConnectionInfo, Pipeline, RedisFuture, Value};
 use std::time::Duration;
 
+use super::sentinel::{SentinelConn, SentinelTarget};
+use super::tls::TlsFiles;
+
 /// The scheme of a cluster URL.
 pub const CLUSTER_SCHEME: &str = "redis+cluster://";
+/// The scheme of a cluster URL over TLS.
+pub const TLS_CLUSTER_SCHEME: &str = "rediss+cluster://";
 
 /// What a `redis_url` points at. No `Debug` with the URLs: they may carry
 /// a password.
@@ -28,17 +37,27 @@ pub const CLUSTER_SCHEME: &str = "redis+cluster://";
 pub enum Target {
     /// One server (or a proxy in front of several): the URL as given.
     Standalone(String),
-    /// Seed nodes of a cluster, each as a `redis://` URL with the credentials.
+    /// Seed nodes of a cluster, each as a `redis://` (or `rediss://`) URL
+    /// with the credentials.
     Cluster(Vec<String>),
+    /// The primary the Sentinels name.
+    Sentinel(SentinelTarget),
 }
 
 impl Target {
     /// Parses a `redis_url`. Errors never echo the URL: it may hold a password.
     pub fn parse(url: &str) -> Result<Target, String> {
-        let Some(rest) = url.strip_prefix(CLUSTER_SCHEME) else {
-            url.into_connection_info()
-                .map_err(|e| format!("not a valid redis URL ({:?})", e.kind()))?;
-            return Ok(Target::Standalone(url.to_string()));
+        if let Some(sentinel) = SentinelTarget::parse(url) {
+            return sentinel.map(Target::Sentinel);
+        }
+        let (rest, scheme) = match (url.strip_prefix(CLUSTER_SCHEME), url.strip_prefix(TLS_CLUSTER_SCHEME)) {
+            (Some(rest), _) => (rest, "redis"),
+            (_, Some(rest)) => (rest, "rediss"),
+            _ => {
+                url.into_connection_info()
+                    .map_err(|e| format!("not a valid redis URL ({:?})", e.kind()))?;
+                return Ok(Target::Standalone(url.to_string()));
+            }
         };
         let rest = rest.strip_suffix('/').unwrap_or(rest);
         if rest.contains(['/', '?', '#']) {
@@ -53,7 +72,7 @@ impl Target {
             .split(',')
             .map(str::trim)
             .filter(|h| !h.is_empty())
-            .map(|h| format!("redis://{auth}{h}"))
+            .map(|h| format!("{scheme}://{auth}{h}"))
             .collect();
         if nodes.is_empty() {
             return Err("a cluster URL needs at least one host:port".into());
@@ -65,6 +84,17 @@ impl Target {
         }
         Ok(Target::Cluster(nodes))
     }
+
+    /// The addresses a TLS target is first reached at (the start-up probe):
+    /// empty when it is not TLS. A Sentinel's primary is known only later.
+    pub fn tls_addresses(&self) -> Vec<(String, u16)> {
+        match self {
+            Target::Standalone(url) => super::tls::tls_address(url).into_iter().collect(),
+            Target::Cluster(nodes) => nodes.iter().filter_map(|n| super::tls::tls_address(n)).collect(),
+            Target::Sentinel(s) if s.tls => s.sentinels.clone(),
+            Target::Sentinel(_) => Vec::new(),
+        }
+    }
 }
 
 impl std::fmt::Debug for Target {
@@ -72,6 +102,7 @@ impl std::fmt::Debug for Target {
         match self {
             Target::Standalone(_) => f.write_str("Standalone(<redacted>)"),
             Target::Cluster(nodes) => write!(f, "Cluster({} seeds, <redacted>)", nodes.len()),
+            Target::Sentinel(s) => write!(f, "Sentinel({s:?})"),
         }
     }
 }
@@ -82,16 +113,20 @@ impl std::fmt::Debug for Target {
 pub enum Conn {
     Standalone(ConnectionManager),
     Cluster(ClusterConnection),
+    Sentinel(SentinelConn),
 }
 
 impl Conn {
     /// Connects lazily: nothing is contacted here, so a Redis that is down
     /// at start-up does not stop the gateway.
-    pub fn open(target: &Target, timeout: Duration) -> redis::RedisResult<Conn> {
+    pub fn open(target: &Target, tls: &Tls, timeout: Duration) -> redis::RedisResult<Conn> {
         let connect_timeout = timeout.max(Duration::from_millis(200));
         match target {
             Target::Standalone(url) => {
-                let client = redis::Client::open(url.as_str())?;
+                let client = match tls.files.certificates() {
+                    Some(certs) if url.starts_with("rediss") => redis::Client::build_with_tls(url.as_str(), certs)?,
+                    _ => redis::Client::open(url.as_str())?,
+                };
                 let config = ConnectionManagerConfig::new()
                     .set_connection_timeout(Some(connect_timeout))
                     .set_response_timeout(Some(timeout))
@@ -105,18 +140,50 @@ impl Conn {
                 // Retries follow MOVED/ASK/TRYAGAIN and ride out a failover;
                 // short waits, because every call is bounded by `timeout`
                 // anyway (redis-rs's default first wait is over a second).
-                let client = ClusterClient::builder(nodes.iter().map(String::as_str))
+                let mut builder = ClusterClient::builder(nodes.iter().map(String::as_str))
                     .retries(4)
                     .min_retry_wait(10)
                     .max_retry_wait(250)
-                    .retry_wait_formula(10, 2)
-                    .build()?;
+                    .retry_wait_formula(10, 2);
+                if let Some(certs) = tls.files.certificates().filter(|_| nodes[0].starts_with("rediss")) {
+                    builder = builder.certs(certs);
+                }
+                let client = builder.build()?;
                 let config = ClusterConfig::new()
                     .set_connection_timeout(connect_timeout)
                     .set_response_timeout(timeout);
                 Ok(Conn::Cluster(client.get_pending_async_connection_with_config(config)))
             }
+            Target::Sentinel(s) => {
+                let login = (tls.sentinel_username.as_deref(), tls.sentinel_password.as_deref());
+                Ok(Conn::Sentinel(SentinelConn::open(
+                    s,
+                    &tls.files,
+                    login,
+                    timeout,
+                    connect_timeout,
+                )?))
+            }
         }
+    }
+}
+
+/// `[redis]` as the connections use it: the TLS files, read once, and the
+/// Sentinels' own login. No `Debug`: keys and passwords.
+#[derive(Clone, Default)]
+pub struct Tls {
+    pub files: TlsFiles,
+    pub sentinel_username: Option<String>,
+    pub sentinel_password: Option<String>,
+}
+
+impl Tls {
+    pub fn from_config(config: &crate::config::RedisConfig) -> Result<Tls, String> {
+        Ok(Tls {
+            files: TlsFiles::load(config)?,
+            sentinel_username: config.sentinel_username.clone(),
+            sentinel_password: config.sentinel_password.as_ref().map(|s| s.expose().to_string()),
+        })
     }
 }
 
@@ -125,6 +192,7 @@ impl ConnectionLike for Conn {
         match self {
             Conn::Standalone(c) => c.req_packed_command(cmd),
             Conn::Cluster(c) => c.req_packed_command(cmd),
+            Conn::Sentinel(c) => c.req_packed_command(cmd),
         }
     }
 
@@ -137,6 +205,7 @@ impl ConnectionLike for Conn {
         match self {
             Conn::Standalone(c) => c.req_packed_commands(pipeline, offset, count),
             Conn::Cluster(c) => c.req_packed_commands(pipeline, offset, count),
+            Conn::Sentinel(c) => c.req_packed_commands(pipeline, offset, count),
         }
     }
 
@@ -144,6 +213,7 @@ impl ConnectionLike for Conn {
         match self {
             Conn::Standalone(c) => c.get_db(),
             Conn::Cluster(c) => c.get_db(),
+            Conn::Sentinel(c) => c.get_db(),
         }
     }
 }
@@ -183,6 +253,19 @@ mod tests {
             let e = Target::parse(url).expect_err(url);
             assert!(!e.contains("secret"), "{e}");
         }
+    }
+
+    #[test]
+    fn tls_urls_keep_tls_for_every_seed() {
+        let t = Target::parse("rediss://u:pw@h:6380").expect("valid");
+        assert!(t == Target::Standalone("rediss://u:pw@h:6380".into()));
+        assert_eq!(t.tls_addresses(), vec![("h".to_string(), 6380)]);
+        let c = Target::parse("rediss+cluster://u:pw@a:7000,b:7001").expect("valid");
+        assert!(c == Target::Cluster(vec!["rediss://u:pw@a:7000".into(), "rediss://u:pw@b:7001".into()]));
+        assert_eq!(c.tls_addresses().len(), 2);
+        assert!(Target::parse("redis://h:1").expect("valid").tls_addresses().is_empty());
+        let s = Target::parse("redis+sentinel://:pw@a:26379/mymaster").expect("valid");
+        assert!(!format!("{s:?}").contains("pw"), "Debug hides the password");
     }
 
     #[test]

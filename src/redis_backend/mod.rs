@@ -14,8 +14,12 @@
 
 mod conn;
 mod nodes;
+mod sentinel;
+mod tls;
 
-pub use conn::{Conn, Target, CLUSTER_SCHEME};
+pub use conn::{Conn, Target, Tls, CLUSTER_SCHEME, TLS_CLUSTER_SCHEME};
+pub use sentinel::{SENTINEL_SCHEME, TLS_SENTINEL_SCHEME};
+pub use tls::TlsFiles;
 
 use crate::clock::now_ms;
 use crate::metrics::Metrics;
@@ -62,8 +66,23 @@ impl RedisBackend {
     /// Connects lazily: a Redis that is down at start-up does not stop the
     /// gateway, the first calls just fail (and open the breaker).
     pub fn new(url: &str, timeout: Duration, metrics: Arc<Metrics>) -> Result<RedisBackend, String> {
-        let target = Target::parse(url).map_err(|e| format!("redis url: {e}"))?;
-        let conn = Conn::open(&target, timeout).map_err(|e| format!("redis: {:?}", e.kind()))?;
+        RedisBackend::with_tls("redis url", url, &Tls::default(), timeout, metrics)
+    }
+
+    /// [`RedisBackend::new`] with the `[redis]` settings. Over TLS,
+    /// one probe first: a certificate that does not match is an error here
+    /// (naming the setting), not a breaker that stays open. `key` is the
+    /// URL's setting, for errors.
+    pub fn with_tls(
+        key: &str,
+        url: &str,
+        tls: &Tls,
+        timeout: Duration,
+        metrics: Arc<Metrics>,
+    ) -> Result<RedisBackend, String> {
+        let target = Target::parse(url).map_err(|e| format!("{key}: {e}"))?;
+        tls.files.probe(key, &target.tls_addresses())?;
+        let conn = Conn::open(&target, tls, timeout).map_err(|e| format!("{key}: {:?}", e.kind()))?;
         Ok(RedisBackend {
             conn,
             timeout,
@@ -153,6 +172,15 @@ impl RedisBackend {
     /// True for a Redis Cluster.
     pub fn is_cluster(&self) -> bool {
         matches!(self.conn, Conn::Cluster(_))
+    }
+
+    /// Why a failed call failed, for `/readyz`: a Sentinel that named no
+    /// primary says so; otherwise just "unreachable". Never a URL.
+    pub fn unready_reason(&self) -> String {
+        match &self.conn {
+            Conn::Sentinel(s) => s.last_error().unwrap_or_else(|| "unreachable".into()),
+            _ => "unreachable".into(),
+        }
     }
 
     /// PING under the breaker: readiness probes and recovery.

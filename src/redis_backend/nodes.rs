@@ -22,6 +22,7 @@ impl RedisBackend {
         self.call(op, |conn| async move {
             match conn {
                 Conn::Standalone(mut c) => Ok(vec![(String::new(), cmd.query_async(&mut c).await?)]),
+                Conn::Sentinel(mut c) => Ok(vec![(String::new(), cmd.query_async(&mut c).await?)]),
                 Conn::Cluster(mut c) => {
                     // No response policy: redis-rs answers with a map of
                     // node address → that node's reply.
@@ -152,7 +153,10 @@ impl RedisBackend {
             Err(_) => {
                 self.each_primary::<Value>(RedisOp::LedgerCheck, redis::cmd("PING"))
                     .await
-                    .map_err(|e| format!("ledger redis: {e}"))?;
+                    .map_err(|e| match &self.conn {
+                        Conn::Sentinel(_) => format!("ledger redis sentinel: {}", self.unready_reason()),
+                        _ => format!("ledger redis: {e}"),
+                    })?;
                 return Ok("ok (persistence unknown)");
             }
         }

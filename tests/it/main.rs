@@ -19,9 +19,10 @@ mod observability;
 mod pyshovels;
 mod rate;
 mod records;
+mod redis_tls;
 mod request_surface;
 mod routes;
-mod spend;
-
+mod sentinel;
 mod siege;
+mod spend;
 mod vendor;

@@ -171,14 +171,14 @@ start. Every message says what to set.
 {{/* The gateway.toml of the ConfigMap. */}}
 {{- define "permit-gateway.configToml" -}}
 {{- $cfg := deepCopy (default dict .Values.config) }}
-{{- range $section := list "server" "upstream" "cache" "quota" "admin" "log" }}
+{{- range $section := list "server" "upstream" "cache" "quota" "redis" "admin" "log" }}
 {{- if not (kindIs "map" (get $cfg $section)) }}
 {{- $_ := set $cfg $section dict }}
 {{- end }}
 {{- end }}
 {{- range $section, $_ := $cfg }}
-{{- if not (has $section (list "server" "upstream" "cache" "quota" "admin" "log")) }}
-{{- fail (printf "permit-gateway: config.%s is not a config section (server, upstream, cache, quota, admin, log; teams go in `teams:`)" $section) }}
+{{- if not (has $section (list "server" "upstream" "cache" "quota" "redis" "admin" "log")) }}
+{{- fail (printf "permit-gateway: config.%s is not a config section (server, upstream, cache, quota, redis, admin, log; teams go in `teams:`)" $section) }}
 {{- end }}
 {{- end }}
 {{- $_ := set $cfg.server "listen" (printf "0.0.0.0:%d" (int .Values.ports.http)) }}
@@ -187,10 +187,21 @@ start. Every message says what to set.
 {{- $_ = set $cfg.quota "path" (printf "%s/ledger" (include "permit-gateway.dataDir" .)) }}
 {{- with .Values.redis.clusterNodes }}
 {{- $_ = set $cfg.cache "redis_url" (printf "redis+cluster://%s" (join "," .)) }}
+{{- end }}
+{{- with .Values.redis.tls }}
+{{- if .existingSecret }}
+{{- $_ = set $cfg.redis "tls_ca_file" (printf "/run/secrets/permit-gateway-redis-tls/%s" .caKey) }}
+{{- if and .certKey .keyKey }}
+{{- $_ = set $cfg.redis "tls_cert_file" (printf "/run/secrets/permit-gateway-redis-tls/%s" .certKey) }}
+{{- $_ = set $cfg.redis "tls_key_file" (printf "/run/secrets/permit-gateway-redis-tls/%s" .keyKey) }}
+{{- else if or .certKey .keyKey }}
+{{- fail "permit-gateway: redis.tls.certKey and redis.tls.keyKey go together (a client certificate and its key)" }}
+{{- end }}
+{{- end }}
 {{- end -}}
 # Rendered by the permit-gateway Helm chart from values.yaml; every key is
 # explained in config/defaults.toml and docs/operations.md.
-{{- range $section := list "server" "upstream" "cache" "quota" "admin" "log" }}
+{{- range $section := list "server" "upstream" "cache" "quota" "redis" "admin" "log" }}
 
 {{ include "permit-gateway.tomlTable" (dict "name" $section "table" (get $cfg $section)) }}
 {{- end }}

@@ -81,6 +81,7 @@ impl Setup {
              [upstream]\nbase_url = {base_url:?}\napi_key = {key:?}\n{upstream_rate}{}\n\
              [cache]\n{}\n\
              [quota]\npath = {:?}\n{}\n\
+             [redis]\n{}\n\
              [admin]\ntoken_sha256 = {:?}\n{}\n\
              [log]\n{}\n\
              {}",
@@ -89,6 +90,7 @@ impl Setup {
             extra("cache"),
             ledger.display().to_string(),
             extra("quota"),
+            extra("redis"),
             sha(ADMIN_TOKEN),
             extra("admin"),
             extra("log"),

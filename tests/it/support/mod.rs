@@ -5,6 +5,8 @@
 //! - `redis`: a real `redis-server` child in a temp dir, killed on drop.
 //! - `monitor`: Redis MONITOR, to see what a call made Redis do.
 //! - `redis_cluster`: a real 3 + 3 node Redis Cluster, killed on drop.
+//! - `redis_tls`: a real TLS-only `redis-server` with a throw-away CA.
+//! - `redis_sentinel`: a primary, a replica and three Sentinels.
 //! - `gateway`: the real gateway, in-process or as a child process.
 //! - `tls`: a throwaway CA and leaf certificate.
 //! - `wait`: `eventually`, polling a condition with a deadline.
@@ -19,6 +21,8 @@ pub mod probe;
 pub mod prometheus;
 pub mod redis;
 pub mod redis_cluster;
+pub mod redis_sentinel;
+pub mod redis_tls;
 pub mod relay;
 pub mod secrets;
 pub mod sim;

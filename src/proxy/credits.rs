@@ -82,6 +82,7 @@ pub fn count_items(body: &[u8]) -> u64 {
 /// Phase 9: holds the worst case of this call in the team's ledger, or
 /// refuses (402) before anything is spent. `Ok(None)`: nothing to hold
 /// (the ledger is down and the operator chose to fail open).
+#[tracing::instrument(target = "permit_gateway::spans", name = "reserve", skip_all)]
 pub async fn reserve(app: &App, job: &Job) -> Result<Option<Reservation>, GatewayError> {
     let team = &job.team;
     let amount = route::credit_estimate(&job.target);
@@ -122,6 +123,7 @@ pub async fn release(app: &App, reservation: Option<Reservation>) {
 
 /// Phase 12: turns the reservation into what the upstream charged. Runs in
 /// the task that owns the call, so no client can cancel it halfway.
+#[tracing::instrument(target = "permit_gateway::spans", name = "settle", skip_all)]
 pub async fn settle(app: &App, job: &Job, reservation: Option<Reservation>, charge: Charge) {
     let route = job.target.route;
     let team = &job.team.name;

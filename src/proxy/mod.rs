@@ -37,17 +37,30 @@ use crate::error::GatewayError;
 use crate::http_util::{request_id, Body, X_REQUEST_ID};
 use crate::metrics::Scope;
 use crate::route::{self, Route, Target};
+use crate::telemetry::{trace::Trace, SPANS};
 use fetch::{Job, Role};
 use http::{HeaderValue, Method, Request, Response};
 use lookup::Use;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use tracing::Instrument;
 
 /// Answers one team request. Never fails: errors become responses here.
 pub async fn handle<B>(app: Arc<App>, req: Request<B>) -> Response<Body> {
     let started = Instant::now();
-    let mut ctx = RequestContext::new(request_id(req.headers()));
-    let mut resp = match pipeline(&app, &req, &mut ctx).await {
+    // The request's span: built only when spans are exported (see telemetry).
+    let span = tracing::info_span!(
+        target: SPANS,
+        "request",
+        otel.kind = "server",
+        http.request.method = %req.method(),
+        http.route = tracing::field::Empty,
+        http.response.status_code = tracing::field::Empty,
+    );
+    let mut trace = Trace::from_headers(req.headers());
+    trace.attach(&span);
+    let mut ctx = RequestContext::new(request_id(req.headers()), trace);
+    let mut resp = match pipeline(&app, &req, &mut ctx).instrument(span.clone()).await {
         Ok(resp) => resp,
         Err(e) => {
             ctx.fault = Some(e.fault());
@@ -69,6 +82,10 @@ pub async fn handle<B>(app: Arc<App>, req: Request<B>) -> Response<Body> {
         // every answer shares: Content-Type, X-Cache, the budget).
         v.set_sensitive(true);
         resp.headers_mut().insert(X_REQUEST_ID, v);
+    }
+    if !span.is_disabled() {
+        span.record("http.route", ctx.route.unwrap_or(Route::Other).as_str());
+        span.record("http.response.status_code", resp.status().as_u16());
     }
     ctx.finish(&app.metrics, req.method(), resp.status(), started.elapsed());
     resp
@@ -142,6 +159,7 @@ async fn pipeline<B>(
     };
     let ask = Ask {
         req,
+        trace: ctx.trace.clone(),
         directives: Directives::from_headers(req.headers()),
         team,
         target,
@@ -153,6 +171,7 @@ async fn pipeline<B>(
 /// What one request asks for, once it is known who asks.
 struct Ask<'r, B> {
     req: &'r Request<B>,
+    trace: Trace,
     directives: Directives,
     team: Arc<Team>,
     target: Target,
@@ -172,6 +191,7 @@ impl<B> Ask<'_, B> {
             no_cache: self.directives.no_cache || self.directives.max_age.is_some(),
             no_store: self.directives.no_store,
             request_id: request_id.to_string(),
+            trace: self.trace.clone(),
             accept: self.req.headers().get(http::header::ACCEPT).cloned(),
         }
     }
@@ -191,7 +211,11 @@ async fn cached_or_fetched<B>(
     // 7. Lookup, unless the client said no-cache.
     let mut cached = None;
     if let (Some(k), false) = (&ask.key, d.no_cache) {
-        if let Some((entry, tier)) = app.cache.lookup(target.route, k).await {
+        let lookup = app.cache.lookup(target.route, k);
+        if let Some((entry, tier)) = lookup
+            .instrument(tracing::info_span!(target: SPANS, "cache_lookup"))
+            .await
+        {
             if let Some(state) = accept_cached(app, &entry, d, k, || ask.job(&ctx.request_id)).await {
                 app.metrics.cache_hit(target.route, tier);
                 return Ok(from_cache(app, &ask.team, target, &entry, state, ask.req, ctx));
@@ -281,7 +305,7 @@ async fn accept_cached(
 /// A stale-while-revalidate refresh: a miss of its own, logged as one.
 async fn refresh(app: Arc<App>, job: Job) {
     let started = Instant::now();
-    let mut ctx = RequestContext::new(job.request_id.clone());
+    let mut ctx = RequestContext::new(job.request_id.clone(), job.trace.clone());
     ctx.team = Some(job.team.name.clone());
     ctx.route = Some(job.target.route);
     let (outcome, role) = fetch::coalesced(&app, job).await;

@@ -22,4 +22,5 @@ mod records;
 mod request_surface;
 mod routes;
 mod sim;
+mod trace_context;
 mod vendor;

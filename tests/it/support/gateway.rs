@@ -83,6 +83,7 @@ impl Setup {
              [quota]\npath = {:?}\n{}\n\
              [admin]\ntoken_sha256 = {:?}\n{}\n\
              [log]\n{}\n\
+             [tracing]\n{}\n\
              {}",
             extra("server"),
             extra("upstream"),
@@ -92,6 +93,7 @@ impl Setup {
             sha(ADMIN_TOKEN),
             extra("admin"),
             extra("log"),
+            extra("tracing"),
             self.teams,
         )
     }

@@ -86,7 +86,14 @@ pub fn init(log: &LogConfig, tracing: &TracingConfig) -> Result<Telemetry, (Tele
         }
         None => (None, None),
     };
-    let _ = tracing_subscriber::registry().with(fmt).with(otel).try_init();
+    // Two subscriber types, not one with an `Option` layer: a `None` layer
+    // counts as interested in every call site, which would build each
+    // span of [`SPANS`] (in the registry) with no exporter to take it.
+    let logs = tracing_subscriber::registry().with(fmt);
+    let _ = match otel {
+        Some(otel) => logs.with(otel).try_init(),
+        None => logs.try_init(),
+    };
     let telemetry = Telemetry {
         _log_writer: guard,
         spans: provider,

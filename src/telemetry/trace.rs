@@ -17,7 +17,16 @@ use opentelemetry::trace::{SpanContext, SpanId, TraceContextExt, TraceFlags, Tra
 use opentelemetry::Context;
 use opentelemetry_http::{HeaderExtractor, HeaderInjector};
 use opentelemetry_sdk::propagation::TraceContextPropagator;
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
+use std::cell::RefCell;
 use tracing_opentelemetry::OpenTelemetrySpanExt;
+
+thread_local! {
+    /// Ids need to be unique, not secret (what OpenTelemetry's SDK does
+    /// too): a fast generator per thread, seeded from the OS-seeded one.
+    static IDS: RefCell<SmallRng> = RefCell::new(SmallRng::from_rng(&mut rand::rng()));
+}
 
 /// The trace one request belongs to.
 #[derive(Debug, Clone)]
@@ -45,8 +54,12 @@ impl Trace {
     }
 
     fn start() -> Trace {
-        let trace_id = TraceId::from_bytes(rand::random::<u128>().max(1).to_be_bytes());
-        let span_id = SpanId::from_bytes(rand::random::<u64>().max(1).to_be_bytes());
+        let (trace, span) = IDS.with(|rng| {
+            let mut rng = rng.borrow_mut();
+            (rng.random::<u128>(), rng.random::<u64>())
+        });
+        let trace_id = TraceId::from_bytes(trace.max(1).to_be_bytes());
+        let span_id = SpanId::from_bytes(span.max(1).to_be_bytes());
         let parent = SpanContext::new(trace_id, span_id, TraceFlags::NOT_SAMPLED, false, TraceState::NONE);
         Trace { parent, started: true }
     }

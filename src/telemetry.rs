@@ -58,9 +58,7 @@ pub fn init(log: &LogConfig, tracing: &TracingConfig) -> Result<Telemetry, (Tele
         .lossy(false)
         .buffered_lines_limit(64 * 1024)
         .finish(std::io::stderr());
-    // The exported spans stay out of the log lines (and out of the JSON
-    // lines' "span" fields): the logs read the same with or without export.
-    let logged = filter.and(filter_fn(|m| !is_exported_span(m)));
+    let logged = logged(filter);
     let fmt = tracing_subscriber::fmt::layer()
         .with_writer(writer)
         // Colour codes only for a person at a terminal: in a file, journald
@@ -104,6 +102,31 @@ pub fn init(log: &LogConfig, tracing: &TracingConfig) -> Result<Telemetry, (Tele
     }
 }
 
+/// What the log layer takes: `log.level`, never an exported span, so the
+/// log lines (and the JSON lines' "span" fields) read the same with or
+/// without export.
+fn logged<S>(level: EnvFilter) -> impl tracing_subscriber::layer::Filter<S> {
+    level.and(filter_fn(|m| !is_exported_span(m)))
+}
+
 fn is_exported_span(m: &Metadata<'_>) -> bool {
     m.is_span() && m.target() == SPANS
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn without_an_exporter_no_span_is_built() {
+        let logs = tracing_subscriber::registry().with(
+            tracing_subscriber::fmt::layer()
+                .with_writer(std::io::sink)
+                .with_filter(logged(EnvFilter::new("trace"))),
+        );
+        tracing::subscriber::with_default(logs, || {
+            assert!(tracing::info_span!(target: SPANS, "request").is_disabled());
+            assert!(!tracing::info_span!("logged").is_disabled());
+        });
+    }
 }

@@ -149,15 +149,7 @@ impl Upstream {
         metrics: &Metrics,
         heads: &watch::Sender<Option<Head>>,
     ) -> Result<UpstreamResponse, Failed> {
-        // One span for the call, retries included: its context is the
-        // parent the upstream sees.
-        let span = tracing::info_span!(
-            target: SPANS,
-            "upstream",
-            otel.kind = "client",
-            http.route = target.route.as_str(),
-            http.response.status_code = tracing::field::Empty,
-        );
+        let span = call_span(target.route);
         let call = Call {
             request_id,
             trace,
@@ -283,6 +275,18 @@ impl Upstream {
             _ => Ok(answer),
         }
     }
+}
+
+/// One span for the call, retries included: its context is the parent the
+/// upstream sees (a disabled span without export).
+fn call_span(route: Route) -> tracing::Span {
+    tracing::info_span!(
+        target: SPANS,
+        "upstream",
+        otel.kind = "client",
+        http.route = route.as_str(),
+        http.response.status_code = tracing::field::Empty,
+    )
 }
 
 /// The wait before the next attempt: the jittered backoff, or the upstream's

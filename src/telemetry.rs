@@ -118,6 +118,20 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_bad_tracing_section_names_its_keys() {
+        let text = "[upstream]\napi_key = \"k\"\n[tracing]\notlp_endpoint = \"collector:4318\"\n\
+                    service_name = \"\"\nsample_ratio = 1.5\n";
+        let errors = crate::config::Config::load(crate::config::Source::Text(text))
+            .expect_err("refused")
+            .to_string();
+        for key in ["tracing.otlp_endpoint", "tracing.service_name", "tracing.sample_ratio"] {
+            assert!(errors.contains(key), "{key} not named in: {errors}");
+        }
+        let ok = "[upstream]\napi_key = \"k\"\n[tracing]\notlp_endpoint = \"https://otel.example:4318/\"\n";
+        assert!(crate::config::Config::load(crate::config::Source::Text(ok)).is_ok());
+    }
+
+    #[test]
     fn without_an_exporter_no_span_is_built() {
         let logs = tracing_subscriber::registry().with(
             tracing_subscriber::fmt::layer()

@@ -31,6 +31,22 @@ use tracing_subscriber::{EnvFilter, Layer};
 /// The target of every span exported over OTLP.
 pub const SPANS: &str = "permit_gateway::spans";
 
+/// Awaits a future inside a span, or, when the span is off (no export), as
+/// a plain `.await`: `Instrumented` would move the whole future into its
+/// wrapper, a copy of a few hundred bytes per request on the hit path
+/// (measured with callgrind, BENCHMARKS.md).
+#[macro_export]
+macro_rules! in_span {
+    ($span:expr, $fut:expr) => {{
+        let span: ::tracing::Span = $span;
+        if span.is_disabled() {
+            $fut.await
+        } else {
+            ::tracing::Instrument::instrument($fut, span).await
+        }
+    }};
+}
+
 /// What must live as long as the process: the log writer thread and the
 /// span exporter. [`Telemetry::shutdown`] flushes both.
 pub struct Telemetry {

@@ -43,7 +43,6 @@ use http::{HeaderValue, Method, Request, Response};
 use lookup::Use;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use tracing::Instrument;
 
 /// Answers one team request. Never fails: errors become responses here.
 pub async fn handle<B>(app: Arc<App>, req: Request<B>) -> Response<Body> {
@@ -60,7 +59,7 @@ pub async fn handle<B>(app: Arc<App>, req: Request<B>) -> Response<Body> {
     let mut trace = Trace::from_headers(req.headers());
     trace.attach(&span);
     let mut ctx = RequestContext::new(request_id(req.headers()), trace);
-    let mut resp = match pipeline(&app, &req, &mut ctx).instrument(span.clone()).await {
+    let mut resp = match crate::in_span!(span.clone(), pipeline(&app, &req, &mut ctx)) {
         Ok(resp) => resp,
         Err(e) => {
             ctx.fault = Some(e.fault());
@@ -211,11 +210,8 @@ async fn cached_or_fetched<B>(
     // 7. Lookup, unless the client said no-cache.
     let mut cached = None;
     if let (Some(k), false) = (&ask.key, d.no_cache) {
-        let lookup = app.cache.lookup(target.route, k);
-        if let Some((entry, tier)) = lookup
-            .instrument(tracing::info_span!(target: SPANS, "cache_lookup"))
-            .await
-        {
+        let span = tracing::info_span!(target: SPANS, "cache_lookup");
+        if let Some((entry, tier)) = crate::in_span!(span, app.cache.lookup(target.route, k)) {
             if let Some(state) = accept_cached(app, &entry, d, k, || ask.job(&ctx.request_id)).await {
                 app.metrics.cache_hit(target.route, tier);
                 return Ok(from_cache(app, &ask.team, target, &entry, state, ask.req, ctx));

@@ -22,6 +22,9 @@ use rand::{Rng, SeedableRng};
 use std::cell::RefCell;
 use tracing_opentelemetry::OpenTelemetrySpanExt;
 
+/// A name known at compile time: looked up without parsing a `&str`.
+const TRACEPARENT: http::HeaderName = http::HeaderName::from_static("traceparent");
+
 thread_local! {
     /// Ids need to be unique, not secret (what OpenTelemetry's SDK does
     /// too): a fast generator per thread, seeded from the OS-seeded one.
@@ -41,7 +44,7 @@ impl Trace {
     /// The client's context, or a new trace when it sent none or an invalid
     /// one (the W3C rule: an invalid `traceparent` is ignored).
     pub fn from_headers(headers: &http::HeaderMap) -> Trace {
-        if !headers.contains_key("traceparent") {
+        if !headers.contains_key(TRACEPARENT) {
             return Trace::start();
         }
         let cx = TraceContextPropagator::new().extract(&HeaderExtractor(headers));

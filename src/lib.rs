@@ -33,7 +33,8 @@
 //! - [`error`]: the one error type and its one mapping to HTTP.
 //! - [`admin`]: `/metrics`, `/healthz`, `/readyz`, `/admin/*`.
 //! - [`metrics`]: every metric name, recorded through typed methods.
-//! - [`telemetry`]: logs (human or JSON), one access-log line per request.
+//! - [`telemetry`]: logs (human or JSON), one access-log line per request;
+//!   the W3C trace context and, when configured, spans over OTLP.
 //! - [`demo`]: the newcomer's one command.
 //!
 //! Imports run one way: [`run`] hands [`server`] the handlers of [`proxy`]

@@ -100,7 +100,13 @@ async fn serve(path: Option<PathBuf>) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let _log_writer = telemetry::init(&config.log);
+    let telemetry = match telemetry::init(&config.log, &config.tracing) {
+        Ok(t) => t,
+        Err((_t, e)) => {
+            tracing::error!(error = %e, "cannot start");
+            return ExitCode::FAILURE;
+        }
+    };
     let listeners = match Listeners::bind(&config.server).await {
         Ok(l) => l,
         Err(e) => {
@@ -126,7 +132,7 @@ async fn serve(path: Option<PathBuf>) -> ExitCode {
         "permit-gateway serving"
     );
     tokio::spawn(reload_on_sighup(app.clone()));
-    match permit_gateway::run(app, listeners, shutdown_signal()).await {
+    let code = match permit_gateway::run(app, listeners, shutdown_signal()).await {
         Ok(()) => {
             tracing::info!("stopped");
             ExitCode::SUCCESS
@@ -135,14 +141,25 @@ async fn serve(path: Option<PathBuf>) -> ExitCode {
             tracing::error!(error = %e, "stopped with an error");
             ExitCode::FAILURE
         }
-    }
+    };
+    // The spans of the last requests, before the runtime goes.
+    telemetry.shutdown().await;
+    code
 }
 
 async fn run_demo(listen: String, admin_listen: String) -> ExitCode {
-    let _log_writer = telemetry::init(&permit_gateway::config::LogConfig {
+    let log = permit_gateway::config::LogConfig {
         format: permit_gateway::config::LogFormat::Human,
         level: "info".into(),
-    });
+    };
+    let no_export = permit_gateway::config::TracingConfig {
+        otlp_endpoint: None,
+        service_name: "permit-gateway".into(),
+        sample_ratio: 1.0,
+    };
+    let Ok(_telemetry) = telemetry::init(&log, &no_export) else {
+        return ExitCode::FAILURE;
+    };
     match demo::start(&listen, &admin_listen).await {
         Ok((sim, running)) => {
             println!("{}", demo::banner(&sim, &running));

@@ -1,37 +1,162 @@
 //! Logs: human-readable or JSON lines on stderr, filtered by `log.level`.
 //! The access log is the `access` target, one line per request, written by
-//! `proxy::RequestContext::finish`. Nothing secret is ever a field: team names,
+//! `proxy::RequestContext::finish`, with the request's W3C trace id
+//! (`trace_id`, see [`trace`]). Nothing secret is ever a field: team names,
 //! never tokens; routes, never the upstream key.
 //!
 //! Lines are handed to a writer thread (tracing-appender), so a slow stderr
 //! never holds a request; when its buffer is full, requests wait rather
 //! than lines being dropped (an access log with holes is no audit trail).
+//!
+//! Spans: the request's phases open spans of target [`SPANS`] (request,
+//! cache lookup, lease wait, reserve, upstream, settle). Only the OTLP
+//! layer, installed when `tracing.otlp_endpoint` is set, takes them; the log
+//! layer never does, so without an endpoint no subscriber is interested in
+//! them and each `info_span!` of that target is a cached "never" at its
+//! call site (no span is built, no id allocated).
 
-use crate::config::{LogConfig, LogFormat};
+pub mod otlp;
+pub mod trace;
+
+use crate::config::{LogConfig, LogFormat, TracingConfig};
+use opentelemetry_sdk::trace::SdkTracerProvider;
 use std::io::IsTerminal;
+use tracing::Metadata;
 use tracing_appender::non_blocking::{NonBlockingBuilder, WorkerGuard};
-use tracing_subscriber::EnvFilter;
+use tracing_subscriber::filter::{filter_fn, FilterExt};
+use tracing_subscriber::layer::SubscriberExt;
+use tracing_subscriber::util::SubscriberInitExt;
+use tracing_subscriber::{EnvFilter, Layer};
 
-/// Installs the global subscriber. Keep the guard alive for the process's
-/// life: dropping it flushes and stops the writer thread.
-pub fn init(cfg: &LogConfig) -> WorkerGuard {
-    let filter = EnvFilter::try_new(&cfg.level).unwrap_or_else(|_| EnvFilter::new("info"));
+/// The target of every span exported over OTLP.
+pub const SPANS: &str = "permit_gateway::spans";
+
+/// Awaits a future inside a span, or, when the span is off (no export), as
+/// a plain `.await`: `Instrumented` would move the whole future into its
+/// wrapper, a copy of a few hundred bytes per request on the hit path
+/// (measured with callgrind, BENCHMARKS.md).
+#[macro_export]
+macro_rules! in_span {
+    ($span:expr, $fut:expr) => {{
+        let span: ::tracing::Span = $span;
+        if span.is_disabled() {
+            $fut.await
+        } else {
+            ::tracing::Instrument::instrument($fut, span).await
+        }
+    }};
+}
+
+/// What must live as long as the process: the log writer thread and the
+/// span exporter. [`Telemetry::shutdown`] flushes both.
+pub struct Telemetry {
+    _log_writer: WorkerGuard,
+    spans: Option<SdkTracerProvider>,
+}
+
+impl Telemetry {
+    /// Sends the spans still batched, then stops the exporter (call on the
+    /// runtime, before it ends: the exports run on it).
+    pub async fn shutdown(self) {
+        if let Some(provider) = self.spans {
+            let _ = tokio::task::spawn_blocking(move || provider.shutdown()).await;
+        }
+    }
+}
+
+/// Installs the global subscriber: the log layer, and the OTLP layer when
+/// `tracing.otlp_endpoint` is set (inside a tokio runtime). An exporter
+/// that cannot be built is an error; the logs are installed anyway so it
+/// can be reported.
+pub fn init(log: &LogConfig, tracing: &TracingConfig) -> Result<Telemetry, (Telemetry, String)> {
+    let filter = EnvFilter::try_new(&log.level).unwrap_or_else(|_| EnvFilter::new("info"));
     let (writer, guard) = NonBlockingBuilder::default()
         .lossy(false)
         .buffered_lines_limit(64 * 1024)
         .finish(std::io::stderr());
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
+    let logged = logged(filter);
+    let fmt = tracing_subscriber::fmt::layer()
         .with_writer(writer)
         // Colour codes only for a person at a terminal: in a file, journald
         // or a log shipper they are noise that breaks grep and parsers.
         .with_ansi(std::io::stderr().is_terminal())
         .with_target(true);
-    let result = if cfg.format == LogFormat::Json {
-        builder.json().flatten_event(true).try_init()
+    let fmt = if log.format == LogFormat::Json {
+        fmt.json().flatten_event(true).with_filter(logged).boxed()
     } else {
-        builder.try_init()
+        fmt.with_filter(logged).boxed()
     };
-    let _ = result;
-    guard
+    let (spans, error) = match tracing.otlp_endpoint.as_deref().map(|e| otlp::tracer(tracing, e)) {
+        Some(Ok((provider, tracer))) => (Some((provider, tracer)), None),
+        Some(Err(e)) => (None, Some(e)),
+        None => (None, None),
+    };
+    let (provider, otel) = match spans {
+        Some((provider, tracer)) => {
+            let layer = tracing_opentelemetry::layer()
+                .with_tracer(tracer)
+                .with_filter(filter_fn(is_exported_span));
+            (Some(provider), Some(layer))
+        }
+        None => (None, None),
+    };
+    // Two subscriber types, not one with an `Option` layer: a `None` layer
+    // counts as interested in every call site, which would build each
+    // span of [`SPANS`] (in the registry) with no exporter to take it.
+    let logs = tracing_subscriber::registry().with(fmt);
+    let _ = match otel {
+        Some(otel) => logs.with(otel).try_init(),
+        None => logs.try_init(),
+    };
+    let telemetry = Telemetry {
+        _log_writer: guard,
+        spans: provider,
+    };
+    match error {
+        None => Ok(telemetry),
+        Some(e) => Err((telemetry, e)),
+    }
+}
+
+/// What the log layer takes: `log.level`, never an exported span, so the
+/// log lines (and the JSON lines' "span" fields) read the same with or
+/// without export.
+fn logged<S>(level: EnvFilter) -> impl tracing_subscriber::layer::Filter<S> {
+    level.and(filter_fn(|m| !is_exported_span(m)))
+}
+
+fn is_exported_span(m: &Metadata<'_>) -> bool {
+    m.is_span() && m.target() == SPANS
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_bad_tracing_section_names_its_keys() {
+        let text = "[upstream]\napi_key = \"k\"\n[tracing]\notlp_endpoint = \"collector:4318\"\n\
+                    service_name = \"\"\nsample_ratio = 1.5\n";
+        let errors = crate::config::Config::load(crate::config::Source::Text(text))
+            .expect_err("refused")
+            .to_string();
+        for key in ["tracing.otlp_endpoint", "tracing.service_name", "tracing.sample_ratio"] {
+            assert!(errors.contains(key), "{key} not named in: {errors}");
+        }
+        let ok = "[upstream]\napi_key = \"k\"\n[tracing]\notlp_endpoint = \"https://otel.example:4318/\"\n";
+        assert!(crate::config::Config::load(crate::config::Source::Text(ok)).is_ok());
+    }
+
+    #[test]
+    fn without_an_exporter_no_span_is_built() {
+        let logs = tracing_subscriber::registry().with(
+            tracing_subscriber::fmt::layer()
+                .with_writer(std::io::sink)
+                .with_filter(logged(EnvFilter::new("trace"))),
+        );
+        tracing::subscriber::with_default(logs, || {
+            assert!(tracing::info_span!(target: SPANS, "request").is_disabled());
+            assert!(!tracing::info_span!("logged").is_disabled());
+        });
+    }
 }

@@ -10,13 +10,16 @@
 //! The upstream's `Retry-After` is never trusted beyond
 //! `upstream.max_retry_after_secs`. Only an allowlist of request headers travels upstream, so a
 //! team's credential, cookies and internal addresses (X-Forwarded-For) never
-//! reach the third party.
+//! reach the third party; the W3C trace context does (`traceparent`,
+//! `tracestate`, see `telemetry::trace`), from the call's `upstream` span
+//! when spans are exported.
 
 use crate::config::{Secret, UpstreamConfig};
 use crate::error::GatewayError;
 use crate::http_util::strip_hop_by_hop;
 use crate::metrics::{Metrics, UpstreamAnswer};
 use crate::route::{Route, Target};
+use crate::telemetry::{trace::Trace, SPANS};
 use backon::{ExponentialBuilder, Retryable};
 use bytes::Bytes;
 use http::header::{HeaderMap, HeaderValue, ACCEPT, RETRY_AFTER, USER_AGENT};
@@ -29,6 +32,7 @@ use rustls::pki_types::{pem::PemObject, CertificateDer};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::watch;
+use tracing::Instrument;
 
 /// A complete upstream answer.
 #[derive(Debug, Clone)]
@@ -62,6 +66,14 @@ pub struct Upstream {
     max_retries: u32,
     max_response_bytes: usize,
     max_retry_after: Duration,
+}
+
+/// What every attempt of one call sends besides the target.
+struct Call<'a> {
+    request_id: &'a str,
+    trace: &'a Trace,
+    span: &'a tracing::Span,
+    accept: Option<&'a HeaderValue>,
 }
 
 /// Why one attempt did not produce an answer worth returning.
@@ -117,11 +129,13 @@ impl Upstream {
         &self,
         target: &Target,
         request_id: &str,
+        trace: &Trace,
         accept: Option<&HeaderValue>,
         metrics: &Metrics,
     ) -> Result<UpstreamResponse, Failed> {
         let (heads, _) = watch::channel(None);
-        self.fetch_with_heads(target, request_id, accept, metrics, &heads).await
+        self.fetch_with_heads(target, request_id, trace, accept, metrics, &heads)
+            .await
     }
 
     /// As [`Upstream::fetch`], publishing each answer's head on `heads` as
@@ -130,10 +144,18 @@ impl Upstream {
         &self,
         target: &Target,
         request_id: &str,
+        trace: &Trace,
         accept: Option<&HeaderValue>,
         metrics: &Metrics,
         heads: &watch::Sender<Option<Head>>,
     ) -> Result<UpstreamResponse, Failed> {
+        let span = call_span(target.route);
+        let call = Call {
+            request_id,
+            trace,
+            span: &span,
+            accept,
+        };
         let uri = self.uri_for(target).map_err(|error| Failed { error, head: None })?;
         let started = Instant::now();
         let deadline = started + self.timeout;
@@ -145,13 +167,18 @@ impl Upstream {
             .with_jitter();
         // Written by each attempt when its head arrives; read after the
         // deadline may have dropped the attempt halfway through its body.
-        let attempt = || self.attempt(&uri, request_id, accept, route, metrics, heads);
+        let attempt = || self.attempt(&uri, &call, route, metrics, heads);
         let retried = attempt
             .retry(backoff)
             .when(|e| !matches!(e, AttemptError::TooLarge | AttemptError::Transport))
             .adjust(|e, backoff| retry_delay(e, backoff, deadline, self.max_retry_after))
             .notify(|_, _| metrics.upstream_retry(route));
-        let outcome = tokio::time::timeout_at(deadline.into(), retried).await;
+        let outcome = tokio::time::timeout_at(deadline.into(), retried)
+            .instrument(span.clone())
+            .await;
+        if let (false, Ok(Ok(resp) | Err(AttemptError::Retryable(resp)))) = (span.is_disabled(), &outcome) {
+            span.record("http.response.status_code", resp.status.as_u16());
+        }
         metrics.upstream_duration(route, started.elapsed());
         let failed = |error| Failed {
             error,
@@ -185,22 +212,24 @@ impl Upstream {
     async fn attempt(
         &self,
         uri: &Uri,
-        request_id: &str,
-        accept: Option<&HeaderValue>,
+        call: &Call<'_>,
         route: Route,
         metrics: &Metrics,
         heads: &watch::Sender<Option<Head>>,
     ) -> Result<UpstreamResponse, AttemptError> {
         let mut req = Request::get(uri.clone())
             .header(USER_AGENT, concat!("permit-gateway/", env!("CARGO_PKG_VERSION")))
-            .header("x-request-id", request_id)
+            .header("x-request-id", call.request_id)
             .header(
                 ACCEPT,
-                accept.cloned().unwrap_or(HeaderValue::from_static("application/json")),
+                call.accept
+                    .cloned()
+                    .unwrap_or(HeaderValue::from_static("application/json")),
             )
             .body(Empty::new())
             .map_err(|_| AttemptError::Transport)?;
         req.headers_mut().insert("x-api-key", self.api_key.clone());
+        call.trace.inject(call.span, req.headers_mut());
         let resp = self.client.request(req).await.map_err(|e| {
             let answer = if e.is_connect() {
                 UpstreamAnswer::ConnectError
@@ -246,6 +275,18 @@ impl Upstream {
             _ => Ok(answer),
         }
     }
+}
+
+/// One span for the call, retries included: its context is the parent the
+/// upstream sees (a disabled span without export).
+fn call_span(route: Route) -> tracing::Span {
+    tracing::info_span!(
+        target: SPANS,
+        "upstream",
+        otel.kind = "client",
+        http.route = route.as_str(),
+        http.response.status_code = tracing::field::Empty,
+    )
 }
 
 /// The wait before the next attempt: the jittered backoff, or the upstream's

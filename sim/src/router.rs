@@ -113,6 +113,8 @@ pub async fn handle(shared: Arc<Shared>, req: Request<Incoming>) -> Result<Respo
         credits: 0,
         request_id: header("x-request-id"),
         api_key_ok: key.as_deref() == Some(shared.cfg.api_key.as_str()),
+        traceparent: header("traceparent"),
+        tracestate: header("tracestate"),
     };
     let served = v2(&shared, req.method(), key.as_deref(), &mut entry).await;
     entry.status = served.as_ref().map_or(0, |r| r.status().as_u16());

@@ -28,6 +28,12 @@ pub struct LogEntry {
     /// The `X-Request-Id` request header as received.
     pub request_id: Option<String>,
     pub api_key_ok: bool,
+    /// The W3C `traceparent` and `tracestate` request headers as received:
+    /// a trace followed from the app through the gateway must reach here.
+    #[serde(default)]
+    pub traceparent: Option<String>,
+    #[serde(default)]
+    pub tracestate: Option<String>,
 }
 
 #[derive(Default)]

@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 use std::fmt;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use validate::{check_sha256, validate_log, validate_teams};
+use validate::{check_sha256, validate_log, validate_teams, validate_tracing};
 
 mod load;
 mod validate;
@@ -37,6 +37,7 @@ pub struct Config {
     pub redis: RedisConfig,
     pub admin: AdminConfig,
     pub log: LogConfig,
+    pub tracing: TracingConfig,
     #[serde(default)]
     pub teams: Vec<TeamConfig>,
 }
@@ -163,6 +164,19 @@ pub struct AdminConfig {
 pub struct LogConfig {
     pub format: LogFormat,
     pub level: String,
+}
+
+/// Trace context and span export (`[tracing]`).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct TracingConfig {
+    /// The OTLP/HTTP collector (`http://host:4318`); unset: no span is made
+    /// or exported (the W3C context still travels to the upstream).
+    pub otlp_endpoint: Option<String>,
+    /// The `service.name` of the exported spans.
+    pub service_name: String,
+    /// The share of the traces the gateway starts that are sampled; a
+    /// client's own sampling decision is followed.
+    pub sample_ratio: f64,
 }
 
 /// Where the team budgets are kept (`quota.store`).
@@ -311,6 +325,7 @@ impl Config {
         self.quota.validate(&mut p, self.quota_redis_url().is_some());
         self.redis.validate(&mut p);
         validate_log(&self.log, &mut p);
+        validate_tracing(&self.tracing, &mut p);
         if let Some(hash) = &self.admin.token_sha256 {
             check_sha256("admin.token_sha256", hash, &mut p);
         } else if self.admin.metrics_auth {

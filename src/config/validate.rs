@@ -2,7 +2,7 @@
 //! each prefixed with its key path, all collected at once.
 
 use super::{
-    CacheConfig, LogConfig, QuotaConfig, QuotaStore, RedisConfig, Secret, ServerConfig, TeamConfig, UpstreamConfig,
+    CacheConfig, LogConfig, QuotaConfig, QuotaStore, RedisConfig, Secret, ServerConfig, TeamConfig, TracingConfig, UpstreamConfig,
 };
 
 impl CacheConfig {
@@ -137,6 +137,28 @@ impl QuotaConfig {
 pub(super) fn validate_log(log: &LogConfig, p: &mut Vec<String>) {
     if tracing_subscriber::EnvFilter::try_new(&log.level).is_err() {
         p.push(format!("log.level: {:?} is not a valid filter", log.level));
+    }
+}
+
+pub(super) fn validate_tracing(tracing: &TracingConfig, p: &mut Vec<String>) {
+    if let Some(endpoint) = &tracing.otlp_endpoint {
+        let ok = endpoint
+            .parse::<http::Uri>()
+            .is_ok_and(|u| matches!(u.scheme_str(), Some("http" | "https")) && u.host().is_some());
+        if !ok {
+            p.push(format!(
+                "tracing.otlp_endpoint: {endpoint:?} is not a URL like http://127.0.0.1:4318"
+            ));
+        }
+    }
+    if tracing.service_name.is_empty() {
+        p.push("tracing.service_name: must not be empty".into());
+    }
+    if !(0.0..=1.0).contains(&tracing.sample_ratio) {
+        p.push(format!(
+            "tracing.sample_ratio: {} is not between 0 and 1",
+            tracing.sample_ratio
+        ));
     }
 }
 

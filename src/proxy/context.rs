@@ -7,6 +7,7 @@
 use crate::error::Fault;
 use crate::metrics::Metrics;
 use crate::route::Route;
+use crate::telemetry::trace::Trace;
 use http::{Method, StatusCode};
 use std::time::Duration;
 
@@ -48,6 +49,8 @@ pub const NO_TEAM: &str = "unauthenticated";
 #[derive(Debug)]
 pub struct RequestContext {
     pub request_id: String,
+    /// The W3C trace: its id goes in the access-log line.
+    pub trace: Trace,
     pub team: Option<String>,
     pub route: Option<Route>,
     pub cache: CacheState,
@@ -57,9 +60,10 @@ pub struct RequestContext {
 }
 
 impl RequestContext {
-    pub fn new(request_id: String) -> RequestContext {
+    pub fn new(request_id: String, trace: Trace) -> RequestContext {
         RequestContext {
             request_id,
+            trace,
             team: None,
             route: None,
             cache: CacheState::Bypass,
@@ -83,6 +87,7 @@ impl RequestContext {
                 tracing::$level!(
                     target: "access",
                     request_id = %self.request_id,
+                    trace_id = %self.trace.trace_id(),
                     team,
                     method = %method,
                     route,
@@ -108,6 +113,7 @@ impl RequestContext {
         tracing::info!(
             target: "access",
             request_id = %self.request_id,
+            trace_id = %self.trace.trace_id(),
             team = self.team.as_deref().unwrap_or(NO_TEAM),
             method = "GET",
             route = self.route.unwrap_or(Route::Other).as_str(),

@@ -90,6 +90,7 @@ pub fn count_items(body: &[u8]) -> u64 {
 /// admission (a lease wait, a follower's retry), and a reload meanwhile
 /// that lowered the team's limit binds it; one that removed the team
 /// refuses it as the upstream refuses an unknown key (401).
+#[tracing::instrument(target = "permit_gateway::spans", name = "reserve", skip_all)]
 pub async fn reserve(app: &App, job: &Job) -> Result<Option<Reservation>, GatewayError> {
     let Some(team) = app.teams.load().by_name(&job.team.name).cloned() else {
         return Err(GatewayError::InvalidCredential);
@@ -132,6 +133,7 @@ pub async fn release(app: &App, reservation: Option<Reservation>) {
 
 /// Phase 12: turns the reservation into what the upstream charged. Runs in
 /// the task that owns the call, so no client can cancel it halfway.
+#[tracing::instrument(target = "permit_gateway::spans", name = "settle", skip_all)]
 pub async fn settle(app: &App, job: &Job, reservation: Option<Reservation>, charge: Charge) {
     let route = job.target.route;
     let team = &job.team.name;

@@ -20,11 +20,13 @@ use crate::clock::now_ms;
 use crate::error::GatewayError;
 use crate::ledger::Reservation;
 use crate::route::{self, Target};
+use crate::telemetry::{trace::Trace, SPANS};
 use crate::upstream::{retry_after, Failed, UpstreamResponse};
 use http::{HeaderMap, StatusCode};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::watch;
+use tracing::Instrument;
 
 /// How this request took part in the fetch.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -47,6 +49,8 @@ pub struct Job {
     /// The client said `no-store`.
     pub no_store: bool,
     pub request_id: String,
+    /// The W3C trace the upstream call continues.
+    pub trace: Trace,
     pub accept: Option<http::HeaderValue>,
 }
 
@@ -87,13 +91,17 @@ pub async fn coalesced(app: &Arc<App>, job: Job) -> (Outcome, Role) {
 async fn owned(app: &Arc<App>, job: Job, leader: Option<Leader<Outcome>>) -> Outcome {
     let (done, result) = tokio::sync::oneshot::channel();
     let app = app.clone();
-    tokio::spawn(async move {
-        let outcome = run(&app, job).await;
-        if let Some(leader) = leader {
-            leader.complete(outcome.clone());
+    tokio::spawn(
+        async move {
+            let outcome = run(&app, job).await;
+            if let Some(leader) = leader {
+                leader.complete(outcome.clone());
+            }
+            let _ = done.send(outcome);
         }
-        let _ = done.send(outcome);
-    });
+        // Its spans are the request's children (a no-op without export).
+        .in_current_span(),
+    );
     // The task only goes away without sending if it panicked.
     result.await.unwrap_or(Err(GatewayError::Internal))
 }
@@ -112,7 +120,8 @@ async fn run(app: &Arc<App>, job: Job) -> Outcome {
     let Some(key) = &job.key else {
         return fetch_upstream(app, &job).await;
     };
-    let lease = match take_turn(app, &job, key).await {
+    let turn = take_turn(app, &job, key).instrument(tracing::info_span!(target: SPANS, "lease_wait"));
+    let lease = match turn.await {
         Turn::Stored(entry) => return Ok(Arc::new(cached(&entry))),
         Turn::Buy(lease) => lease,
     };
@@ -256,9 +265,14 @@ async fn forward(
     let reserved = credits::reserved(job, reservation.as_ref());
     let mut reservation = Some(reservation);
     let (heads, mut seen) = watch::channel(None);
-    let call = app
-        .upstream
-        .fetch_with_heads(&job.target, &job.request_id, job.accept.as_ref(), &app.metrics, &heads);
+    let call = app.upstream.fetch_with_heads(
+        &job.target,
+        &job.request_id,
+        &job.trace,
+        job.accept.as_ref(),
+        &app.metrics,
+        &heads,
+    );
     tokio::pin!(call);
     let mut early: Option<(Charge, credits::Settling)> = None;
     let result = loop {
@@ -358,14 +372,18 @@ fn probe_org_usage(app: &Arc<App>, job: &Job) {
         return;
     }
     let app = app.clone();
-    let request_id = job.request_id.clone();
+    let (request_id, trace) = (job.request_id.clone(), job.trace.clone());
     tokio::spawn(async move {
         let target = Target {
             route: route::Route::Usage,
             path: "/v2/usage".into(),
             query: None,
         };
-        let Ok(resp) = app.upstream.fetch(&target, &request_id, None, &app.metrics).await else {
+        let Ok(resp) = app
+            .upstream
+            .fetch(&target, &request_id, &trace, None, &app.metrics)
+            .await
+        else {
             return;
         };
         let over = serde_json::from_slice::<serde_json::Value>(&resp.body)

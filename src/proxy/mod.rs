@@ -36,6 +36,7 @@ use crate::error::GatewayError;
 use crate::http_util::{request_id, Body, X_REQUEST_ID};
 use crate::metrics::Scope;
 use crate::route::{self, Route, Target};
+use crate::telemetry::{trace::Trace, SPANS};
 use fetch::{Job, Role};
 use http::{HeaderValue, Method, Request, Response};
 use lookup::Use;
@@ -45,8 +46,19 @@ use std::time::{Duration, Instant};
 /// Answers one team request. Never fails: errors become responses here.
 pub async fn handle<B>(app: Arc<App>, req: Request<B>) -> Response<Body> {
     let started = Instant::now();
-    let mut ctx = RequestContext::new(request_id(req.headers()));
-    let mut resp = match pipeline(&app, &req, &mut ctx).await {
+    // The request's span: built only when spans are exported (see telemetry).
+    let span = tracing::info_span!(
+        target: SPANS,
+        "request",
+        otel.kind = "server",
+        http.request.method = %req.method(),
+        http.route = tracing::field::Empty,
+        http.response.status_code = tracing::field::Empty,
+    );
+    let mut trace = Trace::from_headers(req.headers());
+    trace.attach(&span);
+    let mut ctx = RequestContext::new(request_id(req.headers()), trace);
+    let mut resp = match crate::in_span!(span.clone(), pipeline(&app, &req, &mut ctx)) {
         Ok(resp) => resp,
         Err(e) => {
             ctx.fault = Some(e.fault());
@@ -68,6 +80,10 @@ pub async fn handle<B>(app: Arc<App>, req: Request<B>) -> Response<Body> {
         // every answer shares: Content-Type, X-Cache, the budget).
         v.set_sensitive(true);
         resp.headers_mut().insert(X_REQUEST_ID, v);
+    }
+    if !span.is_disabled() {
+        span.record("http.route", ctx.route.unwrap_or(Route::Other).as_str());
+        span.record("http.response.status_code", resp.status().as_u16());
     }
     ctx.finish(&app.metrics, req.method(), resp.status(), started.elapsed());
     resp
@@ -149,6 +165,7 @@ async fn pipeline<B>(
     };
     let ask = Ask {
         req,
+        trace: ctx.trace.clone(),
         directives: Directives::from_headers(req.headers()),
         team,
         target,
@@ -160,6 +177,7 @@ async fn pipeline<B>(
 /// What one request asks for, once it is known who asks.
 struct Ask<'r, B> {
     req: &'r Request<B>,
+    trace: Trace,
     directives: Directives,
     team: Arc<Team>,
     target: Target,
@@ -179,6 +197,7 @@ impl<B> Ask<'_, B> {
             no_cache: self.directives.no_cache || self.directives.max_age.is_some(),
             no_store: self.directives.no_store,
             request_id: request_id.to_string(),
+            trace: self.trace.clone(),
             accept: self.req.headers().get(http::header::ACCEPT).cloned(),
         }
     }
@@ -198,7 +217,8 @@ async fn cached_or_fetched<B>(
     // 7. Lookup, unless the client said no-cache.
     let mut cached = None;
     if let (Some(k), false) = (&ask.key, d.no_cache) {
-        if let Some((entry, tier)) = app.cache.lookup(target.route, k).await {
+        let span = tracing::info_span!(target: SPANS, "cache_lookup");
+        if let Some((entry, tier)) = crate::in_span!(span, app.cache.lookup(target.route, k)) {
             // A HEAD never buys, not even a background refresh (built only
             // when one starts: the hit path allocates no job).
             let buys = ask.req.method() != Method::HEAD;
@@ -225,6 +245,7 @@ async fn cached_or_fetched<B>(
     if let Some(clamped) = spend::clamp(app, ask).await {
         let narrowed = Ask {
             req: ask.req,
+            trace: ask.trace.clone(),
             directives: ask.directives,
             team: ask.team.clone(),
             target: clamped.target,
@@ -310,7 +331,7 @@ async fn accept_cached(
 /// A stale-while-revalidate refresh: a miss of its own, logged as one.
 async fn refresh(app: Arc<App>, job: Job) {
     let started = Instant::now();
-    let mut ctx = RequestContext::new(job.request_id.clone());
+    let mut ctx = RequestContext::new(job.request_id.clone(), job.trace.clone());
     ctx.team = Some(job.team.name.clone());
     ctx.route = Some(job.target.route);
     let (outcome, role) = fetch::coalesced(&app, job).await;

@@ -173,7 +173,10 @@ mod tests {
             from_cache: false,
             etag: Some(entry().etag),
         };
-        let mut ctx = RequestContext::new("r".into());
+        let mut ctx = RequestContext::new(
+            "r".into(),
+            crate::telemetry::trace::Trace::from_headers(&HeaderMap::new()),
+        );
         ctx.route = Some(Route::PermitsSearch);
         let miss = from_fetched(&fetched, 3, CacheState::Miss, &ctx, Duration::from_secs(120)).unwrap();
         let hit = from_entry(&entry(), CacheState::Hit, &HeaderMap::new());

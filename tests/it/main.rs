@@ -25,4 +25,5 @@ mod routes;
 mod sentinel;
 mod siege;
 mod spend;
+mod trace_context;
 mod vendor;

@@ -171,14 +171,14 @@ start. Every message says what to set.
 {{/* The gateway.toml of the ConfigMap. */}}
 {{- define "permit-gateway.configToml" -}}
 {{- $cfg := deepCopy (default dict .Values.config) }}
-{{- range $section := list "server" "upstream" "cache" "quota" "redis" "admin" "log" }}
+{{- range $section := list "server" "upstream" "cache" "quota" "redis" "admin" "log" "tracing" }}
 {{- if not (kindIs "map" (get $cfg $section)) }}
 {{- $_ := set $cfg $section dict }}
 {{- end }}
 {{- end }}
 {{- range $section, $_ := $cfg }}
-{{- if not (has $section (list "server" "upstream" "cache" "quota" "redis" "admin" "log")) }}
-{{- fail (printf "permit-gateway: config.%s is not a config section (server, upstream, cache, quota, redis, admin, log; teams go in `teams:`)" $section) }}
+{{- if not (has $section (list "server" "upstream" "cache" "quota" "redis" "admin" "log" "tracing")) }}
+{{- fail (printf "permit-gateway: config.%s is not a config section (server, upstream, cache, quota, redis, admin, log, tracing; teams go in `teams:`)" $section) }}
 {{- end }}
 {{- end }}
 {{- $_ := set $cfg.server "listen" (printf "0.0.0.0:%d" (int .Values.ports.http)) }}
@@ -201,7 +201,7 @@ start. Every message says what to set.
 {{- end -}}
 # Rendered by the permit-gateway Helm chart from values.yaml; every key is
 # explained in config/defaults.toml and docs/operations.md.
-{{- range $section := list "server" "upstream" "cache" "quota" "redis" "admin" "log" }}
+{{- range $section := list "server" "upstream" "cache" "quota" "redis" "admin" "log" "tracing" }}
 
 {{ include "permit-gateway.tomlTable" (dict "name" $section "table" (get $cfg $section)) }}
 {{- end }}

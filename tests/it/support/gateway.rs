@@ -84,6 +84,7 @@ impl Setup {
              [redis]\n{}\n\
              [admin]\ntoken_sha256 = {:?}\n{}\n\
              [log]\n{}\n\
+             [tracing]\n{}\n\
              {}",
             extra("server"),
             extra("upstream"),
@@ -94,6 +95,7 @@ impl Setup {
             sha(ADMIN_TOKEN),
             extra("admin"),
             extra("log"),
+            extra("tracing"),
             self.teams,
         )
     }

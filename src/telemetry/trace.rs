@@ -1,0 +1,153 @@
+//! W3C trace context (`traceparent`, `tracestate`) of one request: read
+//! from the client in phase 1, its trace id put in the access log, and sent
+//! on to the upstream with every call (phase 11).
+//!
+//! What the upstream receives:
+//! - spans exported (`tracing.otlp_endpoint` set): the context of the
+//!   gateway's `upstream` span, a child of the client's span, so the trace
+//!   reads app → gateway → upstream;
+//! - no export: the client's `traceparent` and `tracestate` unchanged (the
+//!   gateway records nothing, so it does not pose as a parent);
+//! - no (valid) `traceparent` from the client: a trace the gateway starts,
+//!   with a new trace id (the one in the access log) and, without export,
+//!   the sampled flag off (no span of it was recorded).
+
+use opentelemetry::propagation::TextMapPropagator;
+use opentelemetry::trace::{SpanContext, SpanId, TraceContextExt, TraceFlags, TraceId, TraceState};
+use opentelemetry::Context;
+use opentelemetry_http::{HeaderExtractor, HeaderInjector};
+use opentelemetry_sdk::propagation::TraceContextPropagator;
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
+use std::cell::RefCell;
+use tracing_opentelemetry::OpenTelemetrySpanExt;
+
+/// A name known at compile time: looked up without parsing a `&str`.
+const TRACEPARENT: http::HeaderName = http::HeaderName::from_static("traceparent");
+
+thread_local! {
+    /// Ids need to be unique, not secret (what OpenTelemetry's SDK does
+    /// too): a fast generator per thread, seeded from the OS-seeded one.
+    static IDS: RefCell<SmallRng> = RefCell::new(SmallRng::from_rng(&mut rand::rng()));
+}
+
+/// The trace one request belongs to.
+#[derive(Debug, Clone)]
+pub struct Trace {
+    /// The client's span (remote), or the root the gateway made up.
+    parent: SpanContext,
+    /// The client sent none: the gateway started this trace.
+    started: bool,
+}
+
+impl Trace {
+    /// The client's context, or a new trace when it sent none or an invalid
+    /// one (the W3C rule: an invalid `traceparent` is ignored).
+    pub fn from_headers(headers: &http::HeaderMap) -> Trace {
+        if !headers.contains_key(TRACEPARENT) {
+            return Trace::start();
+        }
+        let cx = TraceContextPropagator::new().extract(&HeaderExtractor(headers));
+        let parent = cx.span().span_context().clone();
+        if parent.is_valid() {
+            Trace { parent, started: false }
+        } else {
+            Trace::start()
+        }
+    }
+
+    fn start() -> Trace {
+        let (trace, span) = IDS.with(|rng| {
+            let mut rng = rng.borrow_mut();
+            (rng.random::<u128>(), rng.random::<u64>())
+        });
+        let trace_id = TraceId::from_bytes(trace.max(1).to_be_bytes());
+        let span_id = SpanId::from_bytes(span.max(1).to_be_bytes());
+        let parent = SpanContext::new(trace_id, span_id, TraceFlags::NOT_SAMPLED, false, TraceState::NONE);
+        Trace { parent, started: true }
+    }
+
+    /// The trace id for the access log.
+    pub fn trace_id(&self) -> TraceId {
+        self.parent.trace_id()
+    }
+
+    /// Makes `span` (the request's, when spans are exported) the child of
+    /// the client's span; a trace the gateway started takes the id the
+    /// exporter's span got, so the access log names the exported trace.
+    pub fn attach(&mut self, span: &tracing::Span) {
+        if span.is_disabled() {
+            return;
+        }
+        if !self.started {
+            let parent = Context::new().with_remote_span_context(self.parent.clone());
+            let _ = span.set_parent(parent);
+            return;
+        }
+        let own = span.context().span().span_context().clone();
+        if own.is_valid() {
+            self.parent = own;
+        }
+    }
+
+    /// Writes `traceparent` (and `tracestate`) for an upstream call made
+    /// inside `span`.
+    pub fn inject(&self, span: &tracing::Span, headers: &mut http::HeaderMap) {
+        let own = (!span.is_disabled())
+            .then(|| span.context())
+            .filter(|cx| cx.span().span_context().is_valid());
+        let cx = own.unwrap_or_else(|| Context::new().with_remote_span_context(self.parent.clone()));
+        TraceContextPropagator::new().inject_context(&cx, &mut HeaderInjector(headers));
+        // The propagator writes an empty `tracestate` when there is none.
+        if headers.get("tracestate").is_some_and(|v| v.is_empty()) {
+            headers.remove("tracestate");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http::{HeaderMap, HeaderValue};
+
+    const PARENT: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+
+    fn injected(trace: &Trace) -> HeaderMap {
+        let mut out = HeaderMap::new();
+        trace.inject(&tracing::Span::none(), &mut out);
+        out
+    }
+
+    #[test]
+    fn a_clients_context_travels_unchanged_without_export() {
+        let mut headers = HeaderMap::new();
+        headers.insert("traceparent", HeaderValue::from_static(PARENT));
+        headers.insert("tracestate", HeaderValue::from_static("vendor=abc,other=x"));
+        let trace = Trace::from_headers(&headers);
+        assert_eq!(trace.trace_id().to_string(), "4bf92f3577b34da6a3ce929d0e0e4736");
+        let out = injected(&trace);
+        assert_eq!(out["traceparent"], PARENT);
+        assert_eq!(out["tracestate"], "vendor=abc,other=x");
+    }
+
+    #[test]
+    fn a_missing_or_invalid_context_starts_a_new_trace() {
+        let mut bad = HeaderMap::new();
+        bad.insert(
+            "traceparent",
+            HeaderValue::from_static("00-00000000000000000000000000000000-00f067aa0ba902b7-01"),
+        );
+        for headers in [HeaderMap::new(), bad] {
+            let trace = Trace::from_headers(&headers);
+            assert_ne!(trace.trace_id(), TraceId::INVALID);
+            let out = injected(&trace);
+            let sent = out["traceparent"].to_str().expect("ascii");
+            assert_eq!(sent, format!("00-{}-{}-00", trace.trace_id(), trace.parent.span_id()));
+            assert!(!out.contains_key("tracestate"));
+        }
+        assert_ne!(
+            Trace::from_headers(&HeaderMap::new()).trace_id(),
+            Trace::from_headers(&HeaderMap::new()).trace_id()
+        );
+    }
+}

@@ -1,0 +1,209 @@
+//! W3C trace context through the gateway (the binary, its JSON logs): a
+//! client's `traceparent` reaches the upstream with the same trace id that
+//! the access log names; with `tracing.otlp_endpoint` set, the spans reach
+//! an OTLP/HTTP receiver, the request span a child of the client's span and
+//! the phases' spans children of the request span.
+
+use crate::support::gateway::{ChildGateway, Setup, ALPHA};
+use crate::support::http::get;
+use crate::support::sim::{start_sim, unlimited, Sim};
+use crate::support::wait::eventually;
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
+use hyper_util::rt::TokioIo;
+use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
+use opentelemetry_proto::tonic::trace::v1::Span;
+use prost::Message;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+const TRACE: &str = "4bf92f3577b34da6a3ce929d0e0e4736";
+const CLIENT_SPAN: &str = "00f067aa0ba902b7";
+
+fn traceparent() -> String {
+    format!("00-{TRACE}-{CLIENT_SPAN}-01")
+}
+
+fn search(sim: &Sim, size: u32) -> String {
+    let s = sim.samples();
+    format!(
+        "/v2/permits/search?geo_id={}&permit_from={}&permit_to={}&size={size}",
+        s.state, s.permit_from, s.permit_to
+    )
+}
+
+/// The access-log lines (JSON) of the gateway so far.
+fn access_lines(gw: &ChildGateway) -> Vec<serde_json::Value> {
+    gw.log_text()
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|v| v["target"] == "access")
+        .collect()
+}
+
+/// The `traceparent` of the upstream request with this path and query.
+fn upstream_traceparent(sim: &Sim, path_and_query: &str) -> Option<String> {
+    sim.log()
+        .into_iter()
+        .find(|e| format!("{}?{}", e.path, e.query) == path_and_query)
+        .and_then(|e| e.traceparent)
+}
+
+#[tokio::test]
+async fn a_clients_traceparent_reaches_the_upstream_and_the_access_log() {
+    let sim = start_sim(unlimited()).await;
+    let gw = ChildGateway::spawn(&Setup::new(), &sim.base_url(), sim.api_key());
+    let with = search(&sim, 3);
+    let reply = get(
+        &format!("{}{with}", gw.base_url()),
+        &[
+            ("x-api-key", ALPHA.1),
+            ("traceparent", &traceparent()),
+            ("tracestate", "app=frontend"),
+        ],
+    )
+    .await;
+    assert_eq!(reply.status, 200, "{}", reply.text());
+    // No export: the gateway records no span, so the client's context
+    // travels on unchanged.
+    let entry = sim.log().into_iter().last().expect("the upstream was called");
+    assert_eq!(entry.traceparent.as_deref(), Some(traceparent().as_str()));
+    assert_eq!(entry.tracestate.as_deref(), Some("app=frontend"));
+    // Without a traceparent the gateway starts a trace: the upstream gets
+    // it (not sampled: nothing was recorded) and the access log names it.
+    let without = search(&sim, 4);
+    let reply = get(&format!("{}{without}", gw.base_url()), &[("x-api-key", ALPHA.1)]).await;
+    assert_eq!(reply.status, 200, "{}", reply.text());
+    let started = upstream_traceparent(&sim, &without).expect("a traceparent reached the upstream");
+    let parts: Vec<&str> = started.split('-').collect();
+    assert_eq!(parts.len(), 4, "{started}");
+    assert_eq!((parts[0], parts[3]), ("00", "00"), "{started}");
+    assert_ne!(parts[1], TRACE);
+    let started_trace = parts[1].to_string();
+    let lines = eventually("two access-log lines", Duration::from_secs(5), || {
+        let lines = access_lines(&gw);
+        async move { (lines.len() >= 2).then_some(lines) }
+    })
+    .await;
+    let ids: Vec<&str> = lines.iter().filter_map(|l| l["trace_id"].as_str()).collect();
+    assert_eq!(ids, [TRACE, started_trace.as_str()], "{lines:?}");
+    gw.assert_logs_clean();
+}
+
+#[tokio::test]
+async fn exported_spans_have_the_clients_span_as_parent() {
+    let sim = start_sim(unlimited()).await;
+    let (collector, spans) = start_collector().await;
+    let setup = Setup::new().with(
+        "tracing",
+        format!("otlp_endpoint = \"http://{collector}\"\nsample_ratio = 1.0"),
+    );
+    let mut gw = ChildGateway::spawn(&setup, &sim.base_url(), sim.api_key());
+    let path = search(&sim, 3);
+    let reply = get(
+        &format!("{}{path}", gw.base_url()),
+        &[("x-api-key", ALPHA.1), ("traceparent", &traceparent())],
+    )
+    .await;
+    assert_eq!(reply.status, 200, "{}", reply.text());
+    // A second request without a context: the gateway's own root trace.
+    let other = search(&sim, 4);
+    let reply = get(&format!("{}{other}", gw.base_url()), &[("x-api-key", ALPHA.1)]).await;
+    assert_eq!(reply.status, 200, "{}", reply.text());
+    // A drain flushes the batched spans.
+    gw.signal("TERM");
+    gw.wait_exit(Duration::from_secs(30));
+    let requests = eventually("two request spans at the collector", Duration::from_secs(10), || {
+        let got = spans.lock().expect("lock").clone();
+        async move {
+            let requests: Vec<Span> = got.iter().filter(|s| s.name == "request").cloned().collect();
+            (requests.len() >= 2).then_some(requests)
+        }
+    })
+    .await;
+    let all = spans.lock().expect("lock").clone();
+    let request = requests
+        .iter()
+        .find(|s| hex(&s.trace_id) == TRACE)
+        .unwrap_or_else(|| panic!("no request span in the client's trace: {requests:?}"));
+    assert_eq!(
+        hex(&request.parent_span_id),
+        CLIENT_SPAN,
+        "the client's span is the parent"
+    );
+    let children: Vec<&Span> = all.iter().filter(|s| s.parent_span_id == request.span_id).collect();
+    let names: Vec<&str> = children.iter().map(|s| s.name.as_str()).collect();
+    for phase in ["cache_lookup", "lease_wait", "reserve", "upstream", "settle"] {
+        assert!(
+            names.contains(&phase),
+            "no {phase} span under the request span: {names:?}"
+        );
+    }
+    assert!(children.iter().all(|s| hex(&s.trace_id) == TRACE));
+    // The upstream saw the gateway's upstream span as its parent.
+    let upstream = children.iter().find(|s| s.name == "upstream").expect("upstream span");
+    let expected = format!("00-{TRACE}-{}-01", hex(&upstream.span_id));
+    assert_eq!(upstream_traceparent(&sim, &path).as_deref(), Some(expected.as_str()));
+    // The root trace: no parent, and the same id at the upstream and in
+    // the access log.
+    let root = requests
+        .iter()
+        .find(|s| hex(&s.trace_id) != TRACE)
+        .expect("the second request's span");
+    assert!(root.parent_span_id.is_empty(), "{root:?}");
+    let sent = upstream_traceparent(&sim, &other).expect("traceparent upstream");
+    assert!(sent.starts_with(&format!("00-{}-", hex(&root.trace_id))), "{sent}");
+    let logged: Vec<String> = access_lines(&gw)
+        .iter()
+        .filter_map(|l| l["trace_id"].as_str().map(str::to_owned))
+        .collect();
+    assert_eq!(logged, [TRACE.to_string(), hex(&root.trace_id)]);
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// An OTLP/HTTP receiver on 127.0.0.1:0: decodes each protobuf export of
+/// `/v1/traces` and keeps its spans.
+async fn start_collector() -> (SocketAddr, Arc<Mutex<Vec<Span>>>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("binds");
+    let addr = listener.local_addr().expect("addr");
+    let spans = Arc::new(Mutex::new(Vec::new()));
+    let sink = spans.clone();
+    tokio::spawn(async move {
+        while let Ok((tcp, _)) = listener.accept().await {
+            let sink = sink.clone();
+            tokio::spawn(async move {
+                let service = hyper::service::service_fn(move |req: hyper::Request<Incoming>| {
+                    let sink = sink.clone();
+                    async move {
+                        let path_ok = req.uri().path() == "/v1/traces";
+                        let body = req.into_body().collect().await?.to_bytes();
+                        let status = match ExportTraceServiceRequest::decode(body) {
+                            Ok(export) if path_ok => {
+                                let mut kept = sink.lock().expect("lock");
+                                for rs in export.resource_spans {
+                                    for ss in rs.scope_spans {
+                                        kept.extend(ss.spans);
+                                    }
+                                }
+                                200
+                            }
+                            _ => 400,
+                        };
+                        let mut resp = hyper::Response::new(Full::new(Bytes::new()));
+                        *resp.status_mut() = hyper::StatusCode::from_u16(status).expect("status");
+                        Ok::<_, hyper::Error>(resp)
+                    }
+                });
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(TokioIo::new(tcp), service)
+                    .await;
+            });
+        }
+    });
+    (addr, spans)
+}

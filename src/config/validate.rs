@@ -2,7 +2,8 @@
 //! each prefixed with its key path, all collected at once.
 
 use super::{
-    CacheConfig, LogConfig, QuotaConfig, QuotaStore, RedisConfig, Secret, ServerConfig, TeamConfig, TracingConfig, UpstreamConfig,
+    CacheConfig, LogConfig, QuotaConfig, QuotaStore, RedisConfig, Secret, ServerConfig, TeamConfig, TracingConfig,
+    UpstreamConfig,
 };
 
 impl CacheConfig {

@@ -59,7 +59,15 @@ impl App {
         let metrics = Arc::new(Metrics::new());
         let teams = Teams::from_config(&config.teams);
         let cache_timeout = Duration::from_millis(config.cache.redis_timeout_ms);
-        let tls = Tls::from_config(&config.redis)?;
+        let tls = Tls {
+            files: crate::redis_backend::TlsFiles::load(
+                config.redis.tls_ca_file.as_deref(),
+                config.redis.tls_cert_file.as_deref(),
+                config.redis.tls_key_file.as_deref(),
+            )?,
+            sentinel_username: config.redis.sentinel_username.clone(),
+            sentinel_password: config.redis.sentinel_password.as_ref().map(|s| s.expose().to_string()),
+        };
         let cache_redis = match &config.cache.redis_url {
             Some(url) => Some(Arc::new(RedisBackend::with_tls(
                 "cache.redis_url",

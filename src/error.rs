@@ -155,7 +155,7 @@ impl GatewayError {
         match status.as_u16() {
             401 | 403 => Some(GatewayError::UpstreamKeyRefused),
             429 => {
-                let wait = crate::upstream::retry_after(headers, max_retry_after);
+                let wait = crate::http_util::retry_after(headers, max_retry_after);
                 Some(GatewayError::UpstreamRateLimited {
                     retry_after_secs: wait.map_or(1, |d| d.as_secs()),
                 })

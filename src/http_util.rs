@@ -105,3 +105,11 @@ mod tests {
         assert!(generated.bytes().all(|b| b.is_ascii_hexdigit()));
     }
 }
+
+/// `Retry-After` in whole seconds (the upstream sends integers), clamped to
+/// `max`: the upstream's number decides how long every team waits, so a
+/// huge or hostile value must not pause the gateway for hours.
+pub fn retry_after(headers: &HeaderMap, max: std::time::Duration) -> Option<std::time::Duration> {
+    let secs: u64 = headers.get(header::RETRY_AFTER)?.to_str().ok()?.trim().parse().ok()?;
+    Some(std::time::Duration::from_secs(secs).min(max))
+}

@@ -22,7 +22,7 @@ use crate::route::{Route, Target};
 use crate::telemetry::{trace::Trace, SPANS};
 use backon::{ExponentialBuilder, Retryable};
 use bytes::Bytes;
-use http::header::{HeaderMap, HeaderValue, ACCEPT, RETRY_AFTER, USER_AGENT};
+use http::header::{HeaderMap, HeaderValue, ACCEPT, USER_AGENT};
 use http::{Request, StatusCode, Uri};
 use http_body_util::{BodyExt, Empty, Limited};
 use hyper_rustls::{HttpsConnector, HttpsConnectorBuilder};
@@ -302,13 +302,7 @@ fn retry_delay(e: &AttemptError, backoff: Option<Duration>, deadline: Instant, m
         .then_some(wait)
 }
 
-/// `Retry-After` in whole seconds (the upstream sends integers), clamped to
-/// `max`: the upstream's number decides how long every team waits, so a
-/// huge or hostile value must not pause the gateway for hours.
-pub fn retry_after(headers: &HeaderMap, max: Duration) -> Option<Duration> {
-    let secs: u64 = headers.get(RETRY_AFTER)?.to_str().ok()?.trim().parse().ok()?;
-    Some(Duration::from_secs(secs).min(max))
-}
+pub use crate::http_util::retry_after;
 
 fn client_tls(cfg: &UpstreamConfig) -> Result<rustls::ClientConfig, String> {
     let mut roots = rustls::RootCertStore::empty();
@@ -355,7 +349,7 @@ mod tests {
         let max = Duration::from_secs(120);
         let with = |v: &'static str| {
             let mut h = HeaderMap::new();
-            h.insert(RETRY_AFTER, HeaderValue::from_static(v));
+            h.insert(http::header::RETRY_AFTER, HeaderValue::from_static(v));
             retry_after(&h, max)
         };
         assert_eq!(with("3"), Some(Duration::from_secs(3)));
@@ -368,7 +362,10 @@ mod tests {
             status: StatusCode::SERVICE_UNAVAILABLE,
             headers: {
                 let mut h = HeaderMap::new();
-                h.insert(RETRY_AFTER, HeaderValue::from_static("18446744073709551615"));
+                h.insert(
+                    http::header::RETRY_AFTER,
+                    HeaderValue::from_static("18446744073709551615"),
+                );
                 h
             },
             body: Bytes::new(),

@@ -3,7 +3,7 @@
 //!
 //! - **A complete page is size-independent.** A page whose `next_cursor`
 //!   is `null` holds every record of its query from its position on (the
-//!   upstream's cursors are keysets, `upstream-research.md` §2). With n
+//!   upstream's cursors are keysets, `docs/vendor-api.md`, query semantics). With n
 //!   records, the same query asked with any `size` ≥ n gets those n records,
 //!   and the envelope's `size` is the number of records *returned*, so the
 //!   body is byte for byte the same. [`Cache::store`] files such a page a

@@ -23,6 +23,11 @@ pub const DEMO_TOML: &str = include_str!("../../config/demo.toml");
 /// Prefix of environment overrides; `__` separates section and key.
 pub const ENV_PREFIX: &str = "PERMIT_GATEWAY_";
 
+/// The size of the frames an HTTP/2 answer is sent in (`server::CHUNK`):
+/// here, below the server, because `server.http2_max_buffered_bytes` must
+/// hold at least one.
+pub const HTTP2_CHUNK_BYTES: usize = 16 * 1024;
+
 /// The file read by `serve` and `check-config` when no `--config` is given.
 pub const DEFAULT_CONFIG_PATH: &str = "config/gateway.toml";
 

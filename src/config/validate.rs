@@ -61,10 +61,10 @@ impl ServerConfig {
             self.max_connections_per_peer as u64,
             p,
         );
-        if self.http2_max_buffered_bytes < crate::server::CHUNK {
+        if self.http2_max_buffered_bytes < super::HTTP2_CHUNK_BYTES {
             p.push(format!(
                 "server.http2_max_buffered_bytes: must be at least {}",
-                crate::server::CHUNK
+                super::HTTP2_CHUNK_BYTES
             ));
         }
         if self.max_header_bytes < 8192 {
@@ -214,7 +214,11 @@ impl RedisConfig {
             (None, Some(_)) => p.push("redis.tls_cert_file: required with redis.tls_key_file".into()),
             _ => {}
         }
-        if let Err(e) = crate::redis_backend::TlsFiles::load(self) {
+        if let Err(e) = crate::redis_backend::TlsFiles::load(
+            self.tls_ca_file.as_deref(),
+            self.tls_cert_file.as_deref(),
+            self.tls_key_file.as_deref(),
+        ) {
             p.push(e);
         }
     }

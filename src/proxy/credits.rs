@@ -20,6 +20,7 @@ use http::header::{HeaderMap, HeaderName, HeaderValue};
 use http::StatusCode;
 use std::sync::Arc;
 use std::time::Duration;
+use tracing::Instrument;
 
 pub const X_CREDITS_REQUEST: HeaderName = HeaderName::from_static("x-credits-request");
 pub const X_CREDITS_LIMIT: HeaderName = HeaderName::from_static("x-credits-limit");
@@ -172,7 +173,9 @@ pub type Settling = tokio::task::JoinHandle<()>;
 /// Phase 12 in its own task: no call waits on it, no client cancels it.
 pub fn settle_beside(app: &Arc<App>, job: &Job, reservation: Option<Reservation>, charge: Charge) -> Settling {
     let (app, job) = (app.clone(), job.clone());
-    tokio::spawn(async move { settle(&app, &job, reservation, charge).await })
+    // In the request's span, so an exported `settle` is its child even when
+    // it ends after the answer.
+    tokio::spawn(async move { settle(&app, &job, reservation, charge).await }.in_current_span())
 }
 
 /// Waits up to [`SETTLE_WAIT`] for a settle, then leaves it to finish.

@@ -177,16 +177,6 @@ pub struct Tls {
     pub sentinel_password: Option<String>,
 }
 
-impl Tls {
-    pub fn from_config(config: &crate::config::RedisConfig) -> Result<Tls, String> {
-        Ok(Tls {
-            files: TlsFiles::load(config)?,
-            sentinel_username: config.sentinel_username.clone(),
-            sentinel_password: config.sentinel_password.as_ref().map(|s| s.expose().to_string()),
-        })
-    }
-}
-
 impl ConnectionLike for Conn {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
         match self {

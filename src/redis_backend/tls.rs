@@ -11,7 +11,6 @@
 //! the client certificate) is the problem, naming the setting; a Redis that
 //! is merely unreachable keeps the gateway starting, as without TLS.
 
-use crate::config::RedisConfig;
 use redis::{ClientTlsConfig, ConnectionAddr, IntoConnectionInfo, TlsCertificates};
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
@@ -36,8 +35,8 @@ pub struct TlsFiles {
 impl TlsFiles {
     /// Reads and checks the files; errors name the setting and the path
     /// (never the contents).
-    pub fn load(config: &RedisConfig) -> Result<TlsFiles, String> {
-        let ca = match &config.tls_ca_file {
+    pub fn load(ca_file: Option<&Path>, cert_file: Option<&Path>, key_file: Option<&Path>) -> Result<TlsFiles, String> {
+        let ca = match ca_file {
             Some(path) => {
                 let pem = read("redis.tls_ca_file", path)?;
                 let certs = certificates("redis.tls_ca_file", path, &pem)?;
@@ -51,7 +50,7 @@ impl TlsFiles {
             }
             None => None,
         };
-        let client = match (&config.tls_cert_file, &config.tls_key_file) {
+        let client = match (cert_file, key_file) {
             (Some(cert_path), Some(key_path)) => {
                 let cert = read("redis.tls_cert_file", cert_path)?;
                 certificates("redis.tls_cert_file", cert_path, &cert)?;

@@ -25,7 +25,7 @@ use std::task::{Context, Poll, Waker};
 
 /// The frame size HTTP/2 answers are cut into: h2's default maximum frame
 /// size, so cutting costs no extra frames.
-pub const CHUNK: usize = 16 * 1024;
+pub const CHUNK: usize = crate::config::HTTP2_CHUNK_BYTES;
 
 /// The piece HTTP/1.1 answers are handed to hyper in: its write buffer's
 /// size, so that it asks for the next one only once the client took most of

@@ -77,6 +77,14 @@ fn new_request_id() -> String {
     String::from_utf8_lossy(&hex).into_owned()
 }
 
+/// `Retry-After` in whole seconds (the upstream sends integers), clamped to
+/// `max`: the upstream's number decides how long every team waits, so a
+/// huge or hostile value must not pause the gateway for hours.
+pub fn retry_after(headers: &HeaderMap, max: std::time::Duration) -> Option<std::time::Duration> {
+    let secs: u64 = headers.get(header::RETRY_AFTER)?.to_str().ok()?.trim().parse().ok()?;
+    Some(std::time::Duration::from_secs(secs).min(max))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -104,12 +112,4 @@ mod tests {
         assert_eq!(generated.len(), 32);
         assert!(generated.bytes().all(|b| b.is_ascii_hexdigit()));
     }
-}
-
-/// `Retry-After` in whole seconds (the upstream sends integers), clamped to
-/// `max`: the upstream's number decides how long every team waits, so a
-/// huge or hostile value must not pause the gateway for hours.
-pub fn retry_after(headers: &HeaderMap, max: std::time::Duration) -> Option<std::time::Duration> {
-    let secs: u64 = headers.get(header::RETRY_AFTER)?.to_str().ok()?.trim().parse().ok()?;
-    Some(std::time::Duration::from_secs(secs).min(max))
 }

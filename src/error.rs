@@ -8,7 +8,7 @@
 //! Bodies name the problem, never internals (no addresses, keys or causes).
 
 use crate::http_util::{json_response, Body};
-use http::{header, HeaderValue, Response, StatusCode};
+use http::{header, HeaderName, HeaderValue, Response, StatusCode};
 use serde_json::{json, Value};
 
 /// Who caused a failure: decides logging level and which metrics move.
@@ -63,6 +63,12 @@ pub enum GatewayError {
     Internal,
     /// `POST /admin/reload` found a config it will not load: every problem.
     ReloadRefused(Vec<String>),
+    /// A failure the upstream still billed (a 200 head with its bill whose
+    /// body then failed): `error` answers as itself, and the team that led
+    /// the call paid `credits` for it, which its answer (a stale copy or
+    /// this error) and its access log say. Never nested; a follower takes
+    /// the `error` alone ([`GatewayError::unbilled`]).
+    Billed { credits: u64, error: Box<GatewayError> },
 }
 
 /// One finding of the gateway's own query validation, rendered as one item
@@ -100,9 +106,37 @@ impl Violation {
 }
 
 impl GatewayError {
+    /// `self`, billed `credits` by the upstream (itself when 0).
+    pub fn billed_at(self, credits: u64) -> GatewayError {
+        match credits {
+            0 => self,
+            credits => GatewayError::Billed {
+                credits,
+                error: Box::new(self.unbilled()),
+            },
+        }
+    }
+
+    /// What the upstream billed for this failure (0 for most).
+    pub fn billed(&self) -> u64 {
+        match self {
+            GatewayError::Billed { credits, .. } => *credits,
+            _ => 0,
+        }
+    }
+
+    /// The failure without its bill: what a request that did not pay sees.
+    pub fn unbilled(self) -> GatewayError {
+        match self {
+            GatewayError::Billed { error, .. } => *error,
+            other => other,
+        }
+    }
+
     pub fn fault(&self) -> Fault {
         use GatewayError::*;
         match self {
+            Billed { error, .. } => error.fault(),
             NotFound
             | MethodNotAllowed
             | BadRequest(_)
@@ -168,6 +202,7 @@ impl GatewayError {
     pub fn status(&self) -> StatusCode {
         use GatewayError::*;
         match self {
+            Billed { error, .. } => error.status(),
             NotFound => StatusCode::NOT_FOUND,
             MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             BadRequest(_) => StatusCode::BAD_REQUEST,
@@ -187,6 +222,7 @@ impl GatewayError {
     fn body(&self) -> serde_json::Value {
         use GatewayError::*;
         let detail = match self {
+            Billed { error, .. } => return error.body(),
             NotFound => "Not Found",
             MethodNotAllowed => "Method Not Allowed",
             BadRequest(why) => why,
@@ -228,6 +264,13 @@ impl GatewayError {
 
     /// The one mapping from error to response.
     pub fn into_response(self) -> Response<Body> {
+        if let GatewayError::Billed { credits, error } = self {
+            let mut resp = error.into_response();
+            // The upstream's own header for what a call cost.
+            let charged = HeaderName::from_static("x-credits-request");
+            resp.headers_mut().insert(charged, HeaderValue::from(credits));
+            return resp;
+        }
         let mut resp = json_response(self.status(), &self.body());
         let headers = resp.headers_mut();
         match self {
@@ -298,12 +341,31 @@ mod tests {
             (Unavailable("ledger"), 503),
             (Internal, 500),
             (ReloadRefused(vec!["x: bad".into()]), 422),
+            (UpstreamTimeout.billed_at(25), 504),
+            (UpstreamInvalid("too large").billed_at(3), 502),
         ];
         for (err, status) in cases {
             let (got, body) = body_of(err.clone()).await;
             assert_eq!(got.as_u16(), status, "{err:?}");
             assert!(body.get("detail").is_some(), "{err:?} has a detail");
         }
+    }
+
+    #[test]
+    fn a_billed_failure_is_its_error_with_the_bill() {
+        let billed = GatewayError::UpstreamTimeout.billed_at(25);
+        assert_eq!(billed.billed(), 25);
+        assert_eq!(billed.fault(), Fault::Upstream);
+        assert!(billed.upstream_failed(), "a stale copy may answer");
+        assert_eq!(billed.clone().billed_at(7).billed(), 7, "never nested");
+        assert_eq!(billed.clone().unbilled(), GatewayError::UpstreamTimeout);
+        assert_eq!(
+            GatewayError::UpstreamTimeout.billed_at(0),
+            GatewayError::UpstreamTimeout
+        );
+        let resp = billed.into_response();
+        assert_eq!(resp.status(), StatusCode::GATEWAY_TIMEOUT);
+        assert_eq!(resp.headers()["x-credits-request"], "25");
     }
 
     #[tokio::test]

@@ -108,11 +108,12 @@ fn gathered<B>(
     missing: &[String],
     got: buy::Gathered,
 ) -> Option<Answer> {
-    let target = page.target;
+    let (target, charged) = (page.target, got.charged);
     let mut bought: Vec<(String, Bytes)> = Vec::with_capacity(missing.len());
     for ((id, outcome), led) in missing.iter().zip(got.outcomes).zip(got.led) {
         match outcome {
-            Err(e) => return Some(Err(e)),
+            // The error says what the lookup's failed calls still cost.
+            Err(e) => return Some(Err(e.billed_at(charged))),
             // An id the upstream refuses (a city's id in a property lookup)
             // refuses the whole lookup, with its position in the list: the
             // page path asks again with the request as sent (a 422 costs
@@ -134,7 +135,7 @@ fn gathered<B>(
     }
     tally(app, &ask.team, target, held, bought.len());
     ctx.cache = CacheState::Miss;
-    Some(Ok(page.respond(held, &bought, got.charged, CacheState::Miss)))
+    Some(Ok(page.respond(held, &bought, charged, CacheState::Miss)))
 }
 
 /// Fresh entries answer; the others (within the stale grace) only stand in

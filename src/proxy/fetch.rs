@@ -78,7 +78,10 @@ pub async fn coalesced(app: &Arc<App>, job: Job) -> (Outcome, Role) {
             Join::Leader(leader) => return (owned(app, job, Some(leader)).await, Role::Leader),
             Join::Follower(rx) => match follow(rx).await {
                 Some(Ok(fetched)) => return (Ok(fetched), Role::Follower),
-                Some(failed) if upstream_failed(&failed) => return (failed, Role::Follower),
+                // A follower paid nothing for its leader's failure.
+                Some(failed) if upstream_failed(&failed) => {
+                    return (failed.map_err(GatewayError::unbilled), Role::Follower)
+                }
                 _ => continue,
             },
         }
@@ -301,9 +304,9 @@ async fn forward(
             credits::settled_or_late(credits::settle_beside(app, job, reservation.take().flatten(), charge)).await;
             Ok((resp, charge))
         }
-        (Err(failed), Some((_, settling))) => {
+        (Err(failed), Some((charge, settling))) => {
             credits::settled_or_late(settling).await;
-            Err(failed.error)
+            Err(failed.error.billed_at(charge.credits))
         }
         (Err(failed), None) => Err(settle_failure(app, job, reservation.take().flatten(), failed).await),
     }
@@ -315,7 +318,8 @@ async fn forward(
 /// does not (the upstream bills every metered 200 in `X-Credits-Request`)
 /// is settled at its reservation and counted as an anomaly: erring towards
 /// counting, since the upstream may have billed it. Never cached.
-/// Otherwise nothing was charged and the reservation is released.
+/// Otherwise nothing was charged and the reservation is released. The
+/// error carries the charge ([`GatewayError::Billed`]) to the answer.
 async fn settle_failure(app: &Arc<App>, job: &Job, reservation: Option<Reservation>, failed: Failed) -> GatewayError {
     match failed.head {
         Some(head) if head.status == StatusCode::OK => {
@@ -342,10 +346,13 @@ async fn settle_failure(app: &Arc<App>, job: &Job, reservation: Option<Reservati
             } else {
                 credits::release(app, reservation).await;
             }
+            failed.error.billed_at(charge.credits)
         }
-        _ => credits::release(app, reservation).await,
+        _ => {
+            credits::release(app, reservation).await;
+            failed.error
+        }
     }
-    failed.error
 }
 
 /// While the org is out of credits, the upstream's last 402 instead of a

@@ -62,6 +62,10 @@ pub async fn handle<B>(app: Arc<App>, req: Request<B>) -> Response<Body> {
         Ok(resp) => resp,
         Err(e) => {
             ctx.fault = Some(e.fault());
+            // A failure the upstream still billed: its cost, in the log.
+            if e.billed() > 0 {
+                ctx.credits = e.billed();
+            }
             count_refusal(&app, ctx.team.as_deref(), &e);
             e.into_response()
         }
@@ -263,15 +267,16 @@ async fn cached_or_fetched<B>(
             cached = app.cache.lookup(target.route, k).await.map(|(e, _)| e);
         }
         if let Some(entry) = &cached {
-            return Ok(from_cache(
-                app,
-                &ask.team,
-                target,
-                entry,
-                CacheState::Stale,
-                ask.req,
-                ctx,
-            ));
+            let mut resp = from_cache(app, &ask.team, target, entry, CacheState::Stale, ask.req, ctx);
+            // The leader's failed call may still have been billed (a
+            // follower's failure is unbilled): the answer says so.
+            let billed = outcome.as_ref().err().map_or(0, GatewayError::billed);
+            if billed > 0 {
+                ctx.credits = billed;
+                resp.headers_mut()
+                    .insert(credits::X_CREDITS_REQUEST, HeaderValue::from(billed));
+            }
+            return Ok(resp);
         }
     }
     // 15. Respond with what the fetch brought.
@@ -343,7 +348,12 @@ async fn refresh(app: Arc<App>, job: Job) {
             }
             f.status
         }
-        Err(e) => e.status(),
+        Err(e) => {
+            if role == Role::Leader {
+                ctx.credits = e.billed();
+            }
+            e.status()
+        }
     };
     ctx.log_refresh(status, started.elapsed());
 }

@@ -265,7 +265,9 @@ async fn learn(
 ) -> (u64, Vec<IdOutcome>) {
     let fetched = match outcome {
         Ok(f) => f,
-        Err(e) => return (0, vec![Err(e); ids.len()]),
+        // What a failed call still cost is this lookup's to pay; the ids'
+        // flights (other lookups wait on them) carry the failure alone.
+        Err(e) => return (e.billed(), vec![Err(e.unbilled()); ids.len()]),
     };
     let charged = fetched.credits;
     if fetched.status != StatusCode::OK {

@@ -3,6 +3,7 @@
 
 use super::{redis_for, replicas};
 use crate::support::gateway::{Setup, ALPHA, BETA};
+use crate::support::http::get;
 use crate::support::redis::RedisServer;
 use crate::support::sim::fault;
 use crate::support::sim::{start_sim, unlimited, FaultKind, Faults};
@@ -69,6 +70,11 @@ async fn a_billed_answer_is_settled_when_its_body_fails(n: usize) {
     assert_eq!(cut.status, StatusCode::GATEWAY_TIMEOUT, "{}", cut.text());
     assert_eq!(charged_to(&sim, "alpha-"), 20, "the upstream billed the cut answer");
     assert_eq!(
+        cut.header_u64("x-credits-request"),
+        Some(20),
+        "the error says what it cost"
+    );
+    assert_eq!(
         ledger_used(&gws[0].admin_url(), "alpha").await,
         20,
         "and so did the ledger"
@@ -86,6 +92,42 @@ async fn a_billed_answer_whose_body_fails_is_settled_not_released() {
 #[tokio::test]
 async fn a_billed_answer_whose_body_fails_is_settled_across_replicas() {
     a_billed_answer_is_settled_when_its_body_fails(2).await;
+}
+
+/// Issue 24, point 4: a billed answer whose body fails, for a key with a
+/// stale copy. The stale copy answers, and says (as the ledger does) what
+/// the failed call cost.
+#[tokio::test]
+async fn a_stale_copy_for_a_billed_failure_says_what_it_cost() {
+    let sim = start_sim(unlimited()).await;
+    let gw = Setup::new()
+        .with("upstream", "timeout_secs = 1\nmax_retries = 0")
+        .with("cache", "[cache.route_ttl_secs]\npermits_search = 1")
+        .start(&sim)
+        .await;
+    let url = format!("{}{}", gw.base_url(), distinct_search(&sim, 2, 20));
+    assert_eq!(as_team(&url, ALPHA.1, "alpha-1").await.header("x-cache"), Some("MISS"));
+    eventually("the entry expires", Duration::from_secs(10), || async {
+        let r = get(&url, &[("x-api-key", ALPHA.1), ("cache-control", "only-if-cached")]).await;
+        r.status != StatusCode::OK
+    })
+    .await;
+    sim.set_faults(Faults {
+        delay_ms: Some(3_000),
+        count: Some(1),
+        ..fault(FaultKind::SlowBody)
+    });
+    let stale = as_team(&url, ALPHA.1, "alpha-2").await;
+    assert_eq!(stale.status, StatusCode::OK, "{}", stale.text());
+    assert_eq!(stale.header("x-cache"), Some("STALE"));
+    assert_eq!(charged_to(&sim, "alpha-2"), 20, "the upstream billed the cut answer");
+    assert_eq!(
+        stale.header_u64("x-credits-request"),
+        Some(20),
+        "and the answer says so"
+    );
+    assert_eq!(ledger_used(&gw.admin_url(), "alpha").await, 40);
+    assert_ledger_matches(&sim, &gw.admin_url(), &["alpha"]).await;
 }
 
 /// Case 4: Redis restarts while a call is in flight; the settle is retried

@@ -189,3 +189,30 @@ async fn no_cache_waits_for_the_peers_new_answer_not_the_old_entry() {
         assert_eq!(ledgers, charged_to(&sim, &format!("{team}-")), "team {team}");
     }
 }
+
+/// A billed answer whose body fails (the call's deadline), for ids whose
+/// records are stale: they stand in, and the answer says (as the ledger
+/// does) what the failed call cost.
+#[tokio::test]
+async fn stale_records_for_a_billed_failure_say_what_it_cost() {
+    let sim = start_sim(unlimited()).await;
+    let gw = Setup::new()
+        .with("upstream", "timeout_secs = 1\nmax_retries = 0")
+        .with("cache", "[cache.route_ttl_secs]\npermits_search = 1")
+        .start(&sim)
+        .await;
+    let held = ids_of(&alpha(&gw, &permit_search(&sim, 5)).await);
+    let path = lookup("permits", &[&held[3], &held[0]]);
+    wait_until_expired(&gw, &path).await;
+    sim.set_faults(Faults {
+        delay_ms: Some(3_000),
+        ..once(FaultKind::SlowBody)
+    });
+    let r = alpha(&gw, &path).await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text());
+    assert_eq!(r.header("x-cache"), Some("STALE"));
+    assert_eq!(charged_to(&sim, "alpha-"), 7, "5 for the search, 2 for the cut lookup");
+    assert_eq!(r.header_u64("x-credits-request"), Some(2), "what the cut lookup cost");
+    assert_ledger_matches(&sim, &gw.admin_url(), &["alpha"]).await;
+    assert_eq!(ids_of(&r), [held[3].clone(), held[0].clone()]);
+}

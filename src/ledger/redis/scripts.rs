@@ -101,7 +101,14 @@ if redis.call('HLEN', KEYS[4]) > redis.call('ZCARD', KEYS[5]) then
       redis.call('ZADD', KEYS[5], at, marks[i])
     end
   end
-  if page[1] == '0' then redis.call('DEL', KEYS[6]) else redis.call('SET', KEYS[6], page[1]) end
+  -- Done when the cursor comes back to 0, or as soon as no mark is left
+  -- unindexed: the walk is not called again then, and a cursor left
+  -- behind would be a key nobody deletes.
+  if page[1] == '0' or redis.call('HLEN', KEYS[4]) <= redis.call('ZCARD', KEYS[5]) then
+    redis.call('DEL', KEYS[6])
+  else
+    redis.call('SET', KEYS[6], page[1])
+  end
 end
 return 1
 "#;

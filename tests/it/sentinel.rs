@@ -9,7 +9,7 @@ use crate::support::gateway::{Setup, ALPHA};
 use crate::support::http::get;
 use crate::support::redis_sentinel::{RedisSentinel, DOWN_AFTER_MS};
 use crate::support::sim::{start_sim, unlimited};
-use crate::support::traffic::{as_team, charged_to, distinct_searches, ledger_used};
+use crate::support::traffic::{as_team, assert_settled_spend_survived, distinct_searches};
 use crate::support::wait::eventually;
 use http::StatusCode;
 use permit_gateway::Running;
@@ -157,25 +157,6 @@ async fn a_primary_killed_under_load_is_followed_and_the_ledger_kept() {
     let ready = get(&format!("{}/readyz", gws[0].admin_url()), &[]).await;
     assert_eq!(ready.status, StatusCode::OK, "{}", ready.text());
 
-    // The ledger equals what the upstream charged, less only settles that
-    // failed in flight (counted; each search costs one credit).
-    let charged = charged_to(&sim, "alpha-");
-    let ledger = ledger_used(&gws[0].admin_url(), "alpha").await;
-    let mut failed_settles = 0.0;
-    for gw in gws.iter() {
-        let m = crate::support::probe::scrape(&gw.admin_url()).await;
-        failed_settles += m.sum(
-            "gateway_backend_errors_total",
-            &[("backend", "ledger"), ("op", "settle")],
-        );
-    }
-    assert!(
-        ledger <= charged,
-        "no settle counted twice: ledger {ledger} > charged {charged}"
-    );
-    assert_eq!(
-        ledger + failed_settles as u64,
-        charged,
-        "every acknowledged settle survived ({failed_settles} settles failed in flight)"
-    );
+    let admins: Vec<String> = gws.iter().map(|gw| gw.admin_url()).collect();
+    assert_settled_spend_survived(&sim, &admins, "alpha", "alpha-").await;
 }

@@ -9,7 +9,7 @@ use crate::support::gateway::ALPHA;
 use crate::support::http::get;
 use crate::support::redis_cluster::NODE_TIMEOUT_MS;
 use crate::support::sim::{start_sim, unlimited};
-use crate::support::traffic::{as_team, charged_to, distinct_searches, ledger_used};
+use crate::support::traffic::{as_team, assert_settled_spend_survived, distinct_searches};
 use crate::support::wait::eventually;
 use http::StatusCode;
 use permit_gateway::Running;
@@ -173,26 +173,6 @@ async fn a_primary_killed_mid_load_fails_over_and_keeps_settled_spend() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 
-    // Settled spend survived the failover: the ledger holds what the
-    // upstream charged, less only settles that failed (and were counted;
-    // each of these searches costs one credit).
-    let charged = charged_to(&sim, "alpha-");
-    let ledger = ledger_used(&admin, "alpha").await;
-    let mut failed_settles = 0.0;
-    for gw in gws.iter() {
-        let m = super::metrics(gw).await;
-        failed_settles += m.sum(
-            "gateway_backend_errors_total",
-            &[("backend", "ledger"), ("op", "settle")],
-        );
-    }
-    assert!(
-        ledger <= charged,
-        "no settle counted twice: ledger {ledger} > charged {charged}"
-    );
-    assert_eq!(
-        ledger + failed_settles as u64,
-        charged,
-        "every acknowledged settle survived ({failed_settles} settles failed in flight)"
-    );
+    let admins: Vec<String> = gws.iter().map(|gw| gw.admin_url()).collect();
+    assert_settled_spend_survived(&sim, &admins, "alpha", "alpha-").await;
 }

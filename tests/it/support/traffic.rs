@@ -124,3 +124,42 @@ pub async fn assert_replicas_share_the_upstream_rate(sim: &Sim, bases: &[String]
         "the shared queue refused what it could not serve in time"
     );
 }
+
+/// After a Redis primary died under load: the ledger reaches what the
+/// upstream charged to `prefix`, less only the settles that failed in flight
+/// (each counted; each search costs one credit), and never more. Settles run
+/// in tasks of their own and retry until their reservation's `settle_by`,
+/// so the last of them may land after the load has ended: waited for, up
+/// to the default reservation lease.
+pub async fn assert_settled_spend_survived(sim: &Sim, admins: &[String], team: &str, prefix: &str) {
+    let charged = charged_to(sim, prefix);
+    let (ledger, failed) = crate::support::wait::eventually(
+        "every acknowledged settle survived",
+        std::time::Duration::from_secs(65),
+        || async {
+            let ledger = ledger_used(&admins[0], team).await;
+            let mut failed = 0.0;
+            for admin in admins {
+                let m = crate::support::probe::scrape(admin).await;
+                failed += m.sum(
+                    "gateway_backend_errors_total",
+                    &[("backend", "ledger"), ("op", "settle")],
+                );
+            }
+            let failed = failed as u64;
+            if ledger + failed == charged {
+                Ok((ledger, failed))
+            } else {
+                Err(format!(
+                    "ledger {ledger} + {failed} failed settles, upstream charged {charged}"
+                ))
+            }
+        },
+    )
+    .await;
+    assert!(
+        ledger <= charged,
+        "no settle counted twice: ledger {ledger} > charged {charged}"
+    );
+    assert!(failed <= charged, "{failed} failed settles");
+}

@@ -21,6 +21,7 @@ pub mod probe;
 pub mod prometheus;
 pub mod redis;
 pub mod redis_cluster;
+pub mod redis_proc;
 pub mod redis_sentinel;
 pub mod redis_tls;
 pub mod relay;

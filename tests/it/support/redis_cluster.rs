@@ -7,9 +7,9 @@
 //! The calls here block (std sockets, child processes): from an async test
 //! run them in `tokio::task::spawn_blocking` so the gateways keep serving.
 
+use super::redis_proc::RedisProc;
 use super::wait::eventually_blocking;
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 /// Milliseconds before a silent primary counts as failed: lowered from the
@@ -19,10 +19,8 @@ pub const NODE_TIMEOUT_MS: u64 = 1000;
 const NODES: usize = 6;
 
 struct Node {
-    port: u16,
+    server: RedisProc,
     bus_port: u16,
-    dir: PathBuf,
-    child: Option<Child>,
 }
 
 pub struct RedisCluster {
@@ -54,10 +52,8 @@ impl RedisCluster {
                 let dir = root.path().join(format!("node{i}"));
                 std::fs::create_dir(&dir).expect("node dir");
                 Node {
-                    port: ports[2 * i],
+                    server: RedisProc::new(ports[2 * i], dir),
                     bus_port: ports[2 * i + 1],
-                    dir,
-                    child: None,
                 }
             })
             .collect();
@@ -72,7 +68,7 @@ impl RedisCluster {
         let mut create = Command::new("redis-cli");
         create.arg("--cluster").arg("create");
         for node in &self.nodes {
-            create.arg(format!("127.0.0.1:{}", node.port));
+            create.arg(format!("127.0.0.1:{}", node.server.port));
         }
         let out = create
             .args(["--cluster-replicas", "1", "--cluster-yes"])
@@ -91,7 +87,7 @@ impl RedisCluster {
     pub fn url(&self) -> String {
         let seeds: Vec<String> = self.nodes[..3]
             .iter()
-            .map(|n| format!("127.0.0.1:{}", n.port))
+            .map(|n| format!("127.0.0.1:{}", n.server.port))
             .collect();
         format!("redis+cluster://{}", seeds.join(","))
     }
@@ -110,7 +106,7 @@ impl RedisCluster {
             .expect("every slot is covered");
         self.nodes
             .iter()
-            .position(|n| i64::from(n.port) == port)
+            .position(|n| i64::from(n.server.port) == port)
             .expect("a node of ours")
     }
 
@@ -179,15 +175,16 @@ impl RedisCluster {
     }
 
     fn running(&self) -> impl Iterator<Item = &Node> {
-        self.nodes.iter().filter(|n| n.child.is_some())
+        self.nodes.iter().filter(|n| n.server.is_running())
     }
 }
 
 impl Node {
+    /// Starts the node on its port, with its own `nodes.conf` and data.
     fn spawn(&mut self) {
-        let child = Command::new("redis-server")
-            .args(["--bind", "127.0.0.1", "--port"])
-            .arg(self.port.to_string())
+        let mut cmd = Command::new("redis-server");
+        cmd.args(["--bind", "127.0.0.1", "--port"])
+            .arg(self.server.port.to_string())
             .args(["--cluster-enabled", "yes", "--cluster-port"])
             .arg(self.bus_port.to_string())
             .args(["--cluster-config-file", "nodes.conf", "--cluster-node-timeout"])
@@ -196,34 +193,17 @@ impl Node {
             .args(["--cluster-replica-validity-factor", "0"])
             .args(["--appendonly", "yes", "--appendfsync", "everysec", "--save", ""])
             // Sync a new replica at once, not after the default 5 s wait for others.
-            .args(["--repl-diskless-sync-delay", "0"])
-            .arg("--dir")
-            .arg(&self.dir)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap_or_else(|e| {
-                panic!("cannot start redis-server ({e}): install it (Debian: apt-get install redis-server)")
-            });
-        self.child = Some(child);
-        let what = format!("redis-server on {} answers", self.port);
-        eventually_blocking(&what, Duration::from_secs(10), || {
-            self.query::<String>(&redis::cmd("PING")).is_some()
-        });
+            .args(["--repl-diskless-sync-delay", "0"]);
+        self.server.start(cmd);
     }
 
     fn kill(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
+        self.server.kill();
     }
 
     /// One command on this node alone (no redirects followed).
     fn query<T: redis::FromRedisValue>(&self, cmd: &redis::Cmd) -> Option<T> {
-        let client = redis::Client::open(format!("redis://127.0.0.1:{}", self.port)).ok()?;
-        let mut conn = client.get_connection_with_timeout(Duration::from_secs(1)).ok()?;
-        cmd.query(&mut conn).ok()
+        self.server.query(cmd)
     }
 }
 

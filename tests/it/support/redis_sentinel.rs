@@ -6,10 +6,10 @@
 //! The calls block (std sockets, child processes): from an async test run
 //! them in `tokio::task::spawn_blocking` so the gateways keep serving.
 
+use super::redis_proc::RedisProc;
 use super::redis_tls::free_port;
 use super::wait::eventually_blocking;
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::Duration;
 
 /// The service name the Sentinels watch.
@@ -19,17 +19,11 @@ pub const SERVICE: &str = "mymaster";
 /// lowered from the 30 s default so a failover takes a couple of seconds.
 pub const DOWN_AFTER_MS: u64 = 1000;
 
-struct Proc {
-    port: u16,
-    dir: PathBuf,
-    child: Option<Child>,
-}
-
 pub struct RedisSentinel {
     _root: tempfile::TempDir,
     /// Data nodes: 0 starts as the primary, 1 as its replica.
-    nodes: Vec<Proc>,
-    sentinels: Vec<Proc>,
+    nodes: Vec<RedisProc>,
+    sentinels: Vec<RedisProc>,
 }
 
 impl RedisSentinel {
@@ -41,24 +35,22 @@ impl RedisSentinel {
         let proc = |name: &str| {
             let dir = root.path().join(name);
             std::fs::create_dir(&dir).expect("dir");
-            Proc {
-                port: free_port(),
-                dir,
-                child: None,
-            }
+            RedisProc::new(free_port(), dir)
         };
         let mut nodes = vec![proc("primary"), proc("replica")];
         let sentinels = vec![proc("s0"), proc("s1"), proc("s2")];
         let primary = nodes[0].port;
-        nodes[0].spawn_node(None);
-        nodes[1].spawn_node(Some(primary));
+        nodes[0].start(node_command(primary, None));
+        let replica = nodes[1].port;
+        nodes[1].start(node_command(replica, Some(primary)));
         let mut setup = RedisSentinel {
             _root: root,
             nodes,
             sentinels,
         };
         for s in &mut setup.sentinels {
-            s.spawn_sentinel(primary);
+            let cmd = sentinel_command(s, primary);
+            s.start(cmd);
         }
         setup.wait_ready(Duration::from_secs(30));
         setup
@@ -109,66 +101,36 @@ impl RedisSentinel {
     }
 }
 
-impl Proc {
-    fn spawn_node(&mut self, replica_of: Option<u16>) {
-        let mut cmd = Command::new("redis-server");
-        cmd.args(["--bind", "127.0.0.1", "--port"])
-            .arg(self.port.to_string())
-            .args(["--appendonly", "yes", "--appendfsync", "everysec", "--save", ""])
-            .args(["--repl-diskless-sync-delay", "0"]);
-        if let Some(primary) = replica_of {
-            cmd.args(["--replicaof", "127.0.0.1"]).arg(primary.to_string());
-        }
-        self.run(cmd);
+/// A data node: AOF on, as the ledger wants; a replica syncs at once.
+fn node_command(port: u16, replica_of: Option<u16>) -> Command {
+    let mut cmd = Command::new("redis-server");
+    cmd.args(["--bind", "127.0.0.1", "--port"])
+        .arg(port.to_string())
+        .args(["--appendonly", "yes", "--appendfsync", "everysec", "--save", ""])
+        .args(["--repl-diskless-sync-delay", "0"]);
+    if let Some(primary) = replica_of {
+        cmd.args(["--replicaof", "127.0.0.1"]).arg(primary.to_string());
     }
+    cmd
+}
 
-    fn spawn_sentinel(&mut self, primary: u16) {
-        // Sentinel rewrites its config file: one of its own, writable.
-        let conf = self.dir.join("sentinel.conf");
-        let text = format!(
-            "bind 127.0.0.1\nport {}\ndir {}\n\
-             sentinel monitor {SERVICE} 127.0.0.1 {primary} 2\n\
-             sentinel down-after-milliseconds {SERVICE} {DOWN_AFTER_MS}\n\
-             sentinel failover-timeout {SERVICE} 10000\n\
-             sentinel parallel-syncs {SERVICE} 1\n",
-            self.port,
-            self.dir.display()
-        );
-        std::fs::write(&conf, text).expect("sentinel.conf");
-        let mut cmd = Command::new("redis-server");
-        cmd.arg(&conf).arg("--sentinel");
-        self.run(cmd);
-    }
-
-    fn run(&mut self, mut cmd: Command) {
-        let child = cmd
-            .arg("--dir")
-            .arg(&self.dir)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap_or_else(|e| {
-                panic!("cannot start redis-server ({e}): install it (Debian: apt-get install redis-server)")
-            });
-        self.child = Some(child);
-        let what = format!("redis on {} answers", self.port);
-        eventually_blocking(&what, Duration::from_secs(10), || {
-            self.query::<String>(&redis::cmd("PING")).is_some()
-        });
-    }
-
-    fn kill(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-    }
-
-    fn query<T: redis::FromRedisValue>(&self, cmd: &redis::Cmd) -> Option<T> {
-        let client = redis::Client::open(format!("redis://127.0.0.1:{}", self.port)).ok()?;
-        let mut conn = client.get_connection_with_timeout(Duration::from_secs(1)).ok()?;
-        cmd.query(&mut conn).ok()
-    }
+/// A Sentinel watching `primary`. It rewrites its config file: one of its
+/// own, writable, in its directory.
+fn sentinel_command(proc: &RedisProc, primary: u16) -> Command {
+    let conf = proc.dir.join("sentinel.conf");
+    let text = format!(
+        "bind 127.0.0.1\nport {}\ndir {}\n\
+         sentinel monitor {SERVICE} 127.0.0.1 {primary} 2\n\
+         sentinel down-after-milliseconds {SERVICE} {DOWN_AFTER_MS}\n\
+         sentinel failover-timeout {SERVICE} 10000\n\
+         sentinel parallel-syncs {SERVICE} 1\n",
+        proc.port,
+        proc.dir.display()
+    );
+    std::fs::write(&conf, text).expect("sentinel.conf");
+    let mut cmd = Command::new("redis-server");
+    cmd.arg(&conf).arg("--sentinel");
+    cmd
 }
 
 impl Drop for RedisSentinel {

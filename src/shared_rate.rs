@@ -9,6 +9,7 @@
 //! itself alone, as without Redis).
 
 use crate::metrics::RedisOp;
+use crate::redis_backend::keys::Keys;
 use crate::redis_backend::{BackendError, RedisBackend};
 use redis::Script;
 use std::sync::Arc;
@@ -44,11 +45,12 @@ impl SharedRate {
     /// `burst` calls may go back to back; then one per `60 s / rpm`.
     pub fn new(redis: Arc<RedisBackend>, prefix: &str, requests_per_minute: u32, burst: u32) -> SharedRate {
         let interval_ms = 60_000 / u64::from(requests_per_minute.max(1));
+        let keys = Keys::new(prefix);
         SharedRate {
             redis,
             // One `{rate}` hash tag: the script's two keys share a Cluster slot.
-            tat_key: format!("{prefix}{{rate}}:upstream"),
-            pause_key: format!("{prefix}{{rate}}:upstream:pause"),
+            tat_key: keys.rate(),
+            pause_key: keys.rate_pause(),
             interval_ms: interval_ms.max(1),
             tolerance_ms: interval_ms * u64::from(burst.max(1) - 1),
             take: Script::new(TAKE),

@@ -17,11 +17,11 @@
 
 use super::{Cache, Entry};
 use crate::metrics::RedisOp;
+use crate::redis_backend::keys::Keys;
 use crate::redis_backend::RedisBackend;
 use crate::route::Route;
 use backon::{ExponentialBuilder, Retryable};
 use redis::Script;
-use sha2::{Digest, Sha256};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -40,7 +40,8 @@ return 0
 /// Takes, renews, releases and waits on leases; one per gateway.
 pub struct Leases {
     redis: Option<Arc<RedisBackend>>,
-    prefix: String,
+    /// A lease's key shares its entry's Cluster slot ([`Keys::lease`]).
+    keys: Keys,
     ttl: Duration,
 }
 
@@ -81,17 +82,9 @@ impl Leases {
     pub fn new(redis: Option<Arc<RedisBackend>>, prefix: &str, ttl: Duration) -> Leases {
         Leases {
             redis,
-            prefix: prefix.to_string(),
+            keys: Keys::new(prefix),
             ttl: ttl.max(Duration::from_secs(1)),
         }
-    }
-
-    fn key(&self, cache_key: &str) -> String {
-        format!(
-            "{}lease:{{{}}}",
-            self.prefix,
-            hex::encode(Sha256::digest(cache_key.as_bytes()))
-        )
     }
 
     /// `SET key token NX PX ttl`.
@@ -99,7 +92,7 @@ impl Leases {
         let Some(redis) = &self.redis else {
             return Acquired::Unavailable;
         };
-        let key = self.key(cache_key);
+        let key = self.keys.lease(cache_key);
         let token = format!("{:032x}", rand::random::<u128>());
         let ttl_ms = millis(self.ttl);
         let (k, t) = (key.clone(), token.clone());
@@ -151,7 +144,7 @@ impl Leases {
         let Some(redis) = &self.redis else {
             return Peer::GaveUp;
         };
-        let lease_key = self.key(cache_key);
+        let lease_key = self.keys.lease(cache_key);
         let stored = || async {
             let entry = cache.fresh_in_redis(route, cache_key).await;
             entry.filter(|e| e.stored_at_ms >= since_ms)

@@ -23,12 +23,12 @@ use crate::clock::now_ms;
 use crate::config::CacheConfig;
 use crate::metrics::Metrics;
 use crate::metrics::RedisOp;
+use crate::redis_backend::keys::Keys;
 use crate::redis_backend::RedisBackend;
 use crate::route::Route;
 use bytes::Bytes;
 use moka::future::Cache as Moka;
 use moka::Expiry;
-use sha2::{Digest, Sha256};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -63,7 +63,8 @@ pub struct Cache {
     /// on every lookup.
     memory: Option<Moka<Arc<str>, Arc<Entry>, foldhash::fast::RandomState>>,
     redis: Option<Arc<RedisBackend>>,
-    prefix: String,
+    /// The L2 keys of entries, records and complete indexes.
+    keys: Keys,
     pub grace: Duration,
     pub max_entry_bytes: usize,
     ttls: [Option<Duration>; Route::ALL.len()],
@@ -92,7 +93,7 @@ impl Cache {
         Cache {
             memory,
             redis,
-            prefix: cfg.redis_key_prefix.clone(),
+            keys: Keys::new(&cfg.redis_key_prefix),
             grace,
             max_entry_bytes: cfg.max_entry_bytes,
             ttls,
@@ -111,18 +112,14 @@ impl Cache {
         self.redis.as_ref()
     }
 
-    /// The Redis key of an entry; the route in it lets purge find a route's
-    /// keys. The `{hash}` tag puts it in its lease's Cluster slot. A
-    /// complete-page index ([`spend`]) is marked `i:`, so that it can be
-    /// counted apart from the answers bought.
+    /// The Redis key of an entry, a record or a complete-page index
+    /// ([`spend`]); the index is a key space of its own in L2 too.
     fn redis_key(&self, route: Route, key: &str) -> String {
-        format!(
-            "{}c:{}:{}{{{}}}",
-            self.prefix,
-            route.as_str(),
-            if key::is_complete_index(key) { "i:" } else { "" },
-            hex::encode(Sha256::digest(key.as_bytes()))
-        )
+        if key::is_complete_index(key) {
+            self.keys.complete_index(route, key)
+        } else {
+            self.keys.entry(route, key)
+        }
     }
 
     /// L1, then L2 (promoting an L2 hit into L1). Stale entries are returned
@@ -234,10 +231,7 @@ impl Cache {
             memory.run_pending_tasks().await;
         }
         let Some(redis) = &self.redis else { return 0 };
-        let pattern = match route {
-            None => format!("{}c:*", self.prefix),
-            Some(r) => format!("{}c:{}:*", self.prefix, r.as_str()),
-        };
+        let pattern = self.keys.purge_pattern(route);
         redis.scan_delete(RedisOp::CachePurge, &pattern).await
     }
 

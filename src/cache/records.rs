@@ -23,7 +23,7 @@ use super::{Cache, Entry};
 use crate::clock::now_ms;
 use crate::error::GatewayError;
 use crate::metrics::RedisOp;
-use crate::redis_backend::RedisBackend;
+use crate::redis_backend::{keys, RedisBackend};
 use crate::route::Route;
 use bytes::Bytes;
 use serde::de::IgnoredAny;
@@ -74,11 +74,10 @@ impl Resource {
         }
     }
 
-    /// The record's key in L1 (a page key starts with `k1 /v2/`, so the
-    /// two never meet), also hashed into its L2 key, its lease's key and
-    /// its in-process flight's key.
+    /// The record's key in L1 and of its in-process flight, also hashed
+    /// into its L2 key and its lease's key (`redis_backend::keys::record_key`).
     pub fn key(self, id: &str) -> String {
-        format!("rec {} {id}", self.lookup_route().as_str())
+        keys::record_key(self.lookup_route(), id)
     }
 }
 

@@ -1,7 +1,8 @@
 //! The shared ledger: budgets kept in Redis and changed only by Lua scripts,
 //! which Redis runs atomically, so replicas cannot together overspend.
 //!
-//! Per team (one `{team}` hash tag, so a script's keys share a Cluster slot):
+//! Per team (one `{team}` hash tag, so a script's keys share a Cluster slot;
+//! spelled in `redis_backend::keys`):
 //! - `<prefix>l:{team}:days`    day → credits spent;
 //! - `<prefix>l:{team}:held`    reservation id → "amount:expires_ms:day";
 //! - `<prefix>l:{team}:routes`  "day|route|s" (spent) / "day|route|v" (saved);
@@ -47,6 +48,7 @@ use super::saved::{SavedTally, FLUSH_EVERY};
 use super::{new_id, LedgerError, Reservation, Reserved, TeamUsage, UsageRow, Window, UNSETTLED};
 use crate::clock::Clock;
 use crate::metrics::RedisOp;
+use crate::redis_backend::keys::{Keys, LedgerKey};
 use crate::redis_backend::RedisBackend;
 use crate::route::Route;
 use backon::{ExponentialBuilder, Retryable};
@@ -74,7 +76,8 @@ pub struct RedisLedger {
     /// team → (credits used, when read): the budget headers of hits need no
     /// Redis round trip each.
     recent: std::sync::Mutex<Recent>,
-    prefix: String,
+    /// A team's keys, one `{team}` tag: a script's keys share a slot.
+    keys: Keys,
     reserve: Script,
     settle: Script,
     lease: Duration,
@@ -87,12 +90,13 @@ impl RedisLedger {
     /// Must run inside a tokio runtime: it starts the saved-credits writer.
     pub fn new(redis: Arc<RedisBackend>, prefix: &str, window: Window, lease: Duration) -> RedisLedger {
         let saved = Arc::new(SavedTally::default());
-        tokio::spawn(flush_saved(Arc::downgrade(&saved), redis.clone(), prefix.to_string()));
+        let keys = Keys::new(prefix);
+        tokio::spawn(flush_saved(Arc::downgrade(&saved), redis.clone(), keys.clone()));
         RedisLedger {
             redis,
             saved,
             recent: Default::default(),
-            prefix: prefix.to_string(),
+            keys,
             reserve: Script::new(RESERVE),
             settle: Script::new(SETTLE),
             lease,
@@ -107,10 +111,6 @@ impl RedisLedger {
         self
     }
 
-    fn key(&self, team: &str, what: &str) -> String {
-        format!("{}l:{{{team}}}:{what}", self.prefix)
-    }
-
     pub async fn reserve(
         &self,
         team: &str,
@@ -121,7 +121,16 @@ impl RedisLedger {
         let id = new_id();
         let now = self.clock.now_ms();
         let reserved_at = Instant::now();
-        let keys = ["days", "held", "routes", "settled", "settled_at", "lapsed"].map(|k| self.key(team, k));
+        // The order `scripts::RESERVE` reads them in.
+        let keys = [
+            LedgerKey::Days,
+            LedgerKey::Held,
+            LedgerKey::Routes,
+            LedgerKey::Settled,
+            LedgerKey::SettledAt,
+            LedgerKey::Lapsed,
+        ]
+        .map(|k| self.keys.ledger(team, k));
         let limit_arg = limit.map_or(-1, |l| i64::try_from(l).unwrap_or(i64::MAX));
         let invocation = || {
             let mut inv = self.reserve.prepare_invoke();
@@ -166,15 +175,17 @@ impl RedisLedger {
     /// reservation lapses into spend at its full amount.
     pub async fn settle(&self, r: Reservation, actual: u64, route: Route, today: u32) -> Result<(), LedgerError> {
         self.recent_lock().remove(&r.team);
+        // The order `scripts::SETTLE` reads them in.
         let keys = [
-            self.key(&r.team, "days"),
-            self.key(&r.team, "held"),
-            self.key(&r.team, "routes"),
-            self.key(&r.team, "settled"),
-            self.key(&r.team, "settled_at"),
-            self.key(&r.team, "settled_scan"),
-            self.key(&r.team, "lapsed"),
-        ];
+            LedgerKey::Days,
+            LedgerKey::Held,
+            LedgerKey::Routes,
+            LedgerKey::Settled,
+            LedgerKey::SettledAt,
+            LedgerKey::SettledScan,
+            LedgerKey::Lapsed,
+        ]
+        .map(|k| self.keys.ledger(&r.team, k));
         let once = || async {
             let now = self.clock.now_ms();
             let mut inv = self.settle.prepare_invoke();
@@ -206,7 +217,7 @@ impl RedisLedger {
     /// Frees the credits, retried like a settle; one that never lands lets
     /// the reservation lapse into spend (over-, never under-charged).
     pub async fn release(&self, r: Reservation) {
-        let key = self.key(&r.team, "held");
+        let key = self.keys.ledger(&r.team, LedgerKey::Held);
         let once = || async {
             let key = key.clone();
             self.redis
@@ -242,7 +253,7 @@ impl RedisLedger {
     }
 
     pub async fn usage(&self, team: &str, today: u32) -> Result<TeamUsage, LedgerError> {
-        let key = self.key(team, "days");
+        let key = self.keys.ledger(team, LedgerKey::Days);
         let days: Vec<(u32, u64)> = self
             .redis
             .call(RedisOp::LedgerUsage, |mut c| async move {
@@ -265,7 +276,7 @@ impl RedisLedger {
     pub async fn rows(&self, teams: &[String], from: u32, to: u32) -> Result<Vec<UsageRow>, LedgerError> {
         let mut rows: Vec<UsageRow> = Vec::new();
         for team in teams {
-            let key = self.key(team, "routes");
+            let key = self.keys.ledger(team, LedgerKey::Routes);
             let fields: Vec<(String, u64)> = self
                 .redis
                 .call(RedisOp::LedgerRows, |mut c| async move {
@@ -333,7 +344,7 @@ fn millis(d: Duration) -> u64 {
 
 /// Writes the saved-credits tally every `FLUSH_EVERY` (one pipeline of
 /// HINCRBY); what fails is kept for the next round. Ends with the ledger.
-async fn flush_saved(tally: std::sync::Weak<SavedTally>, redis: Arc<RedisBackend>, prefix: String) {
+async fn flush_saved(tally: std::sync::Weak<SavedTally>, redis: Arc<RedisBackend>, keys: Keys) {
     loop {
         tokio::time::sleep(FLUSH_EVERY).await;
         let Some(tally) = tally.upgrade() else { return };
@@ -346,7 +357,7 @@ async fn flush_saved(tally: std::sync::Weak<SavedTally>, redis: Arc<RedisBackend
         for team_rows in rows.chunk_by(|a, b| a.0 == b.0) {
             let mut pipe = redis::pipe();
             for (team, day, route, credits) in team_rows {
-                let key = format!("{prefix}l:{{{team}}}:routes");
+                let key = keys.ledger(team, LedgerKey::Routes);
                 pipe.cmd("HINCRBY")
                     .arg(key)
                     .arg(format!("{day}|{}|v", route.as_str()))

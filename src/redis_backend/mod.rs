@@ -8,11 +8,13 @@
 //! failures never open the breaker another needs: the cache (L2 tier and
 //! fetch leases), the Redis ledger, and the shared upstream rate.
 //!
-//! Every multi-key script and command keeps its keys in one Cluster hash
-//! slot through a `{tag}`: `{team}` for the ledger, `{rate}` for the shared
-//! upstream rate, `{<key hash>}` for a cache entry and its fetch lease.
+//! Every Redis key, and the `{tag}` that keeps a multi-key script's or
+//! command's keys in one Cluster hash slot, is spelled in `keys`:
+//! `{team}` for the ledger, `{rate}` for the shared upstream rate,
+//! `{<key hash>}` for a cache entry and its fetch lease.
 
 mod conn;
+pub(crate) mod keys;
 mod nodes;
 mod sentinel;
 mod tls;

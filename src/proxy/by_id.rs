@@ -18,10 +18,10 @@
 
 mod buy;
 
-use super::context::{CacheState, RequestContext};
+use super::context::{Ask, CacheState, RequestContext};
 use super::credits::X_CREDITS_REQUEST;
 use super::fetch::Role;
-use super::{respond, saved, Ask};
+use super::{respond, saved};
 use crate::app::App;
 use crate::auth::Team;
 use crate::cache::control::Directives;

@@ -1,15 +1,69 @@
-//! The request context: what the phases of one request learn about it (its
-//! id, team, route, cache state, credits, fault), shared by the phases of
-//! `proxy::pipeline` and closed by [`RequestContext::finish`] with the
-//! request's metrics and its one access-log line. Holds no secret: the
-//! team's name, never its token.
+//! What the phases of a request share: [`Ask`], what it asks for once it
+//! is known who asks (built after phase 6); [`Job`], the fetch it would
+//! start (phases 8–13), owned so that the fetch can outlive the request;
+//! and [`RequestContext`], what the phases learn about it (its id, team,
+//! route, cache state, credits, fault), closed by
+//! [`RequestContext::finish`] with the request's metrics and its one
+//! access-log line. Holds no secret: the team's name, never its token.
+//!
+//! Every file of `proxy/` may use these; this one uses none of them, so
+//! the arrows between the phases' files run one way.
 
+use crate::auth::Team;
+use crate::cache::control::Directives;
 use crate::error::Fault;
 use crate::metrics::Metrics;
-use crate::route::Route;
+use crate::route::{Route, Target};
 use crate::telemetry::trace::Trace;
-use http::{Method, StatusCode};
+use http::{Method, Request, StatusCode};
+use std::sync::Arc;
 use std::time::Duration;
+
+/// What one request asks for, once it is known who asks.
+pub struct Ask<'r, B> {
+    pub req: &'r Request<B>,
+    pub trace: Trace,
+    pub directives: Directives,
+    pub team: Arc<Team>,
+    pub target: Target,
+    /// `None`: never cached.
+    pub key: Option<String>,
+}
+
+impl<B> Ask<'_, B> {
+    /// The fetch this request would start; built only on a miss.
+    pub fn job(&self, request_id: &str) -> Job {
+        Job {
+            team: self.team.clone(),
+            target: self.target.clone(),
+            key: self.key.clone(),
+            // A client that bounds the age it accepts must not be answered
+            // from the cache by the fetch either.
+            no_cache: self.directives.no_cache || self.directives.max_age.is_some(),
+            no_store: self.directives.no_store,
+            request_id: request_id.to_string(),
+            trace: self.trace.clone(),
+            accept: self.req.headers().get(http::header::ACCEPT).cloned(),
+        }
+    }
+}
+
+/// What a fetch needs to know, owned so the fetch can outlive the request.
+#[derive(Clone)]
+pub struct Job {
+    pub team: Arc<Team>,
+    pub target: Target,
+    /// `None`: not cacheable, no coalescing.
+    pub key: Option<String>,
+    /// The client said `no-cache`: the answer must come from the upstream.
+    pub no_cache: bool,
+    /// The client said `no-store`.
+    pub no_store: bool,
+    pub request_id: String,
+    /// The W3C trace the upstream call continues.
+    pub trace: Trace,
+    pub accept: Option<http::HeaderValue>,
+}
 
 /// How the cache took part in an answer (the `X-Cache` header and the
 /// `cache` metric label).

@@ -10,7 +10,7 @@
 //! anomaly and never trusted for the future: what a later hit "saves" stays
 //! bounded by the reservation.
 
-use super::fetch::Job;
+use super::context::Job;
 use crate::app::App;
 use crate::error::GatewayError;
 use crate::ledger::{Reservation, Reserved};

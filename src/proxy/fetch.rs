@@ -9,9 +9,9 @@
 //! hands it to every follower. A follower never starts a second paid call
 //! for a key whose call is still running.
 
+use super::context::Job;
 use super::credits::{self, Charge};
 use crate::app::App;
-use crate::auth::Team;
 use crate::cache::entry::etag_of;
 use crate::cache::flight::{follow, Fetched, Join, Leader, Outcome};
 use crate::cache::lease::{Acquired, Lease, Peer};
@@ -20,7 +20,7 @@ use crate::clock::now_ms;
 use crate::error::GatewayError;
 use crate::ledger::Reservation;
 use crate::route::{self, Target};
-use crate::telemetry::{trace::Trace, SPANS};
+use crate::telemetry::SPANS;
 use crate::upstream::{retry_after, Failed, UpstreamResponse};
 use http::{HeaderMap, StatusCode};
 use std::sync::Arc;
@@ -35,23 +35,6 @@ pub enum Role {
     Leader,
     /// Another request's fetch answered it.
     Follower,
-}
-
-/// What a fetch needs to know, owned so the fetch can outlive the request.
-#[derive(Clone)]
-pub struct Job {
-    pub team: Arc<Team>,
-    pub target: Target,
-    /// `None`: not cacheable, no coalescing.
-    pub key: Option<String>,
-    /// The client said `no-cache`: the answer must come from the upstream.
-    pub no_cache: bool,
-    /// The client said `no-store`.
-    pub no_store: bool,
-    pub request_id: String,
-    /// The W3C trace the upstream call continues.
-    pub trace: Trace,
-    pub accept: Option<http::HeaderValue>,
 }
 
 /// The one rule for "the upstream failed" on every path (pages, id

@@ -37,7 +37,8 @@ use crate::http_util::{request_id, Body, X_REQUEST_ID};
 use crate::metrics::Scope;
 use crate::route::{self, Route, Target};
 use crate::telemetry::{trace::Trace, SPANS};
-use fetch::{Job, Role};
+use context::{Ask, Job};
+use fetch::Role;
 use http::{HeaderValue, Method, Request, Response};
 use lookup::Use;
 use std::sync::Arc;
@@ -176,35 +177,6 @@ async fn pipeline<B>(
         key,
     };
     cached_or_fetched(app, &ask, ctx).await
-}
-
-/// What one request asks for, once it is known who asks.
-struct Ask<'r, B> {
-    req: &'r Request<B>,
-    trace: Trace,
-    directives: Directives,
-    team: Arc<Team>,
-    target: Target,
-    /// `None`: never cached.
-    key: Option<String>,
-}
-
-impl<B> Ask<'_, B> {
-    /// The fetch this request would start; built only on a miss.
-    fn job(&self, request_id: &str) -> Job {
-        Job {
-            team: self.team.clone(),
-            target: self.target.clone(),
-            key: self.key.clone(),
-            // A client that bounds the age it accepts must not be answered
-            // from the cache by the fetch either.
-            no_cache: self.directives.no_cache || self.directives.max_age.is_some(),
-            no_store: self.directives.no_store,
-            request_id: request_id.to_string(),
-            trace: self.trace.clone(),
-            accept: self.req.headers().get(http::header::ACCEPT).cloned(),
-        }
-    }
 }
 
 /// Phases 7–15 of a request that may be answered from the cache.

@@ -10,8 +10,8 @@
 //!   is that smaller worst case, so the budget guarantee is unchanged; a
 //!   team left with less than one credit is refused (402) as before.
 
+use super::context::{Ask, CacheState, RequestContext};
 use super::lookup::{self, Use};
-use super::{Ask, CacheState, RequestContext};
 use crate::app::App;
 use crate::cache::key;
 use crate::clock::now_ms;

@@ -17,21 +17,22 @@
 //! still billed included).
 
 mod buy;
+mod ids;
 
 use super::context::{Ask, CacheState, RequestContext};
 use super::credits::X_CREDITS_REQUEST;
-use super::fetch::Role;
-use super::{respond, saved};
+use super::fetch::{self, Role};
+use super::respond::{self, saved};
 use crate::app::App;
 use crate::auth::Team;
 use crate::cache::control::Directives;
 use crate::cache::records::{is_absent, IdGot, Resource};
-use crate::cache::{key, Entry};
+use crate::cache::Entry;
 use crate::clock::now_ms;
 use crate::error::GatewayError;
 use crate::http_util::Body;
 use crate::metrics::RecordSource;
-use crate::route::{Route, Target};
+use crate::route::Target;
 use bytes::{BufMut, Bytes, BytesMut};
 use http::{HeaderValue, Method, Request, Response, StatusCode};
 use std::sync::Arc;
@@ -50,7 +51,7 @@ pub async fn answer<B>(app: &Arc<App>, ask: &Ask<'_, B>, ctx: &mut RequestContex
         return None;
     }
     let ttl = app.cache.ttl(target.route)?;
-    let ids = lookup_ids(target.route, target.query.as_deref()?)?;
+    let ids = ids::lookup_ids(target.route, target.query.as_deref()?)?;
     let (held, stale) = split_fresh(app.cache.held_records(resource, &ids).await, d);
     let missing: Vec<String> = ids
         .iter()
@@ -84,7 +85,7 @@ pub async fn answer<B>(app: &Arc<App>, ask: &Ask<'_, B>, ctx: &mut RequestContex
     let failed = got.outcomes.iter().any(|o| match o {
         // The one rule (`fetch::upstream_failed`) for an answer that
         // refuses the ids as for any other.
-        Ok(IdGot::Refused(f)) => super::fetch::upstream_failed(&Ok(f.clone())),
+        Ok(IdGot::Refused(f)) => fetch::upstream_failed(&Ok(f.clone())),
         Ok(_) => false,
         Err(e) => e.upstream_failed(),
     });
@@ -121,7 +122,7 @@ fn gathered<B>(
             Ok(IdGot::Refused(f)) if f.status == StatusCode::UNPROCESSABLE_ENTITY => return None,
             Ok(IdGot::Refused(f)) => {
                 let role = if led { Role::Leader } else { Role::Follower };
-                return Some(super::from_fetched(app, &ask.team, target, f, role, false, ctx));
+                return Some(respond::from_fetched(app, &ask.team, target, f, role, false, ctx));
             }
             Ok(IdGot::Held(e)) if !is_absent(&e) => {
                 // Another lookup's purchase: a credit this team did not spend.
@@ -169,36 +170,6 @@ fn tally(app: &App, team: &Team, target: &Target, held: &[Option<Arc<Entry>>], f
         app.metrics.cache_records(target.route, source, ids);
     }
     saved(app, team, target, reused);
-}
-
-/// The ids of a lookup's query, in order, each once. Parameters the
-/// route does not declare are ignored by the upstream (FastAPI reads
-/// parameters by name), so they are here too; `None` for a declared one
-/// (`cursor`) or bytes that are not UTF-8: the page path forwards those as
-/// sent.
-fn lookup_ids(route: Route, query: &str) -> Option<Vec<String>> {
-    let pairs = key::decode_pairs(query)?;
-    let mut ids: Vec<String> = Vec::with_capacity(pairs.len());
-    for (name, value) in pairs {
-        if name != "id" {
-            if route.param(&name).is_some() {
-                return None;
-            }
-            continue;
-        }
-        // The upstream answers a repeated id once, at its first position.
-        if !ids.iter().any(|id| *id == value) {
-            ids.push(value.into_owned());
-        }
-    }
-    (!ids.is_empty()).then_some(ids)
-}
-
-/// `id=a&id=b`: the only list spelling the upstream reads.
-fn query_of(ids: &[String]) -> String {
-    form_urlencoded::Serializer::new(String::new())
-        .extend_pairs(ids.iter().map(|id| ("id", id)))
-        .finish()
 }
 
 /// The upstream's lookup page: each id's record in request order, from the
@@ -256,6 +227,7 @@ impl<B> Page<'_, B> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::route::Route;
 
     fn record(id: &str) -> Option<Arc<Entry>> {
         let body = Bytes::from(format!("{{\"id\":\"{id}\"}}"));
@@ -265,17 +237,6 @@ mod tests {
             Duration::from_secs(60),
             Route::PermitsById,
         )))
-    }
-
-    #[test]
-    fn only_id_parameters_make_a_lookup_and_repeats_count_once() {
-        let ids = |q| lookup_ids(Route::PermitsById, q);
-        assert_eq!(ids("id=a&id=b&id=a"), Some(vec!["a".into(), "b".into()]));
-        assert_eq!(ids("id=a%2Cb"), Some(vec!["a,b".into()]), "a comma is part of the id");
-        assert_eq!(ids("id=a&foo=1"), Some(vec!["a".into()]), "the upstream ignores foo");
-        assert_eq!(lookup_ids(Route::ContractorsById, "id=a&cursor=x"), None);
-        assert_eq!(ids("id=%FF"), None);
-        assert_eq!(query_of(&["a b".into(), "c&d".into()]), "id=a+b&id=c%26d");
     }
 
     #[test]

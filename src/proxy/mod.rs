@@ -27,22 +27,20 @@ mod usage;
 pub use context::{CacheState, RequestContext};
 
 use crate::app::App;
-use crate::auth::Team;
 use crate::cache::control::Directives;
-use crate::cache::flight::Fetched;
 use crate::cache::{key, parsed, Entry};
 use crate::clock::now_ms;
 use crate::error::GatewayError;
 use crate::http_util::{request_id, Body, X_REQUEST_ID};
 use crate::metrics::Scope;
-use crate::route::{self, Route, Target};
+use crate::route::{self, Route};
 use crate::telemetry::{trace::Trace, SPANS};
 use context::{Ask, Job};
 use fetch::Role;
 use http::{HeaderValue, Method, Request, Response};
 use lookup::Use;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 /// Answers one team request. Never fails: errors become responses here.
 pub async fn handle<B>(app: Arc<App>, req: Request<B>) -> Response<Body> {
@@ -201,7 +199,7 @@ async fn cached_or_fetched<B>(
             let job = || buys.then(|| ask.job(&ctx.request_id));
             if let Some(state) = accept_cached(app, &entry, d, k, job).await {
                 app.metrics.cache_hit(target.route, tier);
-                return Ok(from_cache(app, &ask.team, target, &entry, state, ask.req, ctx));
+                return Ok(respond::from_cache(app, &ask.team, target, &entry, state, ask.req, ctx));
             }
             cached = Some(entry);
         }
@@ -239,7 +237,7 @@ async fn cached_or_fetched<B>(
             cached = app.cache.lookup(target.route, k).await.map(|(e, _)| e);
         }
         if let Some(entry) = &cached {
-            let mut resp = from_cache(app, &ask.team, target, entry, CacheState::Stale, ask.req, ctx);
+            let mut resp = respond::from_cache(app, &ask.team, target, entry, CacheState::Stale, ask.req, ctx);
             // The leader's failed call may still have been billed (a
             // follower's failure is unbilled): the answer says so.
             let billed = outcome.as_ref().err().map_or(0, GatewayError::billed);
@@ -253,7 +251,7 @@ async fn cached_or_fetched<B>(
     }
     // 15. Respond with what the fetch brought.
     let no_cache = d.no_cache || ask.key.is_none();
-    from_fetched(app, &ask.team, target, outcome?, role, no_cache, ctx)
+    respond::from_fetched(app, &ask.team, target, outcome?, role, no_cache, ctx)
 }
 
 /// Phase 1: refuses what is not a plain GET or HEAD of a bounded size.
@@ -328,56 +326,6 @@ async fn refresh(app: Arc<App>, job: Job) {
         }
     };
     ctx.log_refresh(status, started.elapsed());
-}
-
-/// The response for a fetch: the leader pays what the upstream charged;
-/// followers and answers found in the cache are free (saved).
-fn from_fetched(
-    app: &App,
-    team: &Team,
-    target: &Target,
-    fetched: Arc<Fetched>,
-    role: Role,
-    no_cache: bool,
-    ctx: &mut RequestContext,
-) -> Result<Response<Body>, GatewayError> {
-    let (state, charged) = match role {
-        Role::Leader if fetched.from_cache => (CacheState::Hit, 0),
-        Role::Leader if no_cache => (CacheState::Bypass, fetched.credits),
-        Role::Leader => (CacheState::Miss, fetched.credits),
-        Role::Follower => (CacheState::Hit, 0),
-    };
-    if role == Role::Follower || fetched.from_cache {
-        app.metrics.coalesced(target.route);
-        saved(app, team, target, fetched.worth);
-    }
-    ctx.cache = state;
-    ctx.credits = charged;
-    let max_retry_after = Duration::from_secs(app.config.upstream.max_retry_after_secs);
-    respond::from_fetched(&fetched, charged, state, ctx, max_retry_after)
-}
-
-/// A response from a cached entry: the team pays nothing and saves what the
-/// entry cost.
-fn from_cache<B>(
-    app: &App,
-    team: &Team,
-    target: &Target,
-    entry: &Entry,
-    state: CacheState,
-    req: &Request<B>,
-    ctx: &mut RequestContext,
-) -> Response<Body> {
-    ctx.cache = state;
-    saved(app, team, target, entry.credits);
-    respond::from_entry(entry, state, req.headers())
-}
-
-fn saved(app: &App, team: &Team, target: &Target, credits: u64) {
-    if credits > 0 {
-        app.metrics.credits_saved(&team.name, target.route, credits);
-        app.ledger.record_saved(&team.name, target.route, credits);
-    }
 }
 
 /// Size of the header section as sent (names, values, ": " and CRLF).

@@ -1,5 +1,8 @@
-//! The one place a team's answer is shaped (phase 15), whether it comes from
-//! the cache (HIT, STALE) or from a fetch (MISS, BYPASS, or a follower's HIT).
+//! Phase 15, the one place a team's answer is made, whether it comes from
+//! the cache ([`from_cache`]: HIT, STALE) or from a fetch ([`from_fetched`]:
+//! MISS, BYPASS, or a follower's HIT): what the team pays for it, what it
+//! saved ([`saved`]), and the answer's shape. Pages, id lookups (`by_id`),
+//! held answers (`spend`) and stale copies all answer through here.
 //!
 //! Only an allow-list of the upstream's response headers reaches a team:
 //! `Content-Type` and `Retry-After` (clamped) on passed-through errors; on a
@@ -10,17 +13,21 @@
 
 use super::context::{CacheState, RequestContext};
 use super::credits::X_CREDITS_REQUEST;
+use super::fetch::Role;
+use crate::app::App;
+use crate::auth::Team;
 use crate::cache::flight::Fetched;
 use crate::cache::Entry;
 use crate::clock::now_ms;
 use crate::error::GatewayError;
 use crate::http_util::Body;
-use crate::route::Route;
+use crate::route::{Route, Target};
 use crate::upstream::retry_after;
 use bytes::Bytes;
 use http::header::{HeaderMap, HeaderName, HeaderValue, AGE, CONTENT_TYPE, ETAG, IF_NONE_MATCH, RETRY_AFTER};
-use http::{Response, StatusCode};
+use http::{Request, Response, StatusCode};
 use http_body_util::Full;
+use std::sync::Arc;
 use std::time::Duration;
 
 pub const X_CACHE: HeaderName = HeaderName::from_static("x-cache");
@@ -64,6 +71,58 @@ fn number(n: u64) -> HeaderValue {
     }
 }
 
+/// A response from a cached entry: the team pays nothing and saves what the
+/// entry cost.
+pub fn from_cache<B>(
+    app: &App,
+    team: &Team,
+    target: &Target,
+    entry: &Entry,
+    state: CacheState,
+    req: &Request<B>,
+    ctx: &mut RequestContext,
+) -> Response<Body> {
+    ctx.cache = state;
+    saved(app, team, target, entry.credits);
+    from_entry(entry, state, req.headers())
+}
+
+/// The response for a fetch: the leader pays what the upstream charged;
+/// followers and answers found in the cache are free (saved).
+pub fn from_fetched(
+    app: &App,
+    team: &Team,
+    target: &Target,
+    fetched: Arc<Fetched>,
+    role: Role,
+    no_cache: bool,
+    ctx: &mut RequestContext,
+) -> Result<Response<Body>, GatewayError> {
+    let (state, charged) = match role {
+        Role::Leader if fetched.from_cache => (CacheState::Hit, 0),
+        Role::Leader if no_cache => (CacheState::Bypass, fetched.credits),
+        Role::Leader => (CacheState::Miss, fetched.credits),
+        Role::Follower => (CacheState::Hit, 0),
+    };
+    if role == Role::Follower || fetched.from_cache {
+        app.metrics.coalesced(target.route);
+        saved(app, team, target, fetched.worth);
+    }
+    ctx.cache = state;
+    ctx.credits = charged;
+    let max_retry_after = Duration::from_secs(app.config.upstream.max_retry_after_secs);
+    fetched_answer(&fetched, charged, state, ctx, max_retry_after)
+}
+
+/// Credits a team did not spend because an answer was held: its metrics
+/// and its chargeback rows.
+pub fn saved(app: &App, team: &Team, target: &Target, credits: u64) {
+    if credits > 0 {
+        app.metrics.credits_saved(&team.name, target.route, credits);
+        app.ledger.record_saved(&team.name, target.route, credits);
+    }
+}
+
 /// The answer from a cached entry (HIT or STALE): 0 credits for the team,
 /// and 304 when the client already has this body.
 pub fn from_entry(entry: &Entry, state: CacheState, request_headers: &HeaderMap) -> Response<Body> {
@@ -90,12 +149,12 @@ fn client_has(request_headers: &HeaderMap, etag: &str) -> bool {
         })
 }
 
-/// The team's answer for a fetch; `charged` is what this team pays (0 for a
+/// The shape of a fetch's answer; `charged` is what this team pays (0 for a
 /// follower). Upstream error statuses never get here: they became
 /// [`GatewayError`]s where the fetch returned (`GatewayError::of_upstream_status`);
 /// a free answer passed on keeps the upstream's `Retry-After`, clamped to
 /// `max_retry_after`.
-pub fn from_fetched(
+fn fetched_answer(
     fetched: &Fetched,
     charged: u64,
     state: CacheState,
@@ -178,7 +237,7 @@ mod tests {
             crate::telemetry::trace::Trace::from_headers(&HeaderMap::new()),
         );
         ctx.route = Some(Route::PermitsSearch);
-        let miss = from_fetched(&fetched, 3, CacheState::Miss, &ctx, Duration::from_secs(120)).unwrap();
+        let miss = fetched_answer(&fetched, 3, CacheState::Miss, &ctx, Duration::from_secs(120)).unwrap();
         let hit = from_entry(&entry(), CacheState::Hit, &HeaderMap::new());
         let names = |h: &HeaderMap| {
             let mut n: Vec<String> = h.keys().map(|k| k.to_string()).collect();

@@ -12,6 +12,7 @@
 
 use super::context::{Ask, CacheState, RequestContext};
 use super::lookup::{self, Use};
+use super::respond;
 use crate::app::App;
 use crate::cache::key;
 use crate::clock::now_ms;
@@ -37,7 +38,7 @@ pub async fn derived<B>(app: &App, ask: &Ask<'_, B>, ctx: &mut RequestContext) -
     }
     tracing::debug!(request_id = %ctx.request_id, derivation = ?how, "answered from a held page");
     app.metrics.cache_hit(ask.target.route, tier);
-    Some(super::from_cache(
+    Some(respond::from_cache(
         app,
         &ask.team,
         &ask.target,

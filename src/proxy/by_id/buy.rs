@@ -13,7 +13,7 @@
 //! Lists are keyed by no list at all: reordered, repeated and overlapping
 //! lookups meet on their shared ids.
 
-use super::query_of;
+use super::ids::query_of;
 use crate::app::App;
 use crate::cache::flight::{follow, Fetched, Join, Leader};
 use crate::cache::lease::{Acquired, Lease, Peer};

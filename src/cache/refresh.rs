@@ -1,6 +1,6 @@
 //! Which keys were refreshed in the background lately
 //! (stale-while-revalidate), held by the shared state (`app`) and claimed by
-//! the cache lookup phase (7, `proxy::lookup`).
+//! the cache lookup phase (7, `proxy::revalidate`).
 
 use std::time::Duration;
 

@@ -19,8 +19,8 @@ mod by_id;
 mod context;
 mod credits;
 mod fetch;
-mod lookup;
 mod respond;
+mod revalidate;
 mod spend;
 mod usage;
 
@@ -28,17 +28,14 @@ pub use context::{CacheState, RequestContext};
 
 use crate::app::App;
 use crate::cache::control::Directives;
-use crate::cache::{key, parsed, Entry};
-use crate::clock::now_ms;
+use crate::cache::{key, parsed};
 use crate::error::GatewayError;
 use crate::http_util::{request_id, Body, X_REQUEST_ID};
 use crate::metrics::Scope;
 use crate::route::{self, Route};
 use crate::telemetry::{trace::Trace, SPANS};
-use context::{Ask, Job};
-use fetch::Role;
+use context::Ask;
 use http::{HeaderValue, Method, Request, Response};
-use lookup::Use;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -197,7 +194,7 @@ async fn cached_or_fetched<B>(
             // when one starts: the hit path allocates no job).
             let buys = ask.req.method() != Method::HEAD;
             let job = || buys.then(|| ask.job(&ctx.request_id));
-            if let Some(state) = accept_cached(app, &entry, d, k, job).await {
+            if let Some(state) = revalidate::accept(app, &entry, d, k, job).await {
                 app.metrics.cache_hit(target.route, tier);
                 return Ok(respond::from_cache(app, &ask.team, target, &entry, state, ask.req, ctx));
             }
@@ -270,62 +267,6 @@ fn admit<B>(app: &App, req: &Request<B>) -> Result<(), GatewayError> {
         return Err(GatewayError::HeadersTooLarge);
     }
     Ok(())
-}
-
-/// Whether a found entry answers this request, and as what. An entry within
-/// the stale-while-revalidate window answers at once and starts one
-/// background refresh per key and [`REFRESH_EVERY`], paid by this
-/// team like a miss (its cost shows in the team's usage and in the
-/// refresh's own access-log line, not in this free answer). `job`: the
-/// refresh to start; `None` for a request that may not buy (a HEAD).
-///
-/// [`REFRESH_EVERY`]: crate::cache::refresh::REFRESH_EVERY
-async fn accept_cached(
-    app: &Arc<App>,
-    entry: &Entry,
-    d: &Directives,
-    key: &str,
-    job: impl FnOnce() -> Option<Job>,
-) -> Option<CacheState> {
-    match lookup::usable(entry, d, app.config.cache.stale_while_revalidate_secs, now_ms()) {
-        Use::Hit => Some(CacheState::Hit),
-        Use::StaleAccepted => Some(CacheState::Stale),
-        Use::Revalidate => {
-            // only-if-cached never reaches the upstream, not even so.
-            if let (Some(job), false) = (job(), d.only_if_cached) {
-                if app.refreshes.claim(key).await {
-                    tokio::spawn(refresh(app.clone(), job));
-                }
-            }
-            Some(CacheState::Stale)
-        }
-        Use::FallbackOnly => None,
-    }
-}
-
-/// A stale-while-revalidate refresh: a miss of its own, logged as one.
-async fn refresh(app: Arc<App>, job: Job) {
-    let started = Instant::now();
-    let mut ctx = RequestContext::new(job.request_id.clone(), job.trace.clone());
-    ctx.team = Some(job.team.name.clone());
-    ctx.route = Some(job.target.route);
-    let (outcome, role) = fetch::coalesced(&app, job).await;
-    let status = match &outcome {
-        Ok(f) => {
-            if role == Role::Leader && !f.from_cache {
-                ctx.cache = CacheState::Miss;
-                ctx.credits = f.credits;
-            }
-            f.status
-        }
-        Err(e) => {
-            if role == Role::Leader {
-                ctx.credits = e.billed();
-            }
-            e.status()
-        }
-    };
-    ctx.log_refresh(status, started.elapsed());
 }
 
 /// Size of the header section as sent (names, values, ": " and CRLF).

@@ -11,8 +11,8 @@
 //!   team left with less than one credit is refused (402) as before.
 
 use super::context::{Ask, CacheState, RequestContext};
-use super::lookup::{self, Use};
 use super::respond;
+use super::revalidate::{self, Use};
 use crate::app::App;
 use crate::cache::key;
 use crate::clock::now_ms;
@@ -33,7 +33,7 @@ pub async fn derived<B>(app: &App, ask: &Ask<'_, B>, ctx: &mut RequestContext) -
     }
     let (entry, tier, how) = app.cache.derived(&ask.target, key).await?;
     let now = now_ms();
-    if lookup::usable(&entry, &ask.directives, 0, now) != Use::Hit {
+    if revalidate::usable(&entry, &ask.directives, 0, now) != Use::Hit {
         return None;
     }
     tracing::debug!(request_id = %ctx.request_id, derivation = ?how, "answered from a held page");

@@ -4,7 +4,8 @@
 //!
 //! While exhausted, metered calls are not forwarded — every one would be a
 //! 402 anyway — until `upstream.exhausted_backoff_secs` pass or a probe of
-//! the upstream's own `/v2/usage` says credits are available again.
+//! the upstream's own `/v2/usage` (`proxy::org_probe`) says credits are
+//! available again.
 //!
 //! The org's spend seen upstream (limit − remaining) is kept for the
 //! reconciliation against the team ledgers (`proxy::credits::reconcile`).

@@ -1,5 +1,6 @@
 //! The miss path (phases 8–13): coalesce, reserve, queue, forward, settle,
-//! store.
+//! store. Credits are counted in `credits`; while the org is out of
+//! credits, `org_probe` answers before the reservation.
 //!
 //! **A reservation has one owner and one end.** Every upstream call runs in
 //! a task of its own ([`owned`]) that holds the coalescing flight, the
@@ -11,6 +12,7 @@
 
 use super::context::Job;
 use super::credits::{self, Charge};
+use super::org_probe;
 use crate::app::App;
 use crate::cache::entry::etag_of;
 use crate::cache::flight::{follow, Fetched, Join, Leader, Outcome};
@@ -19,7 +21,6 @@ use crate::cache::{control, Entry};
 use crate::clock::now_ms;
 use crate::error::GatewayError;
 use crate::ledger::Reservation;
-use crate::route::{self, Target};
 use crate::telemetry::SPANS;
 use crate::upstream::{retry_after, Failed, UpstreamResponse};
 use http::{HeaderMap, StatusCode};
@@ -181,7 +182,7 @@ fn cached(entry: &Entry) -> Fetched {
 
 async fn fetch_upstream(app: &Arc<App>, job: &Job) -> Outcome {
     if job.target.route.is_metered() {
-        if let Some(refusal) = org_exhausted(app, job) {
+        if let Some(refusal) = org_probe::exhausted(app, job) {
             return Ok(refusal);
         }
     }
@@ -336,53 +337,6 @@ async fn settle_failure(app: &Arc<App>, job: &Job, reservation: Option<Reservati
             failed.error
         }
     }
-}
-
-/// While the org is out of credits, the upstream's last 402 instead of a
-/// call that would be refused anyway.
-fn org_exhausted(app: &Arc<App>, job: &Job) -> Option<Arc<Fetched>> {
-    let (headers, body) = app.org.exhausted()?;
-    app.metrics.upstream_exhausted(&job.team.name);
-    probe_org_usage(app, job);
-    Some(Arc::new(Fetched {
-        status: StatusCode::PAYMENT_REQUIRED,
-        headers,
-        body,
-        credits: 0,
-        worth: 0,
-        from_cache: false,
-        etag: None,
-    }))
-}
-
-/// While the org is out of credits, ask the upstream's own /v2/usage now and
-/// then whether credits came back (free: usage costs nothing).
-fn probe_org_usage(app: &Arc<App>, job: &Job) {
-    if !app.org.probe_due() {
-        return;
-    }
-    let app = app.clone();
-    let (request_id, trace) = (job.request_id.clone(), job.trace.clone());
-    tokio::spawn(async move {
-        let target = Target {
-            route: route::Route::Usage,
-            path: "/v2/usage".into(),
-            query: None,
-        };
-        let Ok(resp) = app
-            .upstream
-            .fetch(&target, &request_id, &trace, None, &app.metrics)
-            .await
-        else {
-            return;
-        };
-        let over = serde_json::from_slice::<serde_json::Value>(&resp.body)
-            .ok()
-            .and_then(|v| v.get("is_over_limit").and_then(serde_json::Value::as_bool));
-        if resp.status == StatusCode::OK && over == Some(false) {
-            app.org.recovered();
-        }
-    });
 }
 
 /// A JSON content type and a body that parses: what every 200 of the

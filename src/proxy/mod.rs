@@ -19,6 +19,7 @@ mod by_id;
 mod context;
 mod credits;
 mod fetch;
+mod org_probe;
 mod respond;
 mod revalidate;
 mod spend;

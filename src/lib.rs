@@ -10,7 +10,8 @@
 //! - [`app`]: the shared state built once from a config.
 //! - [`server`]: accept loop, TLS, HTTP/1.1 + HTTP/2, connection deadlines
 //!   from accept, room made at the connection limit, graceful shutdown.
-//! - [`proxy`]: the life of a team request, one phase per step.
+//! - [`proxy`]: the life of a team request, one phase per step, one
+//!   concept per file (its own doc maps them).
 //! - [`route`]: path → canonical path and route; the route table (every
 //!   vendor operation: name, cost, TTL class, parameters); `size`/`id` checks
 //!   and the credit estimate.
@@ -24,7 +25,8 @@
 //! - [`redis_backend`]: a Redis connection (standalone, Cluster or the
 //!   primary Sentinel names; plain or TLS) with
 //!   timeouts and a breaker (one each for the cache, the ledger and the
-//!   shared rate).
+//!   shared rate); every Redis key and its Cluster hash tag
+//!   (`redis_backend::keys`).
 //! - [`ledger`]: team budgets: reserve, settle, release; file or Redis store.
 //! - [`scheduler`]: fair sharing of the upstream rate limit across teams.
 //! - [`shared_rate`]: the upstream rate shared by replicas through Redis.

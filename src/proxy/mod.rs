@@ -10,10 +10,20 @@
 //! [`handle`] is the service function of the team listener: it runs
 //! [`pipeline`], turns an error into a response at the single rescue point,
 //! and then records metrics and one access-log line for every request.
-//! Phases 8–13 are in [`fetch`], credits in [`credits`], the shaping of
-//! every answer in [`respond`]; an id lookup takes phases 7–15 record by
-//! record in [`by_id`]; answers held by another key's page (7b) and pages
-//! clamped to a team's remaining credits (8a) in [`spend`].
+//!
+//! # Layout
+//! One concept per file; this file calls them, none of them calls it.
+//! - [`context`]: what the phases share (the ask, the fetch job, the
+//!   request context).
+//! - [`revalidate`]: phase 7's verdict on a found entry, and the background
+//!   refresh of stale-while-revalidate.
+//! - [`spend`]: answers held by another key's page (7b), pages clamped to a
+//!   team's remaining credits (8a).
+//! - [`by_id`]: an id lookup, phases 7–15 record by record.
+//! - [`fetch`]: phases 8–13; [`org_probe`] before 9 while the org is out of
+//!   credits; [`credits`]: reserve, charge, settle.
+//! - [`respond`]: phase 15, answering from the cache or from a fetch.
+//! - [`usage`]: phase 5.
 
 mod by_id;
 mod context;

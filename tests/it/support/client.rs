@@ -23,7 +23,8 @@ use std::pin::Pin;
 
 /// A base URL and the headers every request of one caller carries (its
 /// credentials). Cheap to clone: one per team, or per team and replica.
-#[derive(Debug, Clone)]
+/// No `Debug`: the headers hold a token, which no test output may show.
+#[derive(Clone)]
 pub struct Client {
     base: String,
     headers: Vec<(String, String)>,

@@ -2,8 +2,10 @@
 //! `/metrics` optionally behind it, errors in the upstream's body shapes,
 //! and counters that survive a reload.
 
+use crate::support::client::Client;
 use crate::support::gateway::{team, FromFile, Setup, ADMIN_TOKEN, ALPHA, BETA};
 use crate::support::http::{get, send};
+use crate::support::query::Query;
 use crate::support::sim::{start_sim, unlimited};
 use bytes::Bytes;
 use http::{Method, StatusCode};
@@ -102,9 +104,9 @@ async fn team_request_counters_survive_a_reload() {
     let setup = Setup::new().teams(team(ALPHA.0, ALPHA.1, ""));
     let file = FromFile::start(&setup, &sim).await;
     let gw = &file.gw;
-    let url = format!("{}/v2/meta/release", gw.base_url());
+    let alpha = Client::new(gw.base_url(), ALPHA.1);
     for _ in 0..3 {
-        assert_eq!(get(&url, &[("x-api-key", ALPHA.1)]).await.status, StatusCode::OK);
+        assert_eq!(alpha.get(Query::meta_release()).await.status, StatusCode::OK);
     }
     let requests = |teams: serde_json::Value, name: &str| {
         teams["teams"]
@@ -128,7 +130,7 @@ async fn team_request_counters_survive_a_reload() {
     )
     .await;
     assert_eq!(reload.status, StatusCode::OK, "{}", reload.text());
-    assert_eq!(get(&url, &[("x-api-key", ALPHA.1)]).await.status, StatusCode::OK);
+    assert_eq!(alpha.get(Query::meta_release()).await.status, StatusCode::OK);
     let after = get(&teams_url, &h).await.json();
     assert_eq!(requests(after.clone(), "alpha"), Some(json!(4)), "reset by the reload");
     assert_eq!(requests(after, "beta"), Some(json!(0)));

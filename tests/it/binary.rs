@@ -1,8 +1,10 @@
 //! The gateway as its users run it: the binary, its logs, its signals, TLS
 //! on both sides, and the demo.
 
+use crate::support::client::Client;
 use crate::support::gateway::{ChildGateway, Setup, ADMIN_TOKEN, ALPHA, BETA};
 use crate::support::http::get;
+use crate::support::query::Query;
 use crate::support::sim::{start_sim, unlimited, FaultKind, Faults, SimConfig};
 use crate::support::tls::TestPki;
 use crate::support::wait::eventually;
@@ -22,32 +24,21 @@ async fn secrets_never_appear_in_responses_or_logs() {
     let s = sim.samples();
     let secrets = [sim.api_key(), ALPHA.1, BETA.1, ADMIN_TOKEN];
     let mut replies = Vec::new();
-    let search = format!(
-        "/v2/permits/search?geo_id={}&permit_from={}&permit_to={}&size=3",
-        s.state, s.permit_from, s.permit_to
-    );
-    for path in [
-        search.as_str(),
-        "/v2/meta/release",
-        "/v2/usage",
-        "/v2/nope",
-        "/v2/permits/search?size=0",
+    let callers = [
+        Client::new(gw.base_url(), ALPHA.1),
+        Client::bearer(gw.base_url(), BETA.1),
+        Client::new(gw.base_url(), "wrong-token-value"),
+    ];
+    for query in [
+        Query::state_permits(&s).size(3),
+        Query::meta_release(),
+        Query::usage(),
+        Query::new("/v2/nope"),
+        Query::new("/v2/permits/search").size(0),
     ] {
-        replies.push(get(&format!("{}{path}", gw.base_url()), &[("x-api-key", ALPHA.1)]).await);
-        replies.push(
-            get(
-                &format!("{}{path}", gw.base_url()),
-                &[("authorization", &format!("Bearer {}", BETA.1))],
-            )
-            .await,
-        );
-        replies.push(
-            get(
-                &format!("{}{path}", gw.base_url()),
-                &[("x-api-key", "wrong-token-value")],
-            )
-            .await,
-        );
+        for caller in &callers {
+            replies.push(caller.get(&query).await);
+        }
     }
     replies.push(get(&format!("{}/metrics", gw.admin_url()), &[]).await);
     replies.push(
@@ -90,8 +81,7 @@ async fn a_request_in_flight_during_sigterm_completes() {
         count: Some(1),
         ..Faults::default()
     });
-    let url = format!("{}/v2/meta/release", gw.base_url());
-    let in_flight = tokio::spawn(async move { get(&url, &[("x-api-key", ALPHA.1)]).await });
+    let in_flight = Client::new(gw.base_url(), ALPHA.1).get(Query::meta_release()).spawn();
     // Wait until the upstream has the request, then signal.
     eventually("the request reaches the upstream", Duration::from_secs(10), || async {
         sim.stats().requests_total > 0
@@ -165,17 +155,13 @@ async fn the_upstream_is_reached_over_tls_with_a_private_ca() {
         format!("ca_file = {:?}", pki.ca_path().display().to_string()),
     );
     let gw = setup.start(&sim).await;
-    let r = get(&format!("{}/v2/meta/release", gw.base_url()), &[("x-api-key", ALPHA.1)]).await;
-    assert_eq!(r.status, StatusCode::OK, "{}", r.text());
+    let alpha = Client::new(gw.base_url(), ALPHA.1);
+    alpha.get(Query::meta_release()).expect_status(StatusCode::OK).await;
     assert_eq!(sim.stats().requests_total, 1);
 
     // Without the CA the upstream's certificate is refused: no data, a 502.
     let untrusted = Setup::new().start(&sim).await;
-    let r = get(
-        &format!("{}/v2/meta/release", untrusted.base_url()),
-        &[("x-api-key", ALPHA.1)],
-    )
-    .await;
+    let r = alpha.at(untrusted.base_url()).get(Query::meta_release()).await;
     assert_eq!(r.status, StatusCode::BAD_GATEWAY);
 }
 
@@ -191,6 +177,7 @@ async fn the_demo_serves_its_printed_curl_lines() {
         .and_then(|rest| rest.strip_suffix('\''))
         .expect("banner has a growth curl line")
         .to_string();
+    // The URL exactly as the banner printed it: the line is what is tested.
     let r = get(&url, &[("x-api-key", "pgw_demo_growth")]).await;
     assert_eq!(r.status, StatusCode::OK, "{}", r.text());
     assert!(!r.json()["items"].as_array().expect("items").is_empty());
@@ -209,11 +196,9 @@ async fn sighup_reloads_the_teams_of_the_config_file() {
     let sim = start_sim(unlimited()).await;
     let setup = Setup::new().teams(team(ALPHA.0, ALPHA.1, ""));
     let gw = ChildGateway::spawn(&setup, &sim.base_url(), sim.api_key());
-    let url = format!("{}/v2/meta/release", gw.base_url());
-    assert_eq!(
-        get(&url, &[("x-api-key", BETA.1)]).await.status,
-        StatusCode::UNAUTHORIZED
-    );
+    let (alpha, beta) = (Client::new(gw.base_url(), ALPHA.1), Client::new(gw.base_url(), BETA.1));
+    let release = Query::meta_release();
+    assert_eq!(beta.get(&release).await.status, StatusCode::UNAUTHORIZED);
     let text = std::fs::read_to_string(gw.config_path()).expect("config");
     std::fs::write(
         gw.config_path(),
@@ -222,14 +207,10 @@ async fn sighup_reloads_the_teams_of_the_config_file() {
     .expect("rewrite");
     gw.signal("HUP");
     eventually("SIGHUP reloads the teams", Duration::from_secs(10), || async {
-        get(&url, &[("x-api-key", BETA.1)]).await.status == StatusCode::OK
+        beta.get(&release).await.status == StatusCode::OK
     })
     .await;
-    assert_eq!(
-        get(&url, &[("x-api-key", ALPHA.1)]).await.status,
-        StatusCode::OK,
-        "old teams stay"
-    );
+    assert_eq!(alpha.get(&release).await.status, StatusCode::OK, "old teams stay");
 }
 
 #[tokio::test]
@@ -264,7 +245,9 @@ async fn human_logs_carry_no_colour_codes_when_not_a_terminal() {
         .find_map(|w| w.strip_prefix("listen="))
         .unwrap_or_else(|| panic!("no plain listen= field in {serving:?}"))
         .to_string();
-    let r = get(&format!("http://{addr}/v2/meta/release"), &[("x-api-key", ALPHA.1)]).await;
+    let r = Client::new(format!("http://{addr}"), ALPHA.1)
+        .get(Query::meta_release())
+        .await;
     assert_eq!(r.status, StatusCode::OK);
     let access = std::iter::repeat_with(next)
         .find(|l| l.contains("access"))

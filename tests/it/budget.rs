@@ -1,11 +1,13 @@
 //! Hard team budgets, the durable ledger and fair sharing of the upstream
 //! rate: asserted against what the simulator really charged.
 
+use crate::support::client::Client;
 use crate::support::gateway::{team, ChildGateway, FromFile, Setup, ADMIN_TOKEN, ALPHA, BETA, SMALL};
 use crate::support::http::{get, send, Reply};
+use crate::support::query::Query;
 use crate::support::redis::RedisServer;
 use crate::support::sim::{start_sim, unlimited, FaultKind, Faults, Sim, SimConfig};
-use crate::support::traffic::{as_team, charged_to, distinct_search, used};
+use crate::support::traffic::charged_to;
 use crate::support::wait::eventually;
 use bytes::Bytes;
 use http::{Method, StatusCode};
@@ -14,10 +16,13 @@ use std::time::Duration;
 /// 40 concurrent size=10 searches against a budget of 100, spread over the
 /// given gateways; returns the replies.
 async fn fire_forty(sim: &Sim, bases: &[String]) -> Vec<Reply> {
+    let s = sim.samples();
     let tasks: Vec<_> = (0..40)
         .map(|i| {
-            let url = format!("{}{}", bases[i as usize % bases.len()], distinct_search(sim, i, 10));
-            tokio::spawn(async move { as_team(&url, SMALL.1, &format!("small-{i}")).await })
+            Client::new(&bases[i as usize % bases.len()], SMALL.1)
+                .get(Query::distinct(&s, i).size(10))
+                .request_id(&format!("small-{i}"))
+                .spawn()
         })
         .collect();
     let mut replies = Vec::new();
@@ -66,7 +71,7 @@ async fn a_budget_of_100_holds_under_40_concurrent_searches() {
     let replies = fire_forty(&sim, &[gw.base_url()]).await;
     assert_budget_held(&sim, &replies);
     assert_eq!(
-        used(&gw.base_url(), SMALL.1).await,
+        Client::new(gw.base_url(), SMALL.1).used().await,
         100,
         "the ledger equals what the upstream charged"
     );
@@ -83,8 +88,8 @@ async fn a_budget_of_100_holds_across_two_replicas_on_one_redis_ledger() {
     let gw2 = setup.start(&sim).await;
     let replies = fire_forty(&sim, &[gw1.base_url(), gw2.base_url()]).await;
     assert_budget_held(&sim, &replies);
-    assert_eq!(used(&gw1.base_url(), SMALL.1).await, 100);
-    assert_eq!(used(&gw2.base_url(), SMALL.1).await, 100);
+    assert_eq!(Client::new(gw1.base_url(), SMALL.1).used().await, 100);
+    assert_eq!(Client::new(gw2.base_url(), SMALL.1).used().await, 100);
 }
 
 #[tokio::test]
@@ -94,40 +99,37 @@ async fn free_endpoints_cost_nothing_and_a_small_settle_returns_the_difference()
         .teams(team(SMALL.0, SMALL.1, "credit_limit = 100"))
         .start(&sim)
         .await;
-    let base = gw.base_url();
+    let small = Client::new(gw.base_url(), SMALL.1);
     let s = sim.samples();
-    for path in [
-        "/v2/meta/release".to_string(),
-        format!("/v2/counties?geo_id={}", s.county_geo_id),
-        "/v2/list/zip?size=100".into(),
+    for query in [
+        Query::meta_release(),
+        Query::new("/v2/counties").param("geo_id", &s.county_geo_id),
+        Query::new("/v2/list/zip").size(100),
     ] {
-        let r = as_team(&format!("{base}{path}"), SMALL.1, "free").await;
-        assert_eq!(r.status, StatusCode::OK, "{path}");
+        let r = small.get(&query).request_id("free").await;
+        assert_eq!(r.status, StatusCode::OK, "{query}");
     }
-    assert_eq!(used(&base, SMALL.1).await, 0);
+    assert_eq!(small.used().await, 0);
     // Reserve 60 for a query that returns 3 records: 57 come back.
-    let few = format!(
-        "/v2/permits/search?geo_id={}&permit_from={}&permit_to={}&size=60",
-        s.address_geo_id, s.permit_from, s.permit_to
-    );
-    let r = as_team(&format!("{base}{few}"), SMALL.1, "few").await;
+    let few = Query::permit_search(&s.address_geo_id)
+        .window(&s.permit_from, &s.permit_to)
+        .size(60);
+    let r = small.get(few).request_id("few").await;
     assert_eq!(r.status, StatusCode::OK);
-    let cost = r.header_u64("x-credits-request").expect("cost");
+    let cost = r.credits_request().expect("cost");
     assert!(cost < 60, "an address has few permits ({cost})");
     assert_eq!(r.header_u64("x-credits-remaining"), Some(100 - cost));
-    let big = as_team(
-        &format!("{base}{}", distinct_search(&sim, 1, 100 - cost as u32)),
-        SMALL.1,
-        "big",
-    )
-    .await;
+    let big = small
+        .get(Query::distinct(&s, 1).size(100 - cost as u32))
+        .request_id("big")
+        .await;
     assert_eq!(
         big.status,
         StatusCode::OK,
         "the difference was returned: {}",
         big.text()
     );
-    assert_eq!(used(&base, SMALL.1).await, 100);
+    assert_eq!(small.used().await, 100);
     assert_eq!(charged_to(&sim, ""), 100);
 }
 
@@ -136,22 +138,17 @@ async fn spend_survives_a_restart_of_the_file_ledger() {
     let sim = start_sim(unlimited()).await;
     let setup = Setup::new().teams(team(SMALL.0, SMALL.1, "credit_limit = 100"));
     let gw = setup.start(&sim).await;
-    let r = as_team(
-        &format!("{}{}", gw.base_url(), distinct_search(&sim, 0, 30)),
-        SMALL.1,
-        "a",
-    )
-    .await;
+    let s = sim.samples();
+    let r = Client::new(gw.base_url(), SMALL.1)
+        .get(Query::distinct(&s, 0).size(30))
+        .request_id("a")
+        .await;
     assert_eq!(r.status, StatusCode::OK);
     gw.shutdown().await.expect("graceful stop");
     let again = setup.start(&sim).await;
-    assert_eq!(used(&again.base_url(), SMALL.1).await, 30);
-    let over = as_team(
-        &format!("{}{}", again.base_url(), distinct_search(&sim, 1, 80)),
-        SMALL.1,
-        "b",
-    )
-    .await;
+    let small = Client::new(again.base_url(), SMALL.1);
+    assert_eq!(small.used().await, 30);
+    let over = small.get(Query::distinct(&s, 1).size(80)).request_id("b").await;
     assert_eq!(
         over.status,
         StatusCode::PAYMENT_REQUIRED,
@@ -174,15 +171,14 @@ async fn sigkill_mid_load_loses_no_settled_spend_and_lapsed_reservations_count_a
             ),
         );
     let mut gw = ChildGateway::spawn(&setup, &sim.base_url(), sim.api_key());
-    let base = gw.base_url();
+    let small = Client::new(gw.base_url(), SMALL.1);
+    let s = sim.samples();
     // Three calls that settle (30 credits), then three that hang upstream.
     for i in 0..3 {
-        let r = as_team(
-            &format!("{base}{}", distinct_search(&sim, i, 10)),
-            SMALL.1,
-            &format!("done-{i}"),
-        )
-        .await;
+        let r = small
+            .get(Query::distinct(&s, i).size(10))
+            .request_id(&format!("done-{i}"))
+            .await;
         assert_eq!(r.status, StatusCode::OK);
     }
     // Hung for longer than this test can take, even on a loaded machine: a
@@ -195,10 +191,7 @@ async fn sigkill_mid_load_loses_no_settled_spend_and_lapsed_reservations_count_a
         ..Faults::default()
     });
     let hanging: Vec<_> = (3..6)
-        .map(|i| {
-            let url = format!("{base}{}", distinct_search(&sim, i, 20));
-            tokio::spawn(async move { send(Method::GET, &url, &[("x-api-key", SMALL.1)], Bytes::new()).await })
-        })
+        .map(|i| small.get(Query::distinct(&s, i).size(20)).spawn())
         .collect();
     // Wait until the three calls hold their reservations in the ledger.
     let client = redis::Client::open(redis.url()).expect("redis url");
@@ -230,33 +223,20 @@ async fn sigkill_mid_load_loses_no_settled_spend_and_lapsed_reservations_count_a
     // budget is then 90 used, at least what the upstream charged (30) and
     // never above the limit.
     let gw = ChildGateway::spawn(&setup, &sim.base_url(), sim.api_key());
-    assert_eq!(
-        used(&gw.base_url(), SMALL.1).await,
-        30,
-        "settled spend survived the kill"
-    );
+    let small = small.at(gw.base_url());
+    assert_eq!(small.used().await, 30, "settled spend survived the kill");
     let lapse = "the killed process's reservations lapse into spend";
     eventually(lapse, Duration::from_secs(20), || async {
         // 20 more never fit (30 + 60 held, or 90 spent): each try runs the
         // reserve script, which turns lapsed reservations into spend.
-        let r = as_team(
-            &format!("{}{}", gw.base_url(), distinct_search(&sim, 9, 20)),
-            SMALL.1,
-            "after",
-        )
-        .await;
+        let r = small.get(Query::distinct(&s, 9).size(20)).request_id("after").await;
         assert_eq!(r.status, StatusCode::PAYMENT_REQUIRED, "{}", r.text());
-        used(&gw.base_url(), SMALL.1).await == 90
+        small.used().await == 90
     })
     .await;
-    let last = as_team(
-        &format!("{}{}", gw.base_url(), distinct_search(&sim, 10, 10)),
-        SMALL.1,
-        "last",
-    )
-    .await;
+    let last = small.get(Query::distinct(&s, 10).size(10)).request_id("last").await;
     assert_eq!(last.status, StatusCode::OK);
-    assert_eq!(used(&gw.base_url(), SMALL.1).await, 100, "exactly the limit");
+    assert_eq!(small.used().await, 100, "exactly the limit");
     // After a crash the ledger may hold more than the upstream charged (the
     // lapsed holds count in full), never less, and never more than the
     // limit. The upstream charged the 3 settled calls and the last one, plus
@@ -277,11 +257,12 @@ async fn an_exhausted_org_pauses_metered_calls_and_charges_no_team() {
     })
     .await;
     let gw = Setup::new().start(&sim).await;
-    let base = gw.base_url();
-    let cached = format!("{base}{}", distinct_search(&sim, 0, 20));
-    assert_eq!(as_team(&cached, ALPHA.1, "a").await.status, StatusCode::OK);
+    let alpha = Client::new(gw.base_url(), ALPHA.1);
+    let s = sim.samples();
+    let cached = Query::distinct(&s, 0).size(20);
+    assert_eq!(alpha.get(&cached).request_id("a").await.status, StatusCode::OK);
     // All 20 spent: the next call is refused upstream with 402.
-    let refused = as_team(&format!("{base}{}", distinct_search(&sim, 1, 10)), ALPHA.1, "b").await;
+    let refused = alpha.get(Query::distinct(&s, 1).size(10)).request_id("b").await;
     assert_eq!(refused.status, StatusCode::PAYMENT_REQUIRED);
     assert!(
         refused.json()["detail"]["error"].is_string(),
@@ -289,11 +270,11 @@ async fn an_exhausted_org_pauses_metered_calls_and_charges_no_team() {
     );
     let upstream_calls = sim.stats().requests_total;
     // Paused: the next metered miss does not reach the upstream.
-    let paused = as_team(&format!("{base}{}", distinct_search(&sim, 2, 1)), ALPHA.1, "c").await;
+    let paused = alpha.get(Query::distinct(&s, 2).size(1)).request_id("c").await;
     assert_eq!(paused.status, StatusCode::PAYMENT_REQUIRED);
     // A cached answer asked fresh falls back to its copy.
-    let stale = get(&cached, &[("x-api-key", ALPHA.1), ("cache-control", "no-cache")]).await;
-    assert_eq!(stale.header("x-cache"), Some("STALE"));
+    let stale = alpha.get(&cached).cache_control("no-cache").await;
+    assert_eq!(stale.x_cache(), Some("STALE"));
     let metered_after: Vec<String> = sim
         .log()
         .into_iter()
@@ -307,10 +288,10 @@ async fn an_exhausted_org_pauses_metered_calls_and_charges_no_team() {
     );
     // Free calls still go through.
     assert_eq!(
-        as_team(&format!("{base}/v2/meta/release"), ALPHA.1, "d").await.status,
+        alpha.get(Query::meta_release()).request_id("d").await.status,
         StatusCode::OK
     );
-    assert_eq!(used(&base, ALPHA.1).await, 20, "nothing charged for refused calls");
+    assert_eq!(alpha.used().await, 20, "nothing charged for refused calls");
 }
 
 #[tokio::test]
@@ -320,9 +301,9 @@ async fn admin_reports_budgets_and_chargeback_rows() {
         .teams(team(SMALL.0, SMALL.1, "credit_limit = 100") + &team(BETA.0, BETA.1, ""))
         .start(&sim)
         .await;
-    let url = format!("{}{}", gw.base_url(), distinct_search(&sim, 0, 7));
-    as_team(&url, SMALL.1, "x").await;
-    as_team(&url, BETA.1, "y").await;
+    let search = Query::distinct(&sim.samples(), 0).size(7);
+    Client::new(gw.base_url(), SMALL.1).get(&search).request_id("x").await;
+    Client::new(gw.base_url(), BETA.1).get(&search).request_id("y").await;
     let bearer = format!("Bearer {ADMIN_TOKEN}");
     let teams = get(
         &format!("{}/admin/teams", gw.admin_url()),
@@ -379,20 +360,20 @@ async fn hot_reload_changes_a_budget_and_adds_a_team_without_dropping_requests()
     let setup = Setup::new().teams(team(SMALL.0, SMALL.1, "credit_limit = 100"));
     let file = FromFile::start(&setup, &sim).await;
     let gw = &file.gw;
-    let url = format!("{}/v2/meta/release", gw.base_url());
-    let search = format!("{}{}", gw.base_url(), distinct_search(&sim, 0, 5));
+    let (small, beta) = (Client::new(gw.base_url(), SMALL.1), Client::new(gw.base_url(), BETA.1));
+    let search = Query::distinct(&sim.samples(), 0).size(5);
     assert_eq!(
-        as_team(&search, SMALL.1, "s").await.header("x-credits-limit"),
+        small.get(&search).request_id("s").await.header("x-credits-limit"),
         Some("100")
     );
     // Traffic keeps flowing while the config changes.
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let load = {
-        let (url, stop) = (url.clone(), stop.clone());
+        let (small, stop) = (small.clone(), stop.clone());
         tokio::spawn(async move {
             let mut statuses = Vec::new();
             while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-                statuses.push(as_team(&url, SMALL.1, "load").await.status);
+                statuses.push(small.get(Query::meta_release()).request_id("load").await.status);
             }
             statuses
         })
@@ -412,11 +393,11 @@ async fn hot_reload_changes_a_budget_and_adds_a_team_without_dropping_requests()
     assert_eq!(reload.status, StatusCode::OK, "{}", reload.text());
     assert_eq!(reload.json()["teams"], 2);
     assert_eq!(
-        as_team(&search, BETA.1, "new").await.status,
+        beta.get(&search).request_id("new").await.status,
         StatusCode::OK,
         "the new team is in"
     );
-    let after = as_team(&search, SMALL.1, "s2").await;
+    let after = small.get(&search).request_id("s2").await;
     assert_eq!(after.header("x-credits-limit"), Some("500"));
     assert_eq!(
         after.header("x-credits-remaining"),
@@ -440,5 +421,8 @@ async fn hot_reload_changes_a_budget_and_adds_a_team_without_dropping_requests()
     )
     .await;
     assert_eq!(refused.status, StatusCode::UNPROCESSABLE_ENTITY);
-    assert_eq!(as_team(&url, BETA.1, "still").await.status, StatusCode::OK);
+    assert_eq!(
+        beta.get(Query::meta_release()).request_id("still").await.status,
+        StatusCode::OK
+    );
 }

@@ -1,29 +1,21 @@
 //! The credit-saving cache: what reaches the upstream, and what it costs.
 
+use crate::support::client::Client;
 use crate::support::gateway::{Setup, ADMIN_TOKEN, ALPHA, BETA};
 use crate::support::http::{get, send, Reply};
 use crate::support::probe::{redis_errors, wait_cache_redis_ok};
+use crate::support::query::Query;
 use crate::support::redis::RedisServer;
-use crate::support::sim::{start_sim, unlimited, FaultKind, Faults, Sim};
+use crate::support::sim::{start_sim, unlimited, FaultKind, Faults};
 use crate::support::wait::eventually;
 use bytes::Bytes;
 use http::{Method, StatusCode};
+use permit_gateway::Running;
 use std::time::Duration;
 
-fn search_path(sim: &Sim, size: u32) -> String {
-    let s = sim.samples();
-    format!(
-        "/v2/permits/search?geo_id={}&permit_from={}&permit_to={}&size={size}",
-        s.state, s.permit_from, s.permit_to
-    )
-}
-
-async fn alpha(url: &str) -> Reply {
-    get(url, &[("x-api-key", ALPHA.1)]).await
-}
-
-async fn with_cc(url: &str, cc: &str) -> Reply {
-    get(url, &[("x-api-key", ALPHA.1), ("cache-control", cc)]).await
+/// Team alpha at `gw`.
+fn alpha(gw: &Running) -> Client {
+    Client::new(gw.base_url(), ALPHA.1)
 }
 
 #[tokio::test]
@@ -31,47 +23,40 @@ async fn a_repeat_does_not_reach_the_upstream_and_costs_nothing() {
     let sim = start_sim(unlimited()).await;
     let gw = Setup::new().start(&sim).await;
     let s = sim.samples();
-    let url = format!("{}{}", gw.base_url(), search_path(&sim, 7));
-    let first = alpha(&url).await;
+    let alpha = alpha(&gw);
+    let query = Query::state_permits(&s).size(7);
+    let first = alpha.get(&query).await;
     assert_eq!(first.status, StatusCode::OK);
-    assert_eq!(first.header("x-cache"), Some("MISS"));
-    assert_eq!(first.header_u64("x-credits-request"), Some(7));
+    assert_eq!(first.x_cache(), Some("MISS"));
+    assert_eq!(first.credits_request(), Some(7));
 
-    let again = get(&url, &[("x-api-key", BETA.1)]).await;
-    assert_eq!(again.header("x-cache"), Some("HIT"), "another team hits the same entry");
-    assert_eq!(again.header_u64("x-credits-request"), Some(0));
+    let again = Client::new(gw.base_url(), BETA.1).get(&query).await;
+    assert_eq!(again.x_cache(), Some("HIT"), "another team hits the same entry");
+    assert_eq!(again.credits_request(), Some(0));
     assert_eq!(again.body, first.body);
     assert!(again.header_u64("age").is_some());
 
-    // Parameter order, explicit defaults and boolean spellings hit too.
+    // Parameter order, explicit defaults and boolean spellings hit too. The
+    // reordered and the `0` spellings are written out: the spelling is what
+    // is tested.
     for variant in [
         format!(
             "/v2/permits/search?size=7&permit_to={}&permit_from={}&geo_id={}",
             s.permit_to, s.permit_from, s.state
         ),
-        format!(
-            "/v2/permits/search?geo_id={}&permit_from={}&permit_to={}&size=7&include_count=false",
-            s.state, s.permit_from, s.permit_to
-        ),
+        query.clone().include_count(false).to_string(),
         format!(
             "/v2/permits/search?geo_id={}&permit_from={}&permit_to={}&size=7&include_count=0",
             s.state, s.permit_from, s.permit_to
         ),
     ] {
-        let r = alpha(&format!("{}{variant}", gw.base_url())).await;
-        assert_eq!(r.header("x-cache"), Some("HIT"), "{variant}");
+        let r = alpha.get(&variant).await;
+        assert_eq!(r.x_cache(), Some("HIT"), "{variant}");
     }
-    let default_size = alpha(&format!("{}{}", gw.base_url(), search_path(&sim, 50))).await;
-    assert_eq!(default_size.header("x-cache"), Some("MISS"));
-    let implicit = alpha(&format!(
-        "{}/v2/permits/search?geo_id={}&permit_from={}&permit_to={}",
-        gw.base_url(),
-        s.state,
-        s.permit_from,
-        s.permit_to
-    ))
-    .await;
-    assert_eq!(implicit.header("x-cache"), Some("HIT"), "size=50 equals no size");
+    let default_size = alpha.get(Query::state_permits(&s).size(50)).await;
+    assert_eq!(default_size.x_cache(), Some("MISS"));
+    let implicit = alpha.get(Query::state_permits(&s)).await;
+    assert_eq!(implicit.x_cache(), Some("HIT"), "size=50 equals no size");
 
     assert_eq!(sim.stats().requests_total, 2, "one upstream request per distinct query");
     let metrics = get(&format!("{}/metrics", gw.admin_url()), &[]).await.text();
@@ -90,22 +75,16 @@ async fn a_hundred_concurrent_identical_misses_make_one_upstream_request() {
         latency_ms: Some(300),
         ..Faults::default()
     });
-    let url = format!("{}{}", gw.base_url(), search_path(&sim, 5));
-    let replies = futures_join_all((0..100).map(|_| {
-        let url = url.clone();
-        tokio::spawn(async move { alpha(&url).await })
-    }))
-    .await;
+    let query = Query::state_permits(&sim.samples()).size(5);
+    let alpha = alpha(&gw);
+    let replies = futures_join_all((0..100).map(|_| alpha.get(&query).spawn())).await;
     assert_eq!(sim.stats().requests_total, 1);
     let body = &replies[0].body;
     for r in &replies {
         assert_eq!(r.status, StatusCode::OK);
         assert_eq!(&r.body, body);
     }
-    let charged: u64 = replies
-        .iter()
-        .map(|r| r.header_u64("x-credits-request").unwrap_or(0))
-        .sum();
+    let charged: u64 = replies.iter().map(|r| r.credits_request().unwrap_or(0)).sum();
     assert_eq!(charged, 5, "only the fetching request pays");
 }
 
@@ -130,12 +109,14 @@ async fn two_gateways_on_one_redis_share_entries_and_fetches() {
     let gw1 = setup.start(&sim).await;
     let gw2 = setup.start(&sim).await;
 
-    let path = search_path(&sim, 4);
-    let miss = alpha(&format!("{}{path}", gw1.base_url())).await;
-    assert_eq!(miss.header("x-cache"), Some("MISS"));
-    let hit = alpha(&format!("{}{path}", gw2.base_url())).await;
+    let s = sim.samples();
+    let (on1, on2) = (alpha(&gw1), alpha(&gw2));
+    let query = Query::state_permits(&s).size(4);
+    let miss = on1.get(&query).await;
+    assert_eq!(miss.x_cache(), Some("MISS"));
+    let hit = on2.get(&query).await;
     assert_eq!(
-        hit.header("x-cache"),
+        hit.x_cache(),
         Some("HIT"),
         "a miss on one replica is a hit on the other"
     );
@@ -148,10 +129,10 @@ async fn two_gateways_on_one_redis_share_entries_and_fetches() {
         latency_ms: Some(400),
         ..Faults::default()
     });
-    let path = search_path(&sim, 3);
+    let query = Query::state_permits(&s).size(3);
     let tasks = (0..40).map(|i| {
-        let url = format!("{}{path}", if i % 2 == 0 { gw1.base_url() } else { gw2.base_url() });
-        tokio::spawn(async move { alpha(&url).await })
+        let replica = if i % 2 == 0 { &on1 } else { &on2 };
+        replica.get(&query).spawn()
     });
     let replies = futures_join_all(tasks).await;
     assert!(replies.iter().all(|r| r.status == StatusCode::OK));
@@ -172,32 +153,23 @@ async fn a_dead_redis_costs_nothing_and_a_restarted_one_is_used_again() {
     );
     let gw = setup.start(&sim).await;
     let other_dir = Setup::new().with("cache", format!("redis_url = {:?}", redis.url()));
-    let path = search_path(&sim, 2);
-    assert_eq!(
-        alpha(&format!("{}{path}", gw.base_url())).await.header("x-cache"),
-        Some("MISS")
-    );
+    let s = sim.samples();
+    let search = |size: u32| Query::state_permits(&s).size(size);
+    let alpha = alpha(&gw);
+    assert_eq!(alpha.get(search(2)).await.x_cache(), Some("MISS"));
 
     redis.kill();
     // Requests keep succeeding from memory and from the upstream.
-    assert_eq!(
-        alpha(&format!("{}{path}", gw.base_url())).await.header("x-cache"),
-        Some("HIT")
-    );
+    assert_eq!(alpha.get(search(2)).await.x_cache(), Some("HIT"));
     for size in 10..16 {
-        let r = alpha(&format!("{}{}", gw.base_url(), search_path(&sim, size))).await;
+        let r = alpha.get(search(size)).await;
         assert_eq!(r.status, StatusCode::OK);
     }
     // Once the breaker is open, Redis is not even tried: errors stop growing.
     let before = redis_errors(&gw.admin_url()).await;
     assert!(before >= 3, "redis failures were counted");
     for size in 20..30 {
-        assert_eq!(
-            alpha(&format!("{}{}", gw.base_url(), search_path(&sim, size)))
-                .await
-                .status,
-            StatusCode::OK
-        );
+        assert_eq!(alpha.get(search(size)).await.status, StatusCode::OK);
     }
     let after = redis_errors(&gw.admin_url()).await;
     assert!(
@@ -207,14 +179,10 @@ async fn a_dead_redis_costs_nothing_and_a_restarted_one_is_used_again() {
 
     redis.restart();
     wait_cache_redis_ok(&gw.admin_url()).await;
-    let path = search_path(&sim, 31);
-    assert_eq!(
-        alpha(&format!("{}{path}", gw.base_url())).await.header("x-cache"),
-        Some("MISS")
-    );
+    assert_eq!(alpha.get(search(31)).await.x_cache(), Some("MISS"));
     let other = other_dir.start(&sim).await;
-    let r = alpha(&format!("{}{path}", other.base_url())).await;
-    assert_eq!(r.header("x-cache"), Some("HIT"), "L2 is written and read again");
+    let r = alpha.at(other.base_url()).get(search(31)).await;
+    assert_eq!(r.x_cache(), Some("HIT"), "L2 is written and read again");
 }
 
 #[tokio::test]
@@ -228,10 +196,12 @@ async fn upstream_failures_serve_a_stale_copy_or_the_mapped_error() {
         )
         .start(&sim)
         .await;
-    let cached = format!("{}{}", gw.base_url(), search_path(&sim, 6));
-    let fresh = alpha(&cached).await;
-    assert_eq!(fresh.header("x-cache"), Some("MISS"));
-    let uncached = format!("{}{}", gw.base_url(), search_path(&sim, 8));
+    let s = sim.samples();
+    let alpha = alpha(&gw);
+    let cached = Query::state_permits(&s).size(6);
+    let fresh = alpha.get(&cached).await;
+    assert_eq!(fresh.x_cache(), Some("MISS"));
+    let uncached = Query::state_permits(&s).size(8);
     let cases: [(Faults, StatusCode); 6] = [
         // The upstream refused the gateway's own key: an upstream failure
         // (stale if held), never the team's 401.
@@ -289,12 +259,12 @@ async fn upstream_failures_serve_a_stale_copy_or_the_mapped_error() {
     for (fault, mapped) in cases {
         sim.set_faults(fault.clone());
         // no-cache forces the upstream call; its failure falls back to the copy.
-        let stale = with_cc(&cached, "no-cache").await;
+        let stale = alpha.get(&cached).cache_control("no-cache").await;
         assert_eq!(stale.status, StatusCode::OK, "{fault:?}");
-        assert_eq!(stale.header("x-cache"), Some("STALE"), "{fault:?}");
+        assert_eq!(stale.x_cache(), Some("STALE"), "{fault:?}");
         assert_eq!(stale.body, fresh.body);
-        assert_eq!(stale.header_u64("x-credits-request"), Some(0));
-        let failed = alpha(&uncached).await;
+        assert_eq!(stale.credits_request(), Some(0));
+        let failed = alpha.get(&uncached).await;
         assert_eq!(failed.status, mapped, "{fault:?}: {}", failed.text());
         if mapped == StatusCode::TOO_MANY_REQUESTS {
             assert!(failed.header_u64("retry-after").is_some_and(|s| s >= 1));
@@ -324,65 +294,62 @@ async fn expired_entries_are_kept_for_the_grace_period_and_served_on_failure() {
         .with("upstream", "max_retries = 0")
         .start(&sim)
         .await;
-    let url = format!("{}/v2/meta/release", gw.base_url());
-    assert_eq!(alpha(&url).await.header("x-cache"), Some("MISS"));
+    let alpha = alpha(&gw);
+    let release = Query::meta_release();
+    assert_eq!(alpha.get(&release).await.x_cache(), Some("MISS"));
     // Wait for the entry to expire: only-if-cached stops accepting it.
     eventually("the entry expires", Duration::from_secs(5), || async {
-        with_cc(&url, "only-if-cached").await.status != StatusCode::OK
+        alpha.get(&release).cache_control("only-if-cached").await.status != StatusCode::OK
     })
     .await;
-    let accepted = with_cc(&url, "max-stale=600").await;
-    assert_eq!(
-        accepted.header("x-cache"),
-        Some("STALE"),
-        "max-stale accepts an expired entry"
-    );
+    let accepted = alpha.get(&release).cache_control("max-stale=600").await;
+    assert_eq!(accepted.x_cache(), Some("STALE"), "max-stale accepts an expired entry");
     sim.set_faults(Faults {
         kind: FaultKind::Status,
         status: Some(503),
         ..Faults::default()
     });
-    let stale = alpha(&url).await;
+    let stale = alpha.get(&release).await;
     assert_eq!(stale.status, StatusCode::OK);
-    assert_eq!(stale.header("x-cache"), Some("STALE"));
+    assert_eq!(stale.x_cache(), Some("STALE"));
     sim.clear_faults();
-    let refreshed = alpha(&url).await;
-    assert_eq!(
-        refreshed.header("x-cache"),
-        Some("MISS"),
-        "an expired entry is refetched"
-    );
+    let refreshed = alpha.get(&release).await;
+    assert_eq!(refreshed.x_cache(), Some("MISS"), "an expired entry is refetched");
 }
 
 #[tokio::test]
 async fn client_cache_control_is_honoured() {
     let sim = start_sim(unlimited()).await;
     let gw = Setup::new().start(&sim).await;
-    let url = format!("{}{}", gw.base_url(), search_path(&sim, 3));
+    let alpha = alpha(&gw);
+    let query = Query::state_permits(&sim.samples()).size(3);
 
-    let only = with_cc(&url, "only-if-cached").await;
+    let only = alpha.get(&query).cache_control("only-if-cached").await;
     assert_eq!(only.status, StatusCode::GATEWAY_TIMEOUT);
     assert_eq!(sim.stats().requests_total, 0, "only-if-cached never goes upstream");
 
-    let not_stored = with_cc(&url, "no-store").await;
+    let not_stored = alpha.get(&query).cache_control("no-store").await;
     assert_eq!(not_stored.status, StatusCode::OK);
     assert_eq!(
-        alpha(&url).await.header("x-cache"),
+        alpha.get(&query).await.x_cache(),
         Some("MISS"),
         "no-store was not stored"
     );
-    assert_eq!(alpha(&url).await.header("x-cache"), Some("HIT"));
+    assert_eq!(alpha.get(&query).await.x_cache(), Some("HIT"));
 
-    let bypass = with_cc(&url, "no-cache").await;
-    assert_eq!(bypass.header("x-cache"), Some("BYPASS"));
+    let bypass = alpha.get(&query).cache_control("no-cache").await;
+    assert_eq!(bypass.x_cache(), Some("BYPASS"));
     assert_eq!(sim.stats().requests_total, 3);
 
-    assert_eq!(with_cc(&url, "only-if-cached").await.status, StatusCode::OK);
+    assert_eq!(
+        alpha.get(&query).cache_control("only-if-cached").await.status,
+        StatusCode::OK
+    );
 
     // ETag and If-None-Match: 304 from the cache with no body.
-    let hit = alpha(&url).await;
+    let hit = alpha.get(&query).await;
     let etag = hit.header("etag").expect("etag on hits").to_string();
-    let cond = get(&url, &[("x-api-key", ALPHA.1), ("if-none-match", &etag)]).await;
+    let cond = alpha.get(&query).header("if-none-match", &etag).await;
     assert_eq!(cond.status, StatusCode::NOT_MODIFIED);
     assert!(cond.body.is_empty());
 }
@@ -391,15 +358,15 @@ async fn client_cache_control_is_honoured() {
 async fn errors_and_usage_are_never_cached() {
     let sim = start_sim(unlimited()).await;
     let gw = Setup::new().start(&sim).await;
-    for path in [
-        "/v2/permits/search?geo_id=CA&size=5",
-        "/v2/counties?geo_id=AAAAAAAAAAA",
-        "/v2/usage",
+    let alpha = alpha(&gw);
+    for query in [
+        Query::permit_search("CA").size(5),
+        Query::new("/v2/counties").param("geo_id", "AAAAAAAAAAA"),
+        Query::usage(),
     ] {
-        let url = format!("{}{path}", gw.base_url());
-        let first = alpha(&url).await;
-        let second = alpha(&url).await;
-        assert_ne!(second.header("x-cache"), Some("HIT"), "{path}: {}", first.status);
+        let first = alpha.get(&query).await;
+        let second = alpha.get(&query).await;
+        assert_ne!(second.x_cache(), Some("HIT"), "{query}: {}", first.status);
     }
     assert_eq!(
         sim.stats().requests_total,
@@ -416,10 +383,11 @@ async fn purge_empties_both_tiers_all_or_by_route() {
         .with("cache", format!("redis_url = {:?}", redis.url()))
         .start(&sim)
         .await;
-    let search = format!("{}{}", gw.base_url(), search_path(&sim, 2));
-    let release = format!("{}/v2/meta/release", gw.base_url());
-    alpha(&search).await;
-    alpha(&release).await;
+    let alpha = alpha(&gw);
+    let search = Query::state_permits(&sim.samples()).size(2);
+    let release = Query::meta_release();
+    alpha.get(&search).await;
+    alpha.get(&release).await;
     let purge = |q: &'static str| {
         let url = format!("{}/admin/cache/purge{q}", gw.admin_url());
         async move {
@@ -446,8 +414,8 @@ async fn purge_empties_both_tiers_all_or_by_route() {
     let by_route = purge("?route=meta_release").await;
     assert_eq!(by_route.status, StatusCode::OK);
     assert_eq!(by_route.json()["redis_keys"], 1);
-    assert_eq!(alpha(&search).await.header("x-cache"), Some("HIT"));
-    assert_eq!(alpha(&release).await.header("x-cache"), Some("MISS"));
+    assert_eq!(alpha.get(&search).await.x_cache(), Some("HIT"));
+    assert_eq!(alpha.get(&release).await.x_cache(), Some("MISS"));
     assert_eq!(purge("?route=nope").await.status, StatusCode::UNPROCESSABLE_ENTITY);
     let all = purge("").await;
     assert_eq!(
@@ -455,7 +423,7 @@ async fn purge_empties_both_tiers_all_or_by_route() {
         4,
         "the search page, its two records, the release"
     );
-    assert_eq!(alpha(&search).await.header("x-cache"), Some("MISS"));
+    assert_eq!(alpha.get(&search).await.x_cache(), Some("MISS"));
 }
 
 #[tokio::test]
@@ -468,11 +436,12 @@ async fn stale_while_revalidate_answers_at_once_and_refreshes_once_behind() {
         )
         .start(&sim)
         .await;
-    let url = format!("{}/v2/meta/release", gw.base_url());
-    assert_eq!(alpha(&url).await.header("x-cache"), Some("MISS"));
+    let alpha = alpha(&gw);
+    let release = Query::meta_release();
+    assert_eq!(alpha.get(&release).await.x_cache(), Some("MISS"));
     // Wait for expiry (only-if-cached never triggers the refresh).
     eventually("the entry expires", Duration::from_secs(5), || async {
-        with_cc(&url, "only-if-cached").await.header("x-cache") == Some("STALE")
+        alpha.get(&release).cache_control("only-if-cached").await.x_cache() == Some("STALE")
     })
     .await;
     assert_eq!(sim.stats().requests_total, 1);
@@ -482,19 +451,14 @@ async fn stale_while_revalidate_answers_at_once_and_refreshes_once_behind() {
         latency_ms: Some(300),
         ..Faults::default()
     });
-    let tasks: Vec<_> = (0..5)
-        .map(|_| {
-            let url = url.clone();
-            tokio::spawn(async move { alpha(&url).await })
-        })
-        .collect();
+    let tasks: Vec<_> = (0..5).map(|_| alpha.get(&release).spawn()).collect();
     let replies = futures_join_all(tasks.into_iter()).await;
     assert!(
-        replies.iter().all(|r| r.header("x-cache") == Some("STALE")),
+        replies.iter().all(|r| r.x_cache() == Some("STALE")),
         "stale answers at once"
     );
     eventually("the background refresh lands", Duration::from_secs(10), || async {
-        alpha(&url).await.header("x-cache") == Some("HIT")
+        alpha.get(&release).await.x_cache() == Some("HIT")
     })
     .await;
     assert_eq!(sim.stats().requests_total, 2, "one fetch, one background refresh");

@@ -2,13 +2,15 @@
 //! fails every way the simulator can; signals; the org running dry. Each
 //! test ends with the ledger equal to what the upstream charged each team.
 
+use crate::support::client::Client;
 use crate::support::gateway::{team, ChildGateway, Setup, ADMIN_TOKEN, ALPHA, BETA, SMALL};
 use crate::support::http::{get, Reply};
 use crate::support::probe::{redis_errors, wait_cache_redis_ok};
+use crate::support::query::Query;
 use crate::support::redis::RedisServer;
 use crate::support::relay::SlowRelay;
 use crate::support::sim::{fault, start_sim, unlimited, FaultKind, Faults, SimConfig};
-use crate::support::traffic::{alternate, as_team, assert_ledger_matches, distinct_search, used};
+use crate::support::traffic::{alternate, assert_ledger_matches};
 use crate::support::wait::eventually;
 use http::StatusCode;
 use std::time::Duration;
@@ -20,7 +22,8 @@ async fn redis_down_at_start_then_back() {
     let sim = start_sim(unlimited()).await;
     let setup = Setup::new().with("cache", format!("redis_url = {:?}", redis.url()));
     let gw = setup.start(&sim).await;
-    let url = format!("{}{}", gw.base_url(), distinct_search(&sim, 0, 5));
+    let (alpha, s) = (Client::new(gw.base_url(), ALPHA.1), sim.samples());
+    let query = Query::distinct(&s, 0).size(5);
     let ready = get(&format!("{}/readyz", gw.admin_url()), &[]).await;
     assert_eq!(
         ready.status,
@@ -28,30 +31,25 @@ async fn redis_down_at_start_then_back() {
         "a down cache Redis does not make the gateway unready"
     );
     assert_ne!(ready.json()["checks"]["cache_redis"], "ok");
-    assert_eq!(as_team(&url, ALPHA.1, "alpha-1").await.header("x-cache"), Some("MISS"));
+    assert_eq!(alpha.get(&query).request_id("alpha-1").await.x_cache(), Some("MISS"));
     assert_eq!(
-        as_team(&url, ALPHA.1, "alpha-2").await.header("x-cache"),
+        alpha.get(&query).request_id("alpha-2").await.x_cache(),
         Some("HIT"),
         "memory tier serves"
     );
     redis.restart();
     wait_cache_redis_ok(&gw.admin_url()).await;
-    let fresh = format!("{}{}", gw.base_url(), distinct_search(&sim, 1, 5));
-    assert_eq!(
-        as_team(&fresh, ALPHA.1, "alpha-3").await.header("x-cache"),
-        Some("MISS")
-    );
+    let fresh = Query::distinct(&s, 1).size(5);
+    assert_eq!(alpha.get(&fresh).request_id("alpha-3").await.x_cache(), Some("MISS"));
     let other = Setup::new()
         .with("cache", format!("redis_url = {:?}", redis.url()))
         .start(&sim)
         .await;
-    let shared = as_team(
-        &format!("{}{}", other.base_url(), distinct_search(&sim, 1, 5)),
-        BETA.1,
-        "beta-1",
-    )
-    .await;
-    assert_eq!(shared.header("x-cache"), Some("HIT"), "the shared tier works again");
+    let shared = Client::new(other.base_url(), BETA.1)
+        .get(&fresh)
+        .request_id("beta-1")
+        .await;
+    assert_eq!(shared.x_cache(), Some("HIT"), "the shared tier works again");
     assert_ledger_matches(&sim, &gw.admin_url(), &["alpha"]).await;
 }
 
@@ -64,33 +62,22 @@ async fn a_slow_redis_costs_at_most_its_timeout_and_recovers() {
         .with("cache", format!("redis_url = {:?}\nredis_timeout_ms = 50", relay.url()))
         .start(&sim)
         .await;
-    let base = gw.base_url();
-    assert_eq!(
-        as_team(&format!("{base}{}", distinct_search(&sim, 0, 3)), ALPHA.1, "alpha-0")
-            .await
-            .status,
-        StatusCode::OK
-    );
+    let (alpha, s) = (Client::new(gw.base_url(), ALPHA.1), sim.samples());
+    let search = |i: u32| {
+        alpha
+            .get(Query::distinct(&s, i).size(3))
+            .request_id(&format!("alpha-{i}"))
+    };
+    assert_eq!(search(0).await.status, StatusCode::OK);
     relay.set_delay(Duration::from_millis(400));
     for i in 1..8 {
-        let r = as_team(
-            &format!("{base}{}", distinct_search(&sim, i, 3)),
-            ALPHA.1,
-            &format!("alpha-{i}"),
-        )
-        .await;
+        let r = search(i).await;
         assert_eq!(r.status, StatusCode::OK, "a slow Redis never fails a request");
     }
     let tripped = redis_errors(&gw.admin_url()).await;
     assert!(tripped >= 3, "timeouts were counted ({tripped})");
     for i in 8..20 {
-        let r = as_team(
-            &format!("{base}{}", distinct_search(&sim, i, 3)),
-            ALPHA.1,
-            &format!("alpha-{i}"),
-        )
-        .await;
-        assert_eq!(r.status, StatusCode::OK);
+        assert_eq!(search(i).await.status, StatusCode::OK);
     }
     let after = redis_errors(&gw.admin_url()).await;
     assert!(
@@ -120,7 +107,7 @@ async fn every_upstream_fault_maps_cleanly_and_the_ledger_matches() {
         )
         .start(&sim)
         .await;
-    let base = gw.base_url();
+    let (alpha, s) = (Client::new(gw.base_url(), ALPHA.1), sim.samples());
     let cases = [
         Case {
             fault: Faults {
@@ -194,14 +181,14 @@ async fn every_upstream_fault_maps_cleanly_and_the_ledger_matches() {
         },
     ];
     for (i, case) in cases.iter().enumerate() {
-        let url = format!("{base}{}", distinct_search(&sim, i as u32, 4));
+        let query = Query::distinct(&s, i as u32).size(4);
         sim.set_faults(case.fault.clone());
-        let r = as_team(&url, ALPHA.1, &format!("alpha-{i}")).await;
+        let r = alpha.get(&query).request_id(&format!("alpha-{i}")).await;
         sim.clear_faults();
         assert_eq!(r.status, case.status, "{:?}: {}", case.fault.kind, r.text());
         if r.status == StatusCode::OK {
             assert_eq!(
-                r.header_u64("x-credits-request"),
+                r.credits_request(),
                 Some(4),
                 "{:?}: credits from the records",
                 case.fault.kind
@@ -214,11 +201,11 @@ async fn every_upstream_fault_maps_cleanly_and_the_ledger_matches() {
                 case.fault.kind
             );
         }
-        let again = as_team(&url, ALPHA.1, &format!("alpha-{i}-again")).await;
+        let again = alpha.get(&query).request_id(&format!("alpha-{i}-again")).await;
         assert_eq!(again.status, StatusCode::OK);
         let expect = if case.cached { "HIT" } else { "MISS" };
         assert_eq!(
-            again.header("x-cache"),
+            again.x_cache(),
             Some(expect),
             "{:?}: a bad answer is never cached",
             case.fault.kind
@@ -230,23 +217,19 @@ async fn every_upstream_fault_maps_cleanly_and_the_ledger_matches() {
         ..fault(FaultKind::Status)
     });
     for i in 0..10 {
-        let r = as_team(
-            &format!("{base}{}", distinct_search(&sim, 100 + i, 2)),
-            ALPHA.1,
-            &format!("alpha-storm-{i}"),
-        )
-        .await;
+        let r = alpha
+            .get(Query::distinct(&s, 100 + i).size(2))
+            .request_id(&format!("alpha-storm-{i}"))
+            .await;
         assert_eq!(r.status, StatusCode::BAD_GATEWAY);
     }
     sim.clear_faults();
     assert_eq!(
-        as_team(
-            &format!("{base}{}", distinct_search(&sim, 200, 2)),
-            ALPHA.1,
-            "alpha-after"
-        )
-        .await
-        .status,
+        alpha
+            .get(Query::distinct(&s, 200).size(2))
+            .request_id("alpha-after")
+            .await
+            .status,
         StatusCode::OK
     );
     // The huge 200 came without `X-Credits-Request` (the simulator billed
@@ -284,11 +267,14 @@ async fn sigterm_under_load_finishes_every_request_in_flight() {
         latency_ms: Some(800),
         ..fault(FaultKind::Latency)
     });
+    let s = sim.samples();
     let tasks: Vec<_> = (0..30)
         .map(|i| {
-            let url = format!("{}{}", gw.base_url(), distinct_search(&sim, i % 20, 3));
             let (token, id) = alternate(i);
-            tokio::spawn(async move { as_team(&url, token, &id).await })
+            Client::new(gw.base_url(), token)
+                .get(Query::distinct(&s, i % 20).size(3))
+                .request_id(&id)
+                .spawn()
         })
         .collect();
     eventually("the requests arrive", Duration::from_secs(10), || async {
@@ -322,29 +308,24 @@ async fn sigkill_then_restart_with_a_changed_config_keeps_spend_and_loses_only_c
     let sim = start_sim(unlimited()).await;
     let setup = Setup::new().teams(team(SMALL.0, SMALL.1, "credit_limit = 100"));
     let mut gw = ChildGateway::spawn(&setup, &sim.base_url(), sim.api_key());
-    let paths: Vec<String> = (0..5).map(|i| distinct_search(&sim, i, 6)).collect();
-    for (i, p) in paths.iter().enumerate() {
-        let r = as_team(&format!("{}{p}", gw.base_url()), SMALL.1, &format!("small-{i}")).await;
+    let s = sim.samples();
+    let queries: Vec<Query> = (0..5).map(|i| Query::distinct(&s, i).size(6)).collect();
+    let small = Client::new(gw.base_url(), SMALL.1);
+    for (i, q) in queries.iter().enumerate() {
+        let r = small.get(q).request_id(&format!("small-{i}")).await;
         assert_eq!(r.status, StatusCode::OK);
     }
     gw.signal("KILL");
     gw.wait_exit(Duration::from_secs(10));
     let changed = setup.teams(team(SMALL.0, SMALL.1, "credit_limit = 40"));
     let gw = ChildGateway::spawn(&changed, &sim.base_url(), sim.api_key());
-    assert_eq!(
-        used(&gw.base_url(), SMALL.1).await,
-        30,
-        "every settled credit survived SIGKILL"
-    );
-    let r = as_team(&format!("{}{}", gw.base_url(), paths[0]), SMALL.1, "small-again").await;
-    assert_eq!(
-        r.header("x-cache"),
-        Some("MISS"),
-        "the memory cache died with the process"
-    );
+    let small = small.at(gw.base_url());
+    assert_eq!(small.used().await, 30, "every settled credit survived SIGKILL");
+    let r = small.get(&queries[0]).request_id("small-again").await;
+    assert_eq!(r.x_cache(), Some("MISS"), "the memory cache died with the process");
     assert_eq!(r.header("x-credits-limit"), Some("40"), "the new budget applies");
     assert_eq!(r.header("x-credits-remaining"), Some("4"));
-    let over = as_team(&format!("{}{}", gw.base_url(), paths[1]), SMALL.1, "small-over").await;
+    let over = small.get(&queries[1]).request_id("small-over").await;
     assert_eq!(over.status, StatusCode::PAYMENT_REQUIRED);
     assert_ledger_matches(&sim, &gw.admin_url(), &["small"]).await;
 }
@@ -357,22 +338,22 @@ async fn the_org_running_dry_mid_load_serves_stale_and_charges_no_team_for_failu
     })
     .await;
     let gw = Setup::new().start(&sim).await;
-    let base = gw.base_url();
+    let (alpha, s) = (Client::new(gw.base_url(), ALPHA.1), sim.samples());
     // Warm a few entries, then load two teams with misses and revisits.
-    let warm: Vec<String> = (0..3)
-        .map(|i| format!("{base}{}", distinct_search(&sim, i, 10)))
-        .collect();
-    for (i, u) in warm.iter().enumerate() {
+    let warm: Vec<Query> = (0..3).map(|i| Query::distinct(&s, i).size(10)).collect();
+    for (i, q) in warm.iter().enumerate() {
         assert_eq!(
-            as_team(u, ALPHA.1, &format!("alpha-warm-{i}")).await.status,
+            alpha.get(q).request_id(&format!("alpha-warm-{i}")).await.status,
             StatusCode::OK
         );
     }
     let tasks: Vec<_> = (0..40)
         .map(|i| {
-            let url = format!("{base}{}", distinct_search(&sim, 10 + i, 10));
             let (token, id) = alternate(i);
-            tokio::spawn(async move { as_team(&url, token, &id).await })
+            Client::new(gw.base_url(), token)
+                .get(Query::distinct(&s, 10 + i).size(10))
+                .request_id(&id)
+                .spawn()
         })
         .collect();
     let mut statuses = Vec::new();
@@ -386,10 +367,11 @@ async fn the_org_running_dry_mid_load_serves_stale_and_charges_no_team_for_failu
         "{statuses:?}"
     );
     assert!(statuses.contains(&StatusCode::PAYMENT_REQUIRED), "the org ran out");
-    for u in &warm {
-        let r = get(u, &[("x-api-key", BETA.1), ("cache-control", "no-cache")]).await;
+    let beta = Client::new(gw.base_url(), BETA.1);
+    for q in &warm {
+        let r = beta.get(q).cache_control("no-cache").await;
         assert_eq!(r.status, StatusCode::OK);
-        assert_eq!(r.header("x-cache"), Some("STALE"), "cached answers survive the outage");
+        assert_eq!(r.x_cache(), Some("STALE"), "cached answers survive the outage");
     }
     assert!(sim.stats().credits_total <= 150);
     assert_ledger_matches(&sim, &gw.admin_url(), &["alpha", "beta"]).await;
@@ -407,12 +389,12 @@ async fn a_down_ledger_fails_metered_calls_closed_and_keeps_hits_and_free_calls(
         ),
     );
     let gw = setup.start(&sim).await;
-    let base = gw.base_url();
-    let cached = format!("{base}{}", distinct_search(&sim, 0, 4));
-    assert_eq!(as_team(&cached, ALPHA.1, "alpha-0").await.status, StatusCode::OK);
+    let (alpha, s) = (Client::new(gw.base_url(), ALPHA.1), sim.samples());
+    let cached = Query::distinct(&s, 0).size(4);
+    assert_eq!(alpha.get(&cached).request_id("alpha-0").await.status, StatusCode::OK);
     redis.kill();
     let upstream_before = sim.stats().requests_total;
-    let miss = as_team(&format!("{base}{}", distinct_search(&sim, 1, 4)), ALPHA.1, "alpha-1").await;
+    let miss = alpha.get(Query::distinct(&s, 1).size(4)).request_id("alpha-1").await;
     assert_eq!(miss.status, StatusCode::SERVICE_UNAVAILABLE, "{}", miss.text());
     assert_eq!(miss.json()["detail"], "Credit ledger unavailable");
     assert_eq!(
@@ -421,14 +403,12 @@ async fn a_down_ledger_fails_metered_calls_closed_and_keeps_hits_and_free_calls(
         "no unbudgeted call went upstream"
     );
     assert_eq!(
-        as_team(&cached, ALPHA.1, "alpha-2").await.header("x-cache"),
+        alpha.get(&cached).request_id("alpha-2").await.x_cache(),
         Some("HIT"),
         "hits need no ledger"
     );
     assert_eq!(
-        as_team(&format!("{base}/v2/meta/release"), ALPHA.1, "alpha-3")
-            .await
-            .status,
+        alpha.get(Query::meta_release()).request_id("alpha-3").await.status,
         StatusCode::OK
     );
     let ready = get(&format!("{}/readyz", gw.admin_url()), &[]).await;
@@ -439,6 +419,6 @@ async fn a_down_ledger_fails_metered_calls_closed_and_keeps_hits_and_free_calls(
         get(&format!("{}/readyz", gw.admin_url()), &[]).await.status == StatusCode::OK
     })
     .await;
-    let after = as_team(&format!("{base}{}", distinct_search(&sim, 1, 4)), ALPHA.1, "alpha-4").await;
+    let after = alpha.get(Query::distinct(&s, 1).size(4)).request_id("alpha-4").await;
     assert_eq!(after.status, StatusCode::OK);
 }

@@ -2,8 +2,10 @@
 //! sockets that never send, or never read, cannot lock real clients out of
 //! either listener, even beyond `server.max_connections`.
 
+use crate::support::client::Client;
 use crate::support::gateway::{Setup, ALPHA};
 use crate::support::http::get;
+use crate::support::query::Query;
 use crate::support::sim::{start_sim, unlimited};
 use http::StatusCode;
 use std::net::SocketAddr;
@@ -22,7 +24,9 @@ fn short_timeouts() -> Setup {
 }
 
 /// A big cached answer: pipelined copies of it overflow any socket buffer.
-const BIG: &str = "/v2/permits/search?geo_id=CA&permit_from=2020-01-01&permit_to=2024-12-31&size=100";
+fn big() -> Query {
+    Query::permit_search("CA").window("2020-01-01", "2024-12-31").size(100)
+}
 
 /// Reads until the server closes the socket (EOF or reset), or `limit`.
 /// Returns whether it closed in time.
@@ -54,7 +58,7 @@ async fn never_reading(addr: SocketAddr, n: usize) -> tokio::net::tcp::OwnedRead
     socket.set_recv_buffer_size(4096).expect("rcvbuf");
     let stream = socket.connect(addr).await.expect("connect");
     let (read, mut write) = stream.into_split();
-    let one = format!("GET {BIG} HTTP/1.1\r\nHost: x\r\nX-API-Key: {}\r\n\r\n", ALPHA.1);
+    let one = format!("GET {} HTTP/1.1\r\nHost: x\r\nX-API-Key: {}\r\n\r\n", big(), ALPHA.1);
     let all = one.repeat(n);
     // The gateway stops reading once its writes stall: write from a task.
     tokio::spawn(async move {
@@ -70,7 +74,7 @@ async fn never_reading(addr: SocketAddr, n: usize) -> tokio::net::tcp::OwnedRead
 async fn connections_that_send_nothing_or_stall_are_closed_on_time() {
     let sim = start_sim(unlimited()).await;
     let gw = short_timeouts().start(&sim).await;
-    let warm = get(&format!("{}{BIG}", gw.base_url()), &[("x-api-key", ALPHA.1)]).await;
+    let warm = Client::new(gw.base_url(), ALPHA.1).get(big()).await;
     assert_eq!(warm.status, StatusCode::OK);
     assert!(warm.body.len() > 10_000, "the big answer is {} bytes", warm.body.len());
     let limit = Duration::from_secs(T + 2);
@@ -141,8 +145,8 @@ async fn an_idle_http2_connection_gets_goaway() {
 async fn silent_and_never_reading_sockets_beyond_max_connections_lock_nobody_out() {
     let sim = start_sim(unlimited()).await;
     let gw = short_timeouts().with("server", "max_connections = 4").start(&sim).await;
-    let url = format!("{}{BIG}", gw.base_url());
-    assert_eq!(get(&url, &[("x-api-key", ALPHA.1)]).await.status, StatusCode::OK);
+    let alpha = Client::new(gw.base_url(), ALPHA.1);
+    assert_eq!(alpha.get(big()).await.status, StatusCode::OK);
     // Twice the limit of each kind, on the team listener; silent ones on admin.
     let mut team_silent = silent(gw.addr, 8).await;
     let mut stuck = Vec::new();
@@ -152,7 +156,7 @@ async fn silent_and_never_reading_sockets_beyond_max_connections_lock_nobody_out
     let mut admin_silent = silent(gw.admin_addr, 8).await;
     let answered_within = Duration::from_secs(T + 2);
     let started = Instant::now();
-    let r = tokio::time::timeout(answered_within, get(&url, &[("x-api-key", ALPHA.1)]))
+    let r = tokio::time::timeout(answered_within, alpha.get(big()))
         .await
         .expect("a valid request was locked out of the team listener");
     assert_eq!(r.status, StatusCode::OK);

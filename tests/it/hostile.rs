@@ -1,10 +1,10 @@
 //! Hostile input: every shape gets a clear 4xx (in the upstream's body shape
 //! where our handler sees it) and the gateway keeps serving afterwards.
 
+use crate::support::client::Client;
 use crate::support::gateway::{Setup, ALPHA};
-use crate::support::http::{get, send};
+use crate::support::query::Query;
 use crate::support::sim::{start_sim, unlimited};
-use bytes::Bytes;
 use http::{Method, StatusCode};
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
@@ -26,7 +26,7 @@ fn status_of(response: &str) -> u16 {
 
 /// The gateway still answers a normal request.
 async fn still_serving(base: &str) {
-    let r = get(&format!("{base}/v2/meta/release"), &[("x-api-key", ALPHA.1)]).await;
+    let r = Client::new(base, ALPHA.1).get(Query::meta_release()).await;
     assert_eq!(r.status, StatusCode::OK, "the gateway stopped serving: {}", r.text());
 }
 
@@ -35,12 +35,9 @@ async fn oversized_heads_uris_and_queries_get_4xx() {
     let sim = start_sim(unlimited()).await;
     let gw = Setup::new().start(&sim).await;
     let base = gw.base_url();
+    let alpha = Client::new(&base, ALPHA.1);
     let big = "x".repeat(20_000);
-    let r = get(
-        &format!("{base}/v2/meta/release"),
-        &[("x-api-key", ALPHA.1), ("x-padding", &big)],
-    )
-    .await;
+    let r = alpha.get(Query::meta_release()).header("x-padding", &big).await;
     assert_eq!(r.status, StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE);
     assert_eq!(r.json()["detail"], "Request headers too large");
     // Far past the read buffer: hyper refuses it before our handler.
@@ -50,12 +47,12 @@ async fn oversized_heads_uris_and_queries_get_4xx() {
     );
     let status = status_of(&raw(gw.addr, huge.as_bytes()).await);
     assert!(status == 431 || status == 400 || status == 0, "huge head: {status}");
-    let long = format!("{base}/v2/permits/search?permit_q={}", "a".repeat(9_000));
-    let r = get(&long, &[("x-api-key", ALPHA.1)]).await;
+    let long = Query::new("/v2/permits/search").param("permit_q", "a".repeat(9_000));
+    let r = alpha.get(long).await;
     assert_eq!(r.status, StatusCode::URI_TOO_LONG);
     assert!(r.json()["detail"].is_string());
-    let many = vec!["a=1"; 1_500].join("&");
-    let r = get(&format!("{base}/v2/permits/search?{many}"), &[("x-api-key", ALPHA.1)]).await;
+    let many = (0..1_500).fold(Query::new("/v2/permits/search"), |q, _| q.param("a", 1));
+    let r = alpha.get(many).await;
     assert_eq!(r.status, StatusCode::BAD_REQUEST);
     assert_eq!(r.json()["detail"], "Too many query parameters");
     assert_eq!(sim.stats().requests_total, 0, "none of it reached the upstream");
@@ -67,6 +64,8 @@ async fn bad_encodings_and_traversal_get_4xx_in_the_upstream_shape() {
     let sim = start_sim(unlimited()).await;
     let gw = Setup::new().start(&sim).await;
     let base = gw.base_url();
+    let alpha = Client::new(&base, ALPHA.1);
+    // Written out: each malformed spelling is a case.
     for (path, status) in [
         ("/v2/%C3%28/search", StatusCode::BAD_REQUEST),
         ("/v2/contractors/%FF%FE/permits", StatusCode::BAD_REQUEST),
@@ -75,13 +74,13 @@ async fn bad_encodings_and_traversal_get_4xx_in_the_upstream_shape() {
         ("/v2/..%2f..%2fadmin", StatusCode::BAD_REQUEST),
         ("/v2/%ZZ", StatusCode::NOT_FOUND),
     ] {
-        let r = get(&format!("{base}{path}"), &[("x-api-key", ALPHA.1)]).await;
+        let r = alpha.get(path).await;
         assert_eq!(r.status, status, "{path}: {}", r.text());
         assert!(r.json()["detail"].is_string(), "{path}");
     }
     // Undecodable query values are the upstream's to judge (a 422), and
     // never share a cache entry with another spelling.
-    let r = get(&format!("{base}/v2/counties?geo_id=%FF"), &[("x-api-key", ALPHA.1)]).await;
+    let r = alpha.get("/v2/counties?geo_id=%FF").await;
     assert!(r.status.is_client_error(), "{}", r.status);
     still_serving(&base).await;
 }
@@ -126,6 +125,7 @@ async fn control_characters_and_smuggling_shapes_are_refused() {
 async fn methods_other_than_get_and_head_get_405() {
     let sim = start_sim(unlimited()).await;
     let gw = Setup::new().start(&sim).await;
+    let alpha = Client::new(gw.base_url(), ALPHA.1);
     for method in [
         Method::POST,
         Method::PUT,
@@ -134,13 +134,7 @@ async fn methods_other_than_get_and_head_get_405() {
         Method::OPTIONS,
         Method::TRACE,
     ] {
-        let r = send(
-            method.clone(),
-            &format!("{}/v2/meta/release", gw.base_url()),
-            &[("x-api-key", ALPHA.1)],
-            Bytes::from("x"),
-        )
-        .await;
+        let r = alpha.send(method.clone(), Query::meta_release()).body("x").await;
         assert_eq!(r.status, StatusCode::METHOD_NOT_ALLOWED, "{method}");
         assert_eq!(r.header("allow"), Some("GET, HEAD"));
         assert_eq!(r.json()["detail"], "Method Not Allowed");

@@ -2,9 +2,11 @@
 //! misses, budget and rate rejections, for a dozen seconds. Zero 5xx, memory
 //! that levels off, and a ledger equal to the upstream's charge per team.
 
+use crate::support::client::Client;
 use crate::support::gateway::{team, ChildGateway, Setup, ALPHA, BETA, SMALL};
+use crate::support::query::Query;
 use crate::support::sim::{start_sim, SimConfig};
-use crate::support::traffic::{as_team, assert_ledger_matches, distinct_search};
+use crate::support::traffic::assert_ledger_matches;
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
@@ -41,7 +43,8 @@ async fn mixed_load_from_several_teams_has_no_5xx_bounded_memory_and_an_exact_le
     let gw = ChildGateway::spawn(&setup, &sim.base_url(), sim.api_key());
     let base = gw.base_url();
     let pid = gw.child.id();
-    let hot: Arc<Vec<String>> = Arc::new((0..40).map(|i| distinct_search(&sim, i, 5)).collect());
+    let s = sim.samples();
+    let hot: Arc<Vec<Query>> = Arc::new((0..40).map(|i| Query::distinct(&s, i).size(5)).collect());
     let fresh = Arc::new(AtomicU32::new(1_000));
     let statuses = Arc::new(Mutex::new(BTreeMap::<(&str, u16), u64>::new()));
     let deadline = Instant::now() + RUN_FOR;
@@ -57,28 +60,26 @@ async fn mixed_load_from_several_teams_has_no_5xx_bounded_memory_and_an_exact_le
     let workers: Vec<_> = (0..WORKERS)
         .map(|w| {
             let (base, hot, fresh, statuses) = (base.clone(), hot.clone(), fresh.clone(), statuses.clone());
-            let sim_samples = sim.samples();
+            let (big_state, permit_to) = (s.big_state.clone(), s.permit_to.clone());
             tokio::spawn(async move {
                 let (name, token) = [ALPHA, BETA, SMALL][w as usize % 3];
+                let client = Client::new(base, token);
                 let mut n = 0u32;
                 while Instant::now() < deadline {
                     n += 1;
-                    let path = match n % 10 {
+                    let query = match n % 10 {
                         0..=5 => hot[(w + n) as usize % hot.len()].clone(),
                         6..=8 => {
                             let i = fresh.fetch_add(1, Ordering::Relaxed);
                             let from = chrono::NaiveDate::from_ymd_opt(2010, 1, 1).expect("date")
                                 + chrono::Days::new(u64::from(i % 5000));
-                            format!(
-                                "/v2/permits/search?geo_id={}&permit_from={from}&permit_to={}&size={}",
-                                sim_samples.big_state,
-                                sim_samples.permit_to,
-                                1 + i / 5000
-                            )
+                            Query::permit_search(&big_state)
+                                .window(from, &permit_to)
+                                .size(1 + i / 5000)
                         }
-                        _ => "/v2/meta/release".to_string(),
+                        _ => Query::meta_release(),
                     };
-                    let r = as_team(&format!("{base}{path}"), token, &format!("{name}-{w}-{n}")).await;
+                    let r = client.get(query).request_id(&format!("{name}-{w}-{n}")).await;
                     *statuses
                         .lock()
                         .expect("lock")

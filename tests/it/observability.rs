@@ -2,11 +2,13 @@
 //! on every path, promtool accepts the exposition and the rules, and a real
 //! Prometheus scraping a real gateway answers every panel and rule query.
 
+use crate::support::client::Client;
 use crate::support::gateway::{team, Setup, ALPHA, BETA};
-use crate::support::http::{get, Reply};
+use crate::support::http::get;
 use crate::support::prometheus::{
     dashboards_dir, gateway_names, has_data, panel_queries, promtool, substitute, Exposition, Prometheus,
 };
+use crate::support::query::Query;
 use crate::support::redis::RedisServer;
 use crate::support::sim::{start_sim, FaultKind, Faults, Sim, SimConfig};
 use crate::support::wait::eventually;
@@ -46,20 +48,10 @@ async fn start_gateway(sim: &Sim, redis: &RedisServer) -> Running {
         .await
 }
 
-fn search(gw: &Running, sim: &Sim, size: u32, tag: &str) -> String {
-    let s = sim.samples();
-    // `q` tells queries of the same size apart (unknown parameters stay in the key).
-    format!(
-        "{}/v2/permits/search?geo_id={}&permit_from={}&permit_to={}&size={size}&q={tag}",
-        gw.base_url(),
-        s.state,
-        s.permit_from,
-        s.permit_to
-    )
-}
-
-async fn as_team(token: &str, url: &str) -> Reply {
-    get(url, &[("x-api-key", token)]).await
+/// A search of `size` records; `q` tells queries of the same size apart
+/// (unknown parameters stay in the key).
+fn search(sim: &Sim, size: u32, tag: &str) -> Query {
+    Query::state_permits(&sim.samples()).size(size).param("q", tag)
 }
 
 async fn scrape(gw: &Running) -> Exposition {
@@ -74,21 +66,23 @@ async fn scrape(gw: &Running) -> Exposition {
 /// coalesced, upstream 5xx with and without a stale copy, Redis down, and an
 /// upstream 429 that makes the fair queue refuse. Kills `redis` on the way.
 async fn traffic(gw: &Running, sim: &Sim, redis: &mut RedisServer) {
-    let a = search(gw, sim, 5, "a");
-    let r = as_team(ALPHA.1, &a).await;
-    assert_eq!((r.status, r.header("x-cache")), (StatusCode::OK, Some("MISS")));
-    let r = as_team(BETA.1, &a).await;
-    assert_eq!(r.header("x-cache"), Some("HIT"));
-    assert_eq!(as_team(GAMMA.1, &search(gw, sim, 3, "b")).await.status, StatusCode::OK);
-    let r = as_team(GAMMA.1, &search(gw, sim, 50, "c")).await;
+    let team = |token: &str| Client::new(gw.base_url(), token);
+    let (alpha, beta, gamma, delta) = (team(ALPHA.1), team(BETA.1), team(GAMMA.1), team(DELTA.1));
+    let a = search(sim, 5, "a");
+    let r = alpha.get(&a).await;
+    assert_eq!((r.status, r.x_cache()), (StatusCode::OK, Some("MISS")));
+    let r = beta.get(&a).await;
+    assert_eq!(r.x_cache(), Some("HIT"));
+    assert_eq!(gamma.get(search(sim, 3, "b")).await.status, StatusCode::OK);
+    let r = gamma.get(search(sim, 50, "c")).await;
     assert_eq!(
         r.status,
         StatusCode::PAYMENT_REQUIRED,
         "50 credits do not fit a budget of 20"
     );
-    assert_eq!(as_team(DELTA.1, &a).await.status, StatusCode::OK);
-    assert_eq!(as_team(DELTA.1, &a).await.status, StatusCode::TOO_MANY_REQUESTS);
-    assert_eq!(as_team("tok-nobody", &a).await.status, StatusCode::UNAUTHORIZED);
+    assert_eq!(delta.get(&a).await.status, StatusCode::OK);
+    assert_eq!(delta.get(&a).await.status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(team("tok-nobody").get(&a).await.status, StatusCode::UNAUTHORIZED);
 
     // Four identical requests while the upstream is slow: one fetch.
     sim.set_faults(Faults {
@@ -96,13 +90,8 @@ async fn traffic(gw: &Running, sim: &Sim, redis: &mut RedisServer) {
         latency_ms: Some(300),
         ..Faults::default()
     });
-    let d = search(gw, sim, 2, "d");
-    let tasks: Vec<_> = (0..4)
-        .map(|_| {
-            let d = d.clone();
-            tokio::spawn(async move { as_team(ALPHA.1, &d).await })
-        })
-        .collect();
+    let d = search(sim, 2, "d");
+    let tasks: Vec<_> = (0..4).map(|_| alpha.get(&d).spawn()).collect();
     for t in tasks {
         assert_eq!(t.await.expect("request task").status, StatusCode::OK);
     }
@@ -115,17 +104,14 @@ async fn traffic(gw: &Running, sim: &Sim, redis: &mut RedisServer) {
         status: Some(503),
         ..Faults::default()
     });
-    let r = get(&a, &[("x-api-key", ALPHA.1), ("cache-control", "no-cache")]).await;
-    assert_eq!((r.status, r.header("x-cache")), (StatusCode::OK, Some("STALE")));
-    assert!(as_team(ALPHA.1, &search(gw, sim, 4, "e"))
-        .await
-        .status
-        .is_server_error());
+    let r = alpha.get(&a).cache_control("no-cache").await;
+    assert_eq!((r.status, r.x_cache()), (StatusCode::OK, Some("STALE")));
+    assert!(alpha.get(search(sim, 4, "e")).await.status.is_server_error());
     sim.clear_faults();
 
     // Redis gone: the cache fails open and counts the errors.
     redis.kill();
-    assert_eq!(as_team(ALPHA.1, &search(gw, sim, 1, "h")).await.status, StatusCode::OK);
+    assert_eq!(alpha.get(search(sim, 1, "h")).await.status, StatusCode::OK);
 
     // The upstream's own 429 pauses the scheduler past its wait bound.
     sim.set_faults(Faults {
@@ -135,9 +121,9 @@ async fn traffic(gw: &Running, sim: &Sim, redis: &mut RedisServer) {
         count: Some(1),
         ..Faults::default()
     });
-    let r = as_team(ALPHA.1, &search(gw, sim, 1, "f")).await;
+    let r = alpha.get(search(sim, 1, "f")).await;
     assert_eq!(r.status, StatusCode::TOO_MANY_REQUESTS, "upstream 429: {}", r.text());
-    let r = as_team(ALPHA.1, &search(gw, sim, 1, "g")).await;
+    let r = alpha.get(search(sim, 1, "g")).await;
     assert_eq!(r.status, StatusCode::TOO_MANY_REQUESTS, "queue refusal: {}", r.text());
     sim.clear_faults();
 }
@@ -300,7 +286,7 @@ async fn promtool_accepts_the_metrics_and_the_rules() {
 async fn a_real_prometheus_answers_every_panel_and_rule_query() {
     let sim = start_sim(sim_config()).await;
     let mut redis = RedisServer::start();
-    let gw = std::sync::Arc::new(start_gateway(&sim, &redis).await);
+    let gw = start_gateway(&sim, &redis).await;
     let rules = dashboards_dir().join("alerts.yml");
     let prom = Prometheus::start(&gw.admin_addr.to_string(), &rules).await;
     prom.wait_for("gateway target up", Duration::from_secs(15), || async {
@@ -313,20 +299,14 @@ async fn a_real_prometheus_answers_every_panel_and_rule_query() {
     traffic(&gw, &sim, &mut redis).await;
     // Traffic goes on while Prometheus scrapes: hits, and misses that cost.
     let background = {
-        let gw = gw.clone();
+        let (alpha, beta) = (Client::new(gw.base_url(), ALPHA.1), Client::new(gw.base_url(), BETA.1));
         let s = sim.samples();
-        let s = (s.state.clone(), s.permit_from.clone(), s.permit_to.clone());
         tokio::spawn(async move {
             for n in 0u64.. {
-                let miss = format!(
-                    "{}/v2/permits/search?geo_id={}&permit_from={}&permit_to={}&size=1&q=bg{n}",
-                    gw.base_url(),
-                    s.0,
-                    s.1,
-                    s.2
-                );
-                as_team(ALPHA.1, &miss).await;
-                as_team(BETA.1, &miss).await;
+                let miss = Query::state_permits(&s).size(1).param("q", format!("bg{n}"));
+                alpha.get(&miss).await;
+                beta.get(&miss).await;
+                // Pacing, not synchronisation: a steady trickle between scrapes.
                 tokio::time::sleep(Duration::from_millis(100)).await;
             }
         })

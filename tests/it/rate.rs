@@ -1,10 +1,12 @@
 //! Sharing the upstream's rate: per-team limits, fair turns between teams,
 //! one budget of calls for all replicas.
 
+use crate::support::client::Client;
 use crate::support::gateway::{team, Setup, ALPHA, BETA, SMALL};
+use crate::support::query::Query;
 use crate::support::redis::RedisServer;
 use crate::support::sim::{start_sim, unlimited};
-use crate::support::traffic::{as_team, assert_replicas_share_the_upstream_rate, distinct_search};
+use crate::support::traffic::assert_replicas_share_the_upstream_rate;
 use crate::support::wait::eventually;
 use http::StatusCode;
 use std::time::{Duration, Instant};
@@ -16,20 +18,18 @@ async fn a_flooding_team_does_not_starve_an_occasional_one() {
         .with("upstream", "requests_per_minute = 60\nmax_queue_wait_secs = 4")
         .start(&sim)
         .await;
-    let base = gw.base_url();
+    let (alpha, beta) = (Client::new(gw.base_url(), ALPHA.1), Client::new(gw.base_url(), BETA.1));
+    let s = sim.samples();
     // Alpha floods: 40 distinct calls at once against 1/s (burst 6).
     let flood: Vec<_> = (0..40)
-        .map(|i| {
-            let url = format!("{base}{}", distinct_search(&sim, i, 1));
-            tokio::spawn(async move { as_team(&url, ALPHA.1, "flood").await })
-        })
+        .map(|i| alpha.get(Query::distinct(&s, i).size(1)).request_id("flood").spawn())
         .collect();
     eventually("the burst reaches the upstream", Duration::from_secs(10), || async {
         sim.stats().requests_total >= 6
     })
     .await;
     let started = Instant::now();
-    let quiet = as_team(&format!("{base}{}", distinct_search(&sim, 100, 1)), BETA.1, "quiet").await;
+    let quiet = beta.get(Query::distinct(&s, 100).size(1)).request_id("quiet").await;
     assert_eq!(
         quiet.status,
         StatusCode::OK,
@@ -65,17 +65,22 @@ async fn a_team_over_its_own_rate_gets_429_with_retry_after() {
         .teams(team(SMALL.0, SMALL.1, "requests_per_minute = 2") + &team(BETA.0, BETA.1, ""))
         .start(&sim)
         .await;
-    let url = format!("{}/v2/meta/release", gw.base_url());
+    let small = Client::new(gw.base_url(), SMALL.1);
+    let release = Query::meta_release();
     let replies = [
-        as_team(&url, SMALL.1, "r").await,
-        as_team(&url, SMALL.1, "r").await,
-        as_team(&url, SMALL.1, "r").await,
+        small.get(&release).request_id("r").await,
+        small.get(&release).request_id("r").await,
+        small.get(&release).request_id("r").await,
     ];
     assert_eq!(replies[2].status, StatusCode::TOO_MANY_REQUESTS);
     assert!(replies[2].header_u64("retry-after").is_some_and(|s| s >= 1));
     assert!(replies[2].json()["detail"].is_string());
     assert_eq!(
-        as_team(&url, BETA.1, "b").await.status,
+        Client::new(gw.base_url(), BETA.1)
+            .get(&release)
+            .request_id("b")
+            .await
+            .status,
         StatusCode::OK,
         "other teams are not limited"
     );
@@ -98,7 +103,6 @@ async fn replicas_on_one_redis_share_the_upstream_rate() {
 /// call, but a refusal rescued by a stale copy (a 200 `STALE`) does not.
 #[tokio::test]
 async fn only_429s_that_reach_the_client_are_counted_as_rate_limited() {
-    use crate::support::http::get;
     use crate::support::probe::scrape;
     use crate::support::sim::{FaultKind, Faults};
     let sim = start_sim(unlimited()).await;
@@ -113,26 +117,27 @@ async fn only_429s_that_reach_the_client_are_counted_as_rate_limited() {
             &[("team", ALPHA.0), ("scope", "upstream")],
         )
     };
-    let url = |i| format!("{}{}", gw.base_url(), distinct_search(&sim, i, 3));
-    let cached = url(1);
-    assert_eq!(as_team(&cached, ALPHA.1, "warm").await.header("x-cache"), Some("MISS"));
+    let (alpha, s) = (Client::new(gw.base_url(), ALPHA.1), sim.samples());
+    let search = |i| Query::distinct(&s, i).size(3);
+    let cached = search(1);
+    assert_eq!(alpha.get(&cached).request_id("warm").await.x_cache(), Some("MISS"));
     sim.set_faults(Faults {
         kind: FaultKind::Status,
         status: Some(429),
         retry_after_secs: Some(30),
         ..Faults::default()
     });
-    let passed_on = as_team(&url(2), ALPHA.1, "up").await;
+    let passed_on = alpha.get(search(2)).request_id("up").await;
     assert_eq!(passed_on.status, StatusCode::TOO_MANY_REQUESTS, "{}", passed_on.text());
     assert_eq!(limited().await, 1.0, "the upstream's 429, passed on");
     let upstream_calls = sim.log().len();
     // The queue is paused for 30 s: it refuses at once, and the copy answers.
-    let reply = get(&cached, &[("x-api-key", ALPHA.1), ("cache-control", "no-cache")]).await;
+    let reply = alpha.get(&cached).cache_control("no-cache").await;
     assert_eq!(reply.status, StatusCode::OK, "{}", reply.text());
-    assert_eq!(reply.header("x-cache"), Some("STALE"));
+    assert_eq!(reply.x_cache(), Some("STALE"));
     assert_eq!(sim.log().len(), upstream_calls, "the paused queue sent nothing");
     assert_eq!(limited().await, 1.0, "a rescued refusal is no 429 to the client");
-    let refused = as_team(&url(3), ALPHA.1, "q").await;
+    let refused = alpha.get(search(3)).request_id("q").await;
     assert_eq!(refused.status, StatusCode::TOO_MANY_REQUESTS, "{}", refused.text());
     assert_eq!(limited().await, 2.0, "the queue's refusal, passed on");
 }

@@ -7,8 +7,10 @@ mod edges;
 mod memory;
 mod overlap;
 
+use crate::support::client::Client;
 use crate::support::gateway::{Setup, ADMIN_TOKEN, ALPHA};
 use crate::support::http::{get, send, Reply};
+use crate::support::query::Query;
 use crate::support::redis::RedisServer;
 use crate::support::sim::{start_sim, unlimited, FaultKind, Faults, Sim};
 use crate::support::traffic::{assert_ledger_matches, charged_to, ledger_used};
@@ -28,23 +30,20 @@ async fn alpha(gw: &Running, path: &str) -> Reply {
 
 async fn alpha_with(gw: &Running, path: &str, extra: &[(&str, &str)]) -> Reply {
     let id = format!("alpha-{}", SEQ.fetch_add(1, Ordering::Relaxed));
-    let mut headers = vec![("x-api-key", ALPHA.1), ("x-request-id", id.as_str())];
-    headers.extend_from_slice(extra);
-    get(&format!("{}{path}", gw.base_url()), &headers).await
+    let call = Client::new(gw.base_url(), ALPHA.1).get(path).request_id(&id);
+    extra.iter().fold(call, |call, (k, v)| call.header(k, v)).await
 }
 
 /// The simulator's own answer, asked directly (no team's request id, so no
 /// team is charged for it; tests read the upstream counts before this).
 async fn direct(sim: &Sim, path: &str) -> Reply {
-    get(&format!("{}{path}", sim.base_url()), &[("x-api-key", sim.api_key())]).await
+    Client::upstream(sim).get(path).await
 }
 
+/// `Query::state_permits` at `size`, rendered: the records/ suites take
+/// paths as text.
 fn permit_search(sim: &Sim, size: u32) -> String {
-    let s = sim.samples();
-    format!(
-        "/v2/permits/search?geo_id={}&permit_from={}&permit_to={}&size={size}",
-        s.state, s.permit_from, s.permit_to
-    )
+    Query::state_permits(&sim.samples()).size(size).to_string()
 }
 
 fn ids_of(r: &Reply) -> Vec<String> {
@@ -57,8 +56,7 @@ fn ids_of(r: &Reply) -> Vec<String> {
 }
 
 fn lookup(resource: &str, ids: &[&str]) -> String {
-    let q: Vec<String> = ids.iter().map(|i| format!("id={i}")).collect();
-    format!("/v2/{resource}?{}", q.join("&"))
+    Query::by_id(resource, ids).to_string()
 }
 
 /// The gateway's answer equals, as JSON, the simulator's for the same request.
@@ -291,12 +289,8 @@ async fn with_record_reuse_off_a_lookup_is_its_own_query() {
 async fn contractor_lookups_reuse_lookups_never_search_tallies() {
     let sim = start_sim(unlimited()).await;
     let gw = Setup::new().start(&sim).await;
-    let s = sim.samples();
-    let search = format!(
-        "/v2/contractors/search?geo_id={}&permit_from={}&permit_to={}&size=3",
-        s.state, s.permit_from, s.permit_to
-    );
-    let ids = ids_of(&alpha(&gw, &search).await);
+    let search = Query::state_contractors(&sim.samples()).size(3);
+    let ids = ids_of(&alpha(&gw, &search.to_string()).await);
     let path = lookup("contractors", &[&ids[0], &ids[2]]);
     let r = alpha(&gw, &path).await;
     assert_eq!(

@@ -5,12 +5,14 @@
 //! 6 ACL user; a CA that did not sign the server's certificate, or a missing
 //! client certificate, stops the start with an error naming the setting.
 
+use crate::support::client::Client;
 use crate::support::gateway::{Setup, ALPHA};
 use crate::support::http::get;
+use crate::support::query::Query;
 use crate::support::redis_tls::{RedisPki, TlsCluster, TlsRedis};
 use crate::support::secrets;
 use crate::support::sim::{start_sim, unlimited, Sim};
-use crate::support::traffic::{as_team, assert_ledger_matches, distinct_search};
+use crate::support::traffic::assert_ledger_matches;
 use http::StatusCode;
 use permit_gateway::{Listeners, Running};
 use tokio::net::TcpListener;
@@ -53,21 +55,25 @@ async fn try_start(setup: &Setup, sim: &Sim) -> Result<Running, String> {
 /// upstream charged, the rate and ledger keys are in this Redis, and
 /// `/readyz` reports both Redis users ok.
 async fn exercise(redis: &TlsRedis, sim: &Sim, gws: &[Running]) {
+    let s = sim.samples();
+    let (one, two) = (
+        Client::new(gws[0].base_url(), ALPHA.1),
+        Client::new(gws[1].base_url(), ALPHA.1),
+    );
     for i in 0..4u32 {
-        let path = distinct_search(sim, i, 2);
-        let first = as_team(&format!("{}{path}", gws[0].base_url()), ALPHA.1, &format!("alpha-{i}")).await;
+        let first = one
+            .get(Query::distinct(&s, i).size(2))
+            .request_id(&format!("alpha-{i}"))
+            .await;
         assert_eq!(first.status, StatusCode::OK, "{}", first.text());
     }
     for i in 0..4u32 {
-        let path = distinct_search(sim, i, 2);
-        let second = as_team(&format!("{}{path}", gws[1].base_url()), ALPHA.1, &format!("alpha-{i}b")).await;
+        let second = two
+            .get(Query::distinct(&s, i).size(2))
+            .request_id(&format!("alpha-{i}b"))
+            .await;
         assert_eq!(second.status, StatusCode::OK, "{}", second.text());
-        assert_eq!(
-            second.header("x-cache"),
-            Some("HIT"),
-            "L2 over TLS: {:?}",
-            second.headers
-        );
+        assert_eq!(second.x_cache(), Some("HIT"), "L2 over TLS: {:?}", second.headers);
     }
     assert_eq!(sim.log().len(), 4, "one upstream call per cold query");
     assert_ledger_matches(sim, &gws[0].admin_url(), &["alpha"]).await;
@@ -171,20 +177,24 @@ async fn a_tls_only_cluster_over_rediss_cluster() {
     let setup = on_tls(&cluster.url(), ca);
     let gws = [setup.start(&sim).await, setup.start(&sim).await];
     // Spread over every primary: each query's key hashes to its own slot.
+    let s = sim.samples();
+    let (one, two) = (
+        Client::new(gws[0].base_url(), ALPHA.1),
+        Client::new(gws[1].base_url(), ALPHA.1),
+    );
     for i in 0..6u32 {
-        let url = format!("{}{}", gws[0].base_url(), distinct_search(&sim, i, 2));
-        let r = as_team(&url, ALPHA.1, &format!("alpha-{i}")).await;
+        let r = one
+            .get(Query::distinct(&s, i).size(2))
+            .request_id(&format!("alpha-{i}"))
+            .await;
         assert_eq!(r.status, StatusCode::OK, "{}", r.text());
     }
     for i in 0..6u32 {
-        let url = format!("{}{}", gws[1].base_url(), distinct_search(&sim, i, 2));
-        let r = as_team(&url, ALPHA.1, &format!("alpha-{i}b")).await;
-        assert_eq!(
-            r.header("x-cache"),
-            Some("HIT"),
-            "L2 on the TLS cluster: {:?}",
-            r.headers
-        );
+        let r = two
+            .get(Query::distinct(&s, i).size(2))
+            .request_id(&format!("alpha-{i}b"))
+            .await;
+        assert_eq!(r.x_cache(), Some("HIT"), "L2 on the TLS cluster: {:?}", r.headers);
     }
     assert_eq!(sim.log().len(), 6, "one upstream call per cold query");
     assert_ledger_matches(&sim, &gws[1].admin_url(), &["alpha"]).await;

@@ -1,20 +1,28 @@
 //! The gateway core: a drop-in /v2 proxy with team tokens in and one
 //! upstream key out. Real gateway, real simulator, real sockets.
 
+use crate::support::client::Client;
 use crate::support::gateway::{Setup, ALPHA, BETA};
-use crate::support::http::{get, send};
+use crate::support::http::get;
+use crate::support::query::Query;
 use crate::support::sim::{start_sim, unlimited, Samples, SimConfig};
-use bytes::Bytes;
 use http::{Method, StatusCode};
 
 /// Every spec endpoint with valid parameters from the dataset (and a few
 /// invalid ones whose error must pass through unchanged).
 fn endpoint_paths(s: &Samples) -> Vec<String> {
-    let window = format!("permit_from={}&permit_to={}", s.permit_from, s.permit_to);
+    let (from, to) = (&s.permit_from, &s.permit_to);
     vec![
-        format!("/v2/permits/search?geo_id={}&{window}&size=5", s.state),
-        format!("/v2/permits/search?geo_id={}&{window}&size=3&include_count=true", s.zip),
-        format!("/v2/contractors/search?geo_id={}&{window}&size=4", s.county_geo_id),
+        Query::state_permits(s).size(5).to_string(),
+        Query::permit_search(&s.zip)
+            .window(from, to)
+            .size(3)
+            .include_count(true)
+            .to_string(),
+        Query::contractor_search(&s.county_geo_id)
+            .window(from, to)
+            .size(4)
+            .to_string(),
         format!("/v2/contractors/{}/permits?size=5", s.contractor_id),
         format!(
             "/v2/addresses/{}/metrics/monthly?metric_from=2020-01-01&metric_to=2026-12-31&tag=all",
@@ -40,9 +48,10 @@ fn endpoint_paths(s: &Samples) -> Vec<String> {
             "/v2/meta/coverage?geo_type=state&geo_id={}&date_from=2020-01-01&date_to=2026-12-31",
             s.state
         ),
-        "/v2/meta/release".to_string(),
-        // Errors of the upstream's own pass through as they are.
-        format!("/v2/permits/search?geo_id={}&{window}&size=500", s.state),
+        Query::meta_release().to_string(),
+        // Errors of the upstream's own pass through as they are (the
+        // encoded space written out: it is part of what is refused).
+        Query::state_permits(s).size(500).to_string(),
         "/v2/permits/search?geo_id=somewhere%20nice".to_string(),
         "/v2/counties?geo_id=AAAAAAAAAAA".to_string(),
         "/v2/no/such/endpoint".to_string(),
@@ -54,11 +63,12 @@ async fn every_spec_endpoint_answers_through_the_gateway_as_the_upstream_does() 
     let sim = start_sim(unlimited()).await;
     let gw = Setup::new().start(&sim).await;
     let samples = sim.samples();
+    let (upstream, alpha) = (Client::upstream(&sim), Client::new(gw.base_url(), ALPHA.1));
+    let beta_bearer = Client::bearer(gw.base_url(), BETA.1);
     for path in endpoint_paths(&samples) {
-        let direct = get(&format!("{}{path}", sim.base_url()), &[("x-api-key", sim.api_key())]).await;
-        let via_key = get(&format!("{}{path}", gw.base_url()), &[("x-api-key", ALPHA.1)]).await;
-        let bearer = format!("Bearer {}", BETA.1);
-        let via_bearer = get(&format!("{}{path}", gw.base_url()), &[("authorization", &bearer)]).await;
+        let direct = upstream.get(&path).await;
+        let via_key = alpha.get(&path).await;
+        let via_bearer = beta_bearer.get(&path).await;
         for (style, via) in [("x-api-key", &via_key), ("bearer", &via_bearer)] {
             assert_eq!(via.status, direct.status, "{style} {path}: {}", via.text());
             assert_eq!(via.json(), direct.json(), "{style} {path}: body differs");
@@ -81,20 +91,16 @@ async fn the_team_sees_its_own_credit_headers_not_the_orgs() {
     })
     .await;
     let gw = Setup::new().start(&sim).await;
-    let s = sim.samples();
-    let path = format!(
-        "/v2/permits/search?geo_id={}&permit_from={}&permit_to={}&size=4",
-        s.state, s.permit_from, s.permit_to
-    );
-    let reply = get(&format!("{}{path}", gw.base_url()), &[("x-api-key", ALPHA.1)]).await;
+    let alpha = Client::new(gw.base_url(), ALPHA.1);
+    let reply = alpha.get(Query::state_permits(&sim.samples()).size(4)).await;
     assert_eq!(reply.status, StatusCode::OK);
     let items = reply.json()["items"].as_array().expect("items").len() as u64;
-    assert_eq!(reply.header_u64("x-credits-request"), Some(items));
+    assert_eq!(reply.credits_request(), Some(items));
     // Alpha is unlimited: no limit headers, and never the org's 1,000,000.
     assert_eq!(reply.header("x-credits-limit"), None);
     assert_eq!(reply.header("x-credits-remaining"), None);
     // Free endpoints cost nothing and say so.
-    let free = get(&format!("{}/v2/meta/release", gw.base_url()), &[("x-api-key", ALPHA.1)]).await;
+    let free = alpha.get(Query::meta_release()).await;
     assert_eq!(free.status, StatusCode::OK);
     assert_eq!(free.header("x-credits-request"), None);
 }
@@ -104,47 +110,36 @@ async fn methods_paths_and_credentials_get_upstream_shaped_errors() {
     let sim = start_sim(unlimited()).await;
     let gw = Setup::new().start(&sim).await;
     let base = gw.base_url();
+    let alpha = Client::new(&base, ALPHA.1);
+    let release = Query::meta_release();
 
-    let post = send(
-        Method::POST,
-        &format!("{base}/v2/meta/release"),
-        &[("x-api-key", ALPHA.1)],
-        Bytes::from("{}"),
-    )
-    .await;
+    let post = alpha.send(Method::POST, &release).body("{}").await;
     assert_eq!(post.status, StatusCode::METHOD_NOT_ALLOWED);
     assert_eq!(post.header("allow"), Some("GET, HEAD"));
     assert_eq!(post.json()["detail"], "Method Not Allowed");
 
-    let outside = get(&format!("{base}/v1/permits/search"), &[("x-api-key", ALPHA.1)]).await;
+    let outside = alpha.get("/v1/permits/search").await;
     assert_eq!(outside.status, StatusCode::NOT_FOUND);
     assert_eq!(outside.json()["detail"], "Not Found");
 
-    let missing = get(&format!("{base}/v2/meta/release"), &[]).await;
+    let missing = Client::anonymous(&base).get(&release).await;
     assert_eq!(missing.status, StatusCode::UNPROCESSABLE_ENTITY);
     assert_eq!(
         missing.json()["detail"][0]["loc"],
         serde_json::json!(["header", "x-api-key"])
     );
 
-    let wrong = get(&format!("{base}/v2/meta/release"), &[("x-api-key", "not-a-team")]).await;
+    let wrong = Client::new(&base, "not-a-team").get(&release).await;
     assert_eq!(wrong.status, StatusCode::UNAUTHORIZED);
     assert!(wrong.json()["detail"].is_string());
 
-    let conflicting = get(
-        &format!("{base}/v2/meta/release"),
-        &[("x-api-key", ALPHA.1), ("authorization", &format!("Bearer {}", BETA.1))],
-    )
-    .await;
+    let conflicting = alpha
+        .get(&release)
+        .header("authorization", &format!("Bearer {}", BETA.1))
+        .await;
     assert_eq!(conflicting.status, StatusCode::UNAUTHORIZED);
 
-    let head = send(
-        Method::HEAD,
-        &format!("{base}/v2/meta/release"),
-        &[("x-api-key", ALPHA.1)],
-        Bytes::new(),
-    )
-    .await;
+    let head = alpha.send(Method::HEAD, &release).await;
     assert_eq!(head.status, StatusCode::OK);
     assert!(head.body.is_empty());
 
@@ -156,6 +151,8 @@ async fn methods_paths_and_credentials_get_upstream_shaped_errors() {
 async fn traversal_attempts_stay_inside_v2() {
     let sim = start_sim(unlimited()).await;
     let gw = Setup::new().start(&sim).await;
+    let alpha = Client::new(gw.base_url(), ALPHA.1);
+    // Literal paths: each spelling is an attempt of its own.
     for path in [
         "/v2/../admin/teams",
         "/v2/%2e%2e/admin/teams",
@@ -164,21 +161,13 @@ async fn traversal_attempts_stay_inside_v2() {
         "/v2/permits/../../admin/teams",
         "/v2/meta/%2e%2e/%2e%2e/_sim/stats",
     ] {
-        let r = get(&format!("{}{path}", gw.base_url()), &[("x-api-key", ALPHA.1)]).await;
+        let r = alpha.get(path).await;
         assert_eq!(r.status, StatusCode::NOT_FOUND, "{path}: {}", r.text());
     }
-    let encoded_slash = get(
-        &format!("{}/v2/contractors/a%2F..%2F..%2Fx/permits", gw.base_url()),
-        &[("x-api-key", ALPHA.1)],
-    )
-    .await;
+    let encoded_slash = alpha.get("/v2/contractors/a%2F..%2F..%2Fx/permits").await;
     assert_eq!(encoded_slash.status, StatusCode::BAD_REQUEST);
     // Inside /v2 too, a dot-segment is no path of the upstream's: 404 (routes.rs).
-    let inside = get(
-        &format!("{}/v2/meta/x/../release", gw.base_url()),
-        &[("x-api-key", ALPHA.1)],
-    )
-    .await;
+    let inside = alpha.get("/v2/meta/x/../release").await;
     assert_eq!(inside.status, StatusCode::NOT_FOUND);
     assert!(sim.log().is_empty(), "nothing reached the upstream");
 }
@@ -187,17 +176,10 @@ async fn traversal_attempts_stay_inside_v2() {
 async fn request_ids_are_propagated_upstream_and_back() {
     let sim = start_sim(unlimited()).await;
     let gw = Setup::new().start(&sim).await;
-    let r = get(
-        &format!("{}/v2/meta/release", gw.base_url()),
-        &[("x-api-key", ALPHA.1), ("x-request-id", "trace-42")],
-    )
-    .await;
+    let alpha = Client::new(gw.base_url(), ALPHA.1);
+    let r = alpha.get(Query::meta_release()).request_id("trace-42").await;
     assert_eq!(r.header("x-request-id"), Some("trace-42"));
-    let generated = get(
-        &format!("{}/v2/list/zip?size=3", gw.base_url()),
-        &[("x-api-key", ALPHA.1)],
-    )
-    .await;
+    let generated = alpha.get(Query::new("/v2/list/zip").size(3)).await;
     let id = generated.header("x-request-id").expect("generated id").to_string();
     let upstream_ids: Vec<Option<String>> = sim.log().into_iter().map(|e| e.request_id).collect();
     assert_eq!(upstream_ids, vec![Some("trace-42".to_string()), Some(id)]);
@@ -211,15 +193,16 @@ async fn upstream_failures_map_to_502_and_504() {
         .with("upstream", "timeout_secs = 1\nmax_retries = 1")
         .start(&sim)
         .await;
+    let alpha = Client::new(gw.base_url(), ALPHA.1);
     // A different (uncached) page each time: no stale copy to fall back on.
-    let url = |n: u32| format!("{}/v2/list/zip?size={n}", gw.base_url());
+    let page = |n: u32| Query::new("/v2/list/zip").size(n);
 
     sim.set_faults(Faults {
         kind: FaultKind::Status,
         status: Some(500),
         ..Faults::default()
     });
-    let r = get(&url(1), &[("x-api-key", ALPHA.1)]).await;
+    let r = alpha.get(page(1)).await;
     assert_eq!(r.status, StatusCode::BAD_GATEWAY);
     assert!(r.json()["detail"].is_string());
 
@@ -229,7 +212,7 @@ async fn upstream_failures_map_to_502_and_504() {
         count: Some(1),
         ..Faults::default()
     });
-    let retried = get(&url(2), &[("x-api-key", ALPHA.1)]).await;
+    let retried = alpha.get(page(2)).await;
     assert_eq!(retried.status, StatusCode::OK, "one 503 is retried away");
 
     sim.set_faults(Faults {
@@ -237,7 +220,7 @@ async fn upstream_failures_map_to_502_and_504() {
         delay_ms: Some(5_000),
         ..Faults::default()
     });
-    let r = get(&url(3), &[("x-api-key", ALPHA.1)]).await;
+    let r = alpha.get(page(3)).await;
     assert_eq!(r.status, StatusCode::GATEWAY_TIMEOUT);
     sim.clear_faults();
 
@@ -268,7 +251,7 @@ async fn admin_listener_serves_health_and_metrics_and_guards_admin() {
     let admin = gw.admin_url();
     assert_eq!(get(&format!("{admin}/healthz"), &[]).await.status, StatusCode::OK);
     assert_eq!(get(&format!("{admin}/readyz"), &[]).await.status, StatusCode::OK);
-    let _ = get(&format!("{}/v2/meta/release", gw.base_url()), &[("x-api-key", ALPHA.1)]).await;
+    let _ = Client::new(gw.base_url(), ALPHA.1).get(Query::meta_release()).await;
     let metrics = get(&format!("{admin}/metrics"), &[]).await.text();
     assert!(
         metrics

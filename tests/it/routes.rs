@@ -8,10 +8,12 @@
 //! upstream and what was reserved, and the status is 200 as soon as the
 //! simulator's own router knows the path.
 
+use crate::support::client::Client;
 use crate::support::gateway::{team, Setup, SMALL};
-use crate::support::http::{get, Reply};
+use crate::support::http::Reply;
+use crate::support::query::Query;
 use crate::support::sim::{start_sim, unlimited, Samples, Sim};
-use crate::support::traffic::{as_team, assert_ledger_matches, charged_to, distinct_search, used};
+use crate::support::traffic::{assert_ledger_matches, charged_to};
 use http::StatusCode;
 use permit_gateway::route::Route;
 
@@ -28,10 +30,8 @@ fn sample(route: Route, s: &Samples) -> Option<String> {
     );
     let c = &s.contractor_id;
     Some(match route {
-        Route::PermitsSearch => format!("/v2/permits/search?geo_id={geo}&permit_from={from}&permit_to={to}&size=2"),
-        Route::ContractorsSearch => {
-            format!("/v2/contractors/search?geo_id={geo}&permit_from={from}&permit_to={to}&size=2")
-        }
+        Route::PermitsSearch => Query::state_permits(s).size(2).to_string(),
+        Route::ContractorsSearch => Query::state_contractors(s).size(2).to_string(),
         Route::ContractorPermits => format!("/v2/contractors/{c}/permits?size=2"),
         Route::AddressMetricsMonthly => format!("/v2/addresses/{addr}/metrics/monthly?{months}&tag=all&size=2"),
         Route::CountyMetricsMonthly => {
@@ -49,17 +49,17 @@ fn sample(route: Route, s: &Samples) -> Option<String> {
         Route::StatesSearch => format!("/v2/states/search?q={geo}"),
         Route::JurisdictionsSearch => "/v2/jurisdictions/search?q=a".into(),
         Route::MetaCoverage => format!("/v2/meta/coverage?geo_type=state&geo_id={geo}&date_from={from}&date_to={to}"),
-        Route::MetaRelease => "/v2/meta/release".into(),
-        Route::Usage => "/v2/usage".into(),
+        Route::MetaRelease => Query::meta_release().to_string(),
+        Route::Usage => Query::usage().to_string(),
         Route::Other => return None,
-        Route::PermitsById => "/v2/permits?id=p1&id=p2".into(),
-        Route::ContractorsById => format!("/v2/contractors?id={c}"),
+        Route::PermitsById => Query::permits_by_id(&["p1", "p2"]).to_string(),
+        Route::ContractorsById => Query::by_id("contractors", &[c]).to_string(),
         Route::DecisionsSearch => {
             format!("/v2/decisions/search?geo_id={geo}&decision_from={from}&decision_to={to}&size=2")
         }
-        Route::DecisionsById => "/v2/decisions?id=d1".into(),
+        Route::DecisionsById => Query::by_id("decisions", &["d1"]).to_string(),
         Route::PropertiesSearch => format!("/v2/properties/search?geo_id={geo}&size=2"),
-        Route::PropertiesById => format!("/v2/properties?id={addr}"),
+        Route::PropertiesById => Query::by_id("properties", &[addr]).to_string(),
         Route::ContractorEmployees => format!("/v2/contractors/{c}/employees?size=2"),
         Route::ContractorMetrics => format!("/v2/contractors/{c}/metrics?{months}&property_type=all&tag=all"),
         Route::AddressesSearch => "/v2/addresses/search?q=1".into(),
@@ -95,15 +95,13 @@ async fn gateway_with_budget(sim: &Sim, limit: u64) -> permit_gateway::Running {
 }
 
 /// Spends exactly `credits` of the team's budget on one full page.
-async fn spend(sim: &Sim, base: &str, credits: u32) -> Reply {
-    let r = as_team(
-        &format!("{base}{}", distinct_search(sim, 7, credits)),
-        SMALL.1,
-        "small-spend",
-    )
-    .await;
-    assert_eq!(r.status, StatusCode::OK, "{}", r.text());
-    assert_eq!(r.header_u64("x-credits-request"), Some(u64::from(credits)));
+async fn spend(team: &Client, sim: &Sim, credits: u32) -> Reply {
+    let r = team
+        .get(Query::distinct(&sim.samples(), 7).size(credits))
+        .request_id("small-spend")
+        .expect_status(StatusCode::OK)
+        .await;
+    assert_eq!(r.credits_request(), Some(u64::from(credits)));
     r
 }
 
@@ -116,20 +114,20 @@ fn reached_upstream(sim: &Sim, path: &str) -> bool {
 async fn a_team_with_no_credits_left_can_call_every_free_operation() {
     let sim = start_sim(unlimited()).await;
     let gw = gateway_with_budget(&sim, 10).await;
-    let base = gw.base_url();
+    let small = Client::new(gw.base_url(), SMALL.1);
     let s = sim.samples();
-    spend(&sim, &base, 10).await;
-    assert_eq!(used(&base, SMALL.1).await, 10);
+    spend(&small, &sim, 10).await;
+    assert_eq!(small.used().await, 10);
     // Nothing metered is left: even one record is refused, before the upstream.
     let before = sim.stats().requests_total;
-    let one = as_team(&format!("{base}{}", distinct_search(&sim, 8, 1)), SMALL.1, "small-one").await;
+    let one = small.get(Query::distinct(&s, 8).size(1)).request_id("small-one").await;
     assert_eq!(one.status, StatusCode::PAYMENT_REQUIRED);
     assert_eq!(sim.stats().requests_total, before);
 
     let mut free = 0;
     for route in Route::ALL.into_iter().filter(|r| !r.is_metered() && *r != Route::Usage) {
         let path = sample(route, &s).expect("every operation has a sample");
-        let r = as_team(&format!("{base}{path}"), SMALL.1, "small-free").await;
+        let r = small.get(&path).request_id("small-free").await;
         assert_ne!(
             r.status,
             StatusCode::PAYMENT_REQUIRED,
@@ -147,7 +145,7 @@ async fn a_team_with_no_credits_left_can_call_every_free_operation() {
         free += 1;
     }
     assert_eq!(free, 14, "the table's free operations, usage aside");
-    assert_eq!(used(&base, SMALL.1).await, 10, "free calls cost nothing");
+    assert_eq!(small.used().await, 10, "free calls cost nothing");
     assert_ledger_matches(&sim, &gw.admin_url(), &[SMALL.0]).await;
 }
 
@@ -161,8 +159,8 @@ async fn an_id_lookup_reserves_one_credit_per_id() {
         .with("cache", "record_reuse = false")
         .start(&sim)
         .await;
-    let base = gw.base_url();
-    let page = spend(&sim, &base, 10).await.json();
+    let small = Client::new(gw.base_url(), SMALL.1);
+    let page = spend(&small, &sim, 10).await.json();
     let ids: Vec<String> = page["items"]
         .as_array()
         .expect("items")
@@ -170,29 +168,25 @@ async fn an_id_lookup_reserves_one_credit_per_id() {
         .filter_map(|p| p["id"].as_str().map(str::to_owned))
         .collect();
     assert!(ids.len() >= 4, "a full page has ids");
-    let lookup = |n: usize| {
-        format!(
-            "{base}/v2/permits?{}",
-            ids[..n].iter().map(|i| format!("id={i}")).collect::<Vec<_>>().join("&")
-        )
-    };
+    let lookup = |n: usize| Query::permits_by_id(&ids[..n]);
     // A comma list is one id to the upstream (unknown, free): it reserves one.
-    let comma = format!("{base}/v2/permits?id={}", ids[..4].join(","));
-    let r = as_team(&comma, SMALL.1, "small-comma").await;
-    assert_eq!(r.status, StatusCode::OK, "{}", r.text());
-    assert_eq!(r.header_u64("x-credits-request"), Some(0));
+    let comma = Query::permits_by_id(&[ids[..4].join(",")]);
+    let r = small
+        .get(&comma)
+        .request_id("small-comma")
+        .expect_status(StatusCode::OK)
+        .await;
+    assert_eq!(r.credits_request(), Some(0));
     // 3 credits left: four ids are refused before the upstream...
     let before = sim.stats().requests_total;
-    let r = as_team(&lookup(4), SMALL.1, "small-four").await;
+    let r = small.get(lookup(4)).request_id("small-four").await;
     assert_eq!(r.status, StatusCode::PAYMENT_REQUIRED, "{}", r.text());
     assert_eq!(r.json()["detail"]["limit"], 13);
     // An unknown path reserves its ids too: four do not fit either.
-    let unknown = as_team(
-        &format!("{base}/v2/permit_records?id=a&id=b&id=c&id=d"),
-        SMALL.1,
-        "small-unknown",
-    )
-    .await;
+    let unknown = small
+        .get(Query::by_id("permit_records", &["a", "b", "c", "d"]))
+        .request_id("small-unknown")
+        .await;
     assert_eq!(unknown.status, StatusCode::PAYMENT_REQUIRED, "{}", unknown.text());
     assert_eq!(
         sim.stats().requests_total,
@@ -200,15 +194,15 @@ async fn an_id_lookup_reserves_one_credit_per_id() {
         "refused lookups never reach the upstream"
     );
     // ...three fit exactly.
-    let r = as_team(&lookup(3), SMALL.1, "small-three").await;
+    let r = small.get(lookup(3)).request_id("small-three").await;
     assert_ne!(r.status, StatusCode::PAYMENT_REQUIRED, "{}", r.text());
     assert_eq!(sim.stats().requests_total, before + 1);
     if sim_serves("/v2/permits") {
         assert_eq!(r.status, StatusCode::OK, "{}", r.text());
-        assert_eq!(r.header_u64("x-credits-request"), Some(3));
+        assert_eq!(r.credits_request(), Some(3));
     }
     // The ledger settled to what the upstream charged, whatever it was.
-    assert_eq!(used(&base, SMALL.1).await, charged_to(&sim, "small-"));
+    assert_eq!(small.used().await, charged_to(&sim, "small-"));
     assert_ledger_matches(&sim, &gw.admin_url(), &[SMALL.0]).await;
 }
 
@@ -217,12 +211,9 @@ async fn a_size_the_upstream_would_refuse_is_its_422_without_reserving_or_callin
     let sim = start_sim(unlimited()).await;
     // 10 credits: less than the 50 a missing or mangled size used to reserve.
     let gw = gateway_with_budget(&sim, 10).await;
-    let base = gw.base_url();
-    let s = sim.samples();
-    let search = format!(
-        "/v2/permits/search?geo_id={}&permit_from={}&permit_to={}",
-        s.state, s.permit_from, s.permit_to
-    );
+    let small = Client::new(gw.base_url(), SMALL.1);
+    let search = Query::state_permits(&sim.samples());
+    // Written out and appended as they are: each spelling is a case.
     let bad = [
         "size=3&size=",
         "size=1%26size%3D100",
@@ -234,7 +225,7 @@ async fn a_size_the_upstream_would_refuse_is_its_422_without_reserving_or_callin
     ];
     let mut answers = Vec::new();
     for q in bad {
-        let r = as_team(&format!("{base}{search}&{q}"), SMALL.1, "small-bad").await;
+        let r = small.get(format!("{search}&{q}")).request_id("small-bad").await;
         assert_eq!(r.status, StatusCode::UNPROCESSABLE_ENTITY, "{q}: {}", r.text());
         assert_eq!(
             r.json()["detail"][0]["loc"],
@@ -244,21 +235,26 @@ async fn a_size_the_upstream_would_refuse_is_its_422_without_reserving_or_callin
         answers.push(r.json());
     }
     assert_eq!(sim.stats().requests_total, 0, "none reached the upstream");
-    assert_eq!(used(&base, SMALL.1).await, 0, "nothing reserved, nothing spent");
+    assert_eq!(small.used().await, 0, "nothing reserved, nothing spent");
     // Exactly the body the upstream gives for the same request.
+    let upstream = Client::upstream(&sim);
     for (q, ours) in bad.iter().zip(&answers) {
-        let url = format!("{}{search}&{q}", sim.base_url());
-        let theirs = get(&url, &[("x-api-key", sim.api_key())]).await;
+        let theirs = upstream.get(format!("{search}&{q}")).await;
         assert_eq!(theirs.status, StatusCode::UNPROCESSABLE_ENTITY, "{q}");
         assert_eq!(&theirs.json(), ours, "{q}");
     }
     // The estimate is the validated (last) value: 10 fits a budget of 10.
-    let r = as_team(&format!("{base}{search}&size=500&size=10"), SMALL.1, "small-ok").await;
-    assert_eq!(r.status, StatusCode::OK, "{}", r.text());
-    // Lookups: no id, or more than 50, are the upstream's 422 too.
+    let twice = search.clone().param("size", 500).param("size", 10);
+    small
+        .get(twice)
+        .request_id("small-ok")
+        .expect_status(StatusCode::OK)
+        .await;
+    // Lookups: no id, or more than 50, are the upstream's 422 too (written
+    // out: an empty query, and a trailing `&`).
     let many: String = (0..51).map(|i| format!("id=p{i}&")).collect();
     for (q, kind) in [("", "missing"), (many.as_str(), "too_long")] {
-        let r = as_team(&format!("{base}/v2/permits?{q}"), SMALL.1, "small-ids").await;
+        let r = small.get(format!("/v2/permits?{q}")).request_id("small-ids").await;
         assert_eq!(r.status, StatusCode::UNPROCESSABLE_ENTITY, "{}", r.text());
         assert_eq!(r.json()["detail"][0]["type"], kind);
         assert_eq!(r.json()["detail"][0]["loc"], serde_json::json!(["query", "id"]));
@@ -271,34 +267,29 @@ async fn a_size_the_upstream_would_refuse_is_its_422_without_reserving_or_callin
 async fn non_canonical_paths_are_the_upstreams_404_and_never_cached() {
     let sim = start_sim(unlimited()).await;
     let gw = gateway_with_budget(&sim, 1000).await;
-    let base = gw.base_url();
-    let s = sim.samples();
-    let permits = format!(
-        "?geo_id={}&permit_from={}&permit_to={}&size=2",
-        s.state, s.permit_from, s.permit_to
-    );
+    let (small, upstream) = (Client::new(gw.base_url(), SMALL.1), Client::upstream(&sim));
+    let permits = Query::state_permits(&sim.samples()).size(2);
+    let places = Query::new("/v2/jurisdictions/search").param("q", "a");
+    // The paths are written out: each spelling is a case.
     let shapes = [
-        ("/v2/permits/search/", permits.as_str()),
-        ("//v2/permits/search", &permits),
-        ("/v2//permits/search", &permits),
-        ("/v2/./permits/search", &permits),
-        ("/v2/x/../permits/search", &permits),
-        ("/v2/jurisdictions/search/", "?q=a"),
-        ("/v2/./jurisdictions/search", "?q=a"),
-        ("/v2/jurisdictions/%2e/search", "?q=a"),
-        ("/v2/%2e%2e/v2/jurisdictions/search", "?q=a"),
+        permits.clone().on_path("/v2/permits/search/"),
+        permits.clone().on_path("//v2/permits/search"),
+        permits.clone().on_path("/v2//permits/search"),
+        permits.clone().on_path("/v2/./permits/search"),
+        permits.clone().on_path("/v2/x/../permits/search"),
+        places.clone().on_path("/v2/jurisdictions/search/"),
+        places.clone().on_path("/v2/./jurisdictions/search"),
+        places.clone().on_path("/v2/jurisdictions/%2e/search"),
+        places.clone().on_path("/v2/%2e%2e/v2/jurisdictions/search"),
     ];
-    for (path, query) in shapes {
-        let r = as_team(&format!("{base}{path}{query}"), SMALL.1, "small-path").await;
+    for shape in shapes {
+        let path = shape.path();
+        let r = small.get(&shape).request_id("small-path").await;
         assert_eq!(r.status, StatusCode::NOT_FOUND, "{path}: {}", r.text());
-        let theirs = get(
-            &format!("{}{path}{query}", sim.base_url()),
-            &[("x-api-key", sim.api_key())],
-        )
-        .await;
+        let theirs = upstream.get(&shape).await;
         assert_eq!(theirs.status, StatusCode::NOT_FOUND, "{path} upstream");
         assert_eq!(r.json(), theirs.json(), "{path}: the upstream's body");
-        assert_eq!(r.header("x-cache"), None, "{path}: no cache involved");
+        assert_eq!(r.x_cache(), None, "{path}: no cache involved");
     }
     let forwarded = sim
         .log()
@@ -306,31 +297,30 @@ async fn non_canonical_paths_are_the_upstreams_404_and_never_cached() {
         .filter(|e| e.request_id.as_deref() == Some("small-path"))
         .count();
     assert_eq!(forwarded, 0, "none went upstream");
-    assert_eq!(used(&base, SMALL.1).await, 0, "nothing reserved or spent");
+    assert_eq!(small.used().await, 0, "nothing reserved or spent");
     // The canonical path was never cached by them: its first call is a MISS.
-    let query = "?q=a";
-    let canonical = format!("{base}/v2/jurisdictions/search{query}");
-    let first = as_team(&canonical, SMALL.1, "small-canon").await;
+    let first = small.get(&places).request_id("small-canon").await;
     assert_eq!(first.status, StatusCode::OK);
-    assert_eq!(first.header("x-cache"), Some("MISS"));
+    assert_eq!(first.x_cache(), Some("MISS"));
     // An encoded letter is the same path to the vendor's server (uvicorn
     // decodes before routing): the same answer, from the same entry.
-    let encoded = as_team(
-        &format!("{base}/v2/jurisdictions/se%61rch{query}"),
-        SMALL.1,
-        "small-enc",
-    )
-    .await;
+    let encoded = small
+        .get(places.clone().on_path("/v2/jurisdictions/se%61rch"))
+        .request_id("small-enc")
+        .await;
     assert_eq!(encoded.status, StatusCode::OK);
-    assert_eq!(encoded.header("x-cache"), Some("HIT"));
+    assert_eq!(encoded.x_cache(), Some("HIT"));
     assert_eq!(encoded.body, first.body);
-    let search = as_team(&format!("{base}/v2/permits/search{permits}"), SMALL.1, "small-canon").await;
-    assert_eq!(search.header("x-cache"), Some("MISS"));
-    let encoded = as_team(&format!("{base}/v2/%70ermits/search{permits}"), SMALL.1, "small-enc").await;
-    assert_eq!(encoded.header("x-cache"), Some("HIT"));
+    let search = small.get(&permits).request_id("small-canon").await;
+    assert_eq!(search.x_cache(), Some("MISS"));
+    let encoded = small
+        .get(permits.clone().on_path("/v2/%70ermits/search"))
+        .request_id("small-enc")
+        .await;
+    assert_eq!(encoded.x_cache(), Some("HIT"));
     assert_eq!(encoded.body, search.body);
     // A 404 needs no token, like the upstream's.
-    let anonymous = get(&format!("{base}/v2/jurisdictions/search/"), &[]).await;
+    let anonymous = Client::anonymous(gw.base_url()).get("/v2/jurisdictions/search/").await;
     assert_eq!(anonymous.status, StatusCode::NOT_FOUND);
 }
 
@@ -338,13 +328,11 @@ async fn non_canonical_paths_are_the_upstreams_404_and_never_cached() {
 async fn unknown_v2_paths_go_upstream_as_other_and_are_counted() {
     let sim = start_sim(unlimited()).await;
     let gw = gateway_with_budget(&sim, 1000).await;
-    let base = gw.base_url();
-    let r = as_team(
-        &format!("{base}/v2/states/CA/metrics/monthly?size=3"),
-        SMALL.1,
-        "small-new",
-    )
-    .await;
+    let small = Client::new(gw.base_url(), SMALL.1);
+    let r = small
+        .get(Query::new("/v2/states/CA/metrics/monthly").size(3))
+        .request_id("small-new")
+        .await;
     assert_eq!(r.status, StatusCode::NOT_FOUND, "the simulator has no such operation");
     assert!(
         reached_upstream(&sim, "/v2/states/CA/metrics/monthly"),

@@ -5,11 +5,13 @@
 //! Redis (cache, leases, ledger): the second request goes to the other
 //! replica, so what answers it is what the first one stored in Redis.
 
+use crate::support::client::Client;
 use crate::support::gateway::{team, Setup, ALPHA};
-use crate::support::http::{get, Reply};
+use crate::support::http::Reply;
+use crate::support::query::Query;
 use crate::support::redis::RedisServer;
 use crate::support::sim::{start_sim, unlimited, Sim};
-use crate::support::traffic::{as_team, assert_ledger_matches, charged_to, distinct_search, ledger_used};
+use crate::support::traffic::{assert_ledger_matches, charged_to, ledger_used};
 use http::StatusCode;
 use permit_gateway::Running;
 use serde_json::Value;
@@ -29,12 +31,15 @@ async fn replicas(n: usize, sim: &Sim, redis: Option<&RedisServer>, setup: Setup
     gws
 }
 
-/// The upstream's own answer to `path`, asked directly (outside the
+/// The upstream's own answer to `query`, asked directly (outside the
 /// gateway): what a held answer must equal byte for byte.
-async fn upstream(sim: &Sim, path: &str) -> Reply {
-    let r = get(&format!("{}{path}", sim.base_url()), &[("x-api-key", sim.api_key())]).await;
-    assert_eq!(r.status, StatusCode::OK, "{}", r.text());
-    r
+async fn upstream(sim: &Sim, query: &Query) -> Reply {
+    Client::upstream(sim).get(query).expect_status(StatusCode::OK).await
+}
+
+/// Team alpha on the `i`th of `gws` (round robin).
+fn alpha_on(gws: &[Running], i: usize) -> Client {
+    Client::new(gws[i % gws.len()].base_url(), ALPHA.1)
 }
 
 fn records(r: &Reply) -> usize {
@@ -43,7 +48,7 @@ fn records(r: &Reply) -> usize {
 
 /// A permit search whose whole answer is 2..=40 records (one complete page
 /// at `size=100`), and that number. Probed on the simulator directly.
-async fn small_search(sim: &Sim) -> (String, usize) {
+async fn small_search(sim: &Sim) -> (Query, usize) {
     let s = sim.samples();
     for geo in [
         &s.address_geo_id,
@@ -55,11 +60,8 @@ async fn small_search(sim: &Sim) -> (String, usize) {
         for days in [1u64, 7, 31, 92, 366, 3650] {
             let from =
                 chrono::NaiveDate::parse_from_str(&s.permit_to, "%Y-%m-%d").expect("date") - chrono::Days::new(days);
-            let path = format!(
-                "/v2/permits/search?geo_id={geo}&permit_from={from}&permit_to={}",
-                s.permit_to
-            );
-            let r = upstream(sim, &format!("{path}&size=100")).await;
+            let path = Query::permit_search(geo).window(from, &s.permit_to);
+            let r = upstream(sim, &path.clone().size(100)).await;
             let n = records(&r);
             if (2..=40).contains(&n) && r.json()["next_cursor"].is_null() {
                 return (path, n);
@@ -70,18 +72,15 @@ async fn small_search(sim: &Sim) -> (String, usize) {
 }
 
 /// A search of the big state: every page full, a cursor after each.
-fn big_search(sim: &Sim) -> String {
+fn big_search(sim: &Sim) -> Query {
     let s = sim.samples();
-    format!(
-        "/v2/permits/search?geo_id={}&permit_from={}&permit_to={}",
-        s.big_state, s.permit_from, s.permit_to
-    )
+    Query::permit_search(&s.big_state).window(&s.permit_from, &s.permit_to)
 }
 
 fn assert_hit(r: &Reply, what: &str) {
     assert_eq!(r.status, StatusCode::OK, "{what}: {}", r.text());
-    assert_eq!(r.header("x-cache"), Some("HIT"), "{what}");
-    assert_eq!(r.header_u64("x-credits-request"), Some(0), "{what}");
+    assert_eq!(r.x_cache(), Some("HIT"), "{what}");
+    assert_eq!(r.credits_request(), Some(0), "{what}");
 }
 
 async fn complete_page_answers_other_sizes(n_replicas: usize) {
@@ -89,11 +88,13 @@ async fn complete_page_answers_other_sizes(n_replicas: usize) {
     let sim = start_sim(unlimited()).await;
     let (path, n) = small_search(&sim).await;
     let gws = replicas(n_replicas, &sim, redis.as_ref(), Setup::new()).await;
-    let base = |i: usize| gws[i % gws.len()].base_url();
     let before = sim.stats().requests_total;
-    let bought = as_team(&format!("{}{path}&size={}", base(0), n + 5), ALPHA.1, "alpha-buy").await;
-    assert_eq!(bought.status, StatusCode::OK, "{}", bought.text());
-    assert_eq!(bought.header_u64("x-credits-request"), Some(n as u64));
+    let bought = alpha_on(&gws, 0)
+        .get(path.clone().size(n + 5))
+        .request_id("alpha-buy")
+        .expect_status(StatusCode::OK)
+        .await;
+    assert_eq!(bought.credits_request(), Some(n as u64));
     assert!(bought.json()["next_cursor"].is_null(), "complete");
     let mut sizes = vec![n, 100];
     if n <= 50 {
@@ -103,10 +104,13 @@ async fn complete_page_answers_other_sizes(n_replicas: usize) {
         let asked = if size == 50 {
             path.clone()
         } else {
-            format!("{path}&size={size}")
+            path.clone().size(size)
         };
-        let r = as_team(&format!("{}{asked}", base(i + 1)), ALPHA.1, &format!("alpha-{i}")).await;
-        assert_hit(&r, &asked);
+        let r = alpha_on(&gws, i + 1)
+            .get(&asked)
+            .request_id(&format!("alpha-{i}"))
+            .await;
+        assert_hit(&r, &asked.to_string());
         assert_eq!(r.json()["items"], bought.json()["items"], "{asked}: same records");
         assert_eq!(r.body, bought.body, "{asked}: the same bytes");
     }
@@ -116,14 +120,14 @@ async fn complete_page_answers_other_sizes(n_replicas: usize) {
         "one upstream call for all sizes"
     );
     // Fewer than n: that page has a cursor; it is bought, not derived.
-    let fewer = format!("{path}&size={}", n - 1);
-    let r = as_team(&format!("{}{fewer}", base(0)), ALPHA.1, "alpha-fewer").await;
-    assert_eq!(r.header("x-cache"), Some("MISS"), "size {} < {n}", n - 1);
+    let fewer = path.clone().size(n - 1);
+    let r = alpha_on(&gws, 0).get(fewer).request_id("alpha-fewer").await;
+    assert_eq!(r.x_cache(), Some("MISS"), "size {} < {n}", n - 1);
     assert_eq!(records(&r), n - 1);
     assert!(r.json()["next_cursor"].is_string());
     assert_eq!(sim.stats().requests_total - before, 2);
     // What the gateway answered is what the upstream sends for that size.
-    assert_eq!(upstream(&sim, &format!("{path}&size=100")).await.body, bought.body);
+    assert_eq!(upstream(&sim, &path.size(100)).await.body, bought.body);
     assert_ledger_matches(&sim, &gws[0].admin_url(), &["alpha"]).await;
 }
 
@@ -142,24 +146,29 @@ async fn counted_page_answers_the_plain_one(n_replicas: usize) {
     let sim = start_sim(unlimited()).await;
     let (small, n) = small_search(&sim).await;
     let gws = replicas(n_replicas, &sim, redis.as_ref(), Setup::new()).await;
-    let base = |i: usize| gws[i % gws.len()].base_url();
     let before = sim.stats().requests_total;
     // A page with a cursor: only the very same size is held.
-    let big = format!("{}&size=5", big_search(&sim));
-    let counted = as_team(&format!("{}{big}&include_count=true", base(0)), ALPHA.1, "alpha-c1").await;
-    assert_eq!(counted.header_u64("x-credits-request"), Some(5), "{}", counted.text());
+    let big = big_search(&sim).size(5);
+    let counted = alpha_on(&gws, 0)
+        .get(big.clone().include_count(true))
+        .request_id("alpha-c1")
+        .await;
+    assert_eq!(counted.credits_request(), Some(5), "{}", counted.text());
     assert!(counted.json()["total_count"].is_object());
-    let plain = as_team(&format!("{}{big}", base(1)), ALPHA.1, "alpha-p1").await;
+    let plain = alpha_on(&gws, 1).get(&big).request_id("alpha-p1").await;
     assert_hit(&plain, "the uncounted page");
     assert_eq!(plain.json()["items"], counted.json()["items"]);
     assert_eq!(plain.json()["next_cursor"], counted.json()["next_cursor"]);
     assert!(plain.json()["next_cursor"].is_string());
     assert_eq!(plain.json()["total_count"], Value::Null);
     // A complete counted page answers the plain query at any size ≥ n.
-    let c2 = format!("{}{small}&size={}&include_count=true", base(0), n + 3);
-    let counted_small = as_team(&c2, ALPHA.1, "alpha-c2").await;
-    assert_eq!(counted_small.header_u64("x-credits-request"), Some(n as u64));
-    let plain_small = as_team(&format!("{}{small}&size=100", base(1)), ALPHA.1, "alpha-p2").await;
+    let c2 = small.clone().size(n + 3).include_count(true);
+    let counted_small = alpha_on(&gws, 0).get(c2).request_id("alpha-c2").await;
+    assert_eq!(counted_small.credits_request(), Some(n as u64));
+    let plain_small = alpha_on(&gws, 1)
+        .get(small.clone().size(100))
+        .request_id("alpha-p2")
+        .await;
     assert_hit(&plain_small, "the uncounted complete page at another size");
     assert_eq!(plain_small.json()["items"], counted_small.json()["items"]);
     assert_eq!(
@@ -169,15 +178,15 @@ async fn counted_page_answers_the_plain_one(n_replicas: usize) {
     );
     // Byte for byte what the upstream sends uncounted.
     assert_eq!(upstream(&sim, &big).await.body, plain.body);
-    assert_eq!(
-        upstream(&sim, &format!("{small}&size=100")).await.body,
-        plain_small.body
-    );
+    assert_eq!(upstream(&sim, &small.size(100)).await.body, plain_small.body);
     // The reverse is never derived: the count is not in the plain page.
-    let other = format!("{}&size=4", big_search(&sim));
-    as_team(&format!("{}{other}", base(0)), ALPHA.1, "alpha-p3").await;
-    let r = as_team(&format!("{}{other}&include_count=true", base(1)), ALPHA.1, "alpha-c3").await;
-    assert_eq!(r.header("x-cache"), Some("MISS"));
+    let other = big_search(&sim).size(4);
+    alpha_on(&gws, 0).get(&other).request_id("alpha-p3").await;
+    let r = alpha_on(&gws, 1)
+        .get(other.include_count(true))
+        .request_id("alpha-c3")
+        .await;
+    assert_eq!(r.x_cache(), Some("MISS"));
     assert!(r.json()["total_count"].is_object());
     assert_ledger_matches(&sim, &gws[0].admin_url(), &["alpha"]).await;
 }
@@ -205,20 +214,21 @@ async fn clamped_pages(n_replicas: usize) {
         &format!("credit_limit = {LIMIT}\nclamp_to_budget = true"),
     ) + &team(PLAIN.0, PLAIN.1, &format!("credit_limit = {LIMIT}"));
     let gws = replicas(n_replicas, &sim, redis.as_ref(), Setup::new().teams(teams)).await;
-    let base = |i: usize| gws[i % gws.len()].base_url();
-    let search = |i: u32, size: u32| distinct_search(&sim, i, size);
+    let on = |i: usize, token: &str| Client::new(gws[i % gws.len()].base_url(), token);
+    let s = sim.samples();
+    let search = |i: u32, size: u32| Query::distinct(&s, i).size(size);
     // Batch spends 12, then asks 100 with 18 left: it gets 18 and a cursor.
-    let first = as_team(&format!("{}{}", base(0), search(0, 12)), BATCH.1, "batch-0").await;
-    assert_eq!(first.header_u64("x-credits-request"), Some(12), "{}", first.text());
+    let first = on(0, BATCH.1).get(search(0, 12)).request_id("batch-0").await;
+    assert_eq!(first.credits_request(), Some(12), "{}", first.text());
     assert_eq!(first.header("x-gateway-clamped"), None, "it fit");
-    let r = as_team(&format!("{}{}", base(1), search(1, 100)), BATCH.1, "batch-1").await;
+    let r = on(1, BATCH.1).get(search(1, 100)).request_id("batch-1").await;
     assert_eq!(r.status, StatusCode::OK, "{}", r.text());
     assert_eq!(r.header("x-gateway-clamped"), Some("100"));
     let remaining = LIMIT - 12;
     assert!(records(&r) as u64 <= remaining, "{} records", records(&r));
     assert_eq!(records(&r) as u64, remaining);
     assert!(r.json()["next_cursor"].is_string(), "the upstream's cursor");
-    assert_eq!(r.header_u64("x-credits-request"), Some(remaining));
+    assert_eq!(r.credits_request(), Some(remaining));
     assert_eq!(r.header_u64("x-credits-remaining"), Some(0));
     let sent = sim
         .log()
@@ -230,13 +240,13 @@ async fn clamped_pages(n_replicas: usize) {
     );
     // Nothing left: the upstream's 402, nothing sent.
     let calls = sim.stats().requests_total;
-    let broke = as_team(&format!("{}{}", base(0), search(2, 10)), BATCH.1, "batch-2").await;
+    let broke = on(0, BATCH.1).get(search(2, 10)).request_id("batch-2").await;
     assert_eq!(broke.status, StatusCode::PAYMENT_REQUIRED);
     assert_eq!(broke.json()["detail"]["limit"], LIMIT);
     assert!(broke.json()["detail"]["error"].is_string());
     assert_eq!(broke.header("x-gateway-clamped"), None);
     // A team without the opt-in: 402 as before, nothing sent.
-    let p = as_team(&format!("{}{}", base(1), search(3, 100)), PLAIN.1, "plain-0").await;
+    let p = on(1, PLAIN.1).get(search(3, 100)).request_id("plain-0").await;
     assert_eq!(p.status, StatusCode::PAYMENT_REQUIRED, "{}", p.text());
     assert!(p.json()["detail"]["upgrade_url"].is_string());
     assert_eq!(p.header("x-gateway-clamped"), None);

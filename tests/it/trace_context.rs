@@ -4,8 +4,9 @@
 //! an OTLP/HTTP receiver, the request span a child of the client's span and
 //! the phases' spans children of the request span.
 
+use crate::support::client::Client;
 use crate::support::gateway::{ChildGateway, Setup, ALPHA};
-use crate::support::http::get;
+use crate::support::query::Query;
 use crate::support::sim::{start_sim, unlimited, Sim};
 use crate::support::wait::eventually;
 use bytes::Bytes;
@@ -26,14 +27,6 @@ fn traceparent() -> String {
     format!("00-{TRACE}-{CLIENT_SPAN}-01")
 }
 
-fn search(sim: &Sim, size: u32) -> String {
-    let s = sim.samples();
-    format!(
-        "/v2/permits/search?geo_id={}&permit_from={}&permit_to={}&size={size}",
-        s.state, s.permit_from, s.permit_to
-    )
-}
-
 /// The access-log lines (JSON) of the gateway so far.
 fn access_lines(gw: &ChildGateway) -> Vec<serde_json::Value> {
     gw.log_text()
@@ -44,7 +37,8 @@ fn access_lines(gw: &ChildGateway) -> Vec<serde_json::Value> {
 }
 
 /// The `traceparent` of the upstream request with this path and query.
-fn upstream_traceparent(sim: &Sim, path_and_query: &str) -> Option<String> {
+fn upstream_traceparent(sim: &Sim, query: &Query) -> Option<String> {
+    let path_and_query = query.to_string();
     sim.log()
         .into_iter()
         .find(|e| format!("{}?{}", e.path, e.query) == path_and_query)
@@ -55,17 +49,14 @@ fn upstream_traceparent(sim: &Sim, path_and_query: &str) -> Option<String> {
 async fn a_clients_traceparent_reaches_the_upstream_and_the_access_log() {
     let sim = start_sim(unlimited()).await;
     let gw = ChildGateway::spawn(&Setup::new(), &sim.base_url(), sim.api_key());
-    let with = search(&sim, 3);
-    let reply = get(
-        &format!("{}{with}", gw.base_url()),
-        &[
-            ("x-api-key", ALPHA.1),
-            ("traceparent", &traceparent()),
-            ("tracestate", "app=frontend"),
-        ],
-    )
-    .await;
-    assert_eq!(reply.status, 200, "{}", reply.text());
+    let alpha = Client::new(gw.base_url(), ALPHA.1);
+    let s = sim.samples();
+    alpha
+        .get(Query::state_permits(&s).size(3))
+        .header("traceparent", &traceparent())
+        .header("tracestate", "app=frontend")
+        .expect_status(200)
+        .await;
     // No export: the gateway records no span, so the client's context
     // travels on unchanged.
     let entry = sim.log().into_iter().last().expect("the upstream was called");
@@ -73,9 +64,8 @@ async fn a_clients_traceparent_reaches_the_upstream_and_the_access_log() {
     assert_eq!(entry.tracestate.as_deref(), Some("app=frontend"));
     // Without a traceparent the gateway starts a trace: the upstream gets
     // it (not sampled: nothing was recorded) and the access log names it.
-    let without = search(&sim, 4);
-    let reply = get(&format!("{}{without}", gw.base_url()), &[("x-api-key", ALPHA.1)]).await;
-    assert_eq!(reply.status, 200, "{}", reply.text());
+    let without = Query::state_permits(&s).size(4);
+    alpha.get(&without).expect_status(200).await;
     let started = upstream_traceparent(&sim, &without).expect("a traceparent reached the upstream");
     let parts: Vec<&str> = started.split('-').collect();
     assert_eq!(parts.len(), 4, "{started}");
@@ -101,17 +91,17 @@ async fn exported_spans_have_the_clients_span_as_parent() {
         format!("otlp_endpoint = \"http://{collector}\"\nsample_ratio = 1.0"),
     );
     let mut gw = ChildGateway::spawn(&setup, &sim.base_url(), sim.api_key());
-    let path = search(&sim, 3);
-    let reply = get(
-        &format!("{}{path}", gw.base_url()),
-        &[("x-api-key", ALPHA.1), ("traceparent", &traceparent())],
-    )
-    .await;
-    assert_eq!(reply.status, 200, "{}", reply.text());
+    let alpha = Client::new(gw.base_url(), ALPHA.1);
+    let s = sim.samples();
+    let path = Query::state_permits(&s).size(3);
+    alpha
+        .get(&path)
+        .header("traceparent", &traceparent())
+        .expect_status(200)
+        .await;
     // A second request without a context: the gateway's own root trace.
-    let other = search(&sim, 4);
-    let reply = get(&format!("{}{other}", gw.base_url()), &[("x-api-key", ALPHA.1)]).await;
-    assert_eq!(reply.status, 200, "{}", reply.text());
+    let other = Query::state_permits(&s).size(4);
+    alpha.get(&other).expect_status(200).await;
     // A drain flushes the batched spans.
     gw.signal("TERM");
     gw.wait_exit(Duration::from_secs(30));

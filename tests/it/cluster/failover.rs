@@ -5,14 +5,15 @@
 //! as a replica.
 
 use super::{cluster, on_cluster, three};
+use crate::support::client::Client;
 use crate::support::gateway::ALPHA;
 use crate::support::http::get;
+use crate::support::query::Query;
 use crate::support::redis_cluster::NODE_TIMEOUT_MS;
 use crate::support::sim::{start_sim, unlimited};
-use crate::support::traffic::{as_team, assert_settled_spend_survived, distinct_searches};
+use crate::support::traffic::assert_settled_spend_survived;
 use crate::support::wait::eventually;
 use http::StatusCode;
-use permit_gateway::Running;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -30,11 +31,12 @@ const LEDGER_KEY: &str = "pgw:l:{alpha}:days";
 type Log = Arc<Mutex<Vec<(Duration, usize, StatusCode)>>>;
 
 /// Four workers that fire distinct metered searches round-robin at the
-/// replicas until `stop`, each pausing 20 ms between requests (a steady
-/// load of up to 200 requests a second, not a synchronisation).
+/// replicas (alpha's client on each) until `stop`, each pausing 20 ms
+/// between requests (a steady load of up to 200 requests a second, not a
+/// synchronisation).
 fn start_load(
-    gws: &Arc<Vec<Running>>,
-    sim_paths: Arc<Vec<String>>,
+    replicas: &Arc<Vec<Client>>,
+    queries: Arc<Vec<Query>>,
     stop: &Arc<AtomicBool>,
     log: &Log,
 ) -> Vec<tokio::task::JoinHandle<()>> {
@@ -42,15 +44,23 @@ fn start_load(
     let next = Arc::new(AtomicU32::new(0));
     (0..4)
         .map(|_| {
-            let (gws, paths, stop, log, next) =
-                (gws.clone(), sim_paths.clone(), stop.clone(), log.clone(), next.clone());
+            let (replicas, queries, stop, log, next) = (
+                replicas.clone(),
+                queries.clone(),
+                stop.clone(),
+                log.clone(),
+                next.clone(),
+            );
             tokio::spawn(async move {
                 while !stop.load(Ordering::Acquire) {
                     let i = next.fetch_add(1, Ordering::AcqRel) as usize;
-                    let Some(path) = paths.get(i) else { return };
-                    let replica = i % gws.len();
-                    let url = format!("{}{path}", gws[replica].base_url());
-                    let status = as_team(&url, ALPHA.1, &format!("alpha-{i}")).await.status;
+                    let Some(query) = queries.get(i) else { return };
+                    let replica = i % replicas.len();
+                    let status = replicas[replica]
+                        .get(query)
+                        .request_id(&format!("alpha-{i}"))
+                        .await
+                        .status;
                     log.lock().expect("log").push((start.elapsed(), replica, status));
                     tokio::time::sleep(Duration::from_millis(20)).await;
                 }
@@ -78,12 +88,14 @@ async fn a_primary_killed_mid_load_fails_over_and_keeps_settled_spend() {
     let cluster = Arc::new(Mutex::new(cluster().await));
     let sim = start_sim(unlimited()).await;
     let setup = on_cluster(&cluster.lock().expect("cluster"));
-    let gws = Arc::new(three(&setup, &sim).await);
+    let gws = three(&setup, &sim).await;
+    let alphas: Arc<Vec<Client>> = Arc::new(gws.iter().map(|gw| Client::new(gw.base_url(), ALPHA.1)).collect());
     let victim = cluster.lock().expect("cluster").primary_for(LEDGER_KEY);
-    let paths = Arc::new(distinct_searches(&sim, 3000, 1));
+    let s = sim.samples();
+    let queries = Arc::new((0..3000).map(|i| Query::distinct(&s, i).size(1)).collect());
     let (stop, log): (Arc<AtomicBool>, Log) = Default::default();
     let start = Instant::now();
-    let workers = start_load(&gws, paths, &stop, &log);
+    let workers = start_load(&alphas, queries, &stop, &log);
     eventually("the load gets going", Duration::from_secs(10), || async {
         let log = log.lock().expect("log");
         log.iter().filter(|e| e.2 == StatusCode::OK).count() >= 30

@@ -8,15 +8,15 @@
 
 mod failover;
 
+use crate::support::client::Client;
 use crate::support::gateway::{team, Setup, ADMIN_TOKEN, ALPHA, SMALL};
 use crate::support::http::{get, send, Reply};
 use crate::support::probe::wait_cache_redis_ok;
 use crate::support::prometheus::Exposition;
+use crate::support::query::Query;
 use crate::support::redis_cluster::RedisCluster;
 use crate::support::sim::{start_sim, unlimited, FaultKind, Faults, Sim};
-use crate::support::traffic::{
-    as_team, assert_replicas_share_the_upstream_rate, charged_to, distinct_search, ledger_used, used,
-};
+use crate::support::traffic::{assert_replicas_share_the_upstream_rate, charged_to, ledger_used};
 use crate::support::wait::eventually;
 use bytes::Bytes;
 use http::{Method, StatusCode};
@@ -40,6 +40,11 @@ fn on_cluster(cluster: &RedisCluster) -> Setup {
 
 async fn three(setup: &Setup, sim: &Sim) -> Vec<Running> {
     vec![setup.start(sim).await, setup.start(sim).await, setup.start(sim).await]
+}
+
+/// A team's client on each of `gws`, in order.
+fn on_each(gws: &[Running], token: &str) -> Vec<Client> {
+    gws.iter().map(|gw| Client::new(gw.base_url(), token)).collect()
 }
 
 async fn metrics(gw: &Running) -> Exposition {
@@ -71,22 +76,23 @@ async fn every_script_and_multi_key_command_runs_on_a_real_cluster() {
     // spread over many keys, so over every primary.
     // Each page also files its records (one key per permit id, see
     // cache::records), so purge finds those too.
+    let (alpha, s) = (on_each(&gws, ALPHA.1), sim.samples());
     let mut records = std::collections::BTreeSet::new();
     for i in 0..12 {
-        let url = format!("{}{}", gws[i % 3].base_url(), distinct_search(&sim, i as u32, 2));
-        let r = as_team(&url, ALPHA.1, &format!("alpha-{i}")).await;
+        let r = alpha[i % 3]
+            .get(Query::distinct(&s, i as u32).size(2))
+            .request_id(&format!("alpha-{i}"))
+            .await;
         assert_eq!(r.status, StatusCode::OK, "{}", r.text());
         let items = r.json()["items"].as_array().cloned().unwrap_or_default();
         records.extend(items.iter().filter_map(|p| p["id"].as_str().map(str::to_owned)));
     }
     // An L2 hit on another replica; its saved credits go out as a pipeline.
-    let hit = as_team(
-        &format!("{}{}", gws[1].base_url(), distinct_search(&sim, 0, 2)),
-        ALPHA.1,
-        "alpha-hit",
-    )
-    .await;
-    assert_eq!(hit.header("x-cache"), Some("HIT"), "{:?}", hit.headers);
+    let hit = alpha[1]
+        .get(Query::distinct(&s, 0).size(2))
+        .request_id("alpha-hit")
+        .await;
+    assert_eq!(hit.x_cache(), Some("HIT"), "{:?}", hit.headers);
     // A failed upstream call releases its reservation; a 429 pauses every replica.
     for (status, i) in [(500, 40), (429, 41)] {
         sim.set_faults(Faults {
@@ -96,8 +102,10 @@ async fn every_script_and_multi_key_command_runs_on_a_real_cluster() {
             retry_after_secs: Some(1),
             ..Faults::default()
         });
-        let url = format!("{}{}", gws[2].base_url(), distinct_search(&sim, i, 2));
-        let r = as_team(&url, ALPHA.1, &format!("alpha-{i}")).await;
+        let r = alpha[2]
+            .get(Query::distinct(&s, i).size(2))
+            .request_id(&format!("alpha-{i}"))
+            .await;
         assert!(
             r.status.is_client_error() || r.status.is_server_error(),
             "{status}: {}",
@@ -126,13 +134,11 @@ async fn every_script_and_multi_key_command_runs_on_a_real_cluster() {
     // whichever node holds them.
     let purged = admin(Method::POST, &format!("{}/admin/cache/purge", gws[0].admin_url())).await;
     assert_eq!(purged.json()["redis_keys"], 12 + records.len(), "{}", purged.text());
-    let again = as_team(
-        &format!("{}{}", gws[2].base_url(), distinct_search(&sim, 3, 2)),
-        ALPHA.1,
-        "alpha-after-purge",
-    )
-    .await;
-    assert_eq!(again.header("x-cache"), Some("MISS"), "the purge reached L2");
+    let again = alpha[2]
+        .get(Query::distinct(&s, 3).size(2))
+        .request_id("alpha-after-purge")
+        .await;
+    assert_eq!(again.x_cache(), Some("MISS"), "the purge reached L2");
     assert_eq!(
         ledger_used(&gws[0].admin_url(), "alpha").await,
         charged_to(&sim, "alpha-")
@@ -156,12 +162,10 @@ async fn a_cold_query_fired_at_three_replicas_at_once_reaches_the_upstream_once(
     let cluster = cluster().await;
     let sim = start_sim(unlimited()).await;
     let gws = three(&on_cluster(&cluster), &sim).await;
-    let path = distinct_search(&sim, 7, 5);
+    let alpha = on_each(&gws, ALPHA.1);
+    let query = Query::distinct(&sim.samples(), 7).size(5);
     let tasks: Vec<_> = (0..9)
-        .map(|i| {
-            let url = format!("{}{path}", gws[i % 3].base_url());
-            tokio::spawn(async move { as_team(&url, ALPHA.1, &format!("alpha-{i}")).await })
-        })
+        .map(|i| alpha[i % 3].get(&query).request_id(&format!("alpha-{i}")).spawn())
         .collect();
     let mut bodies = Vec::new();
     for t in tasks {
@@ -182,15 +186,18 @@ async fn forty_concurrent_searches_over_three_replicas_never_overspend() {
     let sim = start_sim(unlimited()).await;
     let setup = on_cluster(&cluster).teams(team(SMALL.0, SMALL.1, "credit_limit = 100"));
     let gws = three(&setup, &sim).await;
+    let (small, s) = (on_each(&gws, SMALL.1), sim.samples());
     let tasks: Vec<_> = (0..42)
         .map(|i| {
-            let url = format!("{}{}", gws[i % 3].base_url(), distinct_search(&sim, i as u32, 10));
-            tokio::spawn(async move { as_team(&url, SMALL.1, &format!("small-{i}")).await.status })
+            small[i % 3]
+                .get(Query::distinct(&s, i as u32).size(10))
+                .request_id(&format!("small-{i}"))
+                .spawn()
         })
         .collect();
     let mut ok = 0;
     for t in tasks {
-        match t.await.expect("task") {
+        match t.await.expect("task").status {
             StatusCode::OK => ok += 1,
             StatusCode::PAYMENT_REQUIRED => {}
             other => panic!("only 200 and 402 expected, got {other}"),
@@ -202,12 +209,8 @@ async fn forty_concurrent_searches_over_three_replicas_never_overspend() {
         100,
         "the upstream charged the budget, no more"
     );
-    for gw in &gws {
-        assert_eq!(
-            used(&gw.base_url(), SMALL.1).await,
-            100,
-            "every replica reads one ledger"
-        );
+    for team in &small {
+        assert_eq!(team.used().await, 100, "every replica reads one ledger");
     }
 }
 
@@ -233,8 +236,8 @@ async fn a_gateway_started_before_its_cluster_uses_it_once_it_is_up() {
         )
         .start(&sim)
         .await;
-    let search = format!("{}{}", gw.base_url(), distinct_search(&sim, 1, 2));
-    let first = as_team(&search, ALPHA.1, "alpha-1").await;
+    let (alpha, s) = (Client::new(gw.base_url(), ALPHA.1), sim.samples());
+    let first = alpha.get(Query::distinct(&s, 1).size(2)).request_id("alpha-1").await;
     assert_eq!(
         first.status,
         StatusCode::OK,
@@ -254,9 +257,9 @@ async fn a_gateway_started_before_its_cluster_uses_it_once_it_is_up() {
     wait_cache_redis_ok(&gw.admin_url()).await;
     // Written to the cluster by one request, read back by the next (no L1).
     eventually("the cluster is used", Duration::from_secs(10), || async {
-        let url = format!("{}{}", gw.base_url(), distinct_search(&sim, 2, 2));
-        let _ = as_team(&url, ALPHA.1, "alpha-2").await;
-        as_team(&url, ALPHA.1, "alpha-3").await.header("x-cache") == Some("HIT")
+        let query = Query::distinct(&s, 2).size(2);
+        let _ = alpha.get(&query).request_id("alpha-2").await;
+        alpha.get(&query).request_id("alpha-3").await.x_cache() == Some("HIT")
     })
     .await;
     drop(cluster);

@@ -1,4 +1,6 @@
 //! A small HTTP client for tests: one request, the whole answer in memory.
+//! Tests talk to the team listener through `super::client`, which builds on
+//! `send`; the bare functions serve the admin listener and raw requests.
 //!
 //! Built on hyper-util's pooled client so tests exercise real sockets without
 //! pulling a second TLS stack into the test binary.
@@ -14,12 +16,42 @@ use std::sync::OnceLock;
 /// What a test reads back from a request.
 #[derive(Debug, Clone)]
 pub struct Reply {
+    /// The URL asked, for failure messages.
+    pub url: String,
     pub status: StatusCode,
     pub headers: HeaderMap,
     pub body: Bytes,
 }
 
 impl Reply {
+    /// The reply itself when its status is `want`; otherwise fails the test
+    /// with the URL asked and the body the server gave instead.
+    #[track_caller]
+    pub fn expect_status<S>(self, want: S) -> Reply
+    where
+        StatusCode: PartialEq<S>,
+        S: std::fmt::Debug,
+    {
+        assert!(
+            self.status == want,
+            "{}: expected status {want:?}, got {}: {}",
+            self.url,
+            self.status,
+            self.text()
+        );
+        self
+    }
+
+    /// `X-Cache`: how the gateway answered (`HIT`, `MISS`, `STALE`, `BYPASS`).
+    pub fn x_cache(&self) -> Option<&str> {
+        self.header("x-cache")
+    }
+
+    /// `X-Credits-Request`: what this request cost the team.
+    pub fn credits_request(&self) -> Option<u64> {
+        self.header_u64("x-credits-request")
+    }
+
     /// The body parsed as JSON; panics with the raw body when it is not JSON.
     pub fn json(&self) -> Value {
         serde_json::from_slice(&self.body)
@@ -61,6 +93,7 @@ pub async fn send(method: Method, url: &str, headers: &[(&str, &str)], body: Byt
     let (parts, body) = resp.into_parts();
     let body = body.collect().await.expect("body reads").to_bytes();
     let reply = Reply {
+        url: url.to_string(),
         status: parts.status,
         headers: parts.headers,
         body,

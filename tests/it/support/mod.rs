@@ -1,6 +1,9 @@
 //! Test harness shared by every integration test: real servers on port 0.
 //!
-//! - `http`: a small client that returns status, headers and body.
+//! - `client`: the test client: a team (or the upstream) at a base URL,
+//!   sending `query` values and asserting statuses.
+//! - `query`: the typed path and query of a `/v2` request.
+//! - `http`: the one-request transport under `client`: status, headers, body.
 //! - `sim`: the upstream simulator started in-process on 127.0.0.1:0.
 //! - `redis`: a real `redis-server` child in a temp dir, killed on drop.
 //! - `monitor`: Redis MONITOR, to see what a call made Redis do.
@@ -14,11 +17,13 @@
 #![allow(dead_code)]
 
 pub mod alloc;
+pub mod client;
 pub mod gateway;
 pub mod http;
 pub mod monitor;
 pub mod probe;
 pub mod prometheus;
+pub mod query;
 pub mod redis;
 pub mod redis_cluster;
 pub mod redis_proc;

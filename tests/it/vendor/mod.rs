@@ -5,10 +5,12 @@
 //! the document's `$ref`s resolved by the validator. Metered operations must
 //! settle to what the simulator charged; free ones must cost nothing.
 
+use crate::support::client::Client;
 use crate::support::gateway::{team, Setup, ALPHA, BETA, SMALL};
-use crate::support::http::{get, Reply};
+use crate::support::http::Reply;
+use crate::support::query::Query;
 use crate::support::sim::{start_sim, unlimited, Sim};
-use crate::support::traffic::{as_team, charged_to, ledger_used};
+use crate::support::traffic::{charged_to, ledger_used};
 use jsonschema::{Draft, Registry, Validator};
 use serde_json::{json, Value};
 use std::collections::BTreeSet;
@@ -97,9 +99,10 @@ async fn every_vendor_operation_answers_through_the_gateway_with_a_body_valid_ag
     );
     assert_eq!(declared.len(), 34);
 
+    let alpha = Client::new(gw.base_url(), ALPHA.1);
     for (i, o) in ops.iter().enumerate() {
         let rid = format!("alpha-{i}");
-        let r: Reply = as_team(&format!("{}{}", gw.base_url(), o.url), ALPHA.1, &rid).await;
+        let r: Reply = alpha.get(&o.url).request_id(&rid).await;
         assert_eq!(r.status, 200, "{} ({}): {}", o.spec_path, o.url, r.text());
         let body = r.json();
         let errors = errors_of(&response_validator(&doc, &registry, o.spec_path), &body);
@@ -127,17 +130,18 @@ async fn metered_operations_settle_to_what_the_simulator_charged() {
     let gw = pass_through().start(&sim).await;
     let (s, permit, ids) = fixtures(&sim).await;
     let ids: Vec<&str> = ids.iter().map(String::as_str).collect();
+    let beta = Client::new(gw.base_url(), BETA.1);
     for (i, o) in operations(&s, &permit, &ids)
         .iter()
         .enumerate()
         .filter(|(_, o)| o.metered)
     {
         let rid = format!("beta-{i}");
-        let r = as_team(&format!("{}{}", gw.base_url(), o.url), BETA.1, &rid).await;
+        let r = beta.get(&o.url).request_id(&rid).await;
         assert_eq!(r.status, 200, "{}: {}", o.spec_path, r.text());
         let charged = upstream_credits(&sim, &rid).unwrap_or_else(|| panic!("{} reached the upstream", o.spec_path));
         assert!(charged > 0, "{} is billed per record", o.spec_path);
-        assert_eq!(r.header_u64("x-credits-request"), Some(charged), "{}", o.spec_path);
+        assert_eq!(r.credits_request(), Some(charged), "{}", o.spec_path);
     }
     let ledger = ledger_used(&gw.admin_url(), BETA.0).await;
     assert_eq!(
@@ -157,11 +161,12 @@ async fn free_operations_cost_nothing_and_an_id_lookup_of_3_reserves_3() {
     let gw = pass_through().teams(teams).start(&sim).await;
     let (s, permit, ids) = fixtures(&sim).await;
     let ids: Vec<&str> = ids.iter().map(String::as_str).collect();
-    let lookup = format!("{}/v2/permits?id={}", gw.base_url(), ids.join("&id="));
+    let lookup = Query::permits_by_id(&ids);
+    let (small, tiny) = (Client::new(gw.base_url(), SMALL.1), Client::new(gw.base_url(), TINY.1));
 
     // A budget of 2 cannot cover the lookup's reservation of 3: refused
     // before the upstream is asked.
-    let r = as_team(&lookup, TINY.1, "tiny-0").await;
+    let r = tiny.get(&lookup).request_id("tiny-0").await;
     assert_eq!(r.status, 402, "{}", r.text());
     assert_eq!(
         upstream_credits(&sim, "tiny-0"),
@@ -169,9 +174,8 @@ async fn free_operations_cost_nothing_and_an_id_lookup_of_3_reserves_3() {
         "a refused lookup never reaches the upstream"
     );
     // A budget of exactly 3 covers it: the reservation is the 3 ids, not a page.
-    let r = as_team(&lookup, SMALL.1, "small-lookup").await;
-    assert_eq!(r.status, 200, "{}", r.text());
-    assert_eq!(r.header_u64("x-credits-request"), Some(3));
+    let r = small.get(&lookup).request_id("small-lookup").expect_status(200).await;
+    assert_eq!(r.credits_request(), Some(3));
     assert_eq!(r.header_u64("x-credits-remaining"), Some(0));
 
     // With 0 credits left, every free operation still answers, at no cost.
@@ -181,23 +185,16 @@ async fn free_operations_cost_nothing_and_an_id_lookup_of_3_reserves_3() {
         .filter(|(_, o)| !o.metered)
     {
         let rid = format!("small-{i}");
-        let r = as_team(&format!("{}{}", gw.base_url(), o.url), SMALL.1, &rid).await;
+        let r = small.get(&o.url).request_id(&rid).await;
         assert_eq!(r.status, 200, "{} with 0 credits left: {}", o.spec_path, r.text());
-        assert_eq!(
-            r.header_u64("x-credits-request").unwrap_or(0),
-            0,
-            "{} is free",
-            o.spec_path
-        );
+        assert_eq!(r.credits_request().unwrap_or(0), 0, "{} is free", o.spec_path);
     }
     assert_eq!(ledger_used(&gw.admin_url(), SMALL.0).await, 3);
     assert_eq!(charged_to(&sim, "small-"), 3);
-    let r = as_team(
-        &format!("{}/v2/permits?id={}", gw.base_url(), ids[0]),
-        SMALL.1,
-        "small-more",
-    )
-    .await;
+    let r = small
+        .get(Query::permits_by_id(&ids[..1]))
+        .request_id("small-more")
+        .await;
     assert_eq!(r.status, 402, "the budget is spent: {}", r.text());
 }
 
@@ -225,12 +222,12 @@ async fn the_vendor_schemas_reject_the_simulators_old_mistakes() {
         |field: &str| json!({"items": [{"field": field, "tier": "partial", "fill_pct": 0.5, "permits_total": 9}]});
     assert!(coverage.is_valid(&row("owner_name")));
     assert!(!coverage.is_valid(&row("description_derived")));
-    let url = format!(
-        "{}/v2/meta/coverage?geo_type=state&geo_id={}&date_from=1990-01-01&date_to=1990-01-02",
-        sim.base_url(),
-        s.state
-    );
-    let body = get(&url, &[("x-api-key", sim.api_key())]).await.json();
+    let empty = Query::new("/v2/meta/coverage")
+        .param("geo_type", "state")
+        .param("geo_id", &s.state)
+        .param("date_from", "1990-01-01")
+        .param("date_to", "1990-01-02");
+    let body = Client::upstream(&sim).get(empty).await.json();
     assert!(coverage.is_valid(&body), "{:#?}", errors_of(&coverage, &body));
 }
 
@@ -240,15 +237,14 @@ async fn the_vendor_schemas_reject_the_simulators_old_mistakes() {
 async fn a_multibyte_geo_id_through_the_gateway_is_a_422_that_costs_nothing() {
     let sim = start_sim(unlimited()).await;
     let gw = Setup::new().start(&sim).await;
+    let alpha = Client::new(gw.base_url(), ALPHA.1);
     let s = sim.samples();
     for path in ["permits", "contractors"] {
-        let url = format!(
-            "{}/v2/{path}/search?geo_id=1234%C3%A96789&permit_from={}&permit_to={}",
-            gw.base_url(),
-            s.permit_from,
-            s.permit_to
-        );
-        let r = as_team(&url, ALPHA.1, &format!("alpha-{path}")).await;
+        // The é written out percent-encoded: those bytes are the case.
+        let search = Query::new(format!("/v2/{path}/search"))
+            .param("geo_id", "1234%C3%A96789")
+            .window(&s.permit_from, &s.permit_to);
+        let r = alpha.get(search).request_id(&format!("alpha-{path}")).await;
         assert_eq!(r.status, 422, "{path}: {}", r.text());
         assert_eq!(r.json()["detail"][0]["loc"], json!(["query", "geo_id"]));
     }

@@ -2,7 +2,8 @@
 //! per GET path of the vendor OpenAPI, with its credit class, built from the
 //! simulator's samples; and the fixtures those calls need.
 
-use crate::support::http::get;
+use crate::support::client::Client;
+use crate::support::query::Query;
 use crate::support::sim::{Samples, Sim};
 use serde_json::Value;
 
@@ -29,15 +30,18 @@ pub fn operations(s: &Samples, permit: &Value, ids: &[&str]) -> Vec<Op> {
     let window = format!("metric_from={from}&metric_to={to}");
     let a = &permit["address"];
     let text = |f: &str| a[f].as_str().unwrap_or_default().replace(' ', "%20");
-    let search = format!("geo_id={}&permit_from={from}&permit_to={to}&size=5", s.state);
     let c = &s.contractor_id;
     let area = |kind: &str, id: &str, what: &str| format!("/v2/{kind}/{id}/metrics/{what}");
     let all = "property_type=all&tag=all";
     vec![
-        op("/permits/search", format!("/v2/permits/search?{search}"), true),
-        op("/permits", format!("/v2/permits?id={}", ids.join("&id=")), true),
-        op("/contractors/search", format!("/v2/contractors/search?{search}"), true),
-        op("/contractors", format!("/v2/contractors?id={c}"), true),
+        op("/permits/search", Query::state_permits(s).size(5).to_string(), true),
+        op("/permits", Query::permits_by_id(ids).to_string(), true),
+        op(
+            "/contractors/search",
+            Query::state_contractors(s).size(5).to_string(),
+            true,
+        ),
+        op("/contractors", Query::by_id("contractors", &[c]).to_string(), true),
         op(
             "/contractors/{id}/permits",
             format!("/v2/contractors/{c}/permits?size=5"),
@@ -61,13 +65,21 @@ pub fn operations(s: &Samples, permit: &Value, ids: &[&str]) -> Vec<Op> {
             ),
             true,
         ),
-        op("/decisions", format!("/v2/decisions?id={}", s.decision_id), true),
+        op(
+            "/decisions",
+            Query::by_id("decisions", &[&s.decision_id]).to_string(),
+            true,
+        ),
         op(
             "/properties/search",
             format!("/v2/properties/search?geo_id={}&size=5", s.zip),
             true,
         ),
-        op("/properties", format!("/v2/properties?id={}", s.address_geo_id), true),
+        op(
+            "/properties",
+            Query::by_id("properties", &[&s.address_geo_id]).to_string(),
+            true,
+        ),
         op(
             "/addresses/{geo_id}/metrics/monthly",
             format!("{}?{window}&tag=all", area("addresses", &s.address_geo_id, "monthly")),
@@ -151,8 +163,8 @@ pub fn operations(s: &Samples, permit: &Value, ids: &[&str]) -> Vec<Op> {
             ),
             false,
         ),
-        op("/meta/release", "/v2/meta/release".into(), false),
-        op("/usage", "/v2/usage".into(), false),
+        op("/meta/release", Query::meta_release().to_string(), false),
+        op("/usage", Query::usage().to_string(), false),
     ]
 }
 
@@ -160,14 +172,10 @@ pub fn operations(s: &Samples, permit: &Value, ids: &[&str]) -> Vec<Op> {
 /// permit ids, read straight from the simulator (no team pays for them).
 pub async fn fixtures(sim: &Sim) -> (Samples, Value, Vec<String>) {
     let s = sim.samples();
-    let url = format!(
-        "{}/v2/permits/search?geo_id={}&permit_from={}&permit_to={}&size=3",
-        sim.base_url(),
-        s.state,
-        s.permit_from,
-        s.permit_to
-    );
-    let r = get(&url, &[("x-api-key", sim.api_key()), ("x-request-id", "fixture")]).await;
+    let r = Client::upstream(sim)
+        .get(Query::state_permits(&s).size(3))
+        .request_id("fixture")
+        .await;
     let permits = r.json()["items"].as_array().cloned().unwrap_or_default();
     assert_eq!(permits.len(), 3, "{}", r.text());
     let ids = permits

@@ -3,6 +3,7 @@
 //! and earlier lookups brought; only the missing ids reach the upstream, and
 //! every assembled answer equals what the simulator itself returns.
 
+mod access_log;
 mod edges;
 mod memory;
 mod overlap;

@@ -13,6 +13,7 @@ pub mod flight;
 pub mod key;
 pub mod lease;
 pub mod parsed;
+pub mod purge;
 pub mod records;
 pub mod refresh;
 pub mod spend;
@@ -72,6 +73,8 @@ pub struct Cache {
     record_reuse: bool,
     /// The ids this process's lookups are buying ([`records::IdFlights`]).
     id_flights: records::IdFlights,
+    /// The purges of every replica this one has applied to its L1 ([`purge`]).
+    purges_seen: purge::Seen,
 }
 
 impl Cache {
@@ -99,6 +102,7 @@ impl Cache {
             metrics,
             record_reuse: cfg.record_reuse,
             id_flights: records::IdFlights::default(),
+            purges_seen: purge::Seen::default(),
         }
     }
 
@@ -206,39 +210,6 @@ impl Cache {
                 })
                 .await;
         }
-    }
-
-    /// Drops every entry, or one route's, from both tiers. Returns how many
-    /// Redis keys went. The records a route's pages filed go with it: they
-    /// would otherwise keep answering lookups with what was purged.
-    pub async fn purge(&self, route: Option<Route>) -> u64 {
-        let records = route
-            .and_then(records::Resource::filed_by)
-            .map(records::Resource::lookup_route)
-            .filter(|r| Some(*r) != route);
-        let mut removed = self.purge_route(route).await;
-        if let Some(lookup) = records {
-            removed += self.purge_route(Some(lookup)).await;
-        }
-        removed
-    }
-
-    async fn purge_route(&self, route: Option<Route>) -> u64 {
-        if let Some(memory) = &self.memory {
-            match route {
-                None => memory.invalidate_all(),
-                Some(r) => {
-                    let _ = memory.invalidate_entries_if(move |_, e| e.route == r);
-                }
-            }
-            memory.run_pending_tasks().await;
-        }
-        let Some(redis) = &self.redis else { return 0 };
-        let pattern = match route {
-            None => format!("{}c:*", self.prefix),
-            Some(r) => format!("{}c:{}:*", self.prefix, r.as_str()),
-        };
-        redis.scan_delete(RedisOp::CachePurge, &pattern).await
     }
 
     /// Sets the tier gauges (called at scrape time). Memory: exact, after

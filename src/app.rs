@@ -128,7 +128,11 @@ impl App {
             config,
         };
         app.publish_limits();
-        Ok(Arc::new(app))
+        let app = Arc::new(app);
+        if app.cache.follows_purges() {
+            tokio::spawn(follow_purges(Arc::downgrade(&app)));
+        }
+        Ok(app)
     }
 
     /// Re-reads the teams (added, removed, new budgets or tokens) without a
@@ -152,6 +156,18 @@ impl App {
         self.metrics.preset(teams.iter().map(|t| t.name.as_str()), redis);
         self.metrics
             .publish_teams(teams.iter().map(|t| (t.name.as_str(), t.credit_limit)));
+    }
+}
+
+/// Applies other replicas' cache purges to this one's memory tier
+/// (`cache::purge`), the first look at once; ends with the app.
+async fn follow_purges(app: std::sync::Weak<App>) {
+    loop {
+        match app.upgrade() {
+            Some(app) => app.cache.follow_purges().await,
+            None => return,
+        }
+        tokio::time::sleep(crate::cache::purge::FOLLOW_EVERY).await;
     }
 }
 

@@ -19,8 +19,9 @@
 //! - [`cache`]: normalized keys, L1 moka + L2 Redis, staleness; coalescing
 //!   in process (`cache::flight`) and across replicas (`cache::lease`); the
 //!   record tier (`cache::records`) that answers id lookups record by record
-//!   (`proxy::by_id`); the memo of parsed request targets (`cache::parsed`)
-//!   and the keys refreshed in the background (`cache::refresh`).
+//!   (`proxy::by_id`); the memo of parsed request targets (`cache::parsed`),
+//!   the keys refreshed in the background (`cache::refresh`), and purges
+//!   that reach every replica's memory tier (`cache::purge`).
 //! - [`clock`]: wall-clock milliseconds, the one clock the modules share.
 //! - [`redis_backend`]: a Redis connection (standalone, Cluster or the
 //!   primary Sentinel names; plain or TLS) with

@@ -96,6 +96,14 @@ impl<T> Leader<T> {
         self.tx.subscribe()
     }
 
+    /// Requests waiting on this flight: its followers, and the leader's own
+    /// wait when it [`subscribe`](Leader::subscribe)d. What a test watches
+    /// to know a request has joined the flight.
+    pub fn waiting(&self) -> usize {
+        // One receiver is the flight table's, which each follower clones.
+        self.tx.receiver_count().saturating_sub(1)
+    }
+
     /// Hands the outcome to every follower and ends the flight.
     pub fn complete(self, outcome: T) {
         // Remove first: a caller arriving after this starts its own lookup,
@@ -142,9 +150,11 @@ mod tests {
         let Join::Leader(leader) = flights.join("k") else {
             panic!("first is leader")
         };
+        assert_eq!(leader.waiting(), 0);
         let Join::Follower(rx) = flights.join("k") else {
             panic!("second follows")
         };
+        assert_eq!(leader.waiting(), 1, "the follower waits on the flight");
         let waiting = tokio::spawn(follow(rx));
         leader.complete(7);
         assert_eq!(waiting.await.unwrap(), Some(7));

@@ -13,6 +13,7 @@ pub mod flight;
 pub mod key;
 pub mod lease;
 pub mod parsed;
+pub mod purge;
 pub mod records;
 pub mod refresh;
 pub mod spend;
@@ -73,6 +74,8 @@ pub struct Cache {
     record_reuse: bool,
     /// The ids this process's lookups are buying ([`records::IdFlights`]).
     id_flights: records::IdFlights,
+    /// The purges of every replica this one has applied to its L1 ([`purge`]).
+    purges_seen: purge::Seen,
 }
 
 impl Cache {
@@ -100,6 +103,7 @@ impl Cache {
             metrics,
             record_reuse: cfg.record_reuse,
             id_flights: records::IdFlights::default(),
+            purges_seen: purge::Seen::default(),
         }
     }
 
@@ -203,36 +207,6 @@ impl Cache {
                 })
                 .await;
         }
-    }
-
-    /// Drops every entry, or one route's, from both tiers. Returns how many
-    /// Redis keys went. The records a route's pages filed go with it: they
-    /// would otherwise keep answering lookups with what was purged.
-    pub async fn purge(&self, route: Option<Route>) -> u64 {
-        let records = route
-            .and_then(records::Resource::filed_by)
-            .map(records::Resource::lookup_route)
-            .filter(|r| Some(*r) != route);
-        let mut removed = self.purge_route(route).await;
-        if let Some(lookup) = records {
-            removed += self.purge_route(Some(lookup)).await;
-        }
-        removed
-    }
-
-    async fn purge_route(&self, route: Option<Route>) -> u64 {
-        if let Some(memory) = &self.memory {
-            match route {
-                None => memory.invalidate_all(),
-                Some(r) => {
-                    let _ = memory.invalidate_entries_if(move |_, e| e.route == r);
-                }
-            }
-            memory.run_pending_tasks().await;
-        }
-        let Some(redis) = &self.redis else { return 0 };
-        let pattern = self.keys.purge_pattern(route);
-        redis.scan_delete(RedisOp::CachePurge, &pattern).await
     }
 
     /// Sets the tier gauges (called at scrape time). Memory: exact, after

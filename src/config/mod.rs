@@ -351,15 +351,13 @@ impl Config {
             ));
         }
         // A replica that gives up waiting for a peer's lease before the
-        // peer's call can have ended buys the key a second time.
-        let call_ms = self
-            .upstream
-            .max_queue_wait_secs
-            .saturating_add(self.upstream.timeout_secs)
-            .saturating_mul(1000);
-        if self.cache.coalesce_wait_ms < call_ms {
+        // peer's path can have ended buys the key a second time. The peer's
+        // lease covers the same path as a reservation (queue, call, settle:
+        // `app` gives it `reservation_path_secs`), so the wait does too.
+        let path_ms = path.saturating_mul(1000);
+        if self.cache.coalesce_wait_ms < path_ms {
             p.push(format!(
-                "cache.coalesce_wait_ms: must be at least (upstream.max_queue_wait_secs + upstream.timeout_secs) * 1000 ({call_ms})"
+                "cache.coalesce_wait_ms: must be at least (upstream.max_queue_wait_secs + upstream.timeout_secs + {SETTLE_MARGIN_SECS}) * 1000 ({path_ms})"
             ));
         }
         p

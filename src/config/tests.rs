@@ -204,11 +204,23 @@ fn a_coalesce_wait_shorter_than_the_call_it_covers_is_refused() {
     let errs = load(&short).expect_err("too short").0;
     assert!(
         errs.iter()
-            .any(|e| e.starts_with("cache.coalesce_wait_ms") && e.contains("40000")),
+            .any(|e| e.starts_with("cache.coalesce_wait_ms") && e.contains("45000")),
         "{errs:#?}"
     );
-    let enough = format!("{KEY}timeout_secs = 1\nmax_queue_wait_secs = 0\n[cache]\ncoalesce_wait_ms = 1000\n");
-    load(&enough).expect("a wait that covers queue and call is valid");
+    // The call alone is not enough: the peer's lease also covers its
+    // settle, the margin `reservation_lease_secs` keeps too (defaults.toml).
+    let call_only = format!("{KEY}timeout_secs = 1\nmax_queue_wait_secs = 0\n[cache]\ncoalesce_wait_ms = 1000\n");
+    let errs = load(&call_only).expect_err("no margin").0;
+    assert!(
+        errs.iter()
+            .any(|e| e.starts_with("cache.coalesce_wait_ms") && e.contains("(6000)")),
+        "{errs:#?}"
+    );
+    let enough = format!("{KEY}timeout_secs = 1\nmax_queue_wait_secs = 0\n[cache]\ncoalesce_wait_ms = 6000\n");
+    load(&enough).expect("a wait that covers queue, call and settle is valid");
+    // The default covers the default path exactly: 10 + 30 + 5 s.
+    let defaults = load(KEY).expect("defaults are valid");
+    assert_eq!(defaults.cache.coalesce_wait_ms, defaults.reservation_path_secs() * 1000);
 }
 
 #[test]

@@ -104,6 +104,12 @@ impl Keys {
         }
     }
 
+    /// The purges of every replica (`cache::purge`): route name or `all` →
+    /// the token of its last purge. Untagged: read alone, by one command.
+    pub fn purges(&self) -> String {
+        format!("{}purges", self.prefix)
+    }
+
     /// One of a team's ledger keys; the `{team}` tag keeps a script's keys
     /// (and the saved-credits pipeline of one team) in one slot.
     pub fn ledger(&self, team: &str, key: LedgerKey) -> String {
@@ -185,6 +191,7 @@ mod tests {
         assert_eq!(k.lease(&record), format!("pgw:lease:{{{RECORD_HASH}}}"));
         assert_eq!(k.purge_pattern(None), "pgw:c:*");
         assert_eq!(k.purge_pattern(Some(Route::PermitsById)), "pgw:c:permits_by_id:*");
+        assert_eq!(k.purges(), "pgw:purges");
         let ledger: Vec<String> = LEDGER.iter().map(|l| k.ledger("alpha", *l)).collect();
         assert_eq!(
             ledger,

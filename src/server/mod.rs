@@ -69,7 +69,7 @@ impl Limits {
 pub const CONNECTION_BYTES: u64 = 64 * 1024;
 /// One open HTTP/2 stream held back by flow control, its answer aside:
 /// h2's stream state, hyper's task for it, the answer head it sent.
-/// Measured about 9 KiB in a debug build (tests/it/siege.rs); rounded up.
+/// Measured about 9 KiB in a debug build (tests/it/siege/zero_window.rs); rounded up.
 pub const STREAM_BYTES: u64 = 16 * 1024;
 
 /// The most memory `connections` HTTP/2 connections can make a listener

@@ -3,6 +3,7 @@
 //! and earlier lookups brought; only the missing ids reach the upstream, and
 //! every assembled answer equals what the simulator itself returns.
 
+mod access_log;
 mod edges;
 mod memory;
 mod overlap;
@@ -248,6 +249,61 @@ async fn purge_drops_records_from_both_tiers() {
     assert_eq!(r.header_u64("x-credits-request"), Some(2));
     assert_eq!(upstream_requests(&sim), 2);
     assert_ledger_matches(&sim, &gw.admin_url(), &["alpha"]).await;
+    assert_same_as_upstream(&sim, &path, &r).await;
+}
+
+/// Entries in a replica's memory tier (pages and records), as its
+/// `/metrics` reports them.
+async fn memory_entries(gw: &Running) -> f64 {
+    let m = crate::support::probe::scrape(&gw.admin_url()).await;
+    m.get("gateway_cache_entries", &[("tier", "memory")]).unwrap_or(0.0)
+}
+
+/// A purge asked of one replica reaches the others' memory tiers: replica
+/// B holds two records in L1 (promoted from Redis by its own lookup), A
+/// purges `permits_search`, and B's next lookup of those ids is bought
+/// again. Before, B answered it from L1 as a HIT for the records' whole
+/// TTL (a day): the purge emptied only Redis and A's memory.
+#[tokio::test]
+async fn purge_drops_records_from_a_peers_memory_tier() {
+    let redis = RedisServer::start();
+    let sim = start_sim(unlimited()).await;
+    let setup = || Setup::new().with("cache", format!("redis_url = {:?}", redis.url()));
+    let (a, b) = (setup().start(&sim).await, setup().start(&sim).await);
+    let held = ids_of(&alpha(&a, &permit_search(&sim, 4)).await);
+    let path = lookup("permits", &[&held[0], &held[3]]);
+    let r = alpha(&b, &path).await;
+    assert_eq!(r.header("x-cache"), Some("HIT"), "{}", r.text());
+    assert_eq!(upstream_requests(&sim), 1);
+    assert_eq!(memory_entries(&b).await, 2.0, "B holds the two records in memory");
+
+    let purge = send(
+        Method::POST,
+        &format!("{}/admin/cache/purge?route=permits_search", a.admin_url()),
+        &[("authorization", &format!("Bearer {ADMIN_TOKEN}"))],
+        Bytes::new(),
+    )
+    .await;
+    assert_eq!(purge.status, StatusCode::OK, "{}", purge.text());
+    // B applies the purge at its next look at Redis (every second).
+    let limit = permit_gateway::cache::purge::FOLLOW_EVERY * 5;
+    eventually("B dropped the purged records from memory", limit, || async {
+        let n = memory_entries(&b).await;
+        if n == 0.0 {
+            Ok(())
+        } else {
+            Err(format!("{n} entries"))
+        }
+    })
+    .await;
+    let r = alpha(&b, &path).await;
+    assert_eq!(r.header("x-cache"), Some("MISS"), "{}", r.text());
+    assert_eq!(r.header_u64("x-credits-request"), Some(2));
+    assert_eq!(upstream_requests(&sim), 2, "B bought the purged records again");
+    assert_eq!(charged_to(&sim, "alpha-"), 6);
+    // Each replica keeps its own (file) ledger: A's search, B's lookup.
+    assert_eq!(ledger_used(&a.admin_url(), "alpha").await, 4);
+    assert_eq!(ledger_used(&b.admin_url(), "alpha").await, 2);
     assert_same_as_upstream(&sim, &path, &r).await;
 }
 

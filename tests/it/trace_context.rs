@@ -27,15 +27,6 @@ fn traceparent() -> String {
     format!("00-{TRACE}-{CLIENT_SPAN}-01")
 }
 
-/// The access-log lines (JSON) of the gateway so far.
-fn access_lines(gw: &ChildGateway) -> Vec<serde_json::Value> {
-    gw.log_text()
-        .lines()
-        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
-        .filter(|v| v["target"] == "access")
-        .collect()
-}
-
 /// The `traceparent` of the upstream request with this path and query.
 fn upstream_traceparent(sim: &Sim, query: &Query) -> Option<String> {
     let path_and_query = query.to_string();
@@ -73,7 +64,7 @@ async fn a_clients_traceparent_reaches_the_upstream_and_the_access_log() {
     assert_ne!(parts[1], TRACE);
     let started_trace = parts[1].to_string();
     let lines = eventually("two access-log lines", Duration::from_secs(5), || {
-        let lines = access_lines(&gw);
+        let lines = gw.access_lines();
         async move { (lines.len() >= 2).then_some(lines) }
     })
     .await;
@@ -145,7 +136,8 @@ async fn exported_spans_have_the_clients_span_as_parent() {
     assert!(root.parent_span_id.is_empty(), "{root:?}");
     let sent = upstream_traceparent(&sim, &other).expect("traceparent upstream");
     assert!(sent.starts_with(&format!("00-{}-", hex(&root.trace_id))), "{sent}");
-    let logged: Vec<String> = access_lines(&gw)
+    let logged: Vec<String> = gw
+        .access_lines()
         .iter()
         .filter_map(|l| l["trace_id"].as_str().map(str::to_owned))
         .collect();

@@ -21,21 +21,24 @@ async fn a_lease_is_released_only_by_its_owner() {
     let redis = RedisServer::start();
     let sim = start_sim(unlimited()).await;
     let owners = replicas(1, &sim, Some(&redis), Setup::new()).await;
-    // The shortest wait validation allows: its own queue bound (0) and
-    // upstream deadline (1 s) — shorter than the owner's slow call.
+    // The shortest wait validation allows: its own queue bound (0), its
+    // upstream deadline (1 s) and the settle margin (5 s) — shorter than
+    // the owner's slow call.
     let impatient = replicas(
         1,
         &sim,
         Some(&redis),
         Setup::new()
-            .with("cache", "coalesce_wait_ms = 1000")
+            .with("cache", "coalesce_wait_ms = 6000")
             .with("upstream", "timeout_secs = 1\nmax_queue_wait_secs = 0"),
     )
     .await;
     let patient = replicas(1, &sim, Some(&redis), Setup::new()).await;
     let path = distinct_search(&sim, 0, 10);
+    // Past the impatient replica's 6 s wait, with room for the third
+    // replica to come while the owner still buys.
     sim.set_faults(Faults {
-        latency_ms: Some(3_000),
+        latency_ms: Some(9_000),
         count: Some(1),
         ..fault(FaultKind::Latency)
     });
@@ -46,7 +49,7 @@ async fn a_lease_is_released_only_by_its_owner() {
         leases().await == 1
     })
     .await;
-    // Gives up after 1 s, fetches itself without storing, releases nothing.
+    // Gives up after 6 s, fetches itself without storing, releases nothing.
     let url = format!("{}{path}", impatient[0].base_url());
     let own = get(
         &url,

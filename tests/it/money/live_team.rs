@@ -6,16 +6,17 @@
 
 use super::replicas;
 use crate::support::gateway::{team, FromFile, Setup, ADMIN_TOKEN, ALPHA, SMALL};
-use crate::support::http::{get, send};
+use crate::support::http::send;
+use crate::support::monitor::Monitor;
 use crate::support::redis::RedisServer;
-use crate::support::sim::{fault, start_sim, unlimited, FaultKind, Faults, Sim};
+use crate::support::sim::{start_sim, unlimited, Sim};
 use crate::support::traffic::{as_team, charged_to, distinct_search, ledger_used};
 use crate::support::wait::eventually;
 use bytes::Bytes;
 use http::{Method, StatusCode};
 use permit_gateway::cache::flight::Join;
+use permit_gateway::cache::lease::Acquired;
 use permit_gateway::error::GatewayError;
-use permit_gateway::Running;
 use std::time::Duration;
 
 const SMALL_100: &str = "credit_limit = 100";
@@ -29,15 +30,6 @@ async fn reload(file: &FromFile, setup: Setup, sim: &Sim, teams: String) -> Setu
     let r = send(Method::POST, &url, &[("authorization", &bearer)], Bytes::new()).await;
     assert_eq!(r.status, StatusCode::OK, "{}", r.text());
     setup
-}
-
-/// The request's connection is open on `gw`: it has been admitted (its
-/// team authenticated a few microseconds later) and now waits.
-async fn admitted(gw: &Running) {
-    eventually("the request is in", Duration::from_secs(5), || async {
-        gw.app.metrics.open_connections.get() >= 1.0
-    })
-    .await;
 }
 
 /// One replica: a request waiting on a flight (held here) whose leader
@@ -59,7 +51,13 @@ async fn a_reload_mid_wait_binds_the_waiting_request_on_one_replica() {
         };
         let url = format!("{}{path}", file.gw.base_url());
         let waiting = tokio::spawn(async move { as_team(&url, SMALL.1, "small-1").await });
-        admitted(&file.gw).await;
+        // Admitted, authenticated and now following the held flight: the
+        // reload below comes mid-wait, not before the request is in.
+        eventually("the request follows the held flight", Duration::from_secs(5), || {
+            let n = held.waiting();
+            async move { (n == 1).then_some(()).ok_or(format!("{n} waiting")) }
+        })
+        .await;
         let teams = match removed {
             true => team(ALPHA.0, ALPHA.1, ""),
             false => team(SMALL.0, SMALL.1, "credit_limit = 1") + &team(ALPHA.0, ALPHA.1, ""),
@@ -90,10 +88,11 @@ async fn a_reload_mid_wait_binds_the_waiting_request_on_one_replica() {
     }
 }
 
-/// Two replicas: replica B's request waits on A's lease (A buys the key
-/// without storing it, so B must buy it in turn); B's limit is lowered to
-/// 1 meanwhile, and B's reserve is refused. Before issue 25 it reserved
-/// against the limit it was admitted with and spent 10 against a limit of 1.
+/// Two replicas: replica B's request waits on the key's lease, held (for
+/// the test) by replica A; B's limit is lowered to 1 meanwhile, then A
+/// lets the lease go without storing anything, so B must buy the key in
+/// turn — and its reserve is refused. Before issue 25 it reserved against
+/// the limit it was admitted with and spent 10 against a limit of 1.
 #[tokio::test]
 async fn a_reload_mid_wait_binds_the_waiting_request_on_two_replicas() {
     let redis = RedisServer::start();
@@ -106,43 +105,32 @@ async fn a_reload_mid_wait_binds_the_waiting_request_on_two_replicas() {
         .teams(teams);
     let b = FromFile::start(&setup, &sim).await;
     let path = distinct_search(&sim, 0, 10);
-    sim.set_faults(Faults {
-        latency_ms: Some(1_500),
-        count: Some(1),
-        ..fault(FaultKind::Latency)
-    });
-    let a_url = format!("{}{path}", a[0].base_url());
-    let buyer = tokio::spawn(async move {
-        get(
-            &a_url,
-            &[
-                ("x-api-key", ALPHA.1),
-                ("x-request-id", "alpha-1"),
-                ("cache-control", "no-store"),
-            ],
-        )
-        .await
-    });
-    let leases = super::leases::lease_count(&redis);
-    eventually("A holds the key's lease", Duration::from_secs(5), || async {
-        leases().await == 1
-    })
-    .await;
+    let uri: http::Uri = path.parse().expect("uri");
+    let target = permit_gateway::route::classify(&uri, 8192).expect("route");
+    let key = permit_gateway::cache::key::cache_key(&target);
+    let Acquired::Owned(lease) = a[0].app.leases.acquire(&key).await else {
+        panic!("A takes the free lease")
+    };
+    let mut monitor = Monitor::start(&redis).await;
     let b_url = format!("{}{path}", b.gw.base_url());
     let waiting = tokio::spawn(async move { as_team(&b_url, SMALL.1, "small-1").await });
-    admitted(&b.gw).await;
+    // B polls A's lease (`Leases::wait_for_peer`; nothing else asks
+    // whether a lease exists): it is admitted and waiting.
+    monitor.until("EXISTS", "pgw:lease:").await;
     let lowered = team(SMALL.0, SMALL.1, "credit_limit = 1") + &team(ALPHA.0, ALPHA.1, "");
     let _setup = reload(&b, setup, &sim, lowered).await;
-    assert_eq!(buyer.await.expect("A's request").status, StatusCode::OK);
+    assert!(!waiting.is_finished(), "B still waits on the lease");
+    lease.release().await;
     let r = waiting.await.expect("B's request");
-    assert_eq!(r.status, StatusCode::PAYMENT_REQUIRED, "B bought the key");
-    assert_eq!(r.json()["detail"]["limit"], 1);
-    assert_eq!(sim.stats().requests_total, 1, "only A bought the key");
+    assert_eq!(
+        r.status,
+        StatusCode::PAYMENT_REQUIRED,
+        "B bought the key ({:?})",
+        r.header("x-cache")
+    );
+    assert_eq!(r.json()["detail"]["limit"], 1, "refused against the reloaded limit");
+    assert_eq!(sim.stats().requests_total, 0, "nothing was bought");
     let small = ledger_used(&b.gw.admin_url(), "small").await;
     assert_eq!(small, charged_to(&sim, "small-"));
     assert!(small <= 1, "ledger {small} within the reloaded limit");
-    assert_eq!(
-        ledger_used(&a[0].admin_url(), "alpha").await,
-        charged_to(&sim, "alpha-")
-    );
 }

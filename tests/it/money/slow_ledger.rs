@@ -97,12 +97,18 @@ async fn a_frozen_ledger_during_the_settle_still_delivers_the_paid_answer() {
 /// Case 5: Redis restarts (its data lost, every connection dead). A replica
 /// that sat idle meanwhile reserves on its next miss: the dead connection
 /// is retried once on a fresh one, so the team gets its answer, not a 503.
+/// The team's limit (10) is exactly that miss: the retried reserve holds
+/// it once (a second hold would refuse it), and after it the limit binds on
+/// both replicas.
 #[tokio::test]
 async fn the_first_reserve_after_a_redis_restart_on_an_idle_replica_succeeds() {
+    const LIMIT: u64 = 10;
     let mut redis = RedisServer::start();
     let sim = start_sim(unlimited()).await;
-    let gws = replicas(2, &sim, Some(&redis), Setup::new()).await;
-    // Both replicas have live connections to the first Redis.
+    let teams = team(ALPHA.0, ALPHA.1, &format!("credit_limit = {LIMIT}"));
+    let gws = replicas(2, &sim, Some(&redis), Setup::new().teams(teams)).await;
+    // Both replicas have live ledger connections to the first Redis (a
+    // metered miss each; that spend goes with the restarted Redis's data).
     for (i, gw) in gws.iter().enumerate() {
         let url = format!("{}{}", gw.base_url(), distinct_search(&sim, i as u32, 1));
         assert_eq!(as_team(&url, ALPHA.1, "warm").await.status, StatusCode::OK);
@@ -114,14 +120,29 @@ async fn the_first_reserve_after_a_redis_restart_on_an_idle_replica_succeeds() {
     assert_eq!(r.header("x-cache"), Some("MISS"));
     // The restarted Redis holds only what was spent since; the other
     // replica reads it once its own connection is back.
-    assert_eq!(charged_to(&sim, "alpha-"), 10);
+    let charged = charged_to(&sim, "alpha-");
+    assert_eq!(charged, 10);
     for gw in &gws {
         let admin = gw.admin_url();
         eventually(
             "every replica's ledger equals the upstream's charge",
             Duration::from_secs(10),
-            || async { spent(&admin, "alpha").await == Some(10) },
+            || async { spent(&admin, "alpha").await == Some(charged) },
         )
         .await;
     }
+    assert!(
+        charged <= LIMIT,
+        "the upstream charged {charged} past the limit {LIMIT}"
+    );
+    // The limit is spent: a one-record miss on either replica is refused,
+    // and nothing more reaches the upstream.
+    for (i, gw) in gws.iter().enumerate() {
+        let url = format!("{}{}", gw.base_url(), distinct_search(&sim, 6 + i as u32, 1));
+        let over = as_team(&url, ALPHA.1, &format!("alpha-over-{i}")).await;
+        assert_eq!(over.status, StatusCode::PAYMENT_REQUIRED, "{}", over.text());
+        assert_eq!(over.json()["detail"]["limit"], LIMIT);
+    }
+    assert_eq!(charged_to(&sim, "alpha-"), charged, "nothing bought past the limit");
+    assert_eq!(ledger_used(&gws[0].admin_url(), "alpha").await, charged);
 }

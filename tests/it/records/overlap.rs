@@ -7,8 +7,9 @@ use crate::support::gateway::{Setup, ALPHA, BETA};
 use crate::support::http::{get, Reply};
 use crate::support::redis::RedisServer;
 use crate::support::sim::{start_sim, unlimited, FaultKind, Faults, Sim};
-use crate::support::traffic::{charged_to, ledger_used};
+use crate::support::traffic::{charged_for, charged_to, ledger_used};
 use http::StatusCode;
+use permit_gateway::config::QuotaStore;
 use permit_gateway::Running;
 
 /// A team's lookup of ids by their place in `ids`, with a request id that
@@ -32,10 +33,64 @@ fn lookups() -> Vec<Lookup> {
     ]
 }
 
+/// One answered lookup: the replica it went to, its team, its request id.
+struct Answered {
+    replica: usize,
+    team: &'static str,
+    request_id: String,
+    path: String,
+    reply: Reply,
+}
+
+/// Every answer says what its own request cost (its `X-Credits-Request` is
+/// what the upstream charged under its request id), and every ledger holds
+/// exactly what the upstream charged for its team's requests: on a shared
+/// (Redis) ledger every replica reports the team's whole charge; with a
+/// ledger per replica each holds the charge of the requests it answered.
+/// Compared team by team and replica by replica, never summed, so that one
+/// replica's over-charge cannot hide another's under-charge.
+async fn assert_each_ledger_holds_its_charge(sim: &Sim, replicas: &[&Running], answered: &[Answered]) {
+    for a in answered {
+        assert_eq!(
+            a.reply.header_u64("x-credits-request"),
+            Some(charged_for(sim, &a.request_id)),
+            "{} ({}): the answer says what the upstream charged for it",
+            a.request_id,
+            a.path
+        );
+    }
+    let shared = replicas[0].app.config.quota.store == QuotaStore::Redis;
+    for team in [ALPHA.0, BETA.0] {
+        for (r, gw) in replicas.iter().enumerate() {
+            let charged: u64 = answered
+                .iter()
+                .filter(|a| a.team == team && (shared || a.replica == r))
+                .map(|a| charged_for(sim, &a.request_id))
+                .sum();
+            let ledger = ledger_used(&gw.admin_url(), team).await;
+            assert_eq!(
+                ledger, charged,
+                "team {team}, replica {r} (shared ledger: {shared}): ledger vs the upstream's charge"
+            );
+        }
+        let attributed: u64 = answered
+            .iter()
+            .filter(|a| a.team == team)
+            .map(|a| charged_for(sim, &a.request_id))
+            .sum();
+        assert_eq!(
+            attributed,
+            charged_to(sim, &format!("{team}-")),
+            "team {team}: every charge came from one of its lookups"
+        );
+    }
+}
+
 /// Fires every lookup at once, round-robin over the replicas, behind a
 /// 600 ms upstream, then asserts: each answer is the upstream's own, the
-/// upstream charged exactly the 15 distinct records, and each team's
-/// ledgers (summed over the replicas) equal what the upstream charged it.
+/// upstream charged exactly the 15 distinct records, and every ledger
+/// holds what the upstream charged its team
+/// ([`assert_each_ledger_holds_its_charge`]).
 async fn buys_each_record_once(sim: &Sim, replicas: &[&Running]) {
     let ids = ids_of(&direct(sim, &permit_search(sim, 15)).await);
     assert_eq!(ids.len(), 15);
@@ -50,37 +105,44 @@ async fn buys_each_record_once(sim: &Sim, replicas: &[&Running]) {
         .map(|(i, l)| {
             let asked: Vec<&str> = l.at.iter().map(|a| ids[*a].as_str()).collect();
             let path = lookup("permits", &asked);
-            let url = format!("{}{path}", replicas[i % replicas.len()].base_url());
+            let replica = i % replicas.len();
+            let url = format!("{}{path}", replicas[replica].base_url());
             let (team, token) = l.team;
             tokio::spawn(async move {
                 let request_id = format!("{team}-overlap-{i}");
-                let r: Reply = get(&url, &[("x-api-key", token), ("x-request-id", &request_id)]).await;
-                (path, r)
+                let reply = get(&url, &[("x-api-key", token), ("x-request-id", &request_id)]).await;
+                Answered {
+                    replica,
+                    team,
+                    request_id,
+                    path,
+                    reply,
+                }
             })
         })
         .collect();
-    let mut answers = Vec::new();
+    let mut answered = Vec::new();
     for t in tasks {
-        answers.push(t.await.expect("lookup task"));
+        answered.push(t.await.expect("lookup task"));
     }
     sim.clear_faults();
-    for (path, r) in &answers {
-        assert_eq!(r.status, StatusCode::OK, "{path}: {}", r.text());
-        assert_same_as_upstream(sim, path, r).await;
+    for a in &answered {
+        assert_eq!(a.reply.status, StatusCode::OK, "{}: {}", a.path, a.reply.text());
+        assert_same_as_upstream(sim, &a.path, &a.reply).await;
     }
     let (alpha, beta) = (charged_to(sim, "alpha-"), charged_to(sim, "beta-"));
     assert_eq!(alpha + beta, 15, "15 distinct records, each bought once");
-    let paid: u64 = answers
-        .iter()
-        .filter_map(|(_, r)| r.header_u64("x-credits-request"))
-        .sum();
-    assert_eq!(paid, 15, "the answers say what each team paid");
-    for (team, charged) in [("alpha", alpha), ("beta", beta)] {
-        let mut ledgers = 0;
-        for gw in replicas {
-            ledgers += ledger_used(&gw.admin_url(), team).await;
-        }
-        assert_eq!(ledgers, charged, "team {team}: ledgers vs upstream charge");
+    assert_each_ledger_holds_its_charge(sim, replicas, &answered).await;
+}
+
+/// Replicas sharing a Redis: its cache tier and per-id leases, and, with
+/// `shared_ledger`, its ledger (as production runs replicas); else each
+/// replica keeps a file ledger of its own.
+fn on_redis(redis: &RedisServer, shared_ledger: bool) -> Setup {
+    let setup = Setup::new().with("cache", format!("redis_url = {:?}", redis.url()));
+    match shared_ledger {
+        true => setup.with("quota", "store = \"redis\""),
+        false => setup,
     }
 }
 
@@ -95,8 +157,21 @@ async fn overlapping_lookups_in_one_process_buy_each_record_once() {
 async fn overlapping_lookups_across_replicas_on_redis_buy_each_record_once() {
     let redis = RedisServer::start();
     let sim = start_sim(unlimited()).await;
-    let setup = || Setup::new().with("cache", format!("redis_url = {:?}", redis.url()));
-    let (one, two) = (setup().start(&sim).await, setup().start(&sim).await);
+    let (one, two) = (
+        on_redis(&redis, false).start(&sim).await,
+        on_redis(&redis, false).start(&sim).await,
+    );
+    buys_each_record_once(&sim, &[&one, &two]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn overlapping_lookups_across_replicas_sharing_a_redis_ledger_buy_each_record_once() {
+    let redis = RedisServer::start();
+    let sim = start_sim(unlimited()).await;
+    let (one, two) = (
+        on_redis(&redis, true).start(&sim).await,
+        on_redis(&redis, true).start(&sim).await,
+    );
     buys_each_record_once(&sim, &[&one, &two]).await;
 }
 
@@ -113,11 +188,10 @@ async fn overlapping_lookups_across_replicas_on_a_redis_cluster_buy_each_record_
 }
 
 /// Contractors, decisions and properties meet on their shared ids too: two
-/// teams' overlapping lookups at once, each record bought once.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn overlapping_lookups_of_every_resource_buy_each_record_once() {
-    let sim = start_sim(unlimited()).await;
-    let gw = Setup::new().start(&sim).await;
+/// teams' overlapping lookups at once (alpha's on the first replica,
+/// beta's on the last), each record bought once, every answer and ledger
+/// holding what the upstream charged.
+async fn every_resource_buys_each_record_once(sim: &Sim, replicas: &[&Running]) {
     let s = sim.samples();
     let searches = [
         (
@@ -136,10 +210,11 @@ async fn overlapping_lookups_of_every_resource_buy_each_record_once() {
         ),
         ("properties", format!("/v2/properties/search?geo_id={}&size=6", s.zip)),
     ];
+    let mut answered = Vec::new();
     for (resource, search) in searches {
-        let ids = ids_of(&direct(&sim, &search).await);
+        let ids = ids_of(&direct(sim, &search).await);
         assert!(ids.len() >= 5, "{resource}: {ids:?}");
-        let (alpha_before, beta_before) = (charged_to(&sim, "alpha-"), charged_to(&sim, "beta-"));
+        let (alpha_before, beta_before) = (charged_to(sim, "alpha-"), charged_to(sim, "beta-"));
         sim.set_faults(Faults {
             kind: FaultKind::Latency,
             latency_ms: Some(400),
@@ -148,21 +223,51 @@ async fn overlapping_lookups_of_every_resource_buy_each_record_once() {
         let first: Vec<&str> = ids[..4].iter().map(String::as_str).collect();
         let second: Vec<&str> = ids[1..5].iter().rev().map(String::as_str).collect();
         let (a, b) = (lookup(resource, &first), lookup(resource, &second));
-        let (ua, ub) = (format!("{}{a}", gw.base_url()), format!("{}{b}", gw.base_url()));
-        let (ra, rb) = tokio::join!(
-            get(&ua, &[("x-api-key", ALPHA.1), ("x-request-id", "alpha-r")]),
-            get(&ub, &[("x-api-key", BETA.1), ("x-request-id", "beta-r")]),
+        let last = replicas.len() - 1;
+        let (ua, ub) = (
+            format!("{}{a}", replicas[0].base_url()),
+            format!("{}{b}", replicas[last].base_url()),
         );
+        let (ida, idb) = (format!("alpha-{resource}"), format!("beta-{resource}"));
+        let (ha, hb) = (
+            [("x-api-key", ALPHA.1), ("x-request-id", ida.as_str())],
+            [("x-api-key", BETA.1), ("x-request-id", idb.as_str())],
+        );
+        let (ra, rb) = tokio::join!(get(&ua, &ha), get(&ub, &hb));
         sim.clear_faults();
-        assert_same_as_upstream(&sim, &a, &ra).await;
-        assert_same_as_upstream(&sim, &b, &rb).await;
-        let charged = charged_to(&sim, "alpha-") + charged_to(&sim, "beta-") - alpha_before - beta_before;
+        assert_same_as_upstream(sim, &a, &ra).await;
+        assert_same_as_upstream(sim, &b, &rb).await;
+        let charged = charged_to(sim, "alpha-") + charged_to(sim, "beta-") - alpha_before - beta_before;
         assert_eq!(charged, 5, "{resource}: five distinct records");
+        let answer = |replica, team, request_id, path, reply| Answered {
+            replica,
+            team,
+            request_id,
+            path,
+            reply,
+        };
+        answered.push(answer(0, ALPHA.0, ida, a, ra));
+        answered.push(answer(last, BETA.0, idb, b, rb));
     }
-    for team in ["alpha", "beta"] {
-        let ledger = ledger_used(&gw.admin_url(), team).await;
-        assert_eq!(ledger, charged_to(&sim, &format!("{team}-")), "team {team}");
-    }
+    assert_each_ledger_holds_its_charge(sim, replicas, &answered).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn overlapping_lookups_of_every_resource_buy_each_record_once() {
+    let sim = start_sim(unlimited()).await;
+    let gw = Setup::new().start(&sim).await;
+    every_resource_buys_each_record_once(&sim, &[&gw]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn overlapping_lookups_of_every_resource_across_replicas_on_redis_buy_each_record_once() {
+    let redis = RedisServer::start();
+    let sim = start_sim(unlimited()).await;
+    let (one, two) = (
+        on_redis(&redis, true).start(&sim).await,
+        on_redis(&redis, true).start(&sim).await,
+    );
+    every_resource_buys_each_record_once(&sim, &[&one, &two]).await;
 }
 
 /// A client that hangs up while its lookup buys leaves nothing half done:

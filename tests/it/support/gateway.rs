@@ -234,6 +234,17 @@ impl ChildGateway {
         self.logs.lock().expect("lock").join("\n")
     }
 
+    /// The access-log lines (JSON, target `access`) logged so far.
+    pub fn access_lines(&self) -> Vec<serde_json::Value> {
+        self.logs
+            .lock()
+            .expect("lock")
+            .iter()
+            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+            .filter(|v| v["target"] == "access")
+            .collect()
+    }
+
     /// Fails when any line this process logged so far carries a secret.
     pub fn assert_logs_clean(&self) {
         crate::support::secrets::assert_clean(&self.log_text(), "the gateway's logs");

@@ -32,6 +32,15 @@ pub fn charged_to(sim: &Sim, prefix: &str) -> u64 {
         .sum()
 }
 
+/// Credits the simulator charged for the one request with this id.
+pub fn charged_for(sim: &Sim, request_id: &str) -> u64 {
+    sim.log()
+        .iter()
+        .filter(|e| e.request_id.as_deref() == Some(request_id))
+        .map(|e| e.credits)
+        .sum()
+}
+
 /// The `i`th call of a two-team load: alpha and beta take turns, each with
 /// a request id that attributes the upstream's charge to its team.
 pub fn alternate(i: u32) -> (&'static str, String) {

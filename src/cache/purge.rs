@@ -1,0 +1,148 @@
+//! Purge (`POST /admin/cache/purge[?route=NAME]`): every entry, or one
+//! route's, gone from both tiers — on every replica, not only the one asked.
+//!
+//! L2 is shared, so one replica's SCAN + UNLINK empties it for all. But each
+//! replica's L1 keeps copies (the pages it bought, the records it promoted
+//! from L2) that would go on answering what was purged, for up to a day. So
+//! the purging replica stamps the purge in Redis once the L2 keys are gone
+//! (`<prefix>purges`, a hash: route name or `all` → a fresh random token),
+//! and every replica looks at that hash every [`FOLLOW_EVERY`] and drops
+//! from its L1 the routes whose token changed. A peer's copies are gone
+//! within that interval (plus one Redis timeout). Polling one small key,
+//! not pub/sub: nothing to keep subscribed through failovers and Cluster
+//! moves, and a replica cut off from Redis catches up at its next look.
+//!
+//! The records a route's pages filed go with the route: they would
+//! otherwise keep answering lookups with what was purged.
+
+use super::{records, Cache};
+use crate::metrics::RedisOp;
+use crate::route::Route;
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::Duration;
+
+/// How often a replica looks for other replicas' purges.
+pub const FOLLOW_EVERY: Duration = Duration::from_secs(1);
+
+/// The hash field of a purge of everything.
+const ALL: &str = "all";
+
+/// The purge tokens a replica has applied: `None` until its first look at
+/// Redis, which only takes them in (the replica's L1 has nothing older
+/// than its start).
+#[derive(Default)]
+pub struct Seen(Mutex<Option<HashMap<String, String>>>);
+
+impl Cache {
+    /// Drops every entry, or one route's (and the records its pages filed),
+    /// from both tiers, then tells the other replicas. Returns how many
+    /// Redis keys went.
+    pub async fn purge(&self, route: Option<Route>) -> u64 {
+        let records = route
+            .and_then(records::Resource::filed_by)
+            .map(records::Resource::lookup_route)
+            .filter(|r| Some(*r) != route);
+        self.purge_memory(route).await;
+        let mut removed = self.purge_redis(route).await;
+        if let Some(lookup) = records {
+            removed += self.purge_redis(Some(lookup)).await;
+        }
+        self.stamp_purge(route).await;
+        removed
+    }
+
+    /// Whether this replica has copies in memory of a shared tier, which
+    /// other replicas' purges must reach ([`Cache::follow_purges`]).
+    pub fn follows_purges(&self) -> bool {
+        self.memory.is_some() && self.redis.is_some()
+    }
+
+    /// One look at the purges of every replica: the routes whose token
+    /// changed since the last look are dropped from this replica's L1. The
+    /// purging replica sees its own purge too and drops its L1 once more,
+    /// which also removes what a request promoted from L2 while the purge's
+    /// SCAN ran.
+    pub async fn follow_purges(&self) {
+        let Some(redis) = &self.redis else { return };
+        let key = self.purges_key();
+        let Ok(now) = redis
+            .call(RedisOp::CachePurge, |mut c| async move {
+                redis::cmd("HGETALL")
+                    .arg(&key)
+                    .query_async::<HashMap<String, String>>(&mut c)
+                    .await
+            })
+            .await
+        else {
+            return;
+        };
+        let changed: Vec<String> = {
+            let mut seen = self.purges_seen.0.lock().unwrap_or_else(|p| p.into_inner());
+            let changed = match seen.as_ref() {
+                None => Vec::new(),
+                Some(before) => now
+                    .iter()
+                    .filter(|(field, token)| before.get(*field) != Some(*token))
+                    .map(|(field, _)| field.clone())
+                    .collect(),
+            };
+            // A field that went (Redis lost its data) marks no purge: the
+            // next purge writes a token never seen.
+            *seen = Some(now);
+            changed
+        };
+        for field in changed {
+            tracing::info!(
+                route = field.as_str(),
+                "a replica purged the cache: memory tier dropped"
+            );
+            // `all`, or a route this build does not know (a newer
+            // replica's): everything.
+            self.purge_memory(Route::from_name(&field)).await;
+        }
+    }
+
+    fn purges_key(&self) -> String {
+        self.keys.purges()
+    }
+
+    /// Writes a fresh token for the purge, after its L2 keys are gone, so a
+    /// peer that drops its copies cannot promote a purged one back from L2.
+    async fn stamp_purge(&self, route: Option<Route>) {
+        let Some(redis) = &self.redis else { return };
+        let (key, field) = (self.purges_key(), route.map_or(ALL, Route::as_str));
+        let token = format!("{:032x}", rand::random::<u128>());
+        let _ = redis
+            .call(RedisOp::CachePurge, |mut c| async move {
+                redis::cmd("HSET")
+                    .arg(&key)
+                    .arg(field)
+                    .arg(&token)
+                    .query_async::<()>(&mut c)
+                    .await
+            })
+            .await;
+    }
+
+    /// This replica's L1: the route's entries and the records its pages
+    /// filed, or everything.
+    async fn purge_memory(&self, route: Option<Route>) {
+        let Some(memory) = &self.memory else { return };
+        match route {
+            None => memory.invalidate_all(),
+            Some(r) => {
+                let records = records::Resource::filed_by(r).map(records::Resource::lookup_route);
+                let _ = memory.invalidate_entries_if(move |_, e| e.route == r || Some(e.route) == records);
+            }
+        }
+        memory.run_pending_tasks().await;
+    }
+
+    /// The route's keys in L2 (every primary).
+    async fn purge_redis(&self, route: Option<Route>) -> u64 {
+        let Some(redis) = &self.redis else { return 0 };
+        let pattern = self.keys.purge_pattern(route);
+        redis.scan_delete(RedisOp::CachePurge, &pattern).await
+    }
+}

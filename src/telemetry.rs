@@ -15,6 +15,7 @@
 //! them and each `info_span!` of that target is a cached "never" at its
 //! call site (no span is built, no id allocated).
 
+pub mod access;
 pub mod otlp;
 pub mod trace;
 
@@ -75,11 +76,16 @@ pub fn init(log: &LogConfig, tracing: &TracingConfig) -> Result<Telemetry, (Tele
         .buffered_lines_limit(64 * 1024)
         .finish(std::io::stderr());
     let logged = logged(filter);
+    let terminal = std::io::stderr().is_terminal();
+    if !terminal {
+        // Access lines preformatted (see `access`), on the same writer.
+        access::install(writer.clone(), log.format == LogFormat::Json);
+    }
     let fmt = tracing_subscriber::fmt::layer()
         .with_writer(writer)
         // Colour codes only for a person at a terminal: in a file, journald
         // or a log shipper they are noise that breaks grep and parsers.
-        .with_ansi(std::io::stderr().is_terminal())
+        .with_ansi(terminal)
         .with_target(true);
     let fmt = if log.format == LogFormat::Json {
         fmt.json().flatten_event(true).with_filter(logged).boxed()

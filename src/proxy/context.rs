@@ -14,10 +14,11 @@ use crate::cache::control::Directives;
 use crate::error::Fault;
 use crate::metrics::Metrics;
 use crate::route::{Route, Target};
-use crate::telemetry::trace::Trace;
+use crate::telemetry::{access, trace::Trace};
 use http::{Method, Request, StatusCode};
 use std::sync::Arc;
 use std::time::Duration;
+use tracing::Level;
 
 /// What one request asks for, once it is known who asks.
 pub struct Ask<'r, B> {
@@ -135,7 +136,15 @@ impl RequestContext {
         let cache = self.cache.as_str();
         metrics.request(team, route, status, cache, took);
         let route = route.as_str();
-        let duration_ms = took.as_secs_f64() * 1000.0;
+        let level = match self.fault {
+            Some(Fault::Internal) => Level::ERROR,
+            Some(Fault::Upstream) => Level::WARN,
+            _ => Level::INFO,
+        };
+        if self.preformatted(level, method.as_str(), status, took, false) {
+            return;
+        }
+        let duration_ms = millis(took);
         macro_rules! access {
             ($level:ident) => {
                 tracing::$level!(
@@ -153,30 +162,59 @@ impl RequestContext {
                 )
             };
         }
-        match self.fault {
-            Some(Fault::Internal) => access!(error),
-            Some(Fault::Upstream) => access!(warn),
+        match level {
+            Level::ERROR => access!(error),
+            Level::WARN => access!(warn),
             _ => access!(info),
         }
+    }
+
+    /// The line through `telemetry::access` when it is installed: `false`
+    /// when the caller must log through `tracing`.
+    fn preformatted(&self, level: Level, method: &str, status: StatusCode, took: Duration, refresh: bool) -> bool {
+        access::write(&access::Line {
+            level,
+            request_id: &self.request_id,
+            trace_id: &self.trace.trace_id(),
+            team: self.team.as_deref().unwrap_or(NO_TEAM),
+            method,
+            route: self.route.unwrap_or(Route::Other).as_str(),
+            status: status.as_u16(),
+            cache: self.cache.as_str(),
+            credits: self.credits,
+            took,
+            refresh,
+        })
     }
 
     /// The access-log line of a background refresh (stale-while-revalidate):
     /// no client waits for it and no request metric counts it, but its
     /// credits are the team's and must be visible.
     pub fn log_refresh(&self, status: StatusCode, took: Duration) {
+        let route = self.route.unwrap_or(Route::Other).as_str();
+        let cache = self.cache.as_str();
+        if self.preformatted(Level::INFO, "GET", status, took, true) {
+            return;
+        }
         tracing::info!(
             target: "access",
             request_id = %self.request_id,
             trace_id = %self.trace.trace_id(),
             team = self.team.as_deref().unwrap_or(NO_TEAM),
             method = "GET",
-            route = self.route.unwrap_or(Route::Other).as_str(),
+            route,
             status = status.as_u16(),
-            cache = self.cache.as_str(),
+            cache,
             credits = self.credits,
-            duration_ms = took.as_secs_f64() * 1000.0,
+            duration_ms = millis(took),
             refresh = true,
             "request"
         );
     }
+}
+
+/// Milliseconds rounded to microseconds (`12.345`, not an `f64`'s
+/// `12.345000000000001`).
+fn millis(took: Duration) -> f64 {
+    took.as_micros() as f64 / 1000.0
 }

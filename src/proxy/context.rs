@@ -20,19 +20,19 @@ use std::sync::Arc;
 use std::time::Duration;
 
 /// What one request asks for, once it is known who asks.
-pub struct Ask<'r, B> {
-    pub req: &'r Request<B>,
-    pub trace: Trace,
-    pub directives: Directives,
-    pub team: Arc<Team>,
-    pub target: Target,
+pub(crate) struct Ask<'r, B> {
+    pub(crate) req: &'r Request<B>,
+    pub(crate) trace: Trace,
+    pub(crate) directives: Directives,
+    pub(crate) team: Arc<Team>,
+    pub(crate) target: Target,
     /// `None`: never cached.
-    pub key: Option<String>,
+    pub(crate) key: Option<String>,
 }
 
 impl<B> Ask<'_, B> {
     /// The fetch this request would start; built only on a miss.
-    pub fn job(&self, request_id: &str) -> Job {
+    pub(crate) fn job(&self, request_id: &str) -> Job {
         Job {
             team: self.team.clone(),
             target: self.target.clone(),
@@ -50,19 +50,19 @@ impl<B> Ask<'_, B> {
 
 /// What a fetch needs to know, owned so the fetch can outlive the request.
 #[derive(Clone)]
-pub struct Job {
-    pub team: Arc<Team>,
-    pub target: Target,
+pub(crate) struct Job {
+    pub(crate) team: Arc<Team>,
+    pub(crate) target: Target,
     /// `None`: not cacheable, no coalescing.
-    pub key: Option<String>,
+    pub(crate) key: Option<String>,
     /// The client said `no-cache`: the answer must come from the upstream.
-    pub no_cache: bool,
+    pub(crate) no_cache: bool,
     /// The client said `no-store`.
-    pub no_store: bool,
-    pub request_id: String,
+    pub(crate) no_store: bool,
+    pub(crate) request_id: String,
     /// The W3C trace the upstream call continues.
-    pub trace: Trace,
-    pub accept: Option<http::HeaderValue>,
+    pub(crate) trace: Trace,
+    pub(crate) accept: Option<http::HeaderValue>,
 }
 
 /// How the cache took part in an answer (the `X-Cache` header and the
@@ -86,7 +86,7 @@ impl CacheState {
     }
 
     /// The `X-Cache` header value.
-    pub fn header(self) -> &'static str {
+    pub(crate) fn header(self) -> &'static str {
         match self {
             CacheState::Hit => "HIT",
             CacheState::Miss => "MISS",
@@ -97,24 +97,24 @@ impl CacheState {
 }
 
 /// Label used for requests that never reached authentication.
-pub const NO_TEAM: &str = "unauthenticated";
+pub(crate) const NO_TEAM: &str = "unauthenticated";
 
 /// What the phases of one request learned about it.
 #[derive(Debug)]
-pub struct RequestContext {
-    pub request_id: String,
+pub(crate) struct RequestContext {
+    pub(crate) request_id: String,
     /// The W3C trace: its id goes in the access-log line.
-    pub trace: Trace,
-    pub team: Option<String>,
-    pub route: Option<Route>,
-    pub cache: CacheState,
+    pub(crate) trace: Trace,
+    pub(crate) team: Option<String>,
+    pub(crate) route: Option<Route>,
+    pub(crate) cache: CacheState,
     /// Credits charged to the team for this answer.
-    pub credits: u64,
-    pub fault: Option<Fault>,
+    pub(crate) credits: u64,
+    pub(crate) fault: Option<Fault>,
 }
 
 impl RequestContext {
-    pub fn new(request_id: String, trace: Trace) -> RequestContext {
+    pub(crate) fn new(request_id: String, trace: Trace) -> RequestContext {
         RequestContext {
             request_id,
             trace,
@@ -127,7 +127,7 @@ impl RequestContext {
     }
 
     /// Records the request's metrics and writes its access-log line.
-    pub fn finish(&self, metrics: &Metrics, method: &Method, status: StatusCode, took: Duration) {
+    pub(crate) fn finish(&self, metrics: &Metrics, method: &Method, status: StatusCode, took: Duration) {
         let team = self.team.as_deref().unwrap_or(NO_TEAM);
         // Refused before routing (a 405, a path outside /v2): "other", so the
         // label stays inside the contract's route names.
@@ -163,7 +163,7 @@ impl RequestContext {
     /// The access-log line of a background refresh (stale-while-revalidate):
     /// no client waits for it and no request metric counts it, but its
     /// credits are the team's and must be visible.
-    pub fn log_refresh(&self, status: StatusCode, took: Duration) {
+    pub(crate) fn log_refresh(&self, status: StatusCode, took: Duration) {
         tracing::info!(
             target: "access",
             request_id = %self.request_id,

@@ -26,7 +26,7 @@ pub struct Team {
     /// `clamp_to_budget`: pages clamped to the remaining credits.
     pub(crate) clamp_to_budget: bool,
     /// Enforces `requests_per_minute` (docs/design.md §2 step 4). Rebuilt on reload.
-    pub(crate) limiter: Option<DefaultDirectRateLimiter>,
+    limiter: Option<DefaultDirectRateLimiter>,
     /// Authenticated requests since start (admin API). Shared with the
     /// same-named team of the table a reload replaces, so it survives it.
     pub(crate) requests: Arc<std::sync::atomic::AtomicU64>,

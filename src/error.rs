@@ -78,11 +78,11 @@ pub struct Violation {
     /// Pydantic's error type (`int_parsing`, `too_long`, ...).
     pub(crate) kind: &'static str,
     /// The query parameter at fault.
-    pub(crate) param: &'static str,
-    pub(crate) msg: String,
+    param: &'static str,
+    msg: String,
     /// What was sent, as Pydantic echoes it.
-    pub(crate) input: Value,
-    pub(crate) ctx: Option<Value>,
+    input: Value,
+    ctx: Option<Value>,
 }
 
 impl Violation {

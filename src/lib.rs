@@ -6,9 +6,11 @@
 //! shares the upstream's rate limit fairly.
 //!
 //! # Layout
-//! Everything is `pub(crate)` unless the binary (`src/main.rs`), the
-//! integration tests (`tests/it/`), the benches (`benches/`) or the fuzz
-//! targets (`fuzz/fuzz_targets/`) use it, so the compiler flags dead code.
+//! Nothing is `pub` unless the binary (`src/main.rs`), the integration
+//! tests (`tests/it/`), the benches (`benches/`) or the fuzz targets
+//! (`fuzz/fuzz_targets/`) use it, so the compiler flags dead code. Inside
+//! the crate an item is `pub(crate)`, `pub(super)` when only its parent
+//! module uses it, or private when only its own module does.
 //!
 //! The public surface, each module exporting only what those callers use:
 //! - [`Running`], [`Listeners`] and [`run`]: a gateway served on bound

@@ -32,7 +32,7 @@ use tokio::sync::{oneshot, Notify};
 /// lower bound, and a call admitted at the edge of the bound must not be
 /// refused for a few milliseconds of jitter. Part of the margin that
 /// `quota.reservation_lease_secs` keeps beyond the queue and the call.
-pub(crate) const QUEUE_SLACK: Duration = Duration::from_secs(1);
+const QUEUE_SLACK: Duration = Duration::from_secs(1);
 
 #[derive(Default)]
 struct Queues {

@@ -15,7 +15,7 @@
 //! them and each `info_span!` of that target is a cached "never" at its
 //! call site (no span is built, no id allocated).
 
-pub(crate) mod otlp;
+mod otlp;
 pub(crate) mod trace;
 
 use crate::config::{LogConfig, LogFormat, TracingConfig};

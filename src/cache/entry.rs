@@ -64,13 +64,13 @@ impl Entry {
     }
 
     /// Time left before the entry is dropped, stale grace included.
-    pub(crate) fn remaining_life(&self, now_ms: u64, grace: Duration) -> Duration {
+    pub(super) fn remaining_life(&self, now_ms: u64, grace: Duration) -> Duration {
         let end = self.stored_at_ms + self.ttl_ms + grace.as_millis() as u64;
         Duration::from_millis(end.saturating_sub(now_ms))
     }
 
     /// Bytes held for this entry, for the memory tier's weigher.
-    pub(crate) fn weight(&self, key_len: usize) -> u32 {
+    pub(super) fn weight(&self, key_len: usize) -> u32 {
         // Entry, its Arc, the key's Arc<str>, moka's node, deque links and
         // table bucket: measured by a counting allocator at ~460 bytes an
         // entry (tests/it/records/memory.rs; BENCHMARKS.md "Record weights").
@@ -83,7 +83,7 @@ impl Entry {
     /// The checksum makes a foreign or damaged value a miss. Version 1
     /// checked the body against its SHA-256 ETag instead: ~4 µs for a 6 KB
     /// page with SHA-NI, on every hit from Redis (xxh3: ~0.3 µs).
-    pub(crate) fn encode(&self) -> Vec<u8> {
+    pub(super) fn encode(&self) -> Vec<u8> {
         let mut out = Vec::with_capacity(self.body.len() + HEAD + self.etag.len() + 8);
         out.push(VERSION);
         out.extend_from_slice(&self.credits.to_be_bytes());
@@ -102,7 +102,7 @@ impl Entry {
     /// of the previous release still write); `None` for anything else, so a
     /// foreign or truncated value is a miss, never a wrong answer. The body
     /// is a view into `bytes`, not a copy.
-    pub(crate) fn decode(bytes: Bytes) -> Option<Entry> {
+    pub(super) fn decode(bytes: Bytes) -> Option<Entry> {
         let version = *bytes.first()?;
         if !(version == 1 || version == VERSION) || bytes.len() < HEAD {
             return None;

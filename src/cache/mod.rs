@@ -15,7 +15,7 @@ pub mod lease;
 pub(crate) mod parsed;
 pub(crate) mod records;
 pub(crate) mod refresh;
-pub(crate) mod spend;
+mod spend;
 
 pub use entry::Entry;
 
@@ -65,7 +65,7 @@ pub struct Cache {
     redis: Option<Arc<RedisBackend>>,
     /// The L2 keys of entries, records and complete indexes.
     keys: Keys,
-    pub(crate) grace: Duration,
+    grace: Duration,
     pub(crate) max_entry_bytes: usize,
     ttls: [Option<Duration>; Route::ALL.len()],
     metrics: Arc<Metrics>,
@@ -141,7 +141,7 @@ impl Cache {
     }
 
     /// L2 only (cross-replica coalescing waits on this).
-    pub(crate) async fn lookup_redis(&self, route: Route, key: &str) -> Option<Entry> {
+    async fn lookup_redis(&self, route: Route, key: &str) -> Option<Entry> {
         let redis = self.redis.as_ref()?;
         let rkey = self.redis_key(route, key);
         let bytes: Option<Vec<u8>> = redis

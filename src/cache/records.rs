@@ -55,7 +55,7 @@ impl Resource {
     /// The resource whose lookup records a route's pages carry exactly.
     /// Contractor searches are missing on purpose: their tallies are scoped
     /// to the search, a lookup's to the contractor's lifetime.
-    pub(crate) fn filed_by(route: Route) -> Option<Resource> {
+    pub(super) fn filed_by(route: Route) -> Option<Resource> {
         match route {
             Route::PermitsSearch | Route::ContractorPermits => Some(Resource::Permits),
             Route::DecisionsSearch => Some(Resource::Decisions),
@@ -99,7 +99,7 @@ pub(crate) type IdOutcome = Result<IdGot, GatewayError>;
 
 /// Per-id flights: an id some lookup of this process is buying is waited
 /// for, not bought again (`proxy::by_id`).
-pub(crate) type IdFlights = Flights<IdOutcome>;
+pub(super) type IdFlights = Flights<IdOutcome>;
 
 /// Whether a held entry says "the upstream does not know this id".
 pub(crate) fn is_absent(entry: &Entry) -> bool {
@@ -196,7 +196,7 @@ impl Cache {
 
     /// Files the records of a stored page under the page's answer time and
     /// TTL (called by [`Cache::store`]).
-    pub(crate) async fn file_records(&self, resource: Resource, page: &Entry) {
+    pub(super) async fn file_records(&self, resource: Resource, page: &Entry) {
         let Some(records) = records_of(&page.body, resource) else {
             return;
         };

@@ -8,7 +8,7 @@ use std::time::Duration;
 /// again. A refresh that stores nothing (the upstream said `no-store`, the
 /// answer was too large, the call failed) would otherwise start another
 /// paid refresh on every request that finds the stale entry.
-pub(crate) const REFRESH_EVERY: Duration = Duration::from_secs(60);
+const REFRESH_EVERY: Duration = Duration::from_secs(60);
 
 /// The keys refreshed in the background within [`REFRESH_EVERY`].
 pub(crate) struct Refreshes(moka::future::Cache<String, ()>);

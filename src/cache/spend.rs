@@ -27,14 +27,14 @@ use std::sync::Arc;
 
 /// The two facts of a page envelope the derivations need.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct PageFacts {
-    pub(crate) records: u64,
+struct PageFacts {
+    records: u64,
     /// `next_cursor` is present and `null`: nothing follows this page.
-    pub(crate) complete: bool,
+    complete: bool,
 }
 
 /// What a body says of itself; `None` when it is not a page envelope.
-pub(crate) fn page_facts(body: &[u8]) -> Option<PageFacts> {
+fn page_facts(body: &[u8]) -> Option<PageFacts> {
     #[derive(Deserialize)]
     struct Page {
         items: Vec<serde::de::IgnoredAny>,
@@ -58,7 +58,7 @@ pub(crate) fn page_facts(body: &[u8]) -> Option<PageFacts> {
 /// The body of a counted page as the upstream answers the same page
 /// uncounted: the top-level `total_count` value replaced by `null`, every
 /// other byte kept. `None` when the body is not a JSON object.
-pub(crate) fn uncounted(body: &Bytes) -> Option<Bytes> {
+fn uncounted(body: &Bytes) -> Option<Bytes> {
     #[derive(Deserialize)]
     struct Counted<'a> {
         #[serde(borrow, default)]

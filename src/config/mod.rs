@@ -21,7 +21,7 @@ pub const DEFAULTS_TOML: &str = include_str!("../../config/defaults.toml");
 pub(crate) const DEMO_TOML: &str = include_str!("../../config/demo.toml");
 
 /// Prefix of environment overrides; `__` separates section and key.
-pub(crate) const ENV_PREFIX: &str = "PERMIT_GATEWAY_";
+const ENV_PREFIX: &str = "PERMIT_GATEWAY_";
 
 /// The size of the frames an HTTP/2 answer is sent in (`server::CHUNK`):
 /// here, below the server, because `server.http2_max_buffered_bytes` must
@@ -65,7 +65,7 @@ pub struct ServerConfig {
     pub(crate) http2_max_concurrent_streams: u32,
     pub(crate) http2_max_buffered_bytes: usize,
     /// 0: derived from `max_connections` ([`ServerConfig::team_in_flight_limit`]).
-    pub(crate) team_max_in_flight: usize,
+    team_max_in_flight: usize,
     pub(crate) shutdown_grace_secs: u64,
 }
 
@@ -84,8 +84,8 @@ impl ServerConfig {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct UpstreamConfig {
     pub(crate) base_url: String,
-    pub(crate) api_key: Option<Secret>,
-    pub(crate) api_key_file: Option<PathBuf>,
+    api_key: Option<Secret>,
+    api_key_file: Option<PathBuf>,
     pub(crate) requests_per_minute: u32,
     pub(crate) timeout_secs: u64,
     pub(crate) connect_timeout_secs: u64,
@@ -100,7 +100,7 @@ pub struct UpstreamConfig {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub(crate) struct CacheConfig {
     pub(crate) memory_max_bytes: u64,
-    pub(crate) default_ttl_secs: u64,
+    default_ttl_secs: u64,
     pub(crate) redis_url: Option<Secret>,
     pub(crate) stale_grace_secs: u64,
     pub(crate) stale_while_revalidate_secs: u64,
@@ -112,7 +112,7 @@ pub(crate) struct CacheConfig {
     /// already bought (`cache::records`); off: lookups cache as whole queries.
     pub(crate) record_reuse: bool,
     #[serde(default)]
-    pub(crate) route_ttl_secs: std::collections::BTreeMap<String, u64>,
+    route_ttl_secs: std::collections::BTreeMap<String, u64>,
 }
 
 impl CacheConfig {
@@ -232,7 +232,7 @@ pub struct TeamConfig {
 pub(crate) struct Secret(String);
 
 impl Secret {
-    pub(crate) fn new(value: impl Into<String>) -> Secret {
+    fn new(value: impl Into<String>) -> Secret {
         Secret(value.into())
     }
 
@@ -322,7 +322,7 @@ impl Config {
     }
 
     /// Every semantic problem, each prefixed with its key path.
-    pub(crate) fn validate(&self) -> Vec<String> {
+    fn validate(&self) -> Vec<String> {
         let mut p = Vec::new();
         self.server.validate(&mut p);
         self.upstream.validate(&mut p);
@@ -369,7 +369,7 @@ impl Config {
 /// Time a reservation keeps beyond the fair queue's bound and the upstream
 /// call's deadline: the queue's slack (`scheduler::QUEUE_SLACK`, 1 s) and
 /// the settle (retried against a Redis that blips).
-pub(crate) const SETTLE_MARGIN_SECS: u64 = 5;
+const SETTLE_MARGIN_SECS: u64 = 5;
 
 impl Config {
     /// The Redis the budgets live in when `quota.store = "redis"`: its own

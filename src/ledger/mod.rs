@@ -43,7 +43,7 @@
 
 pub(crate) mod file;
 pub mod redis;
-pub(crate) mod saved;
+mod saved;
 
 use crate::route::Route;
 use chrono::{DateTime, Datelike, NaiveDate};
@@ -58,7 +58,7 @@ pub enum Window {
 }
 
 /// Days of spend a rolling window keeps.
-pub(crate) const ROLLING_DAYS: u32 = 30;
+const ROLLING_DAYS: u32 = 30;
 
 impl Window {
     pub(crate) fn as_str(self) -> &'static str {
@@ -69,7 +69,7 @@ impl Window {
     }
 
     /// The first day (days since 1970-01-01, UTC) inside the window.
-    pub(crate) fn first_day(self, today: u32) -> u32 {
+    fn first_day(self, today: u32) -> u32 {
         match self {
             Window::Rolling30d => today.saturating_sub(ROLLING_DAYS - 1),
             Window::CalendarMonth => {
@@ -111,7 +111,7 @@ pub(crate) fn date_of(day: u32) -> NaiveDate {
 }
 
 /// Route under which lapsed reservations are recorded as spend.
-pub(crate) const UNSETTLED: &str = "unsettled";
+const UNSETTLED: &str = "unsettled";
 
 /// Credits held for one upstream call in flight.
 #[derive(Debug, PartialEq, Eq)]
@@ -127,7 +127,7 @@ pub struct Reservation {
 }
 
 /// A new reservation id.
-pub(crate) fn new_id() -> u64 {
+fn new_id() -> u64 {
     // Never 0: the Redis reserve script answers 0 for a refusal.
     rand::random::<u64>().max(1)
 }
@@ -161,7 +161,7 @@ pub(crate) struct UsageRow {
 }
 
 #[derive(Debug)]
-pub struct LedgerError(pub(crate) String);
+pub struct LedgerError(String);
 
 impl std::fmt::Display for LedgerError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {

@@ -288,9 +288,9 @@ pub mod labels {
     /// `tier`: every [`Tier`].
     pub const TIERS: [&str; 2] = [Tier::Memory.as_str(), Tier::Redis.as_str()];
     /// `scope` of `gateway_rate_limited_total`: every [`Scope`].
-    pub(crate) const SCOPES: [&str; 2] = [Scope::Team.as_str(), Scope::Upstream.as_str()];
+    pub(super) const SCOPES: [&str; 2] = [Scope::Team.as_str(), Scope::Upstream.as_str()];
     /// `op` of `gateway_backend_errors_total{backend="ledger"}`: every [`LedgerOp`].
-    pub(crate) const LEDGER_OPS: [&str; 3] = [
+    pub(super) const LEDGER_OPS: [&str; 3] = [
         LedgerOp::Reserve.as_str(),
         LedgerOp::Settle.as_str(),
         LedgerOp::Usage.as_str(),
@@ -307,7 +307,7 @@ pub mod labels {
     };
     /// The status a zero child is created with: the label is an open set,
     /// and one child is enough for the family and for `rate()` to start at 0.
-    pub(crate) const STATUS_OK: &str = "200";
+    pub(super) const STATUS_OK: &str = "200";
 }
 
 impl Metrics {

@@ -21,7 +21,7 @@ pub(crate) enum Scope {
 }
 
 impl Scope {
-    pub(crate) const fn as_str(self) -> &'static str {
+    pub(super) const fn as_str(self) -> &'static str {
         match self {
             Scope::Team => "team",
             Scope::Upstream => "upstream",
@@ -54,7 +54,7 @@ pub(crate) enum LedgerOp {
 }
 
 impl LedgerOp {
-    pub(crate) const fn as_str(self) -> &'static str {
+    pub(super) const fn as_str(self) -> &'static str {
         match self {
             LedgerOp::Reserve => "reserve",
             LedgerOp::Settle => "settle",
@@ -135,7 +135,7 @@ pub(crate) enum RecordSource {
 }
 
 impl RecordSource {
-    pub(crate) const fn as_str(self) -> &'static str {
+    const fn as_str(self) -> &'static str {
         match self {
             RecordSource::Cache => "cache",
             RecordSource::Absent => "absent",

@@ -20,19 +20,19 @@ use std::sync::Arc;
 use std::time::Duration;
 
 /// What one request asks for, once it is known who asks.
-pub(crate) struct Ask<'r, B> {
-    pub(crate) req: &'r Request<B>,
-    pub(crate) trace: Trace,
-    pub(crate) directives: Directives,
-    pub(crate) team: Arc<Team>,
-    pub(crate) target: Target,
+pub(super) struct Ask<'r, B> {
+    pub(super) req: &'r Request<B>,
+    pub(super) trace: Trace,
+    pub(super) directives: Directives,
+    pub(super) team: Arc<Team>,
+    pub(super) target: Target,
     /// `None`: never cached.
-    pub(crate) key: Option<String>,
+    pub(super) key: Option<String>,
 }
 
 impl<B> Ask<'_, B> {
     /// The fetch this request would start; built only on a miss.
-    pub(crate) fn job(&self, request_id: &str) -> Job {
+    pub(super) fn job(&self, request_id: &str) -> Job {
         Job {
             team: self.team.clone(),
             target: self.target.clone(),
@@ -50,19 +50,19 @@ impl<B> Ask<'_, B> {
 
 /// What a fetch needs to know, owned so the fetch can outlive the request.
 #[derive(Clone)]
-pub(crate) struct Job {
-    pub(crate) team: Arc<Team>,
-    pub(crate) target: Target,
+pub(super) struct Job {
+    pub(super) team: Arc<Team>,
+    pub(super) target: Target,
     /// `None`: not cacheable, no coalescing.
-    pub(crate) key: Option<String>,
+    pub(super) key: Option<String>,
     /// The client said `no-cache`: the answer must come from the upstream.
-    pub(crate) no_cache: bool,
+    pub(super) no_cache: bool,
     /// The client said `no-store`.
-    pub(crate) no_store: bool,
-    pub(crate) request_id: String,
+    pub(super) no_store: bool,
+    pub(super) request_id: String,
     /// The W3C trace the upstream call continues.
-    pub(crate) trace: Trace,
-    pub(crate) accept: Option<http::HeaderValue>,
+    pub(super) trace: Trace,
+    pub(super) accept: Option<http::HeaderValue>,
 }
 
 /// How the cache took part in an answer (the `X-Cache` header and the
@@ -86,7 +86,7 @@ impl CacheState {
     }
 
     /// The `X-Cache` header value.
-    pub(crate) fn header(self) -> &'static str {
+    pub(super) fn header(self) -> &'static str {
         match self {
             CacheState::Hit => "HIT",
             CacheState::Miss => "MISS",
@@ -97,24 +97,24 @@ impl CacheState {
 }
 
 /// Label used for requests that never reached authentication.
-pub(crate) const NO_TEAM: &str = "unauthenticated";
+const NO_TEAM: &str = "unauthenticated";
 
 /// What the phases of one request learned about it.
 #[derive(Debug)]
 pub(crate) struct RequestContext {
-    pub(crate) request_id: String,
+    pub(super) request_id: String,
     /// The W3C trace: its id goes in the access-log line.
-    pub(crate) trace: Trace,
-    pub(crate) team: Option<String>,
-    pub(crate) route: Option<Route>,
-    pub(crate) cache: CacheState,
+    pub(super) trace: Trace,
+    pub(super) team: Option<String>,
+    pub(super) route: Option<Route>,
+    pub(super) cache: CacheState,
     /// Credits charged to the team for this answer.
-    pub(crate) credits: u64,
-    pub(crate) fault: Option<Fault>,
+    pub(super) credits: u64,
+    pub(super) fault: Option<Fault>,
 }
 
 impl RequestContext {
-    pub(crate) fn new(request_id: String, trace: Trace) -> RequestContext {
+    pub(super) fn new(request_id: String, trace: Trace) -> RequestContext {
         RequestContext {
             request_id,
             trace,
@@ -127,7 +127,7 @@ impl RequestContext {
     }
 
     /// Records the request's metrics and writes its access-log line.
-    pub(crate) fn finish(&self, metrics: &Metrics, method: &Method, status: StatusCode, took: Duration) {
+    pub(super) fn finish(&self, metrics: &Metrics, method: &Method, status: StatusCode, took: Duration) {
         let team = self.team.as_deref().unwrap_or(NO_TEAM);
         // Refused before routing (a 405, a path outside /v2): "other", so the
         // label stays inside the contract's route names.
@@ -163,7 +163,7 @@ impl RequestContext {
     /// The access-log line of a background refresh (stale-while-revalidate):
     /// no client waits for it and no request metric counts it, but its
     /// credits are the team's and must be visible.
-    pub(crate) fn log_refresh(&self, status: StatusCode, took: Duration) {
+    pub(super) fn log_refresh(&self, status: StatusCode, took: Duration) {
         tracing::info!(
             target: "access",
             request_id = %self.request_id,

@@ -36,7 +36,7 @@ mod spend;
 mod usage;
 
 pub use context::CacheState;
-pub(crate) use context::RequestContext;
+use context::RequestContext;
 
 use crate::app::App;
 use crate::cache::control::Directives;

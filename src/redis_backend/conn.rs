@@ -27,9 +27,9 @@ use super::sentinel::{SentinelConn, SentinelTarget};
 use super::tls::TlsFiles;
 
 /// The scheme of a cluster URL.
-pub(crate) const CLUSTER_SCHEME: &str = "redis+cluster://";
+const CLUSTER_SCHEME: &str = "redis+cluster://";
 /// The scheme of a cluster URL over TLS.
-pub(crate) const TLS_CLUSTER_SCHEME: &str = "rediss+cluster://";
+const TLS_CLUSTER_SCHEME: &str = "rediss+cluster://";
 
 /// What a `redis_url` points at. No `Debug` with the URLs: they may carry
 /// a password.
@@ -87,7 +87,7 @@ impl Target {
 
     /// The addresses a TLS target is first reached at (the start-up probe):
     /// empty when it is not TLS. A Sentinel's primary is known only later.
-    pub(crate) fn tls_addresses(&self) -> Vec<(String, u16)> {
+    pub(super) fn tls_addresses(&self) -> Vec<(String, u16)> {
         match self {
             Target::Standalone(url) => super::tls::tls_address(url).into_iter().collect(),
             Target::Cluster(nodes) => nodes.iter().filter_map(|n| super::tls::tls_address(n)).collect(),
@@ -119,7 +119,7 @@ pub(crate) enum Conn {
 impl Conn {
     /// Connects lazily: nothing is contacted here, so a Redis that is down
     /// at start-up does not stop the gateway.
-    pub(crate) fn open(target: &Target, tls: &Tls, timeout: Duration) -> redis::RedisResult<Conn> {
+    pub(super) fn open(target: &Target, tls: &Tls, timeout: Duration) -> redis::RedisResult<Conn> {
         let connect_timeout = timeout.max(Duration::from_millis(200));
         match target {
             Target::Standalone(url) => {

@@ -171,7 +171,7 @@ impl RedisBackend {
     }
 
     /// True for a Redis Cluster.
-    pub(crate) fn is_cluster(&self) -> bool {
+    fn is_cluster(&self) -> bool {
         matches!(self.conn, Conn::Cluster(_))
     }
 

@@ -15,7 +15,7 @@ const SCAN_COUNT: u64 = 500;
 impl RedisBackend {
     /// `cmd` run once on every primary: `(address, answer)` pairs. A
     /// standalone Redis answers once, with an empty address.
-    pub(crate) async fn each_primary<T>(&self, op: RedisOp, cmd: Cmd) -> Result<Vec<(String, T)>, BackendError>
+    async fn each_primary<T>(&self, op: RedisOp, cmd: Cmd) -> Result<Vec<(String, T)>, BackendError>
     where
         T: FromRedisValue + Send + 'static,
     {

@@ -22,23 +22,23 @@ use redis::{RedisError, RedisFuture, RedisResult, ServerErrorKind, TlsMode, Valu
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-pub(crate) const SENTINEL_SCHEME: &str = "redis+sentinel://";
-pub(crate) const TLS_SENTINEL_SCHEME: &str = "rediss+sentinel://";
+const SENTINEL_SCHEME: &str = "redis+sentinel://";
+const TLS_SENTINEL_SCHEME: &str = "rediss+sentinel://";
 
 /// A parsed Sentinel URL. `Debug` hides the login.
 #[derive(PartialEq)]
 pub(crate) struct SentinelTarget {
-    pub(crate) sentinels: Vec<(String, u16)>,
-    pub(crate) service: String,
-    pub(crate) tls: bool,
-    pub(crate) username: Option<String>,
-    pub(crate) password: Option<String>,
-    pub(crate) db: i64,
+    pub(super) sentinels: Vec<(String, u16)>,
+    service: String,
+    pub(super) tls: bool,
+    username: Option<String>,
+    password: Option<String>,
+    db: i64,
 }
 
 impl SentinelTarget {
     /// `None` when `url` is not a Sentinel URL. Errors never echo the URL.
-    pub(crate) fn parse(url: &str) -> Option<Result<SentinelTarget, String>> {
+    pub(super) fn parse(url: &str) -> Option<Result<SentinelTarget, String>> {
         let (rest, tls) = match url.strip_prefix(SENTINEL_SCHEME) {
             Some(rest) => (rest, false),
             None => (url.strip_prefix(TLS_SENTINEL_SCHEME)?, true),
@@ -120,7 +120,7 @@ struct Shared {
 
 impl SentinelConn {
     /// Nothing is contacted here: the first call asks the Sentinels.
-    pub(crate) fn open(
+    pub(super) fn open(
         target: &SentinelTarget,
         tls: &TlsFiles,
         sentinel_login: (Option<&str>, Option<&str>),
@@ -172,7 +172,7 @@ impl SentinelConn {
     }
 
     /// Why the Sentinels named no primary the last time they were asked.
-    pub(crate) fn last_error(&self) -> Option<String> {
+    pub(super) fn last_error(&self) -> Option<String> {
         self.0.last_error.lock().map(|e| e.clone()).unwrap_or(None)
     }
 

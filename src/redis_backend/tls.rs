@@ -69,7 +69,7 @@ impl TlsFiles {
     }
 
     /// What redis-rs takes; `None` when nothing is configured (public roots).
-    pub(crate) fn certificates(&self) -> Option<TlsCertificates> {
+    pub(super) fn certificates(&self) -> Option<TlsCertificates> {
         if self.ca.is_none() && self.client.is_none() {
             return None;
         }
@@ -110,7 +110,7 @@ impl TlsFiles {
     /// `Err` when the TLS setup is what fails (certificate not trusted,
     /// client certificate refused), naming the setting. `key` is the URL's
     /// setting (`cache.redis_url`, ...). Unreachable addresses pass.
-    pub(crate) fn probe(&self, key: &str, addrs: &[(String, u16)]) -> Result<(), String> {
+    pub(super) fn probe(&self, key: &str, addrs: &[(String, u16)]) -> Result<(), String> {
         let config = Arc::new(self.client_config()?);
         for (host, port) in addrs {
             match probe_one(&config, host, *port) {
@@ -148,7 +148,7 @@ impl TlsFiles {
 
 /// The host and port of every address a TLS target starts from (`None`
 /// for an address that is not TLS).
-pub(crate) fn tls_address(url: &str) -> Option<(String, u16)> {
+pub(super) fn tls_address(url: &str) -> Option<(String, u16)> {
     match url.into_connection_info().ok()?.addr() {
         ConnectionAddr::TcpTls { host, port, .. } => Some((host.clone(), *port)),
         _ => None,

@@ -15,7 +15,7 @@
 
 #[cfg(test)]
 mod conformance;
-pub(crate) mod params;
+mod params;
 mod path;
 pub mod table;
 
@@ -25,7 +25,7 @@ pub use path::classify;
 use table::{Cost, Kind, Row, TtlClass, TABLE};
 
 /// How many routes there are (the 34 vendor operations and `other`).
-pub(crate) const ROUTES: usize = 35;
+const ROUTES: usize = 35;
 
 /// Every route name the gateway reports. Unknown `/v2` paths are `Other`.
 ///

@@ -15,7 +15,7 @@ mod conns;
 
 use crate::config::ServerConfig;
 use crate::http_util::Body;
-pub(crate) use conn::Timeouts;
+use conn::Timeouts;
 use conns::{Conns, Order};
 use hyper::body::Incoming;
 use hyper::{Request, Response};
@@ -65,11 +65,11 @@ impl Limits {
 
 /// An HTTP/2 connection's own buffers, an upper estimate: a 16 KiB frame
 /// buffer each way, HPACK tables, TLS records (docs/operations.md).
-pub(crate) const CONNECTION_BYTES: u64 = 64 * 1024;
+const CONNECTION_BYTES: u64 = 64 * 1024;
 /// One open HTTP/2 stream held back by flow control, its answer aside:
 /// h2's stream state, hyper's task for it, the answer head it sent.
 /// Measured about 9 KiB in a debug build (tests/it/siege.rs); rounded up.
-pub(crate) const STREAM_BYTES: u64 = 16 * 1024;
+const STREAM_BYTES: u64 = 16 * 1024;
 
 /// The most memory `connections` HTTP/2 connections can make a listener
 /// hold, answers held back by flow control included (the formula of

@@ -59,9 +59,9 @@ pub struct FileLedger {
     /// Joined on drop, so the file is closed when the ledger is gone.
     writer: Option<std::thread::JoinHandle<()>>,
     lease: Duration,
-    pub(crate) window: Window,
+    pub(super) window: Window,
     /// The days spend is booked on (shifted only in tests).
-    pub(crate) clock: Clock,
+    pub(super) clock: Clock,
 }
 
 impl FileLedger {
@@ -112,7 +112,7 @@ impl FileLedger {
 
     /// Holds `amount` unless that would pass `limit`; a metered hold is
     /// durable before this returns.
-    pub(crate) async fn reserve(
+    pub(super) async fn reserve(
         &self,
         team: &str,
         limit: Option<u64>,
@@ -203,7 +203,7 @@ impl FileLedger {
         }
     }
 
-    pub(crate) async fn settle(
+    pub(super) async fn settle(
         &self,
         r: Reservation,
         actual: u64,
@@ -262,7 +262,7 @@ impl FileLedger {
         self.write(op).await.map_err(LedgerError)
     }
 
-    pub(crate) fn release(&self, r: Reservation) {
+    pub(super) fn release(&self, r: Reservation) {
         let was_held = self.lock().held.remove(&r.id).is_some();
         if was_held && r.amount > 0 {
             let op = Op::End {
@@ -277,18 +277,18 @@ impl FileLedger {
         }
     }
 
-    pub(crate) fn record_saved(&self, team: &str, route: Route, credits: u64, today: u32) {
+    pub(super) fn record_saved(&self, team: &str, route: Route, credits: u64, today: u32) {
         if credits > 0 {
             self.saved.add(team, today, route, credits);
         }
     }
 
     /// The same sum `reserve` checks the budget against (settled spend).
-    pub(crate) fn used(&self, team: &str, today: u32) -> u64 {
+    pub(super) fn used(&self, team: &str, today: u32) -> u64 {
         window_sum(self.lock().days.get(team), self.window.first_day(today))
     }
 
-    pub(crate) fn usage(&self, team: &str, today: u32) -> TeamUsage {
+    pub(super) fn usage(&self, team: &str, today: u32) -> TeamUsage {
         let s = self.lock();
         let first = self.window.first_day(today);
         let daily: Vec<(u32, u64)> = s
@@ -309,7 +309,7 @@ impl FileLedger {
 
     /// Every settle queued so far is in the rows (a settle covered by its
     /// hold does not wait for its commit: this read does).
-    pub(crate) async fn rows(&self, from: u32, to: u32) -> Vec<UsageRow> {
+    pub(super) async fn rows(&self, from: u32, to: u32) -> Vec<UsageRow> {
         if let Err(e) = self.write(Op::Flush).await {
             tracing::error!(error = %e, "ledger flush before read failed");
         }
@@ -322,7 +322,7 @@ impl FileLedger {
     }
 
     /// Writable: a write transaction can begin.
-    pub(crate) fn check(&self) -> Result<(), String> {
+    pub(super) fn check(&self) -> Result<(), String> {
         self.db
             .begin_write()
             .map(drop)

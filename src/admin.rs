@@ -17,7 +17,7 @@ use sha2::{Digest, Sha256};
 use std::sync::Arc;
 use subtle::ConstantTimeEq;
 
-pub async fn handle<B>(app: Arc<App>, req: Request<B>) -> Response<Body> {
+pub(crate) async fn handle<B>(app: Arc<App>, req: Request<B>) -> Response<Body> {
     route(&app, &req).await.unwrap_or_else(GatewayError::into_response)
 }
 

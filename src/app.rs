@@ -31,20 +31,20 @@ pub struct App {
     /// default path.
     reload_from: Option<PathBuf>,
     /// Swapped whole on reload, so a request sees one consistent table.
-    pub teams: arc_swap::ArcSwap<Teams>,
+    pub(crate) teams: arc_swap::ArcSwap<Teams>,
     pub cache: Cache,
     /// Upstream fetches in flight, by cache key (in-process coalescing).
     pub flights: Flights<Outcome>,
     /// Fetch leases across replicas (through the cache's Redis).
     pub leases: Leases,
     /// Keys refreshed in the background lately (stale-while-revalidate).
-    pub refreshes: Refreshes,
+    pub(crate) refreshes: Refreshes,
     /// Request targets already routed, validated and keyed.
-    pub parsed: ParsedTargets,
-    pub ledger: Ledger,
-    pub scheduler: Arc<Scheduler>,
-    pub org: Org,
-    pub upstream: Upstream,
+    pub(crate) parsed: ParsedTargets,
+    pub(crate) ledger: Ledger,
+    pub(crate) scheduler: Arc<Scheduler>,
+    pub(crate) org: Org,
+    pub(crate) upstream: Upstream,
     pub metrics: Arc<Metrics>,
 }
 

@@ -27,25 +27,25 @@ use subtle::ConstantTimeEq;
 /// One team as the request path sees it.
 pub struct Team {
     /// A metric label, from the config's bounded set.
-    pub name: String,
+    pub(crate) name: String,
     token_sha256: [u8; 32],
     /// Credits per window; `None` is unlimited.
-    pub credit_limit: Option<u64>,
+    pub(crate) credit_limit: Option<u64>,
     /// The team's own request rate; `None` is no limit of its own.
-    pub requests_per_minute: Option<u32>,
+    pub(crate) requests_per_minute: Option<u32>,
     /// `clamp_to_budget`: pages clamped to the remaining credits.
-    pub clamp_to_budget: bool,
+    pub(crate) clamp_to_budget: bool,
     /// Enforces `requests_per_minute` (docs/design.md §2 step 4). Rebuilt on reload.
-    pub limiter: Option<DefaultDirectRateLimiter>,
+    limiter: Option<DefaultDirectRateLimiter>,
     /// Authenticated requests since start (admin API). Shared with the
     /// same-named team of the table a reload replaces, so it survives it.
-    pub requests: Arc<std::sync::atomic::AtomicU64>,
+    pub(crate) requests: Arc<std::sync::atomic::AtomicU64>,
     /// Requests of this team in flight now; carried over a reload too.
     in_flight: Arc<AtomicUsize>,
 }
 
 /// One of a team's requests in flight, until dropped.
-pub struct TeamInFlight(Arc<AtomicUsize>);
+pub(crate) struct TeamInFlight(Arc<AtomicUsize>);
 
 impl Drop for TeamInFlight {
     fn drop(&mut self) {
@@ -71,7 +71,7 @@ impl PartialEq for Team {
 
 impl Team {
     /// Counts one more request in flight, unless `limit` are already.
-    pub fn enter(&self, limit: usize) -> Option<TeamInFlight> {
+    pub(crate) fn enter(&self, limit: usize) -> Option<TeamInFlight> {
         self.in_flight
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| (n < limit).then_some(n + 1))
             .ok()
@@ -79,7 +79,7 @@ impl Team {
     }
 
     /// The team's own rate: `Err(seconds to wait)` when exceeded.
-    pub fn check_rate(&self) -> Result<(), u64> {
+    pub(crate) fn check_rate(&self) -> Result<(), u64> {
         let Some(limiter) = &self.limiter else {
             return Ok(());
         };
@@ -108,7 +108,7 @@ impl Teams {
 
     /// The table a reload swaps in: built from `teams`, each team's request
     /// counter carried over from this table's team of the same name.
-    pub fn reloaded(&self, teams: &[TeamConfig]) -> Teams {
+    pub(crate) fn reloaded(&self, teams: &[TeamConfig]) -> Teams {
         let teams = teams
             .iter()
             .map(|t| {
@@ -143,16 +143,16 @@ impl Teams {
         }
     }
 
-    pub fn iter(&self) -> impl Iterator<Item = &Arc<Team>> {
+    pub(crate) fn iter(&self) -> impl Iterator<Item = &Arc<Team>> {
         self.teams.iter()
     }
 
-    pub fn by_name(&self, name: &str) -> Option<&Arc<Team>> {
+    pub(crate) fn by_name(&self, name: &str) -> Option<&Arc<Team>> {
         self.teams.iter().find(|t| t.name == name)
     }
 
     /// The team whose token the request carries.
-    pub fn authenticate(&self, headers: &HeaderMap) -> Result<Arc<Team>, GatewayError> {
+    pub(crate) fn authenticate(&self, headers: &HeaderMap) -> Result<Arc<Team>, GatewayError> {
         let token = credential(headers)?;
         let team = self.find_token(token).ok_or(GatewayError::InvalidCredential)?;
         team.requests.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -231,7 +231,7 @@ fn single<'a>(headers: &'a HeaderMap, name: &HeaderName) -> Result<Option<&'a st
 }
 
 /// The token of an `Authorization: Bearer <token>` value.
-pub fn bearer_token(value: &str) -> Option<&str> {
+pub(crate) fn bearer_token(value: &str) -> Option<&str> {
     let (scheme, token) = value.split_once(' ')?;
     scheme.eq_ignore_ascii_case("bearer").then(|| token.trim())
 }

@@ -31,13 +31,13 @@ impl Clock {
         }
     }
 
-    pub fn now_ms(self) -> u64 {
+    pub(crate) fn now_ms(self) -> u64 {
         now_ms().saturating_add_signed(self.offset_ms)
     }
 
     /// Today as days since the epoch, UTC (Unix time has no leap seconds:
     /// whole days since the epoch are UTC days).
-    pub fn today(self) -> u32 {
+    pub(crate) fn today(self) -> u32 {
         u32::try_from(self.now_ms() / 86_400_000).unwrap_or(u32::MAX)
     }
 }

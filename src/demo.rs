@@ -8,8 +8,8 @@ use permit_api_sim::{Sim, SimConfig};
 use tokio::net::TcpListener;
 
 /// The demo teams' tokens: public values, documented in `config/demo.toml`.
-pub const DEMO_TOKENS: [(&str, &str); 2] = [("growth", "pgw_demo_growth"), ("analytics", "pgw_demo_analytics")];
-pub const DEMO_ADMIN_TOKEN: &str = "pgw_demo_admin";
+const DEMO_TOKENS: [(&str, &str); 2] = [("growth", "pgw_demo_growth"), ("analytics", "pgw_demo_analytics")];
+const DEMO_ADMIN_TOKEN: &str = "pgw_demo_admin";
 
 /// Starts simulator and gateway; returns both so the caller decides how long
 /// they live (until Ctrl-C for the command, the test's end in tests).

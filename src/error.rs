@@ -13,7 +13,7 @@ use serde_json::{json, Value};
 
 /// Who caused a failure: decides logging level and which metrics move.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Fault {
+pub(crate) enum Fault {
     Client,
     Upstream,
     Internal,
@@ -76,17 +76,23 @@ pub enum GatewayError {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Violation {
     /// Pydantic's error type (`int_parsing`, `too_long`, ...).
-    pub kind: &'static str,
+    pub(crate) kind: &'static str,
     /// The query parameter at fault.
-    pub param: &'static str,
-    pub msg: String,
+    param: &'static str,
+    msg: String,
     /// What was sent, as Pydantic echoes it.
-    pub input: Value,
-    pub ctx: Option<Value>,
+    input: Value,
+    ctx: Option<Value>,
 }
 
 impl Violation {
-    pub fn new(kind: &'static str, param: &'static str, msg: &str, input: Value, ctx: Option<Value>) -> Violation {
+    pub(crate) fn new(
+        kind: &'static str,
+        param: &'static str,
+        msg: &str,
+        input: Value,
+        ctx: Option<Value>,
+    ) -> Violation {
         Violation {
             kind,
             param,
@@ -107,7 +113,7 @@ impl Violation {
 
 impl GatewayError {
     /// `self`, billed `credits` by the upstream (itself when 0).
-    pub fn billed_at(self, credits: u64) -> GatewayError {
+    pub(crate) fn billed_at(self, credits: u64) -> GatewayError {
         match credits {
             0 => self,
             credits => GatewayError::Billed {
@@ -118,7 +124,7 @@ impl GatewayError {
     }
 
     /// What the upstream billed for this failure (0 for most).
-    pub fn billed(&self) -> u64 {
+    pub(crate) fn billed(&self) -> u64 {
         match self {
             GatewayError::Billed { credits, .. } => *credits,
             _ => 0,
@@ -126,14 +132,14 @@ impl GatewayError {
     }
 
     /// The failure without its bill: what a request that did not pay sees.
-    pub fn unbilled(self) -> GatewayError {
+    pub(crate) fn unbilled(self) -> GatewayError {
         match self {
             GatewayError::Billed { error, .. } => *error,
             other => other,
         }
     }
 
-    pub fn fault(&self) -> Fault {
+    pub(crate) fn fault(&self) -> Fault {
         use GatewayError::*;
         match self {
             Billed { error, .. } => error.fault(),
@@ -168,7 +174,7 @@ impl GatewayError {
     /// follower that queued again would add a second call for a key whose
     /// first call was just refused. Everything else (the leader's budget,
     /// its team's own rate, a ledger outage) is the leader's alone.
-    pub fn upstream_failed(&self) -> bool {
+    pub(crate) fn upstream_failed(&self) -> bool {
         self.fault() == Fault::Upstream
     }
 
@@ -181,7 +187,7 @@ impl GatewayError {
     /// never reach the upstream with theirs): not the team's fault, so not
     /// the team's 401; it is an upstream failure a stale copy may answer,
     /// else a 502 that says what happened.
-    pub fn of_upstream_status(
+    pub(crate) fn of_upstream_status(
         status: StatusCode,
         headers: &http::HeaderMap,
         max_retry_after: std::time::Duration,
@@ -199,7 +205,7 @@ impl GatewayError {
         }
     }
 
-    pub fn status(&self) -> StatusCode {
+    pub(crate) fn status(&self) -> StatusCode {
         use GatewayError::*;
         match self {
             Billed { error, .. } => error.status(),
@@ -263,7 +269,7 @@ impl GatewayError {
     }
 
     /// The one mapping from error to response.
-    pub fn into_response(self) -> Response<Body> {
+    pub(crate) fn into_response(self) -> Response<Body> {
         if let GatewayError::Billed { credits, error } = self {
             let mut resp = error.into_response();
             // The upstream's own header for what a call cost.

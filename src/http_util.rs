@@ -8,13 +8,13 @@ use http_body_util::Full;
 
 /// Every response body is complete in memory: pages are bounded (≤ 100
 /// records) and the cache and the ledger need the whole answer anyway.
-pub type Body = Full<Bytes>;
+pub(crate) type Body = Full<Bytes>;
 
-pub fn json_response(status: StatusCode, value: &serde_json::Value) -> Response<Body> {
+pub(crate) fn json_response(status: StatusCode, value: &serde_json::Value) -> Response<Body> {
     bytes_response(status, "application/json", Bytes::from(value.to_string()))
 }
 
-pub fn bytes_response(status: StatusCode, content_type: &'static str, body: Bytes) -> Response<Body> {
+pub(crate) fn bytes_response(status: StatusCode, content_type: &'static str, body: Bytes) -> Response<Body> {
     let mut resp = Response::new(Full::new(body));
     *resp.status_mut() = status;
     resp.headers_mut()
@@ -24,7 +24,7 @@ pub fn bytes_response(status: StatusCode, content_type: &'static str, body: Byte
 
 /// Headers that describe one hop, never forwarded (RFC 9110 §7.6.1), plus
 /// whatever the `Connection` header names.
-pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
+pub(crate) fn strip_hop_by_hop(headers: &mut HeaderMap) {
     let named: Vec<HeaderName> = headers
         .get_all(header::CONNECTION)
         .iter()
@@ -51,13 +51,13 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
 }
 
 /// `X-Request-Id`, typed once: a `&str` name is parsed on every use.
-pub const X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
+pub(crate) const X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 
 /// The client's `X-Request-Id` when it is a sane token, else a new one.
 ///
 /// A client-chosen id is echoed and forwarded, so it must not carry header
 /// injection or unbounded size.
-pub fn request_id(headers: &HeaderMap) -> String {
+pub(crate) fn request_id(headers: &HeaderMap) -> String {
     headers
         .get(X_REQUEST_ID)
         .and_then(|v| v.to_str().ok())
@@ -80,7 +80,7 @@ fn new_request_id() -> String {
 /// `Retry-After` in whole seconds (the upstream sends integers), clamped to
 /// `max`: the upstream's number decides how long every team waits, so a
 /// huge or hostile value must not pause the gateway for hours.
-pub fn retry_after(headers: &HeaderMap, max: std::time::Duration) -> Option<std::time::Duration> {
+pub(crate) fn retry_after(headers: &HeaderMap, max: std::time::Duration) -> Option<std::time::Duration> {
     let secs: u64 = headers.get(header::RETRY_AFTER)?.to_str().ok()?.trim().parse().ok()?;
     Some(std::time::Duration::from_secs(secs).min(max))
 }

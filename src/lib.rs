@@ -6,6 +6,15 @@
 //! shares the upstream's rate limit fairly.
 //!
 //! # Layout
+//! Nothing is `pub` unless the binary (`src/main.rs`), the integration
+//! tests (`tests/it/`), the benches (`benches/`) or the fuzz targets
+//! (`fuzz/fuzz_targets/`) use it, so the compiler flags dead code. Inside
+//! the crate an item is `pub(crate)`, `pub(super)` when only its parent
+//! module uses it, or private when only its own module does.
+//!
+//! The public surface, each module exporting only what those callers use:
+//! - [`Running`], [`Listeners`] and [`run`]: a gateway served on bound
+//!   sockets (the binary, the tests, the demo).
 //! - [`config`]: embedded defaults → file → env, validated all at once.
 //! - [`app`]: the shared state built once from a config.
 //! - [`server`]: accept loop, TLS, HTTP/1.1 + HTTP/2, connection deadlines
@@ -29,19 +38,23 @@
 //!   shared rate); every Redis key and its Cluster hash tag
 //!   (`redis_backend::keys`).
 //! - [`ledger`]: team budgets: reserve, settle, release; file or Redis store.
-//! - [`scheduler`]: fair sharing of the upstream rate limit across teams.
-//! - [`shared_rate`]: the upstream rate shared by replicas through Redis.
-//! - [`org`]: the org's upstream credits, and pausing when they run out.
-//! - [`upstream`]: the pooled rustls client with retries and deadlines.
 //! - [`error`]: the one error type and its one mapping to HTTP.
-//! - [`admin`]: `/metrics`, `/healthz`, `/readyz`, `/admin/*`.
 //! - [`metrics`]: every metric name, recorded through typed methods.
 //! - [`telemetry`]: logs (human or JSON), one access-log line per request;
 //!   the W3C trace context and, when configured, spans over OTLP.
 //! - [`demo`]: the newcomer's one command.
 //!
+//! Internal to the crate:
+//! - `scheduler`: fair sharing of the upstream rate limit across teams.
+//! - `shared_rate`: the upstream rate shared by replicas through Redis.
+//! - `org`: the org's upstream credits, and pausing when they run out.
+//! - `upstream`: the pooled rustls client with retries and deadlines.
+//! - `admin`: `/metrics`, `/healthz`, `/readyz`, `/admin/*`.
+//! - `http_util`: the body type, JSON responses, hop-by-hop header
+//!   stripping and request ids, shared by the team and admin listeners.
+//!
 //! Imports run one way: [`run`] hands [`server`] the handlers of [`proxy`]
-//! and [`admin`]; those two use [`app`]; [`app`] holds only state defined
+//! and `admin`; those two use [`app`]; [`app`] holds only state defined
 //! below them (`cache`, `ledger`, `scheduler`, ...) and imports neither.
 //!
 //! # The life of a request
@@ -65,7 +78,7 @@
 //!
 //! Phases 8–13 run in a task of their own that no client can cancel.
 
-pub mod admin;
+mod admin;
 pub mod app;
 pub mod auth;
 pub mod cache;
@@ -73,18 +86,18 @@ pub mod clock;
 pub mod config;
 pub mod demo;
 pub mod error;
-pub mod http_util;
+mod http_util;
 pub mod ledger;
 pub mod metrics;
-pub mod org;
+mod org;
 pub mod proxy;
 pub mod redis_backend;
 pub mod route;
-pub mod scheduler;
+mod scheduler;
 pub mod server;
-pub mod shared_rate;
+mod shared_rate;
 pub mod telemetry;
-pub mod upstream;
+mod upstream;
 
 use app::App;
 use std::future::Future;

@@ -24,7 +24,7 @@ const PROBE_EVERY_MS: u64 = 30_000;
 /// `spent_seen` before the upstream reported both credit headers.
 const UNSEEN: u64 = u64::MAX;
 
-pub struct Org {
+pub(crate) struct Org {
     backoff: Duration,
     /// Unix ms until which metered calls are held back (0: not exhausted).
     exhausted_until_ms: AtomicU64,
@@ -37,7 +37,7 @@ pub struct Org {
 }
 
 impl Org {
-    pub fn new(backoff: Duration) -> Org {
+    pub(crate) fn new(backoff: Duration) -> Org {
         Org {
             backoff,
             exhausted_until_ms: AtomicU64::new(0),
@@ -49,7 +49,7 @@ impl Org {
 
     /// Learns from every upstream answer (or its head, when the body
     /// failed): its credit headers, and a 402.
-    pub fn observe(&self, status: StatusCode, headers: &HeaderMap, body: &Bytes, metrics: &Metrics) {
+    pub(crate) fn observe(&self, status: StatusCode, headers: &HeaderMap, body: &Bytes, metrics: &Metrics) {
         let header = |name: &str| {
             headers
                 .get(name)
@@ -80,7 +80,7 @@ impl Org {
     }
 
     /// The 402 to answer instead of forwarding, while exhausted.
-    pub fn exhausted(&self) -> Option<(HeaderMap, Bytes)> {
+    pub(crate) fn exhausted(&self) -> Option<(HeaderMap, Bytes)> {
         let until = self.exhausted_until_ms.load(Ordering::Acquire);
         if until == 0 || until <= now_ms() {
             return None;
@@ -89,7 +89,7 @@ impl Org {
     }
 
     /// Whether a /v2/usage probe is due now (at most one per interval).
-    pub fn probe_due(&self) -> bool {
+    pub(crate) fn probe_due(&self) -> bool {
         let now = now_ms();
         let last = self.last_probe_ms.load(Ordering::Acquire);
         now.saturating_sub(last) >= PROBE_EVERY_MS
@@ -100,13 +100,13 @@ impl Org {
     }
 
     /// The org's credits spent in the upstream's window, as last reported.
-    pub fn spent(&self) -> Option<u64> {
+    pub(crate) fn spent(&self) -> Option<u64> {
         let spent = self.spent_seen.load(Ordering::Acquire);
         (spent != UNSEEN).then_some(spent)
     }
 
     /// The upstream says credits are available again.
-    pub fn recovered(&self) {
+    pub(crate) fn recovered(&self) {
         self.exhausted_until_ms.store(0, Ordering::Release);
         tracing::info!("upstream credits available again: metered calls resume");
     }

@@ -32,7 +32,7 @@ use tokio::sync::{oneshot, Notify};
 /// lower bound, and a call admitted at the edge of the bound must not be
 /// refused for a few milliseconds of jitter. Part of the margin that
 /// `quota.reservation_lease_secs` keeps beyond the queue and the call.
-pub const QUEUE_SLACK: Duration = Duration::from_secs(1);
+const QUEUE_SLACK: Duration = Duration::from_secs(1);
 
 #[derive(Default)]
 struct Queues {
@@ -43,7 +43,7 @@ struct Queues {
     len: usize,
 }
 
-pub struct Scheduler {
+pub(crate) struct Scheduler {
     limiter: DefaultDirectRateLimiter,
     /// The rate shared with other replicas, when Redis is configured.
     shared: Option<SharedRate>,
@@ -60,7 +60,7 @@ pub struct Scheduler {
 
 impl Scheduler {
     /// Builds the scheduler and starts its dispatcher task.
-    pub fn start(
+    pub(crate) fn start(
         requests_per_minute: u32,
         max_wait: Duration,
         shared: Option<SharedRate>,
@@ -93,7 +93,7 @@ impl Scheduler {
 
     /// An upstream 429: hold every call (of every replica) for `for_`
     /// (already clamped to `upstream.max_retry_after_secs`).
-    pub async fn pause(&self, for_: Duration) {
+    pub(crate) async fn pause(&self, for_: Duration) {
         {
             let mut until = self.paused_until.lock().unwrap_or_else(|p| p.into_inner());
             if let Some(new) = Instant::now().checked_add(for_) {
@@ -135,7 +135,7 @@ impl Scheduler {
 
     /// Waits for this team's turn at the upstream, or refuses at once when
     /// the wait would pass the bound.
-    pub async fn acquire(&self, team: &str) -> Result<(), GatewayError> {
+    pub(crate) async fn acquire(&self, team: &str) -> Result<(), GatewayError> {
         let started = Instant::now();
         let idle = self.queues().len == 0 && self.pause_left().is_zero();
         if idle && self.try_permit().await {
@@ -216,7 +216,7 @@ impl Scheduler {
 /// Calls that may go back to back: a tenth of a minute's worth, smooth
 /// enough for the upstream's window, roomy enough that a quiet gateway adds
 /// no wait.
-pub fn burst(requests_per_minute: u32) -> u32 {
+pub(crate) fn burst(requests_per_minute: u32) -> u32 {
     (requests_per_minute / 10).max(1)
 }
 

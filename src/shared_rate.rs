@@ -32,7 +32,7 @@ redis.call('SET', KEYS[1], new_tat, 'PX', new_tat - now + tolerance + 1000)
 return 0
 "#;
 
-pub struct SharedRate {
+pub(crate) struct SharedRate {
     redis: Arc<RedisBackend>,
     tat_key: String,
     pause_key: String,
@@ -43,7 +43,7 @@ pub struct SharedRate {
 
 impl SharedRate {
     /// `burst` calls may go back to back; then one per `60 s / rpm`.
-    pub fn new(redis: Arc<RedisBackend>, prefix: &str, requests_per_minute: u32, burst: u32) -> SharedRate {
+    pub(crate) fn new(redis: Arc<RedisBackend>, prefix: &str, requests_per_minute: u32, burst: u32) -> SharedRate {
         let interval_ms = 60_000 / u64::from(requests_per_minute.max(1));
         let keys = Keys::new(prefix);
         SharedRate {
@@ -59,7 +59,7 @@ impl SharedRate {
 
     /// Takes one call's place: `Ok(ZERO)` to go now, else how long to wait
     /// before asking again.
-    pub async fn take(&self) -> Result<Duration, BackendError> {
+    pub(crate) async fn take(&self) -> Result<Duration, BackendError> {
         let mut inv = self.take.prepare_invoke();
         inv.key(&self.tat_key)
             .key(&self.pause_key)
@@ -73,7 +73,7 @@ impl SharedRate {
     }
 
     /// An upstream 429: every replica holds off for `for_`.
-    pub async fn pause(&self, for_: Duration) {
+    pub(crate) async fn pause(&self, for_: Duration) {
         let key = self.pause_key.clone();
         let ms = for_.as_millis().max(1) as u64;
         let _ = self

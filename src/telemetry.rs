@@ -15,9 +15,9 @@
 //! them and each `info_span!` of that target is a cached "never" at its
 //! call site (no span is built, no id allocated).
 
-pub mod access;
-pub mod otlp;
-pub mod trace;
+pub(crate) mod access;
+mod otlp;
+pub(crate) mod trace;
 
 use crate::config::{LogConfig, LogFormat, TracingConfig};
 use opentelemetry_sdk::trace::SdkTracerProvider;
@@ -30,13 +30,12 @@ use tracing_subscriber::util::SubscriberInitExt;
 use tracing_subscriber::{EnvFilter, Layer};
 
 /// The target of every span exported over OTLP.
-pub const SPANS: &str = "permit_gateway::spans";
+pub(crate) const SPANS: &str = "permit_gateway::spans";
 
 /// Awaits a future inside a span, or, when the span is off (no export), as
 /// a plain `.await`: `Instrumented` would move the whole future into its
 /// wrapper, a copy of a few hundred bytes per request on the hit path
 /// (measured with callgrind, BENCHMARKS.md).
-#[macro_export]
 macro_rules! in_span {
     ($span:expr, $fut:expr) => {{
         let span: ::tracing::Span = $span;
@@ -47,6 +46,7 @@ macro_rules! in_span {
         }
     }};
 }
+pub(crate) use in_span;
 
 /// What must live as long as the process: the log writer thread and the
 /// span exporter. [`Telemetry::shutdown`] flushes both.

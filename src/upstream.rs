@@ -36,28 +36,28 @@ use tracing::Instrument;
 
 /// A complete upstream answer.
 #[derive(Debug, Clone)]
-pub struct UpstreamResponse {
-    pub status: StatusCode,
-    pub headers: HeaderMap,
-    pub body: Bytes,
+pub(crate) struct UpstreamResponse {
+    pub(crate) status: StatusCode,
+    pub(crate) headers: HeaderMap,
+    pub(crate) body: Bytes,
 }
 
 /// The status and headers of an answer, kept when its body then failed.
 #[derive(Debug, Clone)]
-pub struct Head {
-    pub status: StatusCode,
-    pub headers: HeaderMap,
+pub(crate) struct Head {
+    pub(crate) status: StatusCode,
+    pub(crate) headers: HeaderMap,
 }
 
 /// No answer to pass on: why, and the head of the last answer when one
 /// arrived (an answer whose body failed may still have been billed).
 #[derive(Debug)]
-pub struct Failed {
-    pub error: GatewayError,
-    pub head: Option<Head>,
+pub(crate) struct Failed {
+    pub(crate) error: GatewayError,
+    pub(crate) head: Option<Head>,
 }
 
-pub struct Upstream {
+pub(crate) struct Upstream {
     client: Client<HttpsConnector<HttpConnector>, Empty<Bytes>>,
     /// `scheme://authority` plus any base path, without a trailing slash.
     base: String,
@@ -91,7 +91,7 @@ enum AttemptError {
 }
 
 impl Upstream {
-    pub fn new(cfg: &UpstreamConfig, key: &Secret) -> Result<Upstream, String> {
+    pub(crate) fn new(cfg: &UpstreamConfig, key: &Secret) -> Result<Upstream, String> {
         let tls = client_tls(cfg)?;
         let mut http = HttpConnector::new();
         http.enforce_http(false);
@@ -125,7 +125,7 @@ impl Upstream {
     /// GETs the target upstream with retries inside one deadline. Any answer
     /// the upstream gave (including 4xx/5xx after retries) is `Ok`; `Err`
     /// means there is no answer to pass on.
-    pub async fn fetch(
+    pub(crate) async fn fetch(
         &self,
         target: &Target,
         request_id: &str,
@@ -140,7 +140,7 @@ impl Upstream {
 
     /// As [`Upstream::fetch`], publishing each answer's head on `heads` as
     /// soon as it arrives.
-    pub async fn fetch_with_heads(
+    pub(crate) async fn fetch_with_heads(
         &self,
         target: &Target,
         request_id: &str,
@@ -302,7 +302,7 @@ fn retry_delay(e: &AttemptError, backoff: Option<Duration>, deadline: Instant, m
         .then_some(wait)
 }
 
-pub use crate::http_util::retry_after;
+pub(crate) use crate::http_util::retry_after;
 
 fn client_tls(cfg: &UpstreamConfig) -> Result<rustls::ClientConfig, String> {
     let mut roots = rustls::RootCertStore::empty();

@@ -5,22 +5,22 @@ use http::header::{HeaderMap, CACHE_CONTROL, PRAGMA};
 
 /// What the client asked of the cache for this request.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Directives {
+pub(crate) struct Directives {
     /// Do not answer from the cache; the fresh answer is still stored.
-    pub no_cache: bool,
+    pub(crate) no_cache: bool,
     /// Do not store the answer.
-    pub no_store: bool,
+    pub(crate) no_store: bool,
     /// Never go upstream: answer from the cache or 504.
-    pub only_if_cached: bool,
+    pub(crate) only_if_cached: bool,
     /// Accept an entry no older than this many seconds.
-    pub max_age: Option<u64>,
+    pub(crate) max_age: Option<u64>,
     /// Accept an entry stale by up to this many seconds (`Some(u64::MAX)`
     /// for a bare `max-stale`).
-    pub max_stale: Option<u64>,
+    pub(crate) max_stale: Option<u64>,
 }
 
 impl Directives {
-    pub fn from_headers(headers: &HeaderMap) -> Directives {
+    pub(crate) fn from_headers(headers: &HeaderMap) -> Directives {
         let mut d = Directives::default();
         let mut saw_cache_control = false;
         for value in headers.get_all(CACHE_CONTROL) {
@@ -56,7 +56,7 @@ impl Directives {
 }
 
 /// The upstream said this answer must not be kept by a shared cache.
-pub fn forbids_storing(headers: &HeaderMap) -> bool {
+pub(crate) fn forbids_storing(headers: &HeaderMap) -> bool {
     headers.get_all(CACHE_CONTROL).iter().any(|v| {
         v.to_str().is_ok_and(|s| {
             s.split(',')

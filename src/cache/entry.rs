@@ -11,21 +11,21 @@ use xxhash_rust::xxh3::xxh3_64;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Entry {
     /// The upstream's 200 JSON body, exactly.
-    pub body: Bytes,
+    pub(crate) body: Bytes,
     /// Credits the original fetch cost: what every hit saves.
-    pub credits: u64,
+    pub(crate) credits: u64,
     /// Unix milliseconds when the upstream answered.
-    pub stored_at_ms: u64,
+    pub(crate) stored_at_ms: u64,
     /// Freshness lifetime from `stored_at_ms`.
-    pub ttl_ms: u64,
+    pub(crate) ttl_ms: u64,
     /// Strong validator of the body, quoted.
-    pub etag: String,
+    pub(crate) etag: String,
     /// For purge by route and metrics.
-    pub route: Route,
+    pub(crate) route: Route,
 }
 
 /// A strong ETag from the body's SHA-256.
-pub fn etag_of(body: &[u8]) -> String {
+pub(crate) fn etag_of(body: &[u8]) -> String {
     let digest = Sha256::digest(body);
     format!("\"{}\"", hex::encode(&digest[..16]))
 }
@@ -39,7 +39,7 @@ impl Entry {
 
     /// `etag` is [`etag_of`] the body, computed once by the fetch that
     /// stores it.
-    pub fn with_etag(body: Bytes, etag: String, credits: u64, ttl: Duration, route: Route) -> Entry {
+    pub(crate) fn with_etag(body: Bytes, etag: String, credits: u64, ttl: Duration, route: Route) -> Entry {
         Entry {
             body,
             credits,
@@ -50,27 +50,27 @@ impl Entry {
         }
     }
 
-    pub fn age(&self, now_ms: u64) -> Duration {
+    pub(crate) fn age(&self, now_ms: u64) -> Duration {
         Duration::from_millis(now_ms.saturating_sub(self.stored_at_ms))
     }
 
     /// How long past its freshness the entry is (zero while fresh).
-    pub fn staleness(&self, now_ms: u64) -> Duration {
+    pub(crate) fn staleness(&self, now_ms: u64) -> Duration {
         Duration::from_millis(now_ms.saturating_sub(self.stored_at_ms + self.ttl_ms))
     }
 
-    pub fn is_fresh(&self, now_ms: u64) -> bool {
+    pub(crate) fn is_fresh(&self, now_ms: u64) -> bool {
         now_ms < self.stored_at_ms + self.ttl_ms
     }
 
     /// Time left before the entry is dropped, stale grace included.
-    pub fn remaining_life(&self, now_ms: u64, grace: Duration) -> Duration {
+    pub(super) fn remaining_life(&self, now_ms: u64, grace: Duration) -> Duration {
         let end = self.stored_at_ms + self.ttl_ms + grace.as_millis() as u64;
         Duration::from_millis(end.saturating_sub(now_ms))
     }
 
     /// Bytes held for this entry, for the memory tier's weigher.
-    pub fn weight(&self, key_len: usize) -> u32 {
+    pub(super) fn weight(&self, key_len: usize) -> u32 {
         // Entry, its Arc, the key's Arc<str>, moka's node, deque links and
         // table bucket: measured by a counting allocator at ~460 bytes an
         // entry (tests/it/records/memory.rs; BENCHMARKS.md "Record weights").
@@ -83,7 +83,7 @@ impl Entry {
     /// The checksum makes a foreign or damaged value a miss. Version 1
     /// checked the body against its SHA-256 ETag instead: ~4 µs for a 6 KB
     /// page with SHA-NI, on every hit from Redis (xxh3: ~0.3 µs).
-    pub fn encode(&self) -> Vec<u8> {
+    pub(super) fn encode(&self) -> Vec<u8> {
         let mut out = Vec::with_capacity(self.body.len() + HEAD + self.etag.len() + 8);
         out.push(VERSION);
         out.extend_from_slice(&self.credits.to_be_bytes());
@@ -102,7 +102,7 @@ impl Entry {
     /// of the previous release still write); `None` for anything else, so a
     /// foreign or truncated value is a miss, never a wrong answer. The body
     /// is a view into `bytes`, not a copy.
-    pub fn decode(bytes: Bytes) -> Option<Entry> {
+    pub(super) fn decode(bytes: Bytes) -> Option<Entry> {
         let version = *bytes.first()?;
         if !(version == 1 || version == VERSION) || bytes.len() < HEAD {
             return None;

@@ -20,27 +20,27 @@ use tokio::sync::watch;
 /// What one fetch produced, shared with coalesced followers.
 #[derive(Debug)]
 pub struct Fetched {
-    pub status: StatusCode,
+    pub(crate) status: StatusCode,
     /// The upstream's headers (only the allow-listed ones reach a team).
-    pub headers: HeaderMap,
-    pub body: Bytes,
+    pub(crate) headers: HeaderMap,
+    pub(crate) body: Bytes,
     /// Credits the upstream charged the leader's team for it (0 when it came
     /// from the cache).
-    pub credits: u64,
+    pub(crate) credits: u64,
     /// What the answer is worth to a follower or a later hit: the charge,
     /// bounded by what was reserved (a larger charge is an anomaly that is
     /// settled, not trusted for the future).
-    pub worth: u64,
+    pub(crate) worth: u64,
     /// The answer came from a cache entry (another replica's fetch, or one
     /// stored after the previous flight ended), not from the upstream now.
-    pub from_cache: bool,
+    pub(crate) from_cache: bool,
     /// The body's ETag on a 200, hashed once for the leader, its followers
     /// and the cache entry alike.
-    pub etag: Option<String>,
+    pub(crate) etag: Option<String>,
 }
 
 /// A flight's result: the answer, or the error that ended it.
-pub type Outcome = Result<Arc<Fetched>, GatewayError>;
+pub(crate) type Outcome = Result<Arc<Fetched>, GatewayError>;
 
 pub struct Flights<T> {
     inflight: Arc<Mutex<HashMap<String, watch::Receiver<Option<T>>>>>,
@@ -92,7 +92,7 @@ impl<T: Clone> Flights<T> {
 impl<T> Leader<T> {
     /// A wait on this flight's outcome, for a leader that hands its work to
     /// a task and waits like its followers.
-    pub fn subscribe(&self) -> watch::Receiver<Option<T>> {
+    pub(crate) fn subscribe(&self) -> watch::Receiver<Option<T>> {
         self.tx.subscribe()
     }
 
@@ -133,7 +133,7 @@ impl<T> Drop for Leader<T> {
 
 /// A follower's wait: the leader's outcome, or `None` when the leader went
 /// away without one.
-pub async fn follow<T: Clone>(mut rx: watch::Receiver<Option<T>>) -> Option<T> {
+pub(crate) async fn follow<T: Clone>(mut rx: watch::Receiver<Option<T>>) -> Option<T> {
     match rx.wait_for(Option::is_some).await {
         Ok(v) => v.clone(),
         Err(_) => None,

@@ -100,7 +100,7 @@ pub fn cache_key(target: &Target) -> String {
 const COMPLETE_VERSION: &str = "k1c";
 
 /// Whether `key` is a complete-page index ([`complete_key`]).
-pub fn is_complete_index(key: &str) -> bool {
+pub(super) fn is_complete_index(key: &str) -> bool {
     key.strip_prefix(COMPLETE_VERSION)
         .is_some_and(|rest| rest.starts_with(' '))
 }
@@ -126,7 +126,7 @@ fn joined(version: &str, path: &str, query: &str) -> String {
 /// same answer (all of its records from the cursor on), and it answers a
 /// `size` only when it holds no more records than that size
 /// ([`super::Cache::derived`] checks). `None` on routes without `size`.
-pub fn complete_key(route: Route, key: &str) -> Option<String> {
+pub(super) fn complete_key(route: Route, key: &str) -> Option<String> {
     if route.param("size") != Some(Param::Size) {
         return None;
     }
@@ -140,7 +140,7 @@ pub fn complete_key(route: Route, key: &str) -> Option<String> {
 /// holds the answer to `key` plus its count. `None` on a cursor page (the
 /// count is ignored there, so that key is `key` itself), on a page already
 /// counted and on routes without `include_count`.
-pub fn counted_key(route: Route, key: &str) -> Option<String> {
+pub(super) fn counted_key(route: Route, key: &str) -> Option<String> {
     if route.param("include_count") != Some(Param::Count) {
         return None;
     }

@@ -57,7 +57,7 @@ pub enum Acquired {
 }
 
 /// How a wait on a peer's lease ended.
-pub enum Peer {
+pub(crate) enum Peer {
     /// The peer stored the key's entry: answer with it.
     Stored(Entry),
     /// The lease went and no entry came (the peer's call failed, or its
@@ -133,7 +133,7 @@ impl Leases {
     ///
     /// Only an entry answered at or after `since_ms` counts: a `no-cache`
     /// request must not take the old entry the peer is replacing.
-    pub async fn wait_for_peer(
+    pub(crate) async fn wait_for_peer(
         &self,
         cache: &Cache,
         route: Route,

@@ -7,16 +7,16 @@
 //! `gateway_backend_errors_total`, read as misses, and the breaker in
 //! [`crate::redis_backend`] keeps a dead Redis from costing latency.
 
-pub mod control;
-pub mod entry;
+pub(crate) mod control;
+pub(crate) mod entry;
 pub mod flight;
 pub mod key;
 pub mod lease;
-pub mod parsed;
+pub(crate) mod parsed;
 pub mod purge;
-pub mod records;
-pub mod refresh;
-pub mod spend;
+pub(crate) mod records;
+pub(crate) mod refresh;
+mod spend;
 
 pub use entry::Entry;
 
@@ -66,8 +66,8 @@ pub struct Cache {
     redis: Option<Arc<RedisBackend>>,
     /// The L2 keys of entries, records and complete indexes.
     keys: Keys,
-    pub grace: Duration,
-    pub max_entry_bytes: usize,
+    grace: Duration,
+    pub(crate) max_entry_bytes: usize,
     ttls: [Option<Duration>; Route::ALL.len()],
     metrics: Arc<Metrics>,
     /// `cache.record_reuse`: stored pages also file their records ([`records`]).
@@ -79,7 +79,7 @@ pub struct Cache {
 }
 
 impl Cache {
-    pub fn new(cfg: &CacheConfig, redis: Option<Arc<RedisBackend>>, metrics: Arc<Metrics>) -> Cache {
+    pub(crate) fn new(cfg: &CacheConfig, redis: Option<Arc<RedisBackend>>, metrics: Arc<Metrics>) -> Cache {
         let grace = Duration::from_secs(cfg.stale_grace_secs);
         let memory = (cfg.memory_max_bytes > 0).then(|| {
             Moka::builder()
@@ -112,7 +112,7 @@ impl Cache {
         self.ttls[route as usize]
     }
 
-    pub fn redis(&self) -> Option<&Arc<RedisBackend>> {
+    pub(crate) fn redis(&self) -> Option<&Arc<RedisBackend>> {
         self.redis.as_ref()
     }
 
@@ -128,7 +128,7 @@ impl Cache {
 
     /// L1, then L2 (promoting an L2 hit into L1). Stale entries are returned
     /// too; the caller decides what staleness it accepts.
-    pub async fn lookup(&self, route: Route, key: &str) -> Option<(Arc<Entry>, Tier)> {
+    pub(crate) async fn lookup(&self, route: Route, key: &str) -> Option<(Arc<Entry>, Tier)> {
         if let Some(memory) = &self.memory {
             if let Some(entry) = memory.get(key).await {
                 return Some((entry, Tier::Memory));
@@ -145,7 +145,7 @@ impl Cache {
     }
 
     /// L2 only (cross-replica coalescing waits on this).
-    pub async fn lookup_redis(&self, route: Route, key: &str) -> Option<Entry> {
+    async fn lookup_redis(&self, route: Route, key: &str) -> Option<Entry> {
         let redis = self.redis.as_ref()?;
         let rkey = self.redis_key(route, key);
         let bytes: Option<Vec<u8>> = redis
@@ -160,7 +160,7 @@ impl Cache {
 
     /// A fresh entry in L2, the tier peers store to: what a replica that
     /// coalesces on another's lease accepts in place of buying the key.
-    pub async fn fresh_in_redis(&self, route: Route, key: &str) -> Option<Entry> {
+    pub(crate) async fn fresh_in_redis(&self, route: Route, key: &str) -> Option<Entry> {
         self.lookup_redis(route, key).await.filter(|e| e.is_fresh(now_ms()))
     }
 
@@ -212,7 +212,7 @@ impl Cache {
     /// Sets the tier gauges (called at scrape time). Memory: exact, after
     /// moka's pending housekeeping. Redis: the server's key count and used
     /// memory (the whole Redis: it may hold the ledger and other data too).
-    pub async fn observe(&self) {
+    pub(crate) async fn observe(&self) {
         let m = &self.metrics;
         if let Some(memory) = &self.memory {
             memory.run_pending_tasks().await;

@@ -17,21 +17,21 @@ use std::sync::Arc;
 
 /// What a valid request target means to the gateway.
 #[derive(Debug)]
-pub struct Parsed {
-    pub target: Target,
+pub(crate) struct Parsed {
+    pub(crate) target: Target,
     /// The normalized cache key; `None` for routes that are never cached.
-    pub key: Option<String>,
+    pub(crate) key: Option<String>,
 }
 
 /// A bounded map from raw `path?query` to its [`Parsed`] form.
-pub struct ParsedTargets {
+pub(crate) struct ParsedTargets {
     memo: moka::sync::Cache<Box<str>, Arc<Parsed>, foldhash::fast::RandomState>,
 }
 
 impl ParsedTargets {
     /// Holds up to `capacity` targets (about 0.5 KB each), least recently
     /// and least frequently used first out.
-    pub fn new(capacity: u64) -> ParsedTargets {
+    pub(crate) fn new(capacity: u64) -> ParsedTargets {
         ParsedTargets {
             memo: moka::sync::Cache::builder()
                 .max_capacity(capacity)
@@ -39,11 +39,11 @@ impl ParsedTargets {
         }
     }
 
-    pub fn get(&self, raw: &str) -> Option<Arc<Parsed>> {
+    pub(crate) fn get(&self, raw: &str) -> Option<Arc<Parsed>> {
         self.memo.get(raw)
     }
 
-    pub fn insert(&self, raw: &str, parsed: Parsed) {
+    pub(crate) fn insert(&self, raw: &str, parsed: Parsed) {
         self.memo.insert(raw.into(), Arc::new(parsed));
     }
 }

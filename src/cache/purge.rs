@@ -32,13 +32,13 @@ const ALL: &str = "all";
 /// Redis, which only takes them in (the replica's L1 has nothing older
 /// than its start).
 #[derive(Default)]
-pub struct Seen(Mutex<Option<HashMap<String, String>>>);
+pub(crate) struct Seen(Mutex<Option<HashMap<String, String>>>);
 
 impl Cache {
     /// Drops every entry, or one route's (and the records its pages filed),
     /// from both tiers, then tells the other replicas. Returns how many
     /// Redis keys went.
-    pub async fn purge(&self, route: Option<Route>) -> u64 {
+    pub(crate) async fn purge(&self, route: Option<Route>) -> u64 {
         let records = route
             .and_then(records::Resource::filed_by)
             .map(records::Resource::lookup_route)
@@ -54,7 +54,7 @@ impl Cache {
 
     /// Whether this replica has copies in memory of a shared tier, which
     /// other replicas' purges must reach ([`Cache::follow_purges`]).
-    pub fn follows_purges(&self) -> bool {
+    pub(crate) fn follows_purges(&self) -> bool {
         self.memory.is_some() && self.redis.is_some()
     }
 
@@ -63,7 +63,7 @@ impl Cache {
     /// purging replica sees its own purge too and drops its L1 once more,
     /// which also removes what a request promoted from L2 while the purge's
     /// SCAN ran.
-    pub async fn follow_purges(&self) {
+    pub(crate) async fn follow_purges(&self) {
         let Some(redis) = &self.redis else { return };
         let key = self.purges_key();
         let Ok(now) = redis

@@ -33,7 +33,7 @@ use std::sync::Arc;
 
 /// A kind of record with an id lookup.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Resource {
+pub(crate) enum Resource {
     Permits,
     Contractors,
     Decisions,
@@ -42,7 +42,7 @@ pub enum Resource {
 
 impl Resource {
     /// The resource an id-lookup route answers with.
-    pub fn of_lookup(route: Route) -> Option<Resource> {
+    pub(crate) fn of_lookup(route: Route) -> Option<Resource> {
         match route {
             Route::PermitsById => Some(Resource::Permits),
             Route::ContractorsById => Some(Resource::Contractors),
@@ -55,7 +55,7 @@ impl Resource {
     /// The resource whose lookup records a route's pages carry exactly.
     /// Contractor searches are missing on purpose: their tallies are scoped
     /// to the search, a lookup's to the contractor's lifetime.
-    pub fn filed_by(route: Route) -> Option<Resource> {
+    pub(super) fn filed_by(route: Route) -> Option<Resource> {
         match route {
             Route::PermitsSearch | Route::ContractorPermits => Some(Resource::Permits),
             Route::DecisionsSearch => Some(Resource::Decisions),
@@ -65,7 +65,7 @@ impl Resource {
     }
 
     /// The lookup route; its name is the records' purge and L2 key space.
-    pub fn lookup_route(self) -> Route {
+    pub(crate) fn lookup_route(self) -> Route {
         match self {
             Resource::Permits => Route::PermitsById,
             Resource::Contractors => Route::ContractorsById,
@@ -76,14 +76,14 @@ impl Resource {
 
     /// The record's key in L1 and of its in-process flight, also hashed
     /// into its L2 key and its lease's key (`redis_backend::keys::record_key`).
-    pub fn key(self, id: &str) -> String {
+    pub(crate) fn key(self, id: &str) -> String {
         keys::record_key(self.lookup_route(), id)
     }
 }
 
 /// What a lookup learned about one id it bought or waited for.
 #[derive(Debug, Clone)]
-pub enum IdGot {
+pub(crate) enum IdGot {
     /// Its record, or its absence (an empty body).
     Held(Arc<Entry>),
     /// The answer that was to bring it cannot be trusted to say the
@@ -95,21 +95,21 @@ pub enum IdGot {
 }
 
 /// An id's flight: what its buyer learned, or the error that ended the buy.
-pub type IdOutcome = Result<IdGot, GatewayError>;
+pub(crate) type IdOutcome = Result<IdGot, GatewayError>;
 
 /// Per-id flights: an id some lookup of this process is buying is waited
 /// for, not bought again (`proxy::by_id`).
-pub type IdFlights = Flights<IdOutcome>;
+pub(super) type IdFlights = Flights<IdOutcome>;
 
 /// Whether a held entry says "the upstream does not know this id".
-pub fn is_absent(entry: &Entry) -> bool {
+pub(crate) fn is_absent(entry: &Entry) -> bool {
     entry.body.is_empty()
 }
 
 /// The records of a page envelope, as sent (byte for byte, views into
 /// `body`, not copies: the caller copies what it keeps), each with its id. `None` when the body is not a page
 /// of records with string ids.
-pub fn records_of(body: &Bytes, resource: Resource) -> Option<Vec<(String, Bytes)>> {
+pub(crate) fn records_of(body: &Bytes, resource: Resource) -> Option<Vec<(String, Bytes)>> {
     #[derive(Deserialize)]
     struct Page<'a> {
         #[serde(borrow)]
@@ -190,13 +190,13 @@ fn with_etag(e: &Entry) -> Entry {
 
 impl Cache {
     /// Whether pages file their records here (`cache.record_reuse`).
-    pub fn record_reuse(&self) -> bool {
+    pub(crate) fn record_reuse(&self) -> bool {
         self.record_reuse
     }
 
     /// Files the records of a stored page under the page's answer time and
     /// TTL (called by [`Cache::store`]).
-    pub async fn file_records(&self, resource: Resource, page: &Entry) {
+    pub(super) async fn file_records(&self, resource: Resource, page: &Entry) {
         let Some(records) = records_of(&page.body, resource) else {
             return;
         };
@@ -209,7 +209,7 @@ impl Cache {
 
     /// Files what a trusted lookup answer said of each asked id: its record,
     /// or its absence (see `by_id`'s `trusted`).
-    pub async fn file_lookup(&self, resource: Resource, filed: &[(String, Arc<Entry>)]) {
+    pub(crate) async fn file_lookup(&self, resource: Resource, filed: &[(String, Arc<Entry>)]) {
         let filed = filed
             .iter()
             .map(|(id, e)| (resource.key(id), Entry::clone(e)))
@@ -222,7 +222,7 @@ impl Cache {
     /// itself; BENCHMARKS.md, "Record weights") or, with an empty body, its
     /// absence. Its life is the page's, bounded by the lookup route's TTL
     /// (`cache.route_ttl_secs.permits_by_id` and siblings).
-    pub fn record_entry(&self, resource: Resource, page: &Entry, body: Bytes) -> Entry {
+    pub(crate) fn record_entry(&self, resource: Resource, page: &Entry, body: Bytes) -> Entry {
         // One credit per record: what serving it again saves.
         let credits = u64::from(!body.is_empty());
         let mut e = record_entry(resource, page, body, credits);
@@ -233,7 +233,7 @@ impl Cache {
     }
 
     /// The per-id flights of this process's lookups.
-    pub fn id_flights(&self) -> &IdFlights {
+    pub(crate) fn id_flights(&self) -> &IdFlights {
         &self.id_flights
     }
 
@@ -270,7 +270,7 @@ impl Cache {
     /// The held entry (record or absence) of each id, in order, fresh or
     /// within the stale grace (the caller serves stale ones only when the
     /// upstream fails): L1, then L2 for the rest (promoting what it finds).
-    pub async fn held_records(&self, resource: Resource, ids: &[String]) -> Vec<Option<Arc<Entry>>> {
+    pub(crate) async fn held_records(&self, resource: Resource, ids: &[String]) -> Vec<Option<Arc<Entry>>> {
         let now = now_ms();
         let mut held: Vec<Option<Arc<Entry>>> = Vec::with_capacity(ids.len());
         for id in ids {

@@ -8,13 +8,13 @@ use std::time::Duration;
 /// again. A refresh that stores nothing (the upstream said `no-store`, the
 /// answer was too large, the call failed) would otherwise start another
 /// paid refresh on every request that finds the stale entry.
-pub const REFRESH_EVERY: Duration = Duration::from_secs(60);
+const REFRESH_EVERY: Duration = Duration::from_secs(60);
 
 /// The keys refreshed in the background within [`REFRESH_EVERY`].
-pub struct Refreshes(moka::future::Cache<String, ()>);
+pub(crate) struct Refreshes(moka::future::Cache<String, ()>);
 
 impl Refreshes {
-    pub fn new() -> Refreshes {
+    pub(crate) fn new() -> Refreshes {
         Refreshes(
             moka::future::Cache::builder()
                 .max_capacity(100_000)
@@ -24,7 +24,7 @@ impl Refreshes {
     }
 
     /// True for the one caller that may start this key's refresh now.
-    pub async fn claim(&self, key: &str) -> bool {
+    pub(crate) async fn claim(&self, key: &str) -> bool {
         self.0.entry(key.to_string()).or_insert(()).await.is_fresh()
     }
 }

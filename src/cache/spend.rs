@@ -27,14 +27,14 @@ use std::sync::Arc;
 
 /// The two facts of a page envelope the derivations need.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct PageFacts {
-    pub records: u64,
+struct PageFacts {
+    records: u64,
     /// `next_cursor` is present and `null`: nothing follows this page.
-    pub complete: bool,
+    complete: bool,
 }
 
 /// What a body says of itself; `None` when it is not a page envelope.
-pub fn page_facts(body: &[u8]) -> Option<PageFacts> {
+fn page_facts(body: &[u8]) -> Option<PageFacts> {
     #[derive(Deserialize)]
     struct Page {
         items: Vec<serde::de::IgnoredAny>,
@@ -58,7 +58,7 @@ pub fn page_facts(body: &[u8]) -> Option<PageFacts> {
 /// The body of a counted page as the upstream answers the same page
 /// uncounted: the top-level `total_count` value replaced by `null`, every
 /// other byte kept. `None` when the body is not a JSON object.
-pub fn uncounted(body: &Bytes) -> Option<Bytes> {
+fn uncounted(body: &Bytes) -> Option<Bytes> {
     #[derive(Deserialize)]
     struct Counted<'a> {
         #[serde(borrow, default)]
@@ -89,7 +89,7 @@ fn is_object(body: &[u8]) -> bool {
 
 /// Where a derived answer came from (the access log and metrics say so).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Derivation {
+pub(crate) enum Derivation {
     /// A complete page of the same query asked with another size.
     Complete,
     /// The same first page asked with `include_count=true`.
@@ -113,7 +113,7 @@ impl Cache {
 
     /// On a miss of `key`: an entry of another key that provably holds the
     /// upstream's answer to `target`, rewritten to be that answer.
-    pub async fn derived(&self, target: &Target, key: &str) -> Option<(Entry, Tier, Derivation)> {
+    pub(crate) async fn derived(&self, target: &Target, key: &str) -> Option<(Entry, Tier, Derivation)> {
         let asked = route::page_size_asked(target)?;
         let route = target.route;
         let counted = key::counted_key(route, key);

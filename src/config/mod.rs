@@ -18,15 +18,15 @@ mod validate;
 pub const DEFAULTS_TOML: &str = include_str!("../../config/defaults.toml");
 
 /// The configuration the demo runs with (tokens are public demo values).
-pub const DEMO_TOML: &str = include_str!("../../config/demo.toml");
+pub(crate) const DEMO_TOML: &str = include_str!("../../config/demo.toml");
 
 /// Prefix of environment overrides; `__` separates section and key.
-pub const ENV_PREFIX: &str = "PERMIT_GATEWAY_";
+const ENV_PREFIX: &str = "PERMIT_GATEWAY_";
 
 /// The size of the frames an HTTP/2 answer is sent in (`server::CHUNK`):
 /// here, below the server, because `server.http2_max_buffered_bytes` must
 /// hold at least one.
-pub const HTTP2_CHUNK_BYTES: usize = 16 * 1024;
+pub(crate) const HTTP2_CHUNK_BYTES: usize = 16 * 1024;
 
 /// The file read by `serve` and `check-config` when no `--config` is given.
 pub const DEFAULT_CONFIG_PATH: &str = "config/gateway.toml";
@@ -35,45 +35,45 @@ pub const DEFAULT_CONFIG_PATH: &str = "config/gateway.toml";
 pub struct Config {
     pub server: ServerConfig,
     pub upstream: UpstreamConfig,
-    pub cache: CacheConfig,
+    pub(crate) cache: CacheConfig,
     pub quota: QuotaConfig,
     /// TLS files and Sentinel login for every Redis URL (cache, ledger, rate).
     #[serde(default)]
-    pub redis: RedisConfig,
-    pub admin: AdminConfig,
+    pub(crate) redis: RedisConfig,
+    pub(crate) admin: AdminConfig,
     pub log: LogConfig,
     pub tracing: TracingConfig,
     #[serde(default)]
-    pub teams: Vec<TeamConfig>,
+    pub(crate) teams: Vec<TeamConfig>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct ServerConfig {
     #[serde(deserialize_with = "socket_addr")]
-    pub listen: SocketAddr,
+    pub(crate) listen: SocketAddr,
     #[serde(deserialize_with = "socket_addr")]
-    pub admin_listen: SocketAddr,
-    pub tls_cert_file: Option<PathBuf>,
-    pub tls_key_file: Option<PathBuf>,
-    pub max_connections: usize,
-    pub max_connections_per_peer: usize,
-    pub max_header_bytes: usize,
-    pub max_uri_bytes: usize,
-    pub header_read_timeout_secs: u64,
-    pub idle_timeout_secs: u64,
+    pub(crate) admin_listen: SocketAddr,
+    pub(crate) tls_cert_file: Option<PathBuf>,
+    pub(crate) tls_key_file: Option<PathBuf>,
+    pub(crate) max_connections: usize,
+    pub(crate) max_connections_per_peer: usize,
+    pub(crate) max_header_bytes: usize,
+    pub(crate) max_uri_bytes: usize,
+    pub(crate) header_read_timeout_secs: u64,
+    pub(crate) idle_timeout_secs: u64,
     pub write_timeout_secs: u64,
     pub http2_max_concurrent_streams: u32,
-    pub http2_max_buffered_bytes: usize,
+    pub(crate) http2_max_buffered_bytes: usize,
     /// 0: derived from `max_connections` ([`ServerConfig::team_in_flight_limit`]).
-    pub team_max_in_flight: usize,
-    pub shutdown_grace_secs: u64,
+    team_max_in_flight: usize,
+    pub(crate) shutdown_grace_secs: u64,
 }
 
 impl ServerConfig {
     /// Requests one team may have in flight at once (followers included):
     /// `team_max_in_flight`, or a quarter of `max_connections`, so that one
     /// team can never keep every connection busy.
-    pub fn team_in_flight_limit(&self) -> usize {
+    pub(crate) fn team_in_flight_limit(&self) -> usize {
         match self.team_max_in_flight {
             0 => (self.max_connections / 4).max(1),
             n => n,
@@ -83,43 +83,43 @@ impl ServerConfig {
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct UpstreamConfig {
-    pub base_url: String,
-    pub api_key: Option<Secret>,
-    pub api_key_file: Option<PathBuf>,
-    pub requests_per_minute: u32,
-    pub timeout_secs: u64,
-    pub connect_timeout_secs: u64,
-    pub max_retries: u32,
-    pub ca_file: Option<PathBuf>,
+    pub(crate) base_url: String,
+    api_key: Option<Secret>,
+    api_key_file: Option<PathBuf>,
+    pub(crate) requests_per_minute: u32,
+    pub(crate) timeout_secs: u64,
+    pub(crate) connect_timeout_secs: u64,
+    pub(crate) max_retries: u32,
+    pub(crate) ca_file: Option<PathBuf>,
     pub max_response_bytes: usize,
-    pub max_queue_wait_secs: u64,
-    pub exhausted_backoff_secs: u64,
-    pub max_retry_after_secs: u64,
+    pub(crate) max_queue_wait_secs: u64,
+    pub(crate) exhausted_backoff_secs: u64,
+    pub(crate) max_retry_after_secs: u64,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct CacheConfig {
-    pub memory_max_bytes: u64,
-    pub default_ttl_secs: u64,
-    pub redis_url: Option<Secret>,
-    pub stale_grace_secs: u64,
-    pub stale_while_revalidate_secs: u64,
-    pub max_entry_bytes: usize,
-    pub redis_key_prefix: String,
-    pub redis_timeout_ms: u64,
-    pub coalesce_wait_ms: u64,
+pub(crate) struct CacheConfig {
+    pub(crate) memory_max_bytes: u64,
+    default_ttl_secs: u64,
+    pub(crate) redis_url: Option<Secret>,
+    pub(crate) stale_grace_secs: u64,
+    pub(crate) stale_while_revalidate_secs: u64,
+    pub(crate) max_entry_bytes: usize,
+    pub(crate) redis_key_prefix: String,
+    pub(crate) redis_timeout_ms: u64,
+    pub(crate) coalesce_wait_ms: u64,
     /// Id lookups answered from records that searches and earlier lookups
     /// already bought (`cache::records`); off: lookups cache as whole queries.
-    pub record_reuse: bool,
+    pub(crate) record_reuse: bool,
     #[serde(default)]
-    pub route_ttl_secs: std::collections::BTreeMap<String, u64>,
+    route_ttl_secs: std::collections::BTreeMap<String, u64>,
 }
 
 impl CacheConfig {
     /// Freshness of a route's answers; `None` never caches. A route's own
     /// `route_ttl_secs` entry wins over its TTL class in the route table;
     /// unknown paths (`other`) use `default_ttl_secs`.
-    pub fn ttl_for(&self, route: crate::route::Route) -> Option<std::time::Duration> {
+    pub(crate) fn ttl_for(&self, route: crate::route::Route) -> Option<std::time::Duration> {
         use crate::route::table::TtlClass;
         let class_secs = match route.ttl_class() {
             TtlClass::Never => return None,
@@ -133,17 +133,17 @@ impl CacheConfig {
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct QuotaConfig {
-    pub window: crate::ledger::Window,
+    pub(crate) window: crate::ledger::Window,
     pub store: QuotaStore,
-    pub path: PathBuf,
-    pub redis_url: Option<Secret>,
-    pub upgrade_url: String,
-    pub redis_timeout_ms: u64,
-    pub reservation_lease_secs: u64,
-    pub fail_open: bool,
+    pub(crate) path: PathBuf,
+    pub(crate) redis_url: Option<Secret>,
+    pub(crate) upgrade_url: String,
+    pub(crate) redis_timeout_ms: u64,
+    pub(crate) reservation_lease_secs: u64,
+    pub(crate) fail_open: bool,
     /// Tests only: shifts the ledger's clock (its days and reservation
     /// expiries) by this many seconds; 0 in production.
-    pub clock_offset_secs: i64,
+    pub(crate) clock_offset_secs: i64,
 }
 
 /// `[redis]`: what a `rediss://` (or `rediss+cluster://`,
@@ -151,18 +151,18 @@ pub struct QuotaConfig {
 /// the ledger's and the rate limiter's Redis: in practice they are one
 /// service behind one CA. The ACL login stays in the URL (`user:password@`).
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
-pub struct RedisConfig {
-    pub tls_ca_file: Option<PathBuf>,
-    pub tls_cert_file: Option<PathBuf>,
-    pub tls_key_file: Option<PathBuf>,
-    pub sentinel_username: Option<String>,
-    pub sentinel_password: Option<Secret>,
+pub(crate) struct RedisConfig {
+    pub(crate) tls_ca_file: Option<PathBuf>,
+    pub(crate) tls_cert_file: Option<PathBuf>,
+    pub(crate) tls_key_file: Option<PathBuf>,
+    pub(crate) sentinel_username: Option<String>,
+    pub(crate) sentinel_password: Option<Secret>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct AdminConfig {
-    pub token_sha256: Option<String>,
-    pub metrics_auth: bool,
+pub(crate) struct AdminConfig {
+    pub(crate) token_sha256: Option<String>,
+    pub(crate) metrics_auth: bool,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -229,15 +229,15 @@ pub struct TeamConfig {
 /// Redis URLs are secrets too: they may carry a password.
 #[derive(Clone, Deserialize, PartialEq, Eq)]
 #[serde(transparent)]
-pub struct Secret(String);
+pub(crate) struct Secret(String);
 
 impl Secret {
-    pub fn new(value: impl Into<String>) -> Secret {
+    fn new(value: impl Into<String>) -> Secret {
         Secret(value.into())
     }
 
     /// The secret itself; call sites are the only places it is used.
-    pub fn expose(&self) -> &str {
+    pub(crate) fn expose(&self) -> &str {
         &self.0
     }
 }
@@ -256,7 +256,7 @@ impl Serialize for Secret {
 
 /// Every problem found while loading, each with its key path.
 #[derive(Debug)]
-pub struct ConfigErrors(pub Vec<String>);
+pub struct ConfigErrors(pub(crate) Vec<String>);
 
 impl fmt::Display for ConfigErrors {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -303,7 +303,7 @@ impl Config {
 
     /// The upstream key: `upstream.api_key`, else the contents of
     /// `upstream.api_key_file` (trimmed).
-    pub fn upstream_key(&self) -> Result<Secret, String> {
+    pub(crate) fn upstream_key(&self) -> Result<Secret, String> {
         if let Some(key) = &self.upstream.api_key {
             return Ok(key.clone());
         }
@@ -322,7 +322,7 @@ impl Config {
     }
 
     /// Every semantic problem, each prefixed with its key path.
-    pub fn validate(&self) -> Vec<String> {
+    fn validate(&self) -> Vec<String> {
         let mut p = Vec::new();
         self.server.validate(&mut p);
         self.upstream.validate(&mut p);
@@ -367,18 +367,18 @@ impl Config {
 /// Time a reservation keeps beyond the fair queue's bound and the upstream
 /// call's deadline: the queue's slack (`scheduler::QUEUE_SLACK`, 1 s) and
 /// the settle (retried against a Redis that blips).
-pub const SETTLE_MARGIN_SECS: u64 = 5;
+const SETTLE_MARGIN_SECS: u64 = 5;
 
 impl Config {
     /// The Redis the budgets live in when `quota.store = "redis"`: its own
     /// `quota.redis_url`, else the cache's.
-    pub fn quota_redis_url(&self) -> Option<&Secret> {
+    pub(crate) fn quota_redis_url(&self) -> Option<&Secret> {
         self.quota.redis_url.as_ref().or(self.cache.redis_url.as_ref())
     }
 
     /// The longest a live reservation's path can take: the bounded wait in
     /// the fair queue, the upstream call's deadline, and the settle.
-    pub fn reservation_path_secs(&self) -> u64 {
+    pub(crate) fn reservation_path_secs(&self) -> u64 {
         self.upstream
             .max_queue_wait_secs
             .saturating_add(self.upstream.timeout_secs)

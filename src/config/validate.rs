@@ -233,7 +233,7 @@ fn check_redis_url(key: &str, url: &Secret, p: &mut Vec<String>) {
     }
 }
 
-pub(super) fn positive(key: &str, value: u64, p: &mut Vec<String>) {
+fn positive(key: &str, value: u64, p: &mut Vec<String>) {
     if value == 0 {
         p.push(format!("{key}: must be positive"));
     }

@@ -41,9 +41,9 @@
 //! settle after the lapse that charges more than the reservation adds
 //! just the excess (the upstream billed it).
 
-pub mod file;
+pub(crate) mod file;
 pub mod redis;
-pub mod saved;
+mod saved;
 
 use crate::route::Route;
 use chrono::{DateTime, Datelike, NaiveDate};
@@ -58,10 +58,10 @@ pub enum Window {
 }
 
 /// Days of spend a rolling window keeps.
-pub const ROLLING_DAYS: u32 = 30;
+const ROLLING_DAYS: u32 = 30;
 
 impl Window {
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             Window::Rolling30d => "rolling_30d",
             Window::CalendarMonth => "calendar_month",
@@ -69,7 +69,7 @@ impl Window {
     }
 
     /// The first day (days since 1970-01-01, UTC) inside the window.
-    pub fn first_day(self, today: u32) -> u32 {
+    fn first_day(self, today: u32) -> u32 {
         match self {
             Window::Rolling30d => today.saturating_sub(ROLLING_DAYS - 1),
             Window::CalendarMonth => {
@@ -80,7 +80,7 @@ impl Window {
     }
 
     /// When spend of `day` stops counting.
-    pub fn expires(self, day: u32) -> u32 {
+    pub(crate) fn expires(self, day: u32) -> u32 {
         match self {
             Window::Rolling30d => day + ROLLING_DAYS,
             Window::CalendarMonth => {
@@ -101,17 +101,17 @@ pub fn today() -> u32 {
     crate::clock::Clock::default().today()
 }
 
-pub fn day_of(date: NaiveDate) -> u32 {
+pub(crate) fn day_of(date: NaiveDate) -> u32 {
     let epoch = NaiveDate::from_ymd_opt(1970, 1, 1).unwrap_or_default();
     u32::try_from((date - epoch).num_days()).unwrap_or(0)
 }
 
-pub fn date_of(day: u32) -> NaiveDate {
+pub(crate) fn date_of(day: u32) -> NaiveDate {
     DateTime::from_timestamp(i64::from(day) * 86_400, 0).map_or_else(NaiveDate::default, |t| t.date_naive())
 }
 
 /// Route under which lapsed reservations are recorded as spend.
-pub const UNSETTLED: &str = "unsettled";
+const UNSETTLED: &str = "unsettled";
 
 /// Credits held for one upstream call in flight.
 #[derive(Debug, PartialEq, Eq)]
@@ -127,7 +127,7 @@ pub struct Reservation {
 }
 
 /// A new reservation id.
-pub fn new_id() -> u64 {
+fn new_id() -> u64 {
     // Never 0: the Redis reserve script answers 0 for a refusal.
     rand::random::<u64>().max(1)
 }
@@ -152,16 +152,16 @@ pub struct TeamUsage {
 
 /// One row of the chargeback CSV.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct UsageRow {
-    pub team: String,
-    pub day: u32,
-    pub route: String,
-    pub spent: u64,
-    pub saved: u64,
+pub(crate) struct UsageRow {
+    pub(crate) team: String,
+    pub(crate) day: u32,
+    pub(crate) route: String,
+    pub(crate) spent: u64,
+    pub(crate) saved: u64,
 }
 
 #[derive(Debug)]
-pub struct LedgerError(pub String);
+pub struct LedgerError(String);
 
 impl std::fmt::Display for LedgerError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -196,7 +196,7 @@ impl Ledger {
     /// Gives the credits back: the call failed and the upstream charged
     /// nothing. Best effort: a release that is lost leaves the reservation
     /// to lapse into spend (over-, never under-charged).
-    pub async fn release(&self, r: Reservation) {
+    pub(crate) async fn release(&self, r: Reservation) {
         match self {
             Ledger::File(l) => l.release(r),
             Ledger::Redis(l) => l.release(r).await,
@@ -205,7 +205,7 @@ impl Ledger {
 
     /// Credits a cache hit saved a team (best effort: chargeback detail
     /// only). Never waits: the hit path must not pay for bookkeeping.
-    pub fn record_saved(&self, team: &str, route: Route, credits: u64) {
+    pub(crate) fn record_saved(&self, team: &str, route: Route, credits: u64) {
         match self {
             Ledger::File(l) => l.record_saved(team, route, credits, self.today()),
             Ledger::Redis(l) => l.record_saved(team, route, credits, self.today()),
@@ -215,7 +215,7 @@ impl Ledger {
     /// Credits spent in the window, for the budget headers of every answer:
     /// the file store sums memory; the Redis store keeps each team's figure
     /// for up to a second (refreshed at once after that team's settles).
-    pub async fn used(&self, team: &str) -> Result<u64, LedgerError> {
+    pub(crate) async fn used(&self, team: &str) -> Result<u64, LedgerError> {
         match self {
             Ledger::File(l) => Ok(l.used(team, self.today())),
             Ledger::Redis(l) => l.used(team, self.today()).await,
@@ -230,7 +230,7 @@ impl Ledger {
     }
 
     /// Per team, day and route, between two days inclusive.
-    pub async fn rows(&self, teams: &[String], from: u32, to: u32) -> Result<Vec<UsageRow>, LedgerError> {
+    pub(crate) async fn rows(&self, teams: &[String], from: u32, to: u32) -> Result<Vec<UsageRow>, LedgerError> {
         match self {
             Ledger::File(l) => Ok(l.rows(from, to).await),
             Ledger::Redis(l) => l.rows(teams, from, to).await,
@@ -239,7 +239,7 @@ impl Ledger {
 
     /// For /readyz: `Err` when the store cannot take a settle now; the
     /// `Ok` text is a note for operators (e.g. Redis without AOF).
-    pub async fn check(&self) -> Result<&'static str, String> {
+    pub(crate) async fn check(&self) -> Result<&'static str, String> {
         match self {
             Ledger::File(l) => l.check().map(|()| "ok"),
             Ledger::Redis(l) => l.check().await,
@@ -255,7 +255,7 @@ impl Ledger {
         }
     }
 
-    pub fn window(&self) -> Window {
+    pub(crate) fn window(&self) -> Window {
         match self {
             Ledger::File(l) => l.window,
             Ledger::Redis(l) => l.window,

@@ -81,9 +81,9 @@ pub struct RedisLedger {
     reserve: Script,
     settle: Script,
     lease: Duration,
-    pub window: Window,
+    pub(super) window: Window,
     /// Days booked and reservation expiries (shifted only in tests).
-    pub clock: Clock,
+    pub(super) clock: Clock,
 }
 
 impl RedisLedger {
@@ -216,7 +216,7 @@ impl RedisLedger {
 
     /// Frees the credits, retried like a settle; one that never lands lets
     /// the reservation lapse into spend (over-, never under-charged).
-    pub async fn release(&self, r: Reservation) {
+    pub(super) async fn release(&self, r: Reservation) {
         let key = self.keys.ledger(&r.team, LedgerKey::Held);
         let once = || async {
             let key = key.clone();
@@ -229,13 +229,13 @@ impl RedisLedger {
         let _ = once.retry(until(r.settle_by)).await;
     }
 
-    pub fn record_saved(&self, team: &str, route: Route, credits: u64, today: u32) {
+    pub(super) fn record_saved(&self, team: &str, route: Route, credits: u64, today: u32) {
         if credits > 0 {
             self.saved.add(team, today, route, credits);
         }
     }
 
-    pub async fn used(&self, team: &str, today: u32) -> Result<u64, LedgerError> {
+    pub(super) async fn used(&self, team: &str, today: u32) -> Result<u64, LedgerError> {
         let fresh = Duration::from_secs(1);
         if let Some((used, at)) = self.recent_lock().get(team) {
             if at.elapsed() < fresh {
@@ -273,7 +273,7 @@ impl RedisLedger {
         })
     }
 
-    pub async fn rows(&self, teams: &[String], from: u32, to: u32) -> Result<Vec<UsageRow>, LedgerError> {
+    pub(super) async fn rows(&self, teams: &[String], from: u32, to: u32) -> Result<Vec<UsageRow>, LedgerError> {
         let mut rows: Vec<UsageRow> = Vec::new();
         for team in teams {
             let key = self.keys.ledger(team, LedgerKey::Routes);
@@ -324,7 +324,7 @@ impl RedisLedger {
 
     /// Reachable (on a cluster: every slot covered), and whether spend
     /// survives a Redis restart (AOF).
-    pub async fn check(&self) -> Result<&'static str, String> {
+    pub(super) async fn check(&self) -> Result<&'static str, String> {
         self.redis.check_ledger_ready().await
     }
 }

@@ -10,7 +10,7 @@ use std::collections::HashMap;
 use std::sync::Mutex;
 
 /// How often the tally is written out.
-pub const FLUSH_EVERY: std::time::Duration = std::time::Duration::from_secs(2);
+pub(super) const FLUSH_EVERY: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// team → (day, route) → credits saved, not yet written (foldhash: two
 /// lookups on every hit).
@@ -18,7 +18,7 @@ type Pending = HashMap<String, HashMap<(u32, Route), u64, Fold>, Fold>;
 type Fold = foldhash::fast::RandomState;
 
 #[derive(Default)]
-pub struct SavedTally {
+pub(super) struct SavedTally {
     pending: Mutex<Pending>,
 }
 
@@ -28,7 +28,7 @@ impl SavedTally {
     }
 
     /// Adds a hit's savings; allocates only for a team's first hit of a flush.
-    pub fn add(&self, team: &str, day: u32, route: Route, credits: u64) {
+    pub(super) fn add(&self, team: &str, day: u32, route: Route, credits: u64) {
         let mut pending = self.lock();
         match pending.get_mut(team) {
             Some(per_team) => *per_team.entry((day, route)).or_insert(0) += credits,
@@ -41,7 +41,7 @@ impl SavedTally {
     }
 
     /// Everything pending, emptied: (team, day, route, credits).
-    pub fn take(&self) -> Vec<(String, u32, Route, u64)> {
+    pub(super) fn take(&self) -> Vec<(String, u32, Route, u64)> {
         let pending = std::mem::take(&mut *self.lock());
         pending
             .into_iter()
@@ -53,14 +53,14 @@ impl SavedTally {
     }
 
     /// Puts back what could not be written, to try again next time.
-    pub fn restore(&self, rows: Vec<(String, u32, Route, u64)>) {
+    pub(super) fn restore(&self, rows: Vec<(String, u32, Route, u64)>) {
         for (team, day, route, credits) in rows {
             self.add(&team, day, route, credits);
         }
     }
 
     /// Adds what is pending to report rows (the CSV is never behind).
-    pub fn merge_into(&self, rows: &mut Vec<UsageRow>, from: u32, to: u32) {
+    pub(super) fn merge_into(&self, rows: &mut Vec<UsageRow>, from: u32, to: u32) {
         for (team, per_team) in self.lock().iter() {
             for ((day, route), credits) in per_team {
                 if !(from..=to).contains(day) {

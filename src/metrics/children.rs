@@ -19,24 +19,24 @@ type ByCache<T> = [T; CACHE_STATES.len()];
 
 /// One route's children that do not depend on the team.
 pub(super) struct RouteChildren {
-    pub durations: ByCache<Histogram>,
-    pub hits: [IntCounter; TIERS.len()],
+    pub(super) durations: ByCache<Histogram>,
+    pub(super) hits: [IntCounter; TIERS.len()],
 }
 
 /// One team's children, by route index.
 pub(super) struct TeamChildren {
     /// `gateway_requests_total{status="200"}` by cache state.
-    pub answered: Vec<ByCache<IntCounter>>,
-    pub saved: Vec<IntCounter>,
+    pub(super) answered: Vec<ByCache<IntCounter>>,
+    pub(super) saved: Vec<IntCounter>,
 }
 
 pub(super) struct Children {
-    pub routes: Vec<RouteChildren>,
+    pub(super) routes: Vec<RouteChildren>,
     teams: ArcSwap<HashMap<String, Arc<TeamChildren>, foldhash::fast::RandomState>>,
 }
 
 impl Children {
-    pub fn new(durations: &HistogramVec, hits: &IntCounterVec) -> Children {
+    pub(super) fn new(durations: &HistogramVec, hits: &IntCounterVec) -> Children {
         let routes = Route::ALL
             .iter()
             .map(|route| {
@@ -54,7 +54,7 @@ impl Children {
     }
 
     /// Resolves the children of exactly these teams (start-up and reload).
-    pub fn set_teams<'a>(
+    pub(super) fn set_teams<'a>(
         &self,
         teams: impl IntoIterator<Item = &'a str>,
         requests: &IntCounterVec,
@@ -83,7 +83,7 @@ impl Children {
     /// Runs `f` on a team's children, if the table holds the team. Borrowed
     /// under arc-swap's guard: cloning the `Arc` would make both cores
     /// write its count on every request.
-    pub fn with_team<R>(&self, team: &str, f: impl FnOnce(&TeamChildren) -> R) -> Option<R> {
+    pub(super) fn with_team<R>(&self, team: &str, f: impl FnOnce(&TeamChildren) -> R) -> Option<R> {
         self.teams.load().get(team).map(|t| f(t))
     }
 }

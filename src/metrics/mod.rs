@@ -12,7 +12,8 @@ mod children;
 mod record;
 
 use children::Children;
-pub use record::{LedgerOp, RecordSource, RedisOp, Scope, Tier, UpstreamAnswer};
+pub(crate) use record::{LedgerOp, RecordSource, Scope, UpstreamAnswer};
+pub use record::{RedisOp, Tier};
 
 use prometheus::{
     Encoder, Gauge, GaugeVec, Histogram, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, IntGaugeVec, Opts,
@@ -34,20 +35,20 @@ pub struct Metrics {
     credits_saved_total: IntCounterVec,
     team_credits_used: IntGaugeVec,
     team_credit_limit: IntGaugeVec,
-    pub upstream_credits_remaining: IntGauge,
-    pub upstream_credit_limit: IntGauge,
+    pub(crate) upstream_credits_remaining: IntGauge,
+    pub(crate) upstream_credit_limit: IntGauge,
     quota_rejections_total: IntCounterVec,
     rate_limited_total: IntCounterVec,
     coalesced_requests_total: IntCounterVec,
     cache_entries: IntGaugeVec,
     cache_size_bytes: IntGaugeVec,
     backend_errors_total: IntCounterVec,
-    pub upstream_queue_depth: IntGauge,
+    pub(crate) upstream_queue_depth: IntGauge,
     build_info: GaugeVec,
     /// Not in the contract table: how often an upstream call was retried.
     upstream_retries_total: IntCounterVec,
     /// Not in the contract table: time a call waited for the upstream rate.
-    pub upstream_queue_wait_seconds: Histogram,
+    pub(crate) upstream_queue_wait_seconds: Histogram,
     /// Not in the contract table: open team connections.
     pub open_connections: Gauge,
     /// Not in the contract table: metered calls answered 402 without asking
@@ -58,7 +59,7 @@ pub struct Metrics {
     credit_anomalies_total: IntCounterVec,
     /// Not in the contract table: the org's spend seen upstream minus the
     /// sum of the team ledgers (reconciliation).
-    pub untracked_credits: IntGauge,
+    pub(crate) untracked_credits: IntGauge,
     /// Not in the contract table: ids of id lookups by where their answer
     /// came from (`cache::records`).
     cache_records_total: IntCounterVec,
@@ -287,9 +288,9 @@ pub mod labels {
     /// `tier`: every [`Tier`].
     pub const TIERS: [&str; 2] = [Tier::Memory.as_str(), Tier::Redis.as_str()];
     /// `scope` of `gateway_rate_limited_total`: every [`Scope`].
-    pub const SCOPES: [&str; 2] = [Scope::Team.as_str(), Scope::Upstream.as_str()];
+    pub(super) const SCOPES: [&str; 2] = [Scope::Team.as_str(), Scope::Upstream.as_str()];
     /// `op` of `gateway_backend_errors_total{backend="ledger"}`: every [`LedgerOp`].
-    pub const LEDGER_OPS: [&str; 3] = [
+    pub(super) const LEDGER_OPS: [&str; 3] = [
         LedgerOp::Reserve.as_str(),
         LedgerOp::Settle.as_str(),
         LedgerOp::Usage.as_str(),
@@ -306,7 +307,7 @@ pub mod labels {
     };
     /// The status a zero child is created with: the label is an open set,
     /// and one child is enough for the family and for `rate()` to start at 0.
-    pub const STATUS_OK: &str = "200";
+    pub(super) const STATUS_OK: &str = "200";
 }
 
 impl Metrics {

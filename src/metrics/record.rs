@@ -12,7 +12,7 @@ use std::time::Duration;
 
 /// Which limit refused a request with 429 (`scope` label).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Scope {
+pub(crate) enum Scope {
     /// The team's own `requests_per_minute`.
     Team,
     /// The shared upstream rate: the fair queue's wait would pass its bound,
@@ -21,7 +21,7 @@ pub enum Scope {
 }
 
 impl Scope {
-    pub const fn as_str(self) -> &'static str {
+    pub(super) const fn as_str(self) -> &'static str {
         match self {
             Scope::Team => "team",
             Scope::Upstream => "upstream",
@@ -47,14 +47,14 @@ impl Tier {
 
 /// A ledger operation that failed (`op` label with `backend="ledger"`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum LedgerOp {
+pub(crate) enum LedgerOp {
     Reserve,
     Settle,
     Usage,
 }
 
 impl LedgerOp {
-    pub const fn as_str(self) -> &'static str {
+    pub(super) const fn as_str(self) -> &'static str {
         match self {
             LedgerOp::Reserve => "reserve",
             LedgerOp::Settle => "settle",
@@ -123,7 +123,7 @@ impl RedisOp {
 
 /// Where an id of an id lookup got its answer (`source` label).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum RecordSource {
+pub(crate) enum RecordSource {
     /// A record held from an earlier lookup.
     Cache,
     /// An absence held from an earlier lookup.
@@ -135,7 +135,7 @@ pub enum RecordSource {
 }
 
 impl RecordSource {
-    pub const fn as_str(self) -> &'static str {
+    const fn as_str(self) -> &'static str {
         match self {
             RecordSource::Cache => "cache",
             RecordSource::Absent => "absent",
@@ -147,7 +147,7 @@ impl RecordSource {
 
 /// How an upstream attempt ended (`status` label of the upstream requests).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum UpstreamAnswer {
+pub(crate) enum UpstreamAnswer {
     Status(StatusCode),
     /// The call's deadline passed, retries included.
     Timeout,
@@ -174,7 +174,7 @@ fn clamp(n: u64) -> i64 {
 impl Metrics {
     /// A team request answered; `cache` is its `X-Cache` state
     /// (`CacheState::as_str`, a fixed set of four).
-    pub fn request(&self, team: &str, route: Route, status: StatusCode, cache: &'static str, took: Duration) {
+    pub(crate) fn request(&self, team: &str, route: Route, status: StatusCode, cache: &'static str, took: Duration) {
         let (r, c) = (route.index(), cache_index(cache));
         let counted = match (status, c) {
             (StatusCode::OK, Some(c)) => self.children.with_team(team, |t| t.answered[r][c].inc()),
@@ -197,45 +197,45 @@ impl Metrics {
 
     /// A request refused with 429: counted once, where the error becomes
     /// the response, so a refusal rescued by a stale copy is not counted.
-    pub fn rate_limited(&self, team: &str, scope: Scope) {
+    pub(crate) fn rate_limited(&self, team: &str, scope: Scope) {
         self.rate_limited_total.with_label_values(&[team, scope.as_str()]).inc();
     }
 
     /// A request refused with 402 by the team's budget.
-    pub fn quota_rejection(&self, team: &str) {
+    pub(crate) fn quota_rejection(&self, team: &str) {
         self.quota_rejections_total.with_label_values(&[team]).inc();
     }
 
-    pub fn cache_hit(&self, route: Route, tier: Tier) {
+    pub(crate) fn cache_hit(&self, route: Route, tier: Tier) {
         self.children.routes[route.index()].hits[tier as usize].inc();
     }
 
     /// A tier's size as last observed.
-    pub fn cache_size(&self, tier: Tier, entries: u64, bytes: u64) {
+    pub(crate) fn cache_size(&self, tier: Tier, entries: u64, bytes: u64) {
         let tier = tier.as_str();
         self.cache_entries.with_label_values(&[tier]).set(clamp(entries));
         self.cache_size_bytes.with_label_values(&[tier]).set(clamp(bytes));
     }
 
     /// A request answered by another request's upstream fetch.
-    pub fn coalesced(&self, route: Route) {
+    pub(crate) fn coalesced(&self, route: Route) {
         self.coalesced_requests_total.with_label_values(&[route.as_str()]).inc();
     }
 
     /// `ids` ids of an id lookup answered from `source`.
-    pub fn cache_records(&self, route: Route, source: RecordSource, ids: u64) {
+    pub(crate) fn cache_records(&self, route: Route, source: RecordSource, ids: u64) {
         self.cache_records_total
             .with_label_values(&[route.as_str(), source.as_str()])
             .inc_by(ids);
     }
 
-    pub fn credits_spent(&self, team: &str, route: Route, credits: u64) {
+    pub(crate) fn credits_spent(&self, team: &str, route: Route, credits: u64) {
         self.credits_spent_total
             .with_label_values(&[team, route.as_str()])
             .inc_by(credits);
     }
 
-    pub fn credits_saved(&self, team: &str, route: Route, credits: u64) {
+    pub(crate) fn credits_saved(&self, team: &str, route: Route, credits: u64) {
         let r = route.index();
         if self.children.with_team(team, |t| t.saved[r].inc_by(credits)).is_none() {
             self.credits_saved_total
@@ -245,52 +245,52 @@ impl Metrics {
     }
 
     /// An upstream charge above the call's reservation.
-    pub fn credit_anomaly(&self, team: &str) {
+    pub(crate) fn credit_anomaly(&self, team: &str) {
         self.credit_anomalies_total.with_label_values(&[team]).inc();
     }
 
     /// A metered call answered 402 while the org is out of credits.
-    pub fn upstream_exhausted(&self, team: &str) {
+    pub(crate) fn upstream_exhausted(&self, team: &str) {
         self.upstream_exhausted_total.with_label_values(&[team]).inc();
     }
 
-    pub fn upstream_answer(&self, route: Route, answer: UpstreamAnswer) {
+    pub(crate) fn upstream_answer(&self, route: Route, answer: UpstreamAnswer) {
         self.upstream_requests_total
             .with_label_values(&[route.as_str(), answer.as_str()])
             .inc();
     }
 
     /// An upstream call's whole duration, retries included.
-    pub fn upstream_duration(&self, route: Route, took: Duration) {
+    pub(crate) fn upstream_duration(&self, route: Route, took: Duration) {
         self.upstream_request_duration_seconds
             .with_label_values(&[route.as_str()])
             .observe(took.as_secs_f64());
     }
 
-    pub fn upstream_retry(&self, route: Route) {
+    pub(crate) fn upstream_retry(&self, route: Route) {
         self.upstream_retries_total.with_label_values(&[route.as_str()]).inc();
     }
 
-    pub fn redis_error(&self, op: RedisOp) {
+    pub(crate) fn redis_error(&self, op: RedisOp) {
         self.backend_errors_total
             .with_label_values(&["redis", op.as_str()])
             .inc();
     }
 
-    pub fn ledger_error(&self, op: LedgerOp) {
+    pub(crate) fn ledger_error(&self, op: LedgerOp) {
         self.backend_errors_total
             .with_label_values(&["ledger", op.as_str()])
             .inc();
     }
 
-    pub fn team_credits_used(&self, team: &str, used: u64) {
+    pub(crate) fn team_credits_used(&self, team: &str, used: u64) {
         self.team_credits_used.with_label_values(&[team]).set(clamp(used));
     }
 
     /// Publishes the configured teams: their limits (teams removed by a
     /// reload disappear), and their anomaly counters at 0 from the start,
     /// so an alert on its increase sees the first.
-    pub fn publish_teams<'t>(&self, teams: impl Iterator<Item = (&'t str, Option<u64>)>) {
+    pub(crate) fn publish_teams<'t>(&self, teams: impl Iterator<Item = (&'t str, Option<u64>)>) {
         self.team_credit_limit.reset();
         for (team, limit) in teams {
             self.credit_anomalies_total.with_label_values(&[team]);
@@ -302,7 +302,7 @@ impl Metrics {
 
     /// Forgets the used-credits gauge of every team, before a scrape sets
     /// the current teams' again (a removed team must not linger).
-    pub fn reset_team_credits_used(&self) {
+    pub(crate) fn reset_team_credits_used(&self) {
         self.team_credits_used.reset();
     }
 }

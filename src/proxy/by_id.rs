@@ -44,7 +44,7 @@ type Held = Option<Arc<Entry>>;
 
 /// The answer of an id lookup from held records and the missing ids'
 /// fetch; `None` when this request is not one (the page path answers it).
-pub async fn answer<B>(app: &Arc<App>, ask: &Ask<'_, B>, ctx: &mut RequestContext) -> Option<Answer> {
+pub(super) async fn answer<B>(app: &Arc<App>, ask: &Ask<'_, B>, ctx: &mut RequestContext) -> Option<Answer> {
     let (d, target) = (&ask.directives, &ask.target);
     let resource = Resource::of_lookup(target.route)?;
     if !app.cache.record_reuse() || d.no_cache {

@@ -21,19 +21,19 @@ use std::time::Duration;
 use tracing::Level;
 
 /// What one request asks for, once it is known who asks.
-pub struct Ask<'r, B> {
-    pub req: &'r Request<B>,
-    pub trace: Trace,
-    pub directives: Directives,
-    pub team: Arc<Team>,
-    pub target: Target,
+pub(super) struct Ask<'r, B> {
+    pub(super) req: &'r Request<B>,
+    pub(super) trace: Trace,
+    pub(super) directives: Directives,
+    pub(super) team: Arc<Team>,
+    pub(super) target: Target,
     /// `None`: never cached.
-    pub key: Option<String>,
+    pub(super) key: Option<String>,
 }
 
 impl<B> Ask<'_, B> {
     /// The fetch this request would start; built only on a miss.
-    pub fn job(&self, request_id: &str) -> Job {
+    pub(super) fn job(&self, request_id: &str) -> Job {
         Job {
             team: self.team.clone(),
             target: self.target.clone(),
@@ -51,19 +51,19 @@ impl<B> Ask<'_, B> {
 
 /// What a fetch needs to know, owned so the fetch can outlive the request.
 #[derive(Clone)]
-pub struct Job {
-    pub team: Arc<Team>,
-    pub target: Target,
+pub(super) struct Job {
+    pub(super) team: Arc<Team>,
+    pub(super) target: Target,
     /// `None`: not cacheable, no coalescing.
-    pub key: Option<String>,
+    pub(super) key: Option<String>,
     /// The client said `no-cache`: the answer must come from the upstream.
-    pub no_cache: bool,
+    pub(super) no_cache: bool,
     /// The client said `no-store`.
-    pub no_store: bool,
-    pub request_id: String,
+    pub(super) no_store: bool,
+    pub(super) request_id: String,
     /// The W3C trace the upstream call continues.
-    pub trace: Trace,
-    pub accept: Option<http::HeaderValue>,
+    pub(super) trace: Trace,
+    pub(super) accept: Option<http::HeaderValue>,
 }
 
 /// How the cache took part in an answer (the `X-Cache` header and the
@@ -87,7 +87,7 @@ impl CacheState {
     }
 
     /// The `X-Cache` header value.
-    pub fn header(self) -> &'static str {
+    pub(super) fn header(self) -> &'static str {
         match self {
             CacheState::Hit => "HIT",
             CacheState::Miss => "MISS",
@@ -98,24 +98,24 @@ impl CacheState {
 }
 
 /// Label used for requests that never reached authentication.
-pub const NO_TEAM: &str = "unauthenticated";
+const NO_TEAM: &str = "unauthenticated";
 
 /// What the phases of one request learned about it.
 #[derive(Debug)]
-pub struct RequestContext {
-    pub request_id: String,
+pub(crate) struct RequestContext {
+    pub(super) request_id: String,
     /// The W3C trace: its id goes in the access-log line.
-    pub trace: Trace,
-    pub team: Option<String>,
-    pub route: Option<Route>,
-    pub cache: CacheState,
+    pub(super) trace: Trace,
+    pub(super) team: Option<String>,
+    pub(super) route: Option<Route>,
+    pub(super) cache: CacheState,
     /// Credits charged to the team for this answer.
-    pub credits: u64,
-    pub fault: Option<Fault>,
+    pub(super) credits: u64,
+    pub(super) fault: Option<Fault>,
 }
 
 impl RequestContext {
-    pub fn new(request_id: String, trace: Trace) -> RequestContext {
+    pub(super) fn new(request_id: String, trace: Trace) -> RequestContext {
         RequestContext {
             request_id,
             trace,
@@ -128,7 +128,7 @@ impl RequestContext {
     }
 
     /// Records the request's metrics and writes its access-log line.
-    pub fn finish(&self, metrics: &Metrics, method: &Method, status: StatusCode, took: Duration) {
+    pub(super) fn finish(&self, metrics: &Metrics, method: &Method, status: StatusCode, took: Duration) {
         let team = self.team.as_deref().unwrap_or(NO_TEAM);
         // Refused before routing (a 405, a path outside /v2): "other", so the
         // label stays inside the contract's route names.
@@ -190,7 +190,7 @@ impl RequestContext {
     /// The access-log line of a background refresh (stale-while-revalidate):
     /// no client waits for it and no request metric counts it, but its
     /// credits are the team's and must be visible.
-    pub fn log_refresh(&self, status: StatusCode, took: Duration) {
+    pub(super) fn log_refresh(&self, status: StatusCode, took: Duration) {
         let route = self.route.unwrap_or(Route::Other).as_str();
         let cache = self.cache.as_str();
         if self.preformatted(Level::INFO, "GET", status, took, true) {

@@ -22,18 +22,18 @@ use std::sync::Arc;
 use std::time::Duration;
 use tracing::Instrument;
 
-pub const X_CREDITS_REQUEST: HeaderName = HeaderName::from_static("x-credits-request");
-pub const X_CREDITS_LIMIT: HeaderName = HeaderName::from_static("x-credits-limit");
-pub const X_CREDITS_REMAINING: HeaderName = HeaderName::from_static("x-credits-remaining");
+pub(super) const X_CREDITS_REQUEST: HeaderName = HeaderName::from_static("x-credits-request");
+const X_CREDITS_LIMIT: HeaderName = HeaderName::from_static("x-credits-limit");
+const X_CREDITS_REMAINING: HeaderName = HeaderName::from_static("x-credits-remaining");
 
 /// What one upstream answer costs the team that fetched it, and what it is
 /// worth to the followers and hits it serves.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Charge {
+pub(super) struct Charge {
     /// Settled in the team's ledger: what the upstream billed.
-    pub credits: u64,
+    pub(super) credits: u64,
     /// `credits` bounded by the reservation.
-    pub worth: u64,
+    pub(super) worth: u64,
 }
 
 /// The charge of an answer from its status, its `X-Credits-Request` and, when
@@ -42,7 +42,13 @@ pub struct Charge {
 /// timed out): then only a head that carries its bill is charged (the
 /// upstream bills every metered 200 in `X-Credits-Request`; a head without
 /// it is the answer of a fault, not a bill).
-pub fn charge(status: StatusCode, headers: &HeaderMap, body: Option<&[u8]>, metered: bool, reserved: u64) -> Charge {
+pub(super) fn charge(
+    status: StatusCode,
+    headers: &HeaderMap,
+    body: Option<&[u8]>,
+    metered: bool,
+    reserved: u64,
+) -> Charge {
     if status != StatusCode::OK {
         return Charge { credits: 0, worth: 0 };
     }
@@ -65,7 +71,7 @@ pub fn charge(status: StatusCode, headers: &HeaderMap, body: Option<&[u8]>, mete
 const MAX_BILL: u64 = u32::MAX as u64;
 
 /// The upstream's bill in `X-Credits-Request`, when it is a number.
-pub fn billed(headers: &HeaderMap) -> Option<u64> {
+pub(super) fn billed(headers: &HeaderMap) -> Option<u64> {
     headers
         .get(X_CREDITS_REQUEST)
         .and_then(|v| v.to_str().ok())
@@ -74,7 +80,7 @@ pub fn billed(headers: &HeaderMap) -> Option<u64> {
 }
 
 /// Records in a page envelope; 0 when the body is not one.
-pub fn count_items(body: &[u8]) -> u64 {
+fn count_items(body: &[u8]) -> u64 {
     #[derive(serde::Deserialize)]
     struct Page {
         items: Vec<serde::de::IgnoredAny>,
@@ -92,7 +98,7 @@ pub fn count_items(body: &[u8]) -> u64 {
 /// that lowered the team's limit binds it; one that removed the team
 /// refuses it as the upstream refuses an unknown key (401).
 #[tracing::instrument(target = "permit_gateway::spans", name = "reserve", skip_all)]
-pub async fn reserve(app: &App, job: &Job) -> Result<Option<Reservation>, GatewayError> {
+pub(super) async fn reserve(app: &App, job: &Job) -> Result<Option<Reservation>, GatewayError> {
     let Some(team) = app.teams.load().by_name(&job.team.name).cloned() else {
         return Err(GatewayError::InvalidCredential);
     };
@@ -121,12 +127,12 @@ pub async fn reserve(app: &App, job: &Job) -> Result<Option<Reservation>, Gatewa
 
 /// The reservation's amount, or the route's estimate when there is none:
 /// the bound a charge is held against.
-pub fn reserved(job: &Job, reservation: Option<&Reservation>) -> u64 {
+pub(super) fn reserved(job: &Job, reservation: Option<&Reservation>) -> u64 {
     reservation.map_or_else(|| route::credit_estimate(&job.target), |r| r.amount)
 }
 
 /// Gives the credits back: the upstream charged nothing.
-pub async fn release(app: &App, reservation: Option<Reservation>) {
+pub(super) async fn release(app: &App, reservation: Option<Reservation>) {
     if let Some(r) = reservation {
         app.ledger.release(r).await;
     }
@@ -135,7 +141,7 @@ pub async fn release(app: &App, reservation: Option<Reservation>) {
 /// Phase 12: turns the reservation into what the upstream charged. Runs in
 /// the task that owns the call, so no client can cancel it halfway.
 #[tracing::instrument(target = "permit_gateway::spans", name = "settle", skip_all)]
-pub async fn settle(app: &App, job: &Job, reservation: Option<Reservation>, charge: Charge) {
+async fn settle(app: &App, job: &Job, reservation: Option<Reservation>, charge: Charge) {
     let route = job.target.route;
     let team = &job.team.name;
     let reserved = reserved(job, reservation.as_ref());
@@ -165,13 +171,13 @@ pub async fn settle(app: &App, job: &Job, reservation: Option<Reservation>, char
 /// The longest a finished call's answer waits for its settle; the settle
 /// goes on after it. Long enough that a healthy ledger (a Redis round trip,
 /// a group commit) is done first, so the team's budget headers show it.
-pub const SETTLE_WAIT: Duration = Duration::from_secs(1);
+const SETTLE_WAIT: Duration = Duration::from_secs(1);
 
 /// A settle running in a task of its own.
-pub type Settling = tokio::task::JoinHandle<()>;
+pub(super) type Settling = tokio::task::JoinHandle<()>;
 
 /// Phase 12 in its own task: no call waits on it, no client cancels it.
-pub fn settle_beside(app: &Arc<App>, job: &Job, reservation: Option<Reservation>, charge: Charge) -> Settling {
+pub(super) fn settle_beside(app: &Arc<App>, job: &Job, reservation: Option<Reservation>, charge: Charge) -> Settling {
     let (app, job) = (app.clone(), job.clone());
     // In the request's span, so an exported `settle` is its child even when
     // it ends after the answer.
@@ -179,7 +185,7 @@ pub fn settle_beside(app: &Arc<App>, job: &Job, reservation: Option<Reservation>
 }
 
 /// Waits up to [`SETTLE_WAIT`] for a settle, then leaves it to finish.
-pub async fn settled_or_late(settling: Settling) {
+pub(super) async fn settled_or_late(settling: Settling) {
     if tokio::time::timeout(SETTLE_WAIT, settling).await.is_err() {
         tracing::warn!("ledger settle still running: the answer goes out, the settle finishes behind it");
     }
@@ -193,7 +199,7 @@ pub async fn settled_or_late(settling: Settling) {
 /// upstream never charged (a crash). Both windows roll, so it is a trend.
 /// Run after every settle: settles are bounded by the upstream rate, and
 /// the ledgers answer `used` from memory (file) or a one-second cache (Redis).
-pub async fn reconcile(app: &App) {
+async fn reconcile(app: &App) {
     let Some(org_spent) = app.org.spent() else { return };
     let mut teams_spent: u64 = 0;
     for team in app.teams.load().iter() {
@@ -210,7 +216,7 @@ pub async fn reconcile(app: &App) {
 
 /// `X-Credits-Limit` and `X-Credits-Remaining` from the team's budget, and
 /// the used-credits gauge. A ledger that cannot answer just leaves them out.
-pub async fn team_budget_headers(app: &App, team: &str, headers: &mut HeaderMap) {
+pub(super) async fn team_budget_headers(app: &App, team: &str, headers: &mut HeaderMap) {
     let Some(limit) = app.teams.load().by_name(team).and_then(|t| t.credit_limit) else {
         return;
     };

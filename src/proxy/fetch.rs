@@ -31,7 +31,7 @@ use tracing::Instrument;
 
 /// How this request took part in the fetch.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Role {
+pub(super) enum Role {
     /// It fetched (and its team pays).
     Leader,
     /// Another request's fetch answered it.
@@ -43,7 +43,7 @@ pub enum Role {
 /// became [`GatewayError`]s where the fetch returned), or the org's 402
 /// (out of credits, passed on with the upstream's body). Then a stale copy
 /// answers when one is held, and a follower takes the failure as its own.
-pub fn upstream_failed(outcome: &Outcome) -> bool {
+pub(super) fn upstream_failed(outcome: &Outcome) -> bool {
     match outcome {
         Ok(f) => f.status == StatusCode::PAYMENT_REQUIRED && !f.from_cache,
         Err(e) => e.upstream_failed(),
@@ -53,7 +53,7 @@ pub fn upstream_failed(outcome: &Outcome) -> bool {
 /// One upstream fetch per key at a time in this process; the others wait
 /// for it. A follower whose leader failed for its own reasons (its budget,
 /// its rate) tries itself; an upstream failure is everyone's.
-pub async fn coalesced(app: &Arc<App>, job: Job) -> (Outcome, Role) {
+pub(super) async fn coalesced(app: &Arc<App>, job: Job) -> (Outcome, Role) {
     let Some(key) = job.key.clone() else {
         return (owned(app, job, None).await, Role::Leader);
     };

@@ -35,7 +35,8 @@ mod revalidate;
 mod spend;
 mod usage;
 
-pub use context::{CacheState, RequestContext};
+pub use context::CacheState;
+use context::RequestContext;
 
 use crate::app::App;
 use crate::cache::control::Directives;
@@ -51,7 +52,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 /// Answers one team request. Never fails: errors become responses here.
-pub async fn handle<B>(app: Arc<App>, req: Request<B>) -> Response<Body> {
+pub(crate) async fn handle<B>(app: Arc<App>, req: Request<B>) -> Response<Body> {
     let started = Instant::now();
     // The request's span: built only when spans are exported (see telemetry).
     let span = tracing::info_span!(
@@ -65,7 +66,7 @@ pub async fn handle<B>(app: Arc<App>, req: Request<B>) -> Response<Body> {
     let mut trace = Trace::from_headers(req.headers());
     trace.attach(&span);
     let mut ctx = RequestContext::new(request_id(req.headers()), trace);
-    let mut resp = match crate::in_span!(span.clone(), pipeline(&app, &req, &mut ctx)) {
+    let mut resp = match crate::telemetry::in_span!(span.clone(), pipeline(&app, &req, &mut ctx)) {
         Ok(resp) => resp,
         Err(e) => {
             ctx.fault = Some(e.fault());
@@ -200,7 +201,7 @@ async fn cached_or_fetched<B>(
     let mut cached = None;
     if let (Some(k), false) = (&ask.key, d.no_cache) {
         let span = tracing::info_span!(target: SPANS, "cache_lookup");
-        if let Some((entry, tier)) = crate::in_span!(span, app.cache.lookup(target.route, k)) {
+        if let Some((entry, tier)) = crate::telemetry::in_span!(span, app.cache.lookup(target.route, k)) {
             // A HEAD never buys, not even a background refresh (built only
             // when one starts: the hit path allocates no job).
             let buys = ask.req.method() != Method::HEAD;

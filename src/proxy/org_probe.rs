@@ -15,7 +15,7 @@ use std::sync::Arc;
 
 /// While the org is out of credits, the upstream's last 402 instead of a
 /// call that would be refused anyway.
-pub fn exhausted(app: &Arc<App>, job: &Job) -> Option<Arc<Fetched>> {
+pub(super) fn exhausted(app: &Arc<App>, job: &Job) -> Option<Arc<Fetched>> {
     let (headers, body) = app.org.exhausted()?;
     app.metrics.upstream_exhausted(&job.team.name);
     probe(app, job);

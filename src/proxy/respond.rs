@@ -30,7 +30,7 @@ use http_body_util::Full;
 use std::sync::Arc;
 use std::time::Duration;
 
-pub const X_CACHE: HeaderName = HeaderName::from_static("x-cache");
+const X_CACHE: HeaderName = HeaderName::from_static("x-cache");
 
 /// Headers of a 200 answer: Content-Type, X-Cache, Age, ETag,
 /// X-Credits-Request, X-Credits-Limit, X-Credits-Remaining, X-Request-Id.
@@ -73,7 +73,7 @@ fn number(n: u64) -> HeaderValue {
 
 /// A response from a cached entry: the team pays nothing and saves what the
 /// entry cost.
-pub fn from_cache<B>(
+pub(super) fn from_cache<B>(
     app: &App,
     team: &Team,
     target: &Target,
@@ -89,7 +89,7 @@ pub fn from_cache<B>(
 
 /// The response for a fetch: the leader pays what the upstream charged;
 /// followers and answers found in the cache are free (saved).
-pub fn from_fetched(
+pub(super) fn from_fetched(
     app: &App,
     team: &Team,
     target: &Target,
@@ -116,7 +116,7 @@ pub fn from_fetched(
 
 /// Credits a team did not spend because an answer was held: its metrics
 /// and its chargeback rows.
-pub fn saved(app: &App, team: &Team, target: &Target, credits: u64) {
+pub(super) fn saved(app: &App, team: &Team, target: &Target, credits: u64) {
     if credits > 0 {
         app.metrics.credits_saved(&team.name, target.route, credits);
         app.ledger.record_saved(&team.name, target.route, credits);
@@ -125,7 +125,7 @@ pub fn saved(app: &App, team: &Team, target: &Target, credits: u64) {
 
 /// The answer from a cached entry (HIT or STALE): 0 credits for the team,
 /// and 304 when the client already has this body.
-pub fn from_entry(entry: &Entry, state: CacheState, request_headers: &HeaderMap) -> Response<Body> {
+pub(super) fn from_entry(entry: &Entry, state: CacheState, request_headers: &HeaderMap) -> Response<Body> {
     let age = entry.age(now_ms()).as_secs();
     if !client_has(request_headers, &entry.etag) {
         return ok(entry.body.clone(), Some(&entry.etag), age, state, entry.route, 0);

@@ -18,7 +18,7 @@ use std::time::Instant;
 
 /// How a cached entry may answer this request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Use {
+pub(super) enum Use {
     /// Fresh enough: a hit.
     Hit,
     /// Expired, but the client's `max-stale` accepts it.
@@ -32,7 +32,7 @@ pub enum Use {
 
 /// How `entry` may answer a request with directives `d` at `now`;
 /// `revalidate_secs`: the stale-while-revalidate window (0: none).
-pub fn usable(entry: &Entry, d: &Directives, revalidate_secs: u64, now: u64) -> Use {
+pub(super) fn usable(entry: &Entry, d: &Directives, revalidate_secs: u64, now: u64) -> Use {
     let age = entry.age(now).as_secs();
     if d.max_age.is_some_and(|max| age > max) {
         return Use::FallbackOnly;
@@ -56,7 +56,7 @@ pub fn usable(entry: &Entry, d: &Directives, revalidate_secs: u64, now: u64) -> 
 /// refresh to start; `None` for a request that may not buy (a HEAD).
 ///
 /// [`REFRESH_EVERY`]: crate::cache::refresh::REFRESH_EVERY
-pub async fn accept(
+pub(super) async fn accept(
     app: &Arc<App>,
     entry: &Entry,
     d: &Directives,

@@ -22,11 +22,11 @@ use http::header::{HeaderName, HeaderValue};
 use http::Response;
 
 /// Says that the page was clamped, and what size was asked.
-pub const X_GATEWAY_CLAMPED: HeaderName = HeaderName::from_static("x-gateway-clamped");
+const X_GATEWAY_CLAMPED: HeaderName = HeaderName::from_static("x-gateway-clamped");
 
 /// A fresh answer derived from another key's entry, or `None`. Stale held
 /// answers are not used: an expired entry answers only its own key.
-pub async fn derived<B>(app: &App, ask: &Ask<'_, B>, ctx: &mut RequestContext) -> Option<Response<Body>> {
+pub(super) async fn derived<B>(app: &App, ask: &Ask<'_, B>, ctx: &mut RequestContext) -> Option<Response<Body>> {
     let key = ask.key.as_deref()?;
     if ask.directives.no_cache {
         return None;
@@ -50,16 +50,16 @@ pub async fn derived<B>(app: &App, ask: &Ask<'_, B>, ctx: &mut RequestContext) -
 }
 
 /// A request clamped to the team's remaining credits.
-pub struct Clamped {
-    pub target: Target,
-    pub key: Option<String>,
+pub(super) struct Clamped {
+    pub(super) target: Target,
+    pub(super) key: Option<String>,
     /// The size the team asked for (the header's value).
-    pub asked: u64,
+    pub(super) asked: u64,
 }
 
 /// The clamped request, when the team opted in and its remaining credits
 /// cover at least one record but not the page asked for.
-pub async fn clamp<B>(app: &App, ask: &Ask<'_, B>) -> Option<Clamped> {
+pub(super) async fn clamp<B>(app: &App, ask: &Ask<'_, B>) -> Option<Clamped> {
     let team = &ask.team;
     if !team.clamp_to_budget || !ask.target.route.is_metered() {
         return None;
@@ -83,7 +83,7 @@ pub async fn clamp<B>(app: &App, ask: &Ask<'_, B>) -> Option<Clamped> {
 }
 
 /// Marks a successful answer to a clamped request.
-pub fn mark(resp: &mut Response<Body>, asked: u64) {
+pub(super) fn mark(resp: &mut Response<Body>, asked: u64) {
     if resp.status().is_success() {
         resp.headers_mut().insert(X_GATEWAY_CLAMPED, HeaderValue::from(asked));
     }

@@ -11,7 +11,7 @@ use http::{Response, StatusCode};
 use serde_json::json;
 
 /// `GET /v2/usage` for one team, in the upstream's usage shape.
-pub async fn usage(app: &App, team: &Team) -> Result<Response<Body>, GatewayError> {
+pub(super) async fn usage(app: &App, team: &Team) -> Result<Response<Body>, GatewayError> {
     let usage = app.ledger.usage(&team.name).await.map_err(|e| {
         app.metrics.ledger_error(crate::metrics::LedgerOp::Usage);
         tracing::error!(team = %team.name, error = %e, "ledger usage failed");

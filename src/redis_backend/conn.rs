@@ -27,14 +27,14 @@ use super::sentinel::{SentinelConn, SentinelTarget};
 use super::tls::TlsFiles;
 
 /// The scheme of a cluster URL.
-pub const CLUSTER_SCHEME: &str = "redis+cluster://";
+const CLUSTER_SCHEME: &str = "redis+cluster://";
 /// The scheme of a cluster URL over TLS.
-pub const TLS_CLUSTER_SCHEME: &str = "rediss+cluster://";
+const TLS_CLUSTER_SCHEME: &str = "rediss+cluster://";
 
 /// What a `redis_url` points at. No `Debug` with the URLs: they may carry
 /// a password.
 #[derive(PartialEq)]
-pub enum Target {
+pub(crate) enum Target {
     /// One server (or a proxy in front of several): the URL as given.
     Standalone(String),
     /// Seed nodes of a cluster, each as a `redis://` (or `rediss://`) URL
@@ -46,7 +46,7 @@ pub enum Target {
 
 impl Target {
     /// Parses a `redis_url`. Errors never echo the URL: it may hold a password.
-    pub fn parse(url: &str) -> Result<Target, String> {
+    pub(crate) fn parse(url: &str) -> Result<Target, String> {
         if let Some(sentinel) = SentinelTarget::parse(url) {
             return sentinel.map(Target::Sentinel);
         }
@@ -87,7 +87,7 @@ impl Target {
 
     /// The addresses a TLS target is first reached at (the start-up probe):
     /// empty when it is not TLS. A Sentinel's primary is known only later.
-    pub fn tls_addresses(&self) -> Vec<(String, u16)> {
+    pub(super) fn tls_addresses(&self) -> Vec<(String, u16)> {
         match self {
             Target::Standalone(url) => super::tls::tls_address(url).into_iter().collect(),
             Target::Cluster(nodes) => nodes.iter().filter_map(|n| super::tls::tls_address(n)).collect(),
@@ -110,7 +110,7 @@ impl std::fmt::Debug for Target {
 /// A connection of either kind; cheap to clone (both are handles to one
 /// multiplexed connection per server).
 #[derive(Clone)]
-pub enum Conn {
+pub(crate) enum Conn {
     Standalone(ConnectionManager),
     Cluster(ClusterConnection),
     Sentinel(SentinelConn),
@@ -119,7 +119,7 @@ pub enum Conn {
 impl Conn {
     /// Connects lazily: nothing is contacted here, so a Redis that is down
     /// at start-up does not stop the gateway.
-    pub fn open(target: &Target, tls: &Tls, timeout: Duration) -> redis::RedisResult<Conn> {
+    pub(super) fn open(target: &Target, tls: &Tls, timeout: Duration) -> redis::RedisResult<Conn> {
         let connect_timeout = timeout.max(Duration::from_millis(200));
         match target {
             Target::Standalone(url) => {
@@ -171,10 +171,10 @@ impl Conn {
 /// `[redis]` as the connections use it: the TLS files, read once, and the
 /// Sentinels' own login. No `Debug`: keys and passwords.
 #[derive(Clone, Default)]
-pub struct Tls {
-    pub files: TlsFiles,
-    pub sentinel_username: Option<String>,
-    pub sentinel_password: Option<String>,
+pub(crate) struct Tls {
+    pub(crate) files: TlsFiles,
+    pub(crate) sentinel_username: Option<String>,
+    pub(crate) sentinel_password: Option<String>,
 }
 
 impl ConnectionLike for Conn {

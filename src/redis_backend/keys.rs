@@ -29,7 +29,7 @@ use sha2::{Digest, Sha256};
 /// A team's ledger keys, one `{team}` tag for all: the reserve and settle
 /// scripts touch them together (`src/ledger/redis.rs` says what each holds).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum LedgerKey {
+pub(crate) enum LedgerKey {
     Days,
     Held,
     Routes,
@@ -58,12 +58,12 @@ impl LedgerKey {
 /// The Redis keys of one gateway: every key starts with its prefix, so
 /// gateways (or tests) with different prefixes share a Redis safely.
 #[derive(Debug, Clone)]
-pub struct Keys {
+pub(crate) struct Keys {
     prefix: String,
 }
 
 impl Keys {
-    pub fn new(prefix: &str) -> Keys {
+    pub(crate) fn new(prefix: &str) -> Keys {
         Keys {
             prefix: prefix.to_string(),
         }
@@ -73,7 +73,7 @@ impl Keys {
     /// a route's keys ([`Keys::purge_pattern`]); the `{hash}` tag puts it
     /// in its lease's slot ([`Keys::lease`]), so one primary answers a
     /// waiter's poll of both and a failover moves both at once.
-    pub fn entry(&self, route: Route, cache_key: &str) -> String {
+    pub(crate) fn entry(&self, route: Route, cache_key: &str) -> String {
         self.cached(route, "", cache_key)
     }
 
@@ -81,7 +81,7 @@ impl Keys {
     /// (`cache::spend`). Marked `i:` so that it can be counted apart from
     /// the answers bought (`bench/run.py` counts the keys bought so); never leased: never
     /// fetched under this key.
-    pub fn complete_index(&self, route: Route, index_key: &str) -> String {
+    pub(crate) fn complete_index(&self, route: Route, index_key: &str) -> String {
         self.cached(route, "i:", index_key)
     }
 
@@ -91,13 +91,13 @@ impl Keys {
 
     /// The cross-replica fetch lease of a cache key (`cache::lease`): the
     /// same `{hash}` tag as the entry it guards.
-    pub fn lease(&self, cache_key: &str) -> String {
+    pub(crate) fn lease(&self, cache_key: &str) -> String {
         format!("{}lease:{{{}}}", self.prefix, hash(cache_key))
     }
 
     /// What a purge `SCAN`s for: every entry, or one route's (its complete
     /// indexes and, for a lookup route, its records included).
-    pub fn purge_pattern(&self, route: Option<Route>) -> String {
+    pub(crate) fn purge_pattern(&self, route: Option<Route>) -> String {
         match route {
             None => format!("{}c:*", self.prefix),
             Some(r) => format!("{}c:{}:*", self.prefix, r.as_str()),
@@ -106,24 +106,24 @@ impl Keys {
 
     /// The purges of every replica (`cache::purge`): route name or `all` →
     /// the token of its last purge. Untagged: read alone, by one command.
-    pub fn purges(&self) -> String {
+    pub(crate) fn purges(&self) -> String {
         format!("{}purges", self.prefix)
     }
 
     /// One of a team's ledger keys; the `{team}` tag keeps a script's keys
     /// (and the saved-credits pipeline of one team) in one slot.
-    pub fn ledger(&self, team: &str, key: LedgerKey) -> String {
+    pub(crate) fn ledger(&self, team: &str, key: LedgerKey) -> String {
         format!("{}l:{{{team}}}:{}", self.prefix, key.suffix())
     }
 
     /// The shared upstream rate's GCRA state (`shared_rate`).
-    pub fn rate(&self) -> String {
+    pub(crate) fn rate(&self) -> String {
         format!("{}{{rate}}:upstream", self.prefix)
     }
 
     /// The pause every replica honours after an upstream 429; `{rate}` as
     /// [`Keys::rate`]: the rate script reads both.
-    pub fn rate_pause(&self) -> String {
+    pub(crate) fn rate_pause(&self) -> String {
         format!("{}{{rate}}:upstream:pause", self.prefix)
     }
 }
@@ -132,7 +132,7 @@ impl Keys {
 /// tag of its L2 entry and of its lease. Here because its bytes are part of
 /// those Redis keys. `rec ` cannot begin a page key (`k1 /v2/…`), so the
 /// two never meet in L1.
-pub fn record_key(lookup_route: Route, id: &str) -> String {
+pub(crate) fn record_key(lookup_route: Route, id: &str) -> String {
     format!("rec {} {id}", lookup_route.as_str())
 }
 

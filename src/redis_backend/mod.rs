@@ -19,9 +19,8 @@ mod nodes;
 mod sentinel;
 mod tls;
 
-pub use conn::{Conn, Target, Tls, CLUSTER_SCHEME, TLS_CLUSTER_SCHEME};
-pub use sentinel::{SENTINEL_SCHEME, TLS_SENTINEL_SCHEME};
-pub use tls::TlsFiles;
+pub(crate) use conn::{Conn, Target, Tls};
+pub(crate) use tls::TlsFiles;
 
 use crate::clock::now_ms;
 use crate::metrics::Metrics;
@@ -34,7 +33,7 @@ use std::time::Duration;
 const TRIP_AFTER: u32 = 3;
 
 #[derive(Debug)]
-pub enum BackendError {
+pub(crate) enum BackendError {
     /// The breaker is open: Redis failed recently, not tried.
     Open,
     /// The call took longer than the timeout.
@@ -75,7 +74,7 @@ impl RedisBackend {
     /// one probe first: a certificate that does not match is an error here
     /// (naming the setting), not a breaker that stays open. `key` is the
     /// URL's setting, for errors.
-    pub fn with_tls(
+    pub(crate) fn with_tls(
         key: &str,
         url: &str,
         tls: &Tls,
@@ -97,7 +96,7 @@ impl RedisBackend {
 
     /// Runs one command (or pipeline, or script invocation) under the
     /// timeout and the breaker. `op` labels the error metric.
-    pub async fn call<T, F, Fut>(&self, op: RedisOp, f: F) -> Result<T, BackendError>
+    pub(crate) async fn call<T, F, Fut>(&self, op: RedisOp, f: F) -> Result<T, BackendError>
     where
         F: FnOnce(Conn) -> Fut,
         Fut: std::future::Future<Output = redis::RedisResult<T>>,
@@ -144,7 +143,7 @@ impl RedisBackend {
     /// finds its old connection dead (the manager reconnects only then), and
     /// a budget must not answer 503 for that. Once: a Redis that is down
     /// stays a quick failure.
-    pub async fn call_reconnecting<T, F, Fut>(&self, op: RedisOp, f: F) -> Result<T, BackendError>
+    pub(crate) async fn call_reconnecting<T, F, Fut>(&self, op: RedisOp, f: F) -> Result<T, BackendError>
     where
         F: Fn(Conn) -> Fut,
         Fut: std::future::Future<Output = redis::RedisResult<T>>,
@@ -172,13 +171,13 @@ impl RedisBackend {
     }
 
     /// True for a Redis Cluster.
-    pub fn is_cluster(&self) -> bool {
+    fn is_cluster(&self) -> bool {
         matches!(self.conn, Conn::Cluster(_))
     }
 
     /// Why a failed call failed, for `/readyz`: a Sentinel that named no
     /// primary says so; otherwise just "unreachable". Never a URL.
-    pub fn unready_reason(&self) -> String {
+    pub(crate) fn unready_reason(&self) -> String {
         match &self.conn {
             Conn::Sentinel(s) => s.last_error().unwrap_or_else(|| "unreachable".into()),
             _ => "unreachable".into(),
@@ -186,7 +185,7 @@ impl RedisBackend {
     }
 
     /// PING under the breaker: readiness probes and recovery.
-    pub async fn ping(&self) -> Result<(), BackendError> {
+    pub(crate) async fn ping(&self) -> Result<(), BackendError> {
         self.call(RedisOp::Ping, |mut c| async move {
             redis::cmd("PING").query_async::<String>(&mut c).await
         })

@@ -15,7 +15,7 @@ const SCAN_COUNT: u64 = 500;
 impl RedisBackend {
     /// `cmd` run once on every primary: `(address, answer)` pairs. A
     /// standalone Redis answers once, with an empty address.
-    pub async fn each_primary<T>(&self, op: RedisOp, cmd: Cmd) -> Result<Vec<(String, T)>, BackendError>
+    async fn each_primary<T>(&self, op: RedisOp, cmd: Cmd) -> Result<Vec<(String, T)>, BackendError>
     where
         T: FromRedisValue + Send + 'static,
     {
@@ -47,7 +47,7 @@ impl RedisBackend {
     /// Deletes every key matching `pattern` with SCAN + UNLINK in batches
     /// (never KEYS, which blocks a shared Redis), on every primary. Returns
     /// how many keys went; stops early (keeping the count) if Redis fails.
-    pub async fn scan_delete(&self, op: RedisOp, pattern: &str) -> u64 {
+    pub(crate) async fn scan_delete(&self, op: RedisOp, pattern: &str) -> u64 {
         let Ok(primaries) = self.each_primary::<Value>(op, redis::cmd("PING")).await else {
             return 0;
         };
@@ -104,7 +104,7 @@ impl RedisBackend {
 
     /// Keys and used memory summed over every primary (the whole Redis: it
     /// may hold the ledger and other data too).
-    pub async fn key_and_memory_totals(&self, op: RedisOp) -> Result<(i64, i64), BackendError> {
+    pub(crate) async fn key_and_memory_totals(&self, op: RedisOp) -> Result<(i64, i64), BackendError> {
         let keys: i64 = self
             .each_primary::<i64>(op, redis::cmd("DBSIZE"))
             .await?
@@ -124,7 +124,7 @@ impl RedisBackend {
 
     /// Whether the ledger can know: every primary reachable and, on a
     /// cluster, every slot covered. `Ok` carries a note on durability.
-    pub async fn check_ledger_ready(&self) -> Result<&'static str, String> {
+    pub(crate) async fn check_ledger_ready(&self) -> Result<&'static str, String> {
         if self.is_cluster() {
             let mut info = redis::cmd("CLUSTER");
             info.arg("INFO");

@@ -22,23 +22,23 @@ use redis::{RedisError, RedisFuture, RedisResult, ServerErrorKind, TlsMode, Valu
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-pub const SENTINEL_SCHEME: &str = "redis+sentinel://";
-pub const TLS_SENTINEL_SCHEME: &str = "rediss+sentinel://";
+const SENTINEL_SCHEME: &str = "redis+sentinel://";
+const TLS_SENTINEL_SCHEME: &str = "rediss+sentinel://";
 
 /// A parsed Sentinel URL. `Debug` hides the login.
 #[derive(PartialEq)]
-pub struct SentinelTarget {
-    pub sentinels: Vec<(String, u16)>,
-    pub service: String,
-    pub tls: bool,
-    pub username: Option<String>,
-    pub password: Option<String>,
-    pub db: i64,
+pub(crate) struct SentinelTarget {
+    pub(super) sentinels: Vec<(String, u16)>,
+    service: String,
+    pub(super) tls: bool,
+    username: Option<String>,
+    password: Option<String>,
+    db: i64,
 }
 
 impl SentinelTarget {
     /// `None` when `url` is not a Sentinel URL. Errors never echo the URL.
-    pub fn parse(url: &str) -> Option<Result<SentinelTarget, String>> {
+    pub(super) fn parse(url: &str) -> Option<Result<SentinelTarget, String>> {
         let (rest, tls) = match url.strip_prefix(SENTINEL_SCHEME) {
             Some(rest) => (rest, false),
             None => (url.strip_prefix(TLS_SENTINEL_SCHEME)?, true),
@@ -103,7 +103,7 @@ fn parse_rest(rest: &str, tls: bool) -> Result<SentinelTarget, String> {
 
 /// Connection to whichever node the Sentinels name the primary; cheap to clone.
 #[derive(Clone)]
-pub struct SentinelConn(Arc<Shared>);
+pub(crate) struct SentinelConn(Arc<Shared>);
 
 struct Shared {
     client: tokio::sync::Mutex<SentinelClient>,
@@ -120,7 +120,7 @@ struct Shared {
 
 impl SentinelConn {
     /// Nothing is contacted here: the first call asks the Sentinels.
-    pub fn open(
+    pub(super) fn open(
         target: &SentinelTarget,
         tls: &TlsFiles,
         sentinel_login: (Option<&str>, Option<&str>),
@@ -172,7 +172,7 @@ impl SentinelConn {
     }
 
     /// Why the Sentinels named no primary the last time they were asked.
-    pub fn last_error(&self) -> Option<String> {
+    pub(super) fn last_error(&self) -> Option<String> {
         self.0.last_error.lock().map(|e| e.clone()).unwrap_or(None)
     }
 

@@ -27,7 +27,7 @@ const PROBE_ANSWER: Duration = Duration::from_secs(3);
 /// The PEM bytes of `redis.tls_ca_file` and of the client certificate and
 /// key. No `Debug`: the key is a secret.
 #[derive(Clone, Default)]
-pub struct TlsFiles {
+pub(crate) struct TlsFiles {
     ca: Option<Vec<u8>>,
     client: Option<(Vec<u8>, Vec<u8>)>,
 }
@@ -35,7 +35,11 @@ pub struct TlsFiles {
 impl TlsFiles {
     /// Reads and checks the files; errors name the setting and the path
     /// (never the contents).
-    pub fn load(ca_file: Option<&Path>, cert_file: Option<&Path>, key_file: Option<&Path>) -> Result<TlsFiles, String> {
+    pub(crate) fn load(
+        ca_file: Option<&Path>,
+        cert_file: Option<&Path>,
+        key_file: Option<&Path>,
+    ) -> Result<TlsFiles, String> {
         let ca = match ca_file {
             Some(path) => {
                 let pem = read("redis.tls_ca_file", path)?;
@@ -65,7 +69,7 @@ impl TlsFiles {
     }
 
     /// What redis-rs takes; `None` when nothing is configured (public roots).
-    pub fn certificates(&self) -> Option<TlsCertificates> {
+    pub(super) fn certificates(&self) -> Option<TlsCertificates> {
         if self.ca.is_none() && self.client.is_none() {
             return None;
         }
@@ -106,7 +110,7 @@ impl TlsFiles {
     /// `Err` when the TLS setup is what fails (certificate not trusted,
     /// client certificate refused), naming the setting. `key` is the URL's
     /// setting (`cache.redis_url`, ...). Unreachable addresses pass.
-    pub fn probe(&self, key: &str, addrs: &[(String, u16)]) -> Result<(), String> {
+    pub(super) fn probe(&self, key: &str, addrs: &[(String, u16)]) -> Result<(), String> {
         let config = Arc::new(self.client_config()?);
         for (host, port) in addrs {
             match probe_one(&config, host, *port) {
@@ -144,7 +148,7 @@ impl TlsFiles {
 
 /// The host and port of every address a TLS target starts from (`None`
 /// for an address that is not TLS).
-pub fn tls_address(url: &str) -> Option<(String, u16)> {
+pub(super) fn tls_address(url: &str) -> Option<(String, u16)> {
     match url.into_connection_info().ok()?.addr() {
         ConnectionAddr::TcpTls { host, port, .. } => Some((host.clone(), *port)),
         _ => None,

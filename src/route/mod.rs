@@ -15,17 +15,17 @@
 
 #[cfg(test)]
 mod conformance;
-pub mod params;
+mod params;
 mod path;
 pub mod table;
 
-pub use params::{credit_estimate, page_size_asked, validate};
+pub(crate) use params::{credit_estimate, page_size_asked, validate};
 pub use path::classify;
 
 use table::{Cost, Kind, Row, TtlClass, TABLE};
 
 /// How many routes there are (the 34 vendor operations and `other`).
-pub const ROUTES: usize = 35;
+const ROUTES: usize = 35;
 
 /// Every route name the gateway reports. Unknown `/v2` paths are `Other`.
 ///
@@ -130,22 +130,22 @@ impl Route {
         self.row().cost != Cost::Free
     }
 
-    pub fn ttl_class(self) -> TtlClass {
+    pub(crate) fn ttl_class(self) -> TtlClass {
         self.row().ttl
     }
 
     /// How this route's upstream operation reads a query parameter; `None`
     /// when it does not declare it.
-    pub fn param(self, name: &str) -> Option<Kind> {
+    pub(crate) fn param(self, name: &str) -> Option<Kind> {
         self.row().param(name)
     }
 
     /// The route's stable code (its row), as stored in L2 entries.
-    pub fn index(self) -> usize {
+    pub(crate) fn index(self) -> usize {
         self as usize
     }
 
-    pub fn from_index(i: usize) -> Option<Route> {
+    pub(crate) fn from_index(i: usize) -> Option<Route> {
         Route::ALL.get(i).copied()
     }
 }

@@ -54,7 +54,7 @@ fn read(query: Option<&str>) -> Read<'_> {
 /// Refuses, with the upstream's 422, a query whose `size` or `id` list the
 /// upstream would refuse. Free operations are checked too: the upstream
 /// refuses them alike, and the answer is then the same whatever the cache.
-pub fn validate(target: &Target) -> Result<(), GatewayError> {
+pub(crate) fn validate(target: &Target) -> Result<(), GatewayError> {
     let row = target.route.row();
     let read = read(target.query.as_deref());
     let mut violations = Vec::new();
@@ -89,7 +89,7 @@ pub fn validate(target: &Target) -> Result<(), GatewayError> {
 /// parts would refuse a team the credits the call cannot cost.
 /// Called after [`validate`]; a value that would not validate counts as the
 /// largest page.
-pub fn credit_estimate(target: &Target) -> u64 {
+pub(crate) fn credit_estimate(target: &Target) -> u64 {
     let cost = target.route.row().cost;
     if cost == Cost::Free {
         return 0;
@@ -117,7 +117,7 @@ pub fn credit_estimate(target: &Target) -> u64 {
 /// The page size a paged operation is asked for (absent: the default), as
 /// the upstream reads it; `None` on an operation without `size` or for a
 /// value the upstream refuses.
-pub fn page_size_asked(target: &Target) -> Option<u64> {
+pub(crate) fn page_size_asked(target: &Target) -> Option<u64> {
     target.route.row().param("size").filter(|k| *k == Kind::Size)?;
     match read(target.query.as_deref()).size.as_deref() {
         None => Some(SIZE_DEFAULT),

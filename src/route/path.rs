@@ -25,7 +25,7 @@ const SEGMENT: &AsciiSet = &CONTROLS
 
 /// More query parameters than any upstream call takes: the rest is abuse,
 /// refused before anyone sorts thousands of pairs.
-pub const MAX_QUERY_PARAMS: usize = 256;
+const MAX_QUERY_PARAMS: usize = 256;
 
 /// Classifies a request target; the method has been checked already.
 pub fn classify(uri: &Uri, max_uri_bytes: usize) -> Result<Target, GatewayError> {

@@ -66,7 +66,7 @@ impl TtlClass {
 
 /// How the upstream (FastAPI + Pydantic v2) reads one declared parameter.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Kind {
+pub(crate) enum Kind {
     /// A repeatable filter with set semantics (documented AND/OR sets):
     /// order and repeats do not matter, within `max_items`.
     Set { max_items: Option<usize> },
@@ -89,28 +89,28 @@ pub enum Kind {
 
 /// One declared query parameter.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Param {
-    pub name: &'static str,
-    pub kind: Kind,
+pub(super) struct Param {
+    pub(super) name: &'static str,
+    kind: Kind,
 }
 
 /// One row: an operation (or `other`).
 #[derive(Debug)]
 pub struct Row {
-    pub route: Route,
+    pub(super) route: Route,
     /// The metric label; a contract (docs/design.md §3.5) for the first 18 rows.
-    pub name: &'static str,
+    pub(super) name: &'static str,
     /// The OpenAPI path under `/v2`, `{..}` matching one segment; `None` for `other`.
     pub pattern: Option<&'static str>,
     pub cost: Cost,
     pub ttl: TtlClass,
     /// Declared query parameters, in groups shared between operations.
-    pub params: &'static [&'static [Param]],
+    pub(super) params: &'static [&'static [Param]],
 }
 
 impl Row {
     /// How this operation reads `name`; `None` when it does not declare it.
-    pub fn param(&self, name: &str) -> Option<Kind> {
+    pub(super) fn param(&self, name: &str) -> Option<Kind> {
         self.params
             .iter()
             .flat_map(|g| g.iter())
@@ -242,7 +242,7 @@ use TtlClass::{Records, Reference, Release};
 
 /// Every route, in [`Route`] discriminant order (checked by a test).
 #[rustfmt::skip]
-pub static TABLE: [Row; super::ROUTES] = [
+pub(super) static TABLE: [Row; super::ROUTES] = [
     // The 18 routes of docs/design.md §3.5 (contract names), in their original order.
     row(Route::PermitsSearch, "permits_search", "permits/search", Page, Records,
         &[PERMIT_FILTERS, &[p("permit_has_contractor", Kind::Flag { default: None })], PAGE, COUNT]),
@@ -310,7 +310,7 @@ static PATTERNS: LazyLock<Vec<(Route, Vec<&'static str>)>> = LazyLock::new(|| {
 });
 
 /// The route of a decoded path below `/v2` (`["permits", "search"]`).
-pub fn route_of(rest: &[&str]) -> Route {
+pub(super) fn route_of(rest: &[&str]) -> Route {
     PATTERNS
         .iter()
         .find(|(_, pattern)| matches(pattern, rest))

@@ -25,7 +25,7 @@ use std::task::{Context, Poll, Waker};
 
 /// The frame size HTTP/2 answers are cut into: h2's default maximum frame
 /// size, so cutting costs no extra frames.
-pub const CHUNK: usize = crate::config::HTTP2_CHUNK_BYTES;
+const CHUNK: usize = crate::config::HTTP2_CHUNK_BYTES;
 
 /// The piece HTTP/1.1 answers are handed to hyper in: its write buffer's
 /// size, so that it asks for the next one only once the client took most of
@@ -34,13 +34,13 @@ pub const CHUNK: usize = crate::config::HTTP2_CHUNK_BYTES;
 const HTTP1_CHUNK: usize = 64 * 1024;
 
 /// Response bytes held for HTTP/2 streams, against a bound.
-pub struct Budget {
+pub(super) struct Budget {
     max: usize,
     used: AtomicUsize,
 }
 
 impl Budget {
-    pub fn new(max: usize) -> Arc<Budget> {
+    pub(super) fn new(max: usize) -> Arc<Budget> {
         Arc::new(Budget {
             max,
             used: AtomicUsize::new(0),
@@ -48,7 +48,7 @@ impl Budget {
     }
 
     /// Whether a new stream may start: the bound is not reached.
-    pub fn has_room(&self) -> bool {
+    pub(super) fn has_room(&self) -> bool {
         self.used.load(Ordering::Acquire) < self.max
     }
 
@@ -67,14 +67,14 @@ impl Budget {
 
     /// Bytes held now.
     #[cfg(test)]
-    pub fn used(&self) -> usize {
+    fn used(&self) -> usize {
         self.used.load(Ordering::Acquire)
     }
 }
 
 /// A response body that keeps its connection busy (never evicted, its
 /// stalls seen by the driver) until the client has taken the last frame.
-pub struct Outgoing {
+pub(super) struct Outgoing {
     rest: Bytes,
     /// The largest frame handed out at once.
     chunk: usize,
@@ -88,7 +88,7 @@ pub struct Outgoing {
 impl Outgoing {
     /// Wraps `body`; for HTTP/2, its bytes are counted in `budget`. `Err`
     /// gives the request's guard back when they do not fit.
-    pub fn new(
+    pub(super) fn new(
         body: Body,
         conn: &Arc<Conn>,
         in_flight: InFlight,
@@ -109,7 +109,7 @@ impl Outgoing {
     }
 
     /// Wraps `body` without counting it (HTTP/1.1, small refusals).
-    pub fn uncounted(rest: Bytes, conn: &Arc<Conn>, in_flight: InFlight) -> Outgoing {
+    pub(super) fn uncounted(rest: Bytes, conn: &Arc<Conn>, in_flight: InFlight) -> Outgoing {
         let guards = (!rest.is_empty()).then(|| (in_flight, conn.sending()));
         Outgoing {
             rest,
@@ -130,7 +130,7 @@ impl Outgoing {
 }
 
 /// The bytes of a `Full` body, taken out at once (it is always ready).
-pub fn bytes_of(mut body: Body) -> Bytes {
+pub(super) fn bytes_of(mut body: Body) -> Bytes {
     let mut cx = Context::from_waker(Waker::noop());
     match hyper::body::Body::poll_frame(Pin::new(&mut body), &mut cx) {
         Poll::Ready(Some(Ok(frame))) => frame.into_data().unwrap_or_default(),

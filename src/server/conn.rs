@@ -45,15 +45,15 @@ use tokio_rustls::TlsAcceptor;
 
 /// The per-connection deadlines (see the module doc).
 #[derive(Clone, Copy, Debug)]
-pub struct Timeouts {
-    pub header_read: Duration,
-    pub idle: Duration,
-    pub write: Duration,
+pub(crate) struct Timeouts {
+    pub(super) header_read: Duration,
+    pub(super) idle: Duration,
+    pub(super) write: Duration,
 }
 
 /// Serves one connection until it ends, is ordered closed, or a deadline
 /// passes. Holding `slot` keeps its place in the registry.
-pub async fn serve<H, F>(
+pub(super) async fn serve<H, F>(
     stream: TcpStream,
     tls: Option<TlsAcceptor>,
     builder: Arc<auto::Builder<TokioExecutor>>,

@@ -30,7 +30,7 @@ use tokio::sync::{watch, Notify};
 
 /// What a connection's driver is told to do.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Order {
+pub(super) enum Order {
     Serve,
     /// Finish what is in flight, take nothing new (shutdown).
     Drain,
@@ -43,7 +43,7 @@ pub enum Order {
 }
 
 /// The registry of one listener's connections, oldest first.
-pub struct Conns {
+pub(super) struct Conns {
     max: usize,
     max_per_peer: usize,
     open: Mutex<Open>,
@@ -61,7 +61,7 @@ struct Open {
 /// One connection's shared state: written by its request handlers and
 /// response bodies, read by its driver and by the registry when it looks
 /// for room.
-pub struct Conn {
+pub(crate) struct Conn {
     id: u64,
     peer: IpAddr,
     born: Instant,
@@ -86,19 +86,19 @@ pub struct Conn {
 }
 
 /// A connection's place in the registry; dropping it frees the place.
-pub struct Slot {
+pub(super) struct Slot {
     conns: Arc<Conns>,
     conn: Arc<Conn>,
 }
 
 /// A request in flight on a connection, until dropped.
-pub struct InFlight(Arc<Conn>);
+pub(super) struct InFlight(Arc<Conn>);
 
 /// An answer being sent on a connection, until dropped.
-pub struct Sending(Arc<Conn>);
+pub(super) struct Sending(Arc<Conn>);
 
 impl Conns {
-    pub fn new(max: usize, max_per_peer: usize) -> Arc<Conns> {
+    pub(super) fn new(max: usize, max_per_peer: usize) -> Arc<Conns> {
         Arc::new(Conns {
             max: max.max(1),
             max_per_peer: max_per_peer.max(1),
@@ -118,7 +118,7 @@ impl Conns {
     /// close). Waits only while every open connection has something in
     /// flight. `None`: the peer is at its own limit with every one of its
     /// connections busy; the newcomer is refused.
-    pub async fn admit(self: &Arc<Self>, peer: IpAddr) -> Option<Slot> {
+    pub(super) async fn admit(self: &Arc<Self>, peer: IpAddr) -> Option<Slot> {
         {
             let open = self.lock();
             if open.per_peer.get(&peer).copied().unwrap_or(0) >= self.max_per_peer {
@@ -157,14 +157,14 @@ impl Conns {
     }
 
     /// Sends `order` to every open connection.
-    pub fn order_all(&self, order: Order) {
+    pub(super) fn order_all(&self, order: Order) {
         for conn in self.lock().by_id.values() {
             conn.order(order);
         }
     }
 
     /// Resolves once no connection is open.
-    pub async fn all_closed(&self) {
+    pub(super) async fn all_closed(&self) {
         loop {
             if self.lock().by_id.is_empty() {
                 return;
@@ -217,7 +217,7 @@ impl Conn {
         });
     }
 
-    pub fn orders(&self) -> watch::Receiver<Order> {
+    pub(super) fn orders(&self) -> watch::Receiver<Order> {
         self.orders.subscribe()
     }
 
@@ -250,7 +250,7 @@ impl Conn {
     }
 
     /// A request with a valid token of `team` came on this connection.
-    pub fn mark_teamed(&self, team: &str) {
+    pub(super) fn mark_teamed(&self, team: &str) {
         use std::hash::{Hash, Hasher};
         let mut h = std::hash::DefaultHasher::new();
         team.hash(&mut h);
@@ -259,7 +259,7 @@ impl Conn {
     }
 
     /// Marks a request as started (its head arrived) until the guard drops.
-    pub fn begin(self: &Arc<Self>, http2: bool) -> InFlight {
+    pub(super) fn begin(self: &Arc<Self>, http2: bool) -> InFlight {
         self.in_flight.fetch_add(1, Ordering::AcqRel);
         self.started.store(true, Ordering::Release);
         if http2 {
@@ -269,7 +269,7 @@ impl Conn {
     }
 
     /// Marks an answer as being sent until the guard drops.
-    pub fn sending(self: &Arc<Self>) -> Sending {
+    pub(super) fn sending(self: &Arc<Self>) -> Sending {
         self.progressed();
         if self.sending.fetch_add(1, Ordering::AcqRel) == 0 {
             self.sending_started.notify_one();
@@ -278,18 +278,18 @@ impl Conn {
     }
 
     /// Resolves when an answer starts being sent while none was.
-    pub async fn started_sending(&self) {
+    pub(super) async fn started_sending(&self) {
         self.sending_started.notified().await;
     }
 
     /// An answer on this connection made progress (a chunk was taken).
-    pub fn progressed(&self) {
+    fn progressed(&self) {
         self.progress_ms.store(self.now_ms(), Ordering::Release);
     }
 
     /// How long answers have been waiting to be sent without progress;
     /// `None` while none is being sent.
-    pub fn stalled_for(&self) -> Option<Duration> {
+    pub(super) fn stalled_for(&self) -> Option<Duration> {
         if self.sending.load(Ordering::Acquire) == 0 {
             return None;
         }
@@ -302,16 +302,16 @@ impl Conn {
     }
 
     /// Whether a complete request head has arrived yet.
-    pub fn started(&self) -> bool {
+    pub(super) fn started(&self) -> bool {
         self.started.load(Ordering::Acquire)
     }
 
-    pub fn http2(&self) -> bool {
+    pub(super) fn http2(&self) -> bool {
         self.http2.load(Ordering::Relaxed)
     }
 
     /// How long nothing has been in flight; `None` while something is.
-    pub fn idle_for(&self) -> Option<Duration> {
+    pub(super) fn idle_for(&self) -> Option<Duration> {
         if self.in_flight.load(Ordering::Acquire) > 0 {
             return None;
         }
@@ -321,7 +321,7 @@ impl Conn {
 }
 
 impl Slot {
-    pub fn conn(&self) -> &Arc<Conn> {
+    pub(super) fn conn(&self) -> &Arc<Conn> {
         &self.conn
     }
 }
@@ -354,7 +354,7 @@ impl Drop for InFlight {
 
 impl Sending {
     /// The answer made progress: the client took a chunk.
-    pub fn progressed(&self) {
+    pub(super) fn progressed(&self) {
         self.0.progressed();
     }
 }

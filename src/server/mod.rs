@@ -15,8 +15,7 @@ mod conns;
 
 use crate::config::ServerConfig;
 use crate::http_util::Body;
-pub use body::CHUNK;
-pub use conn::Timeouts;
+use conn::Timeouts;
 use conns::{Conns, Order};
 use hyper::body::Incoming;
 use hyper::{Request, Response};
@@ -32,17 +31,17 @@ use tokio_rustls::TlsAcceptor;
 /// How a listener treats its connections.
 #[derive(Clone)]
 pub struct Limits {
-    pub max_connections: usize,
-    pub max_connections_per_peer: usize,
-    pub max_header_bytes: usize,
-    pub timeouts: Timeouts,
-    pub http2_max_concurrent_streams: u32,
+    pub(crate) max_connections: usize,
+    pub(crate) max_connections_per_peer: usize,
+    pub(crate) max_header_bytes: usize,
+    pub(crate) timeouts: Timeouts,
+    pub(crate) http2_max_concurrent_streams: u32,
     /// Answer bytes HTTP/2 streams may hold at once (`body.rs`).
-    pub http2_max_buffered_bytes: usize,
+    pub(crate) http2_max_buffered_bytes: usize,
     /// How long in-flight requests may run on after shutdown starts.
-    pub shutdown_grace: Duration,
+    pub(crate) shutdown_grace: Duration,
     /// Counts open connections (the team listener's; `None` for admin).
-    pub open_connections: Option<prometheus::Gauge>,
+    pub(crate) open_connections: Option<prometheus::Gauge>,
 }
 
 impl Limits {
@@ -66,7 +65,7 @@ impl Limits {
 
 /// An HTTP/2 connection's own buffers, an upper estimate: a 16 KiB frame
 /// buffer each way, HPACK tables, TLS records (docs/operations.md).
-pub const CONNECTION_BYTES: u64 = 64 * 1024;
+const CONNECTION_BYTES: u64 = 64 * 1024;
 /// One open HTTP/2 stream held back by flow control, its answer aside:
 /// h2's stream state, hyper's task for it, the answer head it sent.
 /// Measured about 9 KiB in a debug build (tests/it/siege/zero_window.rs); rounded up.
@@ -89,16 +88,16 @@ pub fn worst_case_bytes(limits: &Limits, connections: usize, max_response_bytes:
 /// that a valid team token came on it, which moves it to the back of the
 /// eviction order (`conns.rs`).
 #[derive(Clone)]
-pub struct ConnectionMark(Arc<conns::Conn>);
+pub(crate) struct ConnectionMark(Arc<conns::Conn>);
 
 impl ConnectionMark {
-    pub fn team_seen(&self, team: &str) {
+    pub(crate) fn team_seen(&self, team: &str) {
         self.0.mark_teamed(team);
     }
 }
 
 /// TLS for the team listener from PEM files, offering h2 and http/1.1.
-pub fn tls_acceptor(cert: &std::path::Path, key: &std::path::Path) -> Result<TlsAcceptor, String> {
+pub(crate) fn tls_acceptor(cert: &std::path::Path, key: &std::path::Path) -> Result<TlsAcceptor, String> {
     let certs = CertificateDer::pem_file_iter(cert)
         .and_then(|it| it.collect::<Result<Vec<_>, _>>())
         .map_err(|e| format!("server.tls_cert_file: {}: {e}", cert.display()))?;
@@ -146,7 +145,7 @@ const HTTP2_PING_INTERVAL: Duration = Duration::from_secs(30);
 /// Serves `listener` until `shutdown` resolves, then stops accepting and
 /// lets open requests finish within the grace period; what is left then is
 /// closed.
-pub async fn serve<H, F>(
+pub(crate) async fn serve<H, F>(
     listener: TcpListener,
     tls: Option<TlsAcceptor>,
     limits: Limits,

@@ -39,25 +39,25 @@ pub(super) fn install(writer: NonBlocking, json: bool) {
 }
 
 /// The fields of one access line, in the order they are written.
-pub struct Line<'a> {
-    pub level: Level,
-    pub request_id: &'a str,
-    pub trace_id: &'a dyn std::fmt::Display,
-    pub team: &'a str,
-    pub method: &'a str,
-    pub route: &'a str,
-    pub status: u16,
-    pub cache: &'a str,
-    pub credits: u64,
-    pub took: Duration,
+pub(crate) struct Line<'a> {
+    pub(crate) level: Level,
+    pub(crate) request_id: &'a str,
+    pub(crate) trace_id: &'a dyn std::fmt::Display,
+    pub(crate) team: &'a str,
+    pub(crate) method: &'a str,
+    pub(crate) route: &'a str,
+    pub(crate) status: u16,
+    pub(crate) cache: &'a str,
+    pub(crate) credits: u64,
+    pub(crate) took: Duration,
     /// A background refresh's line (no client waited for it).
-    pub refresh: bool,
+    pub(crate) refresh: bool,
 }
 
 /// Whether a preformatted line would be written at `level`: `None` when no
 /// sink is installed (log through `tracing`), `Some(false)` when
 /// `log.level` filters the access target at that level out.
-pub fn enabled(level: Level) -> Option<bool> {
+pub(crate) fn enabled(level: Level) -> Option<bool> {
     SINK.get()?;
     // Each arm is its own call site, whose interest the subscriber caches:
     // one relaxed load per request once the filter has answered.
@@ -70,7 +70,7 @@ pub fn enabled(level: Level) -> Option<bool> {
 
 /// Writes `line` if a sink is installed and `log.level` lets it through;
 /// `false` when the caller must log through `tracing` instead.
-pub fn write(line: &Line<'_>) -> bool {
+pub(crate) fn write(line: &Line<'_>) -> bool {
     let Some(sink) = SINK.get() else { return false };
     if enabled(line.level) != Some(true) {
         return true;

@@ -26,7 +26,7 @@ const EXPORT_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Builds the tracer provider and its tracer. Needs a tokio runtime (the
 /// exports run on it).
-pub fn tracer(cfg: &TracingConfig, endpoint: &str) -> Result<(SdkTracerProvider, Tracer), String> {
+pub(super) fn tracer(cfg: &TracingConfig, endpoint: &str) -> Result<(SdkTracerProvider, Tracer), String> {
     let runtime = tokio::runtime::Handle::try_current()
         .map_err(|_| "tracing.otlp_endpoint: span export needs the tokio runtime".to_string())?;
     let tls = rustls::ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))

@@ -33,7 +33,7 @@ thread_local! {
 
 /// The trace one request belongs to.
 #[derive(Debug, Clone)]
-pub struct Trace {
+pub(crate) struct Trace {
     /// The client's span (remote), or the root the gateway made up.
     parent: SpanContext,
     /// The client sent none: the gateway started this trace.
@@ -43,7 +43,7 @@ pub struct Trace {
 impl Trace {
     /// The client's context, or a new trace when it sent none or an invalid
     /// one (the W3C rule: an invalid `traceparent` is ignored).
-    pub fn from_headers(headers: &http::HeaderMap) -> Trace {
+    pub(crate) fn from_headers(headers: &http::HeaderMap) -> Trace {
         if !headers.contains_key(TRACEPARENT) {
             return Trace::start();
         }
@@ -68,14 +68,14 @@ impl Trace {
     }
 
     /// The trace id for the access log.
-    pub fn trace_id(&self) -> TraceId {
+    pub(crate) fn trace_id(&self) -> TraceId {
         self.parent.trace_id()
     }
 
     /// Makes `span` (the request's, when spans are exported) the child of
     /// the client's span; a trace the gateway started takes the id the
     /// exporter's span got, so the access log names the exported trace.
-    pub fn attach(&mut self, span: &tracing::Span) {
+    pub(crate) fn attach(&mut self, span: &tracing::Span) {
         if span.is_disabled() {
             return;
         }
@@ -92,7 +92,7 @@ impl Trace {
 
     /// Writes `traceparent` (and `tracestate`) for an upstream call made
     /// inside `span`.
-    pub fn inject(&self, span: &tracing::Span, headers: &mut http::HeaderMap) {
+    pub(crate) fn inject(&self, span: &tracing::Span, headers: &mut http::HeaderMap) {
         let own = (!span.is_disabled())
             .then(|| span.context())
             .filter(|cx| cx.span().span_context().is_valid());

@@ -49,16 +49,16 @@ pub(super) enum Op {
 
 /// A write, answered once it is durable (when someone waits for it).
 pub(super) struct Write {
-    pub op: Op,
-    pub done: Option<oneshot::Sender<Result<(), String>>>,
+    pub(super) op: Op,
+    pub(super) done: Option<oneshot::Sender<Result<(), String>>>,
 }
 
 /// What a start finds on disk.
 pub(super) struct Loaded {
     /// (team, day, credits spent) since the day asked for.
-    pub spend: Vec<(String, u32, u64)>,
+    pub(super) spend: Vec<(String, u32, u64)>,
     /// Reservations a dead process left, now counted as spent.
-    pub unsettled: usize,
+    pub(super) unsettled: usize,
 }
 
 /// Turns the reservations a dead process left into spend, then reads the

@@ -59,19 +59,15 @@ pub struct FileLedger {
     /// Joined on drop, so the file is closed when the ledger is gone.
     writer: Option<std::thread::JoinHandle<()>>,
     lease: Duration,
-    pub window: Window,
+    pub(super) window: Window,
     /// The days spend is booked on (shifted only in tests).
-    pub clock: Clock,
+    pub(super) clock: Clock,
 }
 
 impl FileLedger {
-    /// Opens (or creates) `<dir>/ledger.redb` and loads recent spend.
-    pub fn open(dir: &Path, window: Window, lease: Duration) -> Result<FileLedger, String> {
-        FileLedger::open_at(dir, window, lease, Clock::default())
-    }
-
-    /// As [`FileLedger::open`], booking days on `clock`.
-    pub fn open_at(dir: &Path, window: Window, lease: Duration, clock: Clock) -> Result<FileLedger, String> {
+    /// Opens (or creates) `<dir>/ledger.redb` and loads recent spend,
+    /// booking days on `clock`.
+    pub(crate) fn open_at(dir: &Path, window: Window, lease: Duration, clock: Clock) -> Result<FileLedger, String> {
         std::fs::create_dir_all(dir).map_err(|e| format!("quota.path: cannot create {}: {e}", dir.display()))?;
         let path = dir.join("ledger.redb");
         let db = Database::create(&path).map_err(|e| format!("quota.path: cannot open {}: {e}", path.display()))?;
@@ -116,7 +112,7 @@ impl FileLedger {
 
     /// Holds `amount` unless that would pass `limit`; a metered hold is
     /// durable before this returns.
-    pub async fn reserve(
+    pub(super) async fn reserve(
         &self,
         team: &str,
         limit: Option<u64>,
@@ -207,7 +203,13 @@ impl FileLedger {
         }
     }
 
-    pub async fn settle(&self, r: Reservation, actual: u64, route: Route, today: u32) -> Result<(), LedgerError> {
+    pub(super) async fn settle(
+        &self,
+        r: Reservation,
+        actual: u64,
+        route: Route,
+        today: u32,
+    ) -> Result<(), LedgerError> {
         // Spend counts in memory even when the disk fails: the upstream
         // charged it, so the budget must see it (fail closed). A reservation
         // that already lapsed was counted in full, once; a charge above it
@@ -260,7 +262,7 @@ impl FileLedger {
         self.write(op).await.map_err(LedgerError)
     }
 
-    pub fn release(&self, r: Reservation) {
+    pub(super) fn release(&self, r: Reservation) {
         let was_held = self.lock().held.remove(&r.id).is_some();
         if was_held && r.amount > 0 {
             let op = Op::End {
@@ -275,18 +277,18 @@ impl FileLedger {
         }
     }
 
-    pub fn record_saved(&self, team: &str, route: Route, credits: u64, today: u32) {
+    pub(super) fn record_saved(&self, team: &str, route: Route, credits: u64, today: u32) {
         if credits > 0 {
             self.saved.add(team, today, route, credits);
         }
     }
 
     /// The same sum `reserve` checks the budget against (settled spend).
-    pub fn used(&self, team: &str, today: u32) -> u64 {
+    pub(super) fn used(&self, team: &str, today: u32) -> u64 {
         window_sum(self.lock().days.get(team), self.window.first_day(today))
     }
 
-    pub fn usage(&self, team: &str, today: u32) -> TeamUsage {
+    pub(super) fn usage(&self, team: &str, today: u32) -> TeamUsage {
         let s = self.lock();
         let first = self.window.first_day(today);
         let daily: Vec<(u32, u64)> = s
@@ -307,7 +309,7 @@ impl FileLedger {
 
     /// Every settle queued so far is in the rows (a settle covered by its
     /// hold does not wait for its commit: this read does).
-    pub async fn rows(&self, from: u32, to: u32) -> Vec<UsageRow> {
+    pub(super) async fn rows(&self, from: u32, to: u32) -> Vec<UsageRow> {
         if let Err(e) = self.write(Op::Flush).await {
             tracing::error!(error = %e, "ledger flush before read failed");
         }
@@ -320,7 +322,7 @@ impl FileLedger {
     }
 
     /// Writable: a write transaction can begin.
-    pub fn check(&self) -> Result<(), String> {
+    pub(super) fn check(&self) -> Result<(), String> {
         self.db
             .begin_write()
             .map(drop)

@@ -4,7 +4,7 @@ use super::*;
 use crate::ledger::{Reservation, Reserved, Window, UNSETTLED};
 
 fn ledger(dir: &Path) -> FileLedger {
-    FileLedger::open(dir, Window::Rolling30d, Duration::from_secs(60)).expect("opens")
+    FileLedger::open_at(dir, Window::Rolling30d, Duration::from_secs(60), Clock::default()).expect("opens")
 }
 
 async fn granted(l: &FileLedger, limit: u64, amount: u64, today: u32) -> Reservation {
@@ -77,7 +77,7 @@ async fn a_reservation_left_by_a_dead_process_counts_as_spent_after_restart() {
 #[tokio::test]
 async fn lapsed_reservations_count_as_spent_once() {
     let dir = tempfile::tempdir().unwrap();
-    let l = FileLedger::open(dir.path(), Window::Rolling30d, Duration::ZERO).expect("opens");
+    let l = FileLedger::open_at(dir.path(), Window::Rolling30d, Duration::ZERO, Clock::default()).expect("opens");
     let today = crate::ledger::today();
     let first = granted(&l, 10, 6, today).await;
     assert!(
@@ -111,7 +111,7 @@ async fn a_free_call_charged_after_all_is_durable() {
 #[tokio::test]
 async fn lapsed_spend_is_booked_on_the_day_it_becomes_spend() {
     let dir = tempfile::tempdir().unwrap();
-    let l = FileLedger::open(dir.path(), Window::CalendarMonth, Duration::ZERO).expect("opens");
+    let l = FileLedger::open_at(dir.path(), Window::CalendarMonth, Duration::ZERO, Clock::default()).expect("opens");
     // Reserved on the last day of a month, lapsed on the first of the next.
     let last = crate::ledger::day_of(chrono::NaiveDate::from_ymd_opt(2026, 11, 30).unwrap());
     let first = last + 1;
@@ -126,7 +126,7 @@ async fn lapsed_spend_is_booked_on_the_day_it_becomes_spend() {
     l.settle(late, 45, Route::PermitsSearch, first).await.expect("settle");
     assert_eq!(l.usage("t", first).used, 45);
     drop(l);
-    let l = FileLedger::open(dir.path(), Window::CalendarMonth, Duration::ZERO).expect("reopens");
+    let l = FileLedger::open_at(dir.path(), Window::CalendarMonth, Duration::ZERO, Clock::default()).expect("reopens");
     assert_eq!(l.usage("t", first).used, 45, "durable");
 }
 

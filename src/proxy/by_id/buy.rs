@@ -33,18 +33,18 @@ use std::time::{Duration, Instant};
 const ROUNDS: usize = 4;
 
 /// What a lookup gathered for its missing ids.
-pub struct Gathered {
+pub(super) struct Gathered {
     /// Each missing id's outcome, in order.
-    pub outcomes: Vec<IdOutcome>,
+    pub(super) outcomes: Vec<IdOutcome>,
     /// Whether this lookup led (and its team paid for) each id's buy.
-    pub led: Vec<bool>,
+    pub(super) led: Vec<bool>,
     /// What this lookup's own buys cost its team.
-    pub charged: u64,
+    pub(super) charged: u64,
 }
 
 /// Each missing id's record, absence or failure: led ids bought by a task
 /// of this lookup, the others waited for.
-pub async fn gather(app: &Arc<App>, job: &Job, resource: Resource, missing: &[String]) -> Gathered {
+pub(super) async fn gather(app: &Arc<App>, job: &Job, resource: Resource, missing: &[String]) -> Gathered {
     let n = missing.len();
     let mut outcomes: Vec<Option<IdOutcome>> = vec![None; n];
     let mut led = vec![false; n];

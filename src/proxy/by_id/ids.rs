@@ -10,7 +10,7 @@ use crate::route::Route;
 /// parameters by name), so they are here too; `None` for a declared one
 /// (`cursor`) or bytes that are not UTF-8: the page path forwards those as
 /// sent.
-pub fn lookup_ids(route: Route, query: &str) -> Option<Vec<String>> {
+pub(super) fn lookup_ids(route: Route, query: &str) -> Option<Vec<String>> {
     let pairs = key::decode_pairs(query)?;
     let mut ids: Vec<String> = Vec::with_capacity(pairs.len());
     for (name, value) in pairs {
@@ -29,7 +29,7 @@ pub fn lookup_ids(route: Route, query: &str) -> Option<Vec<String>> {
 }
 
 /// `id=a&id=b`: the only list spelling the upstream reads.
-pub fn query_of(ids: &[String]) -> String {
+pub(super) fn query_of(ids: &[String]) -> String {
     form_urlencoded::Serializer::new(String::new())
         .extend_pairs(ids.iter().map(|id| ("id", id)))
         .finish()

@@ -80,7 +80,7 @@ fn canonical_bool(value: &str) -> Option<&'static str> {
 
 /// The cache key of a request target.
 pub fn cache_key(target: &Target) -> String {
-    let mut key = String::with_capacity(target.path.len() + target.query.as_ref().map_or(0, String::len) + 8);
+    let mut key = String::with_capacity(target.path.len() + target.query.as_deref().map_or(0, str::len) + 8);
     key.push_str(KEY_VERSION);
     key.push(' ');
     key.push_str(&target.path);

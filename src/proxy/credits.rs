@@ -13,10 +13,11 @@
 use super::context::Job;
 use crate::app::App;
 use crate::error::GatewayError;
+use crate::http_util::number_header;
 use crate::ledger::{Reservation, Reserved};
 use crate::metrics::LedgerOp;
 use crate::route;
-use http::header::{HeaderMap, HeaderName, HeaderValue};
+use http::header::{HeaderMap, HeaderName};
 use http::StatusCode;
 use std::sync::Arc;
 use std::time::Duration;
@@ -226,13 +227,14 @@ pub(super) async fn team_budget_headers(app: &App, team: &str, headers: &mut Hea
     };
     // The `gateway_team_credits_used` gauge is set at scrape time (admin),
     // not here on every answer.
-    headers.insert(X_CREDITS_LIMIT, HeaderValue::from(limit));
-    headers.insert(X_CREDITS_REMAINING, HeaderValue::from(limit.saturating_sub(used)));
+    headers.insert(X_CREDITS_LIMIT, number_header(limit));
+    headers.insert(X_CREDITS_REMAINING, number_header(limit.saturating_sub(used)));
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use http::HeaderValue;
 
     fn headers(credits: Option<&'static str>) -> HeaderMap {
         let mut h = HeaderMap::new();

@@ -62,13 +62,9 @@ fn common(h: &mut HeaderMap, etag: Option<&str>, age_secs: u64, state: CacheStat
     }
 }
 
-/// A count as a header value; 0, what every hit carries twice, without
-/// formatting it.
+/// A count as a header value, without formatting it when it is small.
 fn number(n: u64) -> HeaderValue {
-    match n {
-        0 => HeaderValue::from_static("0"),
-        n => HeaderValue::from(n),
-    }
+    crate::http_util::number_header(n)
 }
 
 /// A response from a cached entry: the team pays nothing and saves what the

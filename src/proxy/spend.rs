@@ -75,7 +75,7 @@ pub(super) async fn clamp<B>(app: &App, ask: &Ask<'_, B>) -> Option<Clamped> {
         return None;
     }
     let target = Target {
-        query: Some(with_size(ask.target.query.as_deref().unwrap_or(""), remaining)),
+        query: Some(with_size(ask.target.query.as_deref().unwrap_or(""), remaining).into()),
         ..ask.target.clone()
     };
     let key = ask.key.as_ref().map(|_| key::cache_key(&target));

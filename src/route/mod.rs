@@ -22,6 +22,7 @@ pub mod table;
 pub(crate) use params::{credit_estimate, page_size_asked, validate};
 pub use path::classify;
 
+use std::sync::Arc;
 use table::{Cost, Kind, Row, TtlClass, TABLE};
 
 /// How many routes there are (the 34 vendor operations and `other`).
@@ -154,10 +155,12 @@ impl Route {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Target {
     pub route: Route,
-    /// Canonical, percent-encoded, always starting with `/v2/`.
-    pub path: String,
+    /// Canonical, percent-encoded, always starting with `/v2/`. Shared, not
+    /// owned: a memoized target is cloned into every request that repeats
+    /// it (`cache::parsed`), and a clone is then a reference count.
+    pub path: Arc<str>,
     /// The raw query string, if any.
-    pub query: Option<String>,
+    pub query: Option<Arc<str>>,
 }
 
 #[cfg(test)]

@@ -208,8 +208,8 @@ mod tests {
     fn t(route: Route, query: &str) -> Target {
         Target {
             route,
-            path: String::new(),
-            query: (!query.is_empty()).then(|| query.to_string()),
+            path: "".into(),
+            query: (!query.is_empty()).then(|| query.into()),
         }
     }
 

@@ -5,6 +5,7 @@ use super::{table, Target};
 use crate::error::GatewayError;
 use http::Uri;
 use percent_encoding::{percent_decode_str, utf8_percent_encode, AsciiSet, CONTROLS};
+use std::sync::Arc;
 
 /// Characters re-encoded in a path segment (RFC 3986 `pchar` complement).
 const SEGMENT: &AsciiSet = &CONTROLS
@@ -52,8 +53,8 @@ pub fn classify(uri: &Uri, max_uri_bytes: usize) -> Result<Target, GatewayError>
     }
     Ok(Target {
         route,
-        path,
-        query: uri.query().filter(|q| !q.is_empty()).map(str::to_owned),
+        path: path.into(),
+        query: uri.query().filter(|q| !q.is_empty()).map(Arc::from),
     })
 }
 
@@ -137,7 +138,7 @@ mod tests {
         // uvicorn decodes the path before Starlette routes it.
         let t = target("/v2/%70ermits/search?size=5").unwrap();
         assert_eq!(t.route, Route::PermitsSearch);
-        assert_eq!(t.path, "/v2/permits/search");
+        assert_eq!(&*t.path, "/v2/permits/search");
         assert_eq!(t.query.as_deref(), Some("size=5"));
     }
 
@@ -151,7 +152,7 @@ mod tests {
     #[test]
     fn path_ids_are_re_encoded() {
         let t = target("/v2/contractors/a%20b/permits").unwrap();
-        assert_eq!(t.path, "/v2/contractors/a%20b/permits");
+        assert_eq!(&*t.path, "/v2/contractors/a%20b/permits");
     }
 
     #[test]

@@ -239,7 +239,7 @@ async fn buy_now(app: &Arc<App>, job: &Job, resource: Resource, ours: Vec<Ours>)
     }
     let ids: Vec<String> = ours.iter().map(|(id, _, _)| id.clone()).collect();
     let mut job = job.clone();
-    job.target.query = Some(query_of(&ids));
+    job.target.query = Some(query_of(&ids).into());
     // Not a page key: the answer is filed as records, under their ids.
     job.key = None;
     let (outcome, _) = fetch::coalesced(app, job.clone()).await;

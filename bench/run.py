@@ -122,15 +122,34 @@ def hit_path(p):
                 log(f"  round {rnd} c={conns} {name}: {r['rps']:.0f} req/s p50 {r['p50']} p99 {r['p99']} ms"
                     f" non2xx {r['non2xx']} errors {r['errors']}")
                 runs[(name, conns)].append(r)
-    # The access log's cost: the same gateway at level info, logging to a file.
-    info = lib.Gateway(args.bin_dir, tmp, "hit-info", sim, team, level="info",
-                       log_to=os.path.join(tmp, "gateway-hit-info.access.log"))
-    lib.get(info.base + url, headers=headers)
+    # The access log's cost, as operators run both: the gateway at level
+    # info and nginx with its default access log (combined format), each
+    # logging to a file, interleaved round by round like the rows above.
+    logged = {
+        "gateway": lib.Gateway(args.bin_dir, tmp, "hit-info", sim, team, level="info",
+                               log_to=os.path.join(tmp, "gateway-hit-info.access.log")),
+        "nginx": lib.Nginx(tmp, "hit-log", sim,
+                           server_lines=(f"access_log {tmp}/nginx-hit-log.access.log;",)),
+    }
+    for t in logged.values():
+        for _ in range(3):
+            lib.get(t.base + url, headers=headers)
+    logged_runs = {(n, c): [] for n in logged for c in args.conns}
+    for rnd in range(args.rounds):
+        for conns in args.conns:
+            for name, t in logged.items():
+                r = lib.wrk(t.base + url, conns, args.secs, headers)
+                log(f"  round {rnd} c={conns} {name} (access log on): {r['rps']:.0f} req/s p99 {r['p99']} ms")
+                logged_runs[(name, conns)].append(r)
+    for t in logged.values():
+        lib.stop(t.proc)
     info_runs = {}
     for conns in args.conns:
-        info_runs[conns] = lib.wrk(info.base + url, conns, args.secs, headers)
-        log(f"  gateway log=info c={conns}: {info_runs[conns]['rps']:.0f} req/s")
-    lib.stop(info.proc)
+        rs = logged_runs[("gateway", conns)]
+        ng = logged_runs[("nginx", conns)]
+        info_runs[conns] = {"rps": median([r["rps"] for r in rs]), "p50": median([r["p50"] for r in rs]),
+                            "p99": median([r["p99"] for r in rs]),
+                            "nginx_rps": median([r["rps"] for r in ng]), "nginx_p99": median([r["p99"] for r in ng])}
     out = {"url": url, "body_bytes": len(body), "results": {}, "info": {}}
     for (name, conns), rs in runs.items():
         out["results"].setdefault(name, {})[conns] = {
@@ -141,7 +160,7 @@ def hit_path(p):
             "bad": sum(r["non2xx"] + r["errors"] for r in rs),
         }
     for conns, r in info_runs.items():
-        out["info"][conns] = {"rps": r["rps"], "p50": r["p50"], "p99": r["p99"]}
+        out["info"][conns] = r
     for t in targets.values():
         lib.stop(t.proc)
     lib.stop(sim.proc)
@@ -345,7 +364,13 @@ def table(res, args):
             L.append(f"| {name}{bad} | {conns} | {r['rps']:.0f} | {fmt_ms(r['p50'])} | {fmt_ms(r['p99'])} | "
                      f"{r['rps'] / ng:.2f}× | {r['rps'] / ce:.2f}× | {r['rps_rounds']} |")
         i = h["info"].get(conns)
-        if i:
+        if i and "nginx_rps" in i:
+            L.append(f"| gateway, log level info | {conns} | {i['rps']:.0f} | {fmt_ms(i['p50'])} | "
+                     f"{fmt_ms(i['p99'])} | {i['rps'] / i['nginx_rps']:.2f}× (vs nginx logging) | "
+                     f"{i['rps'] / ce:.2f}× | median of {args.rounds} |")
+            L.append(f"| nginx, default access log | {conns} | {i['nginx_rps']:.0f} | | {fmt_ms(i['nginx_p99'])} | "
+                     f"{i['nginx_rps'] / ng:.2f}× (vs nginx log off) | {i['nginx_rps'] / ce:.2f}× | median of {args.rounds} |")
+        elif i:
             L.append(f"| gateway, log level info | {conns} | {i['rps']:.0f} | {fmt_ms(i['p50'])} | "
                      f"{fmt_ms(i['p99'])} | {i['rps'] / ng:.2f}× | {i['rps'] / ce:.2f}× | one run |")
     L.append("")

@@ -176,16 +176,7 @@ impl RedisLedger {
     pub async fn settle(&self, r: Reservation, actual: u64, route: Route, today: u32) -> Result<(), LedgerError> {
         self.recent_lock().remove(&r.team);
         // The order `scripts::SETTLE` reads them in.
-        let keys = [
-            LedgerKey::Days,
-            LedgerKey::Held,
-            LedgerKey::Routes,
-            LedgerKey::Settled,
-            LedgerKey::SettledAt,
-            LedgerKey::SettledScan,
-            LedgerKey::Lapsed,
-        ]
-        .map(|k| self.keys.ledger(&r.team, k));
+        let keys = LedgerKey::ALL.map(|k| self.keys.ledger(&r.team, k));
         let once = || async {
             let now = self.clock.now_ms();
             let mut inv = self.settle.prepare_invoke();

@@ -40,6 +40,18 @@ pub(crate) enum LedgerKey {
 }
 
 impl LedgerKey {
+    /// Every ledger key of a team, in the order `ledger::redis::scripts::SETTLE`
+    /// takes them.
+    pub(crate) const ALL: [LedgerKey; 7] = [
+        LedgerKey::Days,
+        LedgerKey::Held,
+        LedgerKey::Routes,
+        LedgerKey::Settled,
+        LedgerKey::SettledAt,
+        LedgerKey::SettledScan,
+        LedgerKey::Lapsed,
+    ];
+
     /// The key's last part, as every release since the ledger's first
     /// has written it.
     fn suffix(self) -> &'static str {
@@ -152,15 +164,7 @@ mod tests {
     const INDEX: &str = "k1c /v2/permits/search?geo_id=CA";
     const INDEX_HASH: &str = "bd51f80e6ed548f92e95621ba673ac94c09eb3c4abd77a0a3b14b81c3890c648";
     const RECORD_HASH: &str = "e63241dae22a10677c0ed286b4f646f99e067ad73b8e790dd8148dc8427d45b3";
-    const LEDGER: [LedgerKey; 7] = [
-        LedgerKey::Days,
-        LedgerKey::Held,
-        LedgerKey::Routes,
-        LedgerKey::Settled,
-        LedgerKey::SettledAt,
-        LedgerKey::SettledScan,
-        LedgerKey::Lapsed,
-    ];
+    const LEDGER: [LedgerKey; 7] = LedgerKey::ALL;
 
     fn keys() -> Keys {
         Keys::new("pgw:")

@@ -239,7 +239,7 @@ mod tests {
         let limits = Limits::from_config(&cfg.server);
         let max_response = cfg.upstream.max_response_bytes;
         let at_cap = worst_case_bytes(&limits, cfg.server.max_connections, max_response);
-        assert_eq!(at_cap, 10_000 * (64 + 100 * 16) * 1024 + 64 * 1024 * 1024);
+        assert_eq!(at_cap, 10_000 * (64 + 100 * 16) * 1024 + 8 * 1024 * 1024);
         let gib = at_cap as f64 / f64::from(1u32 << 30);
         let one = worst_case_bytes(&limits, 1, max_response) as f64 / f64::from(1u32 << 20);
         let doc = include_str!("../../docs/operations.md");

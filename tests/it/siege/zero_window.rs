@@ -237,10 +237,7 @@ fn assert_bounded(siege: &Siege) {
 /// RSS growth ≤ 32 MB at the default 8 MiB budget.
 #[tokio::test]
 async fn zero_window_http2_readers_cannot_make_the_gateway_hold_memory() {
-    let setup = Setup::new().with(
-        "server",
-        "write_timeout_secs = 2\nhttp2_max_concurrent_streams = 128",
-    );
+    let setup = Setup::new().with("server", "write_timeout_secs = 2\nhttp2_max_concurrent_streams = 128");
     let siege = zero_window_siege(setup).await;
     eprintln!("zero-window h2, 10x128 streams, 8 MiB budget: {siege}");
     assert_bounded(&siege);

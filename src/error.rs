@@ -7,7 +7,7 @@
 //! 402 `{"detail":{"error","limit","upgrade_url"}}`, others `{"detail":"..."}`.
 //! Bodies name the problem, never internals (no addresses, keys or causes).
 
-use crate::http_util::{json_response, Body};
+use crate::http_util::{json_response, number_header, Body};
 use http::{header, HeaderName, HeaderValue, Response, StatusCode};
 use serde_json::{json, Value};
 
@@ -274,7 +274,7 @@ impl GatewayError {
             let mut resp = error.into_response();
             // The upstream's own header for what a call cost.
             let charged = HeaderName::from_static("x-credits-request");
-            resp.headers_mut().insert(charged, HeaderValue::from(credits));
+            resp.headers_mut().insert(charged, number_header(credits));
             return resp;
         }
         let mut resp = json_response(self.status(), &self.body());

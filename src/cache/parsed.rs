@@ -38,11 +38,11 @@ impl ParsedTargets {
     /// Holds up to `capacity` targets (about 0.5 KB each), the ones read
     /// again kept over the ones seen once.
     pub(crate) fn new(capacity: u64) -> ParsedTargets {
-        let capacity = usize::try_from(capacity).unwrap_or(usize::MAX).max(1);
+        let capacity = capacity.max(1);
         ParsedTargets {
             memo: quick_cache::sync::Cache::with(
+                usize::try_from(capacity).unwrap_or(usize::MAX),
                 capacity,
-                capacity as u64,
                 quick_cache::UnitWeighter,
                 foldhash::fast::RandomState::default(),
                 quick_cache::sync::DefaultLifecycle::default(),

@@ -39,10 +39,7 @@ impl Cache {
     /// from both tiers, then tells the other replicas. Returns how many
     /// Redis keys went.
     pub(crate) async fn purge(&self, route: Option<Route>) -> u64 {
-        let records = route
-            .and_then(records::Resource::filed_by)
-            .map(records::Resource::lookup_route)
-            .filter(|r| Some(*r) != route);
+        let records = route.and_then(records_filed_by).filter(|r| Some(*r) != route);
         self.purge_memory(route).await;
         let mut removed = self.purge_redis(route).await;
         if let Some(lookup) = records {
@@ -65,7 +62,7 @@ impl Cache {
     /// SCAN ran.
     pub(crate) async fn follow_purges(&self) {
         let Some(redis) = &self.redis else { return };
-        let key = self.purges_key();
+        let key = self.keys.purges();
         let Ok(now) = redis
             .call(RedisOp::CachePurge, |mut c| async move {
                 redis::cmd("HGETALL")
@@ -103,15 +100,11 @@ impl Cache {
         }
     }
 
-    fn purges_key(&self) -> String {
-        self.keys.purges()
-    }
-
     /// Writes a fresh token for the purge, after its L2 keys are gone, so a
     /// peer that drops its copies cannot promote a purged one back from L2.
     async fn stamp_purge(&self, route: Option<Route>) {
         let Some(redis) = &self.redis else { return };
-        let (key, field) = (self.purges_key(), route.map_or(ALL, Route::as_str));
+        let (key, field) = (self.keys.purges(), route.map_or(ALL, Route::as_str));
         let token = format!("{:032x}", rand::random::<u128>());
         let _ = redis
             .call(RedisOp::CachePurge, |mut c| async move {
@@ -132,7 +125,7 @@ impl Cache {
         match route {
             None => memory.invalidate_all(),
             Some(r) => {
-                let records = records::Resource::filed_by(r).map(records::Resource::lookup_route);
+                let records = records_filed_by(r);
                 let _ = memory.invalidate_entries_if(move |_, e| e.route == r || Some(e.route) == records);
             }
         }
@@ -145,4 +138,10 @@ impl Cache {
         let pattern = self.keys.purge_pattern(route);
         redis.scan_delete(RedisOp::CachePurge, &pattern).await
     }
+}
+
+/// The lookup route under which a route's pages file their records (a
+/// lookup route's own, for a lookup route): its records go with it.
+fn records_filed_by(route: Route) -> Option<Route> {
+    records::Resource::filed_by(route).map(records::Resource::lookup_route)
 }

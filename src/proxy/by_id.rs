@@ -30,11 +30,11 @@ use crate::cache::records::{is_absent, IdGot, Resource};
 use crate::cache::Entry;
 use crate::clock::now_ms;
 use crate::error::GatewayError;
-use crate::http_util::Body;
+use crate::http_util::{number_header, Body};
 use crate::metrics::RecordSource;
 use crate::route::Target;
 use bytes::{BufMut, Bytes, BytesMut};
-use http::{HeaderValue, Method, Request, Response, StatusCode};
+use http::{Method, Request, Response, StatusCode};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -219,7 +219,7 @@ impl<B> Page<'_, B> {
         let oldest = held.iter().flatten().map(|e| e.stored_at_ms).min();
         page.stored_at_ms = oldest.map_or(page.stored_at_ms, |t| t.min(page.stored_at_ms));
         let mut resp = respond::from_entry(&page, state, self.req.headers());
-        resp.headers_mut().insert(X_CREDITS_REQUEST, HeaderValue::from(charged));
+        resp.headers_mut().insert(X_CREDITS_REQUEST, number_header(charged));
         resp
     }
 }

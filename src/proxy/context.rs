@@ -191,11 +191,11 @@ impl RequestContext {
     /// no client waits for it and no request metric counts it, but its
     /// credits are the team's and must be visible.
     pub(super) fn log_refresh(&self, status: StatusCode, took: Duration) {
-        let route = self.route.unwrap_or(Route::Other).as_str();
-        let cache = self.cache.as_str();
         if self.preformatted(Level::INFO, "GET", status, took, true) {
             return;
         }
+        let route = self.route.unwrap_or(Route::Other).as_str();
+        let cache = self.cache.as_str();
         tracing::info!(
             target: "access",
             request_id = %self.request_id,

@@ -42,7 +42,7 @@ use crate::app::App;
 use crate::cache::control::Directives;
 use crate::cache::{key, parsed};
 use crate::error::GatewayError;
-use crate::http_util::{request_id, Body, X_REQUEST_ID};
+use crate::http_util::{number_header, request_id, Body, X_REQUEST_ID};
 use crate::metrics::Scope;
 use crate::route::{self, Route};
 use crate::telemetry::{trace::Trace, SPANS};
@@ -253,7 +253,7 @@ async fn cached_or_fetched<B>(
             if billed > 0 {
                 ctx.credits = billed;
                 resp.headers_mut()
-                    .insert(credits::X_CREDITS_REQUEST, HeaderValue::from(billed));
+                    .insert(credits::X_CREDITS_REQUEST, number_header(billed));
             }
             return Ok(resp);
         }

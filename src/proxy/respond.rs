@@ -20,7 +20,7 @@ use crate::cache::flight::Fetched;
 use crate::cache::Entry;
 use crate::clock::now_ms;
 use crate::error::GatewayError;
-use crate::http_util::Body;
+use crate::http_util::{number_header, Body};
 use crate::route::{Route, Target};
 use crate::upstream::retry_after;
 use bytes::Bytes;
@@ -53,18 +53,13 @@ fn ok(body: Bytes, etag: Option<&str>, age_secs: u64, state: CacheState, route: 
 
 fn common(h: &mut HeaderMap, etag: Option<&str>, age_secs: u64, state: CacheState, route: Route, credits: u64) {
     h.insert(X_CACHE, HeaderValue::from_static(state.header()));
-    h.insert(AGE, number(age_secs));
+    h.insert(AGE, number_header(age_secs));
     if let Some(Ok(etag)) = etag.map(HeaderValue::from_str) {
         h.insert(ETAG, etag);
     }
     if route.is_metered() {
-        h.insert(X_CREDITS_REQUEST, number(credits));
+        h.insert(X_CREDITS_REQUEST, number_header(credits));
     }
-}
-
-/// A count as a header value, without formatting it when it is small.
-fn number(n: u64) -> HeaderValue {
-    crate::http_util::number_header(n)
 }
 
 /// A response from a cached entry: the team pays nothing and saves what the

@@ -54,25 +54,22 @@ pub(crate) struct Line<'a> {
     pub(crate) refresh: bool,
 }
 
-/// Whether a preformatted line would be written at `level`: `None` when no
-/// sink is installed (log through `tracing`), `Some(false)` when
-/// `log.level` filters the access target at that level out.
-pub(crate) fn enabled(level: Level) -> Option<bool> {
-    SINK.get()?;
+/// Whether `log.level` lets the access target through at `level`.
+fn enabled(level: Level) -> bool {
     // Each arm is its own call site, whose interest the subscriber caches:
     // one relaxed load per request once the filter has answered.
-    Some(match level {
+    match level {
         Level::ERROR => tracing::enabled!(target: "access", Level::ERROR),
         Level::WARN => tracing::enabled!(target: "access", Level::WARN),
         _ => tracing::enabled!(target: "access", Level::INFO),
-    })
+    }
 }
 
 /// Writes `line` if a sink is installed and `log.level` lets it through;
 /// `false` when the caller must log through `tracing` instead.
 pub(crate) fn write(line: &Line<'_>) -> bool {
     let Some(sink) = SINK.get() else { return false };
-    if enabled(line.level) != Some(true) {
+    if !enabled(line.level) {
         return true;
     }
     BUFFER.with(|buf| {

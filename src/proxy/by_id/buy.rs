@@ -369,12 +369,12 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
-    use http::{HeaderMap, HeaderValue};
+    use http::HeaderMap;
 
     fn answer(body: &'static str, billed: Option<u64>) -> Fetched {
         let mut headers = HeaderMap::new();
         if let Some(n) = billed {
-            headers.insert(credits::X_CREDITS_REQUEST, HeaderValue::from(n));
+            headers.insert(credits::X_CREDITS_REQUEST, crate::http_util::number_header(n));
         }
         Fetched {
             status: StatusCode::OK,

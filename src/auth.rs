@@ -31,6 +31,8 @@ pub struct Team {
     token_sha256: [u8; 32],
     /// Credits per window; `None` is unlimited.
     pub(crate) credit_limit: Option<u64>,
+    /// `X-Credits-Limit` of the team's answers, formatted once per config.
+    pub(crate) limit_header: Option<http::HeaderValue>,
     /// The team's own request rate; `None` is no limit of its own.
     pub(crate) requests_per_minute: Option<u32>,
     /// `clamp_to_budget`: pages clamped to the remaining credits.
@@ -123,6 +125,7 @@ impl Teams {
                     name: t.name.clone(),
                     token_sha256: hash,
                     credit_limit: t.credit_limit,
+                    limit_header: t.credit_limit.map(http::HeaderValue::from),
                     requests_per_minute: t.requests_per_minute,
                     clamp_to_budget: t.clamp_to_budget,
                     limiter,

@@ -5,6 +5,8 @@ use bytes::Bytes;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::{Response, StatusCode};
 use http_body_util::Full;
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
 
 /// Every response body is complete in memory: pages are bounded (≤ 100
 /// records) and the cache and the ledger need the whole answer anyway.
@@ -68,13 +70,26 @@ pub(crate) fn request_id(headers: &HeaderMap) -> String {
         .unwrap_or_else(new_request_id)
 }
 
+thread_local! {
+    /// Ids need to be unique, not secret (what OpenTelemetry's SDK does
+    /// too): a fast generator per thread, seeded from the OS-seeded one.
+    static IDS: std::cell::RefCell<SmallRng> = std::cell::RefCell::new(SmallRng::from_rng(&mut rand::rng()));
+}
+
+/// 128 random bits from this thread's id generator: request, trace and
+/// span ids.
+pub(crate) fn random_id() -> u128 {
+    IDS.with(|rng| rng.borrow_mut().random::<u128>())
+}
+
 fn new_request_id() -> String {
-    let bits: u128 = rand::random();
+    // Unique, not secret: not the reseeding CSPRNG behind `rand::random`.
+    let bits = random_id();
     let mut hex = [0u8; 32];
     // Through `hex`, not `format!`: the formatting machinery was ~1k
     // instructions of every request that brought no id of its own.
     let _ = hex::encode_to_slice(bits.to_be_bytes(), &mut hex);
-    String::from_utf8_lossy(&hex).into_owned()
+    String::from_utf8(hex.to_vec()).unwrap_or_default()
 }
 
 /// `Retry-After` in whole seconds (the upstream sends integers), clamped to

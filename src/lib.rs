@@ -147,7 +147,7 @@ pub async fn run(
         listeners.team,
         tls,
         team_limits,
-        move |req| proxy::handle(team_app.clone(), req),
+        move |req, mark| proxy::handle(team_app.clone(), req, Some(mark)),
         stopped(stop_rx.clone()),
     );
     let admin_app = app.clone();
@@ -155,7 +155,7 @@ pub async fn run(
         listeners.admin,
         None,
         limits,
-        move |req| admin::handle(admin_app.clone(), req),
+        move |req, _| admin::handle(admin_app.clone(), req),
         stopped(stop_rx),
     );
     tokio::spawn(async move {

@@ -4,6 +4,7 @@
 use crate::clock::now_ms;
 use crate::route::Route;
 use bytes::Bytes;
+use http::HeaderValue;
 use sha2::{Digest, Sha256};
 use std::time::Duration;
 use xxhash_rust::xxh3::xxh3_64;
@@ -18,16 +19,19 @@ pub struct Entry {
     pub(crate) stored_at_ms: u64,
     /// Freshness lifetime from `stored_at_ms`.
     pub(crate) ttl_ms: u64,
-    /// Strong validator of the body, quoted.
-    pub(crate) etag: String,
+    /// Strong validator of the body, quoted: the header value itself, so a
+    /// hit copies a reference, not the text.
+    pub(crate) etag: HeaderValue,
     /// For purge by route and metrics.
     pub(crate) route: Route,
 }
 
 /// A strong ETag from the body's SHA-256.
-pub(crate) fn etag_of(body: &[u8]) -> String {
+pub(crate) fn etag_of(body: &[u8]) -> HeaderValue {
     let digest = Sha256::digest(body);
-    format!("\"{}\"", hex::encode(&digest[..16]))
+    let mut text = [b'"'; 34];
+    let _ = hex::encode_to_slice(&digest[..16], &mut text[1..33]);
+    HeaderValue::from_bytes(&text).unwrap_or_else(|_| HeaderValue::from_static(""))
 }
 
 impl Entry {
@@ -39,7 +43,7 @@ impl Entry {
 
     /// `etag` is [`etag_of`] the body, computed once by the fetch that
     /// stores it.
-    pub(crate) fn with_etag(body: Bytes, etag: String, credits: u64, ttl: Duration, route: Route) -> Entry {
+    pub(crate) fn with_etag(body: Bytes, etag: HeaderValue, credits: u64, ttl: Duration, route: Route) -> Entry {
         Entry {
             body,
             credits,
@@ -119,7 +123,11 @@ impl Entry {
         // A code this build does not know (a newer replica's route): a miss.
         let route = Route::from_index(usize::from(bytes[25]))?;
         let etag_end = HEAD + usize::from(bytes[26]);
-        let etag = std::str::from_utf8(bytes.get(HEAD..etag_end)?).ok()?.to_string();
+        // A view into `bytes` too (checked to be a valid header value).
+        let etag = HeaderValue::from_maybe_shared(bytes.slice(HEAD..etag_end.min(bytes.len()))).ok()?;
+        if etag.len() != etag_end - HEAD {
+            return None;
+        }
         let body = if version == VERSION {
             let sum = u64_at(etag_end)?;
             let body = bytes.slice(etag_end.checked_add(8).filter(|&at| at <= bytes.len())?..);

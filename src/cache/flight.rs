@@ -36,7 +36,7 @@ pub struct Fetched {
     pub(crate) from_cache: bool,
     /// The body's ETag on a 200, hashed once for the leader, its followers
     /// and the cache entry alike.
-    pub(crate) etag: Option<String>,
+    pub(crate) etag: Option<http::HeaderValue>,
 }
 
 /// A flight's result: the answer, or the error that ended it.

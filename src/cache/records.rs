@@ -138,7 +138,7 @@ pub(crate) fn records_of(body: &Bytes, resource: Resource) -> Option<Vec<(String
 /// integrity check.
 fn record_entry(resource: Resource, page: &Entry, body: Bytes, credits: u64) -> Entry {
     Entry {
-        etag: String::new(),
+        etag: http::HeaderValue::from_static(""),
         body,
         credits,
         stored_at_ms: page.stored_at_ms,
@@ -309,7 +309,7 @@ impl Cache {
             }
             // L1 keeps no ETag for records (see `record_entry`).
             let entry = Entry {
-                etag: String::new(),
+                etag: http::HeaderValue::from_static(""),
                 ..entry
             };
             let entry = Arc::new(entry);

@@ -106,7 +106,7 @@ pub(crate) struct RequestContext {
     pub(super) request_id: String,
     /// The W3C trace: its id goes in the access-log line.
     pub(super) trace: Trace,
-    pub(super) team: Option<String>,
+    pub(super) team: Option<Arc<Team>>,
     pub(super) route: Option<Route>,
     pub(super) cache: CacheState,
     /// Credits charged to the team for this answer.
@@ -127,9 +127,14 @@ impl RequestContext {
         }
     }
 
+    /// The team's name once authenticated, a fixed label before.
+    pub(super) fn team_name(&self) -> &str {
+        self.team.as_deref().map_or(NO_TEAM, |t| t.name.as_str())
+    }
+
     /// Records the request's metrics and writes its access-log line.
     pub(super) fn finish(&self, metrics: &Metrics, method: &Method, status: StatusCode, took: Duration) {
-        let team = self.team.as_deref().unwrap_or(NO_TEAM);
+        let team = self.team_name();
         // Refused before routing (a 405, a path outside /v2): "other", so the
         // label stays inside the contract's route names.
         let route = self.route.unwrap_or(Route::Other);
@@ -176,7 +181,7 @@ impl RequestContext {
             level,
             request_id: &self.request_id,
             trace_id: &self.trace.trace_id(),
-            team: self.team.as_deref().unwrap_or(NO_TEAM),
+            team: self.team_name(),
             method,
             route: self.route.unwrap_or(Route::Other).as_str(),
             status: status.as_u16(),
@@ -200,7 +205,7 @@ impl RequestContext {
             target: "access",
             request_id = %self.request_id,
             trace_id = %self.trace.trace_id(),
-            team = self.team.as_deref().unwrap_or(NO_TEAM),
+            team = self.team_name(),
             method = "GET",
             route,
             status = status.as_u16(),

@@ -217,9 +217,15 @@ async fn reconcile(app: &App) {
 
 /// `X-Credits-Limit` and `X-Credits-Remaining` from the team's budget, and
 /// the used-credits gauge. A ledger that cannot answer just leaves them out.
+/// The limit is the one in force now (a reload during the request counts).
 pub(super) async fn team_budget_headers(app: &App, team: &str, headers: &mut HeaderMap) {
-    let Some(limit) = app.teams.load().by_name(team).and_then(|t| t.credit_limit) else {
-        return;
+    let (limit, limit_header) = {
+        let teams = app.teams.load();
+        let Some(t) = teams.by_name(team) else { return };
+        match (t.credit_limit, &t.limit_header) {
+            (Some(limit), Some(header)) => (limit, header.clone()),
+            _ => return,
+        }
     };
     let Ok(used) = app.ledger.used(team).await else {
         app.metrics.ledger_error(LedgerOp::Usage);
@@ -227,7 +233,7 @@ pub(super) async fn team_budget_headers(app: &App, team: &str, headers: &mut Hea
     };
     // The `gateway_team_credits_used` gauge is set at scrape time (admin),
     // not here on every answer.
-    headers.insert(X_CREDITS_LIMIT, number_header(limit));
+    headers.insert(X_CREDITS_LIMIT, limit_header);
     headers.insert(X_CREDITS_REMAINING, number_header(limit.saturating_sub(used)));
 }
 

@@ -23,7 +23,7 @@ use crate::error::GatewayError;
 use crate::ledger::Reservation;
 use crate::telemetry::SPANS;
 use crate::upstream::{retry_after, Failed, UpstreamResponse};
-use http::{HeaderMap, StatusCode};
+use http::{HeaderMap, HeaderValue, StatusCode};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::watch;
@@ -353,7 +353,7 @@ fn is_json(resp: &UpstreamResponse) -> bool {
 /// Stores 200 answers (already checked to be JSON) under the size cap,
 /// unless the client said `no-store` or the upstream `no-store`/`private`.
 /// The entry is worth what was charged, bounded by the reservation.
-async fn maybe_store(app: &App, job: &Job, key: &str, resp: &UpstreamResponse, etag: &str, charge: Charge) {
+async fn maybe_store(app: &App, job: &Job, key: &str, resp: &UpstreamResponse, etag: &HeaderValue, charge: Charge) {
     let Some(ttl) = app.cache.ttl(job.target.route) else {
         return;
     };
@@ -362,7 +362,7 @@ async fn maybe_store(app: &App, job: &Job, key: &str, resp: &UpstreamResponse, e
         && !control::forbids_storing(&resp.headers)
         && resp.body.len() <= app.cache.max_entry_bytes;
     if storable {
-        let entry = Entry::with_etag(resp.body.clone(), etag.to_string(), charge.worth, ttl, job.target.route);
+        let entry = Entry::with_etag(resp.body.clone(), etag.clone(), charge.worth, ttl, job.target.route);
         app.cache.store(key, Arc::new(entry)).await;
     }
 }

@@ -69,7 +69,8 @@ pub(super) async fn accept(
         Use::Revalidate => {
             // only-if-cached never reaches the upstream, not even so.
             if let (Some(job), false) = (job(), d.only_if_cached) {
-                if app.refreshes.claim(key).await {
+                // Boxed: a hit's future need not hold the claim's state.
+                if Box::pin(app.refreshes.claim(key)).await {
                     tokio::spawn(refresh(app.clone(), job));
                 }
             }
@@ -83,7 +84,7 @@ pub(super) async fn accept(
 async fn refresh(app: Arc<App>, job: Job) {
     let started = Instant::now();
     let mut ctx = RequestContext::new(job.request_id.clone(), job.trace.clone());
-    ctx.team = Some(job.team.name.clone());
+    ctx.team = Some(job.team.clone());
     ctx.route = Some(job.target.route);
     let (outcome, role) = fetch::coalesced(&app, job).await;
     let status = match &outcome {

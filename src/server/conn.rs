@@ -62,7 +62,7 @@ pub(super) async fn serve<H, F>(
     timeouts: Timeouts,
     budget: Arc<Budget>,
 ) where
-    H: Fn(Request<Incoming>) -> F + Send + Sync + 'static,
+    H: Fn(Request<Incoming>, ConnectionMark) -> F + Send + Sync + 'static,
     F: Future<Output = Response<Body>> + Send + 'static,
 {
     let head_by = Instant::now() + timeouts.header_read;
@@ -76,17 +76,16 @@ pub(super) async fn serve<H, F>(
     let io = Box::pin(io);
     let service = {
         let conn = conn.clone();
-        service_fn(move |mut req: Request<Incoming>| {
+        service_fn(move |req: Request<Incoming>| {
             let http2 = req.version() == Version::HTTP_2;
             let in_flight = conn.begin(http2);
-            req.extensions_mut().insert(ConnectionMark(conn.clone()));
             let budget = http2.then(|| budget.clone());
             // Boxed: the stream's task then keeps a pointer, not the whole
             // handler state, while an HTTP/2 client holds its answer back.
             let response = budget
                 .as_ref()
                 .is_none_or(|b| b.has_room())
-                .then(|| Box::pin(handler(req)));
+                .then(|| Box::pin(handler(req, ConnectionMark(conn.clone()))));
             let conn = conn.clone();
             async move {
                 let response = match response {
@@ -159,7 +158,9 @@ where
     let mut draining = false;
     loop {
         let check_at = next_check(conn, head_by, gone_by, t);
+        // In order, the connection first: no random start per poll.
         tokio::select! {
+            biased;
             result = http.as_mut() => {
                 if let Err(e) = result {
                     tracing::debug!(error = %e, "connection ended with an error");

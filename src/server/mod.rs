@@ -87,9 +87,10 @@ pub fn worst_case_bytes(limits: &Limits, connections: usize, max_response_bytes:
     fixed + answers
 }
 
-/// Put in each request's extensions: lets the handler tell the connection
-/// that a valid team token came on it, which moves it to the back of the
-/// eviction order (`conns.rs`).
+/// Handed to the handler with each request (not through the request's
+/// extensions, whose map is an allocation and a hash per request): lets it
+/// tell the connection that a valid team token came on it, which moves it
+/// to the back of the eviction order (`conns.rs`).
 #[derive(Clone)]
 pub(crate) struct ConnectionMark(Arc<conns::Conn>);
 
@@ -155,7 +156,7 @@ pub(crate) async fn serve<H, F>(
     handler: H,
     shutdown: impl Future<Output = ()>,
 ) where
-    H: Fn(Request<Incoming>) -> F + Clone + Send + Sync + 'static,
+    H: Fn(Request<Incoming>, ConnectionMark) -> F + Clone + Send + Sync + 'static,
     F: Future<Output = Response<Body>> + Send + 'static,
 {
     let builder = Arc::new(builder(&limits));

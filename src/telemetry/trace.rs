@@ -12,24 +12,16 @@
 //!   with a new trace id (the one in the access log) and, without export,
 //!   the sampled flag off (no span of it was recorded).
 
+use crate::http_util::random_id;
 use opentelemetry::propagation::TextMapPropagator;
 use opentelemetry::trace::{SpanContext, SpanId, TraceContextExt, TraceFlags, TraceId, TraceState};
 use opentelemetry::Context;
 use opentelemetry_http::{HeaderExtractor, HeaderInjector};
 use opentelemetry_sdk::propagation::TraceContextPropagator;
-use rand::rngs::SmallRng;
-use rand::{Rng, SeedableRng};
-use std::cell::RefCell;
 use tracing_opentelemetry::OpenTelemetrySpanExt;
 
 /// A name known at compile time: looked up without parsing a `&str`.
 const TRACEPARENT: http::HeaderName = http::HeaderName::from_static("traceparent");
-
-thread_local! {
-    /// Ids need to be unique, not secret (what OpenTelemetry's SDK does
-    /// too): a fast generator per thread, seeded from the OS-seeded one.
-    static IDS: RefCell<SmallRng> = RefCell::new(SmallRng::from_rng(&mut rand::rng()));
-}
 
 /// The trace one request belongs to.
 #[derive(Debug, Clone)]
@@ -57,10 +49,7 @@ impl Trace {
     }
 
     fn start() -> Trace {
-        let (trace, span) = IDS.with(|rng| {
-            let mut rng = rng.borrow_mut();
-            (rng.random::<u128>(), rng.random::<u64>())
-        });
+        let (trace, span) = (random_id(), random_id() as u64);
         let trace_id = TraceId::from_bytes(trace.max(1).to_be_bytes());
         let span_id = SpanId::from_bytes(span.max(1).to_be_bytes());
         let parent = SpanContext::new(trace_id, span_id, TraceFlags::NOT_SAMPLED, false, TraceState::NONE);

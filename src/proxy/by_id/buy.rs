@@ -215,7 +215,7 @@ async fn wait_for_peers(
             Some(Peer::Stored(entry)) => {
                 // L1 keeps no ETag for records (see `records::record_entry`).
                 let entry = Entry {
-                    etag: String::new(),
+                    etag: http::HeaderValue::from_static(""),
                     ..entry
                 };
                 t.leader.complete(Ok(IdGot::Held(Arc::new(entry))));

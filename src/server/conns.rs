@@ -21,10 +21,12 @@
 //! Each connection's driver (`conn.rs`) obeys the [`Order`] sent to it here:
 //! keep serving, drain (graceful shutdown), or close now.
 
+use atomic_waker::AtomicWaker;
 use std::collections::{BTreeMap, HashMap};
 use std::net::IpAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
+use std::task::Context;
 use std::time::{Duration, Instant};
 use tokio::sync::{watch, Notify};
 
@@ -81,8 +83,11 @@ pub(crate) struct Conn {
     progress_ms: AtomicU64,
     orders: watch::Sender<Order>,
     changed: Arc<Notify>,
-    /// An answer started being sent: the driver's stall deadline starts.
-    sending_started: Notify,
+    /// Something for the driver to look at: a new order, or an answer
+    /// started being sent (its stall deadline starts). Set, then `driver`
+    /// woken; the driver registers, then takes it (`signalled`).
+    signal: AtomicBool,
+    driver: AtomicWaker,
 }
 
 /// A connection's place in the registry; dropping it frees the place.
@@ -199,13 +204,14 @@ impl Conn {
             progress_ms: AtomicU64::new(0),
             orders: watch::channel(Order::Serve).0,
             changed,
-            sending_started: Notify::new(),
+            signal: AtomicBool::new(false),
+            driver: AtomicWaker::new(),
         }
     }
 
     fn order(&self, order: Order) {
         // Close overrides Evict, which overrides Drain; nothing overrides Close.
-        self.orders.send_if_modified(|current| {
+        if self.orders.send_if_modified(|current| {
             let stronger = matches!(
                 (*current, order),
                 (Order::Serve, _) | (Order::Drain, Order::Evict | Order::Close) | (Order::Evict, Order::Close)
@@ -214,7 +220,21 @@ impl Conn {
                 *current = order;
             }
             stronger
-        });
+        }) {
+            self.signal();
+        }
+    }
+
+    fn signal(&self) {
+        self.signal.store(true, Ordering::Release);
+        self.driver.wake();
+    }
+
+    /// Whether the driver has something to look at since it last asked;
+    /// `cx` is woken when it next has.
+    pub(super) fn signalled(&self, cx: &mut Context<'_>) -> bool {
+        self.driver.register(cx.waker());
+        self.signal.swap(false, Ordering::AcqRel)
     }
 
     pub(super) fn orders(&self) -> watch::Receiver<Order> {
@@ -272,14 +292,9 @@ impl Conn {
     pub(super) fn sending(self: &Arc<Self>) -> Sending {
         self.progressed();
         if self.sending.fetch_add(1, Ordering::AcqRel) == 0 {
-            self.sending_started.notify_one();
+            self.signal();
         }
         Sending(self.clone())
-    }
-
-    /// Resolves when an answer starts being sent while none was.
-    pub(super) async fn started_sending(&self) {
-        self.sending_started.notified().await;
     }
 
     /// An answer on this connection made progress (a chunk was taken).

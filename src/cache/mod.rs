@@ -24,7 +24,7 @@ use crate::clock::now_ms;
 use crate::config::CacheConfig;
 use crate::metrics::Metrics;
 use crate::metrics::RedisOp;
-use crate::redis_backend::keys::Keys;
+use crate::redis_backend::keys::{Keys, Tag};
 use crate::redis_backend::RedisBackend;
 use crate::route::Route;
 use bytes::Bytes;
@@ -129,12 +129,18 @@ impl Cache {
     /// L1, then L2 (promoting an L2 hit into L1). Stale entries are returned
     /// too; the caller decides what staleness it accepts.
     pub(crate) async fn lookup(&self, route: Route, key: &str) -> Option<(Arc<Entry>, Tier)> {
+        self.lookup_tagged(route, key, None).await
+    }
+
+    /// [`Cache::lookup`] with the key's L2 [`Tag`] when the caller has it
+    /// (a memoized request target: [`parsed`]), so an L2 read hashes nothing.
+    pub(crate) async fn lookup_tagged(&self, route: Route, key: &str, tag: Option<&Tag>) -> Option<(Arc<Entry>, Tier)> {
         if let Some(memory) = &self.memory {
             if let Some(entry) = memory.get(key).await {
                 return Some((entry, Tier::Memory));
             }
         }
-        let entry = Arc::new(self.lookup_redis(route, key).await?);
+        let entry = Arc::new(self.lookup_redis(route, key, tag).await?);
         if entry.remaining_life(now_ms(), self.grace).is_zero() {
             return None;
         }
@@ -145,9 +151,12 @@ impl Cache {
     }
 
     /// L2 only (cross-replica coalescing waits on this).
-    async fn lookup_redis(&self, route: Route, key: &str) -> Option<Entry> {
+    async fn lookup_redis(&self, route: Route, key: &str, tag: Option<&Tag>) -> Option<Entry> {
         let redis = self.redis.as_ref()?;
-        let rkey = self.redis_key(route, key);
+        let rkey = match tag {
+            Some(tag) if !key::is_complete_index(key) => self.keys.entry_tagged(route, tag),
+            _ => self.redis_key(route, key),
+        };
         let bytes: Option<Vec<u8>> = redis
             .call(RedisOp::CacheGet, |mut c| async move {
                 redis::cmd("GET").arg(&rkey).query_async(&mut c).await
@@ -161,7 +170,9 @@ impl Cache {
     /// A fresh entry in L2, the tier peers store to: what a replica that
     /// coalesces on another's lease accepts in place of buying the key.
     pub(crate) async fn fresh_in_redis(&self, route: Route, key: &str) -> Option<Entry> {
-        self.lookup_redis(route, key).await.filter(|e| e.is_fresh(now_ms()))
+        self.lookup_redis(route, key, None)
+            .await
+            .filter(|e| e.is_fresh(now_ms()))
     }
 
     /// Stores in both tiers. L2 is awaited (bounded by its timeout) so that a

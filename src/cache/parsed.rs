@@ -12,6 +12,7 @@
 //! classify and validate are kept; an invalid one is worked out, and
 //! refused, every time.
 
+use crate::redis_backend::keys::Tag;
 use crate::route::Target;
 use std::sync::Arc;
 
@@ -21,6 +22,9 @@ pub(crate) struct Parsed {
     pub(crate) target: Target,
     /// The normalized cache key; `None` for routes that are never cached.
     pub(crate) key: Option<String>,
+    /// The key's L2 hash tag ([`Tag::of`] the key): a lookup that reads
+    /// Redis formats its key from this, hashing nothing.
+    pub(crate) tag: Option<Tag>,
 }
 
 /// A bounded map from raw `path?query` to its [`Parsed`] form.

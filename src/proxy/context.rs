@@ -13,6 +13,7 @@ use crate::auth::Team;
 use crate::cache::control::Directives;
 use crate::error::Fault;
 use crate::metrics::Metrics;
+use crate::redis_backend::keys::Tag;
 use crate::route::{Route, Target};
 use crate::telemetry::{access, trace::Trace};
 use http::{Method, Request, StatusCode};
@@ -29,6 +30,8 @@ pub(super) struct Ask<'r, B> {
     pub(super) target: Target,
     /// `None`: never cached.
     pub(super) key: Option<String>,
+    /// The L2 hash tag of `key`, when the target was memoized with it.
+    pub(super) tag: Option<Tag>,
 }
 
 impl<B> Ask<'_, B> {

@@ -17,6 +17,7 @@
 //! not hide it from the new one.
 
 mod disk;
+mod log;
 #[cfg(test)]
 mod tests;
 
@@ -74,11 +75,19 @@ impl FileLedger {
         let db = Arc::new(db);
         let today = clock.today();
         let since = today.saturating_sub(MEMORY_DAYS);
-        let disk::Loaded { spend, unsettled } =
-            disk::load(&db, since, today).map_err(|e| format!("quota.path: cannot read {}: {e}", path.display()))?;
+        let disk::Loaded {
+            spend,
+            unsettled,
+            replayed,
+            log,
+        } = disk::load(&db, &dir.join("holds.log"), since, today)
+            .map_err(|e| format!("quota.path: cannot load the ledger in {}: {e}", dir.display()))?;
         let mut state = State::default();
         for (team, day, credits) in spend {
             add(&mut state.days, &team, day, credits);
+        }
+        if replayed > 0 {
+            tracing::info!(records = replayed, "ledger: hold log replayed into ledger.redb");
         }
         if unsettled > 0 {
             tracing::warn!(
@@ -92,7 +101,7 @@ impl FileLedger {
         let writer_saved = saved.clone();
         let handle = std::thread::Builder::new()
             .name("ledger-writer".into())
-            .spawn(move || disk::writer(writer_db, rx, writer_saved))
+            .spawn(move || disk::writer(writer_db, log, rx, writer_saved))
             .map_err(|e| format!("ledger writer: {e}"))?;
         Ok(FileLedger {
             db,
@@ -186,7 +195,7 @@ impl FileLedger {
                 id,
                 team: h.team,
                 day,
-                route: UNSETTLED,
+                route: UNSETTLED.into(),
                 spent: h.amount,
             };
             // Not awaited: the held row already makes this durable.
@@ -229,7 +238,7 @@ impl FileLedger {
             (false, amount, actual) if actual > amount => Op::Spend {
                 team: r.team,
                 day: today,
-                route: route.as_str(),
+                route: route.as_str().into(),
                 spent: actual - amount,
             },
             (false, _, _) | (true, 0, 0) => return Ok(()),
@@ -237,14 +246,14 @@ impl FileLedger {
             (true, 0, _) => Op::Spend {
                 team: r.team,
                 day: today,
-                route: route.as_str(),
+                route: route.as_str().into(),
                 spent: actual,
             },
             _ => Op::End {
                 id: r.id,
                 team: r.team,
                 day: today,
-                route: route.as_str(),
+                route: route.as_str().into(),
                 spent: actual,
             },
         };
@@ -269,7 +278,7 @@ impl FileLedger {
                 id: r.id,
                 team: r.team,
                 day: 0,
-                route: UNSETTLED,
+                route: UNSETTLED.into(),
                 spent: 0,
             };
             // Not awaited: a release lost to a crash only over-charges.
@@ -327,6 +336,18 @@ impl FileLedger {
             .begin_write()
             .map(drop)
             .map_err(|e| format!("ledger not writable: {e}"))
+    }
+}
+
+#[cfg(test)]
+impl FileLedger {
+    /// Stops the writer as a crash would: the log is not folded into redb
+    /// (with `applied`, it is, but the log is not started over).
+    pub(super) fn crash(self, applied: bool) {
+        let _ = self.writes.send(Write {
+            op: Op::Crash { applied },
+            done: None,
+        });
     }
 }
 

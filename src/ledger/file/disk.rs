@@ -281,7 +281,13 @@ fn log_batch(log: &mut HoldLog, batch: &[Write], buf: &mut Vec<u8>) -> Result<()
 /// then starts the log's next generation. A crash in between replays
 /// nothing twice: the old generation is applied. With nothing logged,
 /// only saved credits are written (durably if `last`).
-fn compact(db: &Database, log: &mut HoldLog, pending: &mut Vec<Op>, saved: &SavedTally, last: bool) -> Result<(), String> {
+fn compact(
+    db: &Database,
+    log: &mut HoldLog,
+    pending: &mut Vec<Op>,
+    saved: &SavedTally,
+    last: bool,
+) -> Result<(), String> {
     if pending.is_empty() && log.is_empty() {
         let tally = saved.take();
         if tally.is_empty() {

@@ -259,11 +259,11 @@ pub(super) fn encode(op: &Op, generation: u64, out: &mut Vec<u8>) {
     out[start + 4..start + RECORD_HEAD].copy_from_slice(&sum.to_le_bytes());
 }
 
-/// Team names and routes are short (config strings): a u16 length.
+/// A string: its length (u32 LE), its bytes.
 fn put_str(out: &mut Vec<u8>, s: &str) {
-    let bytes = &s.as_bytes()[..s.len().min(usize::from(u16::MAX))];
-    out.extend_from_slice(&(bytes.len() as u16).to_le_bytes());
-    out.extend_from_slice(bytes);
+    let len = u32::try_from(s.len()).unwrap_or(u32::MAX);
+    out.extend_from_slice(&len.to_le_bytes());
+    out.extend_from_slice(&s.as_bytes()[..len as usize]);
 }
 
 /// Reads a payload front to back.
@@ -285,7 +285,7 @@ impl Reader<'_> {
     }
 
     fn string(&mut self) -> Option<String> {
-        let len = usize::from(u16::from_le_bytes(self.take()?));
+        let len = usize::try_from(self.u32()?).ok()?;
         let (s, rest) = self.0.split_at_checked(len)?;
         self.0 = rest;
         String::from_utf8(s.to_vec()).ok()

@@ -1,18 +1,29 @@
-//! The file ledger: spend durably in redb, budgets checked in memory.
+//! The file ledger: spend durably on local disk, budgets checked in memory.
 //!
 //! Memory holds a mirror of the last days' spend (loaded at start) and the
 //! reservations in flight; the budget check is a mutex-guarded sum. Writes go
-//! to one writer thread that commits every write queued at that moment in
-//! one fsync'd transaction (group commit) and only then answers. A settle
-//! the durable hold already covers is not waited for (see `settle`).
+//! to one writer thread that appends every write queued at that moment to
+//! the **hold log** (`holds.log`, see `log`) and makes them durable with one
+//! `fdatasync` (group commit), and only then answers. A settle the durable
+//! hold already covers is not waited for (see `settle`): it is appended and
+//! rides the next `fdatasync`. A miss thus costs one small append and one
+//! `fdatasync` on its path, not a B-tree commit.
 //!
-//! **Durable intent**: a metered reservation is written (`held` table)
-//! before its upstream call may start, and removed by its settle or release
-//! in the same transaction that records the spend. A process that dies in
-//! between leaves the row behind; at the next start every such row counts
-//! as spent at its full amount (route `unsettled`): the upstream may have
-//! charged it, and the budget must never forget a charge. It counts on the
-//! later of its reservation's day and the day of that start: the charge
+//! **redb (`ledger.redb`) is the compacted state**: the writer folds the
+//! log's records into it in one transaction when the log is three quarters
+//! full, every `COMPACT_EVERY` (or sooner when idle), before a read of the
+//! rows (`rows`) and at shutdown, then starts the log over on a new
+//! generation. The transaction records the generation it applied, so a
+//! crash between it and the log's restart replays nothing twice.
+//!
+//! **Durable intent**: a metered reservation is in the log (durable) before
+//! its upstream call may start, and ended by its settle or release, which
+//! records the spend. A process that dies in between leaves the hold
+//! behind; at the next start the log is replayed into redb (a torn last
+//! record is ignored: it was never acknowledged) and every hold still open
+//! counts as spent at its full amount (route `unsettled`): the upstream may
+//! have charged it, and the budget must never forget a charge. It counts on
+//! the later of its reservation's day and the day of that start: the charge
 //! may have landed after midnight, and a window that closed meanwhile must
 //! not hide it from the new one.
 

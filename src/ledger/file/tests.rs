@@ -158,7 +158,9 @@ async fn a_crash_replays_the_hold_log_once() {
     let l = ledger(dir.path());
     let settled = granted(&l, 100, 60, today).await;
     // Covered by its hold: rides the log without an fdatasync of its own.
-    l.settle(settled, 10, Route::PermitsSearch, today).await.expect("settle");
+    l.settle(settled, 10, Route::PermitsSearch, today)
+        .await
+        .expect("settle");
     std::mem::forget(granted(&l, 100, 40, today).await);
     let free = granted(&l, 100, 0, today).await;
     l.settle(free, 3, Route::MetaRelease, today).await.expect("settle");
@@ -192,7 +194,11 @@ async fn a_torn_last_record_is_ignored_and_its_hold_counts() {
     bytes[last] ^= 0xff;
     std::fs::write(&path, &bytes).unwrap();
     let l = ledger(dir.path());
-    assert_eq!(l.usage("t", today).used, 40, "the hold counts in full: over-, never under-charged");
+    assert_eq!(
+        l.usage("t", today).used,
+        40,
+        "the hold counts in full: over-, never under-charged"
+    );
     assert_eq!(unsettled(&l.rows(today, today).await), 40);
 }
 

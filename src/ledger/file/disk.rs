@@ -105,8 +105,8 @@ fn recover(db: &Database, replay: Option<log::Replay>, today: u32) -> Result<(u6
     let applied = applied_generation(&txn)?;
     let (generation, ops) = match replay {
         Some(r) if r.generation > applied => (r.generation, r.ops),
-        Some(r) => (applied.max(r.generation), Vec::new()),
-        None => (applied, Vec::new()),
+        // Applied already: a crash after compaction's commit.
+        _ => (applied, Vec::new()),
     };
     apply(&txn, &ops, &[])?;
     txn.open_table(META)?.insert(LOG_APPLIED, generation)?;
@@ -149,6 +149,7 @@ fn read_spend(db: &Database, since: u32) -> Result<Vec<(String, u32, u64)>, redb
     }
     Ok(spend)
 }
+
 /// The spend rows between two days inclusive.
 pub(super) fn read_rows(db: &Database, from: u32, to: u32) -> Result<Vec<UsageRow>, redb::Error> {
     let txn = db.begin_read()?;

@@ -1,22 +1,34 @@
-//! The file ledger: spend durably in redb, budgets checked in memory.
+//! The file ledger: spend durably on local disk, budgets checked in memory.
 //!
 //! Memory holds a mirror of the last days' spend (loaded at start) and the
 //! reservations in flight; the budget check is a mutex-guarded sum. Writes go
-//! to one writer thread that commits every write queued at that moment in
-//! one fsync'd transaction (group commit) and only then answers. A settle
-//! the durable hold already covers is not waited for (see `settle`).
+//! to one writer thread that appends every write queued at that moment to
+//! the **hold log** (`holds.log`, see `log`) and makes them durable with one
+//! `fdatasync` (group commit), and only then answers. A settle the durable
+//! hold already covers is not waited for (see `settle`): it is appended and
+//! rides the next `fdatasync`. A miss thus costs one small append and one
+//! `fdatasync` on its path, not a B-tree commit.
 //!
-//! **Durable intent**: a metered reservation is written (`held` table)
-//! before its upstream call may start, and removed by its settle or release
-//! in the same transaction that records the spend. A process that dies in
-//! between leaves the row behind; at the next start every such row counts
-//! as spent at its full amount (route `unsettled`): the upstream may have
-//! charged it, and the budget must never forget a charge. It counts on the
-//! later of its reservation's day and the day of that start: the charge
+//! **redb (`ledger.redb`) is the compacted state**: the writer folds the
+//! log's records into it in one transaction when the log is three quarters
+//! full, every `COMPACT_EVERY` (or sooner when idle), before a read of the
+//! rows (`rows`) and at shutdown, then starts the log over on a new
+//! generation. The transaction records the generation it applied, so a
+//! crash between it and the log's restart replays nothing twice.
+//!
+//! **Durable intent**: a metered reservation is in the log (durable) before
+//! its upstream call may start, and ended by its settle or release, which
+//! records the spend. A process that dies in between leaves the hold
+//! behind; at the next start the log is replayed into redb (a torn last
+//! record is ignored: it was never acknowledged) and every hold still open
+//! counts as spent at its full amount (route `unsettled`): the upstream may
+//! have charged it, and the budget must never forget a charge. It counts on
+//! the later of its reservation's day and the day of that start: the charge
 //! may have landed after midnight, and a window that closed meanwhile must
 //! not hide it from the new one.
 
 mod disk;
+mod log;
 #[cfg(test)]
 mod tests;
 
@@ -74,11 +86,19 @@ impl FileLedger {
         let db = Arc::new(db);
         let today = clock.today();
         let since = today.saturating_sub(MEMORY_DAYS);
-        let disk::Loaded { spend, unsettled } =
-            disk::load(&db, since, today).map_err(|e| format!("quota.path: cannot read {}: {e}", path.display()))?;
+        let disk::Loaded {
+            spend,
+            unsettled,
+            replayed,
+            log,
+        } = disk::load(&db, &dir.join("holds.log"), since, today)
+            .map_err(|e| format!("quota.path: cannot load the ledger in {}: {e}", dir.display()))?;
         let mut state = State::default();
         for (team, day, credits) in spend {
             add(&mut state.days, &team, day, credits);
+        }
+        if replayed > 0 {
+            tracing::info!(records = replayed, "ledger: hold log replayed into ledger.redb");
         }
         if unsettled > 0 {
             tracing::warn!(
@@ -92,7 +112,7 @@ impl FileLedger {
         let writer_saved = saved.clone();
         let handle = std::thread::Builder::new()
             .name("ledger-writer".into())
-            .spawn(move || disk::writer(writer_db, rx, writer_saved))
+            .spawn(move || disk::writer(writer_db, log, rx, writer_saved))
             .map_err(|e| format!("ledger writer: {e}"))?;
         Ok(FileLedger {
             db,
@@ -186,7 +206,7 @@ impl FileLedger {
                 id,
                 team: h.team,
                 day,
-                route: UNSETTLED,
+                route: UNSETTLED.into(),
                 spent: h.amount,
             };
             // Not awaited: the held row already makes this durable.
@@ -229,7 +249,7 @@ impl FileLedger {
             (false, amount, actual) if actual > amount => Op::Spend {
                 team: r.team,
                 day: today,
-                route: route.as_str(),
+                route: route.as_str().into(),
                 spent: actual - amount,
             },
             (false, _, _) | (true, 0, 0) => return Ok(()),
@@ -237,14 +257,14 @@ impl FileLedger {
             (true, 0, _) => Op::Spend {
                 team: r.team,
                 day: today,
-                route: route.as_str(),
+                route: route.as_str().into(),
                 spent: actual,
             },
             _ => Op::End {
                 id: r.id,
                 team: r.team,
                 day: today,
-                route: route.as_str(),
+                route: route.as_str().into(),
                 spent: actual,
             },
         };
@@ -269,7 +289,7 @@ impl FileLedger {
                 id: r.id,
                 team: r.team,
                 day: 0,
-                route: UNSETTLED,
+                route: UNSETTLED.into(),
                 spent: 0,
             };
             // Not awaited: a release lost to a crash only over-charges.
@@ -327,6 +347,18 @@ impl FileLedger {
             .begin_write()
             .map(drop)
             .map_err(|e| format!("ledger not writable: {e}"))
+    }
+}
+
+#[cfg(test)]
+impl FileLedger {
+    /// Stops the writer as a crash would: the log is not folded into redb
+    /// (with `applied`, it is, but the log is not started over).
+    pub(super) fn crash(self, applied: bool) {
+        let _ = self.writes.send(Write {
+            op: Op::Crash { applied },
+            done: None,
+        });
     }
 }
 

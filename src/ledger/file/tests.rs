@@ -146,3 +146,93 @@ async fn a_hold_left_by_a_crash_counts_on_the_day_of_the_restart() {
         "booked on the restart's day, not the reservation's"
     );
 }
+
+fn unsettled(rows: &[crate::ledger::UsageRow]) -> u64 {
+    rows.iter().filter(|r| r.route == UNSETTLED).map(|r| r.spent).sum()
+}
+
+#[tokio::test]
+async fn a_crash_replays_the_hold_log_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let today = crate::ledger::today();
+    let l = ledger(dir.path());
+    let settled = granted(&l, 100, 60, today).await;
+    // Covered by its hold: rides the log without an fdatasync of its own.
+    l.settle(settled, 10, Route::PermitsSearch, today)
+        .await
+        .expect("settle");
+    std::mem::forget(granted(&l, 100, 40, today).await);
+    let free = granted(&l, 100, 0, today).await;
+    l.settle(free, 3, Route::MetaRelease, today).await.expect("settle");
+    l.crash(false);
+    let l = ledger(dir.path());
+    assert_eq!(l.usage("t", today).used, 53, "10 settled + 40 held + 3 uncovered");
+    assert_eq!(unsettled(&l.rows(today, today).await), 40);
+    drop(l);
+    let l = ledger(dir.path());
+    assert_eq!(l.usage("t", today).used, 53, "replayed once, not again");
+    l.crash(false);
+    assert_eq!(
+        ledger(dir.path()).usage("t", today).used,
+        53,
+        "an earlier generation's records left in the file do not count"
+    );
+}
+
+#[tokio::test]
+async fn a_torn_last_record_is_ignored_and_its_hold_counts() {
+    let dir = tempfile::tempdir().unwrap();
+    let today = crate::ledger::today();
+    let l = ledger(dir.path());
+    let r = granted(&l, 100, 40, today).await;
+    l.settle(r, 10, Route::PermitsSearch, today).await.expect("settle");
+    l.crash(false);
+    // Tear the end's record: its last byte never reached the disk.
+    let path = dir.path().join("holds.log");
+    let mut bytes = std::fs::read(&path).unwrap();
+    let last = bytes.iter().rposition(|b| *b != 0).expect("records");
+    bytes[last] ^= 0xff;
+    std::fs::write(&path, &bytes).unwrap();
+    let l = ledger(dir.path());
+    assert_eq!(
+        l.usage("t", today).used,
+        40,
+        "the hold counts in full: over-, never under-charged"
+    );
+    assert_eq!(unsettled(&l.rows(today, today).await), 40);
+}
+
+#[tokio::test]
+async fn a_crash_between_compaction_and_the_logs_restart_counts_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let today = crate::ledger::today();
+    let l = ledger(dir.path());
+    let r = granted(&l, 100, 40, today).await;
+    l.settle(r, 10, Route::PermitsSearch, today).await.expect("settle");
+    std::mem::forget(granted(&l, 100, 30, today).await);
+    // redb holds the log's records; the log still holds them too.
+    l.crash(true);
+    let l = ledger(dir.path());
+    assert_eq!(l.usage("t", today).used, 40, "10 settled + 30 held, once");
+    let rows = l.rows(today, today).await;
+    assert_eq!(rows.iter().map(|r| r.spent).sum::<u64>(), 40);
+    assert_eq!(unsettled(&rows), 30);
+}
+
+#[tokio::test]
+async fn a_flush_folds_the_log_into_redb() {
+    let dir = tempfile::tempdir().unwrap();
+    let today = crate::ledger::today();
+    let l = ledger(dir.path());
+    let r = granted(&l, 100, 40, today).await;
+    l.settle(r, 10, Route::PermitsSearch, today).await.expect("settle");
+    let open = granted(&l, 100, 20, today).await;
+    assert_eq!(l.rows(today, today).await.iter().map(|r| r.spent).sum::<u64>(), 10);
+    let after_flush = l.reserve("t", Some(100), 5, today).await.expect("reserve");
+    l.settle(open, 20, Route::PermitsSearch, today).await.expect("settle");
+    // The flush started a new generation: what follows it is in the log.
+    l.crash(false);
+    let l = ledger(dir.path());
+    assert_eq!(l.usage("t", today).used, 35, "10 + 20 settled, 5 held");
+    drop(after_flush);
+}

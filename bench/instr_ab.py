@@ -1,0 +1,47 @@
+"""Instructions per L1 hit (callgrind) of several builds, at several log
+levels, in one run: the A/B behind each hit-path change in BENCHMARKS.md.
+
+    python3 bench/instr_ab.py --levels warn,info before=DIR after=DIR [...]
+
+Each DIR holds `permit-gateway` and `permit-api-sim` (copy them out of
+target/ per build: the target dir is rewritten by the next build). Same
+page, load and counting as `bench/instructions.py` (wrk -t1 -c8, 4 s).
+"""
+import argparse
+import os
+import sys
+import tempfile
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import instructions as ins  # noqa: E402
+import lib  # noqa: E402
+import run  # noqa: E402
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--levels", default="warn,info", help="log levels, comma-separated (info: access log on)")
+    ap.add_argument("--secs", type=int, default=4)
+    ap.add_argument("builds", nargs="+", help="name=DIR")
+    args = ap.parse_args()
+    builds = [b.split("=", 1) for b in args.builds]
+    tmp = tempfile.mkdtemp(prefix="pgw-instr-ab-")
+    sim = lib.Sim(builds[0][1], tmp, "sim", run.SIM_KEY, 0, 0)
+    url, _ = run.pick_page(sim)
+    headers = {"X-API-Key": run.TOKEN}
+    for level in args.levels.split(","):
+        for name, bin_dir in builds:
+            tag = f"{name}-{level}"
+            wrap = ins.wrapped_bin_dir(bin_dir, tmp, tag)
+            gw = lib.Gateway(wrap, tmp, tag, sim, {"bench": run.TOKEN}, level=level)
+            for _ in range(3):
+                status, _, _ = lib.get(gw.base + url, headers=headers, timeout=60)
+            assert status == 200, (name, status)
+            total, done = ins.count(gw.proc.pid, gw.base + url, headers, args.secs, 8, os.path.join(tmp, f"cg-{tag}.*"))
+            print(f"{name:10s} {level:5s} {total / max(done, 1):8.0f} instructions per hit ({done} requests)", flush=True)
+            lib.stop(gw.proc)
+    lib.stop(sim.proc)
+
+
+if __name__ == "__main__":
+    main()

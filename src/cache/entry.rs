@@ -123,11 +123,11 @@ impl Entry {
         // A code this build does not know (a newer replica's route): a miss.
         let route = Route::from_index(usize::from(bytes[25]))?;
         let etag_end = HEAD + usize::from(bytes[26]);
-        // A view into `bytes` too (checked to be a valid header value).
-        let etag = HeaderValue::from_maybe_shared(bytes.slice(HEAD..etag_end.min(bytes.len()))).ok()?;
-        if etag.len() != etag_end - HEAD {
+        if etag_end > bytes.len() {
             return None;
         }
+        // A view into `bytes` too (checked to be a valid header value).
+        let etag = HeaderValue::from_maybe_shared(bytes.slice(HEAD..etag_end)).ok()?;
         let body = if version == VERSION {
             let sum = u64_at(etag_end)?;
             let body = bytes.slice(etag_end.checked_add(8).filter(|&at| at <= bytes.len())?..);

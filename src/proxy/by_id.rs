@@ -42,11 +42,6 @@ type Answer = Result<Response<Body>, GatewayError>;
 /// A held record or absence, if any.
 type Held = Option<Arc<Entry>>;
 
-/// Whether `route` is an id lookup [`answer`] may serve record by record.
-pub(super) fn applies(route: crate::route::Route) -> bool {
-    Resource::of_lookup(route).is_some()
-}
-
 /// The answer of an id lookup from held records and the missing ids'
 /// fetch; `None` when this request is not one (the page path answers it).
 pub(super) async fn answer<B>(app: &Arc<App>, ask: &Ask<'_, B>, ctx: &mut RequestContext) -> Option<Answer> {

@@ -179,7 +179,7 @@ async fn pipeline<B>(
                 tag,
             };
             app.parsed.insert(raw, parsed);
-            (key, None)
+            (key, tag)
         }
     };
     let ask = Ask {
@@ -201,13 +201,8 @@ async fn cached_or_fetched<B>(
     ctx: &mut RequestContext,
 ) -> Result<Response<Body>, GatewayError> {
     // 7a. An id lookup: from the records already bought, buying the rest.
-    //     The phases a hit does not run are boxed (here and below): their
-    //     state would otherwise make every request's future kilobytes
-    //     larger, copied at each move (~0.5k instructions a hit).
-    if by_id::applies(ask.target.route) {
-        if let Some(answer) = Box::pin(by_id::answer(app, ask, ctx)).await {
-            return answer;
-        }
+    if let Some(answer) = by_id::answer(app, ask, ctx).await {
+        return answer;
     }
     let (d, target) = (&ask.directives, &ask.target);
     // 7. Lookup, unless the client said no-cache.
@@ -229,7 +224,7 @@ async fn cached_or_fetched<B>(
         }
     }
     // 7b. The answer held by another key's page (issue 28).
-    if let Some(answer) = Box::pin(spend::derived(app, ask, ctx)).await {
+    if let Some(answer) = spend::derived(app, ask, ctx).await {
         return Ok(answer);
     }
     // A HEAD never buys anything: it is answered from the cache or not at
@@ -240,7 +235,7 @@ async fn cached_or_fetched<B>(
     }
     // 8a. A team that opted in gets the page its remaining credits cover
     //     (looked up, then bought, as a request of its own).
-    if let Some(clamped) = Box::pin(spend::clamp(app, ask)).await {
+    if let Some(clamped) = spend::clamp(app, ask).await {
         let narrowed = Ask {
             req: ask.req,
             trace: ask.trace.clone(),
@@ -255,7 +250,7 @@ async fn cached_or_fetched<B>(
         return Ok(resp);
     }
     // 8–13. Coalesce, reserve, queue, forward, settle, store.
-    let (outcome, role) = Box::pin(fetch::coalesced(app, ask.job(&ctx.request_id))).await;
+    let (outcome, role) = fetch::coalesced(app, ask.job(&ctx.request_id)).await;
     // 14. The upstream failed and a stale copy exists: serve it instead.
     if let (true, Some(k)) = (fetch::upstream_failed(&outcome), ask.key.as_deref()) {
         if cached.is_none() {

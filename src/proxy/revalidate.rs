@@ -69,8 +69,7 @@ pub(super) async fn accept(
         Use::Revalidate => {
             // only-if-cached never reaches the upstream, not even so.
             if let (Some(job), false) = (job(), d.only_if_cached) {
-                // Boxed: a hit's future need not hold the claim's state.
-                if Box::pin(app.refreshes.claim(key)).await {
+                if app.refreshes.claim(key).await {
                     tokio::spawn(refresh(app.clone(), job));
                 }
             }

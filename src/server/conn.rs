@@ -35,6 +35,7 @@ use hyper_util::server::conn::auto;
 use hyper_util::server::graceful::GracefulConnection;
 use std::convert::Infallible;
 use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::task::Poll;
 use std::time::Duration;
@@ -175,30 +176,21 @@ where
     loop {
         // An order sent before the first poll counts too (`mark_changed`).
         let order = match orders.has_changed() {
-            Ok(false) => None,
-            Ok(true) => Some(*orders.borrow_and_update()),
-            Err(_) => Some(Order::Close),
+            Ok(false) => Order::Serve,
+            Ok(true) => *orders.borrow_and_update(),
+            Err(_) => Order::Close,
         };
-        if let Some(order) = order {
-            match order {
-                Order::Serve => {}
-                Order::Drain if !draining => {
-                    draining = true;
-                    http.as_mut().graceful_shutdown();
-                }
-                Order::Drain => {}
-                // Graceful: an idle connection closes at once, one whose
-                // head just arrived answers it first (bounded).
-                Order::Evict if gone_by.is_none() => {
-                    gone_by = Some(Instant::now() + t.write);
-                    if !draining {
-                        draining = true;
-                        http.as_mut().graceful_shutdown();
-                    }
-                }
-                Order::Evict => {}
-                Order::Close => return,
+        match order {
+            Order::Serve => {}
+            Order::Drain => drain(http.as_mut(), &mut draining),
+            // Graceful: an idle connection closes at once, one whose head
+            // just arrived answers it first (bounded).
+            Order::Evict if gone_by.is_none() => {
+                gone_by = Some(Instant::now() + t.write);
+                drain(http.as_mut(), &mut draining);
             }
+            Order::Evict => {}
+            Order::Close => return,
         }
         let check = tokio::time::sleep_until(next_check(conn, head_by, gone_by, t));
         tokio::pin!(check);
@@ -238,13 +230,17 @@ where
                 let idle = conn.http2() && conn.idle_for().is_some_and(|d| d >= t.idle);
                 if idle && gone_by.is_none() {
                     gone_by = Some(now + t.write);
-                    if !draining {
-                        draining = true;
-                        http.as_mut().graceful_shutdown();
-                    }
+                    drain(http.as_mut(), &mut draining);
                 }
             }
         }
+    }
+}
+
+/// Starts the connection's graceful shutdown, once.
+fn drain<C: GracefulConnection>(http: Pin<&mut C>, draining: &mut bool) {
+    if !std::mem::replace(draining, true) {
+        http.graceful_shutdown();
     }
 }
 

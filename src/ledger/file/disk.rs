@@ -110,23 +110,22 @@ fn recover(db: &Database, replay: Option<log::Replay>, today: u32) -> Result<(u6
     };
     apply(&txn, &ops, &[])?;
     txn.open_table(META)?.insert(LOG_APPLIED, generation)?;
-    let unsettled = {
-        let mut held = txn.open_table(HELD)?;
-        let mut spend = txn.open_table(SPEND)?;
-        let mut rows = Vec::new();
-        for item in held.iter()? {
-            let (id, v) = item?;
-            let (team, amount, day) = v.value();
-            rows.push((id.value(), team.to_string(), amount, day));
-        }
-        for (id, team, amount, day) in &rows {
-            held.remove(id)?;
-            let key = (team.as_str(), (*day).max(today), UNSETTLED);
-            let (spent, saved) = spend.get(key)?.map_or((0, 0), |v| v.value());
-            spend.insert(key, (spent.saturating_add(*amount), saved))?;
-        }
-        rows.len()
-    };
+    // Every hold still there ends as unsettled spend, through the same
+    // end a settle writes.
+    let mut lapsed = Vec::new();
+    for item in txn.open_table(HELD)?.iter()? {
+        let (id, v) = item?;
+        let (team, amount, day) = v.value();
+        lapsed.push(Op::End {
+            id: id.value(),
+            team: team.to_string(),
+            day: day.max(today),
+            route: UNSETTLED.into(),
+            spent: amount,
+        });
+    }
+    apply(&txn, &lapsed, &[])?;
+    let unsettled = lapsed.len();
     txn.commit()?;
     Ok((generation, ops.len(), unsettled))
 }
@@ -289,14 +288,13 @@ fn compact(
     saved: &SavedTally,
     last: bool,
 ) -> Result<(), String> {
+    let tally = saved.take();
     if pending.is_empty() && log.is_empty() {
-        let tally = saved.take();
         if tally.is_empty() {
             return Ok(());
         }
         return commit(db, &[], &tally, None, last).map_err(|e| failed(saved, tally, e));
     }
-    let tally = saved.take();
     let generation = log.generation();
     commit(db, pending, &tally, Some(generation), true).map_err(|e| failed(saved, tally, e))?;
     pending.clear();

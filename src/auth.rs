@@ -203,6 +203,13 @@ fn digest_eq(a: &[u8; 32], b: &[u8; 32]) -> subtle::Choice {
     diff.ct_eq(&0u8)
 }
 
+/// Whether a request carries anything that may be a team's credential
+/// (the overload manager counts a stream without one as anonymous before
+/// its handler runs).
+pub(crate) fn has_credential(headers: &HeaderMap) -> bool {
+    headers.contains_key(&X_API_KEY) || headers.contains_key(AUTHORIZATION)
+}
+
 /// The one credential of a request. Repeated or disagreeing credentials are
 /// refused rather than guessed at: a proxy in front might have added one.
 fn credential(headers: &HeaderMap) -> Result<&str, GatewayError> {

@@ -59,6 +59,10 @@ pub enum GatewayError {
     UpstreamKeyRefused,
     /// A backend we must not fail open on (the ledger) is down.
     Unavailable(&'static str),
+    /// An HTTP/2 stream refused before anything was bought for it: the
+    /// listener's answer bytes are spent and its tenant holds its share
+    /// (`server::overload`). 503 with `Retry-After`.
+    AnswersBusy,
     /// A bug: never expected.
     Internal,
     /// `POST /admin/reload` found a config it will not load: every problem.
@@ -155,6 +159,7 @@ impl GatewayError {
             | TeamRateLimited { .. }
             | QuotaExceeded { .. }
             | NotCached
+            | AnswersBusy
             | ReloadRefused(_) => Fault::Client,
             UpstreamRateLimited { .. }
             | UpstreamTimeout
@@ -220,7 +225,7 @@ impl GatewayError {
             QuotaExceeded { .. } => StatusCode::PAYMENT_REQUIRED,
             NotCached | UpstreamTimeout => StatusCode::GATEWAY_TIMEOUT,
             UpstreamUnavailable | UpstreamInvalid(_) | UpstreamKeyRefused => StatusCode::BAD_GATEWAY,
-            Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+            Unavailable(_) | AnswersBusy => StatusCode::SERVICE_UNAVAILABLE,
             Internal => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
@@ -262,6 +267,7 @@ impl GatewayError {
             UpstreamInvalid(why) => why,
             UpstreamKeyRefused => "Upstream refused the gateway's credentials",
             Unavailable(why) => why,
+            AnswersBusy => "Too many answers are waiting for slow readers; retry shortly",
             Internal => "Internal Server Error",
             ReloadRefused(problems) => return json!({ "detail": problems }),
         };
@@ -286,6 +292,9 @@ impl GatewayError {
             GatewayError::TeamRateLimited { retry_after_secs }
             | GatewayError::UpstreamRateLimited { retry_after_secs } => {
                 headers.insert(header::RETRY_AFTER, HeaderValue::from(retry_after_secs.max(1)));
+            }
+            GatewayError::AnswersBusy => {
+                headers.insert(header::RETRY_AFTER, HeaderValue::from(1u32));
             }
             GatewayError::InvalidCredential | GatewayError::ConflictingCredentials => {
                 headers.insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
@@ -345,6 +354,7 @@ mod tests {
             (UpstreamInvalid("x"), 502),
             (UpstreamKeyRefused, 502),
             (Unavailable("ledger"), 503),
+            (AnswersBusy, 503),
             (Internal, 500),
             (ReloadRefused(vec!["x: bad".into()]), 422),
             (UpstreamTimeout.billed_at(25), 504),

@@ -133,15 +133,30 @@ pub async fn run(
         (Some(cert), Some(key)) => Some(server::tls_acceptor(cert, key)?),
         _ => None,
     };
-    let limits = server::Limits::from_config(&app.config.server);
+    let mut team_limits = server::Limits::from_config(&app.config.server);
+    let mut admin_limits = server::Limits::admin_from_config(&app.config.server);
+    // The descriptor pool: client connections get what RLIMIT_NOFILE leaves
+    // once the upstream pool, Redis and the ledger have theirs.
+    let fit = server::fit_descriptors(team_limits.max_connections(), admin_limits.max_connections())?;
+    if let Some(warning) = &fit.clamped {
+        tracing::warn!(nofile = fit.limit, "{warning}");
+    }
+    team_limits.clamp(fit.team_max);
+    admin_limits.clamp(fit.admin_max);
     let (stop_tx, stop_rx) = watch::channel(false);
     let stopped = |mut rx: watch::Receiver<bool>| async move {
         let _ = rx.wait_for(|stop| *stop).await;
     };
     let team_app = app.clone();
+    let actions = app.metrics.overload_actions_total.clone();
     let team_limits = server::Limits {
         open_connections: Some(app.metrics.open_connections.clone()),
-        ..limits.clone()
+        actions: server::Actions::new(actions.clone(), "team"),
+        ..team_limits
+    };
+    let admin_limits = server::Limits {
+        actions: server::Actions::new(actions, "admin"),
+        ..admin_limits
     };
     let team = server::serve(
         listeners.team,
@@ -154,7 +169,7 @@ pub async fn run(
     let admin = server::serve(
         listeners.admin,
         None,
-        limits,
+        admin_limits,
         move |req, _| admin::handle(admin_app.clone(), req),
         stopped(stop_rx),
     );

@@ -57,6 +57,8 @@ pub struct ServerConfig {
     pub(crate) tls_key_file: Option<PathBuf>,
     pub(crate) max_connections: usize,
     pub(crate) max_connections_per_peer: usize,
+    /// The admin listener's own cap (probes, scrapes, the admin API).
+    pub(crate) admin_max_connections: usize,
     pub(crate) max_header_bytes: usize,
     pub(crate) max_uri_bytes: usize,
     pub(crate) header_read_timeout_secs: u64,

@@ -56,6 +56,7 @@ impl ServerConfig {
             }
         }
         positive("server.max_connections", self.max_connections as u64, p);
+        positive("server.admin_max_connections", self.admin_max_connections as u64, p);
         positive(
             "server.max_connections_per_peer",
             self.max_connections_per_peer as u64,

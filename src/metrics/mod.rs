@@ -63,6 +63,9 @@ pub struct Metrics {
     /// Not in the contract table: ids of id lookups by where their answer
     /// came from (`cache::records`).
     cache_records_total: IntCounterVec,
+    /// Not in the contract table: what the overload manager did
+    /// (`server::overload`), by listener, pool and action.
+    pub(crate) overload_actions_total: IntCounterVec,
     /// The hit path's children, resolved once (`children.rs`).
     children: Children,
 }
@@ -248,6 +251,12 @@ impl Metrics {
                 "gateway_cache_records_total",
                 "Ids of id lookups, by source: a held record, a held absence, or the upstream.",
                 &["route", "source"],
+            ),
+            overload_actions_total: counter(
+                &r,
+                "gateway_overload_actions_total",
+                "What the overload manager did, by listener (team, admin), pool (connections, per_peer, descriptors, answer_bytes) and action (the class of connection closed, or refuse).",
+                &["listener", "pool", "action"],
             ),
             registry: r,
         };

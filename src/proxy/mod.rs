@@ -142,8 +142,13 @@ async fn pipeline<B>(
     // 3. Authenticate before anything costs money or reveals data.
     let team = app.teams.load().authenticate(req.headers())?;
     ctx.team = Some(team.clone());
+    // 3. (cont.) An HTTP/2 stream past its team's share of the answer
+    //    bytes held for slow readers is refused here, before anything is
+    //    looked up, reserved or bought (server::overload).
     if let Some(mark) = mark {
-        mark.team_seen(&team.name);
+        if !mark.team_seen(&team.name) {
+            return Err(GatewayError::AnswersBusy);
+        }
     }
     // 4. The team's requests in flight (followers too), so one team cannot
     //    keep every connection and queue place busy; held until answered.

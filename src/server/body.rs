@@ -8,10 +8,12 @@
 //! answer in memory for as long as it keeps the connection. So an HTTP/2
 //! answer is sent in [`CHUNK`]-sized frames (at most one chunk per stream
 //! sits in h2), and the bytes not yet taken, plus the chunk last taken,
-//! count in one [`Budget`] per listener: past `server.http2_max_buffered_bytes`
-//! new streams are refused (`conn.rs`). The connection's driver closes a
-//! connection whose answers took no chunk for `server.write_timeout_secs`,
-//! which frees them.
+//! count on their connection and in one [`Budget`] per listener. Past
+//! `server.http2_max_buffered_bytes` the overload manager (`overload.rs`)
+//! refuses new streams of the tenants holding their share, before their
+//! handler runs, and closes the connections holding the most stalled bytes.
+//! The connection's driver closes a connection whose answers took no chunk
+//! for `server.write_timeout_secs`, which frees them.
 
 use super::conns::{Conn, InFlight, Sending};
 use crate::http_util::Body;
@@ -33,7 +35,8 @@ const CHUNK: usize = crate::config::HTTP2_CHUNK_BYTES;
 /// (else the stall deadline would cut a download that is moving).
 const HTTP1_CHUNK: usize = 64 * 1024;
 
-/// Response bytes held for HTTP/2 streams, against a bound.
+/// Response bytes held for HTTP/2 streams, against a bound: the
+/// answer-bytes pool of the overload manager (`overload.rs` shares it out).
 pub(super) struct Budget {
     max: usize,
     used: AtomicUsize,
@@ -47,28 +50,36 @@ impl Budget {
         })
     }
 
-    /// Whether a new stream may start: the bound is not reached.
-    pub(super) fn has_room(&self) -> bool {
-        self.used.load(Ordering::Acquire) < self.max
-    }
-
-    /// Counts `n` bytes if they fit under the bound.
-    fn take(&self, n: usize) -> bool {
-        self.used
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |used| {
-                used.checked_add(n).filter(|total| *total <= self.max)
-            })
-            .is_ok()
-    }
-
-    fn give(&self, n: usize) {
-        self.used.fetch_sub(n, Ordering::AcqRel);
+    pub(super) fn max(&self) -> usize {
+        self.max
     }
 
     /// Bytes held now.
-    #[cfg(test)]
-    fn used(&self) -> usize {
+    pub(super) fn used(&self) -> usize {
         self.used.load(Ordering::Acquire)
+    }
+
+    /// Whether any stream may start without the manager's say: the bound
+    /// is not reached.
+    pub(super) fn has_room(&self) -> bool {
+        self.used() < self.max
+    }
+
+    /// Whether an anonymous stream may start: anonymous peers together get
+    /// half the bound, so teams always have the other half.
+    pub(super) fn anonymous_has_room(&self) -> bool {
+        self.used() < self.max / 2
+    }
+
+    /// Counts `n` bytes (an answer already bought is never refused here:
+    /// streams are refused before their handler runs); `false` when the
+    /// bound is now passed and room must be made.
+    pub(super) fn take(&self, n: usize) -> bool {
+        self.used.fetch_add(n, Ordering::AcqRel) + n <= self.max
+    }
+
+    pub(super) fn give(&self, n: usize) {
+        self.used.fetch_sub(n, Ordering::AcqRel);
     }
 }
 
@@ -78,34 +89,28 @@ pub(super) struct Outgoing {
     rest: Bytes,
     /// The largest frame handed out at once.
     chunk: usize,
-    /// HTTP/2: the budget `counted` bytes are held against.
-    budget: Option<Arc<Budget>>,
+    /// HTTP/2: the connection `counted` bytes are held on (and, through it,
+    /// the listener's budget).
+    holder: Option<Arc<Conn>>,
     counted: usize,
     /// Held until the body ends: the request and the answer in flight.
     guards: Option<(InFlight, Sending)>,
 }
 
 impl Outgoing {
-    /// Wraps `body`; for HTTP/2, its bytes are counted in `budget`. `Err`
-    /// gives the request's guard back when they do not fit.
-    pub(super) fn new(
-        body: Body,
-        conn: &Arc<Conn>,
-        in_flight: InFlight,
-        budget: Option<&Arc<Budget>>,
-    ) -> Result<Outgoing, InFlight> {
+    /// Wraps `body`; for HTTP/2 (`counted`), its bytes are held on the
+    /// connection, in the listener's budget. Never refused: an answer that
+    /// reached this point may have been bought.
+    pub(super) fn new(body: Body, conn: &Arc<Conn>, in_flight: InFlight, counted: bool) -> Outgoing {
         let rest = bytes_of(body);
-        let Some(budget) = budget else {
-            return Ok(Outgoing::uncounted(rest, conn, in_flight));
-        };
-        if !budget.take(rest.len()) {
-            return Err(in_flight);
-        }
         let mut out = Outgoing::uncounted(rest, conn, in_flight);
-        out.counted = out.rest.len();
-        out.chunk = CHUNK;
-        out.budget = Some(budget.clone());
-        Ok(out)
+        if counted {
+            out.counted = out.rest.len();
+            conn.hold(out.counted);
+            out.chunk = CHUNK;
+            out.holder = Some(conn.clone());
+        }
+        out
     }
 
     /// Wraps `body` without counting it (HTTP/1.1, small refusals).
@@ -114,7 +119,7 @@ impl Outgoing {
         Outgoing {
             rest,
             chunk: HTTP1_CHUNK,
-            budget: None,
+            holder: None,
             counted: 0,
             guards,
         }
@@ -122,8 +127,8 @@ impl Outgoing {
 
     /// Gives back what was counted beyond `keep` bytes.
     fn count_down_to(&mut self, keep: usize) {
-        if let Some(budget) = &self.budget {
-            budget.give(self.counted.saturating_sub(keep));
+        if let Some(conn) = &self.holder {
+            conn.release(self.counted.saturating_sub(keep));
         }
         self.counted = self.counted.min(keep);
     }
@@ -184,21 +189,23 @@ mod tests {
     use hyper::body::Body as _;
 
     #[test]
-    fn the_budget_counts_what_is_held_and_refuses_past_its_bound() {
+    fn the_budget_counts_what_is_held_until_the_client_takes_it() {
         let budget = Budget::new(3 * CHUNK);
-        let conns = super::super::conns::Conns::new(4, 4);
+        let conns = super::super::conns::Conns::new(4, 4, budget.clone(), Default::default());
         let rt = tokio::runtime::Builder::new_current_thread().build().expect("runtime");
         let slot = rt
             .block_on(conns.admit(std::net::Ipv4Addr::LOCALHOST.into()))
             .expect("admitted");
         let conn = slot.conn();
         let body = |n: usize| Body::new(Bytes::from(vec![b'x'; n]));
-        let mut two = Outgoing::new(body(2 * CHUNK), conn, conn.begin(true), Some(&budget))
-            .ok()
-            .expect("fits");
+        let mut two = Outgoing::new(body(2 * CHUNK), conn, conn.begin(true), true);
         assert_eq!(budget.used(), 2 * CHUNK);
-        assert!(Outgoing::new(body(2 * CHUNK), conn, conn.begin(true), Some(&budget)).is_err());
-        assert_eq!(budget.used(), 2 * CHUNK, "a refused body holds nothing");
+        assert_eq!(conn.held(), 2 * CHUNK);
+        assert!(budget.has_room());
+        let over = Outgoing::new(body(2 * CHUNK), conn, conn.begin(true), true);
+        assert_eq!(budget.used(), 4 * CHUNK, "a bought answer is counted, never refused");
+        assert!(!budget.has_room());
+        drop(over);
         let mut cx = Context::from_waker(Waker::noop());
         let mut taken = 0;
         while let Poll::Ready(Some(Ok(frame))) = Pin::new(&mut two).poll_frame(&mut cx) {
@@ -210,9 +217,10 @@ mod tests {
         }
         assert_eq!(taken, 2 * CHUNK);
         assert_eq!(budget.used(), 0);
+        assert_eq!(conn.held(), 0);
         assert!(two.is_end_stream());
         assert!(conn.stalled_for().is_none(), "sent: the connection is not sending");
-        let held = Outgoing::new(body(CHUNK), conn, conn.begin(true), Some(&budget)).ok();
+        let held = Outgoing::new(body(CHUNK), conn, conn.begin(true), true);
         assert!(conn.stalled_for().is_some());
         drop(held);
         assert_eq!(budget.used(), 0, "a dropped stream gives its bytes back");

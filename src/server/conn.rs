@@ -17,14 +17,19 @@
 //!   connection's answers took a chunk for `write_timeout`, it is closed
 //!   and their buffers freed.
 //! - HTTP/2 streams opened while the listener's budget of buffered answer
-//!   bytes is spent get a 503 with `Retry-After` at once (hyper offers no
-//!   `REFUSED_STREAM` to a service; this is the nearest, and costs nothing).
-//! - The registry's orders (`conns.rs`): drain on shutdown, close on
-//!   eviction or when the grace ran out.
+//!   bytes is spent get a 503 with `Retry-After` before their handler runs
+//!   (hyper offers no `REFUSED_STREAM` to a service; this is the nearest,
+//!   and costs nothing): an anonymous one here, a team's once its token is
+//!   checked (`ConnectionMark::team_seen`), each against its tenant's share
+//!   (`overload.rs`).
+//! - The registry's orders (`conns.rs`): drain on shutdown; close at once
+//!   when the overload manager closes it (anonymous, stalled, silent) or
+//!   the grace ran out; an evicted idle team connection gets
+//!   `overload::EVICT_GRACE` to answer a head that raced the order.
 
-use super::body::{bytes_of, Budget, Outgoing};
-use super::conns::{Conn, InFlight, Order, Slot};
-use super::ConnectionMark;
+use super::body::Outgoing;
+use super::conns::{Conn, Order, Slot};
+use super::{overload, ConnectionMark};
 use crate::error::GatewayError;
 use crate::http_util::Body;
 use hyper::body::Incoming;
@@ -62,7 +67,6 @@ pub(super) async fn serve<H, F>(
     handler: H,
     slot: Slot,
     timeouts: Timeouts,
-    budget: Arc<Budget>,
 ) where
     H: Fn(Request<Incoming>, ConnectionMark) -> F + Send + Sync + 'static,
     F: Future<Output = Response<Body>> + Send + 'static,
@@ -81,20 +85,26 @@ pub(super) async fn serve<H, F>(
         service_fn(move |req: Request<Incoming>| {
             let http2 = req.version() == Version::HTTP_2;
             let in_flight = conn.begin(http2);
-            let budget = http2.then(|| budget.clone());
+            // An anonymous HTTP/2 stream past anonymous peers' half of the
+            // answer bytes is refused before anything runs; one that
+            // carries a credential is the handler's to judge, once the
+            // token says whose share it counts in.
+            let refused = http2
+                && conn.team().is_none()
+                && !crate::auth::has_credential(req.headers())
+                && !conn.may_answer_anonymous();
             // Boxed: the stream's task then keeps a pointer, not the whole
             // handler state, while an HTTP/2 client holds its answer back.
-            let response = budget
-                .as_ref()
-                .is_none_or(|b| b.has_room())
-                .then(|| Box::pin(handler(req, ConnectionMark(conn.clone()))));
+            let response = (!refused).then(|| Box::pin(handler(req, ConnectionMark(conn.clone()))));
             let conn = conn.clone();
             async move {
                 let response = match response {
                     Some(response) => response.await,
-                    None => busy(),
+                    None => GatewayError::AnswersBusy.into_response(),
                 };
-                Ok::<_, Infallible>(outgoing(response, &conn, in_flight, budget.as_ref()))
+                let (parts, body) = response.into_parts();
+                let body = Outgoing::new(body, &conn, in_flight, http2);
+                Ok::<_, Infallible>(Response::from_parts(parts, body))
             }
         })
     };
@@ -118,33 +128,6 @@ pub(super) async fn serve<H, F>(
         }
     }
     drop(slot);
-}
-
-/// The answer as sent: counted against the budget (HTTP/2), or a 503 when
-/// it does not fit.
-fn outgoing(
-    response: Response<Body>,
-    conn: &Arc<Conn>,
-    in_flight: InFlight,
-    budget: Option<&Arc<Budget>>,
-) -> Response<Outgoing> {
-    let (parts, body) = response.into_parts();
-    match Outgoing::new(body, conn, in_flight, budget) {
-        Ok(body) => Response::from_parts(parts, body),
-        Err(in_flight) => {
-            let (parts, body) = busy().into_parts();
-            Response::from_parts(parts, Outgoing::uncounted(bytes_of(body), conn, in_flight))
-        }
-    }
-}
-
-/// Too many answers wait for HTTP/2 readers that do not read.
-fn busy() -> Response<Body> {
-    let mut resp =
-        GatewayError::Unavailable("Too many answers are waiting for slow readers; retry shortly").into_response();
-    resp.headers_mut()
-        .insert(http::header::RETRY_AFTER, http::HeaderValue::from(1u32));
-    resp
 }
 
 /// What woke the driver.
@@ -184,9 +167,9 @@ where
             Order::Serve => {}
             Order::Drain => drain(http.as_mut(), &mut draining),
             // Graceful: an idle connection closes at once, one whose head
-            // just arrived answers it first (bounded).
+            // just arrived answers it first (bounded; nobody waits on it).
             Order::Evict if gone_by.is_none() => {
-                gone_by = Some(Instant::now() + t.write);
+                gone_by = Some(Instant::now() + overload::EVICT_GRACE.min(t.write));
                 drain(http.as_mut(), &mut draining);
             }
             Order::Evict => {}

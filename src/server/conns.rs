@@ -1,17 +1,16 @@
-//! The open connections of one listener, and room made for newcomers.
+//! The open connections of one listener, and room made for newcomers: the
+//! connection-slot pool of the overload manager (`overload.rs` decides who
+//! goes; this file keeps the registry and carries the orders out).
 //!
 //! At `server.max_connections`, a newly accepted connection takes the place
-//! of one with nothing in flight (no request being handled, no answer still
-//! being sent: a download in progress is never cut). The victim is chosen
-//! so that sending one head cannot aim eviction at teams ([`Conn::rank`]):
-//! first connections that were answered without ever carrying a valid team
-//! token, then those still reading their first head (oldest first), and only
-//! then idle connections of teams: of the team holding the most connections,
-//! longest idle first (a team that loops on many connections cannot push out
-//! another's quiet keep-alive one). Without that, sockets
-//! that never send a byte, or anonymous peers churning one free head each,
-//! would push real clients out. Only when every connection has something in
-//! flight does a newcomer wait.
+//! of the one [`overload::victim`] picks (anonymous first, then stalled,
+//! then teams over their share, then connections still in their first head,
+//! then other teams' idle ones). The victim is told to go and the newcomer
+//! is admitted at once: up to [`overload::spare`] connections may be on
+//! their way out beyond the cap, so nobody waits on a peer that does not
+//! answer its GOAWAY. Only when no connection may go (every one is busy
+//! handling a team's request or sending an answer that moves) does a
+//! newcomer wait, in the kernel's accept queue.
 //!
 //! One peer address may hold `server.max_connections_per_peer` connections
 //! (like nginx's `limit_conn`): beyond it, the newcomer takes the place of
@@ -21,11 +20,13 @@
 //! Each connection's driver (`conn.rs`) obeys the [`Order`] sent to it here:
 //! keep serving, drain (graceful shutdown), or close now.
 
+use super::body::Budget;
+use super::overload::{self, Class};
 use atomic_waker::AtomicWaker;
 use std::collections::{BTreeMap, HashMap};
 use std::net::IpAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::task::Context;
 use std::time::{Duration, Instant};
 use tokio::sync::{watch, Notify};
@@ -37,12 +38,18 @@ pub(super) enum Order {
     /// Finish what is in flight, take nothing new (shutdown).
     Drain,
     /// Make room: finish a request whose head arrived meanwhile, then close
-    /// (within the write timeout). A connection chosen while it had nothing
-    /// in flight may have received a head since: cutting it would fail it.
+    /// (within [`overload::EVICT_GRACE`]). A connection chosen while it had
+    /// nothing in flight may have received a head since: cutting it would
+    /// fail it.
     Evict,
-    /// Drop the connection now (evicted, or the shutdown grace ran out).
+    /// Drop the connection now (anonymous, stalled or silent and chosen to
+    /// make room, or the shutdown grace ran out).
     Close,
 }
+
+/// How often a newcomer that found no connection able to go looks again:
+/// a connection becomes stalled with time, not with an event.
+const RECHECK: Duration = Duration::from_millis(100);
 
 /// The registry of one listener's connections, oldest first.
 pub(super) struct Conns {
@@ -52,6 +59,32 @@ pub(super) struct Conns {
     next_id: AtomicU64,
     /// A connection closed or went idle: the accept loop may find room.
     changed: Arc<Notify>,
+    /// Answer bytes this listener's HTTP/2 streams hold (`body.rs`).
+    budget: Arc<Budget>,
+    /// Counts what the manager did (`gateway_overload_actions_total`).
+    actions: Actions,
+}
+
+/// The `gateway_overload_actions_total` children of one listener.
+#[derive(Clone, Default)]
+pub(crate) struct Actions {
+    counter: Option<prometheus::IntCounterVec>,
+    listener: &'static str,
+}
+
+impl Actions {
+    pub(crate) fn new(counter: prometheus::IntCounterVec, listener: &'static str) -> Actions {
+        Actions {
+            counter: Some(counter),
+            listener,
+        }
+    }
+
+    pub(super) fn count(&self, pool: &str, action: &str) {
+        if let Some(c) = &self.counter {
+            c.with_label_values(&[self.listener, pool, action]).inc();
+        }
+    }
 }
 
 #[derive(Default)]
@@ -64,23 +97,36 @@ struct Open {
 /// response bodies, read by its driver and by the registry when it looks
 /// for room.
 pub(crate) struct Conn {
+    /// Its key in the registry; the last tie-break of eviction.
     id: u64,
+    /// Its tenant until a team token comes, and its per-peer count.
     peer: IpAddr,
+    /// The origin of the millisecond clocks below (one `std` clock here;
+    /// the driver's timers are tokio's, which is the same clock).
     born: Instant,
     /// Requests being handled plus answers still being sent.
     in_flight: AtomicUsize,
     /// Answers still being sent (their bodies not finished).
     sending: AtomicUsize,
+    /// A complete request head arrived: no longer a silent socket.
     started: AtomicBool,
     /// A request with a valid team token came on this connection.
     teamed: AtomicBool,
-    /// Which team's (a hash of its name), once `teamed`.
+    /// Which team's (a hash of its name), once `teamed`: its tenant.
     team: AtomicU64,
+    /// Speaks HTTP/2 (answers counted in the budget, idle deadline ours).
     http2: AtomicBool,
     /// Milliseconds after `born` when the last request finished.
     idle_since_ms: AtomicU64,
     /// Milliseconds after `born` when an answer last made progress.
     progress_ms: AtomicU64,
+    /// Answer bytes its HTTP/2 streams hold in `budget`.
+    held: AtomicUsize,
+    /// The listener's answer-bytes budget (checked before a stream is handled).
+    budget: Arc<Budget>,
+    /// The registry, for the slow paths that must see every connection
+    /// (the answer bytes ran out). Weak: the registry holds this.
+    registry: Weak<Conns>,
     orders: watch::Sender<Order>,
     changed: Arc<Notify>,
     /// Something for the driver to look at: a new order, or an answer
@@ -103,13 +149,15 @@ pub(super) struct InFlight(Arc<Conn>);
 pub(super) struct Sending(Arc<Conn>);
 
 impl Conns {
-    pub(super) fn new(max: usize, max_per_peer: usize) -> Arc<Conns> {
+    pub(super) fn new(max: usize, max_per_peer: usize, budget: Arc<Budget>, actions: Actions) -> Arc<Conns> {
         Arc::new(Conns {
             max: max.max(1),
             max_per_peer: max_per_peer.max(1),
             open: Mutex::new(Open::default()),
             next_id: AtomicU64::new(0),
             changed: Arc::new(Notify::new()),
+            budget,
+            actions,
         })
     }
 
@@ -119,46 +167,117 @@ impl Conns {
     }
 
     /// A place for a connection just accepted from `peer`: a free one, or
-    /// the place of the connection [`Conn::rank`] puts first (told to
-    /// close). Waits only while every open connection has something in
-    /// flight. `None`: the peer is at its own limit with every one of its
+    /// one made by telling [`overload::victim`]'s pick to go (the newcomer
+    /// does not wait for it to be gone). Waits only while no connection may
+    /// go. `None`: the peer is at its own limit with every one of its
     /// connections busy; the newcomer is refused.
     pub(super) async fn admit(self: &Arc<Self>, peer: IpAddr) -> Option<Slot> {
-        {
-            let open = self.lock();
-            if open.per_peer.get(&peer).copied().unwrap_or(0) >= self.max_per_peer {
-                let victim = victim(open.by_id.values().filter(|c| c.peer == peer))?;
-                tracing::debug!(
-                    connection = victim.id,
-                    "per-peer connection limit: closing an idle connection"
-                );
-                victim.order(Order::Evict);
-            }
-        }
         loop {
             {
                 let mut open = self.lock();
-                if open.by_id.len() < self.max {
-                    let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-                    let conn = Arc::new(Conn::new(id, peer, self.changed.clone()));
-                    open.by_id.insert(id, conn.clone());
-                    *open.per_peer.entry(peer).or_default() += 1;
-                    return Some(Slot {
-                        conns: self.clone(),
-                        conn,
-                    });
+                let theirs = open.per_peer.get(&peer).copied().unwrap_or(0);
+                if theirs >= self.max_per_peer {
+                    let staying = open.by_id.values().filter(|c| c.peer == peer && !c.leaving()).count();
+                    if staying >= self.max_per_peer {
+                        let (victim, class) =
+                            overload::victim(open.by_id.values().filter(|c| c.peer == peer), self.max_per_peer)?;
+                        self.act(victim, class, "per_peer");
+                    }
                 }
-                // One place per newcomer: while an evicted connection is
-                // still on its way out, wait for it rather than evict more.
-                let closing = open.by_id.values().any(|c| c.leaving());
-                if let Some(victim) = victim(open.by_id.values()).filter(|_| !closing) {
-                    tracing::debug!(connection = victim.id, "connection limit: closing an idle connection");
-                    victim.order(Order::Evict);
+                if let Some(slot) = self.place(&mut open, peer) {
+                    return Some(slot);
                 }
             }
-            // Woken when the victim's place is freed or another goes idle.
-            self.changed.notified().await;
+            // Woken when a place is freed or a connection goes idle; a
+            // connection stalls with time, hence the recheck.
+            let _ = tokio::time::timeout(RECHECK, self.changed.notified()).await;
         }
+    }
+
+    /// A free place, made if need be; `None` while none can be made.
+    fn place(self: &Arc<Self>, open: &mut Open, peer: IpAddr) -> Option<Slot> {
+        let total = open.by_id.len();
+        let staying = match total < self.max {
+            true => total,
+            false => open.by_id.values().filter(|c| !c.leaving()).count(),
+        };
+        if staying >= self.max {
+            let (victim, class) = overload::victim(open.by_id.values(), self.max)?;
+            self.act(victim, class, "connections");
+        }
+        if total >= self.max + overload::spare(self.max) {
+            // Too many already on their way out: wait until one is gone.
+            return None;
+        }
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let conn = Arc::new(Conn::new(id, peer, self));
+        open.by_id.insert(id, conn.clone());
+        *open.per_peer.entry(peer).or_default() += 1;
+        Some(Slot {
+            conns: self.clone(),
+            conn,
+        })
+    }
+
+    /// Tells `victim` to go, and counts it.
+    fn act(&self, victim: &Conn, class: Class, pool: &str) {
+        tracing::debug!(
+            connection = victim.id,
+            class = class.as_str(),
+            pool,
+            "making room: closing a connection"
+        );
+        victim.order(class.order());
+        self.actions.count(pool, class.as_str());
+    }
+
+    /// Room was short: closes any connection whose accept failed for want
+    /// of descriptors would have gone first (EMFILE: the descriptor pool).
+    pub(super) fn make_room(&self) {
+        let open = self.lock();
+        if let Some((victim, class)) = overload::victim(open.by_id.values(), self.max) {
+            self.act(victim, class, "descriptors");
+        }
+    }
+
+    /// Whether `team` may start an HTTP/2 answer now the listener's answer
+    /// bytes are spent (its share not yet held); when it may, the
+    /// connections over theirs are told to close.
+    fn team_may_answer(&self, team: u64) -> bool {
+        let open = self.lock();
+        if !overload::team_within_share(open.by_id.values(), team, self.budget.max()) {
+            self.actions.count("answer_bytes", "refuse");
+            return false;
+        }
+        self.relieve_locked(&open);
+        true
+    }
+
+    /// Closes connections until the answer bytes held fit the budget again.
+    fn relieve(&self) {
+        let open = self.lock();
+        self.relieve_locked(&open);
+    }
+
+    fn relieve_locked(&self, open: &Open) {
+        for victim in overload::relieve(open.by_id.values(), self.budget.used(), self.budget.max()) {
+            tracing::debug!(
+                connection = victim.id,
+                held = victim.held(),
+                "answer bytes spent: closing a connection"
+            );
+            victim.order(Order::Close);
+            let class = match victim.team() {
+                None => "anonymous",
+                Some(_) => "stalled",
+            };
+            self.actions.count("answer_bytes", class);
+        }
+    }
+
+    /// Counts an anonymous stream refused for answer bytes.
+    pub(super) fn refused_anonymous(&self) {
+        self.actions.count("answer_bytes", "refuse");
     }
 
     /// Sends `order` to every open connection.
@@ -179,17 +298,8 @@ impl Conns {
     }
 }
 
-/// The evictable connection that goes first, if any.
-fn victim<'a>(conns: impl Iterator<Item = &'a Arc<Conn>> + Clone) -> Option<&'a Arc<Conn>> {
-    let mut per_team: HashMap<u64, usize> = HashMap::new();
-    for c in conns.clone().filter(|c| c.teamed.load(Ordering::Acquire)) {
-        *per_team.entry(c.team.load(Ordering::Acquire)).or_default() += 1;
-    }
-    conns.filter(|c| c.evictable()).min_by_key(|c| c.rank(&per_team))
-}
-
 impl Conn {
-    fn new(id: u64, peer: IpAddr, changed: Arc<Notify>) -> Conn {
+    fn new(id: u64, peer: IpAddr, conns: &Arc<Conns>) -> Conn {
         Conn {
             id,
             peer,
@@ -202,11 +312,22 @@ impl Conn {
             http2: AtomicBool::new(false),
             idle_since_ms: AtomicU64::new(0),
             progress_ms: AtomicU64::new(0),
+            held: AtomicUsize::new(0),
+            budget: conns.budget.clone(),
+            registry: Arc::downgrade(conns),
             orders: watch::channel(Order::Serve).0,
-            changed,
+            changed: conns.changed.clone(),
             signal: AtomicBool::new(false),
             driver: AtomicWaker::new(),
         }
+    }
+
+    pub(super) fn id(&self) -> u64 {
+        self.id
+    }
+
+    pub(super) fn born(&self) -> Instant {
+        self.born
     }
 
     fn order(&self, order: Order) {
@@ -241,32 +362,33 @@ impl Conn {
         self.orders.subscribe()
     }
 
-    fn evictable(&self) -> bool {
-        self.in_flight.load(Ordering::Acquire) == 0 && !self.leaving()
-    }
-
     /// Told to close, or to make room.
-    fn leaving(&self) -> bool {
+    pub(super) fn leaving(&self) -> bool {
         matches!(*self.orders.borrow(), Order::Evict | Order::Close)
     }
 
-    /// Eviction order, lowest first: answered without a team token, then
-    /// still reading the first head (its deadline closes it anyway), then
-    /// a team's, the team with the most connections first; within each,
-    /// the one quiet the longest (or oldest).
-    fn rank(&self, per_team: &HashMap<u64, usize>) -> (u8, std::cmp::Reverse<usize>, Instant, u64) {
-        let teamed = self.teamed.load(Ordering::Acquire);
-        let class = match (teamed, self.started()) {
-            (false, true) => 0,
-            (false, false) => 1,
-            (true, _) => 2,
-        };
-        let team_conns = match teamed {
-            true => per_team.get(&self.team.load(Ordering::Acquire)).copied().unwrap_or(0),
-            false => 0,
-        };
-        let quiet_since = self.born + Duration::from_millis(self.idle_since_ms.load(Ordering::Acquire));
-        (class, std::cmp::Reverse(team_conns), quiet_since, self.id)
+    /// Its team (a hash of the name), once a valid token came on it.
+    pub(super) fn team(&self) -> Option<u64> {
+        self.teamed
+            .load(Ordering::Acquire)
+            .then(|| self.team.load(Ordering::Acquire))
+    }
+
+    /// Requests whose handler is still running (not yet sending).
+    pub(super) fn handling(&self) -> usize {
+        self.in_flight
+            .load(Ordering::Acquire)
+            .saturating_sub(self.sending.load(Ordering::Acquire))
+    }
+
+    /// Answer bytes its HTTP/2 streams hold.
+    pub(super) fn held(&self) -> usize {
+        self.held.load(Ordering::Acquire)
+    }
+
+    /// When it last finished a request (or was accepted).
+    pub(super) fn quiet_since(&self) -> Instant {
+        self.born + Duration::from_millis(self.idle_since_ms.load(Ordering::Acquire))
     }
 
     /// A request with a valid token of `team` came on this connection.
@@ -276,6 +398,49 @@ impl Conn {
         team.hash(&mut h);
         self.team.store(h.finish(), Ordering::Release);
         self.teamed.store(true, Ordering::Release);
+    }
+
+    /// Whether a stream of this connection's team may be answered: always,
+    /// but for HTTP/2 while the listener's answer bytes are spent and the
+    /// team already holds its share (then nothing is bought for it).
+    pub(super) fn may_answer(&self) -> bool {
+        if !self.http2() || self.budget.has_room() {
+            return true;
+        }
+        match (self.team(), self.registry.upgrade()) {
+            (Some(team), Some(conns)) => conns.team_may_answer(team),
+            _ => true,
+        }
+    }
+
+    /// Whether an anonymous HTTP/2 stream may be answered: while anonymous
+    /// peers hold less than half the listener's answer bytes.
+    pub(super) fn may_answer_anonymous(&self) -> bool {
+        if self.budget.anonymous_has_room() {
+            return true;
+        }
+        if let Some(conns) = self.registry.upgrade() {
+            conns.refused_anonymous();
+        }
+        false
+    }
+
+    /// Counts `n` more answer bytes held on this connection; past the
+    /// listener's budget, the manager closes the connections holding the
+    /// most over their share.
+    pub(super) fn hold(&self, n: usize) {
+        self.held.fetch_add(n, Ordering::AcqRel);
+        if !self.budget.take(n) {
+            if let Some(conns) = self.registry.upgrade() {
+                conns.relieve();
+            }
+        }
+    }
+
+    /// Gives back `n` answer bytes held on this connection.
+    pub(super) fn release(&self, n: usize) {
+        self.held.fetch_sub(n, Ordering::AcqRel);
+        self.budget.give(n);
     }
 
     /// Marks a request as started (its head arrived) until the guard drops.

@@ -12,6 +12,10 @@
 mod body;
 mod conn;
 mod conns;
+mod overload;
+
+pub(crate) use conns::Actions;
+pub use overload::{fit_descriptors, Descriptors, RESERVED_DESCRIPTORS};
 
 use crate::config::ServerConfig;
 use crate::http_util::Body;
@@ -42,6 +46,8 @@ pub struct Limits {
     pub(crate) shutdown_grace: Duration,
     /// Counts open connections (the team listener's; `None` for admin).
     pub(crate) open_connections: Option<prometheus::Gauge>,
+    /// Counts what the overload manager did on this listener.
+    pub(crate) actions: Actions,
 }
 
 impl Limits {
@@ -59,7 +65,29 @@ impl Limits {
             http2_max_buffered_bytes: cfg.http2_max_buffered_bytes,
             shutdown_grace: Duration::from_secs(cfg.shutdown_grace_secs),
             open_connections: None,
+            actions: Actions::default(),
         }
+    }
+
+    /// The admin listener's: its own cap (`server.admin_max_connections`),
+    /// so probes and scrapes keep places whatever the team listener holds.
+    pub fn admin_from_config(cfg: &ServerConfig) -> Limits {
+        let team = Limits::from_config(cfg);
+        Limits {
+            max_connections: cfg.admin_max_connections,
+            max_connections_per_peer: cfg.admin_max_connections,
+            ..team
+        }
+    }
+
+    /// Lowers the cap to `max` (descriptors, `overload::fit_descriptors`).
+    pub fn clamp(&mut self, max: usize) {
+        self.max_connections = self.max_connections.min(max);
+        self.max_connections_per_peer = self.max_connections_per_peer.min(self.max_connections);
+    }
+
+    pub fn max_connections(&self) -> usize {
+        self.max_connections
     }
 }
 
@@ -89,14 +117,20 @@ pub fn worst_case_bytes(limits: &Limits, connections: usize, max_response_bytes:
 
 /// Handed to the handler with each request (not through the request's
 /// extensions, whose map is an allocation and a hash per request): lets it
-/// tell the connection that a valid team token came on it, which moves it
-/// to the back of the eviction order (`conns.rs`).
+/// tell the connection that a valid team token came on it, which makes the
+/// team its tenant (`overload.rs`).
 #[derive(Clone)]
 pub(crate) struct ConnectionMark(Arc<conns::Conn>);
 
 impl ConnectionMark {
-    pub(crate) fn team_seen(&self, team: &str) {
+    /// A valid token of `team` came on this connection. `false`: this
+    /// HTTP/2 stream must be refused before anything is bought for it
+    /// (`GatewayError::AnswersBusy`), the listener's answer bytes being
+    /// spent and the team holding its share of them.
+    #[must_use]
+    pub(crate) fn team_seen(&self, team: &str) -> bool {
         self.0.mark_teamed(team);
+        self.0.may_answer()
     }
 }
 
@@ -160,24 +194,33 @@ pub(crate) async fn serve<H, F>(
     F: Future<Output = Response<Body>> + Send + 'static,
 {
     let builder = Arc::new(builder(&limits));
-    let conns = Conns::new(limits.max_connections, limits.max_connections_per_peer);
     let budget = body::Budget::new(limits.http2_max_buffered_bytes);
+    let conns = Conns::new(
+        limits.max_connections,
+        limits.max_connections_per_peer,
+        budget,
+        limits.actions.clone(),
+    );
     tokio::pin!(shutdown);
     loop {
         let (stream, peer) = tokio::select! {
             accepted = listener.accept() => match accepted {
                 Ok(accepted) => accepted,
                 Err(e) => {
-                    // EMFILE and friends: back off instead of spinning.
+                    // EMFILE and friends: out of descriptors despite the
+                    // clamp (something else took them): make room as at the
+                    // cap, and back off instead of spinning.
                     tracing::warn!(error = %e, "accept failed");
+                    conns.make_room();
                     tokio::time::sleep(Duration::from_millis(50)).await;
                     continue;
                 }
             },
             () = &mut shutdown => break,
         };
-        // At the limit this closes an idle connection, or waits for one;
-        // meanwhile the kernel's backlog holds the next newcomers.
+        // At the limit this tells the overload manager's pick to go and
+        // admits at once, or waits while no connection may go; meanwhile
+        // the kernel's backlog holds the next newcomers.
         let slot = tokio::select! {
             slot = conns.admit(peer.ip()) => slot,
             () = &mut shutdown => break,
@@ -196,7 +239,6 @@ pub(crate) async fn serve<H, F>(
             handler.clone(),
             slot,
             limits.timeouts,
-            budget.clone(),
         );
         tokio::spawn(async move {
             // Counted for the connection's whole life, whichever way it ends.

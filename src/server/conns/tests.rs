@@ -4,143 +4,124 @@ use super::*;
 
 const LOCAL: IpAddr = IpAddr::V4(std::net::Ipv4Addr::LOCALHOST);
 
-#[tokio::test]
-async fn at_the_limit_the_oldest_idle_connection_makes_room() {
-    let conns = Conns::new(2, 10);
-    let first = conns.admit(LOCAL).await.expect("admitted");
-    let busy = conns.admit(LOCAL).await.expect("admitted");
-    let _request = first.conn().begin(false);
-    let mut busy_orders = busy.conn().orders();
-    let mut first_orders = first.conn().orders();
-    let admitting = tokio::spawn({
-        let conns = conns.clone();
-        async move { conns.admit(LOCAL).await.expect("admitted") }
-    });
-    // `busy` has nothing in flight (despite its name): it is the idle one.
-    busy_orders.changed().await.expect("ordered");
-    assert_eq!(*busy_orders.borrow(), Order::Evict);
-    assert_eq!(*first_orders.borrow_and_update(), Order::Serve, "in flight: kept");
-    drop(busy);
-    let third = tokio::time::timeout(Duration::from_secs(5), admitting)
-        .await
-        .expect("admitted once the victim closed")
-        .expect("task");
-    assert_eq!(conns.lock().by_id.len(), 2);
-    drop(third);
+fn registry(max: usize, max_per_peer: usize) -> Arc<Conns> {
+    Conns::new(max, max_per_peer, Budget::new(1 << 20), Actions::default())
 }
 
-#[tokio::test]
-async fn connections_that_never_sent_a_head_are_evicted_before_idle_keep_alive_ones() {
-    let conns = Conns::new(2, 10);
-    let kept_alive = conns.admit(LOCAL).await.expect("admitted");
-    kept_alive.conn().mark_teamed("a");
-    drop(kept_alive.conn().begin(false));
-    let silent = conns.admit(LOCAL).await.expect("admitted");
-    let admitting = tokio::spawn({
-        let conns = conns.clone();
-        async move { conns.admit(LOCAL).await.expect("admitted") }
-    });
-    let mut orders = silent.conn().orders();
-    tokio::time::timeout(Duration::from_secs(5), orders.wait_for(|o| *o == Order::Evict))
-        .await
-        .expect("the silent one evicted")
-        .expect("sender alive");
-    assert_eq!(
-        *kept_alive.conn().orders().borrow(),
-        Order::Serve,
-        "older but it has served"
-    );
-    drop(silent);
-    let _third = tokio::time::timeout(Duration::from_secs(5), admitting)
-        .await
-        .expect("admitted")
-        .expect("task");
+/// A connection of `team` that answered one request and is idle.
+async fn idle_of(conns: &Arc<Conns>, team: &str) -> Slot {
+    let slot = conns.admit(LOCAL).await.expect("admitted");
+    slot.conn().mark_teamed(team);
+    drop(slot.conn().begin(false));
+    slot
 }
 
-#[tokio::test]
-async fn a_newcomer_waits_while_every_connection_is_busy() {
-    let conns = Conns::new(1, 10);
-    let only = conns.admit(LOCAL).await.expect("admitted");
-    let request = only.conn().begin(false);
-    let refused = tokio::time::timeout(Duration::from_millis(100), conns.admit(LOCAL)).await;
-    assert!(refused.is_err(), "admitted past the limit");
-    assert_eq!(
-        *only.conn().orders().borrow(),
-        Order::Serve,
-        "a busy connection is kept"
-    );
-    let waiting = tokio::spawn({
-        let conns = conns.clone();
-        async move { conns.admit(LOCAL).await.expect("admitted") }
-    });
-    // The request ends: now the connection is idle and gives its place.
-    drop(request);
-    let mut orders = only.conn().orders();
-    tokio::time::timeout(Duration::from_secs(5), orders.wait_for(|o| *o == Order::Evict))
-        .await
-        .expect("evicted once idle")
-        .expect("sender alive");
-    drop(only);
-    let _admitted = tokio::time::timeout(Duration::from_secs(5), waiting)
-        .await
-        .expect("admitted")
-        .expect("task");
-}
-
-/// Admits a newcomer at a full registry in a task; returns it.
+/// Admits a newcomer in a task; returns it.
 fn admitting(conns: &Arc<Conns>, peer: IpAddr) -> tokio::task::JoinHandle<Option<Slot>> {
     let conns = conns.clone();
     tokio::spawn(async move { conns.admit(peer).await })
 }
 
-async fn closed(slot: &Slot) {
-    let mut orders = slot.conn().orders();
-    tokio::time::timeout(Duration::from_secs(5), orders.wait_for(|o| *o == Order::Evict))
+fn order_of(slot: &Slot) -> Order {
+    *slot.conn().orders().borrow()
+}
+
+/// Admitted within a few seconds (a test that fails does not hang).
+async fn admitted(newcomer: tokio::task::JoinHandle<Option<Slot>>) -> Slot {
+    tokio::time::timeout(Duration::from_secs(5), newcomer)
         .await
-        .expect("ordered closed")
-        .expect("sender alive");
+        .expect("admitted in time")
+        .expect("task")
+        .expect("admitted")
 }
 
 #[tokio::test]
-async fn an_anonymous_connection_that_was_answered_goes_before_a_fresh_one_and_teams_go_last() {
-    let conns = Conns::new(3, 10);
-    let team = conns.admit(LOCAL).await.expect("admitted");
-    team.conn().mark_teamed("a");
-    drop(team.conn().begin(false));
+async fn at_the_limit_an_idle_team_connection_makes_room_and_the_newcomer_does_not_wait_for_it() {
+    let conns = registry(2, 10);
+    let busy = idle_of(&conns, "a").await;
+    let _request = busy.conn().begin(false);
+    let idle = idle_of(&conns, "a").await;
+    // The victim is told to go, and the newcomer is in before it has gone.
+    let third = admitted(admitting(&conns, LOCAL)).await;
+    assert_eq!(order_of(&idle), Order::Evict, "idle: finishes a racing head, then goes");
+    assert_eq!(order_of(&busy), Order::Serve, "in flight: kept");
+    assert_eq!(conns.lock().by_id.len(), 3, "the leaving one is still open");
+    drop((idle, third));
+}
+
+#[tokio::test]
+async fn anonymous_connections_go_first_and_at_once_even_with_an_answer_held() {
+    let conns = registry(3, 10);
+    let team = idle_of(&conns, "a").await;
     let fresh = conns.admit(LOCAL).await.expect("admitted");
-    let churner = conns.admit(LOCAL).await.expect("admitted");
-    drop(churner.conn().begin(false));
-    let next = admitting(&conns, LOCAL);
-    closed(&churner).await;
-    assert_eq!(
-        *fresh.conn().orders().borrow(),
-        Order::Serve,
-        "still reading its first head"
-    );
-    assert_eq!(*team.conn().orders().borrow(), Order::Serve, "a team's");
-    drop(churner);
-    let _next = next.await.expect("task").expect("admitted");
-    // No anonymous answered one left: the fresh one (oldest such) goes
-    // before the team's.
-    let last = admitting(&conns, LOCAL);
-    closed(&fresh).await;
-    assert_eq!(*team.conn().orders().borrow(), Order::Serve);
-    drop(fresh);
-    let _last = last.await.expect("task").expect("admitted");
+    let anonymous = conns.admit(LOCAL).await.expect("admitted");
+    // Its token-less request was answered; the answer is still held (a
+    // zero-window HTTP/2 peer): before, that made it unevictable.
+    let held = (anonymous.conn().begin(true), anonymous.conn().sending());
+    let _next = admitted(admitting(&conns, LOCAL)).await;
+    assert_eq!(order_of(&anonymous), Order::Close, "closed at once, no graceful drain");
+    assert_eq!(order_of(&fresh), Order::Serve, "still reading its first head");
+    assert_eq!(order_of(&team), Order::Serve, "a team's");
+    drop(held);
 }
 
 #[tokio::test]
-async fn a_download_in_progress_is_never_evicted() {
-    let conns = Conns::new(1, 10);
-    let only = conns.admit(LOCAL).await.expect("admitted");
+async fn connections_that_never_sent_a_head_go_before_a_teams_idle_one_within_its_share() {
+    let conns = registry(2, 10);
+    let kept_alive = idle_of(&conns, "a").await;
+    let silent = conns.admit(LOCAL).await.expect("admitted");
+    let _third = admitted(admitting(&conns, LOCAL)).await;
+    assert_eq!(order_of(&silent), Order::Close);
+    assert_eq!(order_of(&kept_alive), Order::Serve, "older, but it has served");
+}
+
+#[tokio::test]
+async fn a_team_over_its_share_gives_up_an_idle_connection_before_another_teams_newcomer_goes() {
+    let conns = registry(5, 10);
+    let other = idle_of(&conns, "b").await;
+    let mut churner = Vec::new();
+    for _ in 0..3 {
+        churner.push(idle_of(&conns, "a").await);
+    }
+    // Another team's newcomer, its first head still on the way.
+    let newcomer = conns.admit(LOCAL).await.expect("admitted");
+    let _next = admitted(admitting(&conns, LOCAL)).await;
+    assert_eq!(
+        order_of(&newcomer),
+        Order::Serve,
+        "a first head is not cut for a team over its share"
+    );
+    assert_eq!(order_of(&other), Order::Serve);
+    assert!(
+        churner.iter().any(|c| order_of(c) == Order::Evict),
+        "team a holds 3 of 5 slots shared by 2 teams"
+    );
+}
+
+#[tokio::test]
+async fn a_newcomer_waits_while_every_connection_is_busy() {
+    let conns = registry(1, 10);
+    let only = idle_of(&conns, "a").await;
+    let request = only.conn().begin(false);
+    let waiting = admitting(&conns, LOCAL);
+    tokio::task::yield_now().await;
+    assert!(!waiting.is_finished(), "admitted past the limit");
+    assert_eq!(order_of(&only), Order::Serve, "a busy connection is kept");
+    // The request ends: now the connection is idle and gives its place.
+    drop(request);
+    let _admitted = admitted(waiting).await;
+    assert_eq!(order_of(&only), Order::Evict);
+}
+
+#[tokio::test]
+async fn a_teams_download_in_progress_is_never_evicted() {
+    let conns = registry(1, 10);
+    let only = idle_of(&conns, "a").await;
     // As `body.rs` does: the request's guard stays with the answer.
     let sending = (only.conn().begin(false), only.conn().sending());
     let refused = tokio::time::timeout(Duration::from_millis(100), conns.admit(LOCAL)).await;
-    assert!(
-        refused.is_err(),
-        "admitted past the limit while an answer was being sent"
-    );
-    assert_eq!(*only.conn().orders().borrow(), Order::Serve);
+    assert!(refused.is_err(), "admitted past the limit while an answer was moving");
+    assert_eq!(order_of(&only), Order::Serve);
     assert!(only.conn().stalled_for().is_some());
     drop(sending);
     assert!(only.conn().stalled_for().is_none());
@@ -149,10 +130,10 @@ async fn a_download_in_progress_is_never_evicted() {
 #[tokio::test]
 async fn one_peer_beyond_its_limit_displaces_its_own_connections_or_is_refused() {
     let other: IpAddr = IpAddr::V4(std::net::Ipv4Addr::new(127, 0, 0, 2));
-    let conns = Conns::new(10, 2);
+    let conns = registry(10, 2);
     let theirs = conns.admit(other).await.expect("admitted");
-    let first = conns.admit(LOCAL).await.expect("admitted");
-    let second = conns.admit(LOCAL).await.expect("admitted");
+    let first = idle_of(&conns, "a").await;
+    let second = idle_of(&conns, "a").await;
     let busy = (first.conn().begin(false), second.conn().begin(false));
     // Both busy: the third from the same address is refused at once.
     let third = tokio::time::timeout(Duration::from_secs(5), conns.admit(LOCAL)).await;
@@ -162,32 +143,55 @@ async fn one_peer_beyond_its_limit_displaces_its_own_connections_or_is_refused()
     );
     drop(busy.1);
     // Now one of its own is idle: it makes room, nobody else's does.
-    let third = admitting(&conns, LOCAL);
-    closed(&second).await;
-    assert_eq!(*theirs.conn().orders().borrow(), Order::Serve);
-    assert_eq!(*first.conn().orders().borrow(), Order::Serve);
-    drop(second);
-    let _third = third.await.expect("task").expect("admitted");
+    let _third = admitted(admitting(&conns, LOCAL)).await;
+    assert_eq!(order_of(&second), Order::Evict);
+    assert_eq!(order_of(&theirs), Order::Serve);
+    assert_eq!(order_of(&first), Order::Serve);
     drop(busy.0);
 }
 
 #[tokio::test]
 async fn among_teams_the_one_holding_the_most_connections_gives_one_up() {
-    let conns = Conns::new(4, 10);
-    let quiet = conns.admit(LOCAL).await.expect("admitted");
-    quiet.conn().mark_teamed("quiet");
-    drop(quiet.conn().begin(false));
-    let mut busy = Vec::new();
+    let conns = registry(4, 10);
+    let quiet = idle_of(&conns, "quiet").await;
+    let mut loud = Vec::new();
     for _ in 0..3 {
-        let slot = conns.admit(LOCAL).await.expect("admitted");
-        slot.conn().mark_teamed("loud");
-        drop(slot.conn().begin(false));
-        busy.push(slot);
+        loud.push(idle_of(&conns, "loud").await);
     }
-    let next = admitting(&conns, LOCAL);
+    let _next = admitted(admitting(&conns, LOCAL)).await;
     // `quiet` was idle the longest, but "loud" holds three connections.
-    closed(&busy[0]).await;
-    assert_eq!(*quiet.conn().orders().borrow(), Order::Serve);
-    drop(busy.remove(0));
-    let _next = next.await.expect("task").expect("admitted");
+    assert_eq!(order_of(&loud[0]), Order::Evict);
+    assert_eq!(order_of(&quiet), Order::Serve);
+}
+
+#[tokio::test]
+async fn past_the_answer_bytes_a_team_within_its_share_is_answered_and_the_anonymous_holder_closed() {
+    let budget = Budget::new(1000);
+    let conns = Conns::new(8, 8, budget.clone(), Actions::default());
+    let anonymous = conns.admit(LOCAL).await.expect("admitted");
+    let _held = anonymous.conn().begin(true);
+    anonymous.conn().hold(1200);
+    assert_eq!(
+        order_of(&anonymous),
+        Order::Close,
+        "past the bound: the anonymous holder goes"
+    );
+    assert!(!anonymous.conn().may_answer_anonymous());
+    let team = conns.admit(LOCAL).await.expect("admitted");
+    let _request = team.conn().begin(true);
+    team.conn().mark_teamed("b");
+    assert!(team.conn().may_answer(), "team b holds nothing: within its share");
+    team.conn().hold(600);
+    assert!(
+        team.conn().may_answer(),
+        "anonymous bytes never count against a team's share"
+    );
+    team.conn().hold(400);
+    assert!(
+        !team.conn().may_answer(),
+        "the only team holding bytes, and it holds the whole budget"
+    );
+    anonymous.conn().release(1200);
+    team.conn().release(1000);
+    assert!(team.conn().may_answer());
 }

@@ -1,0 +1,296 @@
+//! The overload manager: every transport resource the listeners share is a
+//! pool with an owner per tenant, a share per tenant, and an action under
+//! pressure (in the manner of Envoy's overload manager). Credits, rates and
+//! the cache are per team further in (`proxy/`); this is what keeps one
+//! tenant from taking the transport under them.
+//!
+//! A tenant is a team once a valid token came on the connection, otherwise
+//! the peer address (anonymous). Under pressure the manager acts on the
+//! tenant holding the most, anonymous before teams, and closes at once (no
+//! graceful drain that would wait for a PING ack a hostile peer never
+//! sends); a newcomer never waits on a connection that is leaving.
+//!
+//! | pool | share | action under pressure |
+//! |---|---|---|
+//! | connection slots (`server.max_connections`, per listener; the admin listener has its own `server.admin_max_connections`) | a team: `max / teams holding connections` before its idle ones go first; a peer address: `max_connections_per_peer` | close, in [`Class`] order: anonymous, stalled, a team over its share, still in its first head, other teams' idle |
+//! | HTTP/2 answer bytes (`server.http2_max_buffered_bytes`, per listener) | anonymous peers together: half; a team: `max / teams holding bytes` | refuse the stream before the handler buys anything (503 + `Retry-After`); close the connection holding the most stalled bytes, anonymous first, then the team most over its share |
+//! | file descriptors (`RLIMIT_NOFILE`) | [`RESERVED_DESCRIPTORS`] for the upstream pool, Redis, the ledger and the logs | at start: soft limit raised to the hard one, connection caps clamped to what remains (a warning), or refusal to start; at run time an `EMFILE` makes room like the connection cap |
+//! | the access-log queue (`telemetry::access`) | anonymous lines only while team lines have room | drop the line, anonymous first (`gateway_log_lines_dropped_total`) |
+//!
+//! Each action counts in `gateway_overload_actions_total{listener,pool,action}`.
+//! hyper gives a service no handle to reset one HTTP/2 stream, so the
+//! answer-bytes action closes the connection whose streams hold the most
+//! (Envoy resets the stream); with a zero window, which applies to every
+//! stream of a connection, that is the same set of bytes.
+
+use super::conns::{Conn, Order};
+use std::cmp::Reverse;
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// How long a connection's answers may make no progress before it counts as
+/// stalled: evictable although it is sending, and first to close when the
+/// answer bytes run out. A reader that is slow but moving takes a chunk far
+/// more often.
+pub(super) const STALL_GRACE: Duration = Duration::from_secs(1);
+
+/// How long an evicted idle team connection has to answer a head that came
+/// in the instant it was chosen, before it is closed. Short: nobody waits on
+/// it (the newcomer is admitted at once).
+pub(super) const EVICT_GRACE: Duration = Duration::from_secs(1);
+
+/// Descriptors kept back from client connections: the upstream pool (up to
+/// 64 idle connections are kept, and the upstream's rate keeps calls in
+/// flight far below), Redis (one multiplexed connection per node, a few
+/// nodes), the ledger's files, the log, the listeners and the runtime's own.
+pub const RESERVED_DESCRIPTORS: u64 = 64;
+
+/// Why a connection makes room for a newcomer, in the order they go.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub(super) enum Class {
+    /// Answered without ever carrying a valid team token: nobody's work.
+    Anonymous,
+    /// A team's, whose answers took nothing for [`STALL_GRACE`]: its reader
+    /// holds buffers and a slot without reading.
+    Stalled,
+    /// Idle, of a team holding more than its share of the slots.
+    TeamOverShare,
+    /// Still reading its first head (a newcomer, or a silent socket).
+    Unstarted,
+    /// Idle, of a team within its share.
+    TeamIdle,
+}
+
+impl Class {
+    /// How a connection of this class is told to go: at once, or (a team's
+    /// idle one, whose next head may be on its way) finishing that head.
+    pub(super) fn order(self) -> Order {
+        match self {
+            Class::Anonymous | Class::Stalled | Class::Unstarted => Order::Close,
+            Class::TeamOverShare | Class::TeamIdle => Order::Evict,
+        }
+    }
+
+    pub(super) fn as_str(self) -> &'static str {
+        match self {
+            Class::Anonymous => "anonymous",
+            Class::Stalled => "stalled",
+            Class::TeamOverShare => "team_over_share",
+            Class::Unstarted => "unstarted",
+            Class::TeamIdle => "team_idle",
+        }
+    }
+}
+
+/// The connection that makes room first among `conns` (one listener's, or
+/// one peer's), with the order to send it; `None` when every one is busy.
+/// `max` is the slots they share.
+pub(super) fn victim<'a, I>(conns: I, max: usize) -> Option<(&'a Arc<Conn>, Class)>
+where
+    I: Iterator<Item = &'a Arc<Conn>> + Clone,
+{
+    let mut per_team: HashMap<u64, usize> = HashMap::new();
+    for team in conns.clone().filter_map(|c| c.team()) {
+        *per_team.entry(team).or_default() += 1;
+    }
+    let share = max / per_team.len().max(1);
+    conns
+        .filter_map(|c| class_of(c, &per_team, share).map(|class| (c, class)))
+        .min_by_key(|(c, class)| {
+            let team_conns = c.team().and_then(|t| per_team.get(&t)).copied().unwrap_or(0);
+            (*class, Reverse(c.held()), Reverse(team_conns), since(c, *class), c.id())
+        })
+}
+
+fn class_of(c: &Conn, per_team: &HashMap<u64, usize>, share: usize) -> Option<Class> {
+    if c.leaving() {
+        return None;
+    }
+    match c.team() {
+        None if !c.started() => Some(Class::Unstarted),
+        // A head being handled may be a team's first on this connection,
+        // its token not checked yet: kept for the instant that takes.
+        None if c.handling() > 0 => None,
+        None => Some(Class::Anonymous),
+        Some(_) if c.handling() > 0 => None,
+        Some(_) if c.stalled_for().is_some_and(|d| d >= STALL_GRACE) => Some(Class::Stalled),
+        // Sending and moving: a download is never cut.
+        Some(_) if c.stalled_for().is_some() => None,
+        Some(team) if per_team.get(&team).copied().unwrap_or(0) > share => Some(Class::TeamOverShare),
+        Some(_) => Some(Class::TeamIdle),
+    }
+}
+
+/// Within a class: idle connections quiet the longest first, others oldest.
+fn since(c: &Conn, class: Class) -> Instant {
+    match class {
+        Class::TeamOverShare | Class::TeamIdle => c.quiet_since(),
+        _ => c.born(),
+    }
+}
+
+/// Whether a team's new HTTP/2 stream may be answered while the listener's
+/// answer bytes are spent: yes while the team holds less than its share
+/// (the budget over the teams holding bytes, itself counted).
+pub(super) fn team_within_share<'a>(conns: impl Iterator<Item = &'a Arc<Conn>>, team: u64, max: usize) -> bool {
+    let mut per_team: HashMap<u64, usize> = HashMap::new();
+    per_team.insert(team, 0);
+    for c in conns {
+        if let Some(t) = c.team() {
+            let held = c.held();
+            if held > 0 {
+                *per_team.entry(t).or_default() += held;
+            }
+        }
+    }
+    let share = max / per_team.len();
+    per_team.get(&team).copied().unwrap_or(0) < share
+}
+
+/// The connections to close so that the answer bytes held fall back under
+/// `max`: anonymous ones holding the most first, then, of the team holding
+/// the most above its share, its stalled connection holding the most; until
+/// what the chosen ones hold covers the excess. Connections already leaving
+/// count as freed.
+pub(super) fn relieve<'a>(
+    conns: impl Iterator<Item = &'a Arc<Conn>> + Clone,
+    used: usize,
+    max: usize,
+) -> Vec<&'a Arc<Conn>> {
+    let leaving: usize = conns.clone().filter(|c| c.leaving()).map(|c| c.held()).sum();
+    let mut excess = used.saturating_sub(leaving).saturating_sub(max);
+    let mut chosen = Vec::new();
+    if excess == 0 {
+        return chosen;
+    }
+    let holding: Vec<&Arc<Conn>> = conns.filter(|c| !c.leaving() && c.held() > 0).collect();
+    let mut anonymous: Vec<&Arc<Conn>> = holding.iter().copied().filter(|c| c.team().is_none()).collect();
+    anonymous.sort_by_key(|c| Reverse(c.held()));
+    for c in anonymous {
+        if excess == 0 {
+            return chosen;
+        }
+        excess = excess.saturating_sub(c.held());
+        chosen.push(c);
+    }
+    let mut per_team: HashMap<u64, usize> = HashMap::new();
+    for c in &holding {
+        if let Some(t) = c.team() {
+            *per_team.entry(t).or_default() += c.held();
+        }
+    }
+    let share = max / per_team.len().max(1);
+    let mut over: Vec<(u64, usize)> = per_team.into_iter().filter(|(_, held)| *held > share).collect();
+    over.sort_by_key(|(_, held)| Reverse(*held));
+    for (team, _) in over {
+        let mut theirs: Vec<&Arc<Conn>> = holding
+            .iter()
+            .copied()
+            .filter(|c| c.team() == Some(team) && c.stalled_for().is_some_and(|d| d >= STALL_GRACE))
+            .collect();
+        theirs.sort_by_key(|c| Reverse(c.held()));
+        for c in theirs {
+            if excess == 0 {
+                return chosen;
+            }
+            excess = excess.saturating_sub(c.held());
+            chosen.push(c);
+        }
+    }
+    chosen
+}
+
+/// The connection caps that fit the process's descriptors, and what was
+/// done to fit them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Descriptors {
+    /// The soft `RLIMIT_NOFILE` after raising it (the hard limit, if allowed).
+    pub limit: u64,
+    pub team_max: usize,
+    pub admin_max: usize,
+    /// Set when a cap was lowered: the warning to log.
+    pub clamped: Option<String>,
+}
+
+/// Raises the soft descriptor limit to the hard one and fits both listeners'
+/// caps (plus the room [`spare`] gives connections on their way out) under
+/// it, [`RESERVED_DESCRIPTORS`] kept back. `Err` when not even a small
+/// listener fits.
+pub fn fit_descriptors(team_max: usize, admin_max: usize) -> Result<Descriptors, String> {
+    use rlimit::Resource;
+    let (soft, hard) = Resource::NOFILE.get().map_err(|e| format!("RLIMIT_NOFILE: {e}"))?;
+    let limit = match soft < hard && Resource::NOFILE.set(hard, hard).is_ok() {
+        true => hard,
+        false => soft,
+    };
+    plan(limit, team_max, admin_max)
+}
+
+/// [`fit_descriptors`] for a given limit.
+pub(super) fn plan(limit: u64, team_max: usize, admin_max: usize) -> Result<Descriptors, String> {
+    let needs = |n: usize| (n + spare(n)) as u64;
+    let room = limit.saturating_sub(RESERVED_DESCRIPTORS);
+    if needs(team_max) + needs(admin_max) <= room {
+        return Ok(Descriptors {
+            limit,
+            team_max,
+            admin_max,
+            clamped: None,
+        });
+    }
+    // The admin listener keeps a small cap of its own (probes and a
+    // scrape), an eighth of the room at most; the team listener the rest.
+    let admin = admin_max.min((room / 8) as usize).max(4);
+    let mut team = team_max;
+    while team > 0 && needs(team) + needs(admin) > room {
+        team = (team * 15 / 16).min(team - 1);
+    }
+    if team < 8 {
+        return Err(format!(
+            "RLIMIT_NOFILE is {limit}: {RESERVED_DESCRIPTORS} descriptors are kept for the upstream pool, Redis, \
+             the ledger and the logs, which leaves too few for client connections; raise it (ulimit -n, or the \
+             container's nofile limit) to at least {}",
+            RESERVED_DESCRIPTORS + needs(64) + needs(admin)
+        ));
+    }
+    let clamped = format!(
+        "server.max_connections clamped from {team_max} to {team} (server.admin_max_connections {admin_max} to \
+         {admin}): RLIMIT_NOFILE is {limit}, {RESERVED_DESCRIPTORS} descriptors kept for the upstream pool, Redis, \
+         the ledger and the logs; raise the limit to serve more connections"
+    );
+    Ok(Descriptors {
+        limit,
+        team_max: team,
+        admin_max: admin,
+        clamped: Some(clamped),
+    })
+}
+
+/// Connections a listener may hold beyond its cap while evicted ones are on
+/// their way out, so a newcomer never waits on them: an eighth, at least one.
+pub(super) fn spare(max: usize) -> usize {
+    max / 8 + 1
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_caps_fit_the_descriptor_limit_or_the_start_is_refused() {
+        let roomy = plan(1 << 20, 10_000, 64).expect("fits");
+        assert_eq!((roomy.team_max, roomy.admin_max, roomy.clamped), (10_000, 64, None));
+        let tight = plan(1024, 10_000, 64).expect("clamped");
+        let used = tight.team_max + spare(tight.team_max) + tight.admin_max + spare(tight.admin_max);
+        assert!(used as u64 + RESERVED_DESCRIPTORS <= 1024, "{tight:?}");
+        assert!(tight.team_max > 700, "{tight:?}");
+        assert!(tight
+            .clamped
+            .as_deref()
+            .is_some_and(|w| w.contains("server.max_connections clamped")));
+        let low = plan(128, 10_000, 64).expect("clamped");
+        assert!(low.team_max >= 8 && low.admin_max >= 4, "{low:?}");
+        assert!(plan(70, 10_000, 64).is_err());
+    }
+}

@@ -12,7 +12,7 @@
 //!
 //! | pool | share | action under pressure |
 //! |---|---|---|
-//! | connection slots (`server.max_connections`, per listener; the admin listener has its own `server.admin_max_connections`) | a team: `max / teams holding connections` before its idle ones go first; a peer address: `max_connections_per_peer` | close, in [`Class`] order: anonymous, stalled, a team over its share, still in its first head, other teams' idle |
+//! | connection slots (`server.max_connections`, per listener; the admin listener has its own `server.admin_max_connections`) | a team: `max / tenants holding connections` (teams, plus one for all connections of no known team) before its idle ones go first; a peer address: `max_connections_per_peer` | close, in [`Class`] order: anonymous, stalled, a team over its share, still in its first head, other teams' idle |
 //! | HTTP/2 answer bytes (`server.http2_max_buffered_bytes`, per listener) | anonymous peers together: half; a team: `max / teams holding bytes` | refuse the stream before the handler buys anything (503 + `Retry-After`); close the connection holding the most stalled bytes, anonymous first, then the team most over its share |
 //! | file descriptors (`RLIMIT_NOFILE`) | [`RESERVED_DESCRIPTORS`] for the upstream pool, Redis, the ledger and the logs | at start: soft limit raised to the hard one, connection caps clamped to what remains (a warning), or refusal to start; at run time an `EMFILE` makes room like the connection cap |
 //! | the access-log queue (`telemetry::access`) | anonymous lines only while team lines have room | drop the line, anonymous first (`gateway_log_lines_dropped_total`) |
@@ -91,10 +91,16 @@ where
     I: Iterator<Item = &'a Arc<Conn>> + Clone,
 {
     let mut per_team: HashMap<u64, usize> = HashMap::new();
-    for team in conns.clone().filter_map(|c| c.team()) {
-        *per_team.entry(team).or_default() += 1;
+    let mut unknown = 0;
+    for c in conns.clone() {
+        match c.team() {
+            Some(team) => *per_team.entry(team).or_default() += 1,
+            None => unknown = 1,
+        }
     }
-    let share = max / per_team.len().max(1);
+    // Connections of no known team count as one more tenant: a team alone
+    // with a newcomer is not entitled to every slot.
+    let share = max / (per_team.len() + unknown).max(1);
     conns
         .filter_map(|c| class_of(c, &per_team, share).map(|class| (c, class)))
         .min_by_key(|(c, class)| {

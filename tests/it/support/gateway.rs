@@ -161,6 +161,12 @@ impl ChildGateway {
     /// Runs `permit-gateway serve --config <file>` with JSON logs and waits
     /// for its "serving" line, which carries the bound addresses.
     pub fn spawn(setup: &Setup, base_url: &str, key: &str) -> ChildGateway {
+        ChildGateway::spawn_limited(setup, base_url, key, None)
+    }
+
+    /// As [`ChildGateway::spawn`], under `ulimit -n nofile` (soft and hard)
+    /// when given: the descriptor pool of a constrained container.
+    pub fn spawn_limited(setup: &Setup, base_url: &str, key: &str, nofile: Option<u64>) -> ChildGateway {
         let dir = tempfile::tempdir().expect("tmp");
         let path = dir.path().join("gateway.toml");
         let mut text = setup.toml(base_url, key);
@@ -168,7 +174,17 @@ impl ChildGateway {
             text = text.replace("[log]\n", "[log]\nformat = \"json\"\n");
         }
         std::fs::write(&path, text).expect("write config");
-        let mut child = Command::new(env!("CARGO_BIN_EXE_permit-gateway"))
+        let mut command = match nofile {
+            None => Command::new(env!("CARGO_BIN_EXE_permit-gateway")),
+            Some(n) => {
+                let mut sh = Command::new("sh");
+                sh.arg("-c")
+                    .arg(format!("ulimit -n {n} && exec \"$0\" \"$@\""))
+                    .arg(env!("CARGO_BIN_EXE_permit-gateway"));
+                sh
+            }
+        };
+        let mut child = command
             .arg("serve")
             .arg("--config")
             .arg(&path)

@@ -1,0 +1,434 @@
+//! The overload manager (issue 34): whatever one tenant does to a shared
+//! transport pool, another tenant watching is still served. Each case runs
+//! the gateway binary at `server.max_connections = 64` with a second
+//! tenant measuring: anonymous HTTP/2 peers with a zero window that never
+//! answer a PING (team and admin listeners), one team's zero-window streams
+//! against another team's HTTP/2 answers and charges, a team churning
+//! connections at the cap, and silent sockets under a low `ulimit -n`.
+
+use super::{on_new_connection, KeptAlive};
+use crate::support::client::Client;
+use crate::support::gateway::{ChildGateway, Setup, ALPHA, BETA};
+use crate::support::http::get;
+use crate::support::query::Query;
+use crate::support::sim::{start_sim, unlimited, SimConfig};
+use bytes::Bytes;
+use http::{Request, StatusCode};
+use http_body_util::{BodyExt, Empty};
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+const CAP: usize = 64;
+
+fn at_the_cap() -> Setup {
+    Setup::new().with(
+        "server",
+        format!("max_connections = {CAP}\nadmin_max_connections = {CAP}"),
+    )
+}
+
+/// An HTTP/2 frame: 9-byte head, then the payload.
+fn frame(kind: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
+    let len = u32::try_from(payload.len()).expect("small frame").to_be_bytes();
+    let mut f = vec![len[1], len[2], len[3], kind, flags];
+    f.extend_from_slice(&stream.to_be_bytes());
+    f.extend_from_slice(payload);
+    f
+}
+
+/// A literal HPACK string (no Huffman), under 127 bytes.
+fn hpack_string(out: &mut Vec<u8>, s: &str) {
+    out.push(u8::try_from(s.len()).expect("short string"));
+    out.extend_from_slice(s.as_bytes());
+}
+
+/// The bytes a hostile HTTP/2 peer sends: the preface, SETTINGS with
+/// `SETTINGS_INITIAL_WINDOW_SIZE = 0` (no answer body can ever be sent to
+/// it), then one token-less `GET path`. It never writes again: the server's
+/// SETTINGS and PINGs are never acknowledged.
+fn hostile_preface(path: &str) -> Vec<u8> {
+    let mut out = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
+    out.extend(frame(0x4, 0, 0, &[0, 4, 0, 0, 0, 0]));
+    // :method GET, :scheme http (static table), :path and :authority as
+    // literals with indexed names.
+    let mut block = vec![0x82, 0x86, 0x04];
+    hpack_string(&mut block, path);
+    block.push(0x01);
+    hpack_string(&mut block, "gateway");
+    // END_STREAM | END_HEADERS on stream 1.
+    out.extend(frame(0x1, 0x5, 1, &block));
+    out
+}
+
+/// One anonymous hostile peer: a connection as [`hostile_preface`] says,
+/// reopened as soon as the gateway closes it, until `stop`. Counts the
+/// connections it opened.
+async fn hostile_h2(addr: SocketAddr, path: &'static str, stop: Arc<AtomicBool>, opened: Arc<AtomicUsize>) {
+    let bytes = hostile_preface(path);
+    while !stop.load(Ordering::Relaxed) {
+        let Ok(mut s) = TcpStream::connect(addr).await else {
+            tokio::task::yield_now().await;
+            continue;
+        };
+        if s.write_all(&bytes).await.is_err() {
+            continue;
+        }
+        opened.fetch_add(1, Ordering::Relaxed);
+        // Reading is not acknowledging: frames are taken off the socket to
+        // see it close, and nothing is ever written back.
+        let mut buf = [0u8; 4096];
+        loop {
+            if stop.load(Ordering::Relaxed) {
+                return;
+            }
+            match tokio::time::timeout(Duration::from_millis(200), s.read(&mut buf)).await {
+                Ok(Ok(0)) | Ok(Err(_)) => break,
+                _ => {}
+            }
+        }
+    }
+}
+
+/// `n` hostile peers against `addr`; their stop flag and counter.
+fn hostile_peers(
+    addr: SocketAddr,
+    path: &'static str,
+    n: usize,
+) -> (Arc<AtomicBool>, Arc<AtomicUsize>, Vec<tokio::task::JoinHandle<()>>) {
+    let stop = Arc::new(AtomicBool::new(false));
+    let opened = Arc::new(AtomicUsize::new(0));
+    let tasks = (0..n)
+        .map(|_| tokio::spawn(hostile_h2(addr, path, stop.clone(), opened.clone())))
+        .collect();
+    (stop, opened, tasks)
+}
+
+/// Waits until the peers opened `n` connections in all (the attack is on).
+async fn attack_under_way(opened: &Arc<AtomicUsize>, n: usize) {
+    crate::support::wait::eventually("the attack is under way", Duration::from_secs(20), || {
+        let now = opened.load(Ordering::Relaxed);
+        async move {
+            if now >= n {
+                Ok(())
+            } else {
+                Err(now)
+            }
+        }
+    })
+    .await;
+}
+
+async fn stop_all(stop: Arc<AtomicBool>, tasks: Vec<tokio::task::JoinHandle<()>>) {
+    stop.store(true, Ordering::Relaxed);
+    for t in tasks {
+        t.await.expect("attacker task");
+    }
+}
+
+/// `gateway_overload_actions_total` children of the gateway, summed by
+/// `pool`/`action` substring.
+async fn overload_actions(gw: &ChildGateway, needle: &str) -> u64 {
+    let text = get(&format!("{}/metrics", gw.admin_url()), &[]).await.text();
+    text.lines()
+        .filter(|l| l.starts_with("gateway_overload_actions_total{") && l.contains(needle))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum::<f64>() as u64
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn anonymous_zero_window_http2_peers_at_the_cap_lock_no_team_out() {
+    let sim = start_sim(unlimited()).await;
+    let gw = ChildGateway::spawn(&at_the_cap(), &sim.base_url(), sim.api_key());
+    let path = "/v2/meta/release";
+    let mut kept_alive = KeptAlive::open(gw.addr).await.expect("connects");
+    assert_eq!(kept_alive.get(path, ALPHA.1).await.expect("answered").0, StatusCode::OK);
+    let (stop, opened, attackers) = hostile_peers(gw.addr, path, CAP);
+    attack_under_way(&opened, 2 * CAP).await;
+    let (mut slowest, mut served, mut failures) = (Duration::ZERO, 0, Vec::new());
+    let started = Instant::now();
+    while started.elapsed() < Duration::from_secs(15) {
+        let t = Instant::now();
+        let fresh = tokio::time::timeout(Duration::from_secs(5), on_new_connection(gw.addr, path, ALPHA.1)).await;
+        let took = t.elapsed();
+        slowest = slowest.max(took);
+        match fresh {
+            Ok(Ok((StatusCode::OK, _))) if took <= Duration::from_secs(2) => served += 1,
+            other => failures.push(format!("new connection after {took:?}: {other:?}")),
+        }
+        match kept_alive.get(path, ALPHA.1).await {
+            Ok((StatusCode::OK, _)) => served += 1,
+            other => failures.push(format!("kept-alive: {other:?}")),
+        }
+    }
+    let attacks = opened.load(Ordering::Relaxed);
+    let closed = overload_actions(&gw, "action=\"anonymous\"").await;
+    stop_all(stop, attackers).await;
+    eprintln!(
+        "{attacks} hostile h2 connections in 15 s at a cap of {CAP}; team: {served} served, {} failed, slowest new connection {slowest:?}; {closed} anonymous connections closed by the manager",
+        failures.len()
+    );
+    assert!(failures.is_empty(), "team requests failed: {failures:?}");
+    assert!(served > 20, "too few team requests to tell: {served}");
+    assert!(attacks > 4 * CAP, "the attack was too weak to test anything: {attacks}");
+    assert!(closed > 0, "the manager closed no anonymous connection");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn anonymous_zero_window_peers_on_the_admin_port_leave_healthz_answering() {
+    let sim = start_sim(unlimited()).await;
+    let gw = ChildGateway::spawn(&at_the_cap(), &sim.base_url(), sim.api_key());
+    let (stop, opened, attackers) = hostile_peers(gw.admin_addr, "/healthz", 70);
+    attack_under_way(&opened, 2 * 70).await;
+    let mut took = Vec::new();
+    for _ in 0..10 {
+        let t = Instant::now();
+        let probe =
+            tokio::time::timeout(Duration::from_secs(5), get(&format!("{}/healthz", gw.admin_url()), &[])).await;
+        took.push(t.elapsed());
+        assert_eq!(probe.expect("a probe locked out").status, StatusCode::OK);
+    }
+    stop_all(stop, attackers).await;
+    eprintln!("70 hostile h2 peers on the admin port: /healthz took {took:?}");
+    let slowest = took.iter().max().copied().unwrap_or_default();
+    assert!(slowest <= Duration::from_secs(1), "a probe took {slowest:?}");
+}
+
+/// One HTTP/2 connection of `token` whose client never opens a window,
+/// with `paths` in flight; reopened when the gateway closes it, until `stop`.
+async fn zero_window_team(addr: SocketAddr, token: &'static str, paths: Arc<Vec<String>>, stop: Arc<AtomicBool>) {
+    while !stop.load(Ordering::Relaxed) {
+        let Ok(tcp) = TcpStream::connect(addr).await else {
+            continue;
+        };
+        let Ok((mut send, conn)) = h2::client::Builder::new()
+            .initial_window_size(0)
+            .handshake::<_, Bytes>(tcp)
+            .await
+        else {
+            continue;
+        };
+        let conn = tokio::spawn(conn);
+        let mut held = Vec::new();
+        for path in paths.iter() {
+            let req = Request::get(format!("http://{addr}{path}"))
+                .header("x-api-key", token)
+                .body(())
+                .expect("request");
+            let Ok(ready) = send.clone().ready().await else { break };
+            send = ready;
+            match send.send_request(req, true) {
+                Ok((resp, _)) => held.push(resp),
+                Err(_) => break,
+            }
+        }
+        // Kept, never read, until the gateway closes the connection.
+        while !conn.is_finished() && !stop.load(Ordering::Relaxed) {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        conn.abort();
+        drop(held);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn one_teams_zero_window_streams_cannot_take_another_teams_http2_answers_or_credits() {
+    let sim = start_sim(SimConfig {
+        credit_limit: Some(100_000_000),
+        ..unlimited()
+    })
+    .await;
+    let gw = ChildGateway::spawn(&at_the_cap(), &sim.base_url(), sim.api_key());
+    let alpha = Client::new(gw.base_url(), ALPHA.1);
+    let s = sim.samples();
+    // Cached pages for alpha's streams (0 credits each once held).
+    let pages: Vec<String> = (1..=5)
+        .map(|i| Query::distinct(&s, 1000 + i).size(50).to_string())
+        .collect();
+    for p in &pages {
+        alpha.get(p.as_str()).await.expect_status(StatusCode::OK);
+    }
+    let paths: Arc<Vec<String>> = Arc::new((0..100).map(|i| pages[i % pages.len()].clone()).collect());
+    let stop = Arc::new(AtomicBool::new(false));
+    let attackers: Vec<_> = (0..5)
+        .map(|_| tokio::spawn(zero_window_team(gw.addr, ALPHA.1, paths.clone(), stop.clone())))
+        .collect();
+    // The budget is spent before beta starts: alpha's streams were refused.
+    crate::support::wait::eventually("alpha holds the answer bytes", Duration::from_secs(20), || {
+        let gw = &gw;
+        async move {
+            let refused = overload_actions(gw, "pool=\"answer_bytes\"").await;
+            if refused > 0 {
+                Ok(refused)
+            } else {
+                Err(refused)
+            }
+        }
+    })
+    .await;
+    let beta_before = Client::new(gw.base_url(), BETA.1).used().await;
+    let upstream_before = sim.stats().credits_total;
+    // Beta over HTTP/2: cached pages and pages nobody bought yet.
+    let tcp = TcpStream::connect(gw.addr).await.expect("connect");
+    let (mut send, conn) = hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(tcp))
+        .await
+        .expect("h2 handshake");
+    tokio::spawn(conn);
+    let (mut ok, mut other, mut records) = (0usize, Vec::new(), 0u64);
+    for i in 0..200usize {
+        let path = match i % 4 {
+            0 => Query::distinct(&s, u32::try_from(i).expect("small"))
+                .size(3)
+                .to_string(),
+            _ => pages[i % pages.len()].clone(),
+        };
+        let req = Request::get(format!("http://{}{path}", gw.addr))
+            .header("x-api-key", BETA.1)
+            .body(Empty::<Bytes>::new())
+            .expect("request");
+        send.ready().await.expect("beta's connection is alive");
+        let resp = send.send_request(req).await.expect("answered");
+        let status = resp.status();
+        let charged = resp
+            .headers()
+            .get("x-credits-request")
+            .and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
+        let body = resp.into_body().collect().await.expect("body").to_bytes();
+        if status == StatusCode::OK {
+            ok += 1;
+            let v: serde_json::Value = serde_json::from_slice(&body).expect("json");
+            let n = v["items"].as_array().map_or(0, Vec::len) as u64;
+            if charged.unwrap_or(0) > 0 {
+                assert_eq!(charged, Some(n), "charged for what the page holds");
+                records += n;
+            }
+        } else {
+            other.push((status, charged));
+        }
+    }
+    stop.store(true, Ordering::Relaxed);
+    for a in attackers {
+        a.await.expect("attacker task");
+    }
+    let beta_charged = Client::new(gw.base_url(), BETA.1).used().await - beta_before;
+    let closed = overload_actions(&gw, "pool=\"answer_bytes\",action=\"stalled\"").await;
+    eprintln!(
+        "alpha 5 zero-window h2 connections x 100 streams: beta {ok}/200 answered 200 ({other:?}); beta charged {beta_charged} for {records} records received; {closed} of alpha's connections closed for answer bytes"
+    );
+    assert!(ok >= 198, "beta's HTTP/2 requests were refused: {ok}/200, {other:?}");
+    assert_eq!(beta_charged, records, "beta charged for answers it did not receive");
+    assert_eq!(
+        sim.stats().credits_total - upstream_before,
+        records,
+        "bought only what beta received"
+    );
+}
+
+/// One team's client churning connections at the cap: opens connections
+/// for hits and keeps the last `keep` of them, until `stop`.
+async fn churn(addr: SocketAddr, keep: usize, stop: Arc<AtomicBool>, served: Arc<AtomicUsize>) {
+    let mut kept = std::collections::VecDeque::new();
+    while !stop.load(Ordering::Relaxed) {
+        let Ok(mut c) = KeptAlive::open(addr).await else {
+            continue;
+        };
+        if let Ok((StatusCode::OK, _)) = c.get("/v2/meta/release", ALPHA.1).await {
+            served.fetch_add(1, Ordering::Relaxed);
+        }
+        kept.push_back(c);
+        if kept.len() > keep {
+            kept.pop_front();
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_team_churning_connections_at_the_cap_resets_no_other_teams_new_connection() {
+    let sim = start_sim(unlimited()).await;
+    let gw = ChildGateway::spawn(&at_the_cap(), &sim.base_url(), sim.api_key());
+    let path = "/v2/meta/release";
+    assert_eq!(
+        on_new_connection(gw.addr, path, BETA.1).await.expect("warm").0,
+        StatusCode::OK
+    );
+    let stop = Arc::new(AtomicBool::new(false));
+    let served = Arc::new(AtomicUsize::new(0));
+    let churners: Vec<_> = (0..4)
+        .map(|_| tokio::spawn(churn(gw.addr, CAP, stop.clone(), served.clone())))
+        .collect();
+    crate::support::wait::eventually("alpha churns past the cap", Duration::from_secs(20), || {
+        let n = served.load(Ordering::Relaxed);
+        async move {
+            if n > 4 * CAP {
+                Ok(())
+            } else {
+                Err(n)
+            }
+        }
+    })
+    .await;
+    let mut failures = Vec::new();
+    for i in 0..100 {
+        match on_new_connection(gw.addr, path, BETA.1).await {
+            Ok((StatusCode::OK, _)) => {}
+            other => failures.push(format!("{i}: {other:?}")),
+        }
+    }
+    stop.store(true, Ordering::Relaxed);
+    for c in churners {
+        c.await.expect("churner");
+    }
+    let evicted = overload_actions(&gw, "action=\"team_over_share\"").await;
+    eprintln!(
+        "alpha churned {} connections at a cap of {CAP}: beta's new connections {} of 100 failed; {evicted} of alpha's idle connections evicted as over its share",
+        served.load(Ordering::Relaxed),
+        failures.len()
+    );
+    assert!(failures.is_empty(), "beta's new connections failed: {failures:?}");
+    assert!(evicted > 0, "the cap was never reached");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn silent_sockets_under_a_low_descriptor_limit_cost_no_upstream_call_its_descriptor() {
+    let sim = start_sim(SimConfig {
+        credit_limit: Some(100_000_000),
+        ..unlimited()
+    })
+    .await;
+    let gw = ChildGateway::spawn_limited(&Setup::new(), &sim.base_url(), sim.api_key(), Some(128));
+    let warning = crate::support::wait::eventually_blocking(
+        "a start-up warning names the clamp",
+        Duration::from_secs(10),
+        || {
+            gw.logs
+                .lock()
+                .expect("logs")
+                .iter()
+                .find(|l| l.contains("server.max_connections clamped"))
+                .cloned()
+        },
+    );
+    assert!(warning.contains("RLIMIT_NOFILE is 128"), "{warning}");
+    let mut silent = Vec::new();
+    for _ in 0..150 {
+        silent.push(TcpStream::connect(gw.addr).await.expect("connect"));
+    }
+    let beta = Client::new(gw.base_url(), BETA.1);
+    let s = sim.samples();
+    let mut statuses = Vec::new();
+    for i in 0..20usize {
+        let q = Query::distinct(&s, u32::try_from(i).expect("small")).size(2);
+        let t = Instant::now();
+        let r = tokio::time::timeout(Duration::from_secs(10), beta.get(q)).await;
+        statuses.push((r.map(|r| r.status.as_u16()).unwrap_or(0), t.elapsed()));
+    }
+    drop(silent);
+    eprintln!("ulimit -n 128, 150 silent sockets: {statuses:?}; {warning}");
+    assert!(statuses.iter().all(|(s, _)| *s == 200), "{statuses:?}");
+    let slowest = statuses.iter().map(|(_, t)| *t).max().unwrap_or_default();
+    assert!(slowest <= Duration::from_secs(2), "a call waited {slowest:?}");
+}

@@ -1,5 +1,5 @@
 //! The access line, preformatted: one line per request, written straight
-//! to the log writer thread, in the same shape `tracing`'s formatters give
+//! into the log queue ([`super::sink`]), in the same shape `tracing`'s formatters give
 //! it (text or JSON, the `access` target, `log.level` deciding which levels
 //! are written).
 //!

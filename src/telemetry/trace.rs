@@ -19,7 +19,7 @@ use crate::http_util::random_id;
 use opentelemetry::propagation::TextMapPropagator;
 use opentelemetry::trace::{SpanContext, SpanId, TraceContextExt, TraceFlags, TraceId, TraceState};
 use opentelemetry::Context;
-use opentelemetry_http::{HeaderExtractor, HeaderInjector};
+use opentelemetry_http::HeaderInjector;
 use opentelemetry_sdk::propagation::TraceContextPropagator;
 use tracing_opentelemetry::OpenTelemetrySpanExt;
 
@@ -42,11 +42,11 @@ impl opentelemetry::propagation::Extractor for Bounded<'_> {
         if key == TRACESTATE.as_str() && tracestate_len(self.0) > MAX_TRACESTATE {
             return None;
         }
-        HeaderExtractor(self.0).get(key)
+        self.0.get(key).and_then(|v| v.to_str().ok())
     }
 
     fn keys(&self) -> Vec<&str> {
-        HeaderExtractor(self.0).keys()
+        self.0.keys().map(http::HeaderName::as_str).collect()
     }
 }
 

@@ -88,7 +88,8 @@ pub(crate) async fn handle<B>(app: Arc<App>, req: Request<B>, mark: Option<Conne
         resp.headers_mut().insert(X_REQUEST_ID, v);
     }
     if !ctx.span.is_disabled() {
-        ctx.span.record("http.route", ctx.route.unwrap_or(Route::Other).as_str());
+        ctx.span
+            .record("http.route", ctx.route.unwrap_or(Route::Other).as_str());
         ctx.span.record("http.response.status_code", resp.status().as_u16());
     }
     ctx.finish(&app.metrics, req.method(), resp.status(), started.elapsed());

@@ -84,7 +84,11 @@ pub(crate) fn write(line: &Line<'_>) -> bool {
             text(&mut buf, line, now);
         }
         // One line, one entry of the queue: lines never interleave.
-        let kind = if line.anonymous { LogLine::Anonymous } else { LogLine::Team };
+        let kind = if line.anonymous {
+            LogLine::Anonymous
+        } else {
+            LogLine::Team
+        };
         sink.sink.push(kind, buf.as_bytes().to_vec());
     });
     true

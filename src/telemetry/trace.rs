@@ -173,7 +173,12 @@ mod tests {
 
     #[test]
     fn a_tracestate_over_512_bytes_is_dropped() {
-        for (len, kept) in [(300, true), (MAX_TRACESTATE, true), (MAX_TRACESTATE + 1, false), (7_000, false)] {
+        for (len, kept) in [
+            (300, true),
+            (MAX_TRACESTATE, true),
+            (MAX_TRACESTATE + 1, false),
+            (7_000, false),
+        ] {
             let state = tracestate(len);
             assert_eq!(state.len(), len);
             let mut headers = HeaderMap::new();

@@ -240,24 +240,44 @@ async fn anonymous_sampled_requests_export_no_span() {
 
 #[tokio::test]
 async fn a_sampled_traceparent_does_not_override_sample_ratio() {
+    // `sample_ratio` decides by the trace id (OpenTelemetry's
+    // TraceIdRatioBased: its low 63 bits against the ratio): at 0.5, `OUT`
+    // is never exported and `IN` always, both sent with the sampled flag.
+    const OUT: &str = "4bf92f3577b34da6fffffffffffffff0";
+    const IN: &str = "4bf92f3577b34da60000000000000001";
     let sim = start_sim(unlimited()).await;
     let (collector, spans) = start_collector().await;
     let setup = Setup::new().with(
         "tracing",
-        format!("otlp_endpoint = \"http://{collector}\"\nsample_ratio = 0.0"),
+        format!("otlp_endpoint = \"http://{collector}\"\nsample_ratio = 0.5"),
     );
     let mut gw = ChildGateway::spawn(&setup, &sim.base_url(), sim.api_key());
     let s = sim.samples();
-    alpha_request(&gw, &s, "app=frontend").await;
-    // The exit flushes every batched span (the export is answered before
-    // the process ends), so what the collector holds now is all there is.
+    // The one not to export first: once the later one is at the collector,
+    // the earlier one's spans, had they been exported, would be too.
+    for (trace, size) in [(OUT, 5), (IN, 6)] {
+        Client::new(gw.base_url(), ALPHA.1)
+            .get(Query::state_permits(&s).size(size))
+            .header("traceparent", &format!("00-{trace}-{CLIENT_SPAN}-01"))
+            .expect_status(200)
+            .await;
+    }
     gw.signal("TERM");
     gw.wait_exit(Duration::from_secs(30));
-    let got = spans.lock().expect("lock").clone();
+    let all = eventually("the sampled trace's request span", Duration::from_secs(10), || {
+        let got = spans.lock().expect("lock").clone();
+        async move {
+            got.iter()
+                .any(|s| s.name == "request" && hex(&s.trace_id) == IN)
+                .then_some(got)
+        }
+    })
+    .await;
+    let out: Vec<&Span> = all.iter().filter(|s| hex(&s.trace_id) == OUT).collect();
     assert!(
-        got.is_empty(),
-        "{} spans exported at sample_ratio 0: {got:?}",
-        got.len()
+        out.is_empty(),
+        "a client's sampled flag exported {} spans: {out:?}",
+        out.len()
     );
 }
 

@@ -40,8 +40,9 @@
 //! - [`ledger`]: team budgets: reserve, settle, release; file or Redis store.
 //! - [`error`]: the one error type and its one mapping to HTTP.
 //! - [`metrics`]: every metric name, recorded through typed methods.
-//! - [`telemetry`]: logs (human or JSON), one access-log line per request;
-//!   the W3C trace context and, when configured, spans over OTLP.
+//! - [`telemetry`]: logs (human or JSON) through a bounded queue that never
+//!   holds a request, one access-log line per request; the W3C trace
+//!   context and, when configured, spans over OTLP (teams' requests only).
 //! - [`demo`]: the newcomer's one command.
 //!
 //! Internal to the crate:

@@ -171,6 +171,9 @@ pub(crate) struct AdminConfig {
 pub struct LogConfig {
     pub format: LogFormat,
     pub level: String,
+    /// Lines the log queue holds for a slow stderr before it drops them
+    /// (anonymous access lines first; see `telemetry::sink`).
+    pub queue_lines: usize,
 }
 
 /// Trace context and span export (`[tracing]`).
@@ -181,8 +184,8 @@ pub struct TracingConfig {
     pub otlp_endpoint: Option<String>,
     /// The `service.name` of the exported spans.
     pub service_name: String,
-    /// The share of the traces the gateway starts that are sampled; a
-    /// client's own sampling decision is followed.
+    /// The share of the teams' traces that are exported, decided by the
+    /// trace id; a client's sampled flag does not change it.
     pub sample_ratio: f64,
 }
 

@@ -140,6 +140,9 @@ pub(super) fn validate_log(log: &LogConfig, p: &mut Vec<String>) {
     if tracing_subscriber::EnvFilter::try_new(&log.level).is_err() {
         p.push(format!("log.level: {:?} is not a valid filter", log.level));
     }
+    if log.queue_lines == 0 {
+        p.push("log.queue_lines: must be at least 1".into());
+    }
 }
 
 pub(super) fn validate_tracing(tracing: &TracingConfig, p: &mut Vec<String>) {

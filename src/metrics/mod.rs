@@ -12,18 +12,45 @@ mod children;
 mod record;
 
 use children::Children;
-pub(crate) use record::{LedgerOp, RecordSource, Scope, UpstreamAnswer};
+pub(crate) use record::{LedgerOp, LogLine, RecordSource, Scope, UpstreamAnswer};
 pub use record::{RedisOp, Tier};
 
 use prometheus::{
     Encoder, Gauge, GaugeVec, Histogram, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, IntGaugeVec, Opts,
     Registry, TextEncoder,
 };
+use std::sync::OnceLock;
 
 /// Buckets from a 100 µs cache hit to a 30 s upstream timeout.
 const LATENCY_BUCKETS: &[f64] = &[
     0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
 ];
+
+/// Not in the contract table: log lines the log sink dropped because
+/// stderr read slower than they came (`telemetry::sink`). One per process,
+/// like the sink: registered in every gateway's registry.
+fn log_lines_dropped_total() -> &'static IntCounterVec {
+    static DROPPED: OnceLock<IntCounterVec> = OnceLock::new();
+    DROPPED.get_or_init(|| {
+        let c = IntCounterVec::new(
+            Opts::new(
+                "gateway_log_lines_dropped_total",
+                "Log lines dropped because the log queue was full, by kind (anonymous first).",
+            ),
+            &["kind"],
+        )
+        .expect("valid counter");
+        for kind in LogLine::ALL {
+            c.with_label_values(&[kind.as_str()]);
+        }
+        c
+    })
+}
+
+/// Counts one line the log sink dropped.
+pub(crate) fn log_line_dropped(kind: LogLine) {
+    log_lines_dropped_total().with_label_values(&[kind.as_str()]).inc();
+}
 
 pub struct Metrics {
     registry: Registry,
@@ -261,6 +288,9 @@ impl Metrics {
             registry: r,
         };
         m.build_info.with_label_values(&[env!("CARGO_PKG_VERSION")]).set(1.0);
+        // The same counter in every registry (a second gateway in one
+        // process, in tests, shares the process's one log sink).
+        let _ = m.registry.register(Box::new(log_lines_dropped_total().clone()));
         #[cfg(target_os = "linux")]
         {
             let pc = prometheus::process_collector::ProcessCollector::for_self();

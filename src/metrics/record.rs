@@ -121,6 +121,31 @@ impl RedisOp {
     }
 }
 
+/// Whose log line the log sink dropped (`kind` label of
+/// `gateway_log_lines_dropped_total`); also the sink's order of dropping.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum LogLine {
+    /// The access line of a request with no authenticated team: the
+    /// first to go.
+    Anonymous,
+    /// A team's access line.
+    Team,
+    /// Any other log line (`tracing` events: warnings, start-up, errors).
+    Other,
+}
+
+impl LogLine {
+    pub(crate) const ALL: [LogLine; 3] = [LogLine::Anonymous, LogLine::Team, LogLine::Other];
+
+    pub(super) const fn as_str(self) -> &'static str {
+        match self {
+            LogLine::Anonymous => "anonymous",
+            LogLine::Team => "team",
+            LogLine::Other => "other",
+        }
+    }
+}
+
 /// Where an id of an id lookup got its answer (`source` label).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum RecordSource {

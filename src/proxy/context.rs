@@ -115,6 +115,9 @@ pub(crate) struct RequestContext {
     /// Credits charged to the team for this answer.
     pub(super) credits: u64,
     pub(super) fault: Option<Fault>,
+    /// The request's span: built once the team is known, and only when
+    /// spans are exported (`Span::none()` until then, and without export).
+    pub(super) span: tracing::Span,
 }
 
 impl RequestContext {
@@ -127,6 +130,7 @@ impl RequestContext {
             cache: CacheState::Bypass,
             credits: 0,
             fault: None,
+            span: tracing::Span::none(),
         }
     }
 
@@ -192,6 +196,7 @@ impl RequestContext {
             credits: self.credits,
             took,
             refresh,
+            anonymous: self.team.is_none(),
         })
     }
 

@@ -39,13 +39,14 @@ pub use context::CacheState;
 use context::RequestContext;
 
 use crate::app::App;
+use crate::auth::Team;
 use crate::cache::control::Directives;
 use crate::cache::{key, parsed};
 use crate::error::GatewayError;
 use crate::http_util::{number_header, request_id, Body, X_REQUEST_ID};
 use crate::metrics::Scope;
 use crate::redis_backend::keys::Tag;
-use crate::route::{self, Route};
+use crate::route::{self, Route, Target};
 use crate::server::ConnectionMark;
 use crate::telemetry::{trace::Trace, SPANS};
 use context::Ask;
@@ -56,19 +57,10 @@ use std::time::Instant;
 /// Answers one team request. Never fails: errors become responses here.
 pub(crate) async fn handle<B>(app: Arc<App>, req: Request<B>, mark: Option<ConnectionMark>) -> Response<Body> {
     let started = Instant::now();
-    // The request's span: built only when spans are exported (see telemetry).
-    let span = tracing::info_span!(
-        target: SPANS,
-        "request",
-        otel.kind = "server",
-        http.request.method = %req.method(),
-        http.route = tracing::field::Empty,
-        http.response.status_code = tracing::field::Empty,
-    );
-    let mut trace = Trace::from_headers(req.headers());
-    trace.attach(&span);
+    // The request's span is built in `pipeline`, after authentication.
+    let trace = Trace::from_headers(req.headers());
     let mut ctx = RequestContext::new(request_id(req.headers()), trace);
-    let mut resp = match crate::telemetry::in_span!(span.clone(), pipeline(&app, &req, mark.as_ref(), &mut ctx)) {
+    let mut resp = match pipeline(&app, &req, mark.as_ref(), &mut ctx).await {
         Ok(resp) => resp,
         Err(e) => {
             ctx.fault = Some(e.fault());
@@ -95,9 +87,10 @@ pub(crate) async fn handle<B>(app: Arc<App>, req: Request<B>, mark: Option<Conne
         v.set_sensitive(true);
         resp.headers_mut().insert(X_REQUEST_ID, v);
     }
-    if !span.is_disabled() {
-        span.record("http.route", ctx.route.unwrap_or(Route::Other).as_str());
-        span.record("http.response.status_code", resp.status().as_u16());
+    if !ctx.span.is_disabled() {
+        ctx.span
+            .record("http.route", ctx.route.unwrap_or(Route::Other).as_str());
+        ctx.span.record("http.response.status_code", resp.status().as_u16());
     }
     ctx.finish(&app.metrics, req.method(), resp.status(), started.elapsed());
     resp
@@ -134,11 +127,6 @@ async fn pipeline<B>(
         None => route::classify(req.uri(), app.config.server.max_uri_bytes)?,
     };
     ctx.route = Some(target.route);
-    if target.route == Route::Other {
-        // The one place an operator learns which path the vendor may have
-        // added (alert GatewayUnknownVendorOperation); the query stays out.
-        tracing::info!(request_id = %ctx.request_id, path = %target.path, "unknown /v2 path, routed as other");
-    }
     // 3. Authenticate before anything costs money or reveals data.
     let team = app.teams.load().authenticate(req.headers())?;
     ctx.team = Some(team.clone());
@@ -150,6 +138,38 @@ async fn pipeline<B>(
             return Err(GatewayError::AnswersBusy);
         }
     }
+    if target.route == Route::Other {
+        // The one place an operator learns which path the vendor may have
+        // added (alert GatewayUnknownVendorOperation); the query stays out.
+        // After authentication: a token-less peer's paths are no news of
+        // the vendor's, and its lines must not crowd the log (telemetry).
+        tracing::info!(request_id = %ctx.request_id, path = %target.path, "unknown /v2 path, routed as other");
+    }
+    // The request's span, only now that its team is known: an anonymous
+    // peer's `traceparent`, sampled or not, makes no span and exports
+    // nothing. Built only when spans are exported (see telemetry).
+    let span = tracing::info_span!(
+        target: SPANS,
+        "request",
+        otel.kind = "server",
+        http.request.method = %req.method(),
+        http.route = tracing::field::Empty,
+        http.response.status_code = tracing::field::Empty,
+    );
+    ctx.trace.attach(&span);
+    ctx.span = span.clone();
+    crate::telemetry::in_span!(span, authenticated(app, req, team, target, memo, ctx))
+}
+
+/// Phases 4–15, inside the request's span: what a known team asks.
+async fn authenticated<B>(
+    app: &Arc<App>,
+    req: &Request<B>,
+    team: Arc<Team>,
+    target: Target,
+    memo: Option<Arc<parsed::Parsed>>,
+    ctx: &mut RequestContext,
+) -> Result<Response<Body>, GatewayError> {
     // 4. The team's requests in flight (followers too), so one team cannot
     //    keep every connection and queue place busy; held until answered.
     let Some(_in_flight) = team.enter(app.config.server.team_in_flight_limit()) else {
@@ -171,6 +191,7 @@ async fn pipeline<B>(
         return usage::usage(app, &team).await;
     }
     // 6. The normalized key; `None` for routes that are never cached.
+    let raw = req.uri().path_and_query().map_or("", |pq| pq.as_str());
     let (key, tag) = match memo {
         Some(parsed) => (parsed.key.clone(), parsed.tag),
         None => {

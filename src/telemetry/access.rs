@@ -1,5 +1,5 @@
 //! The access line, preformatted: one line per request, written straight
-//! to the log writer thread, in the same shape `tracing`'s formatters give
+//! into the log queue ([`super::sink`]), in the same shape `tracing`'s formatters give
 //! it (text or JSON, the `access` target, `log.level` deciding which levels
 //! are written).
 //!
@@ -16,26 +16,26 @@
 //! that run the gateway in-process, [`line`] returns `None` and the caller
 //! logs through `tracing` as before.
 
+use super::sink::Sink;
+use crate::metrics::LogLine;
 use std::cell::RefCell;
 use std::fmt::Write as _;
-use std::io::Write as _;
 use std::sync::OnceLock;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use tracing::Level;
-use tracing_appender::non_blocking::NonBlocking;
-use tracing_subscriber::fmt::MakeWriter;
 
-/// The installed writer: the same writer thread as every other log line.
-struct Sink {
-    writer: NonBlocking,
+/// The installed sink: the same queue and writer thread as every other
+/// log line.
+struct Installed {
+    sink: Sink,
     json: bool,
 }
 
-static SINK: OnceLock<Sink> = OnceLock::new();
+static SINK: OnceLock<Installed> = OnceLock::new();
 
-/// Sends access lines to `writer` from now on (once per process).
-pub(super) fn install(writer: NonBlocking, json: bool) {
-    let _ = SINK.set(Sink { writer, json });
+/// Sends access lines to `sink` from now on (once per process).
+pub(super) fn install(sink: Sink, json: bool) {
+    let _ = SINK.set(Installed { sink, json });
 }
 
 /// The fields of one access line, in the order they are written.
@@ -52,6 +52,8 @@ pub(crate) struct Line<'a> {
     pub(crate) took: Duration,
     /// A background refresh's line (no client waited for it).
     pub(crate) refresh: bool,
+    /// No team was authenticated: the line the log sink drops first.
+    pub(crate) anonymous: bool,
 }
 
 /// Whether `log.level` lets the access target through at `level`.
@@ -81,8 +83,13 @@ pub(crate) fn write(line: &Line<'_>) -> bool {
         } else {
             text(&mut buf, line, now);
         }
-        // One write, one message to the writer thread: lines never interleave.
-        let _ = sink.writer.make_writer().write_all(buf.as_bytes());
+        // One line, one entry of the queue: lines never interleave.
+        let kind = if line.anonymous {
+            LogLine::Anonymous
+        } else {
+            LogLine::Team
+        };
+        sink.sink.push(kind, buf.as_bytes().to_vec());
     });
     true
 }
@@ -232,6 +239,7 @@ mod tests {
             credits: 7,
             took: Duration::from_micros(12_045),
             refresh,
+            anonymous: false,
         }
     }
 

@@ -54,7 +54,12 @@ pub(super) fn tracer(cfg: &TracingConfig, endpoint: &str) -> Result<(SdkTracerPr
         .with_timeout(EXPORT_TIMEOUT)
         .build()
         .map_err(|e| format!("tracing.otlp_endpoint: {e}"))?;
-    let sampler = Sampler::ParentBased(Box::new(Sampler::TraceIdRatioBased(cfg.sample_ratio)));
+    // The trace id alone decides, for every trace: a client's sampled flag
+    // is no licence to export (what export costs is the operator's), and
+    // `sample_ratio` is the share of the teams' traces exported. Every span
+    // of a trace gets the same answer, and so does any other service that
+    // samples the same trace id at the same ratio.
+    let sampler = Sampler::TraceIdRatioBased(cfg.sample_ratio);
     let provider = SdkTracerProvider::builder()
         .with_batch_exporter(exporter)
         .with_sampler(sampler)

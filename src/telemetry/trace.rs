@@ -11,17 +11,54 @@
 //! - no (valid) `traceparent` from the client: a trace the gateway starts,
 //!   with a new trace id (the one in the access log) and, without export,
 //!   the sampled flag off (no span of it was recorded).
+//!
+//! A `tracestate` longer than [`MAX_TRACESTATE`] is dropped as it is read:
+//! not forwarded, and not copied into any span.
 
 use crate::http_util::random_id;
 use opentelemetry::propagation::TextMapPropagator;
 use opentelemetry::trace::{SpanContext, SpanId, TraceContextExt, TraceFlags, TraceId, TraceState};
 use opentelemetry::Context;
-use opentelemetry_http::{HeaderExtractor, HeaderInjector};
+use opentelemetry_http::HeaderInjector;
 use opentelemetry_sdk::propagation::TraceContextPropagator;
 use tracing_opentelemetry::OpenTelemetrySpanExt;
 
 /// A name known at compile time: looked up without parsing a `&str`.
 const TRACEPARENT: http::HeaderName = http::HeaderName::from_static("traceparent");
+const TRACESTATE: http::HeaderName = http::HeaderName::from_static("tracestate");
+
+/// The longest `tracestate` passed on, its values joined by commas: the
+/// length W3C asks a vendor to propagate at least. Longer ones are a
+/// client's bytes on every upstream call and in every span, so they are
+/// dropped whole (W3C allows dropping the list when it cannot be trimmed).
+pub(crate) const MAX_TRACESTATE: usize = 512;
+
+/// The headers as the propagator sees them: a `tracestate` over
+/// [`MAX_TRACESTATE`] bytes is absent.
+struct Bounded<'a>(&'a http::HeaderMap);
+
+impl opentelemetry::propagation::Extractor for Bounded<'_> {
+    fn get(&self, key: &str) -> Option<&str> {
+        if key == TRACESTATE.as_str() && tracestate_len(self.0) > MAX_TRACESTATE {
+            return None;
+        }
+        self.0.get(key).and_then(|v| v.to_str().ok())
+    }
+
+    fn keys(&self) -> Vec<&str> {
+        self.0.keys().map(http::HeaderName::as_str).collect()
+    }
+}
+
+/// The `tracestate` header's length as one list (every field line joined
+/// by a comma).
+fn tracestate_len(headers: &http::HeaderMap) -> usize {
+    let (n, bytes) = headers
+        .get_all(TRACESTATE)
+        .iter()
+        .fold((0, 0), |(n, bytes), v| (n + 1, bytes + v.len()));
+    bytes + n.max(1) - 1
+}
 
 /// The trace one request belongs to.
 #[derive(Debug, Clone)]
@@ -39,7 +76,7 @@ impl Trace {
         if !headers.contains_key(TRACEPARENT) {
             return Trace::start();
         }
-        let cx = TraceContextPropagator::new().extract(&HeaderExtractor(headers));
+        let cx = TraceContextPropagator::new().extract(&Bounded(headers));
         let parent = cx.span().span_context().clone();
         if parent.is_valid() {
             Trace { parent, started: false }
@@ -117,6 +154,47 @@ mod tests {
         let out = injected(&trace);
         assert_eq!(out["traceparent"], PARENT);
         assert_eq!(out["tracestate"], "vendor=abc,other=x");
+    }
+
+    /// A valid `tracestate` of exactly `len` bytes: members of at most 250
+    /// bytes (a value may have 256), so that only its length is at issue.
+    fn tracestate(len: usize) -> String {
+        let mut members = Vec::new();
+        let mut left = len;
+        while left > 0 {
+            let comma = usize::from(!members.is_empty());
+            let key = format!("k{}=", members.len());
+            let member = (left - comma).min(250);
+            members.push(format!("{key}{}", "x".repeat(member - key.len())));
+            left -= member + comma;
+        }
+        members.join(",")
+    }
+
+    #[test]
+    fn a_tracestate_over_512_bytes_is_dropped() {
+        for (len, kept) in [
+            (300, true),
+            (MAX_TRACESTATE, true),
+            (MAX_TRACESTATE + 1, false),
+            (7_000, false),
+        ] {
+            let state = tracestate(len);
+            assert_eq!(state.len(), len);
+            let mut headers = HeaderMap::new();
+            headers.insert("traceparent", HeaderValue::from_static(PARENT));
+            headers.insert("tracestate", HeaderValue::from_str(&state).expect("ascii"));
+            let out = injected(&Trace::from_headers(&headers));
+            assert_eq!(out["traceparent"], PARENT, "the context itself is kept ({len})");
+            assert_eq!(out.get("tracestate").is_some(), kept, "{len} bytes");
+        }
+        // Two field lines are one list: their joined length counts.
+        let mut headers = HeaderMap::new();
+        headers.insert("traceparent", HeaderValue::from_static(PARENT));
+        let half = tracestate(300);
+        headers.append("tracestate", HeaderValue::from_str(&half).expect("ascii"));
+        headers.append("tracestate", HeaderValue::from_str(&half).expect("ascii"));
+        assert!(!injected(&Trace::from_headers(&headers)).contains_key("tracestate"));
     }
 
     #[test]

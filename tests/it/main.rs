@@ -14,6 +14,7 @@ mod front_door;
 mod harness;
 mod hostile;
 mod load;
+mod log_sink;
 mod money;
 mod observability;
 mod pyshovels;

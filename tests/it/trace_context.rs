@@ -2,7 +2,9 @@
 //! client's `traceparent` reaches the upstream with the same trace id that
 //! the access log names; with `tracing.otlp_endpoint` set, the spans reach
 //! an OTLP/HTTP receiver, the request span a child of the client's span and
-//! the phases' spans children of the request span.
+//! the phases' spans children of the request span. Spans are exported
+//! only once the team is known, at `sample_ratio` whatever the client's
+//! sampled flag, and a `tracestate` over 512 bytes goes nowhere (issue 34).
 
 use crate::support::client::Client;
 use crate::support::gateway::{ChildGateway, Setup, ALPHA};
@@ -142,6 +144,151 @@ async fn exported_spans_have_the_clients_span_as_parent() {
         .filter_map(|l| l["trace_id"].as_str().map(str::to_owned))
         .collect();
     assert_eq!(logged, [TRACE.to_string(), hex(&root.trace_id)]);
+}
+
+/// The `tracestate` of the upstream request with this path and query.
+fn upstream_tracestate(sim: &Sim, query: &Query) -> Option<String> {
+    let path_and_query = query.to_string();
+    sim.log()
+        .into_iter()
+        .find(|e| format!("{}?{}", e.path, e.query) == path_and_query)
+        .and_then(|e| e.tracestate)
+}
+
+/// A valid `tracestate` of exactly `len` bytes, in members of at most 250
+/// bytes (a value may have 256): only its length is at issue.
+fn tracestate(len: usize) -> String {
+    let mut members = Vec::new();
+    let mut left = len;
+    while left > 0 {
+        let comma = usize::from(!members.is_empty());
+        let key = format!("k{}=", members.len());
+        let member = (left - comma).min(250);
+        members.push(format!("{key}{}", "x".repeat(member - key.len())));
+        left -= member + comma;
+    }
+    members.join(",")
+}
+
+#[tokio::test]
+async fn a_tracestate_over_512_bytes_is_not_forwarded() {
+    let sim = start_sim(unlimited()).await;
+    let gw = ChildGateway::spawn(&Setup::new(), &sim.base_url(), sim.api_key());
+    let alpha = Client::new(gw.base_url(), ALPHA.1);
+    let s = sim.samples();
+    let (short, long) = (tracestate(300), tracestate(600));
+    let (kept, dropped) = (Query::state_permits(&s).size(3), Query::state_permits(&s).size(4));
+    for (query, state) in [(&kept, &short), (&dropped, &long)] {
+        alpha
+            .get(query)
+            .header("traceparent", &traceparent())
+            .header("tracestate", state)
+            .expect_status(200)
+            .await;
+    }
+    assert_eq!(upstream_tracestate(&sim, &kept).as_deref(), Some(short.as_str()));
+    // The context itself still travels: only the list is dropped.
+    assert_eq!(upstream_traceparent(&sim, &dropped), Some(traceparent()));
+    assert_eq!(
+        upstream_tracestate(&sim, &dropped),
+        None,
+        "600 bytes of tracestate forwarded"
+    );
+}
+
+#[tokio::test]
+async fn anonymous_sampled_requests_export_no_span() {
+    let sim = start_sim(unlimited()).await;
+    let (collector, spans) = start_collector().await;
+    let setup = Setup::new().with(
+        "tracing",
+        format!("otlp_endpoint = \"http://{collector}\"\nsample_ratio = 1.0"),
+    );
+    let mut gw = ChildGateway::spawn(&setup, &sim.base_url(), sim.api_key());
+    let anonymous = Client::anonymous(gw.base_url());
+    let s = sim.samples();
+    for i in 0..50u32 {
+        let sampled = format!("00-{:032x}-{CLIENT_SPAN}-01", 0xa000_0000u64 + u64::from(i));
+        anonymous
+            .get(Query::state_permits(&s).size(3))
+            .header("traceparent", &sampled)
+            .expect_status(422)
+            .await;
+    }
+    // A team's request in a trace of its own, with a tracestate too long to
+    // keep: it is exported (export works), and only it.
+    alpha_request(&gw, &s, &tracestate(600)).await;
+    gw.signal("TERM");
+    gw.wait_exit(Duration::from_secs(30));
+    let all = eventually(
+        "the team's request span at the collector",
+        Duration::from_secs(10),
+        || {
+            let got = spans.lock().expect("lock").clone();
+            async move { got.iter().any(|s| s.name == "request").then_some(got) }
+        },
+    )
+    .await;
+    let traces: std::collections::BTreeSet<String> = all.iter().map(|s| hex(&s.trace_id)).collect();
+    assert_eq!(traces, [TRACE.to_string()].into(), "only the team's trace is exported");
+    assert_eq!(all.iter().filter(|s| s.name == "request").count(), 1);
+    assert!(
+        all.iter().all(|s| s.trace_state.is_empty()),
+        "a 600-byte tracestate was copied into a span"
+    );
+}
+
+#[tokio::test]
+async fn a_sampled_traceparent_does_not_override_sample_ratio() {
+    // `sample_ratio` decides by the trace id (OpenTelemetry's
+    // TraceIdRatioBased: its low 63 bits against the ratio): at 0.5, `OUT`
+    // is never exported and `IN` always, both sent with the sampled flag.
+    const OUT: &str = "4bf92f3577b34da6fffffffffffffff0";
+    const IN: &str = "4bf92f3577b34da60000000000000001";
+    let sim = start_sim(unlimited()).await;
+    let (collector, spans) = start_collector().await;
+    let setup = Setup::new().with(
+        "tracing",
+        format!("otlp_endpoint = \"http://{collector}\"\nsample_ratio = 0.5"),
+    );
+    let mut gw = ChildGateway::spawn(&setup, &sim.base_url(), sim.api_key());
+    let s = sim.samples();
+    // The one not to export first: once the later one is at the collector,
+    // the earlier one's spans, had they been exported, would be too.
+    for (trace, size) in [(OUT, 5), (IN, 6)] {
+        Client::new(gw.base_url(), ALPHA.1)
+            .get(Query::state_permits(&s).size(size))
+            .header("traceparent", &format!("00-{trace}-{CLIENT_SPAN}-01"))
+            .expect_status(200)
+            .await;
+    }
+    gw.signal("TERM");
+    gw.wait_exit(Duration::from_secs(30));
+    let all = eventually("the sampled trace's request span", Duration::from_secs(10), || {
+        let got = spans.lock().expect("lock").clone();
+        async move {
+            got.iter()
+                .any(|s| s.name == "request" && hex(&s.trace_id) == IN)
+                .then_some(got)
+        }
+    })
+    .await;
+    let out: Vec<&Span> = all.iter().filter(|s| hex(&s.trace_id) == OUT).collect();
+    assert!(
+        out.is_empty(),
+        "a client's sampled flag exported {} spans: {out:?}",
+        out.len()
+    );
+}
+
+/// A team's request with the client's sampled `traceparent`.
+async fn alpha_request(gw: &ChildGateway, s: &crate::support::sim::Samples, state: &str) {
+    Client::new(gw.base_url(), ALPHA.1)
+        .get(Query::state_permits(s).size(5))
+        .header("traceparent", &traceparent())
+        .header("tracestate", state)
+        .expect_status(200)
+        .await;
 }
 
 fn hex(bytes: &[u8]) -> String {

@@ -399,7 +399,7 @@ async fn silent_sockets_under_a_low_descriptor_limit_cost_no_upstream_call_its_d
         ..unlimited()
     })
     .await;
-    let gw = ChildGateway::spawn_limited(&Setup::new(), &sim.base_url(), sim.api_key(), Some(128));
+    let gw = ChildGateway::spawn_limited(&Setup::new(), &sim.base_url(), sim.api_key(), 128);
     let warning = crate::support::wait::eventually_blocking(
         "a start-up warning names the clamp",
         Duration::from_secs(10),

@@ -155,18 +155,47 @@ pub struct ChildGateway {
     pub admin_addr: SocketAddr,
     pub logs: Arc<Mutex<Vec<String>>>,
     config_dir: tempfile::TempDir,
+    /// Held while the gateway's stderr is not read ([`Self::spawn_stalled`]);
+    /// dropped, the reader goes on.
+    stalled: Option<mpsc::Sender<()>>,
 }
 
 impl ChildGateway {
     /// Runs `permit-gateway serve --config <file>` with JSON logs and waits
     /// for its "serving" line, which carries the bound addresses.
     pub fn spawn(setup: &Setup, base_url: &str, key: &str) -> ChildGateway {
-        ChildGateway::spawn_limited(setup, base_url, key, None)
+        Self::start(setup, base_url, key, None, None)
     }
 
-    /// As [`ChildGateway::spawn`], under `ulimit -n nofile` (soft and hard)
-    /// when given: the descriptor pool of a constrained container.
-    pub fn spawn_limited(setup: &Setup, base_url: &str, key: &str, nofile: Option<u64>) -> ChildGateway {
+    /// As [`ChildGateway::spawn`], under `ulimit -n nofile` (soft and hard):
+    /// the descriptor pool of a constrained container.
+    pub fn spawn_limited(setup: &Setup, base_url: &str, key: &str, nofile: u64) -> ChildGateway {
+        Self::start(setup, base_url, key, None, Some(nofile))
+    }
+
+    /// As [`Self::spawn`], but nothing more of its stderr is read after the
+    /// "serving" line until [`Self::resume_logs`]: the pipe fills (64 KiB)
+    /// and the gateway's writes to stderr block, like a log shipper that
+    /// stopped reading.
+    pub fn spawn_stalled(setup: &Setup, base_url: &str, key: &str) -> ChildGateway {
+        let (resume, stalled) = mpsc::channel();
+        let mut gw = Self::start(setup, base_url, key, Some(stalled), None);
+        gw.stalled = Some(resume);
+        gw
+    }
+
+    /// Reads the stalled stderr again (what the gateway still writes).
+    pub fn resume_logs(&mut self) {
+        self.stalled = None;
+    }
+
+    fn start(
+        setup: &Setup,
+        base_url: &str,
+        key: &str,
+        stall: Option<mpsc::Receiver<()>>,
+        nofile: Option<u64>,
+    ) -> ChildGateway {
         let dir = tempfile::tempdir().expect("tmp");
         let path = dir.path().join("gateway.toml");
         let mut text = setup.toml(base_url, key);
@@ -198,10 +227,15 @@ impl ChildGateway {
         let sink = logs.clone();
         std::thread::spawn(move || {
             for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                if line.contains("permit-gateway serving") {
+                let serving = line.contains("permit-gateway serving");
+                if serving {
                     let _ = ready_tx.send(line.clone());
                 }
                 sink.lock().expect("log lock").push(line);
+                if let (true, Some(stall)) = (serving, &stall) {
+                    // Until the sender is dropped: no more reads.
+                    let _ = stall.recv();
+                }
             }
         });
         let line = ready_rx
@@ -216,6 +250,7 @@ impl ChildGateway {
             admin_addr,
             logs,
             config_dir: dir,
+            stalled: None,
         }
     }
 
@@ -273,6 +308,8 @@ impl Drop for ChildGateway {
             self.assert_logs_clean();
         }
         let _ = self.child.kill();
+        // A stalled reader reads on to the end of the dead process's pipe.
+        self.stalled = None;
         let _ = self.child.wait();
     }
 }

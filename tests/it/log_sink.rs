@@ -1,0 +1,156 @@
+//! The log never holds a request (issue 34, case f): with the gateway's
+//! stderr not read at all (the pipe full, every write to it blocked) and a
+//! token-less flood of one access line per request, a team's cache hits
+//! stay fast, lines are dropped and counted instead, and the team's own
+//! lines are kept over the anonymous ones.
+
+use crate::support::gateway::{ChildGateway, Setup, ALPHA};
+use crate::support::probe::scrape;
+use crate::support::sim::{start_sim, unlimited};
+use crate::support::wait::eventually;
+use bytes::Bytes;
+use http::{Request, StatusCode};
+use http_body_util::{BodyExt, Empty};
+use hyper::client::conn::http1;
+use hyper_util::rt::TokioIo;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+/// A small queue, so that the flood fills it in a second or two.
+const QUEUE_LINES: usize = 1024;
+const PATH: &str = "/v2/meta/release";
+const DROPPED: &str = "gateway_log_lines_dropped_total";
+/// Requests each flooding connection has in flight.
+const DEPTH: usize = 4;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_log_and_a_token_less_flood_leave_a_teams_hits_fast() {
+    let sim = start_sim(unlimited()).await;
+    let setup = Setup::new().with("log", format!("format = \"json\"\nqueue_lines = {QUEUE_LINES}"));
+    let mut gw = ChildGateway::spawn_stalled(&setup, &sim.base_url(), sim.api_key());
+    let admin = gw.admin_url();
+    let mut alpha = KeptAlive::open(gw.addr).await;
+    alpha.get_hit(ALPHA.1).await; // the miss that fills the entry
+    assert_eq!(alpha.get_hit(ALPHA.1).await.1, "HIT");
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let answered = Arc::new(AtomicUsize::new(0));
+    let flood: Vec<_> = (0..4)
+        .map(|_| tokio::spawn(flood(gw.addr, stop.clone(), answered.clone())))
+        .collect();
+    // The pipe is full and the queue too: anonymous lines are being dropped.
+    eventually("anonymous log lines dropped", Duration::from_secs(60), || {
+        let admin = admin.clone();
+        async move {
+            let dropped = scrape(&admin).await.sum(DROPPED, &[("kind", "anonymous")]);
+            (dropped > 0.0).then_some(())
+        }
+    })
+    .await;
+
+    let before = answered.load(Ordering::Relaxed);
+    let mut took = Vec::with_capacity(200);
+    for _ in 0..200 {
+        let start = Instant::now();
+        let (status, cache) = alpha.get_hit(ALPHA.1).await;
+        took.push(start.elapsed());
+        assert_eq!((status, cache.as_str()), (StatusCode::OK, "HIT"));
+    }
+    let flooded = answered.load(Ordering::Relaxed) - before;
+    stop.store(true, Ordering::Relaxed);
+    for f in flood {
+        let _ = f.await;
+    }
+    took.sort();
+    let (p50, p99, max) = (took[99], took[197], took[199]);
+    eprintln!("team hits under a stalled log: p50 {p50:?} p99 {p99:?} max {max:?}; {flooded} flood answers meanwhile");
+    assert!(flooded > 0, "the flood went on while the team was measured");
+    assert!(
+        p99 < Duration::from_millis(50),
+        "p99 {p99:?} (p50 {p50:?}, max {max:?})"
+    );
+
+    // Only anonymous lines were dropped: every team line is still queued.
+    let metrics = scrape(&admin).await;
+    assert!(metrics.sum(DROPPED, &[("kind", "anonymous")]) > 0.0);
+    assert_eq!(metrics.get(DROPPED, &[("kind", "team")]), Some(0.0));
+    gw.resume_logs();
+    let hits = eventually(
+        "the team's 202 access lines, once stderr is read",
+        Duration::from_secs(30),
+        || {
+            let hits = gw
+                .access_lines()
+                .iter()
+                .filter(|l| l["team"] == ALPHA.0 && l["status"] == 200 && l["refresh"].is_null())
+                .count();
+            async move { (hits >= 202).then_some(hits) }
+        },
+    )
+    .await;
+    assert_eq!(hits, 202);
+}
+
+/// Token-less requests on one kept-alive connection (reopened when
+/// closed), [`DEPTH`] pipelined at a time, each a 422 and an anonymous
+/// access line, until `stop`. A few in flight, not an unbounded pipeline:
+/// what is measured is the log's hold on a hit, not how the server shares
+/// its workers among connections that always have a request ready.
+async fn flood(addr: SocketAddr, stop: Arc<AtomicBool>, answered: Arc<AtomicUsize>) {
+    let batch = format!("GET {PATH} HTTP/1.1\r\nHost: x\r\n\r\n").repeat(DEPTH);
+    let mut buf = vec![0u8; 64 * 1024];
+    'connections: while !stop.load(Ordering::Relaxed) {
+        let Ok(mut tcp) = TcpStream::connect(addr).await else {
+            continue;
+        };
+        while !stop.load(Ordering::Relaxed) {
+            if tcp.write_all(batch.as_bytes()).await.is_err() {
+                continue 'connections;
+            }
+            let mut heads = 0;
+            while heads < DEPTH {
+                match tcp.read(&mut buf).await {
+                    Ok(n @ 1..) => heads += buf[..n].windows(9).filter(|w| w == b"HTTP/1.1 ").count(),
+                    _ => continue 'connections,
+                }
+            }
+            answered.fetch_add(heads, Ordering::Relaxed);
+        }
+    }
+}
+
+/// A team's kept-alive HTTP/1.1 connection.
+struct KeptAlive(http1::SendRequest<Empty<Bytes>>);
+
+impl KeptAlive {
+    async fn open(addr: SocketAddr) -> KeptAlive {
+        let tcp = TcpStream::connect(addr).await.expect("connects");
+        let (send, conn) = http1::handshake(TokioIo::new(tcp)).await.expect("handshake");
+        tokio::spawn(conn);
+        KeptAlive(send)
+    }
+
+    /// One GET of [`PATH`]: its status and `X-Cache`.
+    async fn get_hit(&mut self, token: &str) -> (StatusCode, String) {
+        let req = Request::get(PATH)
+            .header("host", "gateway")
+            .header("x-api-key", token)
+            .body(Empty::new())
+            .expect("request");
+        self.0.ready().await.expect("connection open");
+        let resp = self.0.send_request(req).await.expect("answered");
+        let status = resp.status();
+        let cache = resp
+            .headers()
+            .get("x-cache")
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or_default()
+            .to_string();
+        resp.into_body().collect().await.expect("body");
+        (status, cache)
+    }
+}

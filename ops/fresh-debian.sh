@@ -22,9 +22,11 @@
 # The code is the checkout's HEAD (committed work only), handed over as a
 # git bundle and cloned inside with the root's own git. Needs root
 # (debootstrap, chroot, mounts) and the network (Debian mirror, rustup,
-# crates.io). Environment: WORK (default /var/tmp/permit-gateway-fresh),
-# DEBIAN_MIRROR, VARIANT (debootstrap variant, default minbase: less than a
-# stock install, so what passes here passes there).
+# crates.io). Environment: WORK (default /var/tmp/permit-gateway-fresh;
+# the debootstrap result is kept there as a tarball, each run starts from a
+# fresh copy), DEBIAN_MIRROR, VARIANT (debootstrap variant, default minbase:
+# less than a stock install, so what passes here passes there), RUSTUP_URL
+# (the rustup installer from another address than sh.rustup.rs).
 set -euo pipefail
 repo="$(cd "$(dirname "$0")/.." && pwd)"
 work="${WORK:-/var/tmp/permit-gateway-fresh}"
@@ -63,6 +65,11 @@ demo_cmd="$(readme_block "Quick start" | grep -- '-- demo$')"
 test_cmd="$(readme_block "Tests")"
 grep -q 'apt-get install' <<<"$prereqs" || die "no apt-get line in the README's Quick start"
 [ -n "$demo_cmd" ] && [ "$test_cmd" = "./test.sh" ] || die "README: expected the demo command and ./test.sh"
+if [ -n "${RUSTUP_URL:-}" ]; then
+  # The same installer from another address, where sh.rustup.rs is not
+  # reachable (e.g. https://static.rust-lang.org/rustup/rustup-init.sh).
+  prereqs="${prereqs//https:\/\/sh.rustup.rs/$RUSTUP_URL}"
+fi
 if [ -n "$drop" ]; then
   grep -qw -- "$drop" <<<"$prereqs" || die "--drop $drop: not in the README's apt-get line"
   prereqs="$(sed -E "/apt-get install/ s/ $drop( |$)/ /" <<<"$prereqs")"
@@ -82,9 +89,17 @@ cleanup() {
 }
 trap cleanup EXIT
 
-say "debootstrap bookworm ($variant) into $dir (a few minutes; log: $work/debootstrap.log)"
-debootstrap --variant="$variant" bookworm "$dir" "$mirror" >"$work/debootstrap.log" 2>&1 \
-  || die "debootstrap failed: $work/debootstrap.log"
+# debootstrap once; each run starts from an untouched copy of its result.
+pristine="$work/bookworm-$variant.tar"
+if [ ! -s "$pristine" ]; then
+  say "debootstrap bookworm ($variant) (a few minutes, once; log: $work/debootstrap.log)"
+  debootstrap --variant="$variant" bookworm "$dir" "$mirror" >"$work/debootstrap.log" 2>&1 \
+    || die "debootstrap failed: $work/debootstrap.log"
+  tar -C "$dir" -cf "$pristine.part" . && mv "$pristine.part" "$pristine"
+else
+  say "a fresh bookworm ($variant) root from $pristine"
+  tar -C "$dir" -xf "$pristine"
+fi
 cp -L /etc/resolv.conf "$dir/etc/resolv.conf"
 git -C "$repo" bundle create "$dir/root/permit-gateway.bundle" HEAD >/dev/null 2>&1 \
   || die "git bundle of $repo failed"

@@ -16,6 +16,7 @@ mod hostile;
 mod load;
 mod money;
 mod observability;
+mod operator;
 mod pyshovels;
 mod rate;
 mod records;

@@ -154,7 +154,9 @@ pub struct ChildGateway {
     pub addr: SocketAddr,
     pub admin_addr: SocketAddr,
     pub logs: Arc<Mutex<Vec<String>>>,
-    config_dir: tempfile::TempDir,
+    config_path: std::path::PathBuf,
+    /// The folder of a config file written for this process, removed with it.
+    config_dir: Option<tempfile::TempDir>,
 }
 
 impl ChildGateway {
@@ -168,10 +170,22 @@ impl ChildGateway {
             text = text.replace("[log]\n", "[log]\nformat = \"json\"\n");
         }
         std::fs::write(&path, text).expect("write config");
-        let mut child = Command::new(env!("CARGO_BIN_EXE_permit-gateway"))
+        let mut gw = ChildGateway::spawn_file(&path, None);
+        gw.config_dir = Some(dir);
+        gw
+    }
+
+    /// Runs `serve --config <path>` (a file already written, with JSON
+    /// logs), started in `cwd` when given; the file is the caller's.
+    pub fn spawn_file(path: &std::path::Path, cwd: Option<&std::path::Path>) -> ChildGateway {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_permit-gateway"));
+        if let Some(cwd) = cwd {
+            command.current_dir(cwd);
+        }
+        let mut child = command
             .arg("serve")
             .arg("--config")
-            .arg(&path)
+            .arg(path)
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
             .spawn()
@@ -199,7 +213,8 @@ impl ChildGateway {
             addr,
             admin_addr,
             logs,
-            config_dir: dir,
+            config_path: path.to_path_buf(),
+            config_dir: None,
         }
     }
 
@@ -213,7 +228,7 @@ impl ChildGateway {
 
     /// The config file the process was started with (rewrite it, then HUP).
     pub fn config_path(&self) -> std::path::PathBuf {
-        self.config_dir.path().join("gateway.toml")
+        self.config_path.clone()
     }
 
     pub fn signal(&self, sig: &str) {

@@ -235,12 +235,7 @@ fn open_ledger<'c>(
         let path = std::path::absolute(&config.quota.path).unwrap_or_else(|_| config.quota.path.clone());
         tracing::info!(path = %path.display(), "credit ledger: file store");
         Ok((
-            Ledger::File(ledger::file::FileLedger::open_at(
-                &path,
-                window,
-                lease,
-                clock,
-            )?),
+            Ledger::File(ledger::file::FileLedger::open_at(&path, window, lease, clock)?),
             None,
         ))
     }

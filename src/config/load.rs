@@ -18,7 +18,10 @@ pub(super) fn config_folder(source: &Source<'_>) -> Option<PathBuf> {
         Source::Default if Path::new(DEFAULT_CONFIG_PATH).is_file() => PathBuf::from(DEFAULT_CONFIG_PATH),
         _ => return None,
     };
-    let folder = file.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    let folder = file
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
     std::path::absolute(folder).ok()
 }
 

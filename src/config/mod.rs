@@ -9,7 +9,9 @@ use serde::{Deserialize, Serialize};
 use std::fmt;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use validate::{check_sha256, placeholder_warnings, refuse_demo_tokens, validate_log, validate_teams, validate_tracing};
+use validate::{
+    check_sha256, placeholder_warnings, refuse_demo_tokens, validate_log, validate_teams, validate_tracing,
+};
 
 mod diff;
 mod load;

@@ -26,7 +26,8 @@
 # the debootstrap result is kept there as a tarball, each run starts from a
 # fresh copy), DEBIAN_MIRROR, VARIANT (debootstrap variant, default minbase:
 # less than a stock install, so what passes here passes there), RUSTUP_URL
-# (the rustup installer from another address than sh.rustup.rs).
+# (the rustup installer from another address than sh.rustup.rs),
+# LOCAL_CAS (a folder of *.crt: the CAs of a network that intercepts TLS).
 set -euo pipefail
 repo="$(cd "$(dirname "$0")/.." && pwd)"
 work="${WORK:-/var/tmp/permit-gateway-fresh}"
@@ -101,6 +102,12 @@ else
   tar -C "$dir" -xf "$pristine"
 fi
 cp -L /etc/resolv.conf "$dir/etc/resolv.conf"
+if [ -n "${LOCAL_CAS:-}" ]; then
+  # A network that intercepts TLS: its CAs, as any machine on it has them
+  # (Debian's ca-certificates, once the README installs it, adds them).
+  mkdir -p "$dir/usr/local/share/ca-certificates"
+  cp "$LOCAL_CAS"/*.crt "$dir/usr/local/share/ca-certificates/"
+fi
 git -C "$repo" bundle create "$dir/root/permit-gateway.bundle" HEAD >/dev/null 2>&1 \
   || die "git bundle of $repo failed"
 

@@ -67,18 +67,22 @@ if [ "${#missing[@]}" -gt 0 ]; then
   # runs, a deb-systemd-invoke outside invoke-rc.d may have started one):
   # disable (and, where systemd runs, stop) those of the packages installed
   # here; a service the host had before is none of ours.
-  if command -v systemctl >/dev/null 2>&1; then
-    now=()
-    [ -d /run/systemd/system ] && now=(--now)
-    for pkg in prometheus redis-server; do
-      [[ " ${missing[*]} " == *" $pkg "* ]] || continue
-      unit="$pkg.service"
-      if systemctl list-unit-files "$unit" 2>/dev/null | grep -q "^$unit"; then
-        systemctl disable "${now[@]}" "$unit" >/dev/null 2>&1 || true
-        echo "disabled $unit${now:+ and stopped it} (the tests start their own)"
-      fi
-    done
-  fi
+  # Without systemctl (a container, a chroot), the boot links the
+  # packages made are removed by Debian's own helpers.
+  for pkg in prometheus redis-server; do
+    [[ " ${missing[*]} " == *" $pkg "* ]] || continue
+    unit="$pkg.service"
+    if command -v systemctl >/dev/null 2>&1; then
+      now=()
+      [ -d /run/systemd/system ] && now=(--now)
+      systemctl disable "${now[@]}" "$unit" >/dev/null 2>&1 || true
+      echo "disabled $unit${now:+ and stopped it} (the tests start their own)"
+    else
+      command -v deb-systemd-helper >/dev/null 2>&1 && deb-systemd-helper disable "$unit" >/dev/null 2>&1 || true
+      [ -e "/etc/init.d/$pkg" ] && update-rc.d "$pkg" disable >/dev/null 2>&1 || true
+      echo "disabled $pkg at boot (the tests start their own)"
+    fi
+  done
   hash -r
 fi
 

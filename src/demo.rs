@@ -2,14 +2,10 @@
 //! upstream simulator on a loopback port and the gateway in front of it with
 //! the two demo teams of `config/demo.toml`, then prints curl lines to paste.
 
-use crate::config::{Config, Source, DEMO_TOML};
+use crate::config::{Checks, Config, Source, DEMO_ADMIN_TOKEN, DEMO_TOKENS, DEMO_TOML};
 use crate::{Listeners, Running};
 use permit_api_sim::{Sim, SimConfig};
 use tokio::net::TcpListener;
-
-/// The demo teams' tokens: public values, documented in `config/demo.toml`.
-const DEMO_TOKENS: [(&str, &str); 2] = [("growth", "pgw_demo_growth"), ("analytics", "pgw_demo_analytics")];
-const DEMO_ADMIN_TOKEN: &str = "pgw_demo_admin";
 
 /// Starts simulator and gateway; returns both so the caller decides how long
 /// they live (until Ctrl-C for the command, the test's end in tests).
@@ -29,20 +25,36 @@ pub async fn start(listen: &str, admin_listen: &str) -> Result<(Sim, Running), S
     )
     .await
     .map_err(|e| format!("simulator: {e}"))?;
-    let ledger_dir = std::env::temp_dir().join(format!("permit-gateway-demo-{}", std::process::id()));
+    let ledger_dir = ledger_dir();
     let text = format!(
         "{DEMO_TOML}\n[upstream]\nbase_url = {:?}\napi_key = {:?}\n\n[quota]\npath = {:?}\n",
         sim.base_url(),
         sim_key,
         ledger_dir.display().to_string(),
     );
-    let config = Config::load(Source::Text(&text)).map_err(|e| e.to_string())?;
+    let config = Config::load_checked(Source::Text(&text), Checks::demo()).map_err(|e| e.to_string())?;
     let listeners = Listeners {
         team: bind_or_any(listen).await?,
         admin: bind_or_any(admin_listen).await?,
     };
     let running = Running::spawn(config, listeners)?;
     Ok((sim, running))
+}
+
+/// The demo's ledger, under the temp directory: one per process.
+fn ledger_dir() -> std::path::PathBuf {
+    std::env::temp_dir().join(format!("permit-gateway-demo-{}", std::process::id()))
+}
+
+/// Removes what the demo wrote (its ledger): call once it has stopped, so
+/// a demo leaves nothing behind in the temp directory.
+pub fn clean_up() {
+    let dir = ledger_dir();
+    if dir.exists() {
+        if let Err(e) = std::fs::remove_dir_all(&dir) {
+            eprintln!("demo: could not remove {}: {e}", dir.display());
+        }
+    }
 }
 
 /// The wanted address, or any free loopback port when it is taken.
@@ -74,7 +86,7 @@ pub fn banner(sim: &Sim, gw: &Running) -> String {
          \n  curl -s -H 'X-API-Key: {token}' '{search}'\
          \n  curl -s -i -H 'X-API-Key: {token2}' '{search}' | grep -i '^x-'\
          \n  curl -s -H 'Authorization: Bearer {token}' '{base}/v2/usage'\
-         \n  curl -s '{admin}/metrics' | grep '^gateway_'\
+         \n  curl -s '{admin}/metrics' | grep -E '^gateway_(credits_(spent|saved)_total|team_credit)' | grep -v ' 0$'\
          \n  curl -s -H 'Authorization: Bearer {DEMO_ADMIN_TOKEN}' '{admin}/admin/teams'\
          \n\nPress Ctrl-C to stop.\n",
         upstream = sim.base_url(),

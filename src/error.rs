@@ -4,7 +4,7 @@
 //! variant records whose fault it is (the client's, the upstream's, ours) and
 //! [`GatewayError::into_response`] turns it into a status and a body in the
 //! upstream's shapes so existing clients parse it: 422 `{"detail":[...]}`,
-//! 402 `{"detail":{"error","limit","upgrade_url"}}`, others `{"detail":"..."}`.
+//! 402 `{"detail":{"error","limit","upgrade_url","needed","remaining"}}`, others `{"detail":"..."}`.
 //! Bodies name the problem, never internals (no addresses, keys or causes).
 
 use crate::http_util::{json_response, number_header, Body};
@@ -44,8 +44,14 @@ pub enum GatewayError {
     TeamRateLimited { retry_after_secs: u64 },
     /// The shared upstream rate is exhausted for longer than a team may wait.
     UpstreamRateLimited { retry_after_secs: u64 },
-    /// The team's credit budget cannot cover this call.
-    QuotaExceeded { limit: u64, upgrade_url: String },
+    /// The team's credit budget cannot cover this call: it `needed` that
+    /// many credits held (its worst case) and `remaining` were left.
+    QuotaExceeded {
+        limit: u64,
+        needed: u64,
+        remaining: u64,
+        upgrade_url: String,
+    },
     /// `Cache-Control: only-if-cached` and nothing cached.
     NotCached,
     /// The upstream did not answer within `upstream.timeout_secs`.
@@ -254,12 +260,22 @@ impl GatewayError {
             ConflictingCredentials => "Conflicting credentials: send one team token",
             TeamRateLimited { .. } => "Rate limit exceeded for this team",
             UpstreamRateLimited { .. } => "Rate limit exceeded: the shared upstream rate is busy",
-            QuotaExceeded { limit, upgrade_url } => {
+            QuotaExceeded {
+                limit,
+                needed,
+                remaining,
+                upgrade_url,
+            } => {
+                // The upstream's three keys first (clients read them), then
+                // what this call would have held and what is left, so a
+                // client can ask for fewer records instead of giving up.
                 return json!({"detail": {
                     "error": "Team credit limit exceeded.",
                     "limit": limit,
                     "upgrade_url": upgrade_url,
-                }})
+                    "needed": needed,
+                    "remaining": remaining,
+                }});
             }
             NotCached => "Not cached: only-if-cached and HEAD are answered from the cache only",
             UpstreamTimeout => "Upstream timed out",
@@ -344,6 +360,8 @@ mod tests {
             (
                 QuotaExceeded {
                     limit: 5,
+                    needed: 50,
+                    remaining: 2,
                     upgrade_url: "u".into(),
                 },
                 402,
@@ -388,10 +406,14 @@ mod tests {
     async fn quota_body_has_the_upstream_402_shape() {
         let (_, body) = body_of(GatewayError::QuotaExceeded {
             limit: 100,
+            needed: 50,
+            remaining: 7,
             upgrade_url: "https://w".into(),
         })
         .await;
         assert_eq!(body["detail"]["limit"], 100);
+        assert_eq!(body["detail"]["needed"], 50);
+        assert_eq!(body["detail"]["remaining"], 7);
         assert_eq!(body["detail"]["upgrade_url"], "https://w");
         assert!(body["detail"]["error"].is_string());
     }

@@ -1,7 +1,7 @@
 //! The `permit-gateway` command: serve, demo, token, check-config.
 
 use clap::{Parser, Subcommand};
-use permit_gateway::config::{Config, Source};
+use permit_gateway::config::{Checks, Config, Source};
 use permit_gateway::{app::App, demo, telemetry, Listeners};
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -41,8 +41,12 @@ enum Command {
     Token,
     /// Validate the configuration and print it with secrets redacted.
     CheckConfig {
+        /// Config file; without it config/gateway.toml if present, else defaults.
         #[arg(long)]
         config: Option<PathBuf>,
+        /// Do not look for the upstream key (validate a file where the secret is not).
+        #[arg(long)]
+        no_secrets: bool,
     },
 }
 
@@ -52,7 +56,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
         Command::Token => token(),
-        Command::CheckConfig { config } => check_config(config),
+        Command::CheckConfig { config, no_secrets } => check_config(config, no_secrets),
         Command::Serve { config } => runtime().block_on(serve(config)),
         Command::Demo { listen, admin_listen } => runtime().block_on(run_demo(listen, admin_listen)),
     }
@@ -105,11 +109,23 @@ fn token() -> ExitCode {
     ExitCode::SUCCESS
 }
 
-fn check_config(path: Option<PathBuf>) -> ExitCode {
-    match Config::load(source(&path)) {
+fn check_config(path: Option<PathBuf>, no_secrets: bool) -> ExitCode {
+    let checks = if no_secrets {
+        Checks::without_secrets()
+    } else {
+        Checks::default()
+    };
+    match Config::load_checked(source(&path), checks) {
         Ok(config) => {
             print!("{}", config.redacted_toml());
-            eprintln!("configuration is valid");
+            for warning in config.warnings() {
+                eprintln!("warning: {warning}");
+            }
+            if no_secrets {
+                eprintln!("configuration is valid (the upstream key was not checked: --no-secrets)");
+            } else {
+                eprintln!("configuration is valid");
+            }
             ExitCode::SUCCESS
         }
         Err(errors) => {
@@ -134,6 +150,9 @@ async fn serve(path: Option<PathBuf>) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    for warning in config.warnings() {
+        tracing::warn!("{warning}");
+    }
     let listeners = match Listeners::bind(&config.server).await {
         Ok(l) => l,
         Err(e) => {
@@ -194,9 +213,11 @@ async fn run_demo(listen: String, admin_listen: String) -> ExitCode {
             shutdown_signal().await;
             let _ = running.shutdown().await;
             sim.shutdown().await;
+            demo::clean_up();
             ExitCode::SUCCESS
         }
         Err(e) => {
+            demo::clean_up();
             eprintln!("demo failed to start: {e}");
             ExitCode::FAILURE
         }
@@ -221,7 +242,8 @@ async fn reload_on_sighup(app: std::sync::Arc<App>) {
     };
     while hup.recv().await.is_some() {
         match app.reload() {
-            Ok(teams) => tracing::info!(teams, "SIGHUP: teams reloaded"),
+            // `reload` itself logs what it applied and what waits for a restart.
+            Ok(reloaded) => tracing::info!(teams = reloaded.teams, "SIGHUP: reload done"),
             Err(e) => tracing::error!(problems = %e, "SIGHUP: reload refused, the old teams stay"),
         }
     }

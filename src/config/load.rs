@@ -7,6 +7,53 @@ use figment::error::Kind;
 use figment::providers::{Env, Format, Toml};
 use figment::value::Value;
 use figment::Figment;
+use std::path::{Path, PathBuf};
+
+/// The folder of the file the config is read from, absolute: a relative
+/// `quota.path` is taken from there, so `serve` finds the same ledger
+/// whichever directory it is started in. `None` without a file.
+pub(super) fn config_folder(source: &Source<'_>) -> Option<PathBuf> {
+    let file = match source {
+        Source::File(path) => path.to_path_buf(),
+        Source::Default if Path::new(DEFAULT_CONFIG_PATH).is_file() => PathBuf::from(DEFAULT_CONFIG_PATH),
+        _ => return None,
+    };
+    let folder = file
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    std::path::absolute(folder).ok()
+}
+
+/// `path` against `folder` when it is relative (`data/ledger` next to the
+/// file), unchanged when absolute.
+pub(super) fn resolve(folder: &Path, path: &Path) -> PathBuf {
+    if path.is_absolute() {
+        path.to_path_buf()
+    } else {
+        folder.join(path)
+    }
+}
+
+/// Allowed but unwise: an upstream key written into a file, which the
+/// docs forbid (files get committed, copied, attached to tickets).
+pub(super) fn warnings(figment: &Figment) -> Vec<String> {
+    let from_file = figment
+        .find_metadata("upstream.api_key")
+        .and_then(|m| m.source.as_ref())
+        .and_then(|s| s.file_path().map(Path::to_path_buf));
+    from_file
+        .map(|file| {
+            format!(
+                "upstream.api_key: the upstream key is written in {}; give it as \
+                 PERMIT_GATEWAY_UPSTREAM__API_KEY or in upstream.api_key_file instead, \
+                 and keep it out of files that get committed or copied",
+                file.display()
+            )
+        })
+        .into_iter()
+        .collect()
+}
 
 /// More type errors than any config has keys: the repair loop always ends.
 const MAX_TYPE_ERRORS: usize = 256;
@@ -72,7 +119,9 @@ pub(super) fn extract(figment: &Figment) -> (Option<Config>, Vec<String>) {
     }
     // Serde alone would stop at the first unknown key.
     let _ = serde_ignored::deserialize(&value, |path| {
-        problems.push(format!("{path}: unknown key"));
+        let mut segments = Vec::new();
+        segments_of(&path, &mut segments);
+        problems.push(format!("{}: unknown key", key_path(&segments)));
     })
     .map(|_: Config| ());
     (config, problems)
@@ -119,13 +168,111 @@ fn reset(value: &mut Value, defaults: Option<&Value>, path: &[String]) -> Reset 
     }
 }
 
-/// Figment errors name the key path; keep the message without the profile.
+/// The keys of a `serde_ignored` path, outermost first (option and
+/// newtype wrappers are no keys a person wrote).
+fn segments_of(path: &serde_ignored::Path<'_>, out: &mut Vec<String>) {
+    use serde_ignored::Path as P;
+    match path {
+        P::Root => {}
+        P::Seq { parent, index } => {
+            segments_of(parent, out);
+            out.push(index.to_string());
+        }
+        P::Map { parent, key } => {
+            segments_of(parent, out);
+            out.push(key.clone());
+        }
+        P::Some { parent } | P::NewtypeStruct { parent } | P::NewtypeVariant { parent } => segments_of(parent, out),
+    }
+}
+
+/// One spelling of a key path everywhere: `teams[0].name`, as validation
+/// writes it.
+pub(super) fn key_path(segments: &[String]) -> String {
+    let mut out = String::new();
+    for s in segments {
+        if !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()) {
+            out.push_str(&format!("[{s}]"));
+        } else {
+            if !out.is_empty() {
+                out.push('.');
+            }
+            out.push_str(s);
+        }
+    }
+    out
+}
+
+/// Figment errors name the key path; the message in plain words, without
+/// serde's type names (`expected usize`) or the profile.
 fn describe(e: figment::Error) -> String {
-    let path = e.path.join(".");
-    let kind = e.kind.to_string();
+    let mut segments = e.path.clone();
+    if let Kind::MissingField(field) = &e.kind {
+        segments.push(field.to_string());
+    }
+    let path = key_path(&segments);
+    let kind = plain(&e.kind);
     if path.is_empty() {
         kind
     } else {
         format!("{path}: {kind}")
+    }
+}
+
+fn plain(kind: &Kind) -> String {
+    match kind {
+        Kind::Message(m) => m.clone(),
+        Kind::InvalidType(actual, expected) | Kind::InvalidValue(actual, expected) => {
+            format!("{} is not allowed here: expected {}", found(actual), wanted(expected))
+        }
+        Kind::UnknownVariant(v, options) => format!("{v:?} is not one of {}", one_of(options)),
+        Kind::UnknownField(v, _) => format!("{v}: unknown key"),
+        Kind::MissingField(_) => "required, and not set".into(),
+        Kind::DuplicateField(f) => format!("{f}: given twice"),
+        other => other.to_string(),
+    }
+}
+
+/// What was written, as a person would say it.
+fn found(actual: &figment::error::Actual) -> String {
+    use figment::error::Actual as A;
+    match actual {
+        A::Bool(b) => format!("{b}"),
+        A::Unsigned(n) => format!("{n}"),
+        A::Signed(n) => format!("{n}"),
+        A::Float(n) => format!("{n}"),
+        A::Char(c) => format!("{c:?}"),
+        A::Str(s) => format!("the text {s:?}"),
+        A::Seq => "a list".into(),
+        A::Map => "a table".into(),
+        other => other.to_string(),
+    }
+}
+
+/// What serde expected (`usize`, `a boolean`, `struct TeamConfig`), in
+/// words.
+fn wanted(expected: &str) -> String {
+    let words = match expected {
+        "u8" => "a whole number from 0 to 255",
+        "u16" => "a whole number from 0 to 65535",
+        "u32" => "a whole number from 0 to 4294967295",
+        "u64" | "usize" | "u128" => "a whole number, 0 or more",
+        "i8" | "i16" | "i32" | "i64" | "isize" | "i128" => "a whole number",
+        "f32" | "f64" => "a number",
+        "a boolean" => "true or false",
+        "a string" | "path string" | "a borrowed string" => "text in quotes",
+        "a sequence" => "a list [...]",
+        e if e.starts_with("struct ") || e.starts_with("a map") => "a table",
+        e => e,
+    };
+    words.to_string()
+}
+
+fn one_of(options: &[&str]) -> String {
+    let quoted: Vec<String> = options.iter().map(|o| format!("`{o}`")).collect();
+    match quoted.split_last() {
+        None => "nothing".into(),
+        Some((last, [])) => last.clone(),
+        Some((last, rest)) => format!("{} or {last}", rest.join(", ")),
     }
 }

@@ -9,8 +9,11 @@ use serde::{Deserialize, Serialize};
 use std::fmt;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use validate::{check_sha256, validate_log, validate_teams, validate_tracing};
+use validate::{
+    check_sha256, placeholder_warnings, refuse_demo_tokens, validate_log, validate_teams, validate_tracing,
+};
 
+mod diff;
 mod load;
 mod validate;
 
@@ -19,6 +22,12 @@ pub const DEFAULTS_TOML: &str = include_str!("../../config/defaults.toml");
 
 /// The configuration the demo runs with (tokens are public demo values).
 pub(crate) const DEMO_TOML: &str = include_str!("../../config/demo.toml");
+
+/// The demo's team tokens (`config/demo.toml`): public values, so any
+/// config but the demo's that accepts one is refused.
+pub(crate) const DEMO_TOKENS: [(&str, &str); 2] = [("growth", "pgw_demo_growth"), ("analytics", "pgw_demo_analytics")];
+/// The demo's admin token, public like its team tokens.
+pub(crate) const DEMO_ADMIN_TOKEN: &str = "pgw_demo_admin";
 
 /// Prefix of environment overrides; `__` separates section and key.
 const ENV_PREFIX: &str = "PERMIT_GATEWAY_";
@@ -45,6 +54,10 @@ pub struct Config {
     pub tracing: TracingConfig,
     #[serde(default)]
     pub(crate) teams: Vec<TeamConfig>,
+    /// What loading noticed that is allowed but unwise (an upstream key
+    /// written in a file): `check-config` prints them, `serve` logs them.
+    #[serde(skip)]
+    warnings: Vec<String>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -275,6 +288,34 @@ impl fmt::Display for ConfigErrors {
 
 impl std::error::Error for ConfigErrors {}
 
+/// Which checks [`Config::load_checked`] runs beyond the always-on ones.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Checks {
+    /// `check-config --no-secrets`: the upstream key is not looked for, so
+    /// a file can be validated where the secret is not (CI, a laptop).
+    skip_secrets: bool,
+    /// The demo's own config: its public tokens are allowed there only.
+    demo: bool,
+}
+
+impl Checks {
+    /// Everything but the upstream key.
+    pub fn without_secrets() -> Checks {
+        Checks {
+            skip_secrets: true,
+            ..Checks::default()
+        }
+    }
+
+    /// The demo: its public tokens are expected.
+    pub(crate) fn demo() -> Checks {
+        Checks {
+            demo: true,
+            ..Checks::default()
+        }
+    }
+}
+
 /// Where the configuration comes from.
 pub enum Source<'a> {
     /// `--config FILE`: the file must exist.
@@ -288,17 +329,35 @@ pub enum Source<'a> {
 impl Config {
     /// Loads defaults → source → environment and validates the result.
     pub fn load(source: Source<'_>) -> Result<Config, ConfigErrors> {
+        Config::load_checked(source, Checks::default())
+    }
+
+    /// [`Config::load`] with a choice of [`Checks`].
+    pub fn load_checked(source: Source<'_>, checks: Checks) -> Result<Config, ConfigErrors> {
+        let folder = load::config_folder(&source);
         let figment = load::figment_for(source)?;
         let (config, mut problems) = load::extract(&figment);
+        let Some(mut config) = config else {
+            return Err(ConfigErrors(problems));
+        };
+        if let Some(folder) = &folder {
+            config.quota.path = load::resolve(folder, &config.quota.path);
+        }
+        config.warnings = load::warnings(&figment);
+        config.warnings.extend(placeholder_warnings(&config.teams));
         // Semantic checks run even after a type error (on the config with the
         // bad keys at their defaults), so one run lists every problem.
-        if let Some(config) = &config {
-            problems.extend(config.validate());
+        problems.extend(config.validate(checks));
+        if problems.is_empty() {
+            Ok(config)
+        } else {
+            Err(ConfigErrors(problems))
         }
-        match config {
-            Some(config) if problems.is_empty() => Ok(config),
-            _ => Err(ConfigErrors(problems)),
-        }
+    }
+
+    /// What loading noticed that is allowed but unwise, one sentence each.
+    pub fn warnings(&self) -> &[String] {
+        &self.warnings
     }
 
     /// The effective configuration as TOML, secrets redacted.
@@ -327,7 +386,7 @@ impl Config {
     }
 
     /// Every semantic problem, each prefixed with its key path.
-    fn validate(&self) -> Vec<String> {
+    fn validate(&self, checks: Checks) -> Vec<String> {
         let mut p = Vec::new();
         self.server.validate(&mut p);
         self.upstream.validate(&mut p);
@@ -342,10 +401,15 @@ impl Config {
             // Nothing could ever scrape it.
             p.push("admin.metrics_auth: needs admin.token_sha256".into());
         }
-        if let Err(e) = self.upstream_key() {
-            p.push(e);
+        if !checks.skip_secrets {
+            if let Err(e) = self.upstream_key() {
+                p.push(e);
+            }
         }
         validate_teams(&self.teams, &mut p);
+        if !checks.demo {
+            refuse_demo_tokens(&self.teams, self.admin.token_sha256.as_deref(), &mut p);
+        }
         let path = self.reservation_path_secs();
         if self.quota.reservation_lease_secs < path {
             // A reservation must outlive the whole path it covers (fair

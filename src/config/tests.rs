@@ -19,8 +19,114 @@ fn defaults_alone_need_only_the_upstream_key() {
 #[test]
 fn demo_config_is_valid_with_a_key() {
     let text = format!("{DEMO_TOML}\n{KEY}");
-    let c = load(&text).expect("demo config valid");
+    let c = Config::load_checked(Source::Text(&text), Checks::demo()).expect("demo config valid");
     assert_eq!(c.teams.len(), 2);
+}
+
+#[test]
+fn the_demo_tokens_are_refused_outside_the_demo_naming_each_team() {
+    let text = format!("{DEMO_TOML}\n{KEY}");
+    let errs = load(&text).expect_err("demo tokens outside the demo").0;
+    for want in [
+        "teams[0].token_sha256: team \"growth\" would accept the public demo token \"pgw_demo_growth\"",
+        "teams[1].token_sha256: team \"analytics\" would accept the public demo token \"pgw_demo_analytics\"",
+        "admin.token_sha256: the admin API would accept the public demo token \"pgw_demo_admin\"",
+    ] {
+        assert!(errs.iter().any(|e| e.starts_with(want)), "{want}: {errs:#?}");
+    }
+}
+
+#[test]
+fn without_secrets_the_missing_key_is_no_problem_but_others_are() {
+    assert!(load("").is_err(), "the key is required by default");
+    Config::load_checked(Source::Text(""), Checks::without_secrets()).expect("valid without the key");
+    let errs = Config::load_checked(
+        Source::Text("[upstream]\ntimeout_secs = 0\n"),
+        Checks::without_secrets(),
+    )
+    .expect_err("a zero timeout")
+    .0;
+    assert_eq!(errs, vec!["upstream.timeout_secs: must be positive".to_string()]);
+}
+
+#[test]
+fn messages_use_one_path_style_and_plain_words() {
+    let text = format!(
+        "{KEY}[server]\nmax_connections = \"many\"\n[[teams]]\nname = \"a\"\ntoken_sha256 = \"{}\"\nrequests_per_minute = -1\nsurprise = 1\n",
+        "0".repeat(63) + "1"
+    );
+    let errs = load(&text).expect_err("invalid").0;
+    let all = errs.join("\n");
+    assert!(!all.contains("teams.0"), "{all}");
+    assert!(
+        !all.contains("usize") && !all.contains("u32") && !all.contains("invalid type"),
+        "{all}"
+    );
+    for want in [
+        "server.max_connections: the text \"many\" is not allowed here: expected a whole number, 0 or more",
+        "teams[0].requests_per_minute: -1 is not allowed here: expected a whole number from 0 to 4294967295",
+        "teams[0].surprise: unknown key",
+    ] {
+        assert!(errs.iter().any(|e| e == want), "{want}: {errs:#?}");
+    }
+}
+
+#[test]
+fn a_key_written_in_a_file_is_accepted_with_a_warning() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let path = dir.path().join("gw.toml");
+    std::fs::write(&path, "[upstream]\napi_key = \"in-the-file\"\n").expect("write");
+    let c = Config::load(Source::File(&path)).expect("valid");
+    assert_eq!(c.warnings().len(), 1, "{:?}", c.warnings());
+    assert!(c.warnings()[0].starts_with("upstream.api_key:"), "{:?}", c.warnings());
+    assert!(
+        !c.warnings()[0].contains("in-the-file"),
+        "the key itself is never printed"
+    );
+    // From the environment or a key file: nothing to warn about.
+    assert!(load(KEY).expect("valid").warnings().is_empty());
+}
+
+#[test]
+fn a_relative_ledger_path_is_taken_from_the_config_files_folder() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let path = dir.path().join("gw.toml");
+    std::fs::write(&path, format!("{KEY}[quota]\npath = \"data/ledger\"\n")).expect("write");
+    let c = Config::load(Source::File(&path)).expect("valid");
+    assert_eq!(c.quota.path, dir.path().join("data/ledger"));
+    std::fs::write(&path, format!("{KEY}[quota]\npath = \"/srv/ledger\"\n")).expect("write");
+    let c = Config::load(Source::File(&path)).expect("valid");
+    assert_eq!(c.quota.path, std::path::PathBuf::from("/srv/ledger"));
+    // No file: as given (the working directory's).
+    assert_eq!(
+        load(KEY).expect("valid").quota.path,
+        std::path::PathBuf::from("data/ledger")
+    );
+}
+
+#[test]
+fn a_reload_lists_the_settings_it_cannot_apply_by_key() {
+    let old = load(KEY).expect("valid");
+    let same = load(&format!(
+        "{KEY}[[teams]]\nname = \"new\"\ntoken_sha256 = \"{}\"\n",
+        "a".repeat(64)
+    ))
+    .expect("valid");
+    assert!(old.restart_required(&same).is_empty(), "teams apply on reload");
+    let new = load(
+        "[upstream]\napi_key = \"k2\"\nrequests_per_minute = 60\n[server]\nlisten = \"0.0.0.0:8081\"\n\
+         [cache.route_ttl_secs]\npermits_search = 5\n",
+    )
+    .expect("valid");
+    assert_eq!(
+        old.restart_required(&new),
+        [
+            "cache.route_ttl_secs.permits_search",
+            "server.listen",
+            "upstream.api_key",
+            "upstream.requests_per_minute"
+        ]
+    );
 }
 
 #[test]
@@ -93,8 +199,8 @@ fn a_wrong_type_in_a_team_does_not_hide_the_others_problems() {
     );
     let errs = load(&text).expect_err("invalid").0;
     for key in [
-        "teams.0.credit_limit",
-        "teams.0.requests_per_minute",
+        "teams[0].credit_limit",
+        "teams[0].requests_per_minute",
         "teams[0].token_sha256",
         "teams[1].name",
     ] {
@@ -106,8 +212,11 @@ fn a_wrong_type_in_a_team_does_not_hide_the_others_problems() {
 fn a_required_key_of_the_wrong_type_is_reported_once() {
     let text = format!("{KEY}[[teams]]\nname = 5\ntoken_sha256 = \"abc\"\n");
     let errs = load(&text).expect_err("invalid").0;
-    assert!(errs.iter().any(|e| e.starts_with("teams.0.name")), "{errs:#?}");
-    assert!(!errs.iter().any(|e| e.contains("missing")), "{errs:#?}");
+    assert!(errs.iter().any(|e| e.starts_with("teams[0].name")), "{errs:#?}");
+    assert!(
+        !errs.iter().any(|e| e.contains("missing") || e.contains("not set")),
+        "{errs:#?}"
+    );
 }
 
 #[test]

@@ -242,3 +242,50 @@ fn positive(key: &str, value: u64, p: &mut Vec<String>) {
         p.push(format!("{key}: must be positive"));
     }
 }
+
+/// A team (or the admin) whose token hash is one of the demo's public
+/// tokens: anyone who has read the README holds that token. Refused
+/// everywhere but the demo, naming the team and the token.
+pub(super) fn refuse_demo_tokens(teams: &[TeamConfig], admin: Option<&str>, p: &mut Vec<String>) {
+    use sha2::{Digest, Sha256};
+    let demo_token = |hash: &str| {
+        super::DEMO_TOKENS
+            .iter()
+            .map(|(_, token)| *token)
+            .chain([super::DEMO_ADMIN_TOKEN])
+            .find(|token| hex::encode(Sha256::digest(token.as_bytes())).eq_ignore_ascii_case(hash))
+    };
+    for (i, team) in teams.iter().enumerate() {
+        if let Some(token) = demo_token(&team.token_sha256) {
+            p.push(format!(
+                "teams[{i}].token_sha256: team {:?} would accept the public demo token {token:?}; \
+                 give it its own token (`permit-gateway token`)",
+                team.name
+            ));
+        }
+    }
+    if let Some(token) = admin.and_then(demo_token) {
+        p.push(format!(
+            "admin.token_sha256: the admin API would accept the public demo token {token:?}; \
+             make one of its own (`permit-gateway token`)"
+        ));
+    }
+}
+
+/// Teams whose hash is a placeholder (all zeros but a digit, as the
+/// example config ships): valid, but no token hashes to it, so the team
+/// cannot get in until someone pastes a real `token_sha256` line.
+pub(super) fn placeholder_warnings(teams: &[TeamConfig]) -> Vec<String> {
+    teams
+        .iter()
+        .enumerate()
+        .filter(|(_, team)| team.token_sha256.bytes().filter(|b| *b != b'0').count() <= 1)
+        .map(|(i, team)| {
+            format!(
+                "teams[{i}].token_sha256: team {:?} has a placeholder hash that no token matches; \
+                 paste the line `permit-gateway token` prints",
+                team.name
+            )
+        })
+        .collect()
+}

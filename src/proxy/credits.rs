@@ -108,8 +108,10 @@ pub(super) async fn reserve(app: &App, job: &Job) -> Result<Option<Reservation>,
     let limit = if amount == 0 { None } else { team.credit_limit };
     match app.ledger.reserve(&team.name, limit, amount).await {
         Ok(Reserved::Granted(r)) => Ok(Some(r)),
-        Ok(Reserved::Rejected { limit, .. }) => Err(GatewayError::QuotaExceeded {
+        Ok(Reserved::Rejected { used, limit }) => Err(GatewayError::QuotaExceeded {
             limit,
+            needed: amount,
+            remaining: limit.saturating_sub(used),
             upgrade_url: app.config.quota.upgrade_url.clone(),
         }),
         Err(e) => {

@@ -187,7 +187,18 @@ async fn the_demo_serves_its_printed_curl_lines() {
     )
     .await;
     assert_eq!(admin.status, StatusCode::OK);
+    // The metrics line prints the money metrics only, not every bucket.
+    assert!(
+        banner.contains("/metrics' | grep -E '^gateway_(credits_(spent|saved)_total|team_credit)'"),
+        "{banner}"
+    );
     let _ = gw.shutdown().await;
+    sim.shutdown().await;
+    // Nothing left behind in the temp directory.
+    let ledger = std::env::temp_dir().join(format!("permit-gateway-demo-{}", std::process::id()));
+    assert!(ledger.exists(), "the demo's ledger is where clean_up looks");
+    permit_gateway::demo::clean_up();
+    assert!(!ledger.exists(), "the demo left {} behind", ledger.display());
 }
 
 #[tokio::test]

@@ -17,6 +17,7 @@ mod load;
 mod log_sink;
 mod money;
 mod observability;
+mod operator;
 mod pyshovels;
 mod rate;
 mod records;

@@ -132,6 +132,8 @@ async fn a_new_leader_looks_at_the_cache_again_before_it_buys() {
     // The held flight ends without an answer B may take as its own.
     held.complete(Err(GatewayError::QuotaExceeded {
         limit: 0,
+        needed: 1,
+        remaining: 0,
         upgrade_url: String::new(),
     }));
     let r = waiting.await.expect("B's request");

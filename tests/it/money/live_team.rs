@@ -65,6 +65,8 @@ async fn a_reload_mid_wait_binds_the_waiting_request_on_one_replica() {
         let _setup = reload(&file, setup, &sim, teams).await;
         held.complete(Err(GatewayError::QuotaExceeded {
             limit: 0,
+            needed: 1,
+            remaining: 0,
             upgrade_url: String::new(),
         }));
         let r = waiting.await.expect("the waiting request");

@@ -154,7 +154,9 @@ pub struct ChildGateway {
     pub addr: SocketAddr,
     pub admin_addr: SocketAddr,
     pub logs: Arc<Mutex<Vec<String>>>,
-    config_dir: tempfile::TempDir,
+    config_path: std::path::PathBuf,
+    /// The folder of a config file written for this process, removed with it.
+    config_dir: Option<tempfile::TempDir>,
     /// Held while the gateway's stderr is not read ([`Self::spawn_stalled`]);
     /// dropped, the reader goes on.
     stalled: Option<mpsc::Sender<()>>,
@@ -203,6 +205,23 @@ impl ChildGateway {
             text = text.replace("[log]\n", "[log]\nformat = \"json\"\n");
         }
         std::fs::write(&path, text).expect("write config");
+        let mut gw = ChildGateway::launch(&path, None, stall, nofile);
+        gw.config_dir = Some(dir);
+        gw
+    }
+
+    /// Runs `serve --config <path>` (a file already written, with JSON
+    /// logs), started in `cwd` when given; the file is the caller's.
+    pub fn spawn_file(path: &std::path::Path, cwd: Option<&std::path::Path>) -> ChildGateway {
+        ChildGateway::launch(path, cwd, None, None)
+    }
+
+    fn launch(
+        path: &std::path::Path,
+        cwd: Option<&std::path::Path>,
+        stall: Option<mpsc::Receiver<()>>,
+        nofile: Option<u64>,
+    ) -> ChildGateway {
         let mut command = match nofile {
             None => Command::new(env!("CARGO_BIN_EXE_permit-gateway")),
             Some(n) => {
@@ -213,10 +232,13 @@ impl ChildGateway {
                 sh
             }
         };
+        if let Some(cwd) = cwd {
+            command.current_dir(cwd);
+        }
         let mut child = command
             .arg("serve")
             .arg("--config")
-            .arg(&path)
+            .arg(path)
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
             .spawn()
@@ -249,7 +271,8 @@ impl ChildGateway {
             addr,
             admin_addr,
             logs,
-            config_dir: dir,
+            config_path: path.to_path_buf(),
+            config_dir: None,
             stalled: None,
         }
     }
@@ -264,7 +287,7 @@ impl ChildGateway {
 
     /// The config file the process was started with (rewrite it, then HUP).
     pub fn config_path(&self) -> std::path::PathBuf {
-        self.config_dir.path().join("gateway.toml")
+        self.config_path.clone()
     }
 
     pub fn signal(&self, sig: &str) {

@@ -1,0 +1,77 @@
+//! Issue 39, headers that tell the truth: what a billed failure cost is in
+//! its answer and its access line (point 5), and a 402's
+//! `X-Credits-Remaining` is the budget net of the holds in flight (point 6).
+
+use crate::support::gateway::{ChildGateway, Setup, ALPHA};
+use crate::support::http::{get, Reply};
+use crate::support::sim::fault;
+use crate::support::sim::{start_sim, unlimited, FaultKind, Faults, Sim};
+use crate::support::traffic::{as_team, assert_ledger_matches, charged_for, distinct_search, ledger_used};
+use crate::support::wait::eventually;
+use http::StatusCode;
+use std::time::Duration;
+
+fn truncated_once() -> Faults {
+    Faults {
+        count: Some(1),
+        ..fault(FaultKind::Truncated)
+    }
+}
+
+/// The access line of `request_id`, once it is written.
+async fn access_line(gw: &ChildGateway, request_id: &str) -> serde_json::Value {
+    let what = format!("the access-log line of {request_id}");
+    eventually(&what, Duration::from_secs(10), || {
+        let found = gw.access_lines().into_iter().find(|l| l["request_id"] == request_id);
+        async move { found }
+    })
+    .await
+}
+
+/// The answer, the access line and the upstream agree on what `request_id`
+/// cost, and it is not 0.
+async fn assert_cost_told(sim: &Sim, gw: &ChildGateway, request_id: &str, reply: &Reply, cost: u64) {
+    assert_eq!(charged_for(sim, request_id), cost, "{request_id}: the upstream billed it");
+    assert_eq!(
+        reply.header_u64("x-credits-request"),
+        Some(cost),
+        "{request_id}: the answer says what it cost"
+    );
+    let line = access_line(gw, request_id).await;
+    assert_eq!(line["credits"].as_u64(), Some(cost), "{request_id}: {line}");
+}
+
+/// A billed 200 whose body is cut (the upstream sends half of it): 502
+/// without a stale copy, STALE with one; both say what the upstream
+/// charged, in `X-Credits-Request` and in the access line's `credits`.
+#[tokio::test]
+async fn a_billed_cut_body_shows_its_charge_in_the_answer_and_the_access_line() {
+    let sim = start_sim(unlimited()).await;
+    let setup = Setup::new()
+        .with("upstream", "max_retries = 0")
+        .with("cache", "[cache.route_ttl_secs]\npermits_search = 1");
+    let gw = ChildGateway::spawn(&setup, &sim.base_url(), sim.api_key());
+    // No copy held: 502, billed 7.
+    let cold = format!("{}{}", gw.base_url(), distinct_search(&sim, 0, 7));
+    sim.set_faults(truncated_once());
+    let cut = as_team(&cold, ALPHA.1, "alpha-cut").await;
+    assert_eq!(cut.status, StatusCode::BAD_GATEWAY, "{}", cut.text());
+    assert_cost_told(&sim, &gw, "alpha-cut", &cut, 7).await;
+    // A copy held, expired: STALE, billed 9 for the cut refresh.
+    let held = format!("{}{}", gw.base_url(), distinct_search(&sim, 1, 9));
+    assert_eq!(as_team(&held, ALPHA.1, "alpha-buy").await.header("x-cache"), Some("MISS"));
+    eventually("the entry expires", Duration::from_secs(10), || async {
+        let r = get(&held, &[("x-api-key", ALPHA.1), ("cache-control", "only-if-cached")]).await;
+        r.status != StatusCode::OK
+    })
+    .await;
+    sim.set_faults(truncated_once());
+    let stale = as_team(&held, ALPHA.1, "alpha-stale").await;
+    assert_eq!(stale.status, StatusCode::OK, "{}", stale.text());
+    assert_eq!(stale.header("x-cache"), Some("STALE"));
+    assert_cost_told(&sim, &gw, "alpha-stale", &stale, 9).await;
+    assert_eq!(ledger_used(&gw.admin_url(), "alpha").await, 7 + 9 + 9);
+    assert_ledger_matches(&sim, &gw.admin_url(), &["alpha"]).await;
+    gw.assert_logs_clean();
+}
+

@@ -20,6 +20,7 @@ mod leases;
 mod live_team;
 mod marks;
 mod slow_ledger;
+mod stall;
 mod truth;
 mod upstream_numbers;
 

@@ -2,7 +2,9 @@
 //! its answer and its access line (point 5), and a 402's
 //! `X-Credits-Remaining` is the budget net of the holds in flight (point 6).
 
-use crate::support::gateway::{ChildGateway, Setup, ALPHA};
+use super::replicas;
+use crate::support::gateway::{team, ChildGateway, Setup, ALPHA, SMALL};
+use crate::support::redis::RedisServer;
 use crate::support::http::{get, Reply};
 use crate::support::sim::fault;
 use crate::support::sim::{start_sim, unlimited, FaultKind, Faults, Sim};
@@ -75,3 +77,52 @@ async fn a_billed_cut_body_shows_its_charge_in_the_answer_and_the_access_line() 
     gw.assert_logs_clean();
 }
 
+/// Point 6: team small (limit 50) has a 40-credit call in flight (held in
+/// the shared Redis ledger, the upstream slow to answer); a 15-credit
+/// request on either replica is refused, and its 402 says 10 remain
+/// (50 − 0 spent − 40 held), not 50. Nothing refused reaches the upstream;
+/// once the call ends the ledger is what the upstream charged.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_402_shows_the_budget_net_of_the_holds_in_flight() {
+    let redis = RedisServer::start();
+    let sim = start_sim(unlimited()).await;
+    let setup = Setup::new().teams(team(SMALL.0, SMALL.1, "credit_limit = 50"));
+    let gws = replicas(2, &sim, Some(&redis), setup).await;
+    sim.set_faults(Faults {
+        latency_ms: Some(2_000),
+        count: Some(1),
+        ..fault(FaultKind::Latency)
+    });
+    let slow = format!("{}{}", gws[0].base_url(), distinct_search(&sim, 0, 40));
+    let call = tokio::spawn(async move { as_team(&slow, SMALL.1, "small-slow").await });
+    let client = redis::Client::open(redis.url()).expect("redis url");
+    eventually("the slow call holds 40", Duration::from_secs(5), || {
+        let client = client.clone();
+        async move {
+            let mut c = client.get_multiplexed_async_connection().await.ok()?;
+            let n: u64 = redis::cmd("HLEN").arg("pgw:l:{small}:held").query_async(&mut c).await.ok()?;
+            (n > 0).then_some(())
+        }
+    })
+    .await;
+    let before = sim.stats().requests_total;
+    for (i, gw) in gws.iter().enumerate() {
+        let url = format!("{}{}", gw.base_url(), distinct_search(&sim, 1 + i as u32, 15));
+        let refused = as_team(&url, SMALL.1, &format!("small-refused-{i}")).await;
+        assert_eq!(refused.status, StatusCode::PAYMENT_REQUIRED, "replica {i}: {}", refused.text());
+        assert_eq!(refused.header("x-credits-limit"), Some("50"), "replica {i}");
+        assert_eq!(
+            refused.header_u64("x-credits-remaining"),
+            Some(10),
+            "replica {i}: 50 − 0 spent − 40 held"
+        );
+    }
+    assert_eq!(sim.stats().requests_total, before, "no refusal reached the upstream");
+    let done = call.await.expect("the slow call");
+    assert_eq!(done.status, StatusCode::OK, "{}", done.text());
+    assert_eq!(done.header_u64("x-credits-remaining"), Some(10));
+    for gw in &gws {
+        assert_eq!(ledger_used(&gw.admin_url(), SMALL.0).await, 40);
+        assert_ledger_matches(&sim, &gw.admin_url(), &[SMALL.0]).await;
+    }
+}

@@ -129,12 +129,15 @@ impl Settler {
         self.journal.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// The primary's connected replicas (read at most every
-    /// [`REPLICAS_FRESH`]); 0 when unknown: nothing to wait for.
+    /// The primary's connected replicas. A count above 0 is kept for
+    /// [`REPLICAS_FRESH`] (a settle then waits, and one that finds none is
+    /// journaled anyway); "none" is read again for every settle, so a
+    /// replica that has just (re)joined is waited for at once. Unknown (the
+    /// read failed): one is assumed, erring towards waiting.
     async fn replicas(&self) -> i64 {
         let cached = *self.replicas.lock().unwrap_or_else(|p| p.into_inner());
         if let Some((n, at)) = cached {
-            if at.elapsed() < REPLICAS_FRESH {
+            if n > 0 && at.elapsed() < REPLICAS_FRESH {
                 return n;
             }
         }
@@ -142,7 +145,7 @@ impl Settler {
             .redis
             .connected_replicas(RedisOp::LedgerCheck)
             .await
-            .unwrap_or(0);
+            .unwrap_or(1);
         *self.replicas.lock().unwrap_or_else(|p| p.into_inner()) = Some((n, Instant::now()));
         n
     }

@@ -76,6 +76,9 @@ struct Figures {
     at: Instant,
 }
 
+/// A team's `held` hash: reservation id → "amount:expires_ms:day".
+type HeldRows = Vec<(String, String)>;
+
 /// team → its figures as last read.
 type Recent = std::collections::HashMap<String, Figures>;
 
@@ -124,7 +127,13 @@ impl RedisLedger {
         let saved = Arc::new(SavedTally::default());
         let keys = Keys::new(prefix);
         tokio::spawn(flush_saved(Arc::downgrade(&saved), redis.clone(), keys.clone()));
-        let settler = journal::Settler::new(redis.clone(), keys.clone(), Script::new(SETTLE), Clock::default(), lease);
+        let settler = journal::Settler::new(
+            redis.clone(),
+            keys.clone(),
+            Script::new(SETTLE),
+            Clock::default(),
+            lease,
+        );
         RedisLedger {
             redis,
             saved,
@@ -144,7 +153,13 @@ impl RedisLedger {
     pub fn with_clock(mut self, clock: Clock) -> RedisLedger {
         self.clock = clock;
         // Settles mark their time on the same clock as reserves.
-        self.settler = journal::Settler::new(self.redis.clone(), self.keys.clone(), Script::new(SETTLE), clock, self.lease);
+        self.settler = journal::Settler::new(
+            self.redis.clone(),
+            self.keys.clone(),
+            Script::new(SETTLE),
+            clock,
+            self.lease,
+        );
         self
     }
 
@@ -378,11 +393,15 @@ impl RedisLedger {
         let days_key = self.keys.ledger(team, LedgerKey::Days);
         let held_key = self.keys.ledger(team, LedgerKey::Held);
         // One atomic read of both hashes (one slot: the team's tag).
-        let (days, holds): (Vec<(u32, u64)>, Vec<(String, String)>) = self
+        let (days, holds): (Vec<(u32, u64)>, HeldRows) = self
             .redis
             .call_reconnecting(RedisOp::LedgerUsage, |mut c| {
                 let mut pipe = redis::pipe();
-                pipe.atomic().cmd("HGETALL").arg(&days_key).cmd("HGETALL").arg(&held_key);
+                pipe.atomic()
+                    .cmd("HGETALL")
+                    .arg(&days_key)
+                    .cmd("HGETALL")
+                    .arg(&held_key);
                 async move { pipe.query_async(&mut c).await }
             })
             .await

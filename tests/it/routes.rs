@@ -375,10 +375,7 @@ async fn unknown_v2_paths_are_the_vendors_free_404_and_reserve_nothing() {
         assert_eq!(&direct.body, body, "{path}: the vendor's body");
     }
     let metrics = crate::support::probe::scrape(&gw.admin_url()).await;
-    let requests = metrics.sum(
-        "gateway_requests_total",
-        &[("route", "other"), ("status", "404")],
-    );
+    let requests = metrics.sum("gateway_requests_total", &[("route", "other"), ("status", "404")]);
     assert_eq!(requests, 5.0, "counted under route=\"other\"");
     assert_ledger_matches(&sim, &gw.admin_url(), &[SMALL.0]).await;
 }

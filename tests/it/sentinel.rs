@@ -186,9 +186,9 @@ async fn settles_a_stalled_replica_never_got_survive_the_failover() {
         .expect("setup")
         .url(crate::support::redis_sentinel::SERVICE);
     let sim = start_sim(unlimited()).await;
-    let gws = vec![on_sentinel(&url).start(&sim).await];
+    let gw = on_sentinel(&url).start(&sim).await;
     let s = sim.samples();
-    let search = |i: u32, size: u32| format!("{}{}", gws[0].base_url(), Query::distinct(&s, i).size(size));
+    let search = |i: u32, size: u32| format!("{}{}", gw.base_url(), Query::distinct(&s, i).size(size));
     let warm = as_team(&search(0, 6), ALPHA.1, "alpha-warm").await;
     assert_eq!(warm.status, StatusCode::OK, "{}", warm.text());
     redis.lock().expect("setup").stall_replication();
@@ -207,15 +207,19 @@ async fn settles_a_stalled_replica_never_got_survive_the_failover() {
     tokio::task::spawn_blocking(move || r.lock().expect("setup").wait_failover(victim, Duration::from_secs(20)))
         .await
         .expect("failover");
-    let used = eventually("the ledger on the new primary equals the upstream", Duration::from_secs(20), || async {
-        match usage(&gws[0]).await {
-            (StatusCode::OK, Some(used)) if used == charged => Some(used),
-            _ => None,
-        }
-    })
+    let used = eventually(
+        "the ledger on the new primary equals the upstream",
+        Duration::from_secs(20),
+        || async {
+            match usage(&gw).await {
+                (StatusCode::OK, Some(used)) if used == charged => Some(used),
+                _ => None,
+            }
+        },
+    )
     .await;
     eprintln!("stalled replication: ledger {used} after the failover, upstream charged {charged}");
-    assert_eq!(ledger_used(&gws[0].admin_url(), "alpha").await, charged);
+    assert_eq!(ledger_used(&gw.admin_url(), "alpha").await, charged);
 }
 
 /// Issue 39, point 3: a Sentinel failover under load, five times over
@@ -252,14 +256,18 @@ async fn the_first_ledger_call_after_each_of_five_failovers_succeeds() {
             .await
             .expect("failover");
         let promoted_at = start.elapsed();
-        eventually("every gateway serves the load again", Duration::from_secs(20), || async {
-            (0..gws.len()).all(|g| {
-                log.lock()
-                    .expect("log")
-                    .iter()
-                    .any(|(t, rep, s)| *t > promoted_at && *rep == g && *s == StatusCode::OK)
-            })
-        })
+        eventually(
+            "every gateway serves the load again",
+            Duration::from_secs(20),
+            || async {
+                (0..gws.len()).all(|g| {
+                    log.lock()
+                        .expect("log")
+                        .iter()
+                        .any(|(t, rep, s)| *t > promoted_at && *rep == g && *s == StatusCode::OK)
+                })
+            },
+        )
         .await;
         eprintln!(
             "failover {round}: promoted {:?} after the kill, served again {:?} after",
@@ -271,7 +279,12 @@ async fn the_first_ledger_call_after_each_of_five_failovers_succeeds() {
             assert_eq!(status, StatusCode::OK, "round {round}: /v2/usage after the failover");
             let url = format!("{}{}", gw.base_url(), probes[probe]);
             let miss = as_team(&url, ALPHA.1, &format!("alpha-probe-{probe}")).await;
-            assert_eq!(miss.status, StatusCode::OK, "round {round}: a miss after the failover: {}", miss.text());
+            assert_eq!(
+                miss.status,
+                StatusCode::OK,
+                "round {round}: a miss after the failover: {}",
+                miss.text()
+            );
             probe += 1;
         }
         let r = redis.clone();

@@ -65,7 +65,13 @@ pub(super) struct Settler {
 
 impl Settler {
     /// Must run inside a tokio runtime: it starts the replay task.
-    pub(super) fn new(redis: Arc<RedisBackend>, keys: Keys, script: Script, clock: Clock, lease: Duration) -> Arc<Settler> {
+    pub(super) fn new(
+        redis: Arc<RedisBackend>,
+        keys: Keys,
+        script: Script,
+        clock: Clock,
+        lease: Duration,
+    ) -> Arc<Settler> {
         let settler = Arc::new(Settler {
             redis,
             keys,
@@ -141,11 +147,7 @@ impl Settler {
                 return n;
             }
         }
-        let n = self
-            .redis
-            .connected_replicas(RedisOp::LedgerCheck)
-            .await
-            .unwrap_or(1);
+        let n = self.redis.connected_replicas(RedisOp::LedgerCheck).await.unwrap_or(1);
         *self.replicas.lock().unwrap_or_else(|p| p.into_inner()) = Some((n, Instant::now()));
         n
     }
@@ -170,7 +172,9 @@ async fn replay(settler: Weak<Settler>) {
         let mut kept = Vec::new();
         for p in pending {
             match s.apply(&p).await {
-                Ok(true) => tracing::info!(team = %p.team, credits = p.actual, "ledger settle re-applied and acknowledged"),
+                Ok(true) => {
+                    tracing::info!(team = %p.team, credits = p.actual, "ledger settle re-applied and acknowledged")
+                }
                 _ => kept.push(p),
             }
         }

@@ -26,7 +26,11 @@ const LIMIT: u64 = 60;
 async fn holds(redis: &RedisServer) -> Option<u64> {
     let client = redis::Client::open(redis.url()).ok()?;
     let mut c = client.get_multiplexed_async_connection().await.ok()?;
-    redis::cmd("HLEN").arg("pgw:l:{small}:held").query_async(&mut c).await.ok()
+    redis::cmd("HLEN")
+        .arg("pgw:l:{small}:held")
+        .query_async(&mut c)
+        .await
+        .ok()
 }
 
 /// One stall: a 10-credit call whose settle falls inside it, and two
@@ -44,15 +48,21 @@ where
     });
     let slow = format!("{}{}", gws[0].base_url(), distinct_search(sim, 100 * round, 10));
     let paid = tokio::spawn(async move { as_team(&slow, SMALL.1, "small-paid").await });
-    eventually("the paid call holds its reservation", Duration::from_secs(5), || async {
-        holds(redis).await.is_some_and(|n| n > 0)
-    })
+    eventually(
+        "the paid call holds its reservation",
+        Duration::from_secs(5),
+        || async { holds(redis).await.is_some_and(|n| n > 0) },
+    )
     .await;
     let end = stall();
     let mut calls = Vec::new();
     for (i, gw) in gws.iter().enumerate() {
         for j in 0..2u32 {
-            let url = format!("{}{}", gw.base_url(), distinct_search(sim, 100 * round + 1 + 2 * i as u32 + j, 5));
+            let url = format!(
+                "{}{}",
+                gw.base_url(),
+                distinct_search(sim, 100 * round + 1 + 2 * i as u32 + j, 5)
+            );
             let id = format!("small-stalled-{round}-{i}-{j}");
             calls.push(tokio::spawn(async move { as_team(&url, SMALL.1, &id).await }));
         }
@@ -79,10 +89,14 @@ where
     .await;
     // Each replica's /v2/usage (once its ledger breaker has closed again).
     for gw in gws {
-        eventually("/v2/usage equals the upstream's charge", Duration::from_secs(10), || async {
-            let r = as_team(&format!("{}/v2/usage", gw.base_url()), SMALL.1, "small-usage").await;
-            r.status == StatusCode::OK && r.json()["credits_used"].as_u64() == Some(charged_to(sim, "small-"))
-        })
+        eventually(
+            "/v2/usage equals the upstream's charge",
+            Duration::from_secs(10),
+            || async {
+                let r = as_team(&format!("{}/v2/usage", gw.base_url()), SMALL.1, "small-usage").await;
+                r.status == StatusCode::OK && r.json()["credits_used"].as_u64() == Some(charged_to(sim, "small-"))
+            },
+        )
         .await;
     }
 }
@@ -128,7 +142,12 @@ async fn a_busy_or_stopped_redis_during_reserves_and_settles_moves_no_credit() {
     for (i, gw) in gws.iter().enumerate() {
         let url = format!("{}{}", gw.base_url(), distinct_search(&sim, 990 + i as u32, 1));
         let over = answered(&url, &format!("small-over-{i}")).await;
-        assert_eq!(over.status, StatusCode::PAYMENT_REQUIRED, "replica {i}: {}", over.text());
+        assert_eq!(
+            over.status,
+            StatusCode::PAYMENT_REQUIRED,
+            "replica {i}: {}",
+            over.text()
+        );
     }
     for gw in &gws {
         assert_eq!(ledger_used(&gw.admin_url(), SMALL.0).await, LIMIT);

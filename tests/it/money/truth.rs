@@ -4,8 +4,8 @@
 
 use super::replicas;
 use crate::support::gateway::{team, ChildGateway, Setup, ALPHA, SMALL};
-use crate::support::redis::RedisServer;
 use crate::support::http::{get, Reply};
+use crate::support::redis::RedisServer;
 use crate::support::sim::fault;
 use crate::support::sim::{start_sim, unlimited, FaultKind, Faults, Sim};
 use crate::support::traffic::{as_team, assert_ledger_matches, charged_for, distinct_search, ledger_used};
@@ -33,7 +33,11 @@ async fn access_line(gw: &ChildGateway, request_id: &str) -> serde_json::Value {
 /// The answer, the access line and the upstream agree on what `request_id`
 /// cost, and it is not 0.
 async fn assert_cost_told(sim: &Sim, gw: &ChildGateway, request_id: &str, reply: &Reply, cost: u64) {
-    assert_eq!(charged_for(sim, request_id), cost, "{request_id}: the upstream billed it");
+    assert_eq!(
+        charged_for(sim, request_id),
+        cost,
+        "{request_id}: the upstream billed it"
+    );
     assert_eq!(
         reply.header_u64("x-credits-request"),
         Some(cost),
@@ -61,7 +65,10 @@ async fn a_billed_cut_body_shows_its_charge_in_the_answer_and_the_access_line() 
     assert_cost_told(&sim, &gw, "alpha-cut", &cut, 7).await;
     // A copy held, expired: STALE, billed 9 for the cut refresh.
     let held = format!("{}{}", gw.base_url(), distinct_search(&sim, 1, 9));
-    assert_eq!(as_team(&held, ALPHA.1, "alpha-buy").await.header("x-cache"), Some("MISS"));
+    assert_eq!(
+        as_team(&held, ALPHA.1, "alpha-buy").await.header("x-cache"),
+        Some("MISS")
+    );
     eventually("the entry expires", Duration::from_secs(10), || async {
         let r = get(&held, &[("x-api-key", ALPHA.1), ("cache-control", "only-if-cached")]).await;
         r.status != StatusCode::OK
@@ -100,7 +107,11 @@ async fn a_402_shows_the_budget_net_of_the_holds_in_flight() {
         let client = client.clone();
         async move {
             let mut c = client.get_multiplexed_async_connection().await.ok()?;
-            let n: u64 = redis::cmd("HLEN").arg("pgw:l:{small}:held").query_async(&mut c).await.ok()?;
+            let n: u64 = redis::cmd("HLEN")
+                .arg("pgw:l:{small}:held")
+                .query_async(&mut c)
+                .await
+                .ok()?;
             (n > 0).then_some(())
         }
     })
@@ -109,7 +120,12 @@ async fn a_402_shows_the_budget_net_of_the_holds_in_flight() {
     for (i, gw) in gws.iter().enumerate() {
         let url = format!("{}{}", gw.base_url(), distinct_search(&sim, 1 + i as u32, 15));
         let refused = as_team(&url, SMALL.1, &format!("small-refused-{i}")).await;
-        assert_eq!(refused.status, StatusCode::PAYMENT_REQUIRED, "replica {i}: {}", refused.text());
+        assert_eq!(
+            refused.status,
+            StatusCode::PAYMENT_REQUIRED,
+            "replica {i}: {}",
+            refused.text()
+        );
         assert_eq!(refused.header("x-credits-limit"), Some("50"), "replica {i}");
         assert_eq!(
             refused.header_u64("x-credits-remaining"),

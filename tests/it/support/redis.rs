@@ -75,7 +75,11 @@ impl RedisServer {
         let sleeper = std::thread::spawn(move || {
             let client = redis::Client::open(url).expect("redis url");
             let mut c = client.get_connection().expect("a connection");
-            redis::cmd("DEBUG").arg("SLEEP").arg(secs).query::<()>(&mut c).expect("DEBUG SLEEP");
+            redis::cmd("DEBUG")
+                .arg("SLEEP")
+                .arg(secs)
+                .query::<()>(&mut c)
+                .expect("DEBUG SLEEP");
         });
         let socket = self.socket();
         eventually_blocking("redis is busy", Duration::from_secs(5), || {

@@ -129,7 +129,8 @@ impl RedisSentinel {
                 replicas.is_some_and(|r| {
                     r.iter().any(|m| {
                         m.get("port").is_some_and(|p| *p == port.to_string())
-                            && m.get("flags").is_some_and(|f| !f.contains("down") && !f.contains("disconnected"))
+                            && m.get("flags")
+                                .is_some_and(|f| !f.contains("down") && !f.contains("disconnected"))
                             && m.get("master-link-status").is_some_and(|l| l == "ok")
                     })
                 })

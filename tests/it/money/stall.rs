@@ -79,6 +79,7 @@ where
         unavailable += usize::from(r.status == StatusCode::SERVICE_UNAVAILABLE);
     }
     assert!(unavailable > 0, "the stall made reserves time out");
+    eprintln!("stall round {round}: {unavailable} of 6 misses answered 503 (reserve timed out)");
     end();
     let paid = paid.await.expect("the paid call");
     assert_eq!(paid.status, StatusCode::OK, "{}", paid.text());

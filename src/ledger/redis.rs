@@ -163,6 +163,15 @@ impl RedisLedger {
         self
     }
 
+    /// Settles (and their `WAIT`) on a connection of their own: a `WAIT`
+    /// blocks the connection it is sent on for up to its timeout when no
+    /// replica acknowledges (a stalled link), and reserves, reads and ends
+    /// must not queue behind it.
+    pub fn with_settle_connection(mut self, settles: Arc<RedisBackend>) -> RedisLedger {
+        self.settler = journal::Settler::new(settles, self.keys.clone(), Script::new(SETTLE), self.clock, self.lease);
+        self
+    }
+
     /// Holds `amount` for `team` unless that passes `limit`. The reserve
     /// carries its id and a deadline on Redis's clock (when this call stops
     /// waiting for it): Redis running it later holds nothing. A call that
@@ -270,6 +279,10 @@ impl RedisLedger {
                 .arg(deadline);
             inv
         };
+        // Not waited for (`WAIT` blocks the connection it is sent on, and
+        // every reserve shares this one): a hold lost at a failover lets the
+        // team overspend by at most the calls then in flight; their settles
+        // are journaled until a replica has them (docs/operations.md).
         let sent = Instant::now();
         let (code, spent, held, clock): (i64, u64, u64, u64) = self
             .redis

@@ -12,6 +12,10 @@
 //! a replica acknowledges it or the primary it lands on has none (then its
 //! AOF is all there is to wait for).
 //!
+//! Settles run on a connection of their own (`with_settle_connection`):
+//! a `WAIT` no replica answers blocks its connection for `WAIT_MS`, and
+//! reserves must not queue behind it. Reserves are not waited for.
+//!
 //! The journal is this process's: a replica that dies with settles in it
 //! loses them only if the primary dies too before its replica caught up.
 //! On a Redis Cluster settles are not waited for (docs/operations.md).
@@ -88,7 +92,7 @@ impl Settler {
     /// Applies one settle; `Ok(true)` once it is durable: a replica
     /// acknowledged it, or the primary has none to wait for.
     pub(super) async fn apply(&self, p: &Pending) -> Result<bool, BackendError> {
-        let replicas = self.replicas().await;
+        let replicas = self.replicas(true).await;
         let keys = LedgerKey::ALL.map(|k| self.keys.ledger(&p.team, k));
         let now = self.clock.now_ms();
         let mut inv = self.script.prepare_invoke();
@@ -104,7 +108,7 @@ impl Settler {
             .arg(now.saturating_sub(millis(self.lease).saturating_mul(2)))
             .arg(FORGET_PER_SETTLE)
             .arg(WALK_PER_SETTLE);
-        let wait_ms = WAIT_MS.min(millis(self.redis.timeout()) / 4).max(1);
+        let wait_ms = self.wait_ms();
         self.redis
             .call(RedisOp::LedgerSettle, |mut c| async move {
                 inv.invoke_async::<u64>(&mut c).await?;
@@ -117,6 +121,12 @@ impl Settler {
                 Ok(acked >= 1)
             })
             .await
+    }
+
+    /// How long a write waits for a replica's acknowledgement: [`WAIT_MS`],
+    /// at most a quarter of the Redis timeout the call runs under.
+    fn wait_ms(&self) -> u64 {
+        WAIT_MS.min(millis(self.redis.timeout()) / 4).max(1)
     }
 
     /// Keeps a settle no replica acknowledged, to be applied again.
@@ -135,15 +145,18 @@ impl Settler {
         self.journal.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// The primary's connected replicas. A count above 0 is kept for
-    /// [`REPLICAS_FRESH`] (a settle then waits, and one that finds none is
-    /// journaled anyway); "none" is read again for every settle, so a
-    /// replica that has just (re)joined is waited for at once. Unknown (the
-    /// read failed): one is assumed, erring towards waiting.
-    async fn replicas(&self) -> i64 {
+    /// The primary's connected replicas, as read within
+    /// [`REPLICAS_FRESH`]. For a settle (`recheck_none`) "none" is read
+    /// again every time, so a replica that has just (re)joined is waited
+    /// for at once (a count above 0 that is stale costs nothing: a settle
+    /// that finds no replica is journaled anyway); a reserve takes the
+    /// cached figure either way (no extra round trip on a Redis without
+    /// replicas). Unknown (the read failed): one is assumed, erring towards
+    /// waiting.
+    async fn replicas(&self, recheck_none: bool) -> i64 {
         let cached = *self.replicas.lock().unwrap_or_else(|p| p.into_inner());
         if let Some((n, at)) = cached {
-            if n > 0 && at.elapsed() < REPLICAS_FRESH {
+            if (n > 0 || !recheck_none) && at.elapsed() < REPLICAS_FRESH {
                 return n;
             }
         }

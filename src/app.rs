@@ -226,8 +226,18 @@ fn open_ledger<'c>(
             Duration::from_millis(config.quota.redis_timeout_ms),
             metrics.clone(),
         )?);
-        let ledger =
-            ledger::redis::RedisLedger::new(redis, &config.cache.redis_key_prefix, window, lease).with_clock(clock);
+        // Settles have a connection (and breaker) of their own: their
+        // `WAIT` for a replica must not hold up reserves (issue 39).
+        let settles = Arc::new(RedisBackend::with_tls(
+            key,
+            url.expose(),
+            tls,
+            Duration::from_millis(config.quota.redis_timeout_ms),
+            metrics.clone(),
+        )?);
+        let ledger = ledger::redis::RedisLedger::new(redis, &config.cache.redis_key_prefix, window, lease)
+            .with_clock(clock)
+            .with_settle_connection(settles);
         Ok((Ledger::Redis(ledger), Some((key, url))))
     } else {
         // Absolute, so an operator sees which ledger this is: a different

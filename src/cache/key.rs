@@ -136,6 +136,21 @@ pub(super) fn complete_key(route: Route, key: &str) -> Option<String> {
     Some(joined(COMPLETE_VERSION, path, &sizeless))
 }
 
+/// The page size a key asks for (`size`, or the documented default of 50
+/// that normalization drops); `None` on routes without `size`, for a
+/// verbatim query and for a value that is no page size.
+pub(super) fn size_of(route: Route, key: &str) -> Option<u64> {
+    if route.param("size") != Some(Param::Size) {
+        return None;
+    }
+    let (_, query) = key_parts(key)?;
+    let pairs = decode_pairs(query)?;
+    match pairs.iter().rev().find(|(k, _)| k == "size") {
+        None => Some(50),
+        Some((_, v)) => v.parse().ok(),
+    }
+}
+
 /// The key of the same first page asked with `include_count=true`, which
 /// holds the answer to `key` plus its count. `None` on a cursor page (the
 /// count is ignored there, so that key is `key` itself), on a page already

@@ -157,9 +157,11 @@ impl Cache {
             Some(tag) if !key::is_complete_index(key) => self.keys.entry_tagged(route, tag),
             _ => self.redis_key(route, key),
         };
+        let rkey = &rkey;
+        // A read: tried once more on a connection from after a failover.
         let bytes: Option<Vec<u8>> = redis
-            .call(RedisOp::CacheGet, |mut c| async move {
-                redis::cmd("GET").arg(&rkey).query_async(&mut c).await
+            .call_reconnecting(RedisOp::CacheGet, |mut c| async move {
+                redis::cmd("GET").arg(rkey).query_async(&mut c).await
             })
             .await
             .ok()
@@ -203,13 +205,14 @@ impl Cache {
             memory.insert(Arc::from(key), page).await;
         }
         if let Some(redis) = &self.redis {
-            let rkey = self.redis_key(entry.route, key);
-            let value = entry.encode();
+            let rkey = &self.redis_key(entry.route, key);
+            let value = &entry.encode();
             let px = life.as_millis() as u64;
+            // Idempotent (the same value): tried once more after a failover.
             let _ = redis
-                .call(RedisOp::CacheSet, |mut c| async move {
+                .call_reconnecting(RedisOp::CacheSet, |mut c| async move {
                     redis::cmd("SET")
-                        .arg(&rkey)
+                        .arg(rkey)
                         .arg(value)
                         .arg("PX")
                         .arg(px.max(1))

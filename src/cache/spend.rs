@@ -33,6 +33,13 @@ struct PageFacts {
     complete: bool,
 }
 
+impl PageFacts {
+    /// Billed one credit per record it holds: nothing was cut from it.
+    fn honest(&self, entry: &Entry) -> bool {
+        entry.credits == self.records
+    }
+}
+
 /// What a body says of itself; `None` when it is not a page envelope.
 fn page_facts(body: &[u8]) -> Option<PageFacts> {
     #[derive(Deserialize)]
@@ -101,11 +108,19 @@ pub(crate) enum Derivation {
 impl Cache {
     /// Files a complete page under its size-free index key too (both tiers,
     /// so every replica finds it). `page` is what the memory tier holds.
+    ///
+    /// Only an honest page is filed (issue 39): no cursor, no more records
+    /// than the size asked, and billed exactly one credit per record it
+    /// holds. A page billed for records it lacks (the upstream cut it) may
+    /// be complete at no size: it is served as it is, under its own key.
     pub(super) async fn file_complete(&self, key: &str, entry: &Arc<Entry>, page: &Arc<Entry>) {
         let Some(index) = key::complete_key(entry.route, key) else {
             return;
         };
-        if !page_facts(&entry.body).is_some_and(|f| f.complete) {
+        let Some(size) = key::size_of(entry.route, key) else {
+            return;
+        };
+        if !page_facts(&entry.body).is_some_and(|f| f.complete && f.records <= size && f.honest(entry)) {
             return;
         }
         self.put(&index, entry, page.clone()).await;
@@ -130,11 +145,16 @@ impl Cache {
             let Some((held, tier)) = self.lookup(route, &k).await else {
                 continue;
             };
-            let fits = match how {
-                // Same size: the very page, counted.
-                Derivation::Counted => true,
-                _ => page_facts(&held.body).is_some_and(|f| f.complete && f.records <= asked),
-            };
+            // Checked again on the way out: an index an older replica filed
+            // may hold a page billed above its records.
+            let fits = page_facts(&held.body).is_some_and(|f| {
+                f.honest(&held)
+                    && match how {
+                        // Same size: the very page, counted.
+                        Derivation::Counted => true,
+                        _ => f.complete && f.records <= asked,
+                    }
+            });
             if !fits {
                 continue;
             }

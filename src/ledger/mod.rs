@@ -60,7 +60,7 @@ pub enum Window {
 }
 
 /// Days of spend a rolling window keeps.
-const ROLLING_DAYS: u32 = 30;
+pub(crate) const ROLLING_DAYS: u32 = 30;
 
 impl Window {
     pub(crate) fn as_str(self) -> &'static str {
@@ -221,6 +221,18 @@ impl Ledger {
         match self {
             Ledger::File(l) => Ok(l.used(team, self.today())),
             Ledger::Redis(l) => l.used(team, self.today()).await,
+        }
+    }
+
+    /// Credits spent in the window plus those held by calls in flight:
+    /// what the team's budget headers subtract from its limit (issue 39),
+    /// the sum a reserve checks. Same freshness as [`Ledger::used`]; a
+    /// reserve on this replica refreshes it, so a 402 shows the figure
+    /// that refused it.
+    pub(crate) async fn committed(&self, team: &str) -> Result<u64, LedgerError> {
+        match self {
+            Ledger::File(l) => Ok(l.committed(team, self.today())),
+            Ledger::Redis(l) => l.committed(team, self.today()).await,
         }
     }
 

@@ -42,6 +42,7 @@
 //! index to go stale, at most twice the lease of marks, which the next
 //! upgrade prunes.
 
+mod journal;
 mod scripts;
 
 use super::saved::{SavedTally, FLUSH_EVERY};
@@ -49,11 +50,12 @@ use super::{new_id, LedgerError, Reservation, Reserved, TeamUsage, UsageRow, Win
 use crate::clock::Clock;
 use crate::metrics::RedisOp;
 use crate::redis_backend::keys::{Keys, LedgerKey};
-use crate::redis_backend::RedisBackend;
+use crate::redis_backend::{BackendError, RedisBackend};
 use crate::route::Route;
 use backon::{ExponentialBuilder, Retryable};
 use redis::Script;
-use scripts::{RESERVE, SETTLE};
+use scripts::{END, RESERVE, SETTLE};
+use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -66,20 +68,53 @@ pub const FORGET_PER_SETTLE: u64 = 64;
 /// ~0.15 ms a settle while the walk lasts, where the old script took ~100 ms).
 pub const WALK_PER_SETTLE: u64 = 16;
 
-/// team → (credits used, when it was read).
-type Recent = std::collections::HashMap<String, (u64, std::time::Instant)>;
+/// A team's figures as last read: settled spend, holds in flight, when.
+#[derive(Clone, Copy)]
+struct Figures {
+    spent: u64,
+    held: u64,
+    at: Instant,
+}
+
+/// A team's `held` hash: reservation id → "amount:expires_ms:day".
+type HeldRows = Vec<(String, String)>;
+
+/// team → its figures as last read.
+type Recent = std::collections::HashMap<String, Figures>;
+
+/// How long a team's figures answer the budget headers without a Redis
+/// round trip (docs/operations.md: how far replicas may disagree).
+const FRESH: Duration = Duration::from_secs(1);
+
+/// No estimate of Redis's clock yet.
+const NO_OFFSET: i64 = i64::MIN;
+
+/// What a reserve script answered.
+enum Reply {
+    /// Ran in time: `granted` or refused for budget; the team's spend and
+    /// holds (this one's included) as the script saw them.
+    Done { granted: bool, spent: u64, held: u64 },
+    /// Ran after its deadline (or its id had ended): held nothing.
+    /// `clock` is Redis's, in ms.
+    Late { clock: u64 },
+}
 
 pub struct RedisLedger {
     redis: Arc<RedisBackend>,
     /// Credits saved by hits, written every `FLUSH_EVERY` by a background task.
     saved: Arc<SavedTally>,
-    /// team → (credits used, when read): the budget headers of hits need no
-    /// Redis round trip each.
+    /// team → its spend and holds as last read: the budget headers of hits
+    /// need no Redis round trip each.
     recent: std::sync::Mutex<Recent>,
+    /// Redis's clock minus ours (ms), at most: the least a reserve's reply
+    /// showed. A reserve's deadline is set on Redis's clock with it.
+    clock_offset: AtomicI64,
     /// A team's keys, one `{team}` tag: a script's keys share a slot.
     keys: Keys,
     reserve: Script,
-    settle: Script,
+    /// Applies settles, waits for a replica, keeps the unacknowledged.
+    settler: Arc<journal::Settler>,
+    end: Script,
     lease: Duration,
     pub(super) window: Window,
     /// Days booked and reservation expiries (shifted only in tests).
@@ -92,13 +127,22 @@ impl RedisLedger {
         let saved = Arc::new(SavedTally::default());
         let keys = Keys::new(prefix);
         tokio::spawn(flush_saved(Arc::downgrade(&saved), redis.clone(), keys.clone()));
+        let settler = journal::Settler::new(
+            redis.clone(),
+            keys.clone(),
+            Script::new(SETTLE),
+            Clock::default(),
+            lease,
+        );
         RedisLedger {
             redis,
             saved,
             recent: Default::default(),
             keys,
             reserve: Script::new(RESERVE),
-            settle: Script::new(SETTLE),
+            settler,
+            end: Script::new(END),
+            clock_offset: AtomicI64::new(NO_OFFSET),
             lease,
             window,
             clock: Clock::default(),
@@ -108,9 +152,32 @@ impl RedisLedger {
     /// Books days and expiries on `clock` (tests: `quota.clock_offset_secs`).
     pub fn with_clock(mut self, clock: Clock) -> RedisLedger {
         self.clock = clock;
+        // Settles mark their time on the same clock as reserves.
+        self.settler = journal::Settler::new(
+            self.redis.clone(),
+            self.keys.clone(),
+            Script::new(SETTLE),
+            clock,
+            self.lease,
+        );
         self
     }
 
+    /// Settles (and their `WAIT`) on a connection of their own: a `WAIT`
+    /// blocks the connection it is sent on for up to its timeout when no
+    /// replica acknowledges (a stalled link), and reserves, reads and ends
+    /// must not queue behind it.
+    pub fn with_settle_connection(mut self, settles: Arc<RedisBackend>) -> RedisLedger {
+        self.settler = journal::Settler::new(settles, self.keys.clone(), Script::new(SETTLE), self.clock, self.lease);
+        self
+    }
+
+    /// Holds `amount` for `team` unless that passes `limit`. The reserve
+    /// carries its id and a deadline on Redis's clock (when this call stops
+    /// waiting for it): Redis running it later holds nothing. A call that
+    /// gives up (timeout, dropped connection) ends the id before it
+    /// answers, so a reserve still queued in Redis has exactly one outcome:
+    /// none (issue 39).
     pub async fn reserve(
         &self,
         team: &str,
@@ -119,8 +186,61 @@ impl RedisLedger {
         today: u32,
     ) -> Result<Reserved, LedgerError> {
         let id = new_id();
-        let now = self.clock.now_ms();
         let reserved_at = Instant::now();
+        let settle_by = reserved_at + self.lease.saturating_sub(Duration::from_secs(1));
+        let mut attempt = self.reserve_once(team, limit, amount, today, id).await;
+        // Refused as late although it answered in time: the estimate of
+        // Redis's clock was behind it (a failover to a host whose clock is
+        // ahead). Corrected from this reply; tried once more.
+        if let Ok(Reply::Late { clock }) = attempt {
+            self.learn_clock(clock, reserved_at, true);
+            attempt = self.reserve_once(team, limit, amount, today, id).await;
+        }
+        let reply = match attempt {
+            Ok(reply) => reply,
+            // Never sent: nothing to end.
+            Err(e @ BackendError::Open) => return Err(LedgerError(format!("ledger reserve: {e}"))),
+            Err(e) => {
+                // It may still run when Redis wakes: its id is ended first.
+                self.give_up(team, id, settle_by).await;
+                return Err(LedgerError(format!("ledger reserve: {e}")));
+            }
+        };
+        match reply {
+            Reply::Late { .. } => {
+                self.give_up(team, id, settle_by).await;
+                Err(LedgerError("ledger reserve: ran after its deadline".into()))
+            }
+            Reply::Done { granted, spent, held } => {
+                self.remember(team, spent, held);
+                Ok(match (granted, limit) {
+                    (false, Some(limit)) => Reserved::Rejected {
+                        used: spent.saturating_add(held),
+                        limit,
+                    },
+                    _ => Reserved::Granted(Reservation {
+                        id,
+                        team: team.to_string(),
+                        amount,
+                        settle_by,
+                    }),
+                })
+            }
+        }
+    }
+
+    /// One reserve script call (tried once more on a fresh connection
+    /// when the old one had dropped: a reserve that did not run holds
+    /// nothing, one that did is overwritten under the same id).
+    async fn reserve_once(
+        &self,
+        team: &str,
+        limit: Option<u64>,
+        amount: u64,
+        today: u32,
+        id: u64,
+    ) -> Result<Reply, BackendError> {
+        let now = self.clock.now_ms();
         // The order `scripts::RESERVE` reads them in.
         let keys = [
             LedgerKey::Days,
@@ -132,7 +252,18 @@ impl RedisLedger {
         ]
         .map(|k| self.keys.ledger(team, k));
         let limit_arg = limit.map_or(-1, |l| i64::try_from(l).unwrap_or(i64::MAX));
-        let invocation = || {
+        let timeout = millis(self.redis.timeout());
+        let invocation = |sent_ms: u64| {
+            let offset = self.clock_offset.load(Ordering::Acquire);
+            // Unknown until the first reply: then only the id's end guards.
+            let deadline = if offset == NO_OFFSET {
+                0
+            } else {
+                (i64::try_from(sent_ms).unwrap_or(i64::MAX))
+                    .saturating_add(offset)
+                    .saturating_add(i64::try_from(timeout).unwrap_or(i64::MAX))
+                    .max(1)
+            };
             let mut inv = self.reserve.prepare_invoke();
             for k in &keys {
                 inv.key(k);
@@ -144,30 +275,73 @@ impl RedisLedger {
                 .arg(now.saturating_add(millis(self.lease)))
                 .arg(id)
                 .arg(today)
-                .arg(UNSETTLED);
+                .arg(UNSETTLED)
+                .arg(deadline);
             inv
         };
-        // The first call after a Redis restart finds a dead connection:
-        // tried once more on a fresh one. A reserve that did not run holds
-        // nothing; one that did run is overwritten under the same id (held
-        // once; at the limit's very edge it may refuse: erring to count).
-        let (granted, used): (u64, u64) = self
+        // Not waited for (`WAIT` blocks the connection it is sent on, and
+        // every reserve shares this one): a hold lost at a failover lets the
+        // team overspend by at most the calls then in flight; their settles
+        // are journaled until a replica has them (docs/operations.md).
+        let sent = Instant::now();
+        let (code, spent, held, clock): (i64, u64, u64, u64) = self
             .redis
             .call_reconnecting(RedisOp::LedgerReserve, |mut c| {
-                let inv = invocation();
+                let inv = invocation(crate::clock::now_ms());
                 async move { inv.invoke_async(&mut c).await }
             })
-            .await
-            .map_err(|e| LedgerError(format!("ledger reserve: {e}")))?;
-        Ok(match (granted, limit) {
-            (0, Some(limit)) => Reserved::Rejected { used, limit },
-            _ => Reserved::Granted(Reservation {
-                id,
-                team: team.to_string(),
-                amount,
-                settle_by: reserved_at + self.lease.saturating_sub(Duration::from_secs(1)),
-            }),
+            .await?;
+        self.learn_clock(clock, sent, false);
+        Ok(match code {
+            -1 => Reply::Late { clock },
+            granted => Reply::Done {
+                granted: granted == 1,
+                spent,
+                held,
+            },
         })
+    }
+
+    /// Keeps the least (Redis clock − ours) a reply showed: it is never
+    /// below the true offset (Redis ran the script after we sent it), so a
+    /// deadline set with it never refuses a reserve that ran in time. A
+    /// reserve refused as late that still answered in time (`reset`)
+    /// replaces it.
+    fn learn_clock(&self, redis_ms: u64, sent: Instant, reset: bool) {
+        let sent_ms = crate::clock::now_ms().saturating_sub(millis(sent.elapsed()));
+        let sample = i64::try_from(redis_ms)
+            .unwrap_or(i64::MAX)
+            .saturating_sub(i64::try_from(sent_ms).unwrap_or(i64::MAX));
+        if reset {
+            self.clock_offset.store(sample, Ordering::Release);
+        } else {
+            let _ = self
+                .clock_offset
+                .fetch_update(Ordering::AcqRel, Ordering::Acquire, |old| {
+                    (old == NO_OFFSET || sample < old).then_some(sample)
+                });
+        }
+    }
+
+    /// A reserve this call gave up on: its id is ended in a task of its
+    /// own (retried until `settle_by`), waited for up to the Redis timeout
+    /// so that the end is on its way, queued behind the reserve, before
+    /// the caller answers; it lands whenever Redis can take it.
+    async fn give_up(&self, team: &str, id: u64, settle_by: Instant) {
+        let ender = self.ender(team);
+        let ending = tokio::spawn(async move { ender.end(id, settle_by).await });
+        let _ = tokio::time::timeout(self.redis.timeout(), ending).await;
+        self.recent_lock().remove(team);
+    }
+
+    fn ender(&self, team: &str) -> Ender {
+        Ender {
+            redis: self.redis.clone(),
+            keys: [LedgerKey::Held, LedgerKey::Settled, LedgerKey::SettledAt].map(|k| self.keys.ledger(team, k)),
+            script: self.end.clone(),
+            clock: self.clock,
+            team: team.to_string(),
+        }
     }
 
     /// Records the spend once, retrying a Redis that blips (a retry that
@@ -175,49 +349,34 @@ impl RedisLedger {
     /// reservation lapses into spend at its full amount.
     pub async fn settle(&self, r: Reservation, actual: u64, route: Route, today: u32) -> Result<(), LedgerError> {
         self.recent_lock().remove(&r.team);
-        // The order `scripts::SETTLE` reads them in.
-        let keys = LedgerKey::ALL.map(|k| self.keys.ledger(&r.team, k));
-        let once = || async {
-            let now = self.clock.now_ms();
-            let mut inv = self.settle.prepare_invoke();
-            for k in &keys {
-                inv.key(k);
-            }
-            inv.arg(r.id)
-                .arg(actual)
-                .arg(today)
-                .arg(route.as_str())
-                .arg(today.saturating_sub(super::ROLLING_DAYS + 32))
-                .arg(now)
-                .arg(now.saturating_sub(millis(self.lease).saturating_mul(2)))
-                .arg(FORGET_PER_SETTLE)
-                .arg(WALK_PER_SETTLE);
-            self.redis
-                .call(RedisOp::LedgerSettle, |mut c| async move {
-                    inv.invoke_async::<u64>(&mut c).await
-                })
-                .await
+        let pending = journal::Pending {
+            id: r.id,
+            team: r.team.clone(),
+            actual,
+            route: route.as_str(),
+            day: today,
         };
+        let once = || self.settler.apply(&pending);
         let settled = once.retry(until(r.settle_by)).await;
         self.recent_lock().remove(&r.team);
-        settled
-            .map(drop)
-            .map_err(|e| LedgerError(format!("ledger settle: {e}")))
+        match settled {
+            Ok(true) => Ok(()),
+            // On the primary, not yet on a replica: applied again until it is.
+            Ok(false) => {
+                self.settler.keep(pending);
+                Ok(())
+            }
+            Err(e) => Err(LedgerError(format!("ledger settle: {e}"))),
+        }
     }
 
     /// Frees the credits, retried like a settle; one that never lands lets
-    /// the reservation lapse into spend (over-, never under-charged).
+    /// the reservation lapse into spend (over-, never under-charged). The
+    /// id is marked ended, so a retried reserve of it that Redis runs later
+    /// holds nothing.
     pub(super) async fn release(&self, r: Reservation) {
-        let key = self.keys.ledger(&r.team, LedgerKey::Held);
-        let once = || async {
-            let key = key.clone();
-            self.redis
-                .call(RedisOp::LedgerRelease, |mut c| async move {
-                    redis::cmd("HDEL").arg(&key).arg(r.id).query_async::<u64>(&mut c).await
-                })
-                .await
-        };
-        let _ = once.retry(until(r.settle_by)).await;
+        self.ender(&r.team).end(r.id, r.settle_by).await;
+        self.recent_lock().remove(&r.team);
     }
 
     pub(super) fn record_saved(&self, team: &str, route: Route, credits: u64, today: u32) {
@@ -226,17 +385,67 @@ impl RedisLedger {
         }
     }
 
+    /// Settled spend in the window, for up to [`FRESH`] from memory.
     pub(super) async fn used(&self, team: &str, today: u32) -> Result<u64, LedgerError> {
-        let fresh = Duration::from_secs(1);
-        if let Some((used, at)) = self.recent_lock().get(team) {
-            if at.elapsed() < fresh {
-                return Ok(*used);
+        Ok(self.figures(team, today).await?.spent)
+    }
+
+    /// Settled spend plus holds in flight (what a reserve checks), for up
+    /// to [`FRESH`] from memory; a reserve on this replica refreshes it.
+    pub(super) async fn committed(&self, team: &str, today: u32) -> Result<u64, LedgerError> {
+        let f = self.figures(team, today).await?;
+        Ok(f.spent.saturating_add(f.held))
+    }
+
+    async fn figures(&self, team: &str, today: u32) -> Result<Figures, LedgerError> {
+        if let Some(f) = self.recent_lock().get(team) {
+            if f.at.elapsed() < FRESH {
+                return Ok(*f);
             }
         }
-        let used = self.usage(team, today).await?.used;
-        self.recent_lock()
-            .insert(team.to_string(), (used, std::time::Instant::now()));
-        Ok(used)
+        let days_key = self.keys.ledger(team, LedgerKey::Days);
+        let held_key = self.keys.ledger(team, LedgerKey::Held);
+        // One atomic read of both hashes (one slot: the team's tag).
+        let (days, holds): (Vec<(u32, u64)>, HeldRows) = self
+            .redis
+            .call_reconnecting(RedisOp::LedgerUsage, |mut c| {
+                let mut pipe = redis::pipe();
+                pipe.atomic()
+                    .cmd("HGETALL")
+                    .arg(&days_key)
+                    .cmd("HGETALL")
+                    .arg(&held_key);
+                async move { pipe.query_async(&mut c).await }
+            })
+            .await
+            .map_err(|e| LedgerError(format!("ledger usage: {e}")))?;
+        let spent = self.window_sum(days, today).iter().map(|(_, c)| c).sum();
+        let held = holds
+            .iter()
+            .filter_map(|(_, v)| v.split(':').next()?.parse::<u64>().ok())
+            .fold(0u64, u64::saturating_add);
+        Ok(self.remember(team, spent, held))
+    }
+
+    fn remember(&self, team: &str, spent: u64, held: u64) -> Figures {
+        let f = Figures {
+            spent,
+            held,
+            at: Instant::now(),
+        };
+        self.recent_lock().insert(team.to_string(), f);
+        f
+    }
+
+    /// The days of `days` inside the window, oldest first.
+    fn window_sum(&self, days: Vec<(u32, u64)>, today: u32) -> Vec<(u32, u64)> {
+        let first = self.window.first_day(today);
+        let mut daily: Vec<(u32, u64)> = days
+            .into_iter()
+            .filter(|(d, c)| *d >= first && *d <= today && *c > 0)
+            .collect();
+        daily.sort_unstable();
+        daily
     }
 
     fn recent_lock(&self) -> std::sync::MutexGuard<'_, Recent> {
@@ -244,20 +453,15 @@ impl RedisLedger {
     }
 
     pub async fn usage(&self, team: &str, today: u32) -> Result<TeamUsage, LedgerError> {
-        let key = self.keys.ledger(team, LedgerKey::Days);
+        let key = &self.keys.ledger(team, LedgerKey::Days);
         let days: Vec<(u32, u64)> = self
             .redis
-            .call(RedisOp::LedgerUsage, |mut c| async move {
-                redis::cmd("HGETALL").arg(&key).query_async(&mut c).await
+            .call_reconnecting(RedisOp::LedgerUsage, |mut c| async move {
+                redis::cmd("HGETALL").arg(key).query_async(&mut c).await
             })
             .await
             .map_err(|e| LedgerError(format!("ledger usage: {e}")))?;
-        let first = self.window.first_day(today);
-        let mut daily: Vec<(u32, u64)> = days
-            .into_iter()
-            .filter(|(d, c)| *d >= first && *d <= today && *c > 0)
-            .collect();
-        daily.sort_unstable();
+        let daily = self.window_sum(days, today);
         Ok(TeamUsage {
             used: daily.iter().map(|(_, c)| c).sum(),
             daily,
@@ -268,10 +472,11 @@ impl RedisLedger {
         let mut rows: Vec<UsageRow> = Vec::new();
         for team in teams {
             let key = self.keys.ledger(team, LedgerKey::Routes);
+            let key = &key;
             let fields: Vec<(String, u64)> = self
                 .redis
-                .call(RedisOp::LedgerRows, |mut c| async move {
-                    redis::cmd("HGETALL").arg(&key).query_async(&mut c).await
+                .call_reconnecting(RedisOp::LedgerRows, |mut c| async move {
+                    redis::cmd("HGETALL").arg(key).query_async(&mut c).await
                 })
                 .await
                 .map_err(|e| LedgerError(format!("ledger rows: {e}")))?;
@@ -317,6 +522,40 @@ impl RedisLedger {
     /// survives a Redis restart (AOF).
     pub(super) async fn check(&self) -> Result<&'static str, String> {
         self.redis.check_ledger_ready().await
+    }
+}
+
+/// What ends one team's unused reservation (`scripts::END`), owned so that
+/// the end can go on after its caller answered.
+struct Ender {
+    redis: Arc<RedisBackend>,
+    /// held, settled, settled_at.
+    keys: [String; 3],
+    script: Script,
+    clock: Clock,
+    team: String,
+}
+
+impl Ender {
+    /// Ends reservation `id`, retried until `settle_by`; one that never
+    /// lands lets a hold, if Redis made one, lapse into spend (over-, never
+    /// under-charged).
+    async fn end(&self, id: u64, settle_by: Instant) {
+        let once = || async {
+            let mut inv = self.script.prepare_invoke();
+            for k in &self.keys {
+                inv.key(k);
+            }
+            inv.arg(id).arg(self.clock.now_ms());
+            self.redis
+                .call(RedisOp::LedgerRelease, |mut c| async move {
+                    inv.invoke_async::<u64>(&mut c).await
+                })
+                .await
+        };
+        if let Err(e) = once.retry(until(settle_by)).await {
+            tracing::warn!(team = %self.team, error = %e, "ledger: a reservation could not be ended; it lapses into spend");
+        }
     }
 }
 

@@ -217,9 +217,11 @@ async fn reconcile(app: &App) {
     app.metrics.untracked_credits.set(untracked);
 }
 
-/// `X-Credits-Limit` and `X-Credits-Remaining` from the team's budget, and
-/// the used-credits gauge. A ledger that cannot answer just leaves them out.
-/// The limit is the one in force now (a reload during the request counts).
+/// `X-Credits-Limit` and `X-Credits-Remaining` from the team's budget:
+/// remaining = limit − spent − held (issue 39: the holds of calls in flight
+/// are budget nobody can spend, as a reserve counts them). A ledger that
+/// cannot answer just leaves them out. The limit is the one in force now
+/// (a reload during the request counts).
 pub(super) async fn team_budget_headers(app: &App, team: &str, headers: &mut HeaderMap) {
     let (limit, limit_header) = {
         let teams = app.teams.load();
@@ -229,14 +231,14 @@ pub(super) async fn team_budget_headers(app: &App, team: &str, headers: &mut Hea
             _ => return,
         }
     };
-    let Ok(used) = app.ledger.used(team).await else {
+    let Ok(committed) = app.ledger.committed(team).await else {
         app.metrics.ledger_error(LedgerOp::Usage);
         return;
     };
     // The `gateway_team_credits_used` gauge is set at scrape time (admin),
     // not here on every answer.
     headers.insert(X_CREDITS_LIMIT, limit_header);
-    headers.insert(X_CREDITS_REMAINING, number_header(limit.saturating_sub(used)));
+    headers.insert(X_CREDITS_REMAINING, number_header(limit.saturating_sub(committed)));
 }
 
 #[cfg(test)]

@@ -212,7 +212,10 @@ async fn fetch_upstream(app: &Arc<App>, job: &Job) -> Outcome {
         return Err(e);
     }
     if resp.status == StatusCode::OK && !is_json(&resp) {
-        return Err(GatewayError::UpstreamInvalid("Upstream sent a malformed answer"));
+        // Settled above at what its head billed (a cut body is still a
+        // bill): the error carries it to the answer and the access line.
+        let invalid = GatewayError::UpstreamInvalid("Upstream sent a malformed answer");
+        return Err(invalid.billed_at(charge.credits));
     }
     let etag = (resp.status == StatusCode::OK).then(|| etag_of(&resp.body));
     // 13. Store.

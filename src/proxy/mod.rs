@@ -72,11 +72,14 @@ pub(crate) async fn handle<B>(app: Arc<App>, req: Request<B>, mark: Option<Conne
             e.into_response()
         }
     };
-    // 15. The team's budget, as the upstream shows the org's: on answers
-    //     and on 402s, omitted for unlimited teams.
+    // 15. The team's budget, as the upstream shows the org's: on metered
+    //     answers and on 402s, omitted for unlimited teams. Credit-exempt
+    //     routes carry none, for any team: the upstream sends none there
+    //     (issue 39), and `/v2/usage` says it in its body.
     if let Some(team) = ctx.team.as_deref() {
         let status = resp.status().as_u16();
-        if resp.status().is_success() || status == 304 || status == 402 {
+        let metered = ctx.route.is_some_and(Route::is_metered);
+        if (metered && (resp.status().is_success() || status == 304)) || status == 402 {
             credits::team_budget_headers(&app, &team.name, resp.headers_mut()).await;
         }
     }
@@ -127,6 +130,21 @@ async fn pipeline<B>(
         None => route::classify(req.uri(), app.config.server.max_uri_bytes)?,
     };
     ctx.route = Some(target.route);
+    if target.route == Route::Other {
+        // A path no vendor operation has: the vendor's server answers it
+        // with a free 404 before it looks at the key, and so do we, before
+        // anything is reserved or sent (issue 39: a guessed reservation
+        // refused teams near their limit what the upstream gives for free).
+        // The path is logged (the lead behind alert
+        // GatewayUnknownVendorOperation; the query stays out) only for a
+        // valid token: a token-less peer's paths are no news of the
+        // vendor's, and its lines must not crowd the log queue (telemetry).
+        if let Ok(team) = app.teams.load().authenticate(req.headers()) {
+            tracing::info!(request_id = %ctx.request_id, team = %team.name, path = %target.path, "unknown /v2 path (route other): 404");
+            ctx.team = Some(team);
+        }
+        return Err(GatewayError::NotFound);
+    }
     // 3. Authenticate before anything costs money or reveals data.
     let team = app.teams.load().authenticate(req.headers())?;
     ctx.team = Some(team.clone());
@@ -137,13 +155,6 @@ async fn pipeline<B>(
         if !mark.team_seen(&team.name) {
             return Err(GatewayError::AnswersBusy);
         }
-    }
-    if target.route == Route::Other {
-        // The one place an operator learns which path the vendor may have
-        // added (alert GatewayUnknownVendorOperation); the query stays out.
-        // After authentication: a token-less peer's paths are no news of
-        // the vendor's, and its lines must not crowd the log (telemetry).
-        tracing::info!(request_id = %ctx.request_id, path = %target.path, "unknown /v2 path, routed as other");
     }
     // The request's span, only now that its team is known: an anonymous
     // peer's `traceparent`, sampled or not, makes no span and exports

@@ -94,6 +94,11 @@ impl RedisBackend {
         })
     }
 
+    /// How long a call waits for its reply.
+    pub(crate) fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
     /// Runs one command (or pipeline, or script invocation) under the
     /// timeout and the breaker. `op` labels the error metric.
     pub(crate) async fn call<T, F, Fut>(&self, op: RedisOp, f: F) -> Result<T, BackendError>
@@ -141,15 +146,19 @@ impl RedisBackend {
     /// As [`RedisBackend::call`], tried once more when the connection had
     /// dropped: after a Redis restart the first call of an idle replica
     /// finds its old connection dead (the manager reconnects only then), and
-    /// a budget must not answer 503 for that. Once: a Redis that is down
-    /// stays a quick failure.
+    /// a budget must not answer 503 for that. After a Sentinel failover the
+    /// old connection may also reach a demoted primary (`READONLY`): the
+    /// Sentinel connection is dropped then and the retry asks the Sentinels
+    /// again (issue 39). Once: a Redis that is down stays a quick failure.
+    /// Only for reads and idempotent writes (a script that runs twice
+    /// counts once: reserve by id, settle and end by their marks).
     pub(crate) async fn call_reconnecting<T, F, Fut>(&self, op: RedisOp, f: F) -> Result<T, BackendError>
     where
         F: Fn(Conn) -> Fut,
         Fut: std::future::Future<Output = redis::RedisResult<T>>,
     {
         match self.call(op, &f).await {
-            Err(BackendError::Redis(e)) if e.is_connection_dropped() || e.is_io_error() => {
+            Err(BackendError::Redis(e)) if stale_connection(&e) => {
                 tracing::info!(
                     op = op.as_str(),
                     "redis connection dropped: retrying once on a fresh one"
@@ -192,4 +201,12 @@ impl RedisBackend {
         .await
         .map(|_| ())
     }
+}
+
+/// An error of a connection from before a restart or a failover: dropped,
+/// or to a primary since demoted.
+fn stale_connection(e: &redis::RedisError) -> bool {
+    e.is_connection_dropped()
+        || e.is_io_error()
+        || e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::ReadOnly)
 }

@@ -166,6 +166,21 @@ impl RedisBackend {
         Ok("ok")
     }
 
+    /// How many replicas the (one) primary has connected (`INFO
+    /// replication`: `connected_slaves`); 0 on a Cluster, whose settles are
+    /// not waited for (a `WAIT` there would reach a node of no slot).
+    pub(crate) async fn connected_replicas(&self, op: RedisOp) -> Result<i64, BackendError> {
+        if self.is_cluster() {
+            return Ok(0);
+        }
+        let text: String = self
+            .call(op, |mut c| async move {
+                redis::cmd("INFO").arg("replication").query_async(&mut c).await
+            })
+            .await?;
+        Ok(info_field(&text, "connected_slaves").unwrap_or(0))
+    }
+
     /// Each primary streams to at least one replica that finished its sync
     /// (`INFO replication`: a `slaveN:` line with `state=online`).
     async fn every_primary_has_a_synced_replica(&self) -> bool {

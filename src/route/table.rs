@@ -29,8 +29,9 @@ pub enum Cost {
     /// One credit per record of an id lookup: at worst one per `id` asked
     /// for (≤ 50).
     Ids,
-    /// A path the table does not know: metered, since it cannot be proven
-    /// free; at worst its ids, else its page size.
+    /// A path the table does not know (route `other`): answered 404 by the
+    /// gateway before any reserve, as the vendor answers it (issue 39). Its
+    /// estimate (its ids, else its page size) is never reserved.
     Unknown,
 }
 

@@ -134,6 +134,11 @@ async fn a_team_with_no_credits_left_can_call_every_free_operation() {
             "{path}: a free call refused for budget"
         );
         assert!(reached_upstream(&sim, &path), "{path} did not reach the upstream");
+        // Issue 39: no budget headers either, for a team with a limit (the
+        // upstream sends none on credit-exempt operations).
+        for name in ["x-credits-request", "x-credits-limit", "x-credits-remaining"] {
+            assert_eq!(r.header(name), None, "{path} ({}): {name} on a free route", r.status);
+        }
         if sim_serves(&path) {
             assert_eq!(r.status, StatusCode::OK, "{path}: {}", r.text());
             assert_eq!(
@@ -145,6 +150,16 @@ async fn a_team_with_no_credits_left_can_call_every_free_operation() {
         free += 1;
     }
     assert_eq!(free, 14, "the table's free operations, usage aside");
+    // The team's own usage: the budget is in the body, no header carries it.
+    let usage = small.get("/v2/usage").request_id("small-usage").await;
+    assert_eq!(usage.status, StatusCode::OK);
+    assert_eq!(usage.json()["credit_limit"], 10);
+    for name in ["x-credits-request", "x-credits-limit", "x-credits-remaining"] {
+        assert_eq!(usage.header(name), None, "/v2/usage: {name}");
+    }
+    // The budget stays visible where money is at stake: on the 402 above.
+    assert_eq!(one.header("x-credits-limit"), Some("10"));
+    assert_eq!(one.header_u64("x-credits-remaining"), Some(0));
     assert_eq!(small.used().await, 10, "free calls cost nothing");
     assert_ledger_matches(&sim, &gw.admin_url(), &[SMALL.0]).await;
 }
@@ -182,12 +197,12 @@ async fn an_id_lookup_reserves_one_credit_per_id() {
     let r = small.get(lookup(4)).request_id("small-four").await;
     assert_eq!(r.status, StatusCode::PAYMENT_REQUIRED, "{}", r.text());
     assert_eq!(r.json()["detail"]["limit"], 13);
-    // An unknown path reserves its ids too: four do not fit either.
+    // An unknown path reserves nothing: the vendor's free 404 (issue 39).
     let unknown = small
         .get(Query::by_id("permit_records", &["a", "b", "c", "d"]))
         .request_id("small-unknown")
         .await;
-    assert_eq!(unknown.status, StatusCode::PAYMENT_REQUIRED, "{}", unknown.text());
+    assert_eq!(unknown.status, StatusCode::NOT_FOUND, "{}", unknown.text());
     assert_eq!(
         sim.stats().requests_total,
         before,
@@ -324,27 +339,43 @@ async fn non_canonical_paths_are_the_upstreams_404_and_never_cached() {
     assert_eq!(anonymous.status, StatusCode::NOT_FOUND);
 }
 
+/// Issue 39, point 8: a path no vendor operation has is the vendor's free
+/// 404, answered before any reservation, for a team with no credit left as
+/// for any other; nothing reaches the upstream and nothing is spent.
 #[tokio::test]
-async fn unknown_v2_paths_go_upstream_as_other_and_are_counted() {
+async fn unknown_v2_paths_are_the_vendors_free_404_and_reserve_nothing() {
     let sim = start_sim(unlimited()).await;
-    let gw = gateway_with_budget(&sim, 1000).await;
+    let gw = gateway_with_budget(&sim, 10).await;
     let small = Client::new(gw.base_url(), SMALL.1);
-    let r = small
-        .get(Query::new("/v2/states/CA/metrics/monthly").size(3))
-        .request_id("small-new")
-        .await;
-    assert_eq!(r.status, StatusCode::NOT_FOUND, "the simulator has no such operation");
-    assert!(
-        reached_upstream(&sim, "/v2/states/CA/metrics/monthly"),
-        "unknown paths are forwarded"
-    );
+    spend(&small, &sim, 10).await;
+    let before = sim.stats().requests_total;
+    let paths = [
+        Query::new("/v2/states/CA/metrics/monthly").size(3).to_string(),
+        "/v2/permit_records?id=a&id=b".to_string(),
+        "/v2/permits/search/extra?size=100".to_string(),
+        "/v2/nothing".to_string(),
+        "/v2/contractors/x/reviews?size=50".to_string(),
+    ];
+    let mut bodies = Vec::new();
+    for path in &paths {
+        let r = small.get(path).request_id("small-unknown").await;
+        assert_eq!(r.status, StatusCode::NOT_FOUND, "{path}: {}", r.text());
+        assert_eq!(r.json()["detail"], "Not Found", "{path}");
+        for name in ["x-credits-request", "x-credits-limit", "x-credits-remaining"] {
+            assert_eq!(r.header(name), None, "{path}: {name}");
+        }
+        bodies.push(r.body);
+    }
+    assert_eq!(sim.stats().requests_total, before, "nothing reached the upstream");
+    assert_eq!(small.used().await, 10, "nothing reserved or spent");
+    // What the vendor answers for the same paths, byte for byte.
+    for (path, body) in paths.iter().zip(&bodies) {
+        let direct = Client::upstream(&sim).get(path).await;
+        assert_eq!(direct.status, StatusCode::NOT_FOUND, "{path}");
+        assert_eq!(&direct.body, body, "{path}: the vendor's body");
+    }
     let metrics = crate::support::probe::scrape(&gw.admin_url()).await;
-    let upstream = metrics.sum(
-        "gateway_upstream_requests_total",
-        &[("route", "other"), ("status", "404")],
-    );
-    assert_eq!(upstream, 1.0, "counted under route=\"other\"");
-    let requests = metrics.sum("gateway_requests_total", &[("route", "other"), ("team", SMALL.0)]);
-    assert_eq!(requests, 1.0);
+    let requests = metrics.sum("gateway_requests_total", &[("route", "other"), ("status", "404")]);
+    assert_eq!(requests, 5.0, "counted under route=\"other\"");
     assert_ledger_matches(&sim, &gw.admin_url(), &[SMALL.0]).await;
 }

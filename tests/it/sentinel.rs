@@ -7,9 +7,10 @@
 
 use crate::support::gateway::{Setup, ALPHA};
 use crate::support::http::get;
+use crate::support::query::Query;
 use crate::support::redis_sentinel::{RedisSentinel, DOWN_AFTER_MS};
 use crate::support::sim::{start_sim, unlimited};
-use crate::support::traffic::{as_team, assert_settled_spend_survived, distinct_searches};
+use crate::support::traffic::{as_team, assert_settled_spend_survived, charged_to, distinct_searches, ledger_used};
 use crate::support::wait::eventually;
 use http::StatusCode;
 use permit_gateway::Running;
@@ -157,6 +158,144 @@ async fn a_primary_killed_under_load_is_followed_and_the_ledger_kept() {
     let ready = get(&format!("{}/readyz", gws[0].admin_url()), &[]).await;
     assert_eq!(ready.status, StatusCode::OK, "{}", ready.text());
 
+    let admins: Vec<String> = gws.iter().map(|gw| gw.admin_url()).collect();
+    assert_settled_spend_survived(&sim, &admins, "alpha", "alpha-").await;
+}
+
+/// The team's `/v2/usage` through gateway `gw`: status and credits used.
+async fn usage(gw: &Running) -> (StatusCode, Option<u64>) {
+    let r = as_team(&format!("{}/v2/usage", gw.base_url()), ALPHA.1, "alpha-usage").await;
+    (r.status, r.json()["credits_used"].as_u64())
+}
+
+/// Issue 39, point 2: the replica sits behind a link that stops forwarding
+/// (its ACKs still flow, so `min-replicas-max-lag` does not trip). Three
+/// billed misses (41 credits) are settled on the primary; no replica
+/// acknowledges them (`WAIT`), so the gateway keeps them in its journal.
+/// The primary is killed and the replica promoted: the journal applies
+/// them to the new primary, and the ledger equals what the upstream
+/// charged (before: 6 against 47).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn settles_a_stalled_replica_never_got_survive_the_failover() {
+    let redis = tokio::task::spawn_blocking(RedisSentinel::start_behind_relay)
+        .await
+        .expect("sentinels up");
+    let redis = Arc::new(Mutex::new(redis));
+    let url = redis
+        .lock()
+        .expect("setup")
+        .url(crate::support::redis_sentinel::SERVICE);
+    let sim = start_sim(unlimited()).await;
+    let gw = on_sentinel(&url).start(&sim).await;
+    let s = sim.samples();
+    let search = |i: u32, size: u32| format!("{}{}", gw.base_url(), Query::distinct(&s, i).size(size));
+    let warm = as_team(&search(0, 6), ALPHA.1, "alpha-warm").await;
+    assert_eq!(warm.status, StatusCode::OK, "{}", warm.text());
+    redis.lock().expect("setup").stall_replication();
+    for (i, size) in [(1, 10), (2, 15), (3, 16)] {
+        let r = as_team(&search(i, size), ALPHA.1, &format!("alpha-stalled-{i}")).await;
+        assert_eq!(r.status, StatusCode::OK, "{}", r.text());
+        assert_eq!(r.credits_request(), Some(u64::from(size)));
+    }
+    let charged = charged_to(&sim, "alpha-");
+    assert_eq!(charged, 47);
+    let r = redis.clone();
+    let victim = tokio::task::spawn_blocking(move || r.lock().expect("setup").kill_primary())
+        .await
+        .expect("kill");
+    let r = redis.clone();
+    tokio::task::spawn_blocking(move || r.lock().expect("setup").wait_failover(victim, Duration::from_secs(20)))
+        .await
+        .expect("failover");
+    let used = eventually(
+        "the ledger on the new primary equals the upstream",
+        Duration::from_secs(20),
+        || async {
+            match usage(&gw).await {
+                (StatusCode::OK, Some(used)) if used == charged => Some(used),
+                _ => None,
+            }
+        },
+    )
+    .await;
+    eprintln!("stalled replication: ledger {used} after the failover, upstream charged {charged}");
+    assert_eq!(ledger_used(&gw.admin_url(), "alpha").await, charged);
+}
+
+/// Issue 39, point 3: a Sentinel failover under load, five times over
+/// (the killed primary rejoins as a replica before the next): once the
+/// Sentinels name the new primary and the load is served again, the team's
+/// `/v2/usage` and a new miss answer 200 on every gateway at the first try.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_first_ledger_call_after_each_of_five_failovers_succeeds() {
+    let redis = tokio::task::spawn_blocking(RedisSentinel::start_for_repeated_failovers)
+        .await
+        .expect("sentinels up");
+    let redis = Arc::new(Mutex::new(redis));
+    let url = redis
+        .lock()
+        .expect("setup")
+        .url(crate::support::redis_sentinel::SERVICE);
+    let sim = start_sim(unlimited()).await;
+    let setup = on_sentinel(&url);
+    let gws = Arc::new(vec![setup.start(&sim).await, setup.start(&sim).await]);
+    let paths = distinct_searches(&sim, 21000, 1);
+    let (load, probes) = paths.split_at(20000);
+    let (stop, log): (Arc<AtomicBool>, Log) = Default::default();
+    let start = Instant::now();
+    let workers = start_load(&gws, Arc::new(load.to_vec()), &stop, &log);
+    let mut probe = 0;
+    for round in 0..5 {
+        let killed_at = start.elapsed();
+        let r = redis.clone();
+        let victim = tokio::task::spawn_blocking(move || r.lock().expect("setup").kill_primary())
+            .await
+            .expect("kill");
+        let r = redis.clone();
+        tokio::task::spawn_blocking(move || r.lock().expect("setup").wait_failover(victim, Duration::from_secs(20)))
+            .await
+            .expect("failover");
+        let promoted_at = start.elapsed();
+        eventually(
+            "every gateway serves the load again",
+            Duration::from_secs(20),
+            || async {
+                (0..gws.len()).all(|g| {
+                    log.lock()
+                        .expect("log")
+                        .iter()
+                        .any(|(t, rep, s)| *t > promoted_at && *rep == g && *s == StatusCode::OK)
+                })
+            },
+        )
+        .await;
+        eprintln!(
+            "failover {round}: promoted {:?} after the kill, served again {:?} after",
+            promoted_at - killed_at,
+            start.elapsed() - killed_at
+        );
+        for gw in gws.iter() {
+            let (status, _) = usage(gw).await;
+            assert_eq!(status, StatusCode::OK, "round {round}: /v2/usage after the failover");
+            let url = format!("{}{}", gw.base_url(), probes[probe]);
+            let miss = as_team(&url, ALPHA.1, &format!("alpha-probe-{probe}")).await;
+            assert_eq!(
+                miss.status,
+                StatusCode::OK,
+                "round {round}: a miss after the failover: {}",
+                miss.text()
+            );
+            probe += 1;
+        }
+        let r = redis.clone();
+        tokio::task::spawn_blocking(move || r.lock().expect("setup").rejoin(victim, Duration::from_secs(30)))
+            .await
+            .expect("rejoin");
+    }
+    stop.store(true, Ordering::Release);
+    for w in workers {
+        w.await.expect("worker");
+    }
     let admins: Vec<String> = gws.iter().map(|gw| gw.admin_url()).collect();
     assert_settled_spend_survived(&sim, &admins, "alpha", "alpha-").await;
 }

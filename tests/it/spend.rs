@@ -10,7 +10,7 @@ use crate::support::gateway::{team, Setup, ALPHA};
 use crate::support::http::Reply;
 use crate::support::query::Query;
 use crate::support::redis::RedisServer;
-use crate::support::sim::{start_sim, unlimited, Sim};
+use crate::support::sim::{start_sim, unlimited, FaultKind, Faults, Sim};
 use crate::support::traffic::{assert_ledger_matches, charged_to, ledger_used};
 use http::StatusCode;
 use permit_gateway::Running;
@@ -265,4 +265,55 @@ async fn a_clamped_team_gets_what_its_credits_cover_and_a_cursor() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_clamped_team_gets_what_its_credits_cover_on_two_replicas() {
     clamped_pages(2).await;
+}
+
+/// Issue 39, point 4: the upstream answers a search with fewer records
+/// than it holds (the first one only), no cursor, billed for all of them.
+/// That page is served as it is to the query that bought it, but it is no
+/// complete answer: another size of the same search, on either replica,
+/// goes to the upstream and gets the whole answer.
+async fn a_page_billed_above_its_records_answers_no_other_size(n_replicas: usize) {
+    let redis = (n_replicas > 1).then(RedisServer::start);
+    let sim = start_sim(unlimited()).await;
+    let (path, n) = small_search(&sim).await;
+    let gws = replicas(n_replicas, &sim, redis.as_ref(), Setup::new()).await;
+    let before = sim.stats().requests_total;
+    sim.set_faults(Faults {
+        kind: FaultKind::PartialRecords,
+        count: Some(1),
+        ..Default::default()
+    });
+    let cut = alpha_on(&gws, 0)
+        .get(path.clone().size(n + 5))
+        .request_id("alpha-cut")
+        .expect_status(StatusCode::OK)
+        .await;
+    assert_eq!(records(&cut), 1, "the upstream sent one record");
+    assert!(cut.json()["next_cursor"].is_null());
+    assert_eq!(cut.credits_request(), Some(n as u64), "billed for {n}");
+    for (i, size) in [100, n].into_iter().enumerate() {
+        let r = alpha_on(&gws, i + 1)
+            .get(path.clone().size(size))
+            .request_id(&format!("alpha-whole-{i}"))
+            .expect_status(StatusCode::OK)
+            .await;
+        assert_eq!(r.x_cache(), Some(if i == 0 { "MISS" } else { "HIT" }), "size {size}");
+        assert_eq!(records(&r), n, "size {size}: the whole answer, not the cut page");
+    }
+    assert_eq!(
+        sim.stats().requests_total - before,
+        2,
+        "the cut page and one honest page (which then answers size n)"
+    );
+    assert_ledger_matches(&sim, &gws[0].admin_url(), &["alpha"]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_page_billed_above_its_records_is_not_served_for_another_size() {
+    a_page_billed_above_its_records_answers_no_other_size(1).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_page_billed_above_its_records_is_not_served_for_another_size_on_two_replicas() {
+    a_page_billed_above_its_records_answers_no_other_size(2).await;
 }

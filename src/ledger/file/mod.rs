@@ -308,6 +308,18 @@ impl FileLedger {
         window_sum(self.lock().days.get(team), self.window.first_day(today))
     }
 
+    /// Settled spend plus the holds in flight: what `reserve` compares
+    /// with the limit.
+    pub(super) fn committed(&self, team: &str, today: u32) -> u64 {
+        let s = self.lock();
+        let held = s
+            .held
+            .values()
+            .filter(|h| h.team == team)
+            .fold(0u64, |sum, h| sum.saturating_add(h.amount));
+        window_sum(s.days.get(team), self.window.first_day(today)).saturating_add(held)
+    }
+
     pub(super) fn usage(&self, team: &str, today: u32) -> TeamUsage {
         let s = self.lock();
         let first = self.window.first_day(today);

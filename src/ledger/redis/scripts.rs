@@ -4,11 +4,27 @@
 //! one slot.
 
 /// KEYS: days, held, routes, settled, settled_at, lapsed. ARGV: amount,
-/// limit (-1: none), now, first day, expires, id, today, unsettled route.
+/// limit (-1: none), now, first day, expires, id, today, unsettled route,
+/// deadline (Redis's own clock, ms; 0: none).
+/// Returns {granted (1), refused for budget (0) or too late (-1), spent,
+/// held after it, Redis's clock in ms}.
+///
+/// **One outcome per reservation** (issue 39): a reserve that Redis runs
+/// after its deadline (it sat behind `DEBUG SLEEP`, a stopped process, a
+/// slow script), or whose id has already ended (its caller gave up and
+/// released it first), holds nothing: its caller answered without it.
+/// The clock is Redis's (`TIME`, allowed before writes with effects
+/// replication, the only mode since Redis 7).
 /// Lapsed holds become spend on the later of their day and today's, marked
 /// settled (and indexed) so a late settle counts them once; `lapsed` keeps
 /// what they counted, for a late settle's excess.
 pub(super) const RESERVE: &str = r#"
+local t = redis.call('TIME')
+local clock = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local deadline = tonumber(ARGV[9])
+if (deadline > 0 and clock > deadline) or redis.call('HEXISTS', KEYS[4], ARGV[6]) == 1 then
+  return {-1, 0, 0, clock}
+end
 local now = tonumber(ARGV[3])
 local holds = redis.call('HGETALL', KEYS[2])
 local held = 0
@@ -40,10 +56,10 @@ end
 local limit = tonumber(ARGV[2])
 local amount = tonumber(ARGV[1])
 if limit >= 0 and spent + held + amount > limit then
-  return {0, spent + held}
+  return {0, spent, held, clock}
 end
 redis.call('HSET', KEYS[2], ARGV[6], amount .. ':' .. ARGV[5] .. ':' .. ARGV[7])
-return {1, spent + held}
+return {1, spent, held + amount, clock}
 "#;
 
 /// KEYS: days, held, routes, settled, settled_at, settled_scan, lapsed.
@@ -111,4 +127,15 @@ if redis.call('HLEN', KEYS[4]) > redis.call('ZCARD', KEYS[5]) then
   end
 end
 return 1
+"#;
+
+/// KEYS: held, settled, settled_at. ARGV: id, now. Ends a reservation that
+/// was never used: marks it ended (so a reserve of that id that Redis runs
+/// later holds nothing) and drops its hold. Idempotent; the mark is
+/// forgotten with the settles' marks (twice the lease).
+pub(super) const END: &str = r#"
+if redis.call('HSETNX', KEYS[2], ARGV[1], ARGV[2]) == 1 then
+  redis.call('ZADD', KEYS[3], ARGV[2], ARGV[1])
+end
+return redis.call('HDEL', KEYS[1], ARGV[1])
 "#;

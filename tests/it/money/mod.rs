@@ -20,6 +20,8 @@ mod leases;
 mod live_team;
 mod marks;
 mod slow_ledger;
+mod stall;
+mod truth;
 mod upstream_numbers;
 
 /// `n` gateways in front of `sim`: one alone (file ledger, no Redis), or

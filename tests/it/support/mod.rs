@@ -32,6 +32,7 @@ pub mod redis_tls;
 pub mod relay;
 pub mod secrets;
 pub mod sim;
+pub mod stall_relay;
 pub mod tls;
 pub mod traffic;
 pub mod wait;

@@ -66,6 +66,34 @@ impl RedisServer {
         assert!(status.success(), "kill -{sig} redis failed");
     }
 
+    /// Keeps Redis busy for `secs` (`DEBUG SLEEP` on a connection of its
+    /// own, in a thread): every other client waits, its commands queued.
+    /// Returns once Redis is seen busy (a PING on another connection does
+    /// not answer within 100 ms); join the handle for the end of the sleep.
+    pub fn busy_for(&self, secs: f64) -> std::thread::JoinHandle<()> {
+        let url = self.url();
+        let sleeper = std::thread::spawn(move || {
+            let client = redis::Client::open(url).expect("redis url");
+            let mut c = client.get_connection().expect("a connection");
+            redis::cmd("DEBUG")
+                .arg("SLEEP")
+                .arg(secs)
+                .query::<()>(&mut c)
+                .expect("DEBUG SLEEP");
+        });
+        let socket = self.socket();
+        eventually_blocking("redis is busy", Duration::from_secs(5), || {
+            use std::io::{Read, Write};
+            let Ok(mut s) = std::os::unix::net::UnixStream::connect(&socket) else {
+                return false;
+            };
+            let _ = s.set_read_timeout(Some(Duration::from_millis(100)));
+            let mut buf = [0u8; 7];
+            s.write_all(b"PING\r\n").is_ok() && s.read_exact(&mut buf).is_err()
+        });
+        sleeper
+    }
+
     pub fn is_running(&self) -> bool {
         self.child.is_some()
     }
@@ -76,6 +104,9 @@ impl RedisServer {
             .args(["--port", "0", "--unixsocket"])
             .arg(&socket)
             .args(["--unixsocketperm", "700", "--save", "", "--appendonly", "no"])
+            // `DEBUG SLEEP` makes Redis busy, as a slow script or a big
+            // `KEYS` would (issue 39, tests/it/money/stall.rs).
+            .args(["--enable-debug-command", "yes"])
             .arg("--dir")
             .arg(self.dir.path())
             .stdout(Stdio::null())

@@ -8,6 +8,7 @@
 
 use super::redis_proc::RedisProc;
 use super::redis_tls::free_port;
+use super::stall_relay::StallRelay;
 use super::wait::eventually_blocking;
 use std::process::Command;
 use std::time::Duration;
@@ -19,11 +20,16 @@ pub const SERVICE: &str = "mymaster";
 /// lowered from the 30 s default so a failover takes a couple of seconds.
 pub const DOWN_AFTER_MS: u64 = 1000;
 
+/// The Sentinels' `failover-timeout` unless a test asks otherwise.
+const FAILOVER_TIMEOUT_MS: u64 = 10_000;
+
 pub struct RedisSentinel {
     _root: tempfile::TempDir,
     /// Data nodes: 0 starts as the primary, 1 as its replica.
     nodes: Vec<RedisProc>,
     sentinels: Vec<RedisProc>,
+    /// The replica's link to the primary, when it goes through a relay.
+    relay: Option<StallRelay>,
 }
 
 impl RedisSentinel {
@@ -31,6 +37,24 @@ impl RedisSentinel {
     /// replica is in sync and every Sentinel knows the replica and the
     /// other two (so a failover can be authorised).
     pub fn start() -> RedisSentinel {
+        RedisSentinel::start_with(false, FAILOVER_TIMEOUT_MS)
+    }
+
+    /// As [`RedisSentinel::start`], with a failover timeout of 2 s: a
+    /// Sentinel starts a new failover of the same service only twice that
+    /// long after the last one, so failovers can follow each other every
+    /// few seconds.
+    pub fn start_for_repeated_failovers() -> RedisSentinel {
+        RedisSentinel::start_with(false, 2_000)
+    }
+
+    /// As [`RedisSentinel::start`], the replica's link to the primary
+    /// through a [`StallRelay`] ([`RedisSentinel::stall_replication`]).
+    pub fn start_behind_relay() -> RedisSentinel {
+        RedisSentinel::start_with(true, FAILOVER_TIMEOUT_MS)
+    }
+
+    fn start_with(relayed: bool, failover_timeout_ms: u64) -> RedisSentinel {
         let root = tempfile::tempdir().expect("temp dir");
         let proc = |name: &str| {
             let dir = root.path().join(name);
@@ -42,14 +66,17 @@ impl RedisSentinel {
         let primary = nodes[0].port;
         nodes[0].start(node_command(primary, None));
         let replica = nodes[1].port;
-        nodes[1].start(node_command(replica, Some(primary)));
+        let relay = relayed.then(|| StallRelay::start(primary));
+        let upstream = relay.as_ref().map_or(primary, |r| r.port);
+        nodes[1].start(node_command(replica, Some(upstream)));
         let mut setup = RedisSentinel {
             _root: root,
             nodes,
             sentinels,
+            relay,
         };
         for s in &mut setup.sentinels {
-            let cmd = sentinel_command(s, primary);
+            let cmd = sentinel_command(s, primary, failover_timeout_ms);
             s.start(cmd);
         }
         setup.wait_ready(Duration::from_secs(30));
@@ -70,12 +97,46 @@ impl RedisSentinel {
         })
     }
 
+    /// The replica stops receiving the primary's writes; its ACKs still
+    /// flow, so the primary counts it as a replica in sync.
+    pub fn stall_replication(&self) {
+        self.relay.as_ref().expect("started behind a relay").stall();
+    }
+
     /// SIGKILLs the current primary (as a crash would); returns its index.
     pub fn kill_primary(&mut self) -> usize {
         let port = self.primary_port().expect("a primary is named");
         let i = self.nodes.iter().position(|n| n.port == port).expect("one of ours");
         self.nodes[i].kill();
         i
+    }
+
+    /// Starts node `i` again (after [`RedisSentinel::kill_primary`]) as a
+    /// replica of the primary named now, and waits until it is in sync and
+    /// every Sentinel lists it: the next failover has a replica to promote.
+    pub fn rejoin(&mut self, i: usize, limit: Duration) {
+        let primary = self.primary_port().expect("a primary is named");
+        let port = self.nodes[i].port;
+        self.nodes[i].start(node_command(port, Some(primary)));
+        let what = format!("node {i} rejoins as an in-sync replica");
+        eventually_blocking(&what, limit, || {
+            let synced = self.nodes[i]
+                .query::<String>(redis::cmd("INFO").arg("replication"))
+                .is_some_and(|info| info.contains("role:slave") && info.contains("master_link_status:up"));
+            let known = self.sentinels.iter().all(|s| {
+                let replicas: Option<Vec<std::collections::HashMap<String, String>>> =
+                    s.query(redis::cmd("SENTINEL").arg("REPLICAS").arg(SERVICE));
+                replicas.is_some_and(|r| {
+                    r.iter().any(|m| {
+                        m.get("port").is_some_and(|p| *p == port.to_string())
+                            && m.get("flags")
+                                .is_some_and(|f| !f.contains("down") && !f.contains("disconnected"))
+                            && m.get("master-link-status").is_some_and(|l| l == "ok")
+                    })
+                })
+            });
+            synced && known
+        });
     }
 
     /// Polls until the Sentinels name a primary other than node `old`.
@@ -116,13 +177,13 @@ fn node_command(port: u16, replica_of: Option<u16>) -> Command {
 
 /// A Sentinel watching `primary`. It rewrites its config file: one of its
 /// own, writable, in its directory.
-fn sentinel_command(proc: &RedisProc, primary: u16) -> Command {
+fn sentinel_command(proc: &RedisProc, primary: u16, failover_timeout_ms: u64) -> Command {
     let conf = proc.dir.join("sentinel.conf");
     let text = format!(
         "bind 127.0.0.1\nport {}\ndir {}\n\
          sentinel monitor {SERVICE} 127.0.0.1 {primary} 2\n\
          sentinel down-after-milliseconds {SERVICE} {DOWN_AFTER_MS}\n\
-         sentinel failover-timeout {SERVICE} 10000\n\
+         sentinel failover-timeout {SERVICE} {failover_timeout_ms}\n\
          sentinel parallel-syncs {SERVICE} 1\n",
         proc.port,
         proc.dir.display()

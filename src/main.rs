@@ -65,35 +65,8 @@ fn main() -> ExitCode {
 fn runtime() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_multi_thread()
         .enable_all()
-        .on_thread_park(collect_when_idle)
         .build()
         .expect("tokio runtime starts")
-}
-
-/// How often at most an idle worker thread collects its allocator heap.
-const COLLECT_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
-
-/// Memory a burst made the process take goes back once the burst is over
-/// (issue 34): mimalloc frees a page another thread emptied only when its
-/// owner next allocates, and returns free pages to the system on its own
-/// schedule, so after 3,000 hostile connections left, an idle gateway kept
-/// 170 MiB of RSS for good (21.8 MiB before; `bench/overload_rss.py`). A
-/// worker thread going idle collects its heap, at most once a second: a
-/// busy thread parks rarely, and then the call is cheap.
-fn collect_when_idle() {
-    use std::cell::Cell;
-    use std::time::Instant;
-    thread_local! {
-        static LAST: Cell<Option<Instant>> = const { Cell::new(None) };
-    }
-    let now = Instant::now();
-    if LAST.get().is_some_and(|last| now.duration_since(last) < COLLECT_EVERY) {
-        return;
-    }
-    LAST.set(Some(now));
-    // SAFETY: `mi_collect` takes no pointer and may be called on any
-    // thread at any time; it only walks the calling thread's own heap.
-    unsafe { libmimalloc_sys::mi_collect(true) };
 }
 
 fn source(path: &Option<PathBuf>) -> Source<'_> {

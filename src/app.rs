@@ -219,22 +219,20 @@ fn open_ledger<'c>(
             Some(_) => "quota.redis_url",
             None => "cache.redis_url",
         };
-        let redis = Arc::new(RedisBackend::with_tls(
-            key,
-            url.expose(),
-            tls,
-            Duration::from_millis(config.quota.redis_timeout_ms),
-            metrics.clone(),
-        )?);
+        let connect = || {
+            RedisBackend::with_tls(
+                key,
+                url.expose(),
+                tls,
+                Duration::from_millis(config.quota.redis_timeout_ms),
+                metrics.clone(),
+            )
+            .map(Arc::new)
+        };
+        let redis = connect()?;
         // Settles have a connection (and breaker) of their own: their
         // `WAIT` for a replica must not hold up reserves (issue 39).
-        let settles = Arc::new(RedisBackend::with_tls(
-            key,
-            url.expose(),
-            tls,
-            Duration::from_millis(config.quota.redis_timeout_ms),
-            metrics.clone(),
-        )?);
+        let settles = connect()?;
         let ledger = ledger::redis::RedisLedger::new(redis, &config.cache.redis_key_prefix, window, lease)
             .with_clock(clock)
             .with_settle_connection(settles);

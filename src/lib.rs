@@ -18,7 +18,9 @@
 //! - [`config`]: embedded defaults → file → env, validated all at once.
 //! - [`app`]: the shared state built once from a config.
 //! - [`server`]: accept loop, TLS, HTTP/1.1 + HTTP/2, connection deadlines
-//!   from accept, room made at the connection limit, graceful shutdown.
+//!   from accept, graceful shutdown, and the overload manager: every shared
+//!   transport pool (connection slots, HTTP/2 answer bytes, descriptors)
+//!   shared out per tenant, anonymous peers first to go.
 //! - [`proxy`]: the life of a team request, one phase per step, one
 //!   concept per file (its own doc maps them).
 //! - [`route`]: path → canonical path and route; the route table (every

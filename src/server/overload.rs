@@ -171,15 +171,11 @@ pub(super) fn relieve<'a>(
         return chosen;
     }
     let holding: Vec<&Arc<Conn>> = conns.filter(|c| !c.leaving() && c.held() > 0).collect();
-    let mut anonymous: Vec<&Arc<Conn>> = holding.iter().copied().filter(|c| c.team().is_none()).collect();
-    anonymous.sort_by_key(|c| Reverse(c.held()));
-    for c in anonymous {
-        if excess == 0 {
-            return chosen;
-        }
-        excess = excess.saturating_sub(c.held());
-        chosen.push(c);
-    }
+    let most_first = |mut these: Vec<&'a Arc<Conn>>| {
+        these.sort_by_key(|c| Reverse(c.held()));
+        these
+    };
+    let mut candidates = most_first(holding.iter().copied().filter(|c| c.team().is_none()).collect());
     let mut per_team: HashMap<u64, usize> = HashMap::new();
     for c in &holding {
         if let Some(t) = c.team() {
@@ -190,19 +186,15 @@ pub(super) fn relieve<'a>(
     let mut over: Vec<(u64, usize)> = per_team.into_iter().filter(|(_, held)| *held > share).collect();
     over.sort_by_key(|(_, held)| Reverse(*held));
     for (team, _) in over {
-        let mut theirs: Vec<&Arc<Conn>> = holding
-            .iter()
-            .copied()
-            .filter(|c| c.team() == Some(team) && c.stalled_for().is_some_and(|d| d >= STALL_GRACE))
-            .collect();
-        theirs.sort_by_key(|c| Reverse(c.held()));
-        for c in theirs {
-            if excess == 0 {
-                return chosen;
-            }
-            excess = excess.saturating_sub(c.held());
-            chosen.push(c);
+        let stalled = |c: &&&Arc<Conn>| c.team() == Some(team) && c.stalled_for().is_some_and(|d| d >= STALL_GRACE);
+        candidates.extend(most_first(holding.iter().filter(stalled).copied().collect()));
+    }
+    for c in candidates {
+        if excess == 0 {
+            break;
         }
+        excess = excess.saturating_sub(c.held());
+        chosen.push(c);
     }
     chosen
 }

@@ -31,7 +31,10 @@ command -v curl >/dev/null 2>&1 || missing+=(curl)
 command -v redis-server >/dev/null 2>&1 || missing+=(redis-server)
 command -v redis-cli >/dev/null 2>&1 || missing+=(redis-tools)
 { command -v promtool && command -v prometheus; } >/dev/null 2>&1 || missing+=(prometheus)
-command -v kill >/dev/null 2>&1 || missing+=(procps)
+# `type -P`, not `command -v`: bash has a `kill` builtin, and the tests run
+# /bin/kill (procps), which a minimal Debian lacks (found by
+# ops/fresh-debian.sh).
+type -P kill >/dev/null 2>&1 || missing+=(procps)
 command -v python3 >/dev/null 2>&1 || missing+=(python3)
 # `python3 -m venv` needs ensurepip, which Debian ships apart.
 python3 -c 'import ensurepip, venv' >/dev/null 2>&1 || missing+=(python3-venv)

@@ -288,7 +288,9 @@ async fn the_first_ledger_call_after_each_of_five_failovers_succeeds() {
             probe += 1;
         }
         let r = redis.clone();
-        tokio::task::spawn_blocking(move || r.lock().expect("setup").rejoin(victim, Duration::from_secs(30)))
+        // Sentinels refresh a replica's INFO every 10 s: 30 s was once too
+        // short for all three to list it in sync (a fresh Debian root).
+        tokio::task::spawn_blocking(move || r.lock().expect("setup").rejoin(victim, Duration::from_secs(60)))
             .await
             .expect("rejoin");
     }

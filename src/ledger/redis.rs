@@ -112,8 +112,12 @@ pub struct RedisLedger {
     /// A team's keys, one `{team}` tag: a script's keys share a slot.
     keys: Keys,
     reserve: Script,
-    /// Applies settles, waits for a replica, keeps the unacknowledged.
-    settler: Arc<journal::Settler>,
+    /// The connection settles go on (`with_settle_connection`).
+    settle_redis: Arc<RedisBackend>,
+    /// Applies settles, waits for a replica, keeps the unacknowledged:
+    /// built at the first settle, once the builder calls have set its
+    /// connection and clock.
+    settler: std::sync::OnceLock<Arc<journal::Settler>>,
     end: Script,
     lease: Duration,
     pub(super) window: Window,
@@ -127,20 +131,14 @@ impl RedisLedger {
         let saved = Arc::new(SavedTally::default());
         let keys = Keys::new(prefix);
         tokio::spawn(flush_saved(Arc::downgrade(&saved), redis.clone(), keys.clone()));
-        let settler = journal::Settler::new(
-            redis.clone(),
-            keys.clone(),
-            Script::new(SETTLE),
-            Clock::default(),
-            lease,
-        );
         RedisLedger {
+            settle_redis: redis.clone(),
+            settler: std::sync::OnceLock::new(),
             redis,
             saved,
             recent: Default::default(),
             keys,
             reserve: Script::new(RESERVE),
-            settler,
             end: Script::new(END),
             clock_offset: AtomicI64::new(NO_OFFSET),
             lease,
@@ -152,14 +150,6 @@ impl RedisLedger {
     /// Books days and expiries on `clock` (tests: `quota.clock_offset_secs`).
     pub fn with_clock(mut self, clock: Clock) -> RedisLedger {
         self.clock = clock;
-        // Settles mark their time on the same clock as reserves.
-        self.settler = journal::Settler::new(
-            self.redis.clone(),
-            self.keys.clone(),
-            Script::new(SETTLE),
-            clock,
-            self.lease,
-        );
         self
     }
 
@@ -168,8 +158,22 @@ impl RedisLedger {
     /// replica acknowledges (a stalled link), and reserves, reads and ends
     /// must not queue behind it.
     pub fn with_settle_connection(mut self, settles: Arc<RedisBackend>) -> RedisLedger {
-        self.settler = journal::Settler::new(settles, self.keys.clone(), Script::new(SETTLE), self.clock, self.lease);
+        self.settle_redis = settles;
         self
+    }
+
+    /// The settler, started at the first settle (its replay task needs the
+    /// runtime); settles mark their time on the same clock as reserves.
+    fn settler(&self) -> &Arc<journal::Settler> {
+        self.settler.get_or_init(|| {
+            journal::Settler::new(
+                self.settle_redis.clone(),
+                self.keys.clone(),
+                Script::new(SETTLE),
+                self.clock,
+                self.lease,
+            )
+        })
     }
 
     /// Holds `amount` for `team` unless that passes `limit`. The reserve
@@ -356,14 +360,14 @@ impl RedisLedger {
             route: route.as_str(),
             day: today,
         };
-        let once = || self.settler.apply(&pending);
+        let once = || self.settler().apply(&pending);
         let settled = once.retry(until(r.settle_by)).await;
         self.recent_lock().remove(&r.team);
         match settled {
             Ok(true) => Ok(()),
             // On the primary, not yet on a replica: applied again until it is.
             Ok(false) => {
-                self.settler.keep(pending);
+                self.settler().keep(pending);
                 Ok(())
             }
             Err(e) => Err(LedgerError(format!("ledger settle: {e}"))),

@@ -140,18 +140,21 @@ fn since(c: &Conn, class: Class) -> Instant {
 /// answer bytes are spent: yes while the team holds less than its share
 /// (the budget over the teams holding bytes, itself counted).
 pub(super) fn team_within_share<'a>(conns: impl Iterator<Item = &'a Arc<Conn>>, team: u64, max: usize) -> bool {
-    let mut per_team: HashMap<u64, usize> = HashMap::new();
-    per_team.insert(team, 0);
-    for c in conns {
-        if let Some(t) = c.team() {
-            let held = c.held();
-            if held > 0 {
-                *per_team.entry(t).or_default() += held;
-            }
-        }
-    }
+    let mut per_team = held_per_team(conns);
+    per_team.entry(team).or_default();
     let share = max / per_team.len();
     per_team.get(&team).copied().unwrap_or(0) < share
+}
+
+/// The answer bytes each team holds, over the teams holding any.
+fn held_per_team<'a>(conns: impl Iterator<Item = &'a Arc<Conn>>) -> HashMap<u64, usize> {
+    let mut per_team: HashMap<u64, usize> = HashMap::new();
+    for c in conns {
+        if let (Some(team), held @ 1..) = (c.team(), c.held()) {
+            *per_team.entry(team).or_default() += held;
+        }
+    }
+    per_team
 }
 
 /// The connections to close so that the answer bytes held fall back under
@@ -176,12 +179,7 @@ pub(super) fn relieve<'a>(
         these
     };
     let mut candidates = most_first(holding.iter().copied().filter(|c| c.team().is_none()).collect());
-    let mut per_team: HashMap<u64, usize> = HashMap::new();
-    for c in &holding {
-        if let Some(t) = c.team() {
-            *per_team.entry(t).or_default() += c.held();
-        }
-    }
+    let per_team = held_per_team(holding.iter().copied());
     let share = max / per_team.len().max(1);
     let mut over: Vec<(u64, usize)> = per_team.into_iter().filter(|(_, held)| *held > share).collect();
     over.sort_by_key(|(_, held)| Reverse(*held));

@@ -8,7 +8,7 @@
 #
 # The binary is built from the same context CI builds, with the `dist`
 # profile (release + fat LTO, Cargo.toml; what the benchmarks measure):
-#   cargo build --profile dist --locked -p permit-gateway --bin permit-gateway
+#   cargo build --profile dist --locked --no-default-features -p permit-gateway --bin permit-gateway
 # .ci/run lints this file with hadolint and builds the binary from the
 # context .dockerignore leaves (ops/context.py), with `--release`: the same
 # sources and files, without the long LTO link. ops/image.sh builds and runs
@@ -42,7 +42,7 @@ WORKDIR /src
 #    was added. No dependency-only layer: it needs a stub per member and
 #    target, the same trap. .ci/run builds from exactly this context.
 COPY . .
-RUN cargo build --profile dist --locked -p permit-gateway --bin permit-gateway \
+RUN cargo build --profile dist --locked --no-default-features -p permit-gateway --bin permit-gateway \
  && ./target/dist/permit-gateway --version
 
 # 2. What the runtime stage copies: the binary, a container config, and the

@@ -87,6 +87,7 @@ pub mod auth;
 pub mod cache;
 pub mod clock;
 pub mod config;
+#[cfg(feature = "demo")]
 pub mod demo;
 pub mod error;
 mod http_util;

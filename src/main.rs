@@ -2,7 +2,7 @@
 
 use clap::{Parser, Subcommand};
 use permit_gateway::config::{Checks, Config, Source};
-use permit_gateway::{app::App, demo, telemetry, Listeners};
+use permit_gateway::{app::App, telemetry, Listeners};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -166,7 +166,19 @@ async fn serve(path: Option<PathBuf>) -> ExitCode {
     code
 }
 
+/// Built without the `demo` feature (the image): no simulator to start.
+#[cfg(not(feature = "demo"))]
+async fn run_demo(_listen: String, _admin_listen: String) -> ExitCode {
+    eprintln!(
+        "error: this build has no demo: it was built without the `demo` feature \
+         (a checkout's `cargo run --release -- demo` has it)"
+    );
+    ExitCode::FAILURE
+}
+
+#[cfg(feature = "demo")]
 async fn run_demo(listen: String, admin_listen: String) -> ExitCode {
+    use permit_gateway::demo;
     let log = permit_gateway::config::LogConfig {
         format: permit_gateway::config::LogFormat::Human,
         level: "info".into(),

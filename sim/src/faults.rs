@@ -301,8 +301,8 @@ impl hyper::body::Body for SlowBody {
         if self.sleep.as_mut().poll(cx).is_pending() {
             return Poll::Pending;
         }
-        let next = tokio::time::Instant::now() + self.interval;
-        self.sleep.as_mut().reset(next);
+        let next = std::time::Instant::now() + self.interval;
+        self.sleep.as_mut().reset(next.into());
         Poll::Ready(self.chunks.pop_front().map(|c| Ok(Frame::data(c))))
     }
 

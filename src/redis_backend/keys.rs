@@ -27,7 +27,7 @@ use crate::route::Route;
 use sha2::{Digest, Sha256};
 
 /// A team's ledger keys, one `{team}` tag for all: the reserve and settle
-/// scripts touch them together (`src/ledger/redis.rs` says what each holds).
+/// scripts touch them together (`src/ledger/redis/mod.rs` says what each holds).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum LedgerKey {
     Days,

@@ -22,7 +22,7 @@
 //!   and costs nothing): an anonymous one here, a team's once its token is
 //!   checked (`ConnectionMark::team_seen`), each against its tenant's share
 //!   (`overload.rs`).
-//! - The registry's orders (`conns.rs`): drain on shutdown; close at once
+//! - The registry's orders (`conns/mod.rs`): drain on shutdown; close at once
 //!   when the overload manager closes it (anonymous, stalled, silent) or
 //!   the grace ran out; an evicted idle team connection gets
 //!   `overload::EVICT_GRACE` to answer a head that raced the order.
@@ -43,10 +43,8 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::Poll;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use tokio::net::TcpStream;
-use tokio::sync::watch;
-use tokio::time::Instant;
 use tokio_io_timeout::TimeoutStream;
 use tokio_rustls::TlsAcceptor;
 
@@ -73,10 +71,6 @@ pub(super) async fn serve<H, F>(
 {
     let head_by = Instant::now() + timeouts.header_read;
     let conn = slot.conn().clone();
-    let mut orders = conn.orders();
-    // An order may have come between admission and here (an eviction): the
-    // first `changed()` must report it rather than wait for the next one.
-    orders.mark_changed();
     let mut io = TimeoutStream::new(stream);
     io.set_write_timeout(Some(timeouts.write));
     let io = Box::pin(io);
@@ -111,20 +105,20 @@ pub(super) async fn serve<H, F>(
     match tls {
         None => {
             let http = builder.serve_connection(TokioIo::new(io), service);
-            drive(http, &conn, orders, head_by, timeouts).await;
+            drive(http, &conn, head_by, timeouts).await;
         }
         Some(acceptor) => {
             // The handshake is part of the time allowed for the first head,
             // and an evicted connection may still be in it.
             let stream = tokio::select! {
-                done = tokio::time::timeout_at(head_by, acceptor.accept(io)) => match done {
+                done = tokio::time::timeout_at(head_by.into(), acceptor.accept(io)) => match done {
                     Ok(Ok(stream)) => stream,
                     _ => return,
                 },
-                () = closed(&mut orders) => return,
+                () = told_to_leave(&conn) => return,
             };
             let http = builder.serve_connection(TokioIo::new(stream), service);
-            drive(http, &conn, orders, head_by, timeouts).await;
+            drive(http, &conn, head_by, timeouts).await;
         }
     }
     drop(slot);
@@ -143,11 +137,12 @@ enum Event<E> {
 /// Polls the HTTP connection while watching its deadlines and orders.
 /// Returning drops it, which closes the socket.
 ///
-/// One `poll_fn` rather than `select!` over the orders' channel, a
-/// `Notify` and the timer: each wake of a busy connection (several per
-/// request) polled all of them, ~1.5k instructions a request; now it
-/// polls the connection, one flag behind one waker, and the timer.
-async fn drive<C>(http: C, conn: &Conn, mut orders: watch::Receiver<Order>, head_by: Instant, t: Timeouts)
+/// One `poll_fn` over three things: the connection, the connection's one
+/// signal ([`Conn::signalled`]: a stronger order, or an answer that started
+/// sending) and the timer of the next deadline. Each wake re-reads the
+/// state (the order, the clocks) rather than receiving it; a `select!`
+/// over channels cost ~1.5k instructions a request.
+async fn drive<C>(http: C, conn: &Conn, head_by: Instant, t: Timeouts)
 where
     C: GracefulConnection,
     C::Error: std::fmt::Display,
@@ -157,13 +152,8 @@ where
     let mut gone_by: Option<Instant> = None;
     let mut draining = false;
     loop {
-        // An order sent before the first poll counts too (`mark_changed`).
-        let order = match orders.has_changed() {
-            Ok(false) => Order::Serve,
-            Ok(true) => *orders.borrow_and_update(),
-            Err(_) => Order::Close,
-        };
-        match order {
+        // Read, not received: an order given before the first poll counts too.
+        match conn.current_order() {
             Order::Serve => {}
             Order::Drain => drain(http.as_mut(), &mut draining),
             // Graceful: an idle connection closes at once, one whose head
@@ -175,7 +165,7 @@ where
             Order::Evict => {}
             Order::Close => return,
         }
-        let check = tokio::time::sleep_until(next_check(conn, head_by, gone_by, t));
+        let check = tokio::time::sleep_until(next_check(conn, head_by, gone_by, t).into());
         tokio::pin!(check);
         let event = std::future::poll_fn(|cx| {
             if let Poll::Ready(result) = http.as_mut().poll(cx) {
@@ -255,7 +245,16 @@ fn other_check(conn: &Conn, head_by: Instant, gone_by: Option<Instant>, t: Timeo
     }
 }
 
-/// Resolves when the connection is ordered closed or evicted.
-async fn closed(orders: &mut watch::Receiver<Order>) {
-    let _ = orders.wait_for(|o| matches!(o, Order::Evict | Order::Close)).await;
+/// Resolves when the connection is ordered closed or evicted (during the
+/// TLS handshake, before `drive` runs).
+async fn told_to_leave(conn: &Conn) {
+    std::future::poll_fn(|cx| {
+        // Registered before the order is read: an order after the read wakes it.
+        let _ = conn.signalled(cx);
+        match conn.leaving() {
+            true => Poll::Ready(()),
+            false => Poll::Pending,
+        }
+    })
+    .await;
 }

@@ -4,7 +4,7 @@
 //! shutdown with a deadline.
 //!
 //! Follows hyper-util's `server_graceful` example, with the registry of
-//! `conns.rs` in place of its `GracefulShutdown`: the same drain on
+//! `conns/mod.rs` in place of its `GracefulShutdown`: the same drain on
 //! shutdown, plus closing one connection (evicted, or past a deadline) on its
 //! own. `conn.rs` drives each connection. Takes an already-bound listener so tests
 //! start the real server on port 0.

@@ -23,7 +23,7 @@ fn admitting(conns: &Arc<Conns>, peer: IpAddr) -> tokio::task::JoinHandle<Option
 }
 
 fn order_of(slot: &Slot) -> Order {
-    *slot.conn().orders().borrow()
+    slot.conn().current_order()
 }
 
 /// Admitted within a few seconds (a test that fails does not hang).

@@ -16,6 +16,8 @@
 //! - `alloc`: a counting allocator (bytes each thread keeps allocated).
 #![allow(dead_code)]
 
+// A global allocator is `unsafe impl GlobalAlloc` by definition.
+#[allow(unsafe_code)]
 pub mod alloc;
 pub mod client;
 pub mod gateway;

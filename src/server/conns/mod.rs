@@ -25,16 +25,20 @@ use super::overload::{self, Class};
 use atomic_waker::AtomicWaker;
 use std::collections::{BTreeMap, HashMap};
 use std::net::IpAddr;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::task::Context;
 use std::time::{Duration, Instant};
-use tokio::sync::{watch, Notify};
+use tokio::sync::Notify;
 
-/// What a connection's driver is told to do.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// What a connection's driver is told to do. Ordered by strength: an order
+/// only ever replaces a weaker one (Close overrides Evict, which overrides
+/// Drain; nothing overrides Close), so the current order is one atomic
+/// maximum ([`Conn::order`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+#[repr(u8)]
 pub(super) enum Order {
-    Serve,
+    Serve = 0,
     /// Finish what is in flight, take nothing new (shutdown).
     Drain,
     /// Make room: finish a request whose head arrived meanwhile, then close
@@ -53,11 +57,19 @@ const RECHECK: Duration = Duration::from_millis(100);
 
 /// The registry of one listener's connections, oldest first.
 pub(super) struct Conns {
+    /// `server.max_connections` (or the admin listener's cap): connections
+    /// beyond it are made room for, up to [`overload::spare`] more leaving.
     max: usize,
+    /// `server.max_connections_per_peer`: one address's share of `max`.
     max_per_peer: usize,
+    /// The open connections by id (oldest first: the eviction tie-break)
+    /// and the count per peer address. One lock: both change together.
     open: Mutex<Open>,
+    /// The next connection's id.
     next_id: AtomicU64,
-    /// A connection closed or went idle: the accept loop may find room.
+    /// The registry changed (a connection closed or went idle): woken with
+    /// `notify_waiters`, waited on by the accept loop (room) and shutdown
+    /// (all closed), each re-reading `open` after enabling its wait.
     changed: Arc<Notify>,
     /// Answer bytes this listener's HTTP/2 streams hold (`body.rs`).
     budget: Arc<Budget>,
@@ -127,12 +139,17 @@ pub(crate) struct Conn {
     /// The registry, for the slow paths that must see every connection
     /// (the answer bytes ran out). Weak: the registry holds this.
     registry: Weak<Conns>,
-    orders: watch::Sender<Order>,
+    /// The current [`Order`] (as `u8`): only ever raised ([`Conn::order`]).
+    order: AtomicU8,
+    /// The registry's [`Conns::changed`]: woken when this connection goes
+    /// idle (the accept loop may find room).
     changed: Arc<Notify>,
-    /// Something for the driver to look at: a new order, or an answer
-    /// started being sent (its stall deadline starts). Set, then `driver`
-    /// woken; the driver registers, then takes it (`signalled`).
+    /// The driver's one signal: something to look at, a stronger order or
+    /// an answer that started sending (its stall deadline starts). Set,
+    /// then `driver` woken; the driver registers, then takes it
+    /// ([`Conn::signalled`]) and re-reads the state itself.
     signal: AtomicBool,
+    /// The driver task's waker (`conn.rs`).
     driver: AtomicWaker,
 }
 
@@ -173,6 +190,10 @@ impl Conns {
     /// connections busy; the newcomer is refused.
     pub(super) async fn admit(self: &Arc<Self>, peer: IpAddr) -> Option<Slot> {
         loop {
+            // Enabled before the state is read: a change after the read wakes it.
+            let changed = self.changed.notified();
+            tokio::pin!(changed);
+            changed.as_mut().enable();
             {
                 let mut open = self.lock();
                 let theirs = open.per_peer.get(&peer).copied().unwrap_or(0);
@@ -190,7 +211,7 @@ impl Conns {
             }
             // Woken when a place is freed or a connection goes idle; a
             // connection stalls with time, hence the recheck.
-            let _ = tokio::time::timeout(RECHECK, self.changed.notified()).await;
+            let _ = tokio::time::timeout(RECHECK, changed).await;
         }
     }
 
@@ -290,10 +311,13 @@ impl Conns {
     /// Resolves once no connection is open.
     pub(super) async fn all_closed(&self) {
         loop {
+            let changed = self.changed.notified();
+            tokio::pin!(changed);
+            changed.as_mut().enable();
             if self.lock().by_id.is_empty() {
                 return;
             }
-            self.changed.notified().await;
+            changed.await;
         }
     }
 }
@@ -315,7 +339,7 @@ impl Conn {
             held: AtomicUsize::new(0),
             budget: conns.budget.clone(),
             registry: Arc::downgrade(conns),
-            orders: watch::channel(Order::Serve).0,
+            order: AtomicU8::new(Order::Serve as u8),
             changed: conns.changed.clone(),
             signal: AtomicBool::new(false),
             driver: AtomicWaker::new(),
@@ -330,19 +354,21 @@ impl Conn {
         self.born
     }
 
+    /// Raises the connection's order to `order` (a weaker one is kept as
+    /// it is) and, when it rose, signals the driver.
     fn order(&self, order: Order) {
-        // Close overrides Evict, which overrides Drain; nothing overrides Close.
-        if self.orders.send_if_modified(|current| {
-            let stronger = matches!(
-                (*current, order),
-                (Order::Serve, _) | (Order::Drain, Order::Evict | Order::Close) | (Order::Evict, Order::Close)
-            );
-            if stronger {
-                *current = order;
-            }
-            stronger
-        }) {
+        if self.order.fetch_max(order as u8, Ordering::AcqRel) < order as u8 {
             self.signal();
+        }
+    }
+
+    /// The order the driver is to obey now.
+    pub(super) fn current_order(&self) -> Order {
+        match self.order.load(Ordering::Acquire) {
+            0 => Order::Serve,
+            1 => Order::Drain,
+            2 => Order::Evict,
+            _ => Order::Close,
         }
     }
 
@@ -358,13 +384,9 @@ impl Conn {
         self.signal.swap(false, Ordering::AcqRel)
     }
 
-    pub(super) fn orders(&self) -> watch::Receiver<Order> {
-        self.orders.subscribe()
-    }
-
     /// Told to close, or to make room.
     pub(super) fn leaving(&self) -> bool {
-        matches!(*self.orders.borrow(), Order::Evict | Order::Close)
+        self.current_order() >= Order::Evict
     }
 
     /// Its team (a hash of the name), once a valid token came on it.
@@ -518,7 +540,7 @@ impl Drop for Slot {
                 }
             }
         }
-        self.conns.changed.notify_one();
+        self.conns.changed.notify_waiters();
     }
 }
 
@@ -527,7 +549,7 @@ impl Drop for InFlight {
         let conn = &self.0;
         conn.idle_since_ms.store(conn.now_ms(), Ordering::Release);
         if conn.in_flight.fetch_sub(1, Ordering::AcqRel) == 1 {
-            conn.changed.notify_one();
+            conn.changed.notify_waiters();
         }
     }
 }

@@ -7,7 +7,8 @@
 #     permit-gateway:0.1.0
 #
 # The binary is built from the same context CI builds, with the `dist`
-# profile (release + fat LTO, Cargo.toml; what the benchmarks measure):
+# profile (release + fat LTO, Cargo.toml; what the benchmarks measure),
+# without the default `demo` feature (no simulator in a production binary):
 #   cargo build --profile dist --locked --no-default-features -p permit-gateway --bin permit-gateway
 # .ci/run lints this file with hadolint and builds the binary from the
 # context .dockerignore leaves (ops/context.py), with `--release`: the same

@@ -147,7 +147,8 @@ in_root "
   log=\$(mktemp)
   $demo_cmd >\"\$log\" 2>&1 &
   pid=\$!
-  for _ in \$(seq 1 3600); do
+  # A cold release build: ~15 min on 2 idle cores, far more on a busy host.
+  for _ in \$(seq 1 10800); do
     grep -q 'Press Ctrl-C to stop' \"\$log\" && break
     kill -0 \$pid 2>/dev/null || { cat \"\$log\"; exit 1; }
     sleep 1

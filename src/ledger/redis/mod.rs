@@ -86,8 +86,8 @@ type Recent = std::collections::HashMap<String, Figures>;
 /// round trip (docs/operations.md: how far replicas may disagree).
 const FRESH: Duration = Duration::from_secs(1);
 
-/// No estimate of Redis's clock yet.
-const NO_OFFSET: i64 = i64::MIN;
+/// No estimate of Redis's clock yet: above any sample, so the first one replaces it (`fetch_min`).
+const NO_OFFSET: i64 = i64::MAX;
 
 /// What a reserve script answered.
 enum Reply {
@@ -319,11 +319,8 @@ impl RedisLedger {
         if reset {
             self.clock_offset.store(sample, Ordering::Release);
         } else {
-            let _ = self
-                .clock_offset
-                .fetch_update(Ordering::AcqRel, Ordering::Acquire, |old| {
-                    (old == NO_OFFSET || sample < old).then_some(sample)
-                });
+            // The smallest sample so far (`NO_OFFSET` is above any).
+            self.clock_offset.fetch_min(sample, Ordering::AcqRel);
         }
     }
 

@@ -7,9 +7,9 @@
 
 use criterion::{criterion_group, criterion_main, Criterion};
 use http::Uri;
-use permit_gateway::auth::{token_sha256_hex, Teams};
+use permit_gateway::auth::Teams;
 use permit_gateway::cache::key::{cache_key, normalize_query};
-use permit_gateway::config::TeamConfig;
+use permit_gateway::config::{TeamConfig, TokenHash};
 use permit_gateway::route::{classify, Route};
 use std::hint::black_box;
 
@@ -52,7 +52,7 @@ fn token_lookup(c: &mut Criterion) {
     let configs: Vec<TeamConfig> = (0..50)
         .map(|i| TeamConfig {
             name: format!("team-{i:02}"),
-            token_sha256: token_sha256_hex(&format!("pgw_token_of_team_{i:02}")),
+            token_sha256: TokenHash::of(&format!("pgw_token_of_team_{i:02}")),
             credit_limit: Some(100_000),
             requests_per_minute: None,
             clamp_to_budget: false,

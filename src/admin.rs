@@ -15,7 +15,6 @@ use http::{Method, Request, Response, StatusCode};
 use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
 use std::sync::Arc;
-use subtle::ConstantTimeEq;
 
 pub(crate) async fn handle<B>(app: Arc<App>, req: Request<B>) -> Response<Body> {
     let started = std::time::Instant::now();
@@ -155,8 +154,7 @@ fn authorize<B>(app: &App, req: &Request<B>) -> Result<(), GatewayError> {
         .config
         .admin
         .token_sha256
-        .as_deref()
-        .and_then(|hex_digest| hex::decode(hex_digest).ok())
+        .as_ref()
         .ok_or(GatewayError::InvalidCredential)?;
     let mut values = req.headers().get_all(AUTHORIZATION).iter();
     let (Some(value), None) = (values.next(), values.next()) else {
@@ -167,8 +165,8 @@ fn authorize<B>(app: &App, req: &Request<B>) -> Result<(), GatewayError> {
         .ok()
         .and_then(crate::auth::bearer_token)
         .ok_or(GatewayError::InvalidCredential)?;
-    let digest = Sha256::digest(token.as_bytes());
-    if bool::from(digest.as_slice().ct_eq(&expected)) {
+    let digest: [u8; 32] = Sha256::digest(token.as_bytes()).into();
+    if bool::from(expected.matches(&digest)) {
         Ok(())
     } else {
         Err(GatewayError::InvalidCredential)

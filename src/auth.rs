@@ -10,9 +10,10 @@
 //! one) and never a token's text; its lookup's timing depends only on the
 //! keyed hash, which tells nobody without the keys anything of the token.
 //!
-//! Second phase of the request path, after routing decided the path is ours.
+//! Used by the request path once routing decided the path is ours; the
+//! comparison itself is `TokenHash::matches` (in constant time).
 
-use crate::config::TeamConfig;
+use crate::config::{TeamConfig, TokenHash};
 use crate::error::GatewayError;
 use governor::{DefaultDirectRateLimiter, Quota};
 use http::header::{HeaderMap, HeaderName, AUTHORIZATION};
@@ -22,13 +23,12 @@ use std::hash::{BuildHasher, RandomState};
 use std::num::NonZeroU32;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, RwLock};
-use subtle::ConstantTimeEq;
 
 /// One team as the request path sees it.
 pub struct Team {
     /// A metric label, from the config's bounded set.
     pub(crate) name: String,
-    token_sha256: [u8; 32],
+    token_sha256: TokenHash,
     /// Credits per window; `None` is unlimited.
     pub(crate) credit_limit: Option<u64>,
     /// `X-Credits-Limit` of the team's answers, formatted once per config.
@@ -103,7 +103,7 @@ pub struct Teams {
 }
 
 impl Teams {
-    /// Builds the table from validated config (hashes are 64 hex chars).
+    /// Builds the table from loaded config.
     pub fn from_config(teams: &[TeamConfig]) -> Teams {
         Teams::default().reloaded(teams)
     }
@@ -114,16 +114,13 @@ impl Teams {
         let teams = teams
             .iter()
             .map(|t| {
-                let mut hash = [0u8; 32];
-                // Validation guarantees 64 hex characters; a bad one matches nothing.
-                let _ = hex::decode_to_slice(&t.token_sha256, &mut hash);
                 let limiter = t
                     .requests_per_minute
                     .and_then(NonZeroU32::new)
                     .map(|rpm| DefaultDirectRateLimiter::direct(Quota::per_minute(rpm)));
                 Arc::new(Team {
                     name: t.name.clone(),
-                    token_sha256: hash,
+                    token_sha256: t.token_sha256,
                     credit_limit: t.credit_limit,
                     limit_header: t.credit_limit.map(http::HeaderValue::from),
                     requests_per_minute: t.requests_per_minute,
@@ -173,7 +170,7 @@ impl Teams {
         let digest: [u8; 32] = Sha256::digest(token.as_bytes()).into();
         let mut found = None;
         for team in &self.teams {
-            if bool::from(digest_eq(&team.token_sha256, &digest)) {
+            if bool::from(team.token_sha256.matches(&digest)) {
                 found = Some(team);
             }
         }
@@ -192,15 +189,6 @@ impl Teams {
         let (a, b) = (&self.keys.0, &self.keys.1);
         (u128::from(a.hash_one(token)) << 64) | u128::from(b.hash_one(token))
     }
-}
-
-/// Constant-time equality of two digests, folded into one byte first: one
-/// `subtle` comparison per team instead of 32 (`ct_eq` on slices guards
-/// every byte; with 50 teams that was 2 µs a request, more than routing and
-/// key normalization together). No branch depends on the bytes.
-fn digest_eq(a: &[u8; 32], b: &[u8; 32]) -> subtle::Choice {
-    let diff = a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y));
-    diff.ct_eq(&0u8)
 }
 
 /// Whether a request carries anything that may be a team's credential
@@ -248,7 +236,7 @@ pub(crate) fn bearer_token(value: &str) -> Option<&str> {
 
 /// SHA-256 of a token as lowercase hex: what `token_sha256` holds.
 pub fn token_sha256_hex(token: &str) -> String {
-    hex::encode(Sha256::digest(token.as_bytes()))
+    TokenHash::of(token).to_string()
 }
 
 #[cfg(test)]
@@ -260,14 +248,14 @@ mod tests {
         Teams::from_config(&[
             TeamConfig {
                 name: "growth".into(),
-                token_sha256: token_sha256_hex("tok-growth"),
+                token_sha256: TokenHash::of("tok-growth"),
                 credit_limit: Some(10),
                 requests_per_minute: None,
                 clamp_to_budget: false,
             },
             TeamConfig {
                 name: "ops".into(),
-                token_sha256: token_sha256_hex("tok-ops"),
+                token_sha256: TokenHash::of("tok-ops"),
                 credit_limit: None,
                 requests_per_minute: None,
                 clamp_to_budget: false,
@@ -343,24 +331,13 @@ mod tests {
         // A reload starts empty: a token the new table no longer has is refused.
         let only_growth = t.reloaded(&[TeamConfig {
             name: "growth".into(),
-            token_sha256: token_sha256_hex("tok-growth"),
+            token_sha256: TokenHash::of("tok-growth"),
             credit_limit: Some(10),
             requests_per_minute: None,
             clamp_to_budget: false,
         }]);
         assert!(only_growth.find_token("tok-ops").is_none());
         assert_eq!(only_growth.find_token("tok-growth").unwrap().name, "growth");
-    }
-
-    #[test]
-    fn digest_eq_is_exact() {
-        let a = [7u8; 32];
-        assert!(bool::from(digest_eq(&a, &a)));
-        for i in 0..32 {
-            let mut b = a;
-            b[i] ^= 0x80;
-            assert!(!bool::from(digest_eq(&a, &b)), "byte {i}");
-        }
     }
 
     #[test]

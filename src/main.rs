@@ -181,7 +181,7 @@ async fn run_demo(listen: String, admin_listen: String) -> ExitCode {
     use permit_gateway::demo;
     let log = permit_gateway::config::LogConfig {
         format: permit_gateway::config::LogFormat::Human,
-        level: "info".into(),
+        level: tracing::level_filters::LevelFilter::INFO.into(),
         queue_lines: 16 * 1024,
     };
     let no_export = permit_gateway::config::TracingConfig {

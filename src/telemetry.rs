@@ -82,7 +82,7 @@ impl Telemetry {
 /// that cannot be built is an error; the logs are installed anyway so it
 /// can be reported.
 pub fn init(log: &LogConfig, tracing: &TracingConfig) -> Result<Telemetry, (Telemetry, String)> {
-    let filter = EnvFilter::try_new(&log.level).unwrap_or_else(|_| EnvFilter::new("info"));
+    let filter = log.level.filter();
     let (sink, guard) = sink::Sink::start(std::io::stderr(), log.queue_lines);
     let logged = logged(filter);
     let terminal = std::io::stderr().is_terminal();

@@ -2,7 +2,9 @@
 //! upstream offers it by ALPN), the single upstream key injected, bounded
 //! retries with jittered backoff, one whole-call deadline.
 //!
-//! Phase 11: `proxy::fetch` calls [`Upstream::fetch`] once per cache miss.
+//! `proxy::fetch` calls [`Upstream::fetch_with_heads`] once per cache miss
+//! (the organization probe, [`Upstream::fetch`]); the URI is the parsed
+//! `upstream.base_url` joined with the target, never a URL text re-parsed.
 //! Each answer's head (status and headers) is published on a watch channel
 //! as soon as it arrives, before its body, so the caller can settle what
 //! the upstream billed at once; when the body then fails (cut, too large,
@@ -14,7 +16,7 @@
 //! `tracestate`, see `telemetry::trace`), from the call's `upstream` span
 //! when spans are exported.
 
-use crate::config::{Secret, UpstreamConfig};
+use crate::config::{BaseUrl, Secret, UpstreamConfig};
 use crate::error::GatewayError;
 use crate::http_util::strip_hop_by_hop;
 use crate::metrics::{Metrics, UpstreamAnswer};
@@ -59,8 +61,9 @@ pub(crate) struct Failed {
 
 pub(crate) struct Upstream {
     client: Client<HttpsConnector<HttpConnector>, Empty<Bytes>>,
-    /// `scheme://authority` plus any base path, without a trailing slash.
-    base: String,
+    /// `upstream.base_url`, parsed at load: each call's URI is its scheme
+    /// and authority plus the base path and the target's path and query.
+    base: BaseUrl,
     api_key: HeaderValue,
     timeout: Duration,
     max_retries: u32,
@@ -113,7 +116,7 @@ impl Upstream {
         api_key.set_sensitive(true);
         Ok(Upstream {
             client,
-            base: cfg.base_url.trim_end_matches('/').to_string(),
+            base: cfg.base_url.clone(),
             api_key,
             timeout: Duration::from_secs(cfg.timeout_secs),
             max_retries: cfg.max_retries,
@@ -198,15 +201,9 @@ impl Upstream {
     }
 
     fn uri_for(&self, target: &Target) -> Result<Uri, GatewayError> {
-        let mut uri = String::with_capacity(self.base.len() + target.path.len() + 64);
-        uri.push_str(&self.base);
-        uri.push_str(&target.path);
-        if let Some(q) = &target.query {
-            uri.push('?');
-            uri.push_str(q);
-        }
-        uri.parse()
-            .map_err(|_| GatewayError::BadRequest("Request target cannot be forwarded"))
+        self.base
+            .join(&target.path, target.query.as_deref())
+            .ok_or(GatewayError::BadRequest("Request target cannot be forwarded"))
     }
 
     async fn attempt(

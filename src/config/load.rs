@@ -134,13 +134,16 @@ enum Reset {
     Stuck,
 }
 
-/// Puts the key at `path` back to its default, or removes it when there is
-/// none.
+/// Puts the key at `path` back to its default (or its [`stand_in`]), or
+/// removes it when there is none.
 fn reset(value: &mut Value, defaults: Option<&Value>, path: &[String]) -> Reset {
     let Some((last, parents)) = path.split_last() else {
         return Reset::Stuck;
     };
-    let default = defaults.and_then(|d| d.find_ref(&path.join("."))).cloned();
+    let default = defaults
+        .and_then(|d| d.find_ref(&path.join(".")))
+        .cloned()
+        .or_else(|| stand_in(path));
     let mut at = value;
     for key in parents {
         at = match at {
@@ -166,6 +169,20 @@ fn reset(value: &mut Value, defaults: Option<&Value>, path: &[String]) -> Reset 
         None if dict.remove(last).is_some() => Reset::Removed,
         _ => Reset::Stuck,
     }
+}
+
+/// A valid value for a key that has no default but must be there for the
+/// rest of its table to be checked: a team's `token_sha256` (a team without
+/// one could not be read at all, and its name and limits would go
+/// unchecked). Used only once the key's problem is recorded, so a config
+/// holding a stand-in is never returned as valid. Each is the hash of its
+/// own key path: no two teams share one (no "same token" complaint) and no
+/// token matches it.
+fn stand_in(path: &[String]) -> Option<Value> {
+    (path.last()? == "token_sha256").then(|| {
+        let hash = super::TokenHash::of(&format!("stand-in for {}", key_path(path)));
+        Value::from(hash.to_string())
+    })
 }
 
 /// The keys of a `serde_ignored` path, outermost first (option and

@@ -9,13 +9,13 @@ use serde::{Deserialize, Serialize};
 use std::fmt;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use validate::{
-    check_sha256, placeholder_warnings, refuse_demo_tokens, validate_log, validate_teams, validate_tracing,
-};
+use validate::{placeholder_warnings, refuse_demo_tokens, validate_log, validate_teams, validate_tracing};
+pub use values::{BaseUrl, LogLevel, TokenHash};
 
 mod diff;
 mod load;
 mod validate;
+mod values;
 
 /// The compiled-in defaults, also the documentation of every key.
 pub const DEFAULTS_TOML: &str = include_str!("../../config/defaults.toml");
@@ -98,7 +98,7 @@ impl ServerConfig {
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct UpstreamConfig {
-    pub(crate) base_url: String,
+    pub(crate) base_url: BaseUrl,
     api_key: Option<Secret>,
     api_key_file: Option<PathBuf>,
     pub(crate) requests_per_minute: u32,
@@ -127,7 +127,7 @@ pub(crate) struct CacheConfig {
     /// already bought (`cache::records`); off: lookups cache as whole queries.
     pub(crate) record_reuse: bool,
     #[serde(default)]
-    route_ttl_secs: std::collections::BTreeMap<String, u64>,
+    route_ttl_secs: std::collections::BTreeMap<crate::route::Route, u64>,
 }
 
 impl CacheConfig {
@@ -141,7 +141,7 @@ impl CacheConfig {
             TtlClass::Default => self.default_ttl_secs,
             class => class.secs().unwrap_or(self.default_ttl_secs),
         };
-        let secs = self.route_ttl_secs.get(route.as_str()).copied().unwrap_or(class_secs);
+        let secs = self.route_ttl_secs.get(&route).copied().unwrap_or(class_secs);
         (secs > 0).then(|| std::time::Duration::from_secs(secs))
     }
 }
@@ -176,14 +176,14 @@ pub(crate) struct RedisConfig {
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub(crate) struct AdminConfig {
-    pub(crate) token_sha256: Option<String>,
+    pub(crate) token_sha256: Option<TokenHash>,
     pub(crate) metrics_auth: bool,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct LogConfig {
     pub format: LogFormat,
-    pub level: String,
+    pub level: LogLevel,
     /// Lines the log queue holds for a slow stderr before it drops them
     /// (anonymous access lines first; see `telemetry::sink`).
     pub queue_lines: usize,
@@ -233,7 +233,7 @@ fn socket_addr<'de, D: serde::Deserializer<'de>>(d: D) -> Result<SocketAddr, D::
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
 pub struct TeamConfig {
     pub name: String,
-    pub token_sha256: String,
+    pub token_sha256: TokenHash,
     pub credit_limit: Option<u64>,
     pub requests_per_minute: Option<u32>,
     /// A page its remaining credits cannot cover is asked with the size
@@ -395,9 +395,7 @@ impl Config {
         self.redis.validate(&mut p);
         validate_log(&self.log, &mut p);
         validate_tracing(&self.tracing, &mut p);
-        if let Some(hash) = &self.admin.token_sha256 {
-            check_sha256("admin.token_sha256", hash, &mut p);
-        } else if self.admin.metrics_auth {
+        if self.admin.token_sha256.is_none() && self.admin.metrics_auth {
             // Nothing could ever scrape it.
             p.push("admin.metrics_auth: needs admin.token_sha256".into());
         }
@@ -408,7 +406,7 @@ impl Config {
         }
         validate_teams(&self.teams, &mut p);
         if !checks.demo {
-            refuse_demo_tokens(&self.teams, self.admin.token_sha256.as_deref(), &mut p);
+            refuse_demo_tokens(&self.teams, self.admin.token_sha256.as_ref(), &mut p);
         }
         let path = self.reservation_path_secs();
         if self.quota.reservation_lease_secs < path {

@@ -375,3 +375,182 @@ fn redis_tls_files_are_checked_and_named() {
         assert!(errs.iter().any(|e| e.starts_with(key)), "{key} missing from {errs:#?}");
     }
 }
+
+/// The problems of `text` over the defaults and the upstream key.
+fn problems(text: &str) -> Vec<String> {
+    load(&format!("{KEY}{text}")).expect_err("invalid").0
+}
+
+#[test]
+fn the_base_url_is_split_once_into_what_each_call_reuses() {
+    let c = load(&format!("{KEY}base_url = \"https://api.example.com:8443/prefix/\"\n")).expect("valid");
+    let uri = c.upstream.base_url.join("/v2/permits/search", Some("geo_id=1&size=5"));
+    assert_eq!(
+        uri.map(|u| u.to_string()).as_deref(),
+        Some("https://api.example.com:8443/prefix/v2/permits/search?geo_id=1&size=5")
+    );
+    // Printed back as written, less the trailing slash (the same base).
+    assert_eq!(c.upstream.base_url.to_string(), "https://api.example.com:8443/prefix");
+    let bare: BaseUrl = "http://127.0.0.1:9000".parse().expect("a URL");
+    assert_eq!(
+        bare.join("/v2/usage", None).map(|u| u.to_string()).as_deref(),
+        Some("http://127.0.0.1:9000/v2/usage")
+    );
+    assert_eq!(bare.join("/v2/x y", None), None, "not a URI path: not forwarded");
+    for (value, says) in [
+        ("\"ftp://x\"", "upstream.base_url: \"ftp://x\" is not an http(s) URL"),
+        (
+            "\"api.example.com\"",
+            "upstream.base_url: \"api.example.com\" is not an http(s) URL",
+        ),
+        ("\"https://h/?a=1\"", "upstream.base_url: must not have a query"),
+        (
+            "5",
+            "upstream.base_url: 5 is not allowed here: expected an http(s) URL like https://api.example.com",
+        ),
+    ] {
+        let errs = problems(&format!("base_url = {value}\n"));
+        assert_eq!(errs, [says], "{value}");
+    }
+}
+
+#[test]
+fn token_hashes_are_read_as_their_bytes_and_printed_back_as_hex() {
+    let upper = TokenHash::of("a-token").to_string().to_ascii_uppercase();
+    let c = load(&format!(
+        "{KEY}[[teams]]\nname = \"a\"\ntoken_sha256 = \"{upper}\"\n[admin]\ntoken_sha256 = \"{}\"\n",
+        TokenHash::of("admin-token")
+    ))
+    .expect("valid");
+    assert_eq!(c.teams[0].token_sha256, TokenHash::of("a-token"));
+    assert_eq!(c.admin.token_sha256, Some(TokenHash::of("admin-token")));
+    let printed = c.redacted_toml();
+    assert!(
+        printed.contains(&format!("token_sha256 = \"{}\"", upper.to_ascii_lowercase())),
+        "{printed}"
+    );
+    for (value, says) in [
+        ("\"abc\"", "must be 64 hex characters (the SHA-256 of the token, see `permit-gateway token`)"),
+        (
+            &format!("\"{}\"", "g".repeat(64)),
+            "must be 64 hex characters (the SHA-256 of the token, see `permit-gateway token`)",
+        ),
+        (
+            "5",
+            "5 is not allowed here: expected 64 hex characters in quotes (the SHA-256 of the token, see `permit-gateway token`)",
+        ),
+    ] {
+        let errs = problems(&format!("[admin]\ntoken_sha256 = {value}\nmetrics_auth = true\n"));
+        // The hash is set, if badly: no second complaint that it is missing.
+        assert_eq!(errs, [format!("admin.token_sha256: {says}")], "{value}");
+    }
+}
+
+#[test]
+fn a_bad_or_missing_team_hash_does_not_hide_the_teams_other_problems() {
+    let errs = problems(
+        "[[teams]]\nname = \"a\"\ntoken_sha256 = \"abc\"\n[[teams]]\nname = \"b\"\ntoken_sha256 = \"xyz\"\n\
+         [[teams]]\nname = \"Bad\"\nrequests_per_minute = 0\n",
+    );
+    let mut want = vec![
+        "teams[0].token_sha256: must be 64 hex characters (the SHA-256 of the token, see `permit-gateway token`)",
+        "teams[1].token_sha256: must be 64 hex characters (the SHA-256 of the token, see `permit-gateway token`)",
+        "teams[2].token_sha256: required, and not set",
+        "teams[2].name: \"Bad\" must be 1-64 of [a-z0-9_-]",
+        "teams[2].requests_per_minute: must be positive (omit for no limit)",
+    ];
+    // Two bad hashes are no "same token" either.
+    want.sort();
+    let mut errs = errs;
+    errs.sort();
+    assert_eq!(errs, want);
+}
+
+#[test]
+fn a_hash_matches_only_its_own_digest() {
+    let a = TokenHash::from([7u8; 32]);
+    assert!(bool::from(a.matches(&[7u8; 32])));
+    for i in 0..32 {
+        let mut b = [7u8; 32];
+        b[i] ^= 0x80;
+        assert!(!bool::from(a.matches(&b)), "byte {i}");
+    }
+}
+
+#[test]
+fn route_ttls_are_keyed_by_route_and_an_unknown_name_lists_the_routes() {
+    let errs = problems("[cache.route_ttl_secs]\npermit_search = 5\nlist_tags = 5\nbogus = 1\nusage = 5\n");
+    assert_eq!(errs.len(), 3, "{errs:#?}");
+    for name in ["permit_search", "bogus"] {
+        let at = format!("cache.route_ttl_secs.{name}: {name:?} is not one of `permits_search`, ");
+        let e = errs
+            .iter()
+            .find(|e| e.starts_with(&at))
+            .unwrap_or_else(|| panic!("{at}: {errs:#?}"));
+        for route in crate::route::Route::ALL {
+            assert!(e.contains(&format!("`{}`", route.as_str())), "{e}");
+        }
+    }
+    assert!(errs.contains(&"cache.route_ttl_secs.usage: /v2/usage is never cached".to_string()));
+    let c = load(&format!("{KEY}[cache.route_ttl_secs]\nlist_tags = 5\n")).expect("valid");
+    assert!(
+        c.redacted_toml().contains("[cache.route_ttl_secs]\nlist_tags = 5\n"),
+        "{}",
+        c.redacted_toml()
+    );
+}
+
+#[test]
+fn the_log_level_is_a_level_or_a_filter_and_a_typo_is_refused() {
+    use tracing::Level;
+    for ok in [
+        "info",
+        "DEBUG",
+        "off",
+        "info,access=warn",
+        "warn,permit_gateway::proxy=trace",
+    ] {
+        let c = load(&format!("{KEY}[log]\nlevel = {ok:?}\n")).unwrap_or_else(|e| panic!("{ok}: {e}"));
+        assert_eq!(c.log.level.to_string(), ok, "printed back as written");
+    }
+    for bad in ["inof", "", "info,permit_gateway=loud", "verbose,access=warn"] {
+        let errs = problems(&format!("[log]\nlevel = {bad:?}\n"));
+        assert_eq!(
+            errs,
+            [format!(
+                "log.level: {bad:?} is not a level (off, error, warn, info, debug or trace) or a filter like \"info,permit_gateway=debug\""
+            )]
+        );
+    }
+    // The filter built from the parsed directives is the one tracing reads.
+    let level: LogLevel = "info,access=warn".parse().expect("a filter");
+    let subscriber = tracing_subscriber::layer::SubscriberExt::with(
+        tracing_subscriber::registry(),
+        tracing_subscriber::Layer::with_filter(
+            tracing_subscriber::fmt::layer().with_writer(std::io::sink),
+            level.filter(),
+        ),
+    );
+    tracing::subscriber::with_default(subscriber, || {
+        assert!(tracing::enabled!(Level::INFO));
+        assert!(!tracing::enabled!(Level::DEBUG));
+        assert!(!tracing::enabled!(target: "access", Level::INFO));
+        assert!(tracing::enabled!(target: "access", Level::WARN));
+    });
+    let info = LogLevel::from(tracing::level_filters::LevelFilter::INFO);
+    assert_eq!(info, "info".parse().expect("a level"));
+}
+
+#[test]
+fn the_printed_config_loads_back_as_the_same_config() {
+    let text = format!(
+        "{KEY}base_url = \"http://10.0.0.1:8080/api\"\n[[teams]]\nname = \"a\"\ntoken_sha256 = \"{}\"\n\
+         [cache.route_ttl_secs]\npermits_search = 60\nother = 0\n[log]\nlevel = \"debug,access=warn\"\n",
+        TokenHash::of("a-token")
+    );
+    let c = load(&text).expect("valid");
+    let again = load(&c.redacted_toml()).expect("the printout is a valid config");
+    assert_eq!(serde_json::to_value(&c).ok(), serde_json::to_value(&again).ok());
+    // The key prints redacted, so it reads back as another key.
+    assert_eq!(c.restart_required(&again), ["upstream.api_key"]);
+}

@@ -151,6 +151,34 @@ impl Route {
     }
 }
 
+/// Every route's name, in table order: the names a config key may use.
+static NAMES: std::sync::LazyLock<Vec<&'static str>> =
+    std::sync::LazyLock::new(|| Route::ALL.iter().map(|r| r.as_str()).collect());
+
+/// A route is written as its name (`cache.route_ttl_secs.<route>`).
+impl serde::Serialize for Route {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(self.as_str())
+    }
+}
+
+/// Read from its name; any other text is refused listing every name.
+impl<'de> serde::Deserialize<'de> for Route {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Route, D::Error> {
+        struct Name;
+        impl serde::de::Visitor<'_> for Name {
+            type Value = Route;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a route name")
+            }
+            fn visit_str<E: serde::de::Error>(self, name: &str) -> Result<Route, E> {
+                Route::from_name(name).ok_or_else(|| E::unknown_variant(name, NAMES.as_slice()))
+            }
+        }
+        d.deserialize_str(Name)
+    }
+}
+
 /// Where a request goes: its route and the canonical upstream path.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Target {

@@ -74,10 +74,21 @@ impl PartialEq for Team {
 impl Team {
     /// Counts one more request in flight, unless `limit` are already.
     pub(crate) fn enter(&self, limit: usize) -> Option<TeamInFlight> {
-        self.in_flight
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| (n < limit).then_some(n + 1))
-            .ok()
-            .map(|_| TeamInFlight(self.in_flight.clone()))
+        // A compare-and-swap loop (`fetch_update` is deprecated on newer
+        // toolchains): never counts past `limit`, even for a moment.
+        let mut n = self.in_flight.load(Ordering::Acquire);
+        loop {
+            if n >= limit {
+                return None;
+            }
+            match self
+                .in_flight
+                .compare_exchange_weak(n, n + 1, Ordering::AcqRel, Ordering::Acquire)
+            {
+                Ok(_) => return Some(TeamInFlight(self.in_flight.clone())),
+                Err(now) => n = now,
+            }
+        }
     }
 
     /// The team's own rate: `Err(seconds to wait)` when exceeded.

@@ -40,20 +40,22 @@ pub(crate) const HTTP2_CHUNK_BYTES: usize = 16 * 1024;
 /// The file read by `serve` and `check-config` when no `--config` is given.
 pub const DEFAULT_CONFIG_PATH: &str = "config/gateway.toml";
 
+/// Its fields are public so that the integration tests build a config as a
+/// value (`tests/it/support/gateway.rs`); secrets stay crate-private.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Config {
     pub server: ServerConfig,
     pub upstream: UpstreamConfig,
-    pub(crate) cache: CacheConfig,
+    pub cache: CacheConfig,
     pub quota: QuotaConfig,
     /// TLS files and Sentinel login for every Redis URL (cache, ledger, rate).
     #[serde(default)]
-    pub(crate) redis: RedisConfig,
-    pub(crate) admin: AdminConfig,
+    pub redis: RedisConfig,
+    pub admin: AdminConfig,
     pub log: LogConfig,
     pub tracing: TracingConfig,
     #[serde(default)]
-    pub(crate) teams: Vec<TeamConfig>,
+    pub teams: Vec<TeamConfig>,
     /// What loading noticed that is allowed but unwise (an upstream key
     /// written in a file): `check-config` prints them, `serve` logs them.
     #[serde(skip)]
@@ -63,25 +65,25 @@ pub struct Config {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct ServerConfig {
     #[serde(deserialize_with = "socket_addr")]
-    pub(crate) listen: SocketAddr,
+    pub listen: SocketAddr,
     #[serde(deserialize_with = "socket_addr")]
-    pub(crate) admin_listen: SocketAddr,
-    pub(crate) tls_cert_file: Option<PathBuf>,
-    pub(crate) tls_key_file: Option<PathBuf>,
-    pub(crate) max_connections: usize,
-    pub(crate) max_connections_per_peer: usize,
+    pub admin_listen: SocketAddr,
+    pub tls_cert_file: Option<PathBuf>,
+    pub tls_key_file: Option<PathBuf>,
+    pub max_connections: usize,
+    pub max_connections_per_peer: usize,
     /// The admin listener's own cap (probes, scrapes, the admin API).
-    pub(crate) admin_max_connections: usize,
-    pub(crate) max_header_bytes: usize,
-    pub(crate) max_uri_bytes: usize,
-    pub(crate) header_read_timeout_secs: u64,
-    pub(crate) idle_timeout_secs: u64,
+    pub admin_max_connections: usize,
+    pub max_header_bytes: usize,
+    pub max_uri_bytes: usize,
+    pub header_read_timeout_secs: u64,
+    pub idle_timeout_secs: u64,
     pub write_timeout_secs: u64,
     pub http2_max_concurrent_streams: u32,
-    pub(crate) http2_max_buffered_bytes: usize,
+    pub http2_max_buffered_bytes: usize,
     /// 0: derived from `max_connections` ([`ServerConfig::team_in_flight_limit`]).
-    team_max_in_flight: usize,
-    pub(crate) shutdown_grace_secs: u64,
+    pub team_max_in_flight: usize,
+    pub shutdown_grace_secs: u64,
 }
 
 impl ServerConfig {
@@ -100,34 +102,34 @@ impl ServerConfig {
 pub struct UpstreamConfig {
     pub(crate) base_url: BaseUrl,
     api_key: Option<Secret>,
-    api_key_file: Option<PathBuf>,
-    pub(crate) requests_per_minute: u32,
-    pub(crate) timeout_secs: u64,
-    pub(crate) connect_timeout_secs: u64,
-    pub(crate) max_retries: u32,
-    pub(crate) ca_file: Option<PathBuf>,
+    pub api_key_file: Option<PathBuf>,
+    pub requests_per_minute: u32,
+    pub timeout_secs: u64,
+    pub connect_timeout_secs: u64,
+    pub max_retries: u32,
+    pub ca_file: Option<PathBuf>,
     pub max_response_bytes: usize,
-    pub(crate) max_queue_wait_secs: u64,
-    pub(crate) exhausted_backoff_secs: u64,
-    pub(crate) max_retry_after_secs: u64,
+    pub max_queue_wait_secs: u64,
+    pub exhausted_backoff_secs: u64,
+    pub max_retry_after_secs: u64,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
-pub(crate) struct CacheConfig {
-    pub(crate) memory_max_bytes: u64,
-    default_ttl_secs: u64,
+pub struct CacheConfig {
+    pub memory_max_bytes: u64,
+    pub default_ttl_secs: u64,
     pub(crate) redis_url: Option<Secret>,
-    pub(crate) stale_grace_secs: u64,
-    pub(crate) stale_while_revalidate_secs: u64,
-    pub(crate) max_entry_bytes: usize,
-    pub(crate) redis_key_prefix: String,
-    pub(crate) redis_timeout_ms: u64,
-    pub(crate) coalesce_wait_ms: u64,
+    pub stale_grace_secs: u64,
+    pub stale_while_revalidate_secs: u64,
+    pub max_entry_bytes: usize,
+    pub redis_key_prefix: String,
+    pub redis_timeout_ms: u64,
+    pub coalesce_wait_ms: u64,
     /// Id lookups answered from records that searches and earlier lookups
     /// already bought (`cache::records`); off: lookups cache as whole queries.
-    pub(crate) record_reuse: bool,
+    pub record_reuse: bool,
     #[serde(default)]
-    route_ttl_secs: std::collections::BTreeMap<crate::route::Route, u64>,
+    pub route_ttl_secs: std::collections::BTreeMap<crate::route::Route, u64>,
 }
 
 impl CacheConfig {
@@ -148,17 +150,17 @@ impl CacheConfig {
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct QuotaConfig {
-    pub(crate) window: crate::ledger::Window,
+    pub window: crate::ledger::Window,
     pub store: QuotaStore,
-    pub(crate) path: PathBuf,
+    pub path: PathBuf,
     pub(crate) redis_url: Option<Secret>,
-    pub(crate) upgrade_url: String,
-    pub(crate) redis_timeout_ms: u64,
-    pub(crate) reservation_lease_secs: u64,
-    pub(crate) fail_open: bool,
+    pub upgrade_url: String,
+    pub redis_timeout_ms: u64,
+    pub reservation_lease_secs: u64,
+    pub fail_open: bool,
     /// Tests only: shifts the ledger's clock (its days and reservation
     /// expiries) by this many seconds; 0 in production.
-    pub(crate) clock_offset_secs: i64,
+    pub clock_offset_secs: i64,
 }
 
 /// `[redis]`: what a `rediss://` (or `rediss+cluster://`,
@@ -166,18 +168,18 @@ pub struct QuotaConfig {
 /// the ledger's and the rate limiter's Redis: in practice they are one
 /// service behind one CA. The ACL login stays in the URL (`user:password@`).
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
-pub(crate) struct RedisConfig {
-    pub(crate) tls_ca_file: Option<PathBuf>,
-    pub(crate) tls_cert_file: Option<PathBuf>,
-    pub(crate) tls_key_file: Option<PathBuf>,
-    pub(crate) sentinel_username: Option<String>,
+pub struct RedisConfig {
+    pub tls_ca_file: Option<PathBuf>,
+    pub tls_cert_file: Option<PathBuf>,
+    pub tls_key_file: Option<PathBuf>,
+    pub sentinel_username: Option<String>,
     pub(crate) sentinel_password: Option<Secret>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
-pub(crate) struct AdminConfig {
+pub struct AdminConfig {
     pub(crate) token_sha256: Option<TokenHash>,
-    pub(crate) metrics_auth: bool,
+    pub metrics_auth: bool,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]

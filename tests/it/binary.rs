@@ -3,7 +3,6 @@
 
 use crate::support::client::Client;
 use crate::support::gateway::{ChildGateway, Setup, ADMIN_TOKEN, ALPHA, BETA};
-use crate::support::http::get;
 use crate::support::query::Query;
 use crate::support::sim::{start_sim, unlimited, FaultKind, Faults, SimConfig};
 use crate::support::tls::TestPki;
@@ -11,6 +10,7 @@ use crate::support::wait::eventually;
 use bytes::Bytes;
 use http::StatusCode;
 use http_body_util::{BodyExt, Empty};
+use permit_gateway::config::LogFormat;
 use std::time::Duration;
 
 #[tokio::test]
@@ -40,14 +40,8 @@ async fn secrets_never_appear_in_responses_or_logs() {
             replies.push(caller.get(&query).await);
         }
     }
-    replies.push(get(&format!("{}/metrics", gw.admin_url()), &[]).await);
-    replies.push(
-        get(
-            &format!("{}/admin/teams", gw.admin_url()),
-            &[("authorization", &format!("Bearer {ADMIN_TOKEN}"))],
-        )
-        .await,
-    );
+    replies.push(Client::anonymous(gw.admin_url()).get("/metrics").await);
+    replies.push(Client::admin(gw.admin_url()).get("/admin/teams").await);
     assert!(replies.iter().any(|r| r.status == StatusCode::OK));
     for reply in &replies {
         let mut all = reply.text();
@@ -121,16 +115,14 @@ fn tls_client(
 async fn team_traffic_is_served_over_tls_with_h2_by_alpn() {
     let pki = TestPki::new();
     let sim = start_sim(unlimited()).await;
-    let setup = Setup::new().with(
-        "server",
-        format!(
-            "tls_cert_file = {:?}\ntls_key_file = {:?}",
-            pki.cert_path().display().to_string(),
-            pki.key_path().display().to_string()
-        ),
-    );
+    let (cert, key) = (pki.cert_path(), pki.key_path());
+    let setup = Setup::new().with(move |c| {
+        c.server.tls_cert_file = Some(cert.clone());
+        c.server.tls_key_file = Some(key.clone());
+    });
     let gw = setup.start(&sim).await;
-    let req = http::Request::get(format!("https://localhost:{}/v2/meta/release", gw.addr.port()))
+    // A TLS client of its own (the harness's speaks cleartext).
+    let req = http::Request::get(format!("https://localhost:{}{}", gw.addr.port(), Query::meta_release()))
         .header("x-api-key", ALPHA.1)
         .body(Empty::new())
         .expect("request");
@@ -150,10 +142,8 @@ async fn the_upstream_is_reached_over_tls_with_a_private_ca() {
     })
     .await;
     assert!(sim.base_url().starts_with("https://"));
-    let setup = Setup::new().with(
-        "upstream",
-        format!("ca_file = {:?}", pki.ca_path().display().to_string()),
-    );
+    let ca = pki.ca_path();
+    let setup = Setup::new().with(move |c| c.upstream.ca_file = Some(ca.clone()));
     let gw = setup.start(&sim).await;
     let alpha = Client::new(gw.base_url(), ALPHA.1);
     alpha.get(Query::meta_release()).expect_status(StatusCode::OK).await;
@@ -177,15 +167,14 @@ async fn the_demo_serves_its_printed_curl_lines() {
         .and_then(|rest| rest.strip_suffix('\''))
         .expect("banner has a growth curl line")
         .to_string();
-    // The URL exactly as the banner printed it: the line is what is tested.
-    let r = get(&url, &[("x-api-key", "pgw_demo_growth")]).await;
+    // The URL exactly as the banner printed it (no base of the client's):
+    // the line is what is tested.
+    let r = Client::new("", "pgw_demo_growth").get(&url).await;
     assert_eq!(r.status, StatusCode::OK, "{}", r.text());
     assert!(!r.json()["items"].as_array().expect("items").is_empty());
-    let admin = get(
-        &format!("{}/admin/teams", gw.admin_url()),
-        &[("authorization", "Bearer pgw_demo_admin")],
-    )
-    .await;
+    let admin = Client::bearer(gw.admin_url(), "pgw_demo_admin")
+        .get("/admin/teams")
+        .await;
     assert_eq!(admin.status, StatusCode::OK);
     // The metrics line prints the money metrics only, not every bucket.
     assert!(
@@ -203,19 +192,15 @@ async fn the_demo_serves_its_printed_curl_lines() {
 
 #[tokio::test]
 async fn sighup_reloads_the_teams_of_the_config_file() {
-    use crate::support::gateway::team;
     let sim = start_sim(unlimited()).await;
-    let setup = Setup::new().teams(team(ALPHA.0, ALPHA.1, ""));
+    let setup = Setup::new().teams(&[ALPHA]);
     let gw = ChildGateway::spawn(&setup, &sim.base_url(), sim.api_key());
     let (alpha, beta) = (Client::new(gw.base_url(), ALPHA.1), Client::new(gw.base_url(), BETA.1));
     let release = Query::meta_release();
     assert_eq!(beta.get(&release).await.status, StatusCode::UNAUTHORIZED);
-    let text = std::fs::read_to_string(gw.config_path()).expect("config");
-    std::fs::write(
-        gw.config_path(),
-        format!("{text}\n{}", team(BETA.0, BETA.1, "credit_limit = 7")),
-    )
-    .expect("rewrite");
+    // The same setup, so the ledger's folder stays the same.
+    let setup = setup.credit_limit(BETA, 7);
+    gw.rewrite(&setup, &sim.base_url(), sim.api_key());
     gw.signal("HUP");
     eventually("SIGHUP reloads the teams", Duration::from_secs(10), || async {
         beta.get(&release).await.status == StatusCode::OK
@@ -228,7 +213,7 @@ async fn sighup_reloads_the_teams_of_the_config_file() {
 async fn human_logs_carry_no_colour_codes_when_not_a_terminal() {
     use std::io::{BufRead, BufReader};
     let sim = start_sim(unlimited()).await;
-    let setup = Setup::new().with("log", "format = \"human\"");
+    let setup = Setup::new().with(|c| c.log.format = LogFormat::Human);
     let dir = tempfile::tempdir().expect("tmp");
     let path = dir.path().join("gateway.toml");
     std::fs::write(&path, setup.toml(&sim.base_url(), sim.api_key())).expect("write");

@@ -2,15 +2,14 @@
 //! rate: asserted against what the simulator really charged.
 
 use crate::support::client::Client;
-use crate::support::gateway::{team, ChildGateway, FromFile, Setup, ADMIN_TOKEN, ALPHA, BETA, SMALL};
-use crate::support::http::{get, send, Reply};
+use crate::support::gateway::{ChildGateway, FromFile, Setup, ALPHA, BETA, SMALL};
+use crate::support::http::Reply;
 use crate::support::query::Query;
 use crate::support::redis::RedisServer;
 use crate::support::sim::{start_sim, unlimited, FaultKind, Faults, Sim, SimConfig};
 use crate::support::traffic::charged_to;
 use crate::support::wait::eventually;
-use bytes::Bytes;
-use http::{Method, StatusCode};
+use http::StatusCode;
 use std::time::Duration;
 
 /// 40 concurrent size=10 searches against a budget of 100, spread over the
@@ -64,10 +63,7 @@ fn assert_budget_held(sim: &Sim, replies: &[Reply]) {
 #[tokio::test]
 async fn a_budget_of_100_holds_under_40_concurrent_searches() {
     let sim = start_sim(unlimited()).await;
-    let gw = Setup::new()
-        .teams(team(SMALL.0, SMALL.1, "credit_limit = 100"))
-        .start(&sim)
-        .await;
+    let gw = Setup::new().teams(&[SMALL]).credit_limit(SMALL, 100).start(&sim).await;
     let replies = fire_forty(&sim, &[gw.base_url()]).await;
     assert_budget_held(&sim, &replies);
     assert_eq!(
@@ -82,8 +78,9 @@ async fn a_budget_of_100_holds_across_two_replicas_on_one_redis_ledger() {
     let redis = RedisServer::start();
     let sim = start_sim(unlimited()).await;
     let setup = Setup::new()
-        .teams(team(SMALL.0, SMALL.1, "credit_limit = 100"))
-        .with("quota", format!("store = \"redis\"\nredis_url = {:?}", redis.url()));
+        .teams(&[SMALL])
+        .credit_limit(SMALL, 100)
+        .ledger_redis(&redis.url());
     let gw1 = setup.start(&sim).await;
     let gw2 = setup.start(&sim).await;
     let replies = fire_forty(&sim, &[gw1.base_url(), gw2.base_url()]).await;
@@ -95,16 +92,13 @@ async fn a_budget_of_100_holds_across_two_replicas_on_one_redis_ledger() {
 #[tokio::test]
 async fn free_endpoints_cost_nothing_and_a_small_settle_returns_the_difference() {
     let sim = start_sim(unlimited()).await;
-    let gw = Setup::new()
-        .teams(team(SMALL.0, SMALL.1, "credit_limit = 100"))
-        .start(&sim)
-        .await;
+    let gw = Setup::new().teams(&[SMALL]).credit_limit(SMALL, 100).start(&sim).await;
     let small = Client::new(gw.base_url(), SMALL.1);
     let s = sim.samples();
     for query in [
         Query::meta_release(),
-        Query::new("/v2/counties").param("geo_id", &s.county_geo_id),
-        Query::new("/v2/list/zip").size(100),
+        Query::place("counties", &s.county_geo_id),
+        Query::list("zip").size(100),
     ] {
         let r = small.get(&query).request_id("free").await;
         assert_eq!(r.status, StatusCode::OK, "{query}");
@@ -136,7 +130,7 @@ async fn free_endpoints_cost_nothing_and_a_small_settle_returns_the_difference()
 #[tokio::test]
 async fn spend_survives_a_restart_of_the_file_ledger() {
     let sim = start_sim(unlimited()).await;
-    let setup = Setup::new().teams(team(SMALL.0, SMALL.1, "credit_limit = 100"));
+    let setup = Setup::new().teams(&[SMALL]).credit_limit(SMALL, 100);
     let gw = setup.start(&sim).await;
     let s = sim.samples();
     let r = Client::new(gw.base_url(), SMALL.1)
@@ -161,15 +155,14 @@ async fn sigkill_mid_load_loses_no_settled_spend_and_lapsed_reservations_count_a
     let redis = RedisServer::start();
     let sim = start_sim(unlimited()).await;
     let setup = Setup::new()
-        .teams(team(SMALL.0, SMALL.1, "credit_limit = 100"))
-        .with("upstream", "timeout_secs = 1\nmax_retries = 0\nmax_queue_wait_secs = 1")
-        .with(
-            "quota",
-            format!(
-                "store = \"redis\"\nredis_url = {:?}\nreservation_lease_secs = 7",
-                redis.url()
-            ),
-        );
+        .teams(&[SMALL])
+        .credit_limit(SMALL, 100)
+        .ledger_redis(&redis.url())
+        .one_attempt(1)
+        .with(|c| {
+            c.upstream.max_queue_wait_secs = 1;
+            c.quota.reservation_lease_secs = 7;
+        });
     let mut gw = ChildGateway::spawn(&setup, &sim.base_url(), sim.api_key());
     let small = Client::new(gw.base_url(), SMALL.1);
     let s = sim.samples();
@@ -194,21 +187,10 @@ async fn sigkill_mid_load_loses_no_settled_spend_and_lapsed_reservations_count_a
         .map(|i| small.get(Query::distinct(&s, i).size(20)).spawn())
         .collect();
     // Wait until the three calls hold their reservations in the ledger.
-    let client = redis::Client::open(redis.url()).expect("redis url");
-    let conn = client.get_multiplexed_async_connection().await.expect("redis");
-    eventually("the hanging calls reserve", Duration::from_secs(10), || {
-        let mut conn = conn.clone();
-        async move {
-            let held: u64 = redis::cmd("HLEN")
-                .arg("pgw:l:{small}:held")
-                .query_async(&mut conn)
-                .await
-                .expect("HLEN");
-            if held == 3 {
-                Ok(())
-            } else {
-                Err(format!("{held} held"))
-            }
+    eventually("the hanging calls reserve", Duration::from_secs(10), || async {
+        match redis.holds("small").await {
+            Some(3) => Ok(()),
+            held => Err(format!("{held:?} held")),
         }
     })
     .await;
@@ -298,19 +280,15 @@ async fn an_exhausted_org_pauses_metered_calls_and_charges_no_team() {
 async fn admin_reports_budgets_and_chargeback_rows() {
     let sim = start_sim(unlimited()).await;
     let gw = Setup::new()
-        .teams(team(SMALL.0, SMALL.1, "credit_limit = 100") + &team(BETA.0, BETA.1, ""))
+        .teams(&[SMALL, BETA])
+        .credit_limit(SMALL, 100)
         .start(&sim)
         .await;
     let search = Query::distinct(&sim.samples(), 0).size(7);
     Client::new(gw.base_url(), SMALL.1).get(&search).request_id("x").await;
     Client::new(gw.base_url(), BETA.1).get(&search).request_id("y").await;
-    let bearer = format!("Bearer {ADMIN_TOKEN}");
-    let teams = get(
-        &format!("{}/admin/teams", gw.admin_url()),
-        &[("authorization", &bearer)],
-    )
-    .await
-    .json();
+    let admin = Client::admin(gw.admin_url());
+    let teams = admin.get("/admin/teams").await.json();
     let small = teams["teams"]
         .as_array()
         .expect("teams")
@@ -322,11 +300,7 @@ async fn admin_reports_budgets_and_chargeback_rows() {
     assert_eq!(small["remaining"], 93);
     assert_eq!(small["window"], "rolling_30d");
     assert_eq!(small["requests"], 1);
-    let csv = get(
-        &format!("{}/admin/usage.csv", gw.admin_url()),
-        &[("authorization", &bearer)],
-    )
-    .await;
+    let csv = admin.get("/admin/usage.csv").await;
     assert_eq!(csv.header("content-type"), Some("text/csv; charset=utf-8"));
     let text = csv.text();
     let today = chrono::Utc::now().date_naive();
@@ -334,30 +308,21 @@ async fn admin_reports_budgets_and_chargeback_rows() {
     assert!(text.contains(&format!("small,{today},permits_search,7,0")), "{text}");
     // Beta's hit saved 7 (written in the background: poll for it).
     eventually("the saved credits are recorded", Duration::from_secs(5), || async {
-        let text = get(
-            &format!("{}/admin/usage.csv", gw.admin_url()),
-            &[("authorization", &bearer)],
-        )
-        .await
-        .text();
+        let text = admin.get("/admin/usage.csv").await.text();
         match text.contains(&format!("beta,{today},permits_search,0,7")) {
             true => Ok(()),
             false => Err(text),
         }
     })
     .await;
-    let bad = get(
-        &format!("{}/admin/usage.csv?from=yesterday", gw.admin_url()),
-        &[("authorization", &bearer)],
-    )
-    .await;
+    let bad = admin.get("/admin/usage.csv?from=yesterday").await;
     assert_eq!(bad.status, StatusCode::UNPROCESSABLE_ENTITY);
 }
 
 #[tokio::test]
 async fn hot_reload_changes_a_budget_and_adds_a_team_without_dropping_requests() {
     let sim = start_sim(unlimited()).await;
-    let setup = Setup::new().teams(team(SMALL.0, SMALL.1, "credit_limit = 100"));
+    let setup = Setup::new().teams(&[SMALL]).credit_limit(SMALL, 100);
     let file = FromFile::start(&setup, &sim).await;
     let gw = &file.gw;
     let (small, beta) = (Client::new(gw.base_url(), SMALL.1), Client::new(gw.base_url(), BETA.1));
@@ -378,18 +343,10 @@ async fn hot_reload_changes_a_budget_and_adds_a_team_without_dropping_requests()
             statuses
         })
     };
-    let new_teams = team(SMALL.0, SMALL.1, "credit_limit = 500") + &team(BETA.0, BETA.1, "");
     // The same data dir moves along: the running gateway's ledger lives there.
-    let setup = setup.teams(new_teams);
+    let setup = setup.teams(&[SMALL, BETA]).credit_limit(SMALL, 500);
     file.rewrite(&setup, &sim);
-    let bearer = format!("Bearer {ADMIN_TOKEN}");
-    let reload = send(
-        Method::POST,
-        &format!("{}/admin/reload", gw.admin_url()),
-        &[("authorization", &bearer)],
-        Bytes::new(),
-    )
-    .await;
+    let reload = file.reload().await;
     assert_eq!(reload.status, StatusCode::OK, "{}", reload.text());
     assert_eq!(reload.json()["teams"], 2);
     assert_eq!(
@@ -413,13 +370,7 @@ async fn hot_reload_changes_a_budget_and_adds_a_team_without_dropping_requests()
     );
     // A broken file is refused and the old teams stay.
     std::fs::write(&file.path, "[server]\nlisten = 1\n").expect("break");
-    let refused = send(
-        Method::POST,
-        &format!("{}/admin/reload", gw.admin_url()),
-        &[("authorization", &bearer)],
-        Bytes::new(),
-    )
-    .await;
+    let refused = file.reload().await;
     assert_eq!(refused.status, StatusCode::UNPROCESSABLE_ENTITY);
     assert_eq!(
         beta.get(Query::meta_release()).request_id("still").await.status,

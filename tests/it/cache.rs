@@ -1,15 +1,14 @@
 //! The credit-saving cache: what reaches the upstream, and what it costs.
 
 use crate::support::client::Client;
-use crate::support::gateway::{Setup, ADMIN_TOKEN, ALPHA, BETA};
-use crate::support::http::{get, send, Reply};
-use crate::support::probe::{redis_errors, wait_cache_redis_ok};
+use crate::support::gateway::{Setup, ALPHA, BETA};
+use crate::support::http::Reply;
+use crate::support::probe::{metrics_text, redis_errors, wait_cache_redis_ok};
 use crate::support::query::Query;
 use crate::support::redis::RedisServer;
 use crate::support::sim::{start_sim, unlimited, FaultKind, Faults};
 use crate::support::wait::eventually;
-use bytes::Bytes;
-use http::{Method, StatusCode};
+use http::StatusCode;
 use permit_gateway::Running;
 use std::time::Duration;
 
@@ -59,7 +58,7 @@ async fn a_repeat_does_not_reach_the_upstream_and_costs_nothing() {
     assert_eq!(implicit.x_cache(), Some("HIT"), "size=50 equals no size");
 
     assert_eq!(sim.stats().requests_total, 2, "one upstream request per distinct query");
-    let metrics = get(&format!("{}/metrics", gw.admin_url()), &[]).await.text();
+    let metrics = metrics_text(&gw.admin_url()).await;
     assert!(
         metrics.contains("gateway_credits_saved_total{route=\"permits_search\",team=\"beta\"} 7"),
         "{metrics}"
@@ -103,9 +102,7 @@ async fn two_gateways_on_one_redis_share_entries_and_fetches() {
     let redis = RedisServer::start();
     let sim = start_sim(unlimited()).await;
     // Replicas share the Redis ledger too (a file ledger is one replica's).
-    let setup = Setup::new()
-        .with("cache", format!("redis_url = {:?}", redis.url()))
-        .with("quota", "store = \"redis\"");
+    let setup = Setup::new().redis(&redis.url());
     let gw1 = setup.start(&sim).await;
     let gw2 = setup.start(&sim).await;
 
@@ -147,12 +144,11 @@ async fn two_gateways_on_one_redis_share_entries_and_fetches() {
 async fn a_dead_redis_costs_nothing_and_a_restarted_one_is_used_again() {
     let mut redis = RedisServer::start();
     let sim = start_sim(unlimited()).await;
-    let setup = Setup::new().with(
-        "cache",
-        format!("redis_url = {:?}\nredis_timeout_ms = 200", redis.url()),
-    );
+    let setup = Setup::new()
+        .cache_redis(&redis.url())
+        .with(|c| c.cache.redis_timeout_ms = 200);
     let gw = setup.start(&sim).await;
-    let other_dir = Setup::new().with("cache", format!("redis_url = {:?}", redis.url()));
+    let other_dir = Setup::new().cache_redis(&redis.url());
     let s = sim.samples();
     let search = |size: u32| Query::state_permits(&s).size(size);
     let alpha = alpha(&gw);
@@ -190,10 +186,8 @@ async fn upstream_failures_serve_a_stale_copy_or_the_mapped_error() {
     let sim = start_sim(unlimited()).await;
     // No org back-off here: each fault is its own case (the back-off has a test of its own).
     let gw = Setup::new()
-        .with(
-            "upstream",
-            "timeout_secs = 1\nmax_retries = 0\nexhausted_backoff_secs = 0",
-        )
+        .one_attempt(1)
+        .with(|c| c.upstream.exhausted_backoff_secs = 0)
         .start(&sim)
         .await;
     let s = sim.samples();
@@ -287,21 +281,18 @@ async fn upstream_failures_serve_a_stale_copy_or_the_mapped_error() {
 async fn expired_entries_are_kept_for_the_grace_period_and_served_on_failure() {
     let sim = start_sim(unlimited()).await;
     let gw = Setup::new()
-        .with(
-            "cache",
-            "stale_grace_secs = 3600\n[cache.route_ttl_secs]\nmeta_release = 1",
-        )
-        .with("upstream", "max_retries = 0")
+        .with(|c| {
+            c.cache.stale_grace_secs = 3600;
+            c.upstream.max_retries = 0;
+        })
+        .route_ttl("meta_release", 1)
         .start(&sim)
         .await;
     let alpha = alpha(&gw);
     let release = Query::meta_release();
     assert_eq!(alpha.get(&release).await.x_cache(), Some("MISS"));
     // Wait for the entry to expire: only-if-cached stops accepting it.
-    eventually("the entry expires", Duration::from_secs(5), || async {
-        alpha.get(&release).cache_control("only-if-cached").await.status != StatusCode::OK
-    })
-    .await;
+    alpha.wait_expired(&release).await;
     let accepted = alpha.get(&release).cache_control("max-stale=600").await;
     assert_eq!(accepted.x_cache(), Some("STALE"), "max-stale accepts an expired entry");
     sim.set_faults(Faults {
@@ -361,7 +352,7 @@ async fn errors_and_usage_are_never_cached() {
     let alpha = alpha(&gw);
     for query in [
         Query::permit_search("CA").size(5),
-        Query::new("/v2/counties").param("geo_id", "AAAAAAAAAAA"),
+        Query::place("counties", "AAAAAAAAAAA"),
         Query::usage(),
     ] {
         let first = alpha.get(&query).await;
@@ -379,36 +370,19 @@ async fn errors_and_usage_are_never_cached() {
 async fn purge_empties_both_tiers_all_or_by_route() {
     let redis = RedisServer::start();
     let sim = start_sim(unlimited()).await;
-    let gw = Setup::new()
-        .with("cache", format!("redis_url = {:?}", redis.url()))
-        .start(&sim)
-        .await;
+    let gw = Setup::new().cache_redis(&redis.url()).start(&sim).await;
     let alpha = alpha(&gw);
     let search = Query::state_permits(&sim.samples()).size(2);
     let release = Query::meta_release();
     alpha.get(&search).await;
     alpha.get(&release).await;
-    let purge = |q: &'static str| {
-        let url = format!("{}/admin/cache/purge{q}", gw.admin_url());
-        async move {
-            send(
-                Method::POST,
-                &url,
-                &[("authorization", &format!("Bearer {ADMIN_TOKEN}"))],
-                Bytes::new(),
-            )
-            .await
-        }
-    };
+    let admin = Client::admin(gw.admin_url());
+    let purge = |q: &str| admin.post(format!("/admin/cache/purge{q}"));
     assert_eq!(
-        send(
-            Method::POST,
-            &format!("{}/admin/cache/purge", gw.admin_url()),
-            &[],
-            Bytes::new()
-        )
-        .await
-        .status,
+        Client::anonymous(gw.admin_url())
+            .post("/admin/cache/purge")
+            .await
+            .status,
         StatusCode::UNAUTHORIZED
     );
     let by_route = purge("?route=meta_release").await;
@@ -430,20 +404,15 @@ async fn purge_empties_both_tiers_all_or_by_route() {
 async fn stale_while_revalidate_answers_at_once_and_refreshes_once_behind() {
     let sim = start_sim(unlimited()).await;
     let gw = Setup::new()
-        .with(
-            "cache",
-            "stale_while_revalidate_secs = 600\n[cache.route_ttl_secs]\nmeta_release = 1",
-        )
+        .with(|c| c.cache.stale_while_revalidate_secs = 600)
+        .route_ttl("meta_release", 1)
         .start(&sim)
         .await;
     let alpha = alpha(&gw);
     let release = Query::meta_release();
     assert_eq!(alpha.get(&release).await.x_cache(), Some("MISS"));
     // Wait for expiry (only-if-cached never triggers the refresh).
-    eventually("the entry expires", Duration::from_secs(5), || async {
-        alpha.get(&release).cache_control("only-if-cached").await.x_cache() == Some("STALE")
-    })
-    .await;
+    alpha.wait_expired(&release).await;
     assert_eq!(sim.stats().requests_total, 1);
     // Five callers at once: all answered from the stale copy, one refresh.
     sim.set_faults(Faults {

@@ -3,14 +3,14 @@
 //! test ends with the ledger equal to what the upstream charged each team.
 
 use crate::support::client::Client;
-use crate::support::gateway::{team, ChildGateway, Setup, ADMIN_TOKEN, ALPHA, BETA, SMALL};
-use crate::support::http::{get, Reply};
-use crate::support::probe::{redis_errors, wait_cache_redis_ok};
+use crate::support::gateway::{ChildGateway, Setup, ALPHA, BETA, SMALL};
+use crate::support::http::Reply;
+use crate::support::probe::{metrics_text, readyz, redis_errors, wait_cache_redis_ok};
 use crate::support::query::Query;
 use crate::support::redis::RedisServer;
 use crate::support::relay::SlowRelay;
 use crate::support::sim::{fault, start_sim, unlimited, FaultKind, Faults, SimConfig};
-use crate::support::traffic::{alternate, assert_ledger_matches};
+use crate::support::traffic::{alternate, assert_ledger_matches, charged_to, ledger_used};
 use crate::support::wait::eventually;
 use http::StatusCode;
 use std::time::Duration;
@@ -20,11 +20,11 @@ async fn redis_down_at_start_then_back() {
     let mut redis = RedisServer::start();
     redis.kill();
     let sim = start_sim(unlimited()).await;
-    let setup = Setup::new().with("cache", format!("redis_url = {:?}", redis.url()));
+    let setup = Setup::new().cache_redis(&redis.url());
     let gw = setup.start(&sim).await;
     let (alpha, s) = (Client::new(gw.base_url(), ALPHA.1), sim.samples());
     let query = Query::distinct(&s, 0).size(5);
-    let ready = get(&format!("{}/readyz", gw.admin_url()), &[]).await;
+    let ready = readyz(&gw.admin_url()).await;
     assert_eq!(
         ready.status,
         StatusCode::OK,
@@ -41,10 +41,7 @@ async fn redis_down_at_start_then_back() {
     wait_cache_redis_ok(&gw.admin_url()).await;
     let fresh = Query::distinct(&s, 1).size(5);
     assert_eq!(alpha.get(&fresh).request_id("alpha-3").await.x_cache(), Some("MISS"));
-    let other = Setup::new()
-        .with("cache", format!("redis_url = {:?}", redis.url()))
-        .start(&sim)
-        .await;
+    let other = Setup::new().cache_redis(&redis.url()).start(&sim).await;
     let shared = Client::new(other.base_url(), BETA.1)
         .get(&fresh)
         .request_id("beta-1")
@@ -59,7 +56,8 @@ async fn a_slow_redis_costs_at_most_its_timeout_and_recovers() {
     let relay = SlowRelay::start(redis.socket()).await;
     let sim = start_sim(unlimited()).await;
     let gw = Setup::new()
-        .with("cache", format!("redis_url = {:?}\nredis_timeout_ms = 50", relay.url()))
+        .cache_redis(&relay.url())
+        .with(|c| c.cache.redis_timeout_ms = 50)
         .start(&sim)
         .await;
     let (alpha, s) = (Client::new(gw.base_url(), ALPHA.1), sim.samples());
@@ -101,10 +99,11 @@ struct Case {
 async fn every_upstream_fault_maps_cleanly_and_the_ledger_matches() {
     let sim = start_sim(unlimited()).await;
     let gw = Setup::new()
-        .with(
-            "upstream",
-            "timeout_secs = 2\nmax_retries = 1\nmax_response_bytes = 1048576",
-        )
+        .with(|c| {
+            c.upstream.timeout_secs = 2;
+            c.upstream.max_retries = 1;
+            c.upstream.max_response_bytes = 1048576;
+        })
         .start(&sim)
         .await;
     let (alpha, s) = (Client::new(gw.base_url(), ALPHA.1), sim.samples());
@@ -236,20 +235,16 @@ async fn every_upstream_fault_maps_cleanly_and_the_ledger_matches() {
     // it nothing; the real upstream bills every metered 200 in that
     // header): a non-conforming answer whose body failed is settled at its
     // reservation (4) and counted as an anomaly, erring towards counting.
-    let ledger = crate::support::traffic::ledger_used(&gw.admin_url(), "alpha").await;
-    let upstream = crate::support::traffic::charged_to(&sim, "alpha-");
+    let ledger = ledger_used(&gw.admin_url(), "alpha").await;
+    let upstream = charged_to(&sim, "alpha-");
     assert_eq!(ledger, upstream + 4, "ledger {ledger}, upstream {upstream}");
-    let metrics = get(&format!("{}/metrics", gw.admin_url()), &[]).await.text();
+    let metrics = metrics_text(&gw.admin_url()).await;
     assert!(metrics.contains("gateway_credit_anomalies_total{team=\"alpha\"} 1"));
 }
 
 /// Requests the gateway has authenticated so far (all teams).
 async fn authenticated(admin: &str) -> u64 {
-    let r = get(
-        &format!("{admin}/admin/teams"),
-        &[("authorization", &format!("Bearer {ADMIN_TOKEN}"))],
-    )
-    .await;
+    let r = Client::admin(admin).get("/admin/teams").await;
     r.json()["teams"]
         .as_array()
         .expect("teams")
@@ -306,7 +301,7 @@ async fn sigterm_under_load_finishes_every_request_in_flight() {
 #[tokio::test]
 async fn sigkill_then_restart_with_a_changed_config_keeps_spend_and_loses_only_cache() {
     let sim = start_sim(unlimited()).await;
-    let setup = Setup::new().teams(team(SMALL.0, SMALL.1, "credit_limit = 100"));
+    let setup = Setup::new().teams(&[SMALL]).credit_limit(SMALL, 100);
     let mut gw = ChildGateway::spawn(&setup, &sim.base_url(), sim.api_key());
     let s = sim.samples();
     let queries: Vec<Query> = (0..5).map(|i| Query::distinct(&s, i).size(6)).collect();
@@ -317,7 +312,7 @@ async fn sigkill_then_restart_with_a_changed_config_keeps_spend_and_loses_only_c
     }
     gw.signal("KILL");
     gw.wait_exit(Duration::from_secs(10));
-    let changed = setup.teams(team(SMALL.0, SMALL.1, "credit_limit = 40"));
+    let changed = setup.credit_limit(SMALL, 40);
     let gw = ChildGateway::spawn(&changed, &sim.base_url(), sim.api_key());
     let small = small.at(gw.base_url());
     assert_eq!(small.used().await, 30, "every settled credit survived SIGKILL");
@@ -381,13 +376,9 @@ async fn the_org_running_dry_mid_load_serves_stale_and_charges_no_team_for_failu
 async fn a_down_ledger_fails_metered_calls_closed_and_keeps_hits_and_free_calls() {
     let mut redis = RedisServer::start();
     let sim = start_sim(unlimited()).await;
-    let setup = Setup::new().with(
-        "quota",
-        format!(
-            "store = \"redis\"\nredis_url = {:?}\nredis_timeout_ms = 200",
-            redis.url()
-        ),
-    );
+    let setup = Setup::new()
+        .ledger_redis(&redis.url())
+        .with(|c| c.quota.redis_timeout_ms = 200);
     let gw = setup.start(&sim).await;
     let (alpha, s) = (Client::new(gw.base_url(), ALPHA.1), sim.samples());
     let cached = Query::distinct(&s, 0).size(4);
@@ -411,12 +402,12 @@ async fn a_down_ledger_fails_metered_calls_closed_and_keeps_hits_and_free_calls(
         alpha.get(Query::meta_release()).request_id("alpha-3").await.status,
         StatusCode::OK
     );
-    let ready = get(&format!("{}/readyz", gw.admin_url()), &[]).await;
+    let ready = readyz(&gw.admin_url()).await;
     assert_eq!(ready.status, StatusCode::SERVICE_UNAVAILABLE, "{}", ready.text());
     redis.restart();
     // The restarted Redis lost the spend (no AOF in this test); readiness returns.
     eventually("the ledger comes back", Duration::from_secs(15), || async {
-        get(&format!("{}/readyz", gw.admin_url()), &[]).await.status == StatusCode::OK
+        readyz(&gw.admin_url()).await.status == StatusCode::OK
     })
     .await;
     let after = alpha.get(Query::distinct(&s, 1).size(4)).request_id("alpha-4").await;

@@ -4,13 +4,12 @@
 //! dashboards and rules have a series to compute on; a reload adds the
 //! children of new teams. The label lists behind it follow the code.
 
-use crate::support::gateway::{team, FromFile, Setup, ADMIN_TOKEN, ALPHA, BETA};
-use crate::support::http::{get, send};
+use crate::support::gateway::{FromFile, Setup, ALPHA, BETA};
+use crate::support::probe::scrape;
 use crate::support::prometheus::{dashboards_dir, gateway_names, Exposition};
 use crate::support::redis::RedisServer;
 use crate::support::sim::{start_sim, unlimited};
-use bytes::Bytes;
-use http::{Method, StatusCode};
+use http::StatusCode;
 use permit_gateway::cache::Tier;
 use permit_gateway::metrics::labels::*;
 use permit_gateway::metrics::Metrics;
@@ -40,12 +39,6 @@ const CONTRACT: [&str; 18] = [
     "gateway_build_info",
 ];
 
-async fn scrape(admin_url: &str) -> Exposition {
-    let reply = get(&format!("{admin_url}/metrics"), &[]).await;
-    assert_eq!(reply.status, StatusCode::OK);
-    Exposition::parse(&reply.text())
-}
-
 /// A family is exported when it has a sample: `# TYPE` alone is not enough
 /// for Prometheus (no series, "No data").
 fn has_samples(m: &Exposition, family: &str) -> bool {
@@ -59,8 +52,8 @@ async fn a_fresh_gateway_exports_every_contract_family_at_zero() {
     let sim = start_sim(unlimited()).await;
     let redis = RedisServer::start();
     let gw = Setup::new()
-        .teams(team(ALPHA.0, ALPHA.1, "credit_limit = 1000") + &team(BETA.0, BETA.1, ""))
-        .with("cache", format!("redis_url = {:?}", redis.url()))
+        .credit_limit(ALPHA, 1000)
+        .cache_redis(&redis.url())
         .start(&sim)
         .await;
     let m = scrape(&gw.admin_url()).await;
@@ -156,17 +149,15 @@ fn the_metrics_reference_marks_the_contract_names() {
 #[tokio::test]
 async fn a_reload_gives_a_new_team_its_metric_children() {
     let sim = start_sim(unlimited()).await;
-    let setup = Setup::new().teams(team(ALPHA.0, ALPHA.1, ""));
+    let setup = Setup::new().teams(&[ALPHA]);
     let file = FromFile::start(&setup, &sim).await;
     let gw = &file.gw;
     let before = scrape(&gw.admin_url()).await;
     assert_eq!(before.get("gateway_rate_limited_total", &[("team", "beta")]), None);
 
-    let setup = setup.teams(team(ALPHA.0, ALPHA.1, "") + &team(BETA.0, BETA.1, "credit_limit = 7"));
+    let setup = setup.credit_limit(BETA, 7);
     file.rewrite(&setup, &sim);
-    let bearer = format!("Bearer {ADMIN_TOKEN}");
-    let url = format!("{}/admin/reload", gw.admin_url());
-    let reload = send(Method::POST, &url, &[("authorization", &bearer)], Bytes::new()).await;
+    let reload = file.reload().await;
     assert_eq!(reload.status, StatusCode::OK, "{}", reload.text());
 
     let after = scrape(&gw.admin_url()).await;

@@ -4,10 +4,10 @@
 
 use crate::support::client::Client;
 use crate::support::gateway::{Setup, ALPHA};
-use crate::support::http::get;
 use crate::support::query::Query;
 use crate::support::sim::{start_sim, unlimited};
 use http::StatusCode;
+use std::future::IntoFuture;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -17,10 +17,11 @@ use tokio::net::{TcpSocket, TcpStream};
 const T: u64 = 1;
 
 fn short_timeouts() -> Setup {
-    Setup::new().with(
-        "server",
-        format!("header_read_timeout_secs = {T}\nidle_timeout_secs = {T}\nwrite_timeout_secs = {T}"),
-    )
+    Setup::new().with(|c| {
+        c.server.header_read_timeout_secs = T;
+        c.server.idle_timeout_secs = T;
+        c.server.write_timeout_secs = T;
+    })
 }
 
 /// A big cached answer: pipelined copies of it overflow any socket buffer.
@@ -83,7 +84,8 @@ async fn connections_that_send_nothing_or_stall_are_closed_on_time() {
     // Half an HTTP/2 preface, then nothing: stuck in protocol detection.
     let mut half_preface = TcpStream::connect(gw.addr).await.expect("connect");
     half_preface.write_all(b"PRI * HTTP/2.0\r\n").await.expect("write");
-    // One request on keep-alive, then silence.
+    // One request on keep-alive, then silence (raw bytes: the socket is
+    // what is watched).
     let mut kept_alive = TcpStream::connect(gw.addr).await.expect("connect");
     let req = format!(
         "GET /v2/meta/release HTTP/1.1\r\nHost: x\r\nX-API-Key: {}\r\n\r\n",
@@ -123,7 +125,7 @@ async fn an_idle_http2_connection_gets_goaway() {
             .await
             .expect("h2 handshake");
     let conn = tokio::spawn(conn);
-    let req = http::Request::get("/v2/meta/release")
+    let req = http::Request::get(Query::meta_release().to_string())
         .header("x-api-key", ALPHA.1)
         .body(Empty::<bytes::Bytes>::new())
         .expect("request");
@@ -144,7 +146,10 @@ async fn an_idle_http2_connection_gets_goaway() {
 #[tokio::test]
 async fn silent_and_never_reading_sockets_beyond_max_connections_lock_nobody_out() {
     let sim = start_sim(unlimited()).await;
-    let gw = short_timeouts().with("server", "max_connections = 4").start(&sim).await;
+    let gw = short_timeouts()
+        .with(|c| c.server.max_connections = 4)
+        .start(&sim)
+        .await;
     let alpha = Client::new(gw.base_url(), ALPHA.1);
     assert_eq!(alpha.get(big()).await.status, StatusCode::OK);
     // Twice the limit of each kind, on the team listener; silent ones on admin.
@@ -160,7 +165,8 @@ async fn silent_and_never_reading_sockets_beyond_max_connections_lock_nobody_out
         .await
         .expect("a valid request was locked out of the team listener");
     assert_eq!(r.status, StatusCode::OK);
-    let health = tokio::time::timeout(answered_within, get(&format!("{}/healthz", gw.admin_url()), &[]))
+    let healthz = Client::anonymous(gw.admin_url()).get("/healthz");
+    let health = tokio::time::timeout(answered_within, healthz.into_future())
         .await
         .expect("a valid request was locked out of the admin listener");
     assert_eq!(health.status, StatusCode::OK);

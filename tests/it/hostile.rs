@@ -79,7 +79,8 @@ async fn bad_encodings_and_traversal_get_4xx_in_the_upstream_shape() {
         assert!(r.json()["detail"].is_string(), "{path}");
     }
     // Undecodable query values are the upstream's to judge (a 422), and
-    // never share a cache entry with another spelling.
+    // never share a cache entry with another spelling (written out: the
+    // bytes are the case).
     let r = alpha.get("/v2/counties?geo_id=%FF").await;
     assert!(r.status.is_client_error(), "{}", r.status);
     still_serving(&base).await;
@@ -146,7 +147,7 @@ async fn methods_other_than_get_and_head_get_405() {
 async fn slowloris_clients_are_cut_off_while_others_are_served() {
     let sim = start_sim(unlimited()).await;
     let gw = Setup::new()
-        .with("server", "header_read_timeout_secs = 1")
+        .with(|c| c.server.header_read_timeout_secs = 1)
         .start(&sim)
         .await;
     let mut slow = TcpStream::connect(gw.addr).await.expect("connect");
@@ -181,7 +182,7 @@ async fn http2_header_lists_beyond_the_limit_are_refused() {
     let sim = start_sim(unlimited()).await;
     let gw = Setup::new().start(&sim).await;
     let client = crate::support::probe::h2c_client();
-    let req = http::Request::get(format!("{}/v2/meta/release", gw.base_url()))
+    let req = http::Request::get(format!("{}{}", gw.base_url(), Query::meta_release()))
         .header("x-api-key", ALPHA.1)
         .header("x-padding", "z".repeat(100_000))
         .body(Empty::new())

@@ -3,7 +3,7 @@
 //! that levels off, and a ledger equal to the upstream's charge per team.
 
 use crate::support::client::Client;
-use crate::support::gateway::{team, ChildGateway, Setup, ALPHA, BETA, SMALL};
+use crate::support::gateway::{ChildGateway, Setup, ALPHA, BETA, SMALL};
 use crate::support::query::Query;
 use crate::support::sim::{start_sim, SimConfig};
 use crate::support::traffic::assert_ledger_matches;
@@ -33,13 +33,11 @@ async fn mixed_load_from_several_teams_has_no_5xx_bounded_memory_and_an_exact_le
     })
     .await;
     let setup = Setup::new()
-        .teams(
-            team(ALPHA.0, ALPHA.1, "")
-                + &team(BETA.0, BETA.1, "credit_limit = 300")
-                + &team(SMALL.0, SMALL.1, "requests_per_minute = 600"),
-        )
-        .with("cache", "memory_max_bytes = 8388608")
-        .with("log", "level = \"info,access=warn\"\nformat = \"json\"");
+        .teams(&[ALPHA, BETA, SMALL])
+        .credit_limit(BETA, 300)
+        .team(SMALL, |t| t.requests_per_minute = Some(600))
+        .with(|c| c.cache.memory_max_bytes = 8388608)
+        .log_level("info,access=warn");
     let gw = ChildGateway::spawn(&setup, &sim.base_url(), sim.api_key());
     let base = gw.base_url();
     let pid = gw.child.id();

@@ -4,15 +4,13 @@
 //! stay fast, lines are dropped and counted instead, and the team's own
 //! lines are kept over the anonymous ones.
 
+use crate::support::conn::KeptAlive;
 use crate::support::gateway::{ChildGateway, Setup, ALPHA};
 use crate::support::probe::scrape;
+use crate::support::query::Query;
 use crate::support::sim::{start_sim, unlimited};
 use crate::support::wait::eventually;
-use bytes::Bytes;
-use http::{Request, StatusCode};
-use http_body_util::{BodyExt, Empty};
-use hyper::client::conn::http1;
-use hyper_util::rt::TokioIo;
+use http::StatusCode;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -22,6 +20,7 @@ use tokio::net::TcpStream;
 
 /// A small queue, so that the flood fills it in a second or two.
 const QUEUE_LINES: usize = 1024;
+/// The flood's raw requests, written out as bytes.
 const PATH: &str = "/v2/meta/release";
 const DROPPED: &str = "gateway_log_lines_dropped_total";
 /// Requests each flooding connection has in flight.
@@ -30,12 +29,14 @@ const DEPTH: usize = 4;
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stalled_log_and_a_token_less_flood_leave_a_teams_hits_fast() {
     let sim = start_sim(unlimited()).await;
-    let setup = Setup::new().with("log", format!("format = \"json\"\nqueue_lines = {QUEUE_LINES}"));
+    let setup = Setup::new().with(|c| c.log.queue_lines = QUEUE_LINES);
     let mut gw = ChildGateway::spawn_stalled(&setup, &sim.base_url(), sim.api_key());
     let admin = gw.admin_url();
-    let mut alpha = KeptAlive::open(gw.addr).await;
-    alpha.get_hit(ALPHA.1).await; // the miss that fills the entry
-    assert_eq!(alpha.get_hit(ALPHA.1).await.1, "HIT");
+    let release = Query::meta_release();
+    let mut alpha = KeptAlive::open(gw.addr).await.expect("connects");
+    // The miss that fills the entry, then a hit.
+    alpha.get(&release, ALPHA.1).await.expect("answered");
+    assert_eq!(alpha.get(&release, ALPHA.1).await.expect("answered").1, "HIT");
 
     let stop = Arc::new(AtomicBool::new(false));
     let answered = Arc::new(AtomicUsize::new(0));
@@ -56,7 +57,7 @@ async fn a_stalled_log_and_a_token_less_flood_leave_a_teams_hits_fast() {
     let mut took = Vec::with_capacity(200);
     for _ in 0..200 {
         let start = Instant::now();
-        let (status, cache) = alpha.get_hit(ALPHA.1).await;
+        let (status, cache) = alpha.get(&release, ALPHA.1).await.expect("answered");
         took.push(start.elapsed());
         assert_eq!((status, cache.as_str()), (StatusCode::OK, "HIT"));
     }
@@ -120,37 +121,5 @@ async fn flood(addr: SocketAddr, stop: Arc<AtomicBool>, answered: Arc<AtomicUsiz
             }
             answered.fetch_add(heads, Ordering::Relaxed);
         }
-    }
-}
-
-/// A team's kept-alive HTTP/1.1 connection.
-struct KeptAlive(http1::SendRequest<Empty<Bytes>>);
-
-impl KeptAlive {
-    async fn open(addr: SocketAddr) -> KeptAlive {
-        let tcp = TcpStream::connect(addr).await.expect("connects");
-        let (send, conn) = http1::handshake(TokioIo::new(tcp)).await.expect("handshake");
-        tokio::spawn(conn);
-        KeptAlive(send)
-    }
-
-    /// One GET of [`PATH`]: its status and `X-Cache`.
-    async fn get_hit(&mut self, token: &str) -> (StatusCode, String) {
-        let req = Request::get(PATH)
-            .header("host", "gateway")
-            .header("x-api-key", token)
-            .body(Empty::new())
-            .expect("request");
-        self.0.ready().await.expect("connection open");
-        let resp = self.0.send_request(req).await.expect("answered");
-        let status = resp.status();
-        let cache = resp
-            .headers()
-            .get("x-cache")
-            .and_then(|v| v.to_str().ok())
-            .unwrap_or_default()
-            .to_string();
-        resp.into_body().collect().await.expect("body");
-        (status, cache)
     }
 }

@@ -3,10 +3,10 @@
 //! Prometheus scraping a real gateway answers every panel and rule query.
 
 use crate::support::client::Client;
-use crate::support::gateway::{team, Setup, ALPHA, BETA};
-use crate::support::http::get;
+use crate::support::gateway::{Setup, Team, ALPHA, BETA};
+use crate::support::probe::{metrics_text, scrape};
 use crate::support::prometheus::{
-    dashboards_dir, gateway_names, has_data, panel_queries, promtool, substitute, Exposition, Prometheus,
+    dashboards_dir, gateway_names, has_data, panel_queries, promtool, substitute, Prometheus,
 };
 use crate::support::query::Query;
 use crate::support::redis::RedisServer;
@@ -18,8 +18,8 @@ use std::collections::BTreeSet;
 use std::time::Duration;
 
 /// A team with a small budget (402s) and one with one request a minute (429s).
-const GAMMA: (&str, &str) = ("gamma", "tok-gamma-3c2b1a0f9e8d7c6b");
-const DELTA: (&str, &str) = ("delta", "tok-delta-8d7c6b5a4f3e2d1c");
+const GAMMA: Team = ("gamma", "tok-gamma-3c2b1a0f9e8d7c6b");
+const DELTA: Team = ("delta", "tok-delta-8d7c6b5a4f3e2d1c");
 const DASHBOARDS: [&str; 3] = ["credit-spend.json", "cache-efficiency.json", "upstream-health.json"];
 
 fn sim_config() -> SimConfig {
@@ -33,17 +33,17 @@ fn sim_config() -> SimConfig {
 /// Four teams, a shared Redis cache, one retry, and a short bound on the
 /// upstream queue so an upstream 429 turns into a fast refusal.
 async fn start_gateway(sim: &Sim, redis: &RedisServer) -> Running {
-    let teams = team(ALPHA.0, ALPHA.1, "credit_limit = 100000")
-        + &team(BETA.0, BETA.1, "")
-        + &team(GAMMA.0, GAMMA.1, "credit_limit = 20")
-        + &team(DELTA.0, DELTA.1, "requests_per_minute = 1");
     Setup::new()
-        .teams(teams)
-        .with(
-            "cache",
-            format!("redis_url = {:?}\nredis_timeout_ms = 200", redis.url()),
-        )
-        .with("upstream", "max_retries = 1\nmax_queue_wait_secs = 1")
+        .teams(&[ALPHA, BETA, GAMMA, DELTA])
+        .credit_limit(ALPHA, 100000)
+        .credit_limit(GAMMA, 20)
+        .team(DELTA, |t| t.requests_per_minute = Some(1))
+        .cache_redis(&redis.url())
+        .with(|c| {
+            c.cache.redis_timeout_ms = 200;
+            c.upstream.max_retries = 1;
+            c.upstream.max_queue_wait_secs = 1;
+        })
         .start(sim)
         .await
 }
@@ -52,14 +52,6 @@ async fn start_gateway(sim: &Sim, redis: &RedisServer) -> Running {
 /// (unknown parameters stay in the key).
 fn search(sim: &Sim, size: u32, tag: &str) -> Query {
     Query::state_permits(&sim.samples()).size(size).param("q", tag)
-}
-
-async fn scrape(gw: &Running) -> Exposition {
-    // The scrape itself settles moka's lazy counts (`Cache::observe`), so
-    // the memory-tier gauges are exact.
-    let reply = get(&format!("{}/metrics", gw.admin_url()), &[]).await;
-    assert_eq!(reply.status, StatusCode::OK);
-    Exposition::parse(&reply.text())
 }
 
 /// Every path a request can take, once: miss, hit, 402, team 429, 401,
@@ -133,7 +125,7 @@ async fn every_contract_metric_moves_on_its_path() {
     let sim = start_sim(sim_config()).await;
     let mut redis = RedisServer::start();
     let gw = start_gateway(&sim, &redis).await;
-    let before = scrape(&gw).await;
+    let before = scrape(&gw.admin_url()).await;
     assert_eq!(before.sum("gateway_requests_total", &[]), 0.0);
     assert_eq!(
         before.get("gateway_build_info", &[("version", env!("CARGO_PKG_VERSION"))]),
@@ -150,7 +142,7 @@ async fn every_contract_metric_moves_on_its_path() {
     );
 
     traffic(&gw, &sim, &mut redis).await;
-    let m = scrape(&gw).await;
+    let m = scrape(&gw.admin_url()).await;
     let v = |name: &str, labels: &[(&str, &str)]| m.sum(name, labels);
     let ps = ("route", "permits_search");
 
@@ -262,7 +254,7 @@ async fn promtool_accepts_the_metrics_and_the_rules() {
     let mut redis = RedisServer::start();
     let gw = start_gateway(&sim, &redis).await;
     traffic(&gw, &sim, &mut redis).await;
-    let text = get(&format!("{}/metrics", gw.admin_url()), &[]).await.text();
+    let text = metrics_text(&gw.admin_url()).await;
     let (ok, out) = promtool(&["check", "metrics"], Some(text.as_bytes()));
     assert!(ok && out.trim().is_empty(), "promtool check metrics:\n{out}");
 
@@ -383,7 +375,7 @@ async fn a_real_prometheus_answers_every_panel_and_rule_query() {
     }
 
     // Dashboards and rules name only metrics the gateway exports.
-    let exported = scrape(&gw).await.names();
+    let exported = scrape(&gw.admin_url()).await.names();
     let mut referenced = BTreeSet::new();
     for name in DASHBOARDS {
         let text = std::fs::read_to_string(dashboards_dir().join(name)).expect("dashboard");

@@ -5,12 +5,11 @@
 //! whichever directory `serve` starts in.
 
 use crate::support::client::Client;
-use crate::support::gateway::{start_config, team, ChildGateway, Setup, ADMIN_TOKEN, ALPHA, SMALL};
-use crate::support::http::{get, send};
+use crate::support::gateway::{start_config, ChildGateway, Setup, ALPHA, SMALL};
 use crate::support::query::Query;
 use crate::support::sim::{start_sim, unlimited, SimConfig};
-use bytes::Bytes;
-use http::{Method, StatusCode};
+use crate::support::traffic::ledger_used;
+use http::StatusCode;
 use permit_gateway::config::{Config, Source};
 use serde_json::json;
 use std::path::{Path, PathBuf};
@@ -83,23 +82,13 @@ async fn the_example_config_admits_neither_demo_token() {
     }
 }
 
-async fn admin_post(path: &str, admin_url: &str, token: &str) -> crate::support::http::Reply {
-    let auth = format!("Bearer {token}");
-    send(
-        Method::POST,
-        &format!("{admin_url}{path}"),
-        &[("authorization", &auth)],
-        Bytes::new(),
-    )
-    .await
-}
-
 #[tokio::test]
 async fn a_reload_names_the_settings_that_wait_for_a_restart_and_every_admin_call_is_logged() {
     let sim = start_sim(unlimited()).await;
     let setup = Setup::new();
     let gw = ChildGateway::spawn(&setup, &sim.base_url(), sim.api_key());
-    let reload = admin_post("/admin/reload", &gw.admin_url(), ADMIN_TOKEN).await;
+    let admin = Client::admin(gw.admin_url());
+    let reload = admin.post("/admin/reload").await;
     assert_eq!(reload.status, StatusCode::OK, "{}", reload.text());
     assert_eq!(
         reload.json(),
@@ -107,26 +96,19 @@ async fn a_reload_names_the_settings_that_wait_for_a_restart_and_every_admin_cal
     );
     // A setting a reload cannot apply, and a team change it does.
     // (The same setup, so the ledger's folder stays the same.)
-    let changed = setup
-        .with("upstream", "requests_per_minute = 77")
-        .teams(team(ALPHA.0, ALPHA.1, ""));
-    let text = changed
-        .toml(&sim.base_url(), sim.api_key())
-        .replace("[log]\n", "[log]\nformat = \"json\"\n");
-    std::fs::write(gw.config_path(), text).expect("rewrite");
-    let reload = admin_post("/admin/reload", &gw.admin_url(), ADMIN_TOKEN).await;
+    let changed = setup.with(|c| c.upstream.requests_per_minute = 77).teams(&[ALPHA]);
+    gw.rewrite(&changed, &sim.base_url(), sim.api_key());
+    let reload = admin.post("/admin/reload").await;
     assert_eq!(reload.status, StatusCode::OK, "{}", reload.text());
     assert_eq!(
         reload.json(),
         json!({"reloaded": true, "teams": 1, "restart_required": ["upstream.requests_per_minute"]})
     );
-    let refused = admin_post("/admin/reload", &gw.admin_url(), "not-the-admin-token").await;
+    let refused = Client::bearer(gw.admin_url(), "not-the-admin-token")
+        .post("/admin/reload")
+        .await;
     assert_eq!(refused.status, StatusCode::UNAUTHORIZED);
-    let teams = get(
-        &format!("{}/admin/teams", gw.admin_url()),
-        &[("authorization", &format!("Bearer {ADMIN_TOKEN}"))],
-    )
-    .await;
+    let teams = admin.get("/admin/teams").await;
     assert_eq!(teams.status, StatusCode::OK);
     // The log names the key; the access log has each admin call.
     let logged = crate::support::wait::eventually("the admin lines are logged", Duration::from_secs(10), || async {
@@ -230,10 +212,7 @@ async fn a_402_says_what_the_call_needed_and_what_remains() {
         ..unlimited()
     })
     .await;
-    let gw = Setup::new()
-        .teams(team(SMALL.0, SMALL.1, "credit_limit = 30"))
-        .start(&sim)
-        .await;
+    let gw = Setup::new().teams(&[SMALL]).credit_limit(SMALL, 30).start(&sim).await;
     let small = Client::new(gw.base_url(), SMALL.1);
     let s = sim.samples();
     let spent = small.get(Query::state_permits(&s).size(4)).await;
@@ -265,30 +244,16 @@ async fn serve_from_another_directory_uses_the_ledger_next_to_the_config() {
         ..unlimited()
     })
     .await;
-    let setup = Setup::new().teams(team(ALPHA.0, ALPHA.1, "credit_limit = 1000"));
     // The harness's absolute ledger path replaced by a relative one.
-    let text = setup
-        .toml(&sim.base_url(), sim.api_key())
-        .lines()
-        .map(|l| {
-            if l.starts_with("path = ") {
-                "path = \"data/ledger\"".to_string()
-            } else {
-                l.to_string()
-            }
-        })
-        .collect::<Vec<_>>()
-        .join("\n")
-        .replace("[log]\n", "[log]\nformat = \"json\"\n");
+    let setup = Setup::new()
+        .teams(&[ALPHA])
+        .credit_limit(ALPHA, 1000)
+        .with(|c| c.quota.path = "data/ledger".into());
+    let text = ChildGateway::file_text(&setup, &sim.base_url(), sim.api_key());
     let home = tempfile::tempdir().expect("tmp");
     let config = home.path().join("gateway.toml");
     std::fs::write(&config, text).expect("write config");
     let elsewhere = tempfile::tempdir().expect("tmp");
-    async fn used(gw: &ChildGateway) -> u64 {
-        let url = format!("{}/admin/teams", gw.admin_url());
-        let r = get(&url, &[("authorization", &format!("Bearer {ADMIN_TOKEN}"))]).await;
-        r.json()["teams"][0]["used"].as_u64().expect("used")
-    }
     // First from the config's own folder: spend some credits.
     let gw = ChildGateway::spawn_file(&config, Some(home.path()));
     let ledger = home.path().join("data/ledger");
@@ -304,12 +269,16 @@ async fn serve_from_another_directory_uses_the_ledger_next_to_the_config() {
         .get(Query::state_permits(&s).size(5))
         .await;
     assert_eq!(r.status, StatusCode::OK, "{}", r.text());
-    let spent = used(&gw).await;
+    let spent = ledger_used(&gw.admin_url(), ALPHA.0).await;
     assert!(spent > 0, "credits were spent");
     stop(gw);
     // Then from another directory, the same file: the same ledger.
     let gw = ChildGateway::spawn_file(&config, Some(elsewhere.path()));
-    assert_eq!(used(&gw).await, spent, "a fresh ledger was started");
+    assert_eq!(
+        ledger_used(&gw.admin_url(), ALPHA.0).await,
+        spent,
+        "a fresh ledger was started"
+    );
     assert!(
         !elsewhere.path().join("data").exists(),
         "a ledger was made in the working directory"

@@ -2,7 +2,7 @@
 //! one budget of calls for all replicas.
 
 use crate::support::client::Client;
-use crate::support::gateway::{team, Setup, ALPHA, BETA, SMALL};
+use crate::support::gateway::{Setup, ALPHA, BETA, SMALL};
 use crate::support::query::Query;
 use crate::support::redis::RedisServer;
 use crate::support::sim::{start_sim, unlimited};
@@ -15,7 +15,10 @@ use std::time::{Duration, Instant};
 async fn a_flooding_team_does_not_starve_an_occasional_one() {
     let sim = start_sim(unlimited()).await;
     let gw = Setup::new()
-        .with("upstream", "requests_per_minute = 60\nmax_queue_wait_secs = 4")
+        .with(|c| {
+            c.upstream.requests_per_minute = 60;
+            c.upstream.max_queue_wait_secs = 4;
+        })
         .start(&sim)
         .await;
     let (alpha, beta) = (Client::new(gw.base_url(), ALPHA.1), Client::new(gw.base_url(), BETA.1));
@@ -62,7 +65,8 @@ async fn a_flooding_team_does_not_starve_an_occasional_one() {
 async fn a_team_over_its_own_rate_gets_429_with_retry_after() {
     let sim = start_sim(unlimited()).await;
     let gw = Setup::new()
-        .teams(team(SMALL.0, SMALL.1, "requests_per_minute = 2") + &team(BETA.0, BETA.1, ""))
+        .teams(&[SMALL, BETA])
+        .team(SMALL, |t| t.requests_per_minute = Some(2))
         .start(&sim)
         .await;
     let small = Client::new(gw.base_url(), SMALL.1);
@@ -90,10 +94,10 @@ async fn a_team_over_its_own_rate_gets_429_with_retry_after() {
 async fn replicas_on_one_redis_share_the_upstream_rate() {
     let redis = RedisServer::start();
     let sim = start_sim(unlimited()).await;
-    let setup = Setup::new()
-        .with("cache", format!("redis_url = {:?}", redis.url()))
-        .with("quota", "store = \"redis\"")
-        .with("upstream", "requests_per_minute = 120\nmax_queue_wait_secs = 2");
+    let setup = Setup::new().redis(&redis.url()).with(|c| {
+        c.upstream.requests_per_minute = 120;
+        c.upstream.max_queue_wait_secs = 2;
+    });
     let (gw1, gw2) = (setup.start(&sim).await, setup.start(&sim).await);
     assert_replicas_share_the_upstream_rate(&sim, &[gw1.base_url(), gw2.base_url()], ALPHA.1).await;
 }
@@ -107,8 +111,11 @@ async fn only_429s_that_reach_the_client_are_counted_as_rate_limited() {
     use crate::support::sim::{FaultKind, Faults};
     let sim = start_sim(unlimited()).await;
     let gw = Setup::new()
-        .teams(team(ALPHA.0, ALPHA.1, ""))
-        .with("upstream", "max_retries = 0\nmax_queue_wait_secs = 1")
+        .teams(&[ALPHA])
+        .with(|c| {
+            c.upstream.max_retries = 0;
+            c.upstream.max_queue_wait_secs = 1;
+        })
         .start(&sim)
         .await;
     let limited = || async {

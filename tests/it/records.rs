@@ -9,42 +9,44 @@ mod memory;
 mod overlap;
 
 use crate::support::client::Client;
-use crate::support::gateway::{Setup, ADMIN_TOKEN, ALPHA};
-use crate::support::http::{get, send, Reply};
+use crate::support::gateway::{Setup, ALPHA};
+use crate::support::http::Reply;
+use crate::support::probe::{metrics_text, scrape};
 use crate::support::query::Query;
 use crate::support::redis::RedisServer;
 use crate::support::sim::{start_sim, unlimited, FaultKind, Faults, Sim};
 use crate::support::traffic::{assert_ledger_matches, charged_to, ledger_used};
 use crate::support::wait::eventually;
-use bytes::Bytes;
-use http::{Method, StatusCode};
+use http::StatusCode;
 use permit_gateway::Running;
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::time::Duration;
+
+/// `POST /admin/cache/purge` of the permit searches (and the records they
+/// brought).
+const PURGE_SEARCHES: &str = "/admin/cache/purge?route=permits_search";
 
 /// Request ids `alpha-N`, so the simulator's charges are attributed.
 static SEQ: AtomicU32 = AtomicU32::new(0);
 
-async fn alpha(gw: &Running, path: &str) -> Reply {
-    alpha_with(gw, path, &[]).await
+async fn alpha(gw: &Running, query: &Query) -> Reply {
+    alpha_with(gw, query, &[]).await
 }
 
-async fn alpha_with(gw: &Running, path: &str, extra: &[(&str, &str)]) -> Reply {
+async fn alpha_with(gw: &Running, query: &Query, extra: &[(&str, &str)]) -> Reply {
     let id = format!("alpha-{}", SEQ.fetch_add(1, Ordering::Relaxed));
-    let call = Client::new(gw.base_url(), ALPHA.1).get(path).request_id(&id);
+    let call = Client::new(gw.base_url(), ALPHA.1).get(query).request_id(&id);
     extra.iter().fold(call, |call, (k, v)| call.header(k, v)).await
 }
 
 /// The simulator's own answer, asked directly (no team's request id, so no
 /// team is charged for it; tests read the upstream counts before this).
-async fn direct(sim: &Sim, path: &str) -> Reply {
-    Client::upstream(sim).get(path).await
+async fn direct(sim: &Sim, query: &Query) -> Reply {
+    Client::upstream(sim).get(query).await
 }
 
-/// `Query::state_permits` at `size`, rendered: the records/ suites take
-/// paths as text.
-fn permit_search(sim: &Sim, size: u32) -> String {
-    Query::state_permits(&sim.samples()).size(size).to_string()
+/// `Query::state_permits` at `size`.
+fn permit_search(sim: &Sim, size: u32) -> Query {
+    Query::state_permits(&sim.samples()).size(size)
 }
 
 fn ids_of(r: &Reply) -> Vec<String> {
@@ -56,15 +58,15 @@ fn ids_of(r: &Reply) -> Vec<String> {
         .collect()
 }
 
-fn lookup(resource: &str, ids: &[&str]) -> String {
-    Query::by_id(resource, ids).to_string()
+fn lookup(resource: &str, ids: &[&str]) -> Query {
+    Query::by_id(resource, ids)
 }
 
 /// The gateway's answer equals, as JSON, the simulator's for the same request.
-async fn assert_same_as_upstream(sim: &Sim, path: &str, got: &Reply) {
-    let want = direct(sim, path).await;
+async fn assert_same_as_upstream(sim: &Sim, query: &Query, got: &Reply) {
+    let want = direct(sim, query).await;
     assert_eq!(want.status, StatusCode::OK, "{}", want.text());
-    assert_eq!(got.json(), want.json(), "{path}");
+    assert_eq!(got.json(), want.json(), "{query}");
 }
 
 fn upstream_requests(sim: &Sim) -> u64 {
@@ -93,7 +95,7 @@ async fn a_lookup_of_searched_ids_costs_nothing_and_stays_home() {
     assert_eq!(upstream_requests(&sim), 1, "only the search reached the upstream");
     assert_eq!(charged_to(&sim, "alpha-"), 10);
     assert_ledger_matches(&sim, &gw.admin_url(), &["alpha"]).await;
-    let metrics = get(&format!("{}/metrics", gw.admin_url()), &[]).await.text();
+    let metrics = metrics_text(&gw.admin_url()).await;
     assert!(
         metrics.contains("gateway_credits_saved_total{route=\"permits_by_id\",team=\"alpha\"} 3"),
         "{metrics}"
@@ -167,10 +169,7 @@ async fn unknown_ids_are_remembered_as_absent() {
 #[tokio::test]
 async fn records_expire_with_the_page_that_brought_them() {
     let sim = start_sim(unlimited()).await;
-    let gw = Setup::new()
-        .with("cache", "[cache.route_ttl_secs]\npermits_search = 1")
-        .start(&sim)
-        .await;
+    let gw = Setup::new().route_ttl("permits_search", 1).start(&sim).await;
     let held = ids_of(&alpha(&gw, &permit_search(&sim, 5)).await);
     let path = lookup("permits", &[&held[0], &held[1], &held[2]]);
     let only_cached = [("cache-control", "only-if-cached")];
@@ -184,25 +183,15 @@ async fn records_expire_with_the_page_that_brought_them() {
     assert_ledger_matches(&sim, &gw.admin_url(), &["alpha"]).await;
 }
 
-/// Polls `only-if-cached` (which never reaches the upstream) until the
-/// lookup's records are no longer fresh.
-async fn wait_until_expired(gw: &Running, path: &str) {
-    let only_cached = [("cache-control", "only-if-cached")];
-    eventually(
-        "the records expire with their page",
-        Duration::from_secs(10),
-        || async { alpha_with(gw, path, &only_cached).await.status != StatusCode::OK },
-    )
-    .await;
+/// Until the lookup's records are no longer fresh (`Client::wait_expired`).
+async fn wait_until_expired(gw: &Running, query: &Query) {
+    Client::new(gw.base_url(), ALPHA.1).wait_expired(query).await;
 }
 
 #[tokio::test]
 async fn stale_records_stand_in_when_the_upstream_fails() {
     let sim = start_sim(unlimited()).await;
-    let gw = Setup::new()
-        .with("cache", "[cache.route_ttl_secs]\npermits_search = 1")
-        .start(&sim)
-        .await;
+    let gw = Setup::new().route_ttl("permits_search", 1).start(&sim).await;
     let held = ids_of(&alpha(&gw, &permit_search(&sim, 5)).await);
     let path = lookup("permits", &[&held[4], &held[1]]);
     wait_until_expired(&gw, &path).await;
@@ -225,7 +214,7 @@ async fn stale_records_stand_in_when_the_upstream_fails() {
 async fn purge_drops_records_from_both_tiers() {
     let redis = RedisServer::start();
     let sim = start_sim(unlimited()).await;
-    let setup = || Setup::new().with("cache", format!("redis_url = {:?}", redis.url()));
+    let setup = || Setup::new().cache_redis(&redis.url());
     let gw = setup().start(&sim).await;
     let held = ids_of(&alpha(&gw, &permit_search(&sim, 4)).await);
     let path = lookup("permits", &[&held[0], &held[3]]);
@@ -235,13 +224,7 @@ async fn purge_drops_records_from_both_tiers() {
     assert_eq!(r.header("x-cache"), Some("HIT"), "{}", r.text());
     assert_eq!(upstream_requests(&sim), 1);
 
-    let purge = send(
-        Method::POST,
-        &format!("{}/admin/cache/purge?route=permits_search", gw.admin_url()),
-        &[("authorization", &format!("Bearer {ADMIN_TOKEN}"))],
-        Bytes::new(),
-    )
-    .await;
+    let purge = Client::admin(gw.admin_url()).post(PURGE_SEARCHES).await;
     assert_eq!(purge.status, StatusCode::OK, "{}", purge.text());
     assert_eq!(purge.json()["redis_keys"], 5, "the page and its four records");
     let r = alpha(&gw, &path).await;
@@ -255,7 +238,7 @@ async fn purge_drops_records_from_both_tiers() {
 /// Entries in a replica's memory tier (pages and records), as its
 /// `/metrics` reports them.
 async fn memory_entries(gw: &Running) -> f64 {
-    let m = crate::support::probe::scrape(&gw.admin_url()).await;
+    let m = scrape(&gw.admin_url()).await;
     m.get("gateway_cache_entries", &[("tier", "memory")]).unwrap_or(0.0)
 }
 
@@ -268,7 +251,7 @@ async fn memory_entries(gw: &Running) -> f64 {
 async fn purge_drops_records_from_a_peers_memory_tier() {
     let redis = RedisServer::start();
     let sim = start_sim(unlimited()).await;
-    let setup = || Setup::new().with("cache", format!("redis_url = {:?}", redis.url()));
+    let setup = || Setup::new().cache_redis(&redis.url());
     let (a, b) = (setup().start(&sim).await, setup().start(&sim).await);
     let held = ids_of(&alpha(&a, &permit_search(&sim, 4)).await);
     let path = lookup("permits", &[&held[0], &held[3]]);
@@ -277,13 +260,7 @@ async fn purge_drops_records_from_a_peers_memory_tier() {
     assert_eq!(upstream_requests(&sim), 1);
     assert_eq!(memory_entries(&b).await, 2.0, "B holds the two records in memory");
 
-    let purge = send(
-        Method::POST,
-        &format!("{}/admin/cache/purge?route=permits_search", a.admin_url()),
-        &[("authorization", &format!("Bearer {ADMIN_TOKEN}"))],
-        Bytes::new(),
-    )
-    .await;
+    let purge = Client::admin(a.admin_url()).post(PURGE_SEARCHES).await;
     assert_eq!(purge.status, StatusCode::OK, "{}", purge.text());
     // B applies the purge at its next look at Redis (every second).
     let limit = permit_gateway::cache::purge::FOLLOW_EVERY * 5;
@@ -328,7 +305,7 @@ async fn no_cache_buys_every_id_again() {
 #[tokio::test]
 async fn with_record_reuse_off_a_lookup_is_its_own_query() {
     let sim = start_sim(unlimited()).await;
-    let gw = Setup::new().with("cache", "record_reuse = false").start(&sim).await;
+    let gw = Setup::new().with(|c| c.cache.record_reuse = false).start(&sim).await;
     let held = ids_of(&alpha(&gw, &permit_search(&sim, 5)).await);
     let path = lookup("permits", &[&held[0], &held[4]]);
     let r = alpha(&gw, &path).await;
@@ -346,7 +323,7 @@ async fn contractor_lookups_reuse_lookups_never_search_tallies() {
     let sim = start_sim(unlimited()).await;
     let gw = Setup::new().start(&sim).await;
     let search = Query::state_contractors(&sim.samples()).size(3);
-    let ids = ids_of(&alpha(&gw, &search.to_string()).await);
+    let ids = ids_of(&alpha(&gw, &search).await);
     let path = lookup("contractors", &[&ids[0], &ids[2]]);
     let r = alpha(&gw, &path).await;
     assert_eq!(
@@ -373,12 +350,9 @@ async fn decisions_and_properties_reuse_their_search_records() {
     let searches = [
         (
             "decisions",
-            format!(
-                "/v2/decisions/search?geo_id={}&decision_from=2020-01-01&decision_to=2026-12-31&size=4",
-                s.state
-            ),
+            Query::decision_search(&s.state, "2020-01-01", "2026-12-31").size(4),
         ),
-        ("properties", format!("/v2/properties/search?geo_id={}&size=4", s.zip)),
+        ("properties", Query::property_search(&s.zip).size(4)),
     ];
     for (resource, search) in searches {
         let found = alpha(&gw, &search).await;
@@ -400,7 +374,7 @@ async fn a_refused_id_gets_the_upstreams_own_error_for_the_whole_list() {
     let sim = start_sim(unlimited()).await;
     let gw = Setup::new().start(&sim).await;
     let s = sim.samples();
-    let props = ids_of(&alpha(&gw, &format!("/v2/properties/search?geo_id={}&size=2", s.zip)).await);
+    let props = ids_of(&alpha(&gw, &Query::property_search(&s.zip).size(2)).await);
     // A city is not an address: the upstream refuses the list, naming its position.
     let path = lookup("properties", &[&props[0], &s.city_geo_id]);
     let r = alpha(&gw, &path).await;
@@ -417,14 +391,11 @@ async fn a_refused_id_gets_the_upstreams_own_error_for_the_whole_list() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn replicas_share_records_on_a_redis_cluster() {
-    use crate::support::prometheus::Exposition;
     use crate::support::redis_cluster::RedisCluster;
-    let cluster = tokio::task::spawn_blocking(RedisCluster::start)
-        .await
-        .expect("cluster start");
+    let cluster = RedisCluster::start_async().await;
     let sim = start_sim(unlimited()).await;
     // Each replica its own ledger file; cache and leases on the cluster.
-    let setup = || Setup::new().with("cache", format!("redis_url = {:?}", cluster.url()));
+    let setup = || Setup::new().cache_redis(&cluster.url());
     let (one, two) = (setup().start(&sim).await, setup().start(&sim).await);
     let held = ids_of(&alpha(&one, &permit_search(&sim, 6)).await);
     // Six records, each in a slot of its own hash: read back across slots.
@@ -437,7 +408,7 @@ async fn replicas_share_records_on_a_redis_cluster() {
     assert_eq!(r.header("x-cache"), Some("HIT"), "its absence is shared too");
     assert_eq!(upstream_requests(&sim), 2);
     for gw in [&one, &two] {
-        let m = Exposition::parse(&get(&format!("{}/metrics", gw.admin_url()), &[]).await.text());
+        let m = scrape(&gw.admin_url()).await;
         assert_eq!(m.sum("gateway_backend_errors_total", &[("backend", "redis")]), 0.0);
     }
     assert_same_as_upstream(&sim, &path, &r).await;

@@ -6,16 +6,15 @@
 //! client certificate, stops the start with an error naming the setting.
 
 use crate::support::client::Client;
-use crate::support::gateway::{Setup, ALPHA};
-use crate::support::http::get;
+use crate::support::gateway::{try_start_config, Setup, ALPHA};
+use crate::support::probe::readyz;
 use crate::support::query::Query;
-use crate::support::redis_tls::{RedisPki, TlsCluster, TlsRedis};
+use crate::support::redis_tls::{RedisPki, TlsCluster, TlsRedis, Trust};
 use crate::support::secrets;
 use crate::support::sim::{start_sim, unlimited, Sim};
 use crate::support::traffic::assert_ledger_matches;
 use http::StatusCode;
-use permit_gateway::{Listeners, Running};
-use tokio::net::TcpListener;
+use permit_gateway::Running;
 
 /// An ACL password the logs, errors and rendered config must never show.
 const ACL_PASSWORD: &str = "acl-pw-3c1e9b27d5f04a68";
@@ -32,22 +31,17 @@ async fn tls_redis(client_certs: bool, acl: bool) -> TlsRedis {
     .expect("TLS redis starts")
 }
 
-/// Cache, leases, ledger and shared rate on `url`, with `[redis]` lines.
-fn on_tls(url: &str, redis_section: String) -> Setup {
-    Setup::new()
-        .with("cache", format!("redis_url = {url:?}\nredis_timeout_ms = 2000"))
-        .with("quota", "store = \"redis\"")
-        .with("redis", redis_section)
+/// Cache, leases, ledger and shared rate on `url`, with `trust`'s TLS files.
+fn on_tls(url: &str, trust: Trust) -> Setup {
+    Setup::new().redis(url).with(move |c| {
+        c.cache.redis_timeout_ms = 2000;
+        trust.apply(c);
+    })
 }
 
 /// The gateway's start, or its start-up error.
 async fn try_start(setup: &Setup, sim: &Sim) -> Result<Running, String> {
-    secrets::capture_logs();
-    let listeners = Listeners {
-        team: TcpListener::bind("127.0.0.1:0").await.expect("bind team"),
-        admin: TcpListener::bind("127.0.0.1:0").await.expect("bind admin"),
-    };
-    Running::spawn(setup.config(sim), listeners)
+    try_start_config(setup.config(sim)).await
 }
 
 /// Two replicas: each cold query reaches the upstream once (the second
@@ -78,7 +72,7 @@ async fn exercise(redis: &TlsRedis, sim: &Sim, gws: &[Running]) {
     assert_eq!(sim.log().len(), 4, "one upstream call per cold query");
     assert_ledger_matches(sim, &gws[0].admin_url(), &["alpha"]).await;
     assert_ledger_matches(sim, &gws[1].admin_url(), &["alpha"]).await;
-    let ready = get(&format!("{}/readyz", gws[1].admin_url()), &[]).await;
+    let ready = readyz(&gws[1].admin_url()).await;
     assert_eq!(ready.status, StatusCode::OK, "{}", ready.text());
     assert_eq!(ready.json()["checks"]["cache_redis"], "ok", "{}", ready.text());
     let keys = tokio::task::block_in_place(|| {
@@ -97,7 +91,7 @@ async fn exercise(redis: &TlsRedis, sim: &Sim, gws: &[Running]) {
 async fn cache_ledger_and_shared_rate_run_over_rediss_with_a_private_ca() {
     let redis = tls_redis(false, false).await;
     let sim = start_sim(unlimited()).await;
-    let setup = on_tls(&redis.url(""), redis.redis_section(false));
+    let setup = on_tls(&redis.url(""), redis.trust(false));
     let gws = [setup.start(&sim).await, setup.start(&sim).await];
     exercise(&redis, &sim, &gws).await;
 }
@@ -110,7 +104,7 @@ async fn a_client_certificate_and_an_acl_user_over_rediss() {
     let url = redis.url(&format!("gateway:{ACL_PASSWORD}"));
 
     // Redis asks for a client certificate the config does not give.
-    let without = on_tls(&url, redis.redis_section(false));
+    let without = on_tls(&url, redis.trust(false));
     let e = try_start(&without, &sim)
         .await
         .err()
@@ -121,7 +115,7 @@ async fn a_client_certificate_and_an_acl_user_over_rediss() {
     );
     secrets::assert_clean(&e, "the start-up error");
 
-    let setup = on_tls(&url, redis.redis_section(true));
+    let setup = on_tls(&url, redis.trust(true));
     let rendered = setup.config(&sim).redacted_toml();
     assert!(rendered.contains("tls_cert_file"), "{rendered}");
     secrets::assert_clean(&rendered, "check-config's output");
@@ -139,7 +133,7 @@ async fn a_wrong_ca_stops_the_start_naming_the_setting() {
     let sim = start_sim(unlimited()).await;
     let other = RedisPki::new();
 
-    let wrong = on_tls(&redis.url(""), format!("tls_ca_file = {:?}", other.path("ca.pem")));
+    let wrong = on_tls(&redis.url(""), Trust::ca(other.path("ca.pem")));
     let e = try_start(&wrong, &sim)
         .await
         .err()
@@ -151,7 +145,7 @@ async fn a_wrong_ca_stops_the_start_naming_the_setting() {
     );
 
     // No CA at all: the public roots do not know a private CA either.
-    let public = on_tls(&redis.url(""), String::new());
+    let public = on_tls(&redis.url(""), Trust::default());
     let e = try_start(&public, &sim)
         .await
         .err()
@@ -161,7 +155,7 @@ async fn a_wrong_ca_stops_the_start_naming_the_setting() {
     // A CA file that is not PEM is a configuration error, named.
     let bad = other.path("not-a-ca.pem");
     std::fs::write(&bad, "not a certificate").expect("write");
-    let setup = on_tls(&redis.url(""), format!("tls_ca_file = {bad:?}"));
+    let setup = on_tls(&redis.url(""), Trust::ca(bad));
     let text = setup.toml(&sim.base_url(), sim.api_key());
     let e = permit_gateway::config::Config::load(permit_gateway::config::Source::Text(&text)).expect_err("refused");
     assert!(e.to_string().contains("redis.tls_ca_file"), "{e}");
@@ -173,8 +167,7 @@ async fn a_tls_only_cluster_over_rediss_cluster() {
         .await
         .expect("TLS cluster up");
     let sim = start_sim(unlimited()).await;
-    let ca = format!("tls_ca_file = {:?}", cluster.pki.path("ca.pem"));
-    let setup = on_tls(&cluster.url(), ca);
+    let setup = on_tls(&cluster.url(), Trust::ca(cluster.pki.path("ca.pem")));
     let gws = [setup.start(&sim).await, setup.start(&sim).await];
     // Spread over every primary: each query's key hashes to its own slot.
     let s = sim.samples();
@@ -198,7 +191,7 @@ async fn a_tls_only_cluster_over_rediss_cluster() {
     }
     assert_eq!(sim.log().len(), 6, "one upstream call per cold query");
     assert_ledger_matches(&sim, &gws[1].admin_url(), &["alpha"]).await;
-    let ready = get(&format!("{}/readyz", gws[0].admin_url()), &[]).await;
+    let ready = readyz(&gws[0].admin_url()).await;
     assert_eq!(ready.status, StatusCode::OK, "{}", ready.text());
     assert_eq!(ready.json()["checks"]["cache_redis"], "ok", "{}", ready.text());
 }

@@ -2,59 +2,46 @@
 //! upstream key out. Real gateway, real simulator, real sockets.
 
 use crate::support::client::Client;
-use crate::support::gateway::{Setup, ALPHA, BETA};
-use crate::support::http::get;
+use crate::support::gateway::{Setup, ADMIN_TOKEN, ALPHA, BETA};
+use crate::support::probe::{metrics_text, readyz};
 use crate::support::query::Query;
 use crate::support::sim::{start_sim, unlimited, Samples, SimConfig};
 use http::{Method, StatusCode};
 
 /// Every spec endpoint with valid parameters from the dataset (and a few
 /// invalid ones whose error must pass through unchanged).
-fn endpoint_paths(s: &Samples) -> Vec<String> {
+fn endpoint_queries(s: &Samples) -> Vec<Query> {
     let (from, to) = (&s.permit_from, &s.permit_to);
+    let months = |q: Query| q.months("2020-01-01", "2026-12-31").tag("all");
     vec![
-        Query::state_permits(s).size(5).to_string(),
+        Query::state_permits(s).size(5),
         Query::permit_search(&s.zip)
             .window(from, to)
             .size(3)
-            .include_count(true)
-            .to_string(),
-        Query::contractor_search(&s.county_geo_id)
-            .window(from, to)
-            .size(4)
-            .to_string(),
-        format!("/v2/contractors/{}/permits?size=5", s.contractor_id),
-        format!(
-            "/v2/addresses/{}/metrics/monthly?metric_from=2020-01-01&metric_to=2026-12-31&tag=all",
-            s.address_geo_id
-        ),
-        format!(
-            "/v2/counties/{}/metrics/monthly?metric_from=2020-01-01&metric_to=2026-12-31&tag=all&property_type=all",
-            s.county_geo_id
-        ),
-        format!(
-            "/v2/cities/{}/metrics/monthly?metric_from=2020-01-01&metric_to=2026-12-31&tag=all&property_type=all",
-            s.city_geo_id
-        ),
-        format!("/v2/cities/{}/metrics/current?tag=all&property_type=all", s.city_geo_id),
-        format!("/v2/counties?geo_id={}", s.county_geo_id),
-        format!("/v2/cities?geo_id={}", s.city_geo_id),
-        format!("/v2/jurisdictions?geo_id={}", s.jurisdiction_geo_id),
-        "/v2/list/zip?size=10".to_string(),
-        format!("/v2/zipcodes/search?q={}", &s.zip[..3]),
-        "/v2/states/search?q=a".to_string(),
-        "/v2/jurisdictions/search?q=a".to_string(),
-        format!(
-            "/v2/meta/coverage?geo_type=state&geo_id={}&date_from=2020-01-01&date_to=2026-12-31",
-            s.state
-        ),
-        Query::meta_release().to_string(),
+            .include_count(true),
+        Query::contractor_search(&s.county_geo_id).window(from, to).size(4),
+        Query::contractor(&s.contractor_id, "permits").size(5),
+        months(Query::metrics("addresses", &s.address_geo_id, "monthly")),
+        months(Query::metrics("counties", &s.county_geo_id, "monthly")).property_type("all"),
+        months(Query::metrics("cities", &s.city_geo_id, "monthly")).property_type("all"),
+        Query::metrics("cities", &s.city_geo_id, "current")
+            .tag("all")
+            .property_type("all"),
+        Query::place("counties", &s.county_geo_id),
+        Query::place("cities", &s.city_geo_id),
+        Query::place("jurisdictions", &s.jurisdiction_geo_id),
+        Query::list("zip").size(10),
+        Query::text_search("zipcodes", &s.zip[..3]),
+        Query::text_search("states", "a"),
+        Query::text_search("jurisdictions", "a"),
+        Query::coverage("state", &s.state).dates("2020-01-01", "2026-12-31"),
+        Query::meta_release(),
         // Errors of the upstream's own pass through as they are (the
         // encoded space written out: it is part of what is refused).
-        Query::state_permits(s).size(500).to_string(),
-        "/v2/permits/search?geo_id=somewhere%20nice".to_string(),
-        "/v2/counties?geo_id=AAAAAAAAAAA".to_string(),
-        "/v2/no/such/endpoint".to_string(),
+        Query::state_permits(s).size(500),
+        Query::permit_search("somewhere%20nice"),
+        Query::place("counties", "AAAAAAAAAAA"),
+        Query::new("/v2/no/such/endpoint"),
     ]
 }
 
@@ -65,7 +52,7 @@ async fn every_spec_endpoint_answers_through_the_gateway_as_the_upstream_does() 
     let samples = sim.samples();
     let (upstream, alpha) = (Client::upstream(&sim), Client::new(gw.base_url(), ALPHA.1));
     let beta_bearer = Client::bearer(gw.base_url(), BETA.1);
-    for path in endpoint_paths(&samples) {
+    for path in endpoint_queries(&samples) {
         let direct = upstream.get(&path).await;
         let via_key = alpha.get(&path).await;
         let via_bearer = beta_bearer.get(&path).await;
@@ -179,7 +166,7 @@ async fn request_ids_are_propagated_upstream_and_back() {
     let alpha = Client::new(gw.base_url(), ALPHA.1);
     let r = alpha.get(Query::meta_release()).request_id("trace-42").await;
     assert_eq!(r.header("x-request-id"), Some("trace-42"));
-    let generated = alpha.get(Query::new("/v2/list/zip").size(3)).await;
+    let generated = alpha.get(Query::list("zip").size(3)).await;
     let id = generated.header("x-request-id").expect("generated id").to_string();
     let upstream_ids: Vec<Option<String>> = sim.log().into_iter().map(|e| e.request_id).collect();
     assert_eq!(upstream_ids, vec![Some("trace-42".to_string()), Some(id)]);
@@ -190,12 +177,15 @@ async fn upstream_failures_map_to_502_and_504() {
     use crate::support::sim::{FaultKind, Faults};
     let sim = start_sim(unlimited()).await;
     let gw = Setup::new()
-        .with("upstream", "timeout_secs = 1\nmax_retries = 1")
+        .with(|c| {
+            c.upstream.timeout_secs = 1;
+            c.upstream.max_retries = 1;
+        })
         .start(&sim)
         .await;
     let alpha = Client::new(gw.base_url(), ALPHA.1);
     // A different (uncached) page each time: no stale copy to fall back on.
-    let page = |n: u32| Query::new("/v2/list/zip").size(n);
+    let page = |n: u32| Query::list("zip").size(n);
 
     sim.set_faults(Faults {
         kind: FaultKind::Status,
@@ -233,7 +223,7 @@ async fn http2_cleartext_is_served() {
     let sim = start_sim(unlimited()).await;
     let gw = Setup::new().start(&sim).await;
     let client = crate::support::probe::h2c_client();
-    let req = http::Request::get(format!("{}/v2/meta/release", gw.base_url()))
+    let req = http::Request::get(format!("{}{}", gw.base_url(), Query::meta_release()))
         .header("x-api-key", ALPHA.1)
         .body(Empty::new())
         .expect("request");
@@ -248,11 +238,11 @@ async fn http2_cleartext_is_served() {
 async fn admin_listener_serves_health_and_metrics_and_guards_admin() {
     let sim = start_sim(unlimited()).await;
     let gw = Setup::new().start(&sim).await;
-    let admin = gw.admin_url();
-    assert_eq!(get(&format!("{admin}/healthz"), &[]).await.status, StatusCode::OK);
-    assert_eq!(get(&format!("{admin}/readyz"), &[]).await.status, StatusCode::OK);
+    let admin = Client::anonymous(gw.admin_url());
+    assert_eq!(admin.get("/healthz").await.status, StatusCode::OK);
+    assert_eq!(readyz(&gw.admin_url()).await.status, StatusCode::OK);
     let _ = Client::new(gw.base_url(), ALPHA.1).get(Query::meta_release()).await;
-    let metrics = get(&format!("{admin}/metrics"), &[]).await.text();
+    let metrics = metrics_text(&gw.admin_url()).await;
     assert!(
         metrics
             .contains("gateway_requests_total{cache=\"miss\",route=\"meta_release\",status=\"200\",team=\"alpha\"} 1"),
@@ -260,16 +250,12 @@ async fn admin_listener_serves_health_and_metrics_and_guards_admin() {
     );
     assert!(metrics.contains("gateway_request_duration_seconds_bucket"));
     assert!(metrics.contains("gateway_build_info"));
-    assert_eq!(
-        get(&format!("{admin}/admin/teams"), &[]).await.status,
-        StatusCode::UNAUTHORIZED
-    );
-    let wrong = get(&format!("{admin}/admin/teams"), &[("authorization", "Bearer nope")]).await;
+    assert_eq!(admin.get("/admin/teams").await.status, StatusCode::UNAUTHORIZED);
+    let wrong = Client::bearer(gw.admin_url(), "nope").get("/admin/teams").await;
     assert_eq!(wrong.status, StatusCode::UNAUTHORIZED);
-    let bearer = format!("Bearer {}", crate::support::gateway::ADMIN_TOKEN);
-    let teams = get(&format!("{admin}/admin/teams"), &[("authorization", &bearer)]).await;
+    let teams = Client::bearer(gw.admin_url(), ADMIN_TOKEN).get("/admin/teams").await;
     assert_eq!(teams.status, StatusCode::OK);
     // The team listener does not serve admin paths.
-    let via_team = get(&format!("{}/metrics", gw.base_url()), &[]).await;
+    let via_team = Client::anonymous(gw.base_url()).get("/metrics").await;
     assert_eq!(via_team.status, StatusCode::NOT_FOUND);
 }

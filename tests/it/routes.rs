@@ -9,7 +9,7 @@
 //! simulator's own router knows the path.
 
 use crate::support::client::Client;
-use crate::support::gateway::{team, Setup, SMALL};
+use crate::support::gateway::{Setup, SMALL};
 use crate::support::http::Reply;
 use crate::support::query::Query;
 use crate::support::sim::{start_sim, unlimited, Samples, Sim};
@@ -18,9 +18,8 @@ use http::StatusCode;
 use permit_gateway::route::Route;
 
 /// A request the vendor answers 200 for, per route (`None`: `other`).
-fn sample(route: Route, s: &Samples) -> Option<String> {
+fn sample(route: Route, s: &Samples) -> Option<Query> {
     let (from, to) = (&s.permit_from, &s.permit_to);
-    let months = "metric_from=2023-01-01&metric_to=2024-12-31";
     let (geo, city, county, jur, addr) = (
         &s.state,
         &s.city_geo_id,
@@ -29,69 +28,56 @@ fn sample(route: Route, s: &Samples) -> Option<String> {
         &s.address_geo_id,
     );
     let c = &s.contractor_id;
+    let months = |q: Query| q.months("2023-01-01", "2024-12-31");
+    // Every property type and tag, two records a page.
+    let all = |q: Query| q.property_type("all").tag("all").size(2);
     Some(match route {
-        Route::PermitsSearch => Query::state_permits(s).size(2).to_string(),
-        Route::ContractorsSearch => Query::state_contractors(s).size(2).to_string(),
-        Route::ContractorPermits => format!("/v2/contractors/{c}/permits?size=2"),
-        Route::AddressMetricsMonthly => format!("/v2/addresses/{addr}/metrics/monthly?{months}&tag=all&size=2"),
-        Route::CountyMetricsMonthly => {
-            format!("/v2/counties/{county}/metrics/monthly?{months}&property_type=all&tag=all&size=2")
-        }
-        Route::CityMetricsMonthly => {
-            format!("/v2/cities/{city}/metrics/monthly?{months}&property_type=all&tag=all&size=2")
-        }
-        Route::CityMetricsCurrent => format!("/v2/cities/{city}/metrics/current?property_type=all&tag=all&size=2"),
-        Route::Counties => format!("/v2/counties?geo_id={county}"),
-        Route::Cities => format!("/v2/cities?geo_id={city}"),
-        Route::Jurisdictions => format!("/v2/jurisdictions?geo_id={jur}"),
-        Route::ListZip => "/v2/list/zip?size=100".into(),
-        Route::ZipcodesSearch => format!("/v2/zipcodes/search?q={}", s.zip),
-        Route::StatesSearch => format!("/v2/states/search?q={geo}"),
-        Route::JurisdictionsSearch => "/v2/jurisdictions/search?q=a".into(),
-        Route::MetaCoverage => format!("/v2/meta/coverage?geo_type=state&geo_id={geo}&date_from={from}&date_to={to}"),
-        Route::MetaRelease => Query::meta_release().to_string(),
-        Route::Usage => Query::usage().to_string(),
+        Route::PermitsSearch => Query::state_permits(s).size(2),
+        Route::ContractorsSearch => Query::state_contractors(s).size(2),
+        Route::ContractorPermits => Query::contractor(c, "permits").size(2),
+        Route::AddressMetricsMonthly => months(Query::metrics("addresses", addr, "monthly")).tag("all").size(2),
+        Route::CountyMetricsMonthly => all(months(Query::metrics("counties", county, "monthly"))),
+        Route::CityMetricsMonthly => all(months(Query::metrics("cities", city, "monthly"))),
+        Route::CityMetricsCurrent => all(Query::metrics("cities", city, "current")),
+        Route::Counties => Query::place("counties", county),
+        Route::Cities => Query::place("cities", city),
+        Route::Jurisdictions => Query::place("jurisdictions", jur),
+        Route::ListZip => Query::list("zip").size(100),
+        Route::ZipcodesSearch => Query::text_search("zipcodes", &s.zip),
+        Route::StatesSearch => Query::text_search("states", geo),
+        Route::JurisdictionsSearch => Query::text_search("jurisdictions", "a"),
+        Route::MetaCoverage => Query::coverage("state", geo).dates(from, to),
+        Route::MetaRelease => Query::meta_release(),
+        Route::Usage => Query::usage(),
         Route::Other => return None,
-        Route::PermitsById => Query::permits_by_id(&["p1", "p2"]).to_string(),
-        Route::ContractorsById => Query::by_id("contractors", &[c]).to_string(),
-        Route::DecisionsSearch => {
-            format!("/v2/decisions/search?geo_id={geo}&decision_from={from}&decision_to={to}&size=2")
-        }
-        Route::DecisionsById => Query::by_id("decisions", &["d1"]).to_string(),
-        Route::PropertiesSearch => format!("/v2/properties/search?geo_id={geo}&size=2"),
-        Route::PropertiesById => Query::by_id("properties", &[addr]).to_string(),
-        Route::ContractorEmployees => format!("/v2/contractors/{c}/employees?size=2"),
-        Route::ContractorMetrics => format!("/v2/contractors/{c}/metrics?{months}&property_type=all&tag=all"),
-        Route::AddressesSearch => "/v2/addresses/search?q=1".into(),
-        Route::CitiesSearch => "/v2/cities/search?q=a".into(),
-        Route::CountiesSearch => "/v2/counties/search?q=a".into(),
-        Route::AddressMetricsCurrent => format!("/v2/addresses/{addr}/metrics/current?tag=all&size=2"),
-        Route::CountyMetricsCurrent => {
-            format!("/v2/counties/{county}/metrics/current?property_type=all&tag=all&size=2")
-        }
-        Route::JurisdictionMetricsMonthly => {
-            format!("/v2/jurisdictions/{jur}/metrics/monthly?{months}&property_type=all&tag=all&size=2")
-        }
-        Route::JurisdictionMetricsCurrent => {
-            format!("/v2/jurisdictions/{jur}/metrics/current?property_type=all&tag=all&size=2")
-        }
-        Route::AddressResidents => format!("/v2/addresses/{addr}/residents?size=2"),
-        Route::ListTags => "/v2/list/tags?size=100".into(),
+        Route::PermitsById => Query::permits_by_id(&["p1", "p2"]),
+        Route::ContractorsById => Query::by_id("contractors", &[c]),
+        Route::DecisionsSearch => Query::decision_search(geo, from, to).size(2),
+        Route::DecisionsById => Query::by_id("decisions", &["d1"]),
+        Route::PropertiesSearch => Query::property_search(geo).size(2),
+        Route::PropertiesById => Query::by_id("properties", &[addr]),
+        Route::ContractorEmployees => Query::contractor(c, "employees").size(2),
+        Route::ContractorMetrics => months(Query::contractor(c, "metrics")).property_type("all").tag("all"),
+        Route::AddressesSearch => Query::text_search("addresses", 1),
+        Route::CitiesSearch => Query::text_search("cities", "a"),
+        Route::CountiesSearch => Query::text_search("counties", "a"),
+        Route::AddressMetricsCurrent => Query::metrics("addresses", addr, "current").tag("all").size(2),
+        Route::CountyMetricsCurrent => all(Query::metrics("counties", county, "current")),
+        Route::JurisdictionMetricsMonthly => all(months(Query::metrics("jurisdictions", jur, "monthly"))),
+        Route::JurisdictionMetricsCurrent => all(Query::metrics("jurisdictions", jur, "current")),
+        Route::AddressResidents => Query::residents(addr).size(2),
+        Route::ListTags => Query::list("tags").size(100),
     })
 }
 
 /// Whether the simulator serves this path yet.
 fn sim_serves(path: &str) -> bool {
-    let path = path.split('?').next().unwrap_or(path);
     permit_api_sim::router::route(path).is_some()
 }
 
 /// A gateway whose `small` team has `limit` credits, and that team's token.
 async fn gateway_with_budget(sim: &Sim, limit: u64) -> permit_gateway::Running {
-    Setup::new()
-        .teams(team(SMALL.0, SMALL.1, &format!("credit_limit = {limit}")))
-        .start(sim)
-        .await
+    Setup::new().teams(&[SMALL]).credit_limit(SMALL, limit).start(sim).await
 }
 
 /// Spends exactly `credits` of the team's budget on one full page.
@@ -106,7 +92,6 @@ async fn spend(team: &Client, sim: &Sim, credits: u32) -> Reply {
 }
 
 fn reached_upstream(sim: &Sim, path: &str) -> bool {
-    let path = path.split('?').next().unwrap_or(path);
     sim.log().iter().any(|e| e.path == path)
 }
 
@@ -133,13 +118,13 @@ async fn a_team_with_no_credits_left_can_call_every_free_operation() {
             StatusCode::PAYMENT_REQUIRED,
             "{path}: a free call refused for budget"
         );
-        assert!(reached_upstream(&sim, &path), "{path} did not reach the upstream");
+        assert!(reached_upstream(&sim, path.path()), "{path} did not reach the upstream");
         // Issue 39: no budget headers either, for a team with a limit (the
         // upstream sends none on credit-exempt operations).
         for name in ["x-credits-request", "x-credits-limit", "x-credits-remaining"] {
             assert_eq!(r.header(name), None, "{path} ({}): {name} on a free route", r.status);
         }
-        if sim_serves(&path) {
+        if sim_serves(path.path()) {
             assert_eq!(r.status, StatusCode::OK, "{path}: {}", r.text());
             assert_eq!(
                 r.header("x-credits-request"),
@@ -151,7 +136,7 @@ async fn a_team_with_no_credits_left_can_call_every_free_operation() {
     }
     assert_eq!(free, 14, "the table's free operations, usage aside");
     // The team's own usage: the budget is in the body, no header carries it.
-    let usage = small.get("/v2/usage").request_id("small-usage").await;
+    let usage = small.get(Query::usage()).request_id("small-usage").await;
     assert_eq!(usage.status, StatusCode::OK);
     assert_eq!(usage.json()["credit_limit"], 10);
     for name in ["x-credits-request", "x-credits-limit", "x-credits-remaining"] {
@@ -170,8 +155,9 @@ async fn an_id_lookup_reserves_one_credit_per_id() {
     // Reuse off: the lookups below ask for ids the search bought, which
     // record reuse (tests/it/records.rs) would answer for nothing.
     let gw = Setup::new()
-        .teams(team(SMALL.0, SMALL.1, "credit_limit = 13"))
-        .with("cache", "record_reuse = false")
+        .teams(&[SMALL])
+        .credit_limit(SMALL, 13)
+        .with(|c| c.cache.record_reuse = false)
         .start(&sim)
         .await;
     let small = Client::new(gw.base_url(), SMALL.1);
@@ -284,7 +270,7 @@ async fn non_canonical_paths_are_the_upstreams_404_and_never_cached() {
     let gw = gateway_with_budget(&sim, 1000).await;
     let (small, upstream) = (Client::new(gw.base_url(), SMALL.1), Client::upstream(&sim));
     let permits = Query::state_permits(&sim.samples()).size(2);
-    let places = Query::new("/v2/jurisdictions/search").param("q", "a");
+    let places = Query::text_search("jurisdictions", "a");
     // The paths are written out: each spelling is a case.
     let shapes = [
         permits.clone().on_path("/v2/permits/search/"),
@@ -334,7 +320,7 @@ async fn non_canonical_paths_are_the_upstreams_404_and_never_cached() {
         .await;
     assert_eq!(encoded.x_cache(), Some("HIT"));
     assert_eq!(encoded.body, search.body);
-    // A 404 needs no token, like the upstream's.
+    // A 404 needs no token, like the upstream's (a spelling of the above).
     let anonymous = Client::anonymous(gw.base_url()).get("/v2/jurisdictions/search/").await;
     assert_eq!(anonymous.status, StatusCode::NOT_FOUND);
 }
@@ -350,11 +336,11 @@ async fn unknown_v2_paths_are_the_vendors_free_404_and_reserve_nothing() {
     spend(&small, &sim, 10).await;
     let before = sim.stats().requests_total;
     let paths = [
-        Query::new("/v2/states/CA/metrics/monthly").size(3).to_string(),
-        "/v2/permit_records?id=a&id=b".to_string(),
-        "/v2/permits/search/extra?size=100".to_string(),
-        "/v2/nothing".to_string(),
-        "/v2/contractors/x/reviews?size=50".to_string(),
+        Query::metrics("states", "CA", "monthly").size(3),
+        Query::by_id("permit_records", &["a", "b"]),
+        Query::new("/v2/permits/search/extra").size(100),
+        Query::new("/v2/nothing"),
+        Query::contractor("x", "reviews").size(50),
     ];
     let mut bodies = Vec::new();
     for path in &paths {

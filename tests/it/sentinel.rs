@@ -5,16 +5,18 @@
 //! the ledger keeps what the upstream charged; `/readyz` reports a Sentinel
 //! that cannot name a primary.
 
+use crate::support::client::Client;
 use crate::support::gateway::{Setup, ALPHA};
-use crate::support::http::get;
+use crate::support::probe::readyz;
 use crate::support::query::Query;
 use crate::support::redis_sentinel::{RedisSentinel, DOWN_AFTER_MS};
 use crate::support::sim::{start_sim, unlimited};
-use crate::support::traffic::{as_team, assert_settled_spend_survived, charged_to, distinct_searches, ledger_used};
+use crate::support::traffic::{assert_only_503s_within, start_load, wait_all_served_after, wait_load_served, Log};
+use crate::support::traffic::{assert_settled_spend_survived, charged_to, distinct_searches, ledger_used};
 use crate::support::wait::eventually;
 use http::StatusCode;
 use permit_gateway::Running;
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -23,61 +25,34 @@ use std::time::{Duration, Instant};
 /// breaker's 2 s cool-down.
 const BOUND: Duration = Duration::from_secs(10);
 
-/// (time since start, replica, status) of every request of the load.
-type Log = Arc<Mutex<Vec<(Duration, usize, StatusCode)>>>;
-
-fn on_sentinel(url: &str) -> Setup {
-    Setup::new()
-        .with("cache", format!("redis_url = {url:?}"))
-        .with("quota", "store = \"redis\"")
+/// Sentinels started off the async runtime (they block for seconds), and
+/// the `redis+sentinel://` URL of their service.
+async fn sentinels(start: fn() -> RedisSentinel) -> (Arc<Mutex<RedisSentinel>>, String) {
+    let redis = tokio::task::spawn_blocking(start).await.expect("sentinels up");
+    let url = redis.url(crate::support::redis_sentinel::SERVICE);
+    (Arc::new(Mutex::new(redis)), url)
 }
 
-/// Four workers firing distinct metered searches round-robin at the
-/// gateways until `stop`, 20 ms apart (a steady load, not a synchronisation).
-fn start_load(
-    gws: &Arc<Vec<Running>>,
-    paths: Arc<Vec<String>>,
-    stop: &Arc<AtomicBool>,
-    log: &Log,
-) -> Vec<tokio::task::JoinHandle<()>> {
-    let start = Instant::now();
-    let next = Arc::new(AtomicU32::new(0));
-    (0..4)
-        .map(|_| {
-            let (gws, paths, stop, log, next) = (gws.clone(), paths.clone(), stop.clone(), log.clone(), next.clone());
-            tokio::spawn(async move {
-                while !stop.load(Ordering::Acquire) {
-                    let i = next.fetch_add(1, Ordering::AcqRel) as usize;
-                    let Some(path) = paths.get(i) else { return };
-                    let replica = i % gws.len();
-                    let url = format!("{}{path}", gws[replica].base_url());
-                    let status = as_team(&url, ALPHA.1, &format!("alpha-{i}")).await.status;
-                    log.lock().expect("log").push((start.elapsed(), replica, status));
-                    tokio::time::sleep(Duration::from_millis(20)).await;
-                }
-            })
-        })
-        .collect()
+fn on_sentinel(url: &str) -> Setup {
+    Setup::new().redis(url)
+}
+
+/// Team alpha on each gateway.
+fn alphas(gws: &[Running]) -> Arc<Vec<Client>> {
+    Arc::new(gws.iter().map(|gw| Client::new(gw.base_url(), ALPHA.1)).collect())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_primary_killed_under_load_is_followed_and_the_ledger_kept() {
-    let redis = tokio::task::spawn_blocking(RedisSentinel::start)
-        .await
-        .expect("sentinels up");
-    let redis = Arc::new(Mutex::new(redis));
-    let url = redis
-        .lock()
-        .expect("setup")
-        .url(crate::support::redis_sentinel::SERVICE);
+    let (redis, url) = sentinels(RedisSentinel::start).await;
     let sim = start_sim(unlimited()).await;
     let setup = on_sentinel(&url);
-    let gws = Arc::new(vec![setup.start(&sim).await, setup.start(&sim).await]);
+    let gws = vec![setup.start(&sim).await, setup.start(&sim).await];
 
     // A service no Sentinel watches: not ready, and /readyz says why.
     let lost_url = redis.lock().expect("setup").url("nosuch");
     let lost = on_sentinel(&lost_url).start(&sim).await;
-    let r = get(&format!("{}/readyz", lost.admin_url()), &[]).await;
+    let r = readyz(&lost.admin_url()).await;
     assert_eq!(r.status, StatusCode::SERVICE_UNAVAILABLE, "{}", r.text());
     let checks = &r.json()["checks"];
     for check in ["ledger", "cache_redis"] {
@@ -91,19 +66,11 @@ async fn a_primary_killed_under_load_is_followed_and_the_ledger_kept() {
     }
     drop(lost);
 
-    let paths = Arc::new(distinct_searches(&sim, 3000, 1));
+    let queries = Arc::new(distinct_searches(&sim, 3000, 1));
     let (stop, log): (Arc<AtomicBool>, Log) = Default::default();
     let start = Instant::now();
-    let workers = start_load(&gws, paths, &stop, &log);
-    eventually("the load gets going", Duration::from_secs(10), || async {
-        log.lock()
-            .expect("log")
-            .iter()
-            .filter(|e| e.2 == StatusCode::OK)
-            .count()
-            >= 30
-    })
-    .await;
+    let workers = start_load(&alphas(&gws), queries, &stop, &log);
+    wait_load_served(&log, 30).await;
 
     let killed_at = start.elapsed();
     let r = redis.clone();
@@ -116,15 +83,7 @@ async fn a_primary_killed_under_load_is_followed_and_the_ledger_kept() {
         .expect("failover");
     let promoted_at = start.elapsed();
     // Every gateway answers 200 again after the promotion.
-    eventually("every gateway serves again", Duration::from_secs(20), || async {
-        (0..gws.len()).all(|g| {
-            log.lock()
-                .expect("log")
-                .iter()
-                .any(|(t, rep, s)| *t > promoted_at && *rep == g && *s == StatusCode::OK)
-        })
-    })
-    .await;
+    wait_all_served_after(&log, promoted_at, gws.len(), "after the promotion").await;
     stop.store(true, Ordering::Release);
     for w in workers {
         w.await.expect("worker");
@@ -144,18 +103,8 @@ async fn a_primary_killed_under_load_is_followed_and_the_ledger_kept() {
         failures.len(),
         failures.last().map(|e| e.0)
     );
-    for (t, _, status) in &failures {
-        assert_eq!(
-            *status,
-            StatusCode::SERVICE_UNAVAILABLE,
-            "only the ledger's 503 while the primary moves"
-        );
-        assert!(
-            *t >= killed_at && *t <= killed_at + BOUND,
-            "a 503 at {t:?}, outside {BOUND:?} after the kill at {killed_at:?}"
-        );
-    }
-    let ready = get(&format!("{}/readyz", gws[0].admin_url()), &[]).await;
+    assert_only_503s_within(&log, killed_at, BOUND, "the primary");
+    let ready = readyz(&gws[0].admin_url()).await;
     assert_eq!(ready.status, StatusCode::OK, "{}", ready.text());
 
     let admins: Vec<String> = gws.iter().map(|gw| gw.admin_url()).collect();
@@ -164,7 +113,10 @@ async fn a_primary_killed_under_load_is_followed_and_the_ledger_kept() {
 
 /// The team's `/v2/usage` through gateway `gw`: status and credits used.
 async fn usage(gw: &Running) -> (StatusCode, Option<u64>) {
-    let r = as_team(&format!("{}/v2/usage", gw.base_url()), ALPHA.1, "alpha-usage").await;
+    let r = Client::new(gw.base_url(), ALPHA.1)
+        .get(Query::usage())
+        .request_id("alpha-usage")
+        .await;
     (r.status, r.json()["credits_used"].as_u64())
 }
 
@@ -177,23 +129,20 @@ async fn usage(gw: &Running) -> (StatusCode, Option<u64>) {
 /// charged (before: 6 against 47).
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn settles_a_stalled_replica_never_got_survive_the_failover() {
-    let redis = tokio::task::spawn_blocking(RedisSentinel::start_behind_relay)
-        .await
-        .expect("sentinels up");
-    let redis = Arc::new(Mutex::new(redis));
-    let url = redis
-        .lock()
-        .expect("setup")
-        .url(crate::support::redis_sentinel::SERVICE);
+    let (redis, url) = sentinels(RedisSentinel::start_behind_relay).await;
     let sim = start_sim(unlimited()).await;
     let gw = on_sentinel(&url).start(&sim).await;
     let s = sim.samples();
-    let search = |i: u32, size: u32| format!("{}{}", gw.base_url(), Query::distinct(&s, i).size(size));
-    let warm = as_team(&search(0, 6), ALPHA.1, "alpha-warm").await;
+    let alpha = Client::new(gw.base_url(), ALPHA.1);
+    let search = |i: u32, size: u32| Query::distinct(&s, i).size(size);
+    let warm = alpha.get(search(0, 6)).request_id("alpha-warm").await;
     assert_eq!(warm.status, StatusCode::OK, "{}", warm.text());
     redis.lock().expect("setup").stall_replication();
     for (i, size) in [(1, 10), (2, 15), (3, 16)] {
-        let r = as_team(&search(i, size), ALPHA.1, &format!("alpha-stalled-{i}")).await;
+        let r = alpha
+            .get(search(i, size))
+            .request_id(&format!("alpha-stalled-{i}"))
+            .await;
         assert_eq!(r.status, StatusCode::OK, "{}", r.text());
         assert_eq!(r.credits_request(), Some(u64::from(size)));
     }
@@ -228,22 +177,15 @@ async fn settles_a_stalled_replica_never_got_survive_the_failover() {
 /// `/v2/usage` and a new miss answer 200 on every gateway at the first try.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_first_ledger_call_after_each_of_five_failovers_succeeds() {
-    let redis = tokio::task::spawn_blocking(RedisSentinel::start_for_repeated_failovers)
-        .await
-        .expect("sentinels up");
-    let redis = Arc::new(Mutex::new(redis));
-    let url = redis
-        .lock()
-        .expect("setup")
-        .url(crate::support::redis_sentinel::SERVICE);
+    let (redis, url) = sentinels(RedisSentinel::start_for_repeated_failovers).await;
     let sim = start_sim(unlimited()).await;
     let setup = on_sentinel(&url);
-    let gws = Arc::new(vec![setup.start(&sim).await, setup.start(&sim).await]);
-    let paths = distinct_searches(&sim, 21000, 1);
-    let (load, probes) = paths.split_at(20000);
+    let gws = vec![setup.start(&sim).await, setup.start(&sim).await];
+    let queries = distinct_searches(&sim, 21000, 1);
+    let (load, probes) = queries.split_at(20000);
     let (stop, log): (Arc<AtomicBool>, Log) = Default::default();
     let start = Instant::now();
-    let workers = start_load(&gws, Arc::new(load.to_vec()), &stop, &log);
+    let workers = start_load(&alphas(&gws), Arc::new(load.to_vec()), &stop, &log);
     let mut probe = 0;
     for round in 0..5 {
         let killed_at = start.elapsed();
@@ -256,19 +198,7 @@ async fn the_first_ledger_call_after_each_of_five_failovers_succeeds() {
             .await
             .expect("failover");
         let promoted_at = start.elapsed();
-        eventually(
-            "every gateway serves the load again",
-            Duration::from_secs(20),
-            || async {
-                (0..gws.len()).all(|g| {
-                    log.lock()
-                        .expect("log")
-                        .iter()
-                        .any(|(t, rep, s)| *t > promoted_at && *rep == g && *s == StatusCode::OK)
-                })
-            },
-        )
-        .await;
+        wait_all_served_after(&log, promoted_at, gws.len(), &format!("failover {round}")).await;
         eprintln!(
             "failover {round}: promoted {:?} after the kill, served again {:?} after",
             promoted_at - killed_at,
@@ -277,8 +207,10 @@ async fn the_first_ledger_call_after_each_of_five_failovers_succeeds() {
         for gw in gws.iter() {
             let (status, _) = usage(gw).await;
             assert_eq!(status, StatusCode::OK, "round {round}: /v2/usage after the failover");
-            let url = format!("{}{}", gw.base_url(), probes[probe]);
-            let miss = as_team(&url, ALPHA.1, &format!("alpha-probe-{probe}")).await;
+            let miss = Client::new(gw.base_url(), ALPHA.1)
+                .get(&probes[probe])
+                .request_id(&format!("alpha-probe-{probe}"))
+                .await;
             assert_eq!(
                 miss.status,
                 StatusCode::OK,

@@ -6,7 +6,7 @@
 //! replica, so what answers it is what the first one stored in Redis.
 
 use crate::support::client::Client;
-use crate::support::gateway::{team, Setup, ALPHA};
+use crate::support::gateway::{replicas, Setup, Team, ALPHA};
 use crate::support::http::Reply;
 use crate::support::query::Query;
 use crate::support::redis::RedisServer;
@@ -15,21 +15,6 @@ use crate::support::traffic::{assert_ledger_matches, charged_to, ledger_used};
 use http::StatusCode;
 use permit_gateway::Running;
 use serde_json::Value;
-
-/// `n` gateways in front of `sim`, sharing `redis` when there are two.
-async fn replicas(n: usize, sim: &Sim, redis: Option<&RedisServer>, setup: Setup) -> Vec<Running> {
-    let setup = match redis {
-        Some(r) => setup
-            .with("cache", format!("redis_url = {:?}", r.url()))
-            .with("quota", "store = \"redis\""),
-        None => setup,
-    };
-    let mut gws = Vec::new();
-    for _ in 0..n {
-        gws.push(setup.start(sim).await);
-    }
-    gws
-}
 
 /// The upstream's own answer to `query`, asked directly (outside the
 /// gateway): what a held answer must equal byte for byte.
@@ -84,7 +69,7 @@ fn assert_hit(r: &Reply, what: &str) {
 }
 
 async fn complete_page_answers_other_sizes(n_replicas: usize) {
-    let redis = (n_replicas > 1).then(RedisServer::start);
+    let redis = RedisServer::for_replicas(n_replicas);
     let sim = start_sim(unlimited()).await;
     let (path, n) = small_search(&sim).await;
     let gws = replicas(n_replicas, &sim, redis.as_ref(), Setup::new()).await;
@@ -142,7 +127,7 @@ async fn a_complete_page_answers_other_sizes_on_two_replicas() {
 }
 
 async fn counted_page_answers_the_plain_one(n_replicas: usize) {
-    let redis = (n_replicas > 1).then(RedisServer::start);
+    let redis = RedisServer::for_replicas(n_replicas);
     let sim = start_sim(unlimited()).await;
     let (small, n) = small_search(&sim).await;
     let gws = replicas(n_replicas, &sim, redis.as_ref(), Setup::new()).await;
@@ -201,19 +186,21 @@ async fn a_counted_first_page_answers_the_plain_one_on_two_replicas() {
     counted_page_answers_the_plain_one(2).await;
 }
 
-const BATCH: (&str, &str) = ("batch", "tok-batch-4b5c6d7e8f901a2b");
-const PLAIN: (&str, &str) = ("plain", "tok-plain-9e8d7c6b5a4f3e2d");
+const BATCH: Team = ("batch", "tok-batch-4b5c6d7e8f901a2b");
+const PLAIN: Team = ("plain", "tok-plain-9e8d7c6b5a4f3e2d");
 const LIMIT: u64 = 30;
 
 async fn clamped_pages(n_replicas: usize) {
-    let redis = (n_replicas > 1).then(RedisServer::start);
+    let redis = RedisServer::for_replicas(n_replicas);
     let sim = start_sim(unlimited()).await;
-    let teams = team(
-        BATCH.0,
-        BATCH.1,
-        &format!("credit_limit = {LIMIT}\nclamp_to_budget = true"),
-    ) + &team(PLAIN.0, PLAIN.1, &format!("credit_limit = {LIMIT}"));
-    let gws = replicas(n_replicas, &sim, redis.as_ref(), Setup::new().teams(teams)).await;
+    let setup = Setup::new()
+        .teams(&[BATCH, PLAIN])
+        .team(BATCH, |t| {
+            t.credit_limit = Some(LIMIT);
+            t.clamp_to_budget = true;
+        })
+        .credit_limit(PLAIN, LIMIT);
+    let gws = replicas(n_replicas, &sim, redis.as_ref(), setup).await;
     let on = |i: usize, token: &str| Client::new(gws[i % gws.len()].base_url(), token);
     let s = sim.samples();
     let search = |i: u32, size: u32| Query::distinct(&s, i).size(size);
@@ -273,7 +260,7 @@ async fn a_clamped_team_gets_what_its_credits_cover_on_two_replicas() {
 /// complete answer: another size of the same search, on either replica,
 /// goes to the upstream and gets the whole answer.
 async fn a_page_billed_above_its_records_answers_no_other_size(n_replicas: usize) {
-    let redis = (n_replicas > 1).then(RedisServer::start);
+    let redis = RedisServer::for_replicas(n_replicas);
     let sim = start_sim(unlimited()).await;
     let (path, n) = small_search(&sim).await;
     let gws = replicas(n_replicas, &sim, redis.as_ref(), Setup::new()).await;

@@ -79,10 +79,7 @@ async fn a_clients_traceparent_reaches_the_upstream_and_the_access_log() {
 async fn exported_spans_have_the_clients_span_as_parent() {
     let sim = start_sim(unlimited()).await;
     let (collector, spans) = start_collector().await;
-    let setup = Setup::new().with(
-        "tracing",
-        format!("otlp_endpoint = \"http://{collector}\"\nsample_ratio = 1.0"),
-    );
+    let setup = exporting_to(collector, 1.0);
     let mut gw = ChildGateway::spawn(&setup, &sim.base_url(), sim.api_key());
     let alpha = Client::new(gw.base_url(), ALPHA.1);
     let s = sim.samples();
@@ -200,10 +197,7 @@ async fn a_tracestate_over_512_bytes_is_not_forwarded() {
 async fn anonymous_sampled_requests_export_no_span() {
     let sim = start_sim(unlimited()).await;
     let (collector, spans) = start_collector().await;
-    let setup = Setup::new().with(
-        "tracing",
-        format!("otlp_endpoint = \"http://{collector}\"\nsample_ratio = 1.0"),
-    );
+    let setup = exporting_to(collector, 1.0);
     let mut gw = ChildGateway::spawn(&setup, &sim.base_url(), sim.api_key());
     let anonymous = Client::anonymous(gw.base_url());
     let s = sim.samples();
@@ -247,10 +241,7 @@ async fn a_sampled_traceparent_does_not_override_sample_ratio() {
     const IN: &str = "4bf92f3577b34da60000000000000001";
     let sim = start_sim(unlimited()).await;
     let (collector, spans) = start_collector().await;
-    let setup = Setup::new().with(
-        "tracing",
-        format!("otlp_endpoint = \"http://{collector}\"\nsample_ratio = 0.5"),
-    );
+    let setup = exporting_to(collector, 0.5);
     let mut gw = ChildGateway::spawn(&setup, &sim.base_url(), sim.api_key());
     let s = sim.samples();
     // The one not to export first: once the later one is at the collector,
@@ -279,6 +270,15 @@ async fn a_sampled_traceparent_does_not_override_sample_ratio() {
         "a client's sampled flag exported {} spans: {out:?}",
         out.len()
     );
+}
+
+/// Spans exported to the collector at `collector`, a share `sample_ratio`
+/// of the teams' traces.
+fn exporting_to(collector: SocketAddr, sample_ratio: f64) -> Setup {
+    Setup::new().with(move |c| {
+        c.tracing.otlp_endpoint = Some(format!("http://{collector}"));
+        c.tracing.sample_ratio = sample_ratio;
+    })
 }
 
 /// A team's request with the client's sampled `traceparent`.

@@ -4,17 +4,19 @@
 //! `/readyz` says when the ledger cannot know, and the old primary rejoins
 //! as a replica.
 
-use super::{cluster, on_cluster, three};
+use super::{on_cluster, three};
 use crate::support::client::Client;
 use crate::support::gateway::ALPHA;
-use crate::support::http::get;
+use crate::support::probe::readyz;
 use crate::support::query::Query;
-use crate::support::redis_cluster::NODE_TIMEOUT_MS;
+use crate::support::redis_cluster::{RedisCluster, NODE_TIMEOUT_MS};
 use crate::support::sim::{start_sim, unlimited};
-use crate::support::traffic::assert_settled_spend_survived;
+use crate::support::traffic::{
+    assert_only_503s_within, assert_settled_spend_survived, start_load, wait_all_served_after, wait_load_served, Log,
+};
 use crate::support::wait::eventually;
 use http::StatusCode;
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -27,65 +29,9 @@ const BOUND: Duration = Duration::from_millis(NODE_TIMEOUT_MS + 2000 + 2000 + 10
 /// A key of alpha's ledger: the victim is the primary of its slot.
 const LEDGER_KEY: &str = "pgw:l:{alpha}:days";
 
-/// (time since start, replica, status) of every request of the load.
-type Log = Arc<Mutex<Vec<(Duration, usize, StatusCode)>>>;
-
-/// Four workers that fire distinct metered searches round-robin at the
-/// replicas (alpha's client on each) until `stop`, each pausing 20 ms
-/// between requests (a steady load of up to 200 requests a second, not a
-/// synchronisation).
-fn start_load(
-    replicas: &Arc<Vec<Client>>,
-    queries: Arc<Vec<Query>>,
-    stop: &Arc<AtomicBool>,
-    log: &Log,
-) -> Vec<tokio::task::JoinHandle<()>> {
-    let start = Instant::now();
-    let next = Arc::new(AtomicU32::new(0));
-    (0..4)
-        .map(|_| {
-            let (replicas, queries, stop, log, next) = (
-                replicas.clone(),
-                queries.clone(),
-                stop.clone(),
-                log.clone(),
-                next.clone(),
-            );
-            tokio::spawn(async move {
-                while !stop.load(Ordering::Acquire) {
-                    let i = next.fetch_add(1, Ordering::AcqRel) as usize;
-                    let Some(query) = queries.get(i) else { return };
-                    let replica = i % replicas.len();
-                    let status = replicas[replica]
-                        .get(query)
-                        .request_id(&format!("alpha-{i}"))
-                        .await
-                        .status;
-                    log.lock().expect("log").push((start.elapsed(), replica, status));
-                    tokio::time::sleep(Duration::from_millis(20)).await;
-                }
-            })
-        })
-        .collect()
-}
-
-/// Polls until every replica answered 200 after `since`.
-async fn wait_all_served_after(log: &Log, since: Duration, replicas: usize, what: &str) {
-    let what = format!("{what}: every replica serves again");
-    eventually(&what, Duration::from_secs(20), || async {
-        (0..replicas).all(|r| {
-            log.lock()
-                .expect("log")
-                .iter()
-                .any(|(t, rep, s)| *t > since && *rep == r && *s == StatusCode::OK)
-        })
-    })
-    .await;
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_primary_killed_mid_load_fails_over_and_keeps_settled_spend() {
-    let cluster = Arc::new(Mutex::new(cluster().await));
+    let cluster = Arc::new(Mutex::new(RedisCluster::start_async().await));
     let sim = start_sim(unlimited()).await;
     let setup = on_cluster(&cluster.lock().expect("cluster"));
     let gws = three(&setup, &sim).await;
@@ -96,11 +42,7 @@ async fn a_primary_killed_mid_load_fails_over_and_keeps_settled_spend() {
     let (stop, log): (Arc<AtomicBool>, Log) = Default::default();
     let start = Instant::now();
     let workers = start_load(&alphas, queries, &stop, &log);
-    eventually("the load gets going", Duration::from_secs(10), || async {
-        let log = log.lock().expect("log");
-        log.iter().filter(|e| e.2 == StatusCode::OK).count() >= 30
-    })
-    .await;
+    wait_load_served(&log, 30).await;
 
     let killed_at = start.elapsed();
     let c = cluster.clone();
@@ -110,7 +52,7 @@ async fn a_primary_killed_mid_load_fails_over_and_keeps_settled_spend() {
     // /readyz says the ledger cannot know while the slot has no primary.
     let admin = gws[0].admin_url();
     eventually("readyz reports the lost primary", Duration::from_secs(10), || async {
-        let r = get(&format!("{admin}/readyz"), &[]).await;
+        let r = readyz(&admin).await;
         if r.status != StatusCode::SERVICE_UNAVAILABLE {
             return Err(r.text());
         }
@@ -128,7 +70,7 @@ async fn a_primary_killed_mid_load_fails_over_and_keeps_settled_spend() {
     .expect("failover");
     let promoted_at = start.elapsed();
     wait_all_served_after(&log, promoted_at, gws.len(), "after the failover").await;
-    let ready = get(&format!("{admin}/readyz"), &[]).await;
+    let ready = readyz(&admin).await;
     assert_eq!(ready.status, StatusCode::OK, "{}", ready.text());
     assert!(
         ready.json()["checks"]["ledger"]
@@ -163,21 +105,11 @@ async fn a_primary_killed_mid_load_fails_over_and_keeps_settled_spend() {
         failures.len(),
         failures.last().map(|e| e.0)
     );
-    for (t, _, status) in &failures {
-        assert_eq!(
-            *status,
-            StatusCode::SERVICE_UNAVAILABLE,
-            "only the ledger's 503 while the slot moves"
-        );
-        assert!(
-            *t >= killed_at && *t <= killed_at + BOUND,
-            "a 503 at {t:?}, outside the bound after the kill at {killed_at:?}"
-        );
-    }
+    assert_only_503s_within(&log, killed_at, BOUND, "the slot");
     // Ready on its own, and durable again once the old primary has synced.
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
-        let ready = get(&format!("{admin}/readyz"), &[]).await;
+        let ready = readyz(&admin).await;
         if ready.status == StatusCode::OK && ready.json()["checks"]["ledger"] == "ok" {
             break;
         }

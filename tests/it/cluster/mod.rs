@@ -9,33 +9,20 @@
 mod failover;
 
 use crate::support::client::Client;
-use crate::support::gateway::{team, Setup, ADMIN_TOKEN, ALPHA, SMALL};
-use crate::support::http::{get, send, Reply};
-use crate::support::probe::wait_cache_redis_ok;
-use crate::support::prometheus::Exposition;
+use crate::support::gateway::{Setup, ALPHA, SMALL};
+use crate::support::probe::{readyz, scrape, wait_cache_redis_ok};
 use crate::support::query::Query;
 use crate::support::redis_cluster::RedisCluster;
 use crate::support::sim::{start_sim, unlimited, FaultKind, Faults, Sim};
 use crate::support::traffic::{assert_replicas_share_the_upstream_rate, charged_to, ledger_used};
 use crate::support::wait::eventually;
-use bytes::Bytes;
-use http::{Method, StatusCode};
+use http::StatusCode;
 use permit_gateway::Running;
 use std::time::Duration;
 
-/// The cluster, started off the async runtime (it blocks for seconds).
-async fn cluster() -> RedisCluster {
-    tokio::task::spawn_blocking(RedisCluster::start)
-        .await
-        .expect("cluster start")
-}
-
 /// Cache, leases, ledger and shared rate all on the cluster.
 fn on_cluster(cluster: &RedisCluster) -> Setup {
-    let url = cluster.url();
-    Setup::new()
-        .with("cache", format!("redis_url = {url:?}"))
-        .with("quota", "store = \"redis\"")
+    Setup::new().redis(&cluster.url())
 }
 
 async fn three(setup: &Setup, sim: &Sim) -> Vec<Running> {
@@ -47,30 +34,21 @@ fn on_each(gws: &[Running], token: &str) -> Vec<Client> {
     gws.iter().map(|gw| Client::new(gw.base_url(), token)).collect()
 }
 
-async fn metrics(gw: &Running) -> Exposition {
-    Exposition::parse(&get(&format!("{}/metrics", gw.admin_url()), &[]).await.text())
-}
-
 /// Redis and ledger errors a replica counted (CROSSSLOT, MOVED not
 /// followed, timeouts all land here).
 async fn backend_errors(gw: &Running) -> f64 {
-    let m = metrics(gw).await;
+    let m = scrape(&gw.admin_url()).await;
     m.sum("gateway_backend_errors_total", &[("backend", "redis")])
         + m.sum("gateway_backend_errors_total", &[("backend", "ledger")])
 }
 
-async fn admin(method: Method, url: &str) -> Reply {
-    let bearer = format!("Bearer {ADMIN_TOKEN}");
-    send(method, url, &[("authorization", &bearer)], Bytes::new()).await
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_script_and_multi_key_command_runs_on_a_real_cluster() {
-    let cluster = cluster().await;
+    let cluster = RedisCluster::start_async().await;
     let sim = start_sim(unlimited()).await;
     // Generous timeouts: on a loaded machine a slow call must not pass for
     // a failed one; only real errors (CROSSSLOT, MOVED not followed) count.
-    let setup = on_cluster(&cluster).with("cache", "redis_timeout_ms = 3000");
+    let setup = on_cluster(&cluster).with(|c| c.cache.redis_timeout_ms = 3000);
     let gws = three(&setup, &sim).await;
     // Misses: reserve, lease (SET NX, DEL), rate script, settle, cache SET;
     // spread over many keys, so over every primary.
@@ -115,7 +93,7 @@ async fn every_script_and_multi_key_command_runs_on_a_real_cluster() {
     }
     // The chargeback rows (HGETALL per team) show the saved credits once flushed.
     eventually("the saved credits are written", Duration::from_secs(10), || async {
-        let csv = admin(Method::GET, &format!("{}/admin/usage.csv", gws[1].admin_url())).await;
+        let csv = Client::admin(gws[1].admin_url()).get("/admin/usage.csv").await;
         assert_eq!(csv.status, StatusCode::OK);
         let saved: u64 = csv
             .text()
@@ -132,7 +110,7 @@ async fn every_script_and_multi_key_command_runs_on_a_real_cluster() {
     .await;
     // Purge scans every primary: all twelve entries and their records go,
     // whichever node holds them.
-    let purged = admin(Method::POST, &format!("{}/admin/cache/purge", gws[0].admin_url())).await;
+    let purged = Client::admin(gws[0].admin_url()).post("/admin/cache/purge").await;
     assert_eq!(purged.json()["redis_keys"], 12 + records.len(), "{}", purged.text());
     let again = alpha[2]
         .get(Query::distinct(&s, 3).size(2))
@@ -143,7 +121,7 @@ async fn every_script_and_multi_key_command_runs_on_a_real_cluster() {
         ledger_used(&gws[0].admin_url(), "alpha").await,
         charged_to(&sim, "alpha-")
     );
-    let ready = get(&format!("{}/readyz", gws[2].admin_url()), &[]).await;
+    let ready = readyz(&gws[2].admin_url()).await;
     assert_eq!(ready.status, StatusCode::OK, "{}", ready.text());
     assert_eq!(ready.json()["checks"]["ledger"], "ok", "AOF is on on every primary");
     for gw in &gws {
@@ -159,7 +137,7 @@ async fn every_script_and_multi_key_command_runs_on_a_real_cluster() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cold_query_fired_at_three_replicas_at_once_reaches_the_upstream_once() {
-    let cluster = cluster().await;
+    let cluster = RedisCluster::start_async().await;
     let sim = start_sim(unlimited()).await;
     let gws = three(&on_cluster(&cluster), &sim).await;
     let alpha = on_each(&gws, ALPHA.1);
@@ -182,9 +160,9 @@ async fn a_cold_query_fired_at_three_replicas_at_once_reaches_the_upstream_once(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn forty_concurrent_searches_over_three_replicas_never_overspend() {
-    let cluster = cluster().await;
+    let cluster = RedisCluster::start_async().await;
     let sim = start_sim(unlimited()).await;
-    let setup = on_cluster(&cluster).teams(team(SMALL.0, SMALL.1, "credit_limit = 100"));
+    let setup = on_cluster(&cluster).teams(&[SMALL]).credit_limit(SMALL, 100);
     let gws = three(&setup, &sim).await;
     let (small, s) = (on_each(&gws, SMALL.1), sim.samples());
     let tasks: Vec<_> = (0..42)
@@ -216,9 +194,12 @@ async fn forty_concurrent_searches_over_three_replicas_never_overspend() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_replicas_on_a_cluster_share_the_upstream_rate() {
-    let cluster = cluster().await;
+    let cluster = RedisCluster::start_async().await;
     let sim = start_sim(unlimited()).await;
-    let setup = on_cluster(&cluster).with("upstream", "requests_per_minute = 120\nmax_queue_wait_secs = 2");
+    let setup = on_cluster(&cluster).with(|c| {
+        c.upstream.requests_per_minute = 120;
+        c.upstream.max_queue_wait_secs = 2;
+    });
     let gws = three(&setup, &sim).await;
     let bases: Vec<String> = gws.iter().map(Running::base_url).collect();
     assert_replicas_share_the_upstream_rate(&sim, &bases, ALPHA.1).await;
@@ -230,10 +211,8 @@ async fn a_gateway_started_before_its_cluster_uses_it_once_it_is_up() {
     let sim = start_sim(unlimited()).await;
     // The cache only: the ledger fails closed, the cache fails open.
     let gw = Setup::new()
-        .with(
-            "cache",
-            format!("redis_url = {:?}\nmemory_max_bytes = 0", cluster.url()),
-        )
+        .cache_redis(&cluster.url())
+        .with(|c| c.cache.memory_max_bytes = 0)
         .start(&sim)
         .await;
     let (alpha, s) = (Client::new(gw.base_url(), ALPHA.1), sim.samples());
@@ -244,7 +223,7 @@ async fn a_gateway_started_before_its_cluster_uses_it_once_it_is_up() {
         "served without its cluster: {}",
         first.text()
     );
-    let ready = get(&format!("{}/readyz", gw.admin_url()), &[]).await;
+    let ready = readyz(&gw.admin_url()).await;
     assert_eq!(ready.status, StatusCode::OK, "{}", ready.text());
     assert_ne!(ready.json()["checks"]["cache_redis"], "ok");
 

@@ -1,37 +1,38 @@
 //! A call's life belongs to no request: a client that hangs up, a body that
 //! fails after a billed head, Redis restarting under a settle (cases 1, 2, 4).
 
-use super::{redis_for, replicas};
-use crate::support::gateway::{Setup, ALPHA, BETA};
-use crate::support::http::get;
+use crate::support::client::Client;
+use crate::support::gateway::{replicas, Setup, ALPHA, BETA};
 use crate::support::redis::RedisServer;
 use crate::support::sim::fault;
 use crate::support::sim::{start_sim, unlimited, FaultKind, Faults};
-use crate::support::traffic::{as_team, assert_ledger_matches, charged_to, distinct_search, ledger_used};
+use crate::support::traffic::{assert_ledger_matches, charged_to, distinct_search, ledger_used};
 use crate::support::wait::eventually;
 use http::StatusCode;
+use std::future::IntoFuture;
 use std::time::Duration;
 
 /// Case 1: the call belongs to no request. A client that hangs up neither
 /// cancels it nor lets the next caller buy the key a second time.
 async fn a_hang_up_buys_nothing_twice(n: usize) {
-    let redis = redis_for(n);
+    let redis = RedisServer::for_replicas(n);
     let sim = start_sim(unlimited()).await;
     let gws = replicas(n, &sim, redis.as_ref(), Setup::new()).await;
-    let path = distinct_search(&sim, 0, 20);
+    let query = distinct_search(&sim, 0, 20);
     sim.set_faults(Faults {
         latency_ms: Some(1_500),
         ..fault(FaultKind::Latency)
     });
-    let first = format!("{}{path}", gws[0].base_url());
-    let hung_up = tokio::time::timeout(Duration::from_millis(300), as_team(&first, ALPHA.1, "alpha-1")).await;
+    let first = Client::new(gws[0].base_url(), ALPHA.1);
+    let call = first.get(&query).request_id("alpha-1").into_future();
+    let hung_up = tokio::time::timeout(Duration::from_millis(300), call).await;
     assert!(hung_up.is_err(), "the client gave up before the upstream answered");
-    let other = format!("{}{path}", gws[n - 1].base_url());
-    let r = as_team(&other, BETA.1, "beta-1").await;
+    let other = Client::new(gws[n - 1].base_url(), BETA.1);
+    let r = other.get(&query).request_id("beta-1").await;
     assert_eq!(r.status, StatusCode::OK, "{}", r.text());
     assert_eq!(r.header("x-cache"), Some("HIT"), "beta got the running call's answer");
     assert_eq!(r.header_u64("x-credits-request"), Some(0));
-    let again = as_team(&first, ALPHA.1, "alpha-2").await;
+    let again = first.get(&query).request_id("alpha-2").await;
     assert_eq!(
         again.header("x-cache"),
         Some("HIT"),
@@ -55,18 +56,20 @@ async fn a_client_that_hangs_up_does_not_buy_the_key_twice_across_replicas() {
 /// Case 2: an answer billed in its headers whose body then fails (the
 /// whole-call deadline) is settled, not released, and never cached.
 async fn a_billed_answer_is_settled_when_its_body_fails(n: usize) {
-    let redis = redis_for(n);
+    let redis = RedisServer::for_replicas(n);
     let sim = start_sim(unlimited()).await;
-    let setup = Setup::new().with("upstream", "timeout_secs = 1\nmax_retries = 0");
+    let setup = Setup::new().one_attempt(1);
     let gws = replicas(n, &sim, redis.as_ref(), setup).await;
-    let path = distinct_search(&sim, 1, 20);
+    let query = distinct_search(&sim, 1, 20);
     sim.set_faults(Faults {
         delay_ms: Some(3_000),
         count: Some(1),
         ..fault(FaultKind::SlowBody)
     });
-    let url = format!("{}{path}", gws[0].base_url());
-    let cut = as_team(&url, ALPHA.1, "alpha-1").await;
+    let cut = Client::new(gws[0].base_url(), ALPHA.1)
+        .get(&query)
+        .request_id("alpha-1")
+        .await;
     assert_eq!(cut.status, StatusCode::GATEWAY_TIMEOUT, "{}", cut.text());
     assert_eq!(charged_to(&sim, "alpha-"), 20, "the upstream billed the cut answer");
     assert_eq!(
@@ -79,7 +82,10 @@ async fn a_billed_answer_is_settled_when_its_body_fails(n: usize) {
         20,
         "and so did the ledger"
     );
-    let next = as_team(&format!("{}{path}", gws[n - 1].base_url()), ALPHA.1, "alpha-2").await;
+    let next = Client::new(gws[n - 1].base_url(), ALPHA.1)
+        .get(&query)
+        .request_id("alpha-2")
+        .await;
     assert_eq!(next.header("x-cache"), Some("MISS"), "the cut answer was not cached");
     assert_ledger_matches(&sim, &gws[0].admin_url(), &["alpha"]).await;
 }
@@ -101,23 +107,20 @@ async fn a_billed_answer_whose_body_fails_is_settled_across_replicas() {
 async fn a_stale_copy_for_a_billed_failure_says_what_it_cost() {
     let sim = start_sim(unlimited()).await;
     let gw = Setup::new()
-        .with("upstream", "timeout_secs = 1\nmax_retries = 0")
-        .with("cache", "[cache.route_ttl_secs]\npermits_search = 1")
+        .one_attempt(1)
+        .route_ttl("permits_search", 1)
         .start(&sim)
         .await;
-    let url = format!("{}{}", gw.base_url(), distinct_search(&sim, 2, 20));
-    assert_eq!(as_team(&url, ALPHA.1, "alpha-1").await.header("x-cache"), Some("MISS"));
-    eventually("the entry expires", Duration::from_secs(10), || async {
-        let r = get(&url, &[("x-api-key", ALPHA.1), ("cache-control", "only-if-cached")]).await;
-        r.status != StatusCode::OK
-    })
-    .await;
+    let alpha = Client::new(gw.base_url(), ALPHA.1);
+    let query = distinct_search(&sim, 2, 20);
+    assert_eq!(alpha.get(&query).request_id("alpha-1").await.x_cache(), Some("MISS"));
+    alpha.wait_expired(&query).await;
     sim.set_faults(Faults {
         delay_ms: Some(3_000),
         count: Some(1),
         ..fault(FaultKind::SlowBody)
     });
-    let stale = as_team(&url, ALPHA.1, "alpha-2").await;
+    let stale = alpha.get(&query).request_id("alpha-2").await;
     assert_eq!(stale.status, StatusCode::OK, "{}", stale.text());
     assert_eq!(stale.header("x-cache"), Some("STALE"));
     assert_eq!(charged_to(&sim, "alpha-2"), 20, "the upstream billed the cut answer");
@@ -141,10 +144,13 @@ async fn a_redis_restart_mid_call_loses_no_spend(n: usize) {
         count: Some(1),
         ..fault(FaultKind::Latency)
     });
-    let url = format!("{}{}", gws[0].base_url(), distinct_search(&sim, 0, 20));
-    let call = tokio::spawn(async move { as_team(&url, ALPHA.1, "alpha-1").await });
-    let held = held_reservations(&redis, "alpha");
-    eventually("the call holds its reservation", Duration::from_secs(5), held).await;
+    let call = Client::new(gws[0].base_url(), ALPHA.1)
+        .get(distinct_search(&sim, 0, 20))
+        .request_id("alpha-1")
+        .spawn();
+    redis
+        .wait_held("alpha", "the call holds its reservation", Duration::from_secs(5))
+        .await;
     redis.restart();
     let r = call.await.expect("call");
     assert_eq!(r.status, StatusCode::OK, "{}", r.text());
@@ -154,29 +160,6 @@ async fn a_redis_restart_mid_call_loses_no_spend(n: usize) {
     })
     .await;
     assert_ledger_matches(&sim, &gws[n - 1].admin_url(), &["alpha"]).await;
-}
-
-/// A check that the team holds a reservation in the Redis ledger.
-fn held_reservations(
-    redis: &RedisServer,
-    team: &str,
-) -> impl Fn() -> std::pin::Pin<Box<dyn std::future::Future<Output = bool> + Send>> {
-    let client = redis::Client::open(redis.url()).expect("redis url");
-    let key = format!("pgw:l:{{{team}}}:held");
-    move || {
-        let (client, key) = (client.clone(), key.clone());
-        Box::pin(async move {
-            let Ok(mut c) = client.get_multiplexed_async_connection().await else {
-                return false;
-            };
-            redis::cmd("HLEN")
-                .arg(&key)
-                .query_async::<u64>(&mut c)
-                .await
-                .unwrap_or(0)
-                > 0
-        })
-    }
 }
 
 #[tokio::test]

@@ -1,13 +1,12 @@
 //! A crash between the upstream's charge and the settle (case 6).
 
-use crate::support::gateway::{team, ChildGateway, Setup, SMALL};
-use crate::support::http::send;
+use crate::support::client::Client;
+use crate::support::gateway::{ChildGateway, Setup, SMALL};
 use crate::support::sim::fault;
 use crate::support::sim::{start_sim, unlimited, FaultKind, Faults};
-use crate::support::traffic::{as_team, charged_to, distinct_search, used};
+use crate::support::traffic::{charged_to, distinct_search};
 use crate::support::wait::eventually;
-use bytes::Bytes;
-use http::{Method, StatusCode};
+use http::StatusCode;
 use std::time::Duration;
 
 /// Case 6: SIGKILL while the upstream streams three answers it already
@@ -18,22 +17,18 @@ use std::time::Duration;
 #[tokio::test]
 async fn sigkill_between_charge_and_settle_counts_the_calls_as_spent() {
     let sim = start_sim(unlimited()).await;
-    let setup = Setup::new().teams(team(SMALL.0, SMALL.1, "credit_limit = 100"));
+    let setup = Setup::new().teams(&[SMALL]).credit_limit(SMALL, 100);
     let mut gw = ChildGateway::spawn(&setup, &sim.base_url(), sim.api_key());
     // The upstream charges at once, then trickles the body for 20 s.
     sim.set_faults(Faults {
         delay_ms: Some(20_000),
         ..fault(FaultKind::SlowBody)
     });
-    let base = gw.base_url();
+    let small = Client::new(gw.base_url(), SMALL.1);
     let calls: Vec<_> = (0..3)
         .map(|i| {
-            let url = format!("{base}{}", distinct_search(&sim, i, 30));
             let id = format!("small-{i}");
-            tokio::spawn(async move {
-                let headers = [("x-api-key", SMALL.1), ("x-request-id", id.as_str())];
-                send(Method::GET, &url, &headers, Bytes::new()).await
-            })
+            small.get(distinct_search(&sim, i, 30)).request_id(&id).spawn()
         })
         .collect();
     eventually("three calls charged upstream", Duration::from_secs(10), || async {
@@ -47,26 +42,13 @@ async fn sigkill_between_charge_and_settle_counts_the_calls_as_spent() {
     }
     sim.clear_faults();
     let gw = ChildGateway::spawn(&setup, &sim.base_url(), sim.api_key());
-    let spent = used(&gw.base_url(), SMALL.1).await;
+    let small = Client::new(gw.base_url(), SMALL.1);
+    let spent = small.used().await;
     assert_eq!(spent, 90, "every charged call counts (the upstream charged 90)");
-    let over = as_team(
-        &format!("{}{}", gw.base_url(), distinct_search(&sim, 5, 20)),
-        SMALL.1,
-        "small-5",
-    )
-    .await;
+    let over = small.get(distinct_search(&sim, 5, 20)).request_id("small-5").await;
     assert_eq!(over.status, StatusCode::PAYMENT_REQUIRED, "90 + 20 > 100");
-    let last = as_team(
-        &format!("{}{}", gw.base_url(), distinct_search(&sim, 6, 10)),
-        SMALL.1,
-        "small-6",
-    )
-    .await;
+    let last = small.get(distinct_search(&sim, 6, 10)).request_id("small-6").await;
     assert_eq!(last.status, StatusCode::OK);
-    assert_eq!(
-        used(&gw.base_url(), SMALL.1).await,
-        100,
-        "exactly the limit, never above"
-    );
+    assert_eq!(small.used().await, 100, "exactly the limit, never above");
     assert_eq!(charged_to(&sim, "small-"), 100);
 }

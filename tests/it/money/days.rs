@@ -2,13 +2,15 @@
 //! ledger's clock shifted by `quota.clock_offset_secs` so that a month's
 //! end comes when the test needs it.
 
-use crate::support::gateway::{team, ChildGateway, Setup, SMALL};
+use crate::support::client::Client;
+use crate::support::gateway::{ChildGateway, Setup, SMALL};
 use crate::support::redis::RedisServer;
 use crate::support::sim::{fault, start_sim, unlimited, FaultKind, Faults};
-use crate::support::traffic::{as_team, charged_for, charged_to, distinct_search, used};
+use crate::support::traffic::{charged_for, charged_to, distinct_search};
 use crate::support::wait::eventually;
 use chrono::{Datelike, NaiveDate, Utc};
 use http::StatusCode;
+use permit_gateway::ledger::Window;
 use std::time::Duration;
 
 /// Seconds from now to `at` (UTC) on the ledger's clock.
@@ -20,15 +22,16 @@ fn offset_to(at: chrono::NaiveDateTime) -> i64 {
 /// ledger clock shifted by `offset` seconds.
 fn gateway(sim: &crate::support::sim::Sim, redis: &RedisServer, offset: i64) -> ChildGateway {
     let setup = Setup::new()
-        .teams(team(SMALL.0, SMALL.1, "credit_limit = 100"))
-        .with("cache", format!("redis_url = {:?}", redis.url()))
-        .with("upstream", "timeout_secs = 5\nmax_queue_wait_secs = 1")
-        .with(
-            "quota",
-            format!(
-                "store = \"redis\"\nwindow = \"calendar_month\"\nreservation_lease_secs = 11\nclock_offset_secs = {offset}"
-            ),
-        );
+        .teams(&[SMALL])
+        .credit_limit(SMALL, 100)
+        .redis(&redis.url())
+        .with(move |c| {
+            c.upstream.timeout_secs = 5;
+            c.upstream.max_queue_wait_secs = 1;
+            c.quota.window = Window::CalendarMonth;
+            c.quota.reservation_lease_secs = 11;
+            c.quota.clock_offset_secs = offset;
+        });
     ChildGateway::spawn(&setup, &sim.base_url(), sim.api_key())
 }
 
@@ -57,17 +60,12 @@ async fn a_reservation_across_midnight_counts_on_the_day_it_becomes_spend() {
         count: Some(1),
         ..fault(FaultKind::Latency)
     });
-    let url = format!("{}{}", gw.base_url(), distinct_search(&sim, 0, 40));
-    let call = tokio::spawn(async move { as_team(&url, SMALL.1, "small-0").await });
-    let client = redis::Client::open(redis.url()).expect("redis url");
+    let call = Client::new(gw.base_url(), SMALL.1)
+        .get(distinct_search(&sim, 0, 40))
+        .request_id("small-0")
+        .spawn();
     eventually("the reservation is held", Duration::from_secs(10), || async {
-        let mut c = client.get_multiplexed_async_connection().await.expect("redis");
-        let n: usize = redis::cmd("HLEN")
-            .arg("pgw:l:{small}:held")
-            .query_async(&mut c)
-            .await
-            .expect("HLEN");
-        n == 1
+        redis.holds("small").await == Some(1)
     })
     .await;
     gw.signal("KILL");
@@ -77,26 +75,17 @@ async fn a_reservation_across_midnight_counts_on_the_day_it_becomes_spend() {
     // A minute into the new month: the reservation's lease (11 s) is over.
     let after = offset_to(next_month.and_hms_opt(0, 1, 0).expect("a time"));
     let gw = gateway(&sim, &redis, after);
-    let over = as_team(
-        &format!("{}{}", gw.base_url(), distinct_search(&sim, 1, 61)),
-        SMALL.1,
-        "small-1",
-    )
-    .await;
+    let small = Client::new(gw.base_url(), SMALL.1);
+    let over = small.get(distinct_search(&sim, 1, 61)).request_id("small-1").await;
     assert_eq!(
         over.status,
         StatusCode::PAYMENT_REQUIRED,
         "40 lapsed into this month + 61 > 100"
     );
-    assert_eq!(used(&gw.base_url(), SMALL.1).await, 40, "booked in the new month");
-    let last = as_team(
-        &format!("{}{}", gw.base_url(), distinct_search(&sim, 2, 60)),
-        SMALL.1,
-        "small-2",
-    )
-    .await;
+    assert_eq!(small.used().await, 40, "booked in the new month");
+    let last = small.get(distinct_search(&sim, 2, 60)).request_id("small-2").await;
     assert_eq!(last.status, StatusCode::OK, "{}", last.text());
-    let spent = used(&gw.base_url(), SMALL.1).await;
+    let spent = small.used().await;
     assert_eq!(spent, 100, "exactly the limit, never above");
     // What the simulator charged, call by call: the refused call reached
     // nothing, the last one was billed its 60. The killed call is billed

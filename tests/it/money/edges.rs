@@ -1,13 +1,15 @@
 //! The smaller edges (case 8), one key's header names (issue 20) and the
 //! reconciliation of the org's spend with the team ledgers.
 
+use super::revalidating;
+use crate::support::client::Client;
 use crate::support::gateway::{Setup, ALPHA, BETA};
-use crate::support::http::{get, send, Reply};
+use crate::support::http::Reply;
+use crate::support::probe::metrics_text;
 use crate::support::sim::fault;
 use crate::support::sim::{start_sim, unlimited, FaultKind, Faults, SimConfig};
-use crate::support::traffic::{as_team, assert_ledger_matches, charged_to, distinct_search, ledger_used};
+use crate::support::traffic::{assert_ledger_matches, charged_to, distinct_search, ledger_used};
 use crate::support::wait::eventually;
-use bytes::Bytes;
 use http::{Method, StatusCode};
 use std::time::Duration;
 
@@ -16,12 +18,13 @@ use std::time::Duration;
 async fn a_head_miss_is_not_a_paid_get() {
     let sim = start_sim(unlimited()).await;
     let gw = Setup::new().start(&sim).await;
-    let url = format!("{}{}", gw.base_url(), distinct_search(&sim, 0, 10));
-    let head = || send(Method::HEAD, &url, &[("x-api-key", ALPHA.1)], Bytes::new());
+    let alpha = Client::new(gw.base_url(), ALPHA.1);
+    let query = distinct_search(&sim, 0, 10);
+    let head = || alpha.send(Method::HEAD, &query);
     let miss = head().await;
     assert_eq!(miss.status, StatusCode::GATEWAY_TIMEOUT);
     assert_eq!(sim.stats().requests_total, 0, "nothing went upstream");
-    assert_eq!(as_team(&url, ALPHA.1, "alpha-1").await.status, StatusCode::OK);
+    assert_eq!(alpha.get(&query).request_id("alpha-1").await.status, StatusCode::OK);
     let hit = head().await;
     assert_eq!((hit.status, hit.header("x-cache")), (StatusCode::OK, Some("HIT")));
     assert!(hit.body.is_empty());
@@ -35,27 +38,17 @@ async fn a_head_miss_is_not_a_paid_get() {
 #[tokio::test]
 async fn a_failed_background_refresh_is_not_repeated_on_every_request() {
     let sim = start_sim(unlimited()).await;
-    let gw = Setup::new()
-        .with(
-            "cache",
-            "stale_while_revalidate_secs = 600\n[cache.route_ttl_secs]\npermits_search = 1",
-        )
-        .with("upstream", "max_retries = 0")
-        .start(&sim)
-        .await;
-    let url = format!("{}{}", gw.base_url(), distinct_search(&sim, 0, 10));
-    assert_eq!(as_team(&url, ALPHA.1, "alpha-0").await.header("x-cache"), Some("MISS"));
-    let only_cached = || get(&url, &[("x-api-key", ALPHA.1), ("cache-control", "only-if-cached")]);
-    eventually("the entry expires", Duration::from_secs(5), || async {
-        only_cached().await.header("x-cache") == Some("STALE")
-    })
-    .await;
+    let gw = revalidating().with(|c| c.upstream.max_retries = 0).start(&sim).await;
+    let alpha = Client::new(gw.base_url(), ALPHA.1);
+    let query = distinct_search(&sim, 0, 10);
+    assert_eq!(alpha.get(&query).request_id("alpha-0").await.x_cache(), Some("MISS"));
+    alpha.wait_expired(&query).await;
     sim.set_faults(Faults {
         status: Some(500),
         ..fault(FaultKind::Status)
     });
     for i in 1..6 {
-        let r = as_team(&url, ALPHA.1, &format!("alpha-{i}")).await;
+        let r = alpha.get(&query).request_id(&format!("alpha-{i}")).await;
         assert_eq!(r.header("x-cache"), Some("STALE"));
         assert_eq!(
             r.header_u64("x-credits-request"),
@@ -69,7 +62,7 @@ async fn a_failed_background_refresh_is_not_repeated_on_every_request() {
         || async { sim.stats().requests_total == 2 },
     )
     .await;
-    let settled = as_team(&url, ALPHA.1, "alpha-9").await;
+    let settled = alpha.get(&query).request_id("alpha-9").await;
     assert_eq!(settled.header("x-cache"), Some("STALE"));
     assert_eq!(sim.stats().requests_total, 2, "one refresh, not one per request");
     assert_ledger_matches(&sim, &gw.admin_url(), &["alpha"]).await;
@@ -81,23 +74,12 @@ async fn a_failed_background_refresh_is_not_repeated_on_every_request() {
 #[tokio::test]
 async fn a_background_refresh_is_charged_to_the_team_that_started_it() {
     let sim = start_sim(unlimited()).await;
-    let gw = Setup::new()
-        .with(
-            "cache",
-            "stale_while_revalidate_secs = 600\n[cache.route_ttl_secs]\npermits_search = 1",
-        )
-        .start(&sim)
-        .await;
-    let url = format!("{}{}", gw.base_url(), distinct_search(&sim, 0, 10));
-    assert_eq!(as_team(&url, ALPHA.1, "alpha-0").await.header("x-cache"), Some("MISS"));
-    eventually("the entry expires", Duration::from_secs(5), || async {
-        get(&url, &[("x-api-key", ALPHA.1), ("cache-control", "only-if-cached")])
-            .await
-            .header("x-cache")
-            == Some("STALE")
-    })
-    .await;
-    let stale = as_team(&url, ALPHA.1, "alpha-1").await;
+    let gw = revalidating().start(&sim).await;
+    let alpha = Client::new(gw.base_url(), ALPHA.1);
+    let query = distinct_search(&sim, 0, 10);
+    assert_eq!(alpha.get(&query).request_id("alpha-0").await.x_cache(), Some("MISS"));
+    alpha.wait_expired(&query).await;
+    let stale = alpha.get(&query).request_id("alpha-1").await;
     assert_eq!(stale.header("x-cache"), Some("STALE"));
     assert_eq!(stale.header_u64("x-credits-request"), Some(0));
     eventually("the refresh is settled", Duration::from_secs(5), || async {
@@ -119,33 +101,25 @@ async fn a_background_refresh_is_charged_to_the_team_that_started_it() {
 async fn miss_hit_and_stale_carry_the_same_header_names() {
     let sim = start_sim(unlimited()).await;
     let gw = Setup::new()
-        .with("cache", "[cache.route_ttl_secs]\npermits_search = 1")
-        .with("upstream", "max_retries = 0")
+        .route_ttl("permits_search", 1)
+        .with(|c| c.upstream.max_retries = 0)
         .start(&sim)
         .await;
-    let url = format!("{}{}", gw.base_url(), distinct_search(&sim, 0, 10));
+    let alpha = Client::new(gw.base_url(), ALPHA.1);
+    let query = distinct_search(&sim, 0, 10);
     let names = |r: &Reply| {
         let mut n: Vec<String> = r.headers.keys().map(|k| k.to_string()).collect();
         n.sort();
         n
     };
-    let miss = as_team(&url, ALPHA.1, "alpha-0").await;
-    let hit = as_team(&url, ALPHA.1, "alpha-1").await;
-    eventually("the entry expires", Duration::from_secs(5), || async {
-        get(
-            &url,
-            &[("x-api-key", ALPHA.1), ("cache-control", "max-stale, only-if-cached")],
-        )
-        .await
-        .header("x-cache")
-            == Some("STALE")
-    })
-    .await;
+    let miss = alpha.get(&query).request_id("alpha-0").await;
+    let hit = alpha.get(&query).request_id("alpha-1").await;
+    alpha.wait_expired(&query).await;
     sim.set_faults(Faults {
         status: Some(500),
         ..fault(FaultKind::Status)
     });
-    let stale = as_team(&url, ALPHA.1, "alpha-2").await;
+    let stale = alpha.get(&query).request_id("alpha-2").await;
     assert_eq!(
         [miss.header("x-cache"), hit.header("x-cache"), stale.header("x-cache")],
         [Some("MISS"), Some("HIT"), Some("STALE")]
@@ -167,27 +141,15 @@ async fn spend_outside_the_ledgers_shows_as_untracked_credits() {
     })
     .await;
     let gw = Setup::new().start(&sim).await;
-    let base = gw.base_url();
-    assert_eq!(
-        as_team(&format!("{base}{}", distinct_search(&sim, 0, 20)), ALPHA.1, "alpha-0")
-            .await
-            .status,
-        StatusCode::OK
-    );
+    let (alpha, beta) = (Client::new(gw.base_url(), ALPHA.1), Client::new(gw.base_url(), BETA.1));
+    let r = alpha.get(distinct_search(&sim, 0, 20)).request_id("alpha-0").await;
+    assert_eq!(r.status, StatusCode::OK);
     // Someone else spends 7 credits with the org's key, behind our back.
-    let direct = get(
-        &format!("{}{}", sim.base_url(), distinct_search(&sim, 1, 7)),
-        &[("x-api-key", sim.api_key())],
-    )
-    .await;
+    let direct = Client::upstream(&sim).get(distinct_search(&sim, 1, 7)).await;
     assert_eq!(direct.status, StatusCode::OK);
-    assert_eq!(
-        as_team(&format!("{base}{}", distinct_search(&sim, 2, 5)), BETA.1, "beta-0")
-            .await
-            .status,
-        StatusCode::OK
-    );
-    let metrics = get(&format!("{}/metrics", gw.admin_url()), &[]).await.text();
+    let r = beta.get(distinct_search(&sim, 2, 5)).request_id("beta-0").await;
+    assert_eq!(r.status, StatusCode::OK);
+    let metrics = metrics_text(&gw.admin_url()).await;
     let untracked = metrics
         .lines()
         .find_map(|l| l.strip_prefix("gateway_untracked_credits "))

@@ -9,12 +9,14 @@
 //! relay holding back every reply) stretch both windows from microseconds
 //! to milliseconds, so a regression shows in every run, not one in fifty.
 
+use crate::support::client::Client;
 use crate::support::gateway::{Setup, ALPHA, BETA};
 use crate::support::monitor::Monitor;
+use crate::support::query::Query;
 use crate::support::redis::RedisServer;
 use crate::support::relay::SlowRelay;
 use crate::support::sim::{start_sim, unlimited, SimConfig};
-use crate::support::traffic::{as_team, assert_ledger_matches, charged_to, distinct_search, distinct_searches};
+use crate::support::traffic::{assert_ledger_matches, charged_to, distinct_search, distinct_searches};
 use http::StatusCode;
 use permit_gateway::cache::lease::Acquired;
 use permit_gateway::cache::Entry;
@@ -79,26 +81,25 @@ async fn replicas_herding_on_the_same_searches_buy_each_once() {
 /// A replica's config on the Redis at `url`; a Redis call may take long
 /// (the relay's delay, queued replies) without reading as a failure.
 fn on_redis(url: &str) -> Setup {
-    Setup::new()
-        .with("cache", format!("redis_url = {url:?}"))
-        .with("cache", "redis_timeout_ms = 3000")
-        .with("quota", "store = \"redis\"\nredis_timeout_ms = 5000")
+    Setup::new().redis(url).with(|c| {
+        c.cache.redis_timeout_ms = 3000;
+        c.quota.redis_timeout_ms = 5000;
+    })
 }
 
 /// Every search of `batch` asked of every replica at once, alternately by
 /// alpha and beta; all are answered.
-async fn herd(gws: &[Running], batch: &[String], round: usize) {
+async fn herd(gws: &[Running], batch: &[Query], round: usize) {
     let mut calls = Vec::new();
-    for (i, path) in batch.iter().enumerate() {
+    for (i, query) in batch.iter().enumerate() {
         for (j, gw) in gws.iter().enumerate() {
             let (token, team) = if (i + j) % 2 == 0 {
                 (ALPHA.1, "alpha")
             } else {
                 (BETA.1, "beta")
             };
-            let url = format!("{}{path}", gw.base_url());
             let id = format!("{team}-{round}-{i}-{j}");
-            calls.push(tokio::spawn(async move { as_team(&url, token, &id).await }));
+            calls.push(Client::new(gw.base_url(), token).get(query).request_id(&id).spawn());
         }
     }
     for call in calls {
@@ -122,16 +123,16 @@ async fn a_replica_takes_the_entry_stored_just_before_the_lease_went() {
     let peer = on_redis(&redis.url()).start(&sim).await;
     let late = on_redis(&relay.url()).start(&sim).await;
     relay.set_delay(Duration::from_millis(400));
-    let path = distinct_search(&sim, 0, SIZE);
-    let uri: http::Uri = path.parse().expect("uri");
-    let target = permit_gateway::route::classify(&uri, 8192).expect("route");
-    let key = permit_gateway::cache::key::cache_key(&target);
+    let query = distinct_search(&sim, 0, SIZE);
+    let (target, key) = (query.target(), query.cache_key());
     let mut monitor = Monitor::start(&redis).await;
     let Acquired::Owned(lease) = peer.app.leases.acquire(&key).await else {
         panic!("the peer takes the free lease")
     };
-    let url = format!("{}{path}", late.base_url());
-    let waiting = tokio::spawn(async move { as_team(&url, BETA.1, "beta-late").await });
+    let waiting = Client::new(late.base_url(), BETA.1)
+        .get(&query)
+        .request_id("beta-late")
+        .spawn();
     // Once B has looked at the lease it polls; its next look at L2 misses.
     monitor.until("EXISTS", "pgw:lease:").await;
     monitor.until("GET", "pgw:c:").await;

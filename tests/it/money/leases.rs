@@ -1,12 +1,12 @@
 //! The cross-replica lease belongs to its owner (case 7).
 
-use super::replicas;
-use crate::support::gateway::{Setup, ALPHA, BETA};
-use crate::support::http::get;
+use crate::support::client::Client;
+use crate::support::gateway::{replicas, Setup, ALPHA, BETA};
+use crate::support::probe::metrics_text;
 use crate::support::redis::RedisServer;
 use crate::support::sim::fault;
 use crate::support::sim::{start_sim, unlimited, FaultKind, Faults};
-use crate::support::traffic::{as_team, assert_ledger_matches, distinct_search};
+use crate::support::traffic::{assert_ledger_matches, distinct_search};
 use crate::support::wait::eventually;
 use http::StatusCode;
 use permit_gateway::cache::flight::Join;
@@ -28,13 +28,15 @@ async fn a_lease_is_released_only_by_its_owner() {
         1,
         &sim,
         Some(&redis),
-        Setup::new()
-            .with("cache", "coalesce_wait_ms = 6000")
-            .with("upstream", "timeout_secs = 1\nmax_queue_wait_secs = 0"),
+        Setup::new().with(|c| {
+            c.cache.coalesce_wait_ms = 6000;
+            c.upstream.timeout_secs = 1;
+            c.upstream.max_queue_wait_secs = 0;
+        }),
     )
     .await;
     let patient = replicas(1, &sim, Some(&redis), Setup::new()).await;
-    let path = distinct_search(&sim, 0, 10);
+    let query = distinct_search(&sim, 0, 10);
     // Past the impatient replica's 6 s wait, with room for the third
     // replica to come while the owner still buys.
     sim.set_faults(Faults {
@@ -42,31 +44,30 @@ async fn a_lease_is_released_only_by_its_owner() {
         count: Some(1),
         ..fault(FaultKind::Latency)
     });
-    let owner_url = format!("{}{path}", owners[0].base_url());
-    let owner = tokio::spawn(async move { as_team(&owner_url, ALPHA.1, "alpha-owner").await });
-    let leases = lease_count(&redis);
+    let owner = Client::new(owners[0].base_url(), ALPHA.1)
+        .get(&query)
+        .request_id("alpha-owner")
+        .spawn();
     eventually("the owner holds the lease", Duration::from_secs(5), || async {
-        leases().await == 1
+        redis.leases().await == 1
     })
     .await;
     // Gives up after 6 s, fetches itself without storing, releases nothing.
-    let url = format!("{}{path}", impatient[0].base_url());
-    let own = get(
-        &url,
-        &[
-            ("x-api-key", BETA.1),
-            ("x-request-id", "beta-own"),
-            ("cache-control", "no-store"),
-        ],
-    )
-    .await;
+    let own = Client::new(impatient[0].base_url(), BETA.1)
+        .get(&query)
+        .request_id("beta-own")
+        .cache_control("no-store")
+        .await;
     assert_eq!(own.status, StatusCode::OK);
     assert_eq!(
-        leases().await,
+        redis.leases().await,
         1,
         "the owner's lease survived the other replica's release"
     );
-    let third = as_team(&format!("{}{path}", patient[0].base_url()), BETA.1, "beta-third").await;
+    let third = Client::new(patient[0].base_url(), BETA.1)
+        .get(&query)
+        .request_id("beta-third")
+        .await;
     assert_eq!(
         third.header("x-cache"),
         Some("HIT"),
@@ -78,26 +79,8 @@ async fn a_lease_is_released_only_by_its_owner() {
         2,
         "the owner and the impatient replica, not the third"
     );
-    assert_eq!(leases().await, 0, "the owner released its lease");
+    assert_eq!(redis.leases().await, 0, "the owner released its lease");
     assert_ledger_matches(&sim, &owners[0].admin_url(), &["alpha", "beta"]).await;
-}
-
-pub(super) fn lease_count(
-    redis: &RedisServer,
-) -> impl Fn() -> std::pin::Pin<Box<dyn std::future::Future<Output = usize> + Send>> {
-    let client = redis::Client::open(redis.url()).expect("redis url");
-    move || {
-        let client = client.clone();
-        Box::pin(async move {
-            let mut c = client.get_multiplexed_async_connection().await.expect("redis");
-            let keys: Vec<String> = redis::cmd("KEYS")
-                .arg("pgw:lease:*")
-                .query_async(&mut c)
-                .await
-                .expect("KEYS");
-            keys.len()
-        })
-    }
 }
 
 /// Case 8: a request that waited on a flight which ended without an answer
@@ -110,12 +93,9 @@ async fn a_new_leader_looks_at_the_cache_again_before_it_buys() {
     let sim = start_sim(unlimited()).await;
     let gws = replicas(2, &sim, Some(&redis), Setup::new()).await;
     let (a, b) = (&gws[0], &gws[1]);
-    let path = distinct_search(&sim, 0, 10);
+    let query = distinct_search(&sim, 0, 10);
     // A flight for the key on replica B that the test holds open.
-    let uri: http::Uri = path.parse().expect("uri");
-    let target = permit_gateway::route::classify(&uri, 8192).expect("route");
-    let key = permit_gateway::cache::key::cache_key(&target);
-    let Join::Leader(held) = b.app.flights.join(&key) else {
+    let Join::Leader(held) = b.app.flights.join(&query.cache_key()) else {
         panic!("the test leads the first flight")
     };
     // B's request misses both tiers and waits on the held flight; A's call
@@ -125,9 +105,14 @@ async fn a_new_leader_looks_at_the_cache_again_before_it_buys() {
         count: Some(1),
         ..fault(FaultKind::Latency)
     });
-    let b_url = format!("{}{path}", b.base_url());
-    let waiting = tokio::spawn(async move { as_team(&b_url, BETA.1, "beta-1").await });
-    let first = as_team(&format!("{}{path}", a.base_url()), ALPHA.1, "alpha-1").await;
+    let waiting = Client::new(b.base_url(), BETA.1)
+        .get(&query)
+        .request_id("beta-1")
+        .spawn();
+    let first = Client::new(a.base_url(), ALPHA.1)
+        .get(&query)
+        .request_id("alpha-1")
+        .await;
     assert_eq!(first.header("x-cache"), Some("MISS"));
     // The held flight ends without an answer B may take as its own.
     held.complete(Err(GatewayError::QuotaExceeded {
@@ -144,7 +129,7 @@ async fn a_new_leader_looks_at_the_cache_again_before_it_buys() {
         r.status
     );
     assert_eq!(sim.stats().requests_total, 1, "the key was bought once");
-    let metrics = get(&format!("{}/metrics", b.admin_url()), &[]).await.text();
+    let metrics = metrics_text(&b.admin_url()).await;
     assert!(
         metrics.contains("gateway_coalesced_requests_total{route=\"permits_search\"} 1"),
         "B was answered by the new flight's look at the cache, not by its own lookup"
@@ -168,14 +153,13 @@ async fn a_lease_is_renewed_while_its_owner_works() {
     let Acquired::Owned(lease) = leases.acquire("k").await else {
         panic!("the first caller owns the lease")
     };
-    let count = lease_count(&redis);
     // Three TTLs long, the lease stays, and stays someone else's to wait on.
     let until = std::time::Instant::now() + Duration::from_secs(3);
     while std::time::Instant::now() < until {
-        assert_eq!(count().await, 1, "the lease lapsed while its owner worked");
+        assert_eq!(redis.leases().await, 1, "the lease lapsed while its owner worked");
         assert!(matches!(leases.acquire("k").await, Acquired::Held));
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     lease.release().await;
-    assert_eq!(count().await, 0, "released by its owner");
+    assert_eq!(redis.leases().await, 0, "released by its owner");
 }

@@ -4,30 +4,28 @@
 //! replica (waiting on an in-process flight) and with two (waiting on the
 //! other replica's lease).
 
-use super::replicas;
-use crate::support::gateway::{team, FromFile, Setup, ADMIN_TOKEN, ALPHA, SMALL};
-use crate::support::http::send;
+use crate::support::client::Client;
+use crate::support::gateway::{replicas, FromFile, Setup, ALPHA, SMALL};
 use crate::support::monitor::Monitor;
 use crate::support::redis::RedisServer;
 use crate::support::sim::{start_sim, unlimited, Sim};
-use crate::support::traffic::{as_team, charged_to, distinct_search, ledger_used};
+use crate::support::traffic::{charged_to, distinct_search, ledger_used};
 use crate::support::wait::eventually;
-use bytes::Bytes;
-use http::{Method, StatusCode};
+use http::StatusCode;
 use permit_gateway::cache::flight::Join;
 use permit_gateway::cache::lease::Acquired;
 use permit_gateway::error::GatewayError;
 use std::time::Duration;
 
-const SMALL_100: &str = "credit_limit = 100";
+/// Teams small (100 credits) and alpha.
+fn small_and_alpha() -> Setup {
+    Setup::new().teams(&[SMALL, ALPHA]).credit_limit(SMALL, 100)
+}
 
-/// Rewrites the gateway's file with `teams` and reloads it.
-async fn reload(file: &FromFile, setup: Setup, sim: &Sim, teams: String) -> Setup {
-    let setup = setup.teams(teams);
+/// Rewrites the gateway's file with `setup` and reloads it.
+async fn reload(file: &FromFile, setup: Setup, sim: &Sim) -> Setup {
     file.rewrite(&setup, sim);
-    let bearer = format!("Bearer {ADMIN_TOKEN}");
-    let url = format!("{}/admin/reload", file.gw.admin_url());
-    let r = send(Method::POST, &url, &[("authorization", &bearer)], Bytes::new()).await;
+    let r = file.reload().await;
     assert_eq!(r.status, StatusCode::OK, "{}", r.text());
     setup
 }
@@ -40,17 +38,16 @@ async fn reload(file: &FromFile, setup: Setup, sim: &Sim, teams: String) -> Setu
 async fn a_reload_mid_wait_binds_the_waiting_request_on_one_replica() {
     for removed in [false, true] {
         let sim = start_sim(unlimited()).await;
-        let setup = Setup::new().teams(team(SMALL.0, SMALL.1, SMALL_100) + &team(ALPHA.0, ALPHA.1, ""));
+        let setup = small_and_alpha();
         let file = FromFile::start(&setup, &sim).await;
-        let path = distinct_search(&sim, 0, 10);
-        let uri: http::Uri = path.parse().expect("uri");
-        let target = permit_gateway::route::classify(&uri, 8192).expect("route");
-        let key = permit_gateway::cache::key::cache_key(&target);
-        let Join::Leader(held) = file.gw.app.flights.join(&key) else {
+        let query = distinct_search(&sim, 0, 10);
+        let Join::Leader(held) = file.gw.app.flights.join(&query.cache_key()) else {
             panic!("the test leads the first flight")
         };
-        let url = format!("{}{path}", file.gw.base_url());
-        let waiting = tokio::spawn(async move { as_team(&url, SMALL.1, "small-1").await });
+        let waiting = Client::new(file.gw.base_url(), SMALL.1)
+            .get(&query)
+            .request_id("small-1")
+            .spawn();
         // Admitted, authenticated and now following the held flight: the
         // reload below comes mid-wait, not before the request is in.
         eventually("the request follows the held flight", Duration::from_secs(5), || {
@@ -58,11 +55,11 @@ async fn a_reload_mid_wait_binds_the_waiting_request_on_one_replica() {
             async move { (n == 1).then_some(()).ok_or(format!("{n} waiting")) }
         })
         .await;
-        let teams = match removed {
-            true => team(ALPHA.0, ALPHA.1, ""),
-            false => team(SMALL.0, SMALL.1, "credit_limit = 1") + &team(ALPHA.0, ALPHA.1, ""),
+        let setup = match removed {
+            true => setup.teams(&[ALPHA]),
+            false => setup.credit_limit(SMALL, 1),
         };
-        let _setup = reload(&file, setup, &sim, teams).await;
+        let _setup = reload(&file, setup, &sim).await;
         held.complete(Err(GatewayError::QuotaExceeded {
             limit: 0,
             needed: 1,
@@ -99,28 +96,22 @@ async fn a_reload_mid_wait_binds_the_waiting_request_on_one_replica() {
 async fn a_reload_mid_wait_binds_the_waiting_request_on_two_replicas() {
     let redis = RedisServer::start();
     let sim = start_sim(unlimited()).await;
-    let teams = team(SMALL.0, SMALL.1, SMALL_100) + &team(ALPHA.0, ALPHA.1, "");
-    let a = replicas(1, &sim, Some(&redis), Setup::new().teams(teams.clone())).await;
-    let setup = Setup::new()
-        .with("cache", format!("redis_url = {:?}", redis.url()))
-        .with("quota", "store = \"redis\"")
-        .teams(teams);
+    let a = replicas(1, &sim, Some(&redis), small_and_alpha()).await;
+    let setup = small_and_alpha().redis(&redis.url());
     let b = FromFile::start(&setup, &sim).await;
-    let path = distinct_search(&sim, 0, 10);
-    let uri: http::Uri = path.parse().expect("uri");
-    let target = permit_gateway::route::classify(&uri, 8192).expect("route");
-    let key = permit_gateway::cache::key::cache_key(&target);
-    let Acquired::Owned(lease) = a[0].app.leases.acquire(&key).await else {
+    let query = distinct_search(&sim, 0, 10);
+    let Acquired::Owned(lease) = a[0].app.leases.acquire(&query.cache_key()).await else {
         panic!("A takes the free lease")
     };
     let mut monitor = Monitor::start(&redis).await;
-    let b_url = format!("{}{path}", b.gw.base_url());
-    let waiting = tokio::spawn(async move { as_team(&b_url, SMALL.1, "small-1").await });
+    let waiting = Client::new(b.gw.base_url(), SMALL.1)
+        .get(&query)
+        .request_id("small-1")
+        .spawn();
     // B polls A's lease (`Leases::wait_for_peer`; nothing else asks
     // whether a lease exists): it is admitted and waiting.
     monitor.until("EXISTS", "pgw:lease:").await;
-    let lowered = team(SMALL.0, SMALL.1, "credit_limit = 1") + &team(ALPHA.0, ALPHA.1, "");
-    let _setup = reload(&b, setup, &sim, lowered).await;
+    let _setup = reload(&b, setup.credit_limit(SMALL, 1), &sim).await;
     assert!(!waiting.is_finished(), "B still waits on the lease");
     lease.release().await;
     let r = waiting.await.expect("B's request");

@@ -6,9 +6,6 @@
 //! the limit). Where replicas matter, with one and with two.
 
 use crate::support::gateway::Setup;
-use crate::support::redis::RedisServer;
-use crate::support::sim::Sim;
-use permit_gateway::Running;
 
 mod calls;
 mod crash;
@@ -24,22 +21,10 @@ mod stall;
 mod truth;
 mod upstream_numbers;
 
-/// `n` gateways in front of `sim`: one alone (file ledger, no Redis), or
-/// replicas sharing a Redis cache, leases and ledger.
-async fn replicas(n: usize, sim: &Sim, redis: Option<&RedisServer>, setup: Setup) -> Vec<Running> {
-    let setup = match redis {
-        Some(r) => setup
-            .with("cache", format!("redis_url = {:?}", r.url()))
-            .with("quota", "store = \"redis\""),
-        None => setup,
-    };
-    let mut gws = Vec::new();
-    for _ in 0..n {
-        gws.push(setup.start(sim).await);
-    }
-    gws
-}
-
-fn redis_for(n: usize) -> Option<RedisServer> {
-    (n > 1).then(RedisServer::start)
+/// Permit searches fresh for a second, then served stale and refreshed in
+/// the background for ten minutes (stale-while-revalidate).
+fn revalidating() -> Setup {
+    Setup::new()
+        .with(|c| c.cache.stale_while_revalidate_secs = 600)
+        .route_ttl("permits_search", 1)
 }

@@ -3,35 +3,14 @@
 //! waits for Redis, and the first reserve after a Redis restart is retried
 //! on a fresh connection instead of refused.
 
-use super::replicas;
-use crate::support::gateway::{team, Setup, ADMIN_TOKEN, ALPHA, SMALL};
-use crate::support::http::get;
+use crate::support::client::Client;
+use crate::support::gateway::{replicas, Setup, ALPHA, SMALL};
 use crate::support::redis::RedisServer;
 use crate::support::sim::{fault, start_sim, unlimited, FaultKind, Faults};
-use crate::support::traffic::{as_team, charged_to, distinct_search, ledger_used};
+use crate::support::traffic::{charged_to, distinct_search, ledger_used, ledger_used_now};
 use crate::support::wait::eventually;
 use http::StatusCode;
 use std::time::Duration;
-
-/// A team's spend as the admin API reports it; `None` while the ledger
-/// cannot answer.
-async fn spent(admin: &str, team: &str) -> Option<u64> {
-    let bearer = format!("Bearer {ADMIN_TOKEN}");
-    let r = get(&format!("{admin}/admin/teams"), &[("authorization", &bearer)]).await;
-    let teams = r.json()["teams"].as_array().cloned().unwrap_or_default();
-    teams.iter().find(|t| t["name"] == team)?["used"].as_u64()
-}
-
-/// Holds of `team` in the Redis ledger (reservations in flight).
-async fn holds(redis: &RedisServer, team: &str) -> usize {
-    let client = redis::Client::open(redis.url()).expect("redis url");
-    let mut c = client.get_multiplexed_async_connection().await.expect("redis");
-    redis::cmd("HLEN")
-        .arg(format!("pgw:l:{{{team}}}:held"))
-        .query_async(&mut c)
-        .await
-        .expect("HLEN")
-}
 
 /// Case 2: Redis freezes (SIGSTOP) after the reserve and stays frozen
 /// while the upstream sends a billed head and then a 100-record body over
@@ -44,11 +23,10 @@ async fn holds(redis: &RedisServer, team: &str) -> usize {
 async fn a_frozen_ledger_during_the_settle_still_delivers_the_paid_answer() {
     let redis = RedisServer::start();
     let sim = start_sim(unlimited()).await;
-    let setup = Setup::new()
-        .teams(team(SMALL.0, SMALL.1, "credit_limit = 150"))
-        .with("upstream", "timeout_secs = 5\nmax_retries = 0");
+    let setup = Setup::new().teams(&[SMALL]).credit_limit(SMALL, 150).one_attempt(5);
     let gws = replicas(1, &sim, Some(&redis), setup).await;
-    let url = format!("{}{}", gws[0].base_url(), distinct_search(&sim, 0, 100));
+    let small = Client::new(gws[0].base_url(), SMALL.1);
+    let query = distinct_search(&sim, 0, 100);
     sim.set_faults(Faults {
         latency_ms: Some(1_500),
         delay_ms: Some(2_000),
@@ -56,12 +34,9 @@ async fn a_frozen_ledger_during_the_settle_still_delivers_the_paid_answer() {
         ..fault(FaultKind::SlowBody)
     });
     let started = std::time::Instant::now();
-    let call = {
-        let url = url.clone();
-        tokio::spawn(async move { as_team(&url, SMALL.1, "small-1").await })
-    };
+    let call = small.get(&query).request_id("small-1").spawn();
     eventually("the reservation is held", Duration::from_secs(5), || async {
-        holds(&redis, "small").await == 1
+        redis.holds("small").await == Some(1)
     })
     .await;
     redis.pause();
@@ -81,12 +56,12 @@ async fn a_frozen_ledger_during_the_settle_still_delivers_the_paid_answer() {
     assert_eq!(charged_to(&sim, "small-"), 100);
     // Answered again from the cache while Redis is still frozen: the paid
     // body was stored, and nothing is bought twice.
-    let again = as_team(&url, SMALL.1, "small-2").await;
+    let again = small.get(&query).request_id("small-2").await;
     assert_eq!(again.header("x-cache"), Some("HIT"));
     redis.resume();
     let admin = gws[0].admin_url();
     eventually("the settle lands once Redis thaws", Duration::from_secs(20), || async {
-        spent(&admin, "small").await == Some(100)
+        ledger_used_now(&admin, "small").await == Some(100)
     })
     .await;
     assert_eq!(sim.stats().requests_total, 1, "the key was bought once");
@@ -105,17 +80,20 @@ async fn the_first_reserve_after_a_redis_restart_on_an_idle_replica_succeeds() {
     const LIMIT: u64 = 10;
     let mut redis = RedisServer::start();
     let sim = start_sim(unlimited()).await;
-    let teams = team(ALPHA.0, ALPHA.1, &format!("credit_limit = {LIMIT}"));
-    let gws = replicas(2, &sim, Some(&redis), Setup::new().teams(teams)).await;
+    let setup = Setup::new().teams(&[ALPHA]).credit_limit(ALPHA, LIMIT);
+    let gws = replicas(2, &sim, Some(&redis), setup).await;
+    let alpha = |i: usize| Client::new(gws[i].base_url(), ALPHA.1);
     // Both replicas have live ledger connections to the first Redis (a
     // metered miss each; that spend goes with the restarted Redis's data).
-    for (i, gw) in gws.iter().enumerate() {
-        let url = format!("{}{}", gw.base_url(), distinct_search(&sim, i as u32, 1));
-        assert_eq!(as_team(&url, ALPHA.1, "warm").await.status, StatusCode::OK);
+    for i in 0..gws.len() {
+        let r = alpha(i)
+            .get(distinct_search(&sim, i as u32, 1))
+            .request_id("warm")
+            .await;
+        assert_eq!(r.status, StatusCode::OK);
     }
     redis.restart();
-    let url = format!("{}{}", gws[1].base_url(), distinct_search(&sim, 5, 10));
-    let r = as_team(&url, ALPHA.1, "alpha-1").await;
+    let r = alpha(1).get(distinct_search(&sim, 5, 10)).request_id("alpha-1").await;
     assert_eq!(r.status, StatusCode::OK, "not refused: {}", r.json()["detail"]);
     assert_eq!(r.header("x-cache"), Some("MISS"));
     // The restarted Redis holds only what was spent since; the other
@@ -127,7 +105,7 @@ async fn the_first_reserve_after_a_redis_restart_on_an_idle_replica_succeeds() {
         eventually(
             "every replica's ledger equals the upstream's charge",
             Duration::from_secs(10),
-            || async { spent(&admin, "alpha").await == Some(charged) },
+            || async { ledger_used_now(&admin, "alpha").await == Some(charged) },
         )
         .await;
     }
@@ -137,9 +115,11 @@ async fn the_first_reserve_after_a_redis_restart_on_an_idle_replica_succeeds() {
     );
     // The limit is spent: a one-record miss on either replica is refused,
     // and nothing more reaches the upstream.
-    for (i, gw) in gws.iter().enumerate() {
-        let url = format!("{}{}", gw.base_url(), distinct_search(&sim, 6 + i as u32, 1));
-        let over = as_team(&url, ALPHA.1, &format!("alpha-over-{i}")).await;
+    for i in 0..gws.len() {
+        let over = alpha(i)
+            .get(distinct_search(&sim, 6 + i as u32, 1))
+            .request_id(&format!("alpha-over-{i}"))
+            .await;
         assert_eq!(over.status, StatusCode::PAYMENT_REQUIRED, "{}", over.text());
         assert_eq!(over.json()["detail"]["limit"], LIMIT);
     }

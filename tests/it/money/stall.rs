@@ -9,12 +9,14 @@
 //! budget (before: the late holds blocked it, 402, and became spend at the
 //! lease's end: ledger 40 against 15 charged).
 
-use super::replicas;
-use crate::support::gateway::{team, Setup, SMALL};
+use crate::support::client::Client;
+use crate::support::gateway::{replicas, Setup, SMALL};
+use crate::support::http::Reply;
+use crate::support::query::Query;
 use crate::support::redis::RedisServer;
 use crate::support::sim::fault;
 use crate::support::sim::{start_sim, unlimited, FaultKind, Faults, Sim};
-use crate::support::traffic::{as_team, assert_ledger_matches, charged_to, distinct_search, ledger_used};
+use crate::support::traffic::{assert_ledger_matches, charged_to, distinct_search, ledger_used};
 use crate::support::wait::eventually;
 use http::StatusCode;
 use permit_gateway::Running;
@@ -22,15 +24,9 @@ use std::time::Duration;
 
 const LIMIT: u64 = 60;
 
-/// The team's holds in the Redis ledger.
-async fn holds(redis: &RedisServer) -> Option<u64> {
-    let client = redis::Client::open(redis.url()).ok()?;
-    let mut c = client.get_multiplexed_async_connection().await.ok()?;
-    redis::cmd("HLEN")
-        .arg("pgw:l:{small}:held")
-        .query_async(&mut c)
-        .await
-        .ok()
+/// Team small on replica `gw`.
+fn small(gw: &Running) -> Client {
+    Client::new(gw.base_url(), SMALL.1)
 }
 
 /// One stall: a 10-credit call whose settle falls inside it, and two
@@ -46,25 +42,20 @@ where
         count: Some(1),
         ..fault(FaultKind::Latency)
     });
-    let slow = format!("{}{}", gws[0].base_url(), distinct_search(sim, 100 * round, 10));
-    let paid = tokio::spawn(async move { as_team(&slow, SMALL.1, "small-paid").await });
-    eventually(
-        "the paid call holds its reservation",
-        Duration::from_secs(5),
-        || async { holds(redis).await.is_some_and(|n| n > 0) },
-    )
-    .await;
+    let paid = small(&gws[0])
+        .get(distinct_search(sim, 100 * round, 10))
+        .request_id("small-paid")
+        .spawn();
+    redis
+        .wait_held("small", "the paid call holds its reservation", Duration::from_secs(5))
+        .await;
     let end = stall();
     let mut calls = Vec::new();
     for (i, gw) in gws.iter().enumerate() {
         for j in 0..2u32 {
-            let url = format!(
-                "{}{}",
-                gw.base_url(),
-                distinct_search(sim, 100 * round + 1 + 2 * i as u32 + j, 5)
-            );
+            let query = distinct_search(sim, 100 * round + 1 + 2 * i as u32 + j, 5);
             let id = format!("small-stalled-{round}-{i}-{j}");
-            calls.push(tokio::spawn(async move { as_team(&url, SMALL.1, &id).await }));
+            calls.push(small(gw).get(query).request_id(&id).spawn());
         }
     }
     let mut unavailable = 0;
@@ -85,7 +76,7 @@ where
     assert_eq!(paid.status, StatusCode::OK, "{}", paid.text());
     // Every late reserve and every end has run: no hold is left.
     eventually("no hold is left", Duration::from_secs(10), || async {
-        holds(redis).await == Some(0)
+        redis.holds("small").await == Some(0)
     })
     .await;
     // Each replica's /v2/usage (once its ledger breaker has closed again).
@@ -94,7 +85,7 @@ where
             "/v2/usage equals the upstream's charge",
             Duration::from_secs(10),
             || async {
-                let r = as_team(&format!("{}/v2/usage", gw.base_url()), SMALL.1, "small-usage").await;
+                let r = small(gw).get(Query::usage()).request_id("small-usage").await;
                 r.status == StatusCode::OK && r.json()["credits_used"].as_u64() == Some(charged_to(sim, "small-"))
             },
         )
@@ -104,9 +95,9 @@ where
 
 /// The answer once the replica's ledger breaker has closed again (a 503
 /// from an open breaker sent nothing to Redis or the upstream).
-async fn answered(url: &str, request_id: &str) -> crate::support::http::Reply {
+async fn answered(gw: &Running, query: &Query, request_id: &str) -> Reply {
     eventually("an answer past the breaker", Duration::from_secs(10), || async {
-        let r = as_team(url, SMALL.1, request_id).await;
+        let r = small(gw).get(query).request_id(request_id).await;
         (r.status != StatusCode::SERVICE_UNAVAILABLE).then_some(r)
     })
     .await
@@ -116,7 +107,7 @@ async fn answered(url: &str, request_id: &str) -> crate::support::http::Reply {
 async fn a_busy_or_stopped_redis_during_reserves_and_settles_moves_no_credit() {
     let redis = RedisServer::start();
     let sim = start_sim(unlimited()).await;
-    let setup = Setup::new().teams(team(SMALL.0, SMALL.1, &format!("credit_limit = {LIMIT}")));
+    let setup = Setup::new().teams(&[SMALL]).credit_limit(SMALL, LIMIT);
     let gws = replicas(3, &sim, Some(&redis), setup).await;
     // Busy: DEBUG SLEEP 2.5 s.
     misses_during_a_stall(&sim, &gws, &redis, 1, || {
@@ -136,13 +127,12 @@ async fn a_busy_or_stopped_redis_during_reserves_and_settles_moves_no_credit() {
     assert!(spent >= 20, "both paid calls were charged: {spent}");
     let left = LIMIT - spent;
     assert!((1..=100).contains(&left), "{left} left");
-    let url = format!("{}{}", gws[2].base_url(), distinct_search(&sim, 900, left as u32));
-    let rest = answered(&url, "small-rest").await;
+    let rest = answered(&gws[2], &distinct_search(&sim, 900, left as u32), "small-rest").await;
     assert_eq!(rest.status, StatusCode::OK, "the {left} left: {}", rest.text());
     assert_eq!(rest.header_u64("x-credits-remaining"), Some(0));
     for (i, gw) in gws.iter().enumerate() {
-        let url = format!("{}{}", gw.base_url(), distinct_search(&sim, 990 + i as u32, 1));
-        let over = answered(&url, &format!("small-over-{i}")).await;
+        let query = distinct_search(&sim, 990 + i as u32, 1);
+        let over = answered(gw, &query, &format!("small-over-{i}")).await;
         assert_eq!(
             over.status,
             StatusCode::PAYMENT_REQUIRED,

@@ -2,14 +2,13 @@
 //! its answer and its access line (point 5), and a 402's
 //! `X-Credits-Remaining` is the budget net of the holds in flight (point 6).
 
-use super::replicas;
-use crate::support::gateway::{team, ChildGateway, Setup, ALPHA, SMALL};
-use crate::support::http::{get, Reply};
+use crate::support::client::Client;
+use crate::support::gateway::{replicas, ChildGateway, Setup, ALPHA, SMALL};
+use crate::support::http::Reply;
 use crate::support::redis::RedisServer;
 use crate::support::sim::fault;
 use crate::support::sim::{start_sim, unlimited, FaultKind, Faults, Sim};
-use crate::support::traffic::{as_team, assert_ledger_matches, charged_for, distinct_search, ledger_used};
-use crate::support::wait::eventually;
+use crate::support::traffic::{assert_ledger_matches, charged_for, distinct_search, ledger_used};
 use http::StatusCode;
 use std::time::Duration;
 
@@ -18,16 +17,6 @@ fn truncated_once() -> Faults {
         count: Some(1),
         ..fault(FaultKind::Truncated)
     }
-}
-
-/// The access line of `request_id`, once it is written.
-async fn access_line(gw: &ChildGateway, request_id: &str) -> serde_json::Value {
-    let what = format!("the access-log line of {request_id}");
-    eventually(&what, Duration::from_secs(10), || {
-        let found = gw.access_lines().into_iter().find(|l| l["request_id"] == request_id);
-        async move { found }
-    })
-    .await
 }
 
 /// The answer, the access line and the upstream agree on what `request_id`
@@ -43,7 +32,7 @@ async fn assert_cost_told(sim: &Sim, gw: &ChildGateway, request_id: &str, reply:
         Some(cost),
         "{request_id}: the answer says what it cost"
     );
-    let line = access_line(gw, request_id).await;
+    let line = gw.access_line(request_id).await;
     assert_eq!(line["credits"].as_u64(), Some(cost), "{request_id}: {line}");
 }
 
@@ -54,28 +43,22 @@ async fn assert_cost_told(sim: &Sim, gw: &ChildGateway, request_id: &str, reply:
 async fn a_billed_cut_body_shows_its_charge_in_the_answer_and_the_access_line() {
     let sim = start_sim(unlimited()).await;
     let setup = Setup::new()
-        .with("upstream", "max_retries = 0")
-        .with("cache", "[cache.route_ttl_secs]\npermits_search = 1");
+        .with(|c| c.upstream.max_retries = 0)
+        .route_ttl("permits_search", 1);
     let gw = ChildGateway::spawn(&setup, &sim.base_url(), sim.api_key());
+    let alpha = Client::new(gw.base_url(), ALPHA.1);
     // No copy held: 502, billed 7.
-    let cold = format!("{}{}", gw.base_url(), distinct_search(&sim, 0, 7));
+    let cold = distinct_search(&sim, 0, 7);
     sim.set_faults(truncated_once());
-    let cut = as_team(&cold, ALPHA.1, "alpha-cut").await;
+    let cut = alpha.get(&cold).request_id("alpha-cut").await;
     assert_eq!(cut.status, StatusCode::BAD_GATEWAY, "{}", cut.text());
     assert_cost_told(&sim, &gw, "alpha-cut", &cut, 7).await;
     // A copy held, expired: STALE, billed 9 for the cut refresh.
-    let held = format!("{}{}", gw.base_url(), distinct_search(&sim, 1, 9));
-    assert_eq!(
-        as_team(&held, ALPHA.1, "alpha-buy").await.header("x-cache"),
-        Some("MISS")
-    );
-    eventually("the entry expires", Duration::from_secs(10), || async {
-        let r = get(&held, &[("x-api-key", ALPHA.1), ("cache-control", "only-if-cached")]).await;
-        r.status != StatusCode::OK
-    })
-    .await;
+    let held = distinct_search(&sim, 1, 9);
+    assert_eq!(alpha.get(&held).request_id("alpha-buy").await.x_cache(), Some("MISS"));
+    alpha.wait_expired(&held).await;
     sim.set_faults(truncated_once());
-    let stale = as_team(&held, ALPHA.1, "alpha-stale").await;
+    let stale = alpha.get(&held).request_id("alpha-stale").await;
     assert_eq!(stale.status, StatusCode::OK, "{}", stale.text());
     assert_eq!(stale.header("x-cache"), Some("STALE"));
     assert_cost_told(&sim, &gw, "alpha-stale", &stale, 9).await;
@@ -93,33 +76,26 @@ async fn a_billed_cut_body_shows_its_charge_in_the_answer_and_the_access_line() 
 async fn a_402_shows_the_budget_net_of_the_holds_in_flight() {
     let redis = RedisServer::start();
     let sim = start_sim(unlimited()).await;
-    let setup = Setup::new().teams(team(SMALL.0, SMALL.1, "credit_limit = 50"));
+    let setup = Setup::new().teams(&[SMALL]).credit_limit(SMALL, 50);
     let gws = replicas(2, &sim, Some(&redis), setup).await;
     sim.set_faults(Faults {
         latency_ms: Some(2_000),
         count: Some(1),
         ..fault(FaultKind::Latency)
     });
-    let slow = format!("{}{}", gws[0].base_url(), distinct_search(&sim, 0, 40));
-    let call = tokio::spawn(async move { as_team(&slow, SMALL.1, "small-slow").await });
-    let client = redis::Client::open(redis.url()).expect("redis url");
-    eventually("the slow call holds 40", Duration::from_secs(5), || {
-        let client = client.clone();
-        async move {
-            let mut c = client.get_multiplexed_async_connection().await.ok()?;
-            let n: u64 = redis::cmd("HLEN")
-                .arg("pgw:l:{small}:held")
-                .query_async(&mut c)
-                .await
-                .ok()?;
-            (n > 0).then_some(())
-        }
-    })
-    .await;
+    let call = Client::new(gws[0].base_url(), SMALL.1)
+        .get(distinct_search(&sim, 0, 40))
+        .request_id("small-slow")
+        .spawn();
+    redis
+        .wait_held("small", "the slow call holds 40", Duration::from_secs(5))
+        .await;
     let before = sim.stats().requests_total;
     for (i, gw) in gws.iter().enumerate() {
-        let url = format!("{}{}", gw.base_url(), distinct_search(&sim, 1 + i as u32, 15));
-        let refused = as_team(&url, SMALL.1, &format!("small-refused-{i}")).await;
+        let refused = Client::new(gw.base_url(), SMALL.1)
+            .get(distinct_search(&sim, 1 + i as u32, 15))
+            .request_id(&format!("small-refused-{i}"))
+            .await;
         assert_eq!(
             refused.status,
             StatusCode::PAYMENT_REQUIRED,

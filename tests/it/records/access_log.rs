@@ -5,31 +5,30 @@
 //! and to what the upstream charged under the request's id.
 
 use super::{direct, ids_of, lookup, permit_search};
+use crate::support::client::Client;
 use crate::support::gateway::{ChildGateway, Setup, ALPHA};
 use crate::support::sim::{start_sim, unlimited};
-use crate::support::traffic::{as_team, charged_for, charged_to, ledger_used};
-use crate::support::wait::eventually;
+use crate::support::traffic::{charged_for, charged_to, ledger_used};
 use http::StatusCode;
-use std::time::Duration;
 
 #[tokio::test]
 async fn the_access_log_says_what_each_answer_cost_the_team() {
     let sim = start_sim(unlimited()).await;
     let gw = ChildGateway::spawn(&Setup::new(), &sim.base_url(), sim.api_key());
-    let ask = |path: String, request_id: &'static str| {
-        let url = format!("{}{path}", gw.base_url());
-        async move { as_team(&url, ALPHA.1, request_id).await }
-    };
+    let alpha = Client::new(gw.base_url(), ALPHA.1);
     let search = permit_search(&sim, 4);
-    let miss = ask(search.clone(), "alpha-miss").await;
+    let miss = alpha.get(&search).request_id("alpha-miss").await;
     assert_eq!(miss.status, StatusCode::OK, "{}", miss.text());
-    let hit = ask(search, "alpha-hit").await;
+    let hit = alpha.get(&search).request_id("alpha-hit").await;
     // Two ids the search brought and two it did not.
     let held = ids_of(&miss);
     let wider = ids_of(&direct(&sim, &permit_search(&sim, 8)).await);
     let new: Vec<&String> = wider.iter().filter(|id| !held.contains(id)).take(2).collect();
     assert_eq!(new.len(), 2, "{wider:?}");
-    let part = ask(lookup("permits", &[&held[0], new[0], &held[2], new[1]]), "alpha-part").await;
+    let part = alpha
+        .get(lookup("permits", &[&held[0], new[0], &held[2], new[1]]))
+        .request_id("alpha-part")
+        .await;
     for (request_id, reply, cache, cost) in [
         ("alpha-miss", &miss, "MISS", 4),
         ("alpha-hit", &hit, "HIT", 0),
@@ -43,12 +42,7 @@ async fn the_access_log_says_what_each_answer_cost_the_team() {
             cost,
             "{request_id}: the upstream's charge"
         );
-        let what = format!("the access-log line of {request_id}");
-        let line = eventually(&what, Duration::from_secs(10), || {
-            let found = gw.access_lines().into_iter().find(|l| l["request_id"] == request_id);
-            async move { found }
-        })
-        .await;
+        let line = gw.access_line(request_id).await;
         assert_eq!(line["credits"].as_u64(), Some(cost), "{line}");
         let logged_cache = line["cache"].as_str().map(str::to_ascii_uppercase);
         assert_eq!(line["team"].as_str(), Some("alpha"), "{line}");

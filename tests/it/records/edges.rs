@@ -3,20 +3,18 @@
 
 use super::{alpha, alpha_with, direct, ids_of, last_query, lookup, permit_search, upstream_requests};
 use super::{assert_same_as_upstream, wait_until_expired};
-use crate::support::gateway::{team, Setup, BETA, SMALL};
-use crate::support::http::{get, Reply};
-use crate::support::prometheus::Exposition;
+use crate::support::client::Client;
+use crate::support::gateway::{Setup, BETA, SMALL};
+use crate::support::http::Reply;
+use crate::support::probe::scrape;
+use crate::support::query::Query;
 use crate::support::sim::{start_sim, unlimited, FaultKind, Faults, Sim};
-use crate::support::traffic::{assert_ledger_matches, charged_to};
+use crate::support::traffic::{assert_ledger_matches, charged_to, ledger_used};
 use http::StatusCode;
 use permit_gateway::Running;
 
-async fn beta(gw: &Running, path: &str) -> Reply {
-    get(
-        &format!("{}{path}", gw.base_url()),
-        &[("x-api-key", BETA.1), ("x-request-id", "beta-1")],
-    )
-    .await
+async fn beta(gw: &Running, query: &Query) -> Reply {
+    Client::new(gw.base_url(), BETA.1).get(query).request_id("beta-1").await
 }
 
 fn once(kind: FaultKind) -> Faults {
@@ -45,7 +43,7 @@ async fn foreign_records_are_never_filed_and_mark_nothing_absent() {
     assert_eq!(r.header_u64("x-credits-request"), Some(3), "what the upstream charged");
     assert_eq!(charged_to(&sim, "alpha-"), 3);
     assert_ledger_matches(&sim, &gw.admin_url(), &["alpha"]).await;
-    let m = Exposition::parse(&get(&format!("{}/metrics", gw.admin_url()), &[]).await.text());
+    let m = scrape(&gw.admin_url()).await;
     let foreign = [("route", "permits_by_id"), ("source", "foreign")];
     assert_eq!(m.sum("gateway_cache_records_total", &foreign), 3.0);
 
@@ -90,7 +88,7 @@ async fn a_parameter_the_upstream_ignores_still_uses_the_records() {
     let gw = Setup::new().start(&sim).await;
     let held = ids_of(&alpha(&gw, &permit_search(&sim, 3)).await);
     let requests = upstream_requests(&sim);
-    let path = format!("/v2/permits?id={}&foo=1&id={}", held[2], held[0]);
+    let path = Query::permits_by_id(&[&held[2]]).param("foo", 1).param("id", &held[0]);
     let r = alpha(&gw, &path).await;
     assert_eq!(r.header("x-cache"), Some("HIT"), "{}", r.text());
     assert_eq!(r.header_u64("x-credits-request"), Some(0));
@@ -101,17 +99,12 @@ async fn a_parameter_the_upstream_ignores_still_uses_the_records() {
 #[tokio::test]
 async fn a_comma_list_is_reserved_as_the_one_id_it_is() {
     let sim = start_sim(unlimited()).await;
-    let gw = Setup::new()
-        .teams(team(SMALL.0, SMALL.1, "credit_limit = 30"))
-        .start(&sim)
-        .await;
+    let gw = Setup::new().teams(&[SMALL]).credit_limit(SMALL, 30).start(&sim).await;
     let list: Vec<String> = (0..40).map(|i| format!("p{i}")).collect();
-    let path = format!("/v2/permits?id={}", list.join(","));
-    let r = get(
-        &format!("{}{path}", gw.base_url()),
-        &[("x-api-key", SMALL.1), ("x-request-id", "small-1")],
-    )
-    .await;
+    let r = Client::new(gw.base_url(), SMALL.1)
+        .get(Query::permits_by_id(&[list.join(",")]))
+        .request_id("small-1")
+        .await;
     assert_eq!(r.status, StatusCode::OK, "{}", r.text());
     assert_eq!(ids_of(&r), Vec::<String>::new(), "one unknown id, omitted");
     assert_eq!(r.header_u64("x-credits-request"), Some(0));
@@ -121,10 +114,7 @@ async fn a_comma_list_is_reserved_as_the_one_id_it_is() {
 #[tokio::test]
 async fn the_lookup_routes_ttl_bounds_its_records() {
     let sim = start_sim(unlimited()).await;
-    let gw = Setup::new()
-        .with("cache", "[cache.route_ttl_secs]\npermits_by_id = 1")
-        .start(&sim)
-        .await;
+    let gw = Setup::new().route_ttl("permits_by_id", 1).start(&sim).await;
     let held = ids_of(&alpha(&gw, &permit_search(&sim, 3)).await);
     let path = lookup("permits", &[&held[0], &held[1]]);
     let only_cached = [("cache-control", "only-if-cached")];
@@ -146,7 +136,7 @@ async fn no_cache_waits_for_the_peers_new_answer_not_the_old_entry() {
     use crate::support::redis::RedisServer;
     let redis = RedisServer::start();
     let sim = start_sim(unlimited()).await;
-    let setup = || Setup::new().with("cache", format!("redis_url = {:?}", redis.url()));
+    let setup = || Setup::new().cache_redis(&redis.url());
     let (one, two) = (setup().start(&sim).await, setup().start(&sim).await);
     let path = permit_search(&sim, 5);
     assert_eq!(alpha(&one, &path).await.header("x-cache"), Some("MISS"));
@@ -159,13 +149,11 @@ async fn no_cache_waits_for_the_peers_new_answer_not_the_old_entry() {
         ..Faults::default()
     });
     let no_cache = [("cache-control", "no-cache")];
-    let first = {
-        let (url, path) = (one.base_url(), path.clone());
-        tokio::spawn(async move {
-            let h = [("x-api-key", BETA.1), ("x-request-id", "beta-first"), no_cache[0]];
-            get(&format!("{url}{path}"), &h).await
-        })
-    };
+    let first = Client::new(one.base_url(), BETA.1)
+        .get(&path)
+        .request_id("beta-first")
+        .cache_control("no-cache")
+        .spawn();
     // Replica one holds the lease for its call to the slow upstream.
     monitor.until("SET", "pgw:lease:").await;
     let asked = std::time::Instant::now();
@@ -184,7 +172,7 @@ async fn no_cache_waits_for_the_peers_new_answer_not_the_old_entry() {
     for team in ["alpha", "beta"] {
         let mut ledgers = 0;
         for gw in [&one, &two] {
-            ledgers += crate::support::traffic::ledger_used(&gw.admin_url(), team).await;
+            ledgers += ledger_used(&gw.admin_url(), team).await;
         }
         assert_eq!(ledgers, charged_to(&sim, &format!("{team}-")), "team {team}");
     }
@@ -197,8 +185,8 @@ async fn no_cache_waits_for_the_peers_new_answer_not_the_old_entry() {
 async fn stale_records_for_a_billed_failure_say_what_it_cost() {
     let sim = start_sim(unlimited()).await;
     let gw = Setup::new()
-        .with("upstream", "timeout_secs = 1\nmax_retries = 0")
-        .with("cache", "[cache.route_ttl_secs]\npermits_search = 1")
+        .one_attempt(1)
+        .route_ttl("permits_search", 1)
         .start(&sim)
         .await;
     let held = ids_of(&alpha(&gw, &permit_search(&sim, 5)).await);

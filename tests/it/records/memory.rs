@@ -3,14 +3,13 @@
 
 use super::{alpha, ids_of, lookup};
 use crate::support::alloc::live_here;
-use crate::support::gateway::{Setup, ADMIN_TOKEN};
-use crate::support::http::{get, send};
+use crate::support::client::Client;
+use crate::support::gateway::Setup;
+use crate::support::probe::scrape;
 use crate::support::prometheus::encode;
-use crate::support::prometheus::Exposition;
 use crate::support::sim::{start_sim, unlimited};
 use crate::support::traffic::distinct_search;
-use bytes::Bytes;
-use http::{Method, StatusCode};
+use http::StatusCode;
 
 /// `cache.memory_max_bytes` of the test.
 const BOUND: i64 = 1 << 20;
@@ -19,7 +18,7 @@ const BOUND: i64 = 1 << 20;
 async fn hot_records_of_evicted_pages_keep_the_memory_bound() {
     let sim = start_sim(unlimited()).await;
     let gw = Setup::new()
-        .with("cache", format!("memory_max_bytes = {BOUND}"))
+        .with(|c| c.cache.memory_max_bytes = BOUND as u64)
         .start(&sim)
         .await;
     // Warm what lives for the process (pools, metric children) first.
@@ -28,35 +27,28 @@ async fn hot_records_of_evicted_pages_keep_the_memory_bound() {
     let before = live_here();
     let mut hot: Vec<String> = Vec::new();
     let first = distinct_search(&sim, 0, 100);
-    let mut path = first.clone();
+    let mut query = first.clone();
     for _ in 0..40 {
         // 40 pages of one search, 100 records (~130 KB) each: ~5 MB, 5x the
         // bound, no record in two pages.
-        let page = alpha(&gw, &path).await;
+        let page = alpha(&gw, &query).await;
         let ids = ids_of(&page);
         assert_eq!(ids.len(), 100, "{}", page.text());
         let cursor = page.json()["next_cursor"].as_str().expect("a next page").to_string();
-        path = format!("{first}&cursor={}", encode(&cursor));
+        query = first.clone().param("cursor", encode(&cursor));
         hot.push(ids[0].clone());
         // Every kept record asked again: each stays hot in L1.
         let asked: Vec<&str> = hot.iter().map(String::as_str).collect();
         let r = alpha(&gw, &lookup("permits", &asked)).await;
         assert_eq!(ids_of(&r).len(), hot.len());
     }
-    let m = get(&format!("{}/metrics", gw.admin_url()), &[]).await.text();
-    let m = Exposition::parse(&m);
+    let m = scrape(&gw.admin_url()).await;
     let entries = m.sum("gateway_cache_entries", &[("tier", "memory")]);
     let weighed = m.sum("gateway_cache_size_bytes", &[("tier", "memory")]);
     drop(m);
     let with_cache = live_here();
     // What the cache kept alive is what emptying it frees.
-    let purge = send(
-        Method::POST,
-        &format!("{}/admin/cache/purge", gw.admin_url()),
-        &[("authorization", &format!("Bearer {ADMIN_TOKEN}"))],
-        Bytes::new(),
-    )
-    .await;
+    let purge = Client::admin(gw.admin_url()).post("/admin/cache/purge").await;
     assert_eq!(purge.status, StatusCode::OK, "{}", purge.text());
     drop(purge);
     let kept = with_cache - live_here();

@@ -3,19 +3,22 @@
 //! several sharing Redis or a Redis Cluster, behind a slow upstream.
 
 use super::{assert_same_as_upstream, direct, ids_of, lookup, permit_search};
-use crate::support::gateway::{Setup, ALPHA, BETA};
-use crate::support::http::{get, Reply};
+use crate::support::client::Client;
+use crate::support::gateway::{Setup, Team, ALPHA, BETA};
+use crate::support::http::Reply;
+use crate::support::query::Query;
 use crate::support::redis::RedisServer;
 use crate::support::sim::{start_sim, unlimited, FaultKind, Faults, Sim};
 use crate::support::traffic::{charged_for, charged_to, ledger_used};
 use http::StatusCode;
 use permit_gateway::config::QuotaStore;
 use permit_gateway::Running;
+use std::future::IntoFuture;
 
 /// A team's lookup of ids by their place in `ids`, with a request id that
 /// attributes the upstream's charge to the team.
 struct Lookup {
-    team: (&'static str, &'static str),
+    team: Team,
     at: Vec<usize>,
 }
 
@@ -38,7 +41,7 @@ struct Answered {
     replica: usize,
     team: &'static str,
     request_id: String,
-    path: String,
+    path: Query,
     reply: Reply,
 }
 
@@ -106,11 +109,13 @@ async fn buys_each_record_once(sim: &Sim, replicas: &[&Running]) {
             let asked: Vec<&str> = l.at.iter().map(|a| ids[*a].as_str()).collect();
             let path = lookup("permits", &asked);
             let replica = i % replicas.len();
-            let url = format!("{}{path}", replicas[replica].base_url());
             let (team, token) = l.team;
+            let request_id = format!("{team}-overlap-{i}");
+            let call = Client::new(replicas[replica].base_url(), token)
+                .get(&path)
+                .request_id(&request_id);
             tokio::spawn(async move {
-                let request_id = format!("{team}-overlap-{i}");
-                let reply = get(&url, &[("x-api-key", token), ("x-request-id", &request_id)]).await;
+                let reply = call.await;
                 Answered {
                     replica,
                     team,
@@ -139,10 +144,9 @@ async fn buys_each_record_once(sim: &Sim, replicas: &[&Running]) {
 /// `shared_ledger`, its ledger (as production runs replicas); else each
 /// replica keeps a file ledger of its own.
 fn on_redis(redis: &RedisServer, shared_ledger: bool) -> Setup {
-    let setup = Setup::new().with("cache", format!("redis_url = {:?}", redis.url()));
     match shared_ledger {
-        true => setup.with("quota", "store = \"redis\""),
-        false => setup,
+        true => Setup::new().redis(&redis.url()),
+        false => Setup::new().cache_redis(&redis.url()),
     }
 }
 
@@ -178,11 +182,9 @@ async fn overlapping_lookups_across_replicas_sharing_a_redis_ledger_buy_each_rec
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn overlapping_lookups_across_replicas_on_a_redis_cluster_buy_each_record_once() {
     use crate::support::redis_cluster::RedisCluster;
-    let cluster = tokio::task::spawn_blocking(RedisCluster::start)
-        .await
-        .expect("cluster start");
+    let cluster = RedisCluster::start_async().await;
     let sim = start_sim(unlimited()).await;
-    let setup = || Setup::new().with("cache", format!("redis_url = {:?}", cluster.url()));
+    let setup = || Setup::new().cache_redis(&cluster.url());
     let (one, two) = (setup().start(&sim).await, setup().start(&sim).await);
     buys_each_record_once(&sim, &[&one, &two]).await;
 }
@@ -194,21 +196,12 @@ async fn overlapping_lookups_across_replicas_on_a_redis_cluster_buy_each_record_
 async fn every_resource_buys_each_record_once(sim: &Sim, replicas: &[&Running]) {
     let s = sim.samples();
     let searches = [
-        (
-            "contractors",
-            format!(
-                "/v2/contractors/search?geo_id={}&permit_from={}&permit_to={}&size=6",
-                s.state, s.permit_from, s.permit_to
-            ),
-        ),
+        ("contractors", Query::state_contractors(&s).size(6)),
         (
             "decisions",
-            format!(
-                "/v2/decisions/search?geo_id={}&decision_from=2020-01-01&decision_to=2026-12-31&size=6",
-                s.state
-            ),
+            Query::decision_search(&s.state, "2020-01-01", "2026-12-31").size(6),
         ),
-        ("properties", format!("/v2/properties/search?geo_id={}&size=6", s.zip)),
+        ("properties", Query::property_search(&s.zip).size(6)),
     ];
     let mut answered = Vec::new();
     for (resource, search) in searches {
@@ -224,16 +217,17 @@ async fn every_resource_buys_each_record_once(sim: &Sim, replicas: &[&Running]) 
         let second: Vec<&str> = ids[1..5].iter().rev().map(String::as_str).collect();
         let (a, b) = (lookup(resource, &first), lookup(resource, &second));
         let last = replicas.len() - 1;
-        let (ua, ub) = (
-            format!("{}{a}", replicas[0].base_url()),
-            format!("{}{b}", replicas[last].base_url()),
-        );
         let (ida, idb) = (format!("alpha-{resource}"), format!("beta-{resource}"));
-        let (ha, hb) = (
-            [("x-api-key", ALPHA.1), ("x-request-id", ida.as_str())],
-            [("x-api-key", BETA.1), ("x-request-id", idb.as_str())],
+        let (ra, rb) = tokio::join!(
+            Client::new(replicas[0].base_url(), ALPHA.1)
+                .get(&a)
+                .request_id(&ida)
+                .into_future(),
+            Client::new(replicas[last].base_url(), BETA.1)
+                .get(&b)
+                .request_id(&idb)
+                .into_future(),
         );
-        let (ra, rb) = tokio::join!(get(&ua, &ha), get(&ub, &hb));
         sim.clear_faults();
         assert_same_as_upstream(sim, &a, &ra).await;
         assert_same_as_upstream(sim, &b, &rb).await;
@@ -286,13 +280,12 @@ async fn a_lookup_whose_client_hangs_up_still_buys_its_ids_once() {
     });
     let first = lookup("permits", &[&ids[0], &ids[1], &ids[2]]);
     let second = lookup("permits", &[&ids[3], &ids[2], &ids[1]]);
-    let base = gw.base_url();
-    let ask = |path: &str, (team, token): (&'static str, &'static str), n: u32| {
-        let url = format!("{base}{path}");
-        async move {
-            let request_id = format!("{team}-hangup-{n}");
-            get(&url, &[("x-api-key", token), ("x-request-id", &request_id)]).await
-        }
+    let ask = |query: &Query, (team, token): Team, n: u32| {
+        let request_id = format!("{team}-hangup-{n}");
+        Client::new(gw.base_url(), token)
+            .get(query)
+            .request_id(&request_id)
+            .into_future()
     };
     let hung_up = tokio::time::timeout(Duration::from_millis(300), ask(&first, ALPHA, 1)).await;
     assert!(hung_up.is_err(), "the client hung up before the answer");

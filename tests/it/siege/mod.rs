@@ -9,14 +9,12 @@ mod overload;
 mod pinning;
 mod zero_window;
 
+use crate::support::client::Client;
+use crate::support::conn::{on_new_connection, KeptAlive};
 use crate::support::gateway::{Setup, ALPHA, BETA};
-use crate::support::http::get;
+use crate::support::query::Query;
 use crate::support::sim::{start_sim, unlimited, SimConfig};
-use bytes::Bytes;
-use http::{Request, StatusCode};
-use http_body_util::{BodyExt, Empty};
-use hyper::client::conn::http1;
-use hyper_util::rt::TokioIo;
+use http::StatusCode;
 use std::collections::VecDeque;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -24,51 +22,6 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
-
-/// A kept-alive HTTP/1.1 connection of one client.
-pub(super) struct KeptAlive(http1::SendRequest<Empty<Bytes>>);
-
-impl KeptAlive {
-    pub(super) async fn open(addr: SocketAddr) -> Result<KeptAlive, String> {
-        let tcp = TcpStream::connect(addr).await.map_err(|e| e.to_string())?;
-        let (send, conn) = http1::handshake(TokioIo::new(tcp)).await.map_err(|e| e.to_string())?;
-        tokio::spawn(conn);
-        Ok(KeptAlive(send))
-    }
-
-    /// One GET; the status and the `X-Cache` header, or why it failed.
-    pub(super) async fn get(&mut self, path: &str, token: &str) -> Result<(StatusCode, String), String> {
-        let head = self.head_of(path, token).await?;
-        Ok((head.status, header(&head, "x-cache").unwrap_or_default()))
-    }
-
-    /// One GET, its body read; the answer's head.
-    pub(super) async fn head_of(&mut self, path: &str, token: &str) -> Result<http::response::Parts, String> {
-        let req = Request::get(path)
-            .header("host", "gateway")
-            .header("x-api-key", token)
-            .body(Empty::new())
-            .map_err(|e| e.to_string())?;
-        self.0.ready().await.map_err(|e| e.to_string())?;
-        let resp = self.0.send_request(req).await.map_err(|e| e.to_string())?;
-        let (head, body) = resp.into_parts();
-        body.collect().await.map_err(|e| e.to_string())?;
-        Ok(head)
-    }
-}
-
-pub(super) fn header(head: &http::response::Parts, name: &str) -> Option<String> {
-    head.headers.get(name).and_then(|v| v.to_str().ok()).map(str::to_owned)
-}
-
-/// One GET on a connection of its own.
-pub(super) async fn on_new_connection(
-    addr: SocketAddr,
-    path: &str,
-    token: &str,
-) -> Result<(StatusCode, String), String> {
-    KeptAlive::open(addr).await?.get(path, token).await
-}
 
 /// An anonymous peer: opens connections, sends one token-less head (a free
 /// 404), reads the answer and keeps the socket (the last `keep` of them).
@@ -78,6 +31,7 @@ async fn churn(addr: SocketAddr, keep: usize, stop: Arc<AtomicBool>, heads: Arc<
         let Ok(mut s) = TcpStream::connect(addr).await else {
             continue;
         };
+        // Raw bytes on a socket of its own: the churn is below any client.
         if s.write_all(b"GET /v2/zz HTTP/1.1\r\nHost: x\r\n\r\n").await.is_err() {
             continue;
         }
@@ -100,17 +54,20 @@ async fn anonymous_one_head_churn_at_a_small_cap_fails_no_team_request() {
     const CAP: usize = 16;
     let sim = start_sim(unlimited()).await;
     let gw = Setup::new()
-        .with(
-            "server",
-            format!("max_connections = {CAP}\nmax_connections_per_peer = {CAP}"),
-        )
+        .with(|c| {
+            c.server.max_connections = CAP;
+            c.server.max_connections_per_peer = CAP;
+        })
         .start(&sim)
         .await;
-    let path = "/v2/meta/release";
-    let warm = get(&format!("{}{path}", gw.base_url()), &[("x-api-key", ALPHA.1)]).await;
+    let path = Query::meta_release();
+    let warm = Client::new(gw.base_url(), ALPHA.1).get(&path).await;
     assert_eq!(warm.status, StatusCode::OK);
     let mut kept_alive = KeptAlive::open(gw.addr).await.expect("connects");
-    assert_eq!(kept_alive.get(path, ALPHA.1).await.expect("answered").0, StatusCode::OK);
+    assert_eq!(
+        kept_alive.get(&path, ALPHA.1).await.expect("answered").0,
+        StatusCode::OK
+    );
     let stop = Arc::new(AtomicBool::new(false));
     let heads = Arc::new(AtomicUsize::new(0));
     let attackers: Vec<_> = (0..4)
@@ -131,8 +88,8 @@ async fn anonymous_one_head_churn_at_a_small_cap_fails_no_team_request() {
     let started = Instant::now();
     let (mut failures, mut served) = (Vec::new(), 0);
     for i in 0..60 {
-        let fresh = on_new_connection(gw.addr, path, ALPHA.1).await;
-        let kept = kept_alive.get(path, ALPHA.1).await;
+        let fresh = on_new_connection(gw.addr, &path, ALPHA.1).await;
+        let kept = kept_alive.get(&path, ALPHA.1).await;
         for (how, r) in [("new connection", fresh), ("kept-alive", kept)] {
             match r {
                 Ok((StatusCode::OK, _)) => served += 1,
@@ -167,19 +124,20 @@ async fn a_team_past_its_requests_in_flight_gets_429_while_another_is_served() {
         ..unlimited()
     })
     .await;
-    let gw = Setup::new().with("server", "team_max_in_flight = 2").start(&sim).await;
-    let base = gw.base_url();
-    let warm = get(&format!("{base}/v2/meta/release"), &[("x-api-key", BETA.1)]).await;
+    let gw = Setup::new().with(|c| c.server.team_max_in_flight = 2).start(&sim).await;
+    let (alpha, beta) = (Client::new(gw.base_url(), ALPHA.1), Client::new(gw.base_url(), BETA.1));
+    let warm = beta.get(Query::meta_release()).await;
     assert_eq!(warm.status, StatusCode::OK);
     // Six slow misses at once, two distinct and four followers of them:
     // followers count as requests in flight too.
     let calls: Vec<_> = (0..6)
         .map(|i| {
-            let url = format!("{base}/v2/cities/search?q=slow{}", i % 2);
-            tokio::spawn(async move { get(&url, &[("x-api-key", ALPHA.1)]).await })
+            alpha
+                .get(Query::text_search("cities", format!("slow{}", i % 2)))
+                .spawn()
         })
         .collect();
-    let other = get(&format!("{base}/v2/meta/release"), &[("x-api-key", BETA.1)]).await;
+    let other = beta.get(Query::meta_release()).await;
     assert_eq!(other.status, StatusCode::OK, "another team is not limited");
     let mut statuses = Vec::new();
     for c in calls {
@@ -204,15 +162,16 @@ async fn one_address_holds_at_most_its_share_of_the_connections() {
     const PER_PEER: usize = 4;
     let sim = start_sim(unlimited()).await;
     let gw = Setup::new()
-        .with(
-            "server",
-            format!("max_connections = 32\nmax_connections_per_peer = {PER_PEER}"),
-        )
+        .with(|c| {
+            c.server.max_connections = 32;
+            c.server.max_connections_per_peer = PER_PEER;
+        })
         .start(&sim)
         .await;
+    let release = Query::meta_release();
     let mut kept_alive = KeptAlive::open(gw.addr).await.expect("connects");
     assert_eq!(
-        kept_alive.get("/v2/meta/release", ALPHA.1).await.expect("answered").0,
+        kept_alive.get(&release, ALPHA.1).await.expect("answered").0,
         StatusCode::OK
     );
     // Another loopback address opens 40 silent connections.
@@ -252,10 +211,10 @@ async fn one_address_holds_at_most_its_share_of_the_connections() {
     // The other address's clients never noticed.
     for _ in 0..10 {
         assert_eq!(
-            kept_alive.get("/v2/meta/release", ALPHA.1).await.expect("answered").0,
+            kept_alive.get(&release, ALPHA.1).await.expect("answered").0,
             StatusCode::OK
         );
-        let fresh = on_new_connection(gw.addr, "/v2/meta/release", ALPHA.1).await;
+        let fresh = on_new_connection(gw.addr, &release, ALPHA.1).await;
         assert_eq!(fresh.expect("answered").0, StatusCode::OK);
     }
 }

@@ -6,16 +6,17 @@
 //! against another team's HTTP/2 answers and charges, a team churning
 //! connections at the cap, and silent sockets under a low `ulimit -n`.
 
-use super::{on_new_connection, KeptAlive};
 use crate::support::client::Client;
+use crate::support::conn::{on_new_connection, KeptAlive};
 use crate::support::gateway::{ChildGateway, Setup, ALPHA, BETA};
-use crate::support::http::get;
+use crate::support::probe::metrics_text;
 use crate::support::query::Query;
 use crate::support::sim::{start_sim, unlimited, SimConfig};
 use bytes::Bytes;
 use http::{Request, StatusCode};
 use http_body_util::{BodyExt, Empty};
 use hyper_util::rt::{TokioExecutor, TokioIo};
+use std::future::IntoFuture;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -26,10 +27,10 @@ use tokio::net::TcpStream;
 const CAP: usize = 64;
 
 fn at_the_cap() -> Setup {
-    Setup::new().with(
-        "server",
-        format!("max_connections = {CAP}\nadmin_max_connections = {CAP}"),
-    )
+    Setup::new().with(|c| {
+        c.server.max_connections = CAP;
+        c.server.admin_max_connections = CAP;
+    })
 }
 
 /// An HTTP/2 frame: 9-byte head, then the payload.
@@ -133,7 +134,7 @@ async fn stop_all(stop: Arc<AtomicBool>, tasks: Vec<tokio::task::JoinHandle<()>>
 /// `gateway_overload_actions_total` children of the gateway, summed by
 /// `pool`/`action` substring.
 async fn overload_actions(gw: &ChildGateway, needle: &str) -> u64 {
-    let text = get(&format!("{}/metrics", gw.admin_url()), &[]).await.text();
+    let text = metrics_text(&gw.admin_url()).await;
     text.lines()
         .filter(|l| l.starts_with("gateway_overload_actions_total{") && l.contains(needle))
         .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
@@ -144,23 +145,27 @@ async fn overload_actions(gw: &ChildGateway, needle: &str) -> u64 {
 async fn anonymous_zero_window_http2_peers_at_the_cap_lock_no_team_out() {
     let sim = start_sim(unlimited()).await;
     let gw = ChildGateway::spawn(&at_the_cap(), &sim.base_url(), sim.api_key());
-    let path = "/v2/meta/release";
+    let release = Query::meta_release();
     let mut kept_alive = KeptAlive::open(gw.addr).await.expect("connects");
-    assert_eq!(kept_alive.get(path, ALPHA.1).await.expect("answered").0, StatusCode::OK);
-    let (stop, opened, attackers) = hostile_peers(gw.addr, path, CAP);
+    assert_eq!(
+        kept_alive.get(&release, ALPHA.1).await.expect("answered").0,
+        StatusCode::OK
+    );
+    // Hand-built HTTP/2 frames: their target is written out.
+    let (stop, opened, attackers) = hostile_peers(gw.addr, "/v2/meta/release", CAP);
     attack_under_way(&opened, 2 * CAP).await;
     let (mut slowest, mut served, mut failures) = (Duration::ZERO, 0, Vec::new());
     let started = Instant::now();
     while started.elapsed() < Duration::from_secs(15) {
         let t = Instant::now();
-        let fresh = tokio::time::timeout(Duration::from_secs(5), on_new_connection(gw.addr, path, ALPHA.1)).await;
+        let fresh = tokio::time::timeout(Duration::from_secs(5), on_new_connection(gw.addr, &release, ALPHA.1)).await;
         let took = t.elapsed();
         slowest = slowest.max(took);
         match fresh {
             Ok(Ok((StatusCode::OK, _))) if took <= Duration::from_secs(2) => served += 1,
             other => failures.push(format!("new connection after {took:?}: {other:?}")),
         }
-        match kept_alive.get(path, ALPHA.1).await {
+        match kept_alive.get(&release, ALPHA.1).await {
             Ok((StatusCode::OK, _)) => served += 1,
             other => failures.push(format!("kept-alive: {other:?}")),
         }
@@ -185,10 +190,10 @@ async fn anonymous_zero_window_peers_on_the_admin_port_leave_healthz_answering()
     let (stop, opened, attackers) = hostile_peers(gw.admin_addr, "/healthz", 70);
     attack_under_way(&opened, 2 * 70).await;
     let mut took = Vec::new();
+    let admin = Client::anonymous(gw.admin_url());
     for _ in 0..10 {
         let t = Instant::now();
-        let probe =
-            tokio::time::timeout(Duration::from_secs(5), get(&format!("{}/healthz", gw.admin_url()), &[])).await;
+        let probe = tokio::time::timeout(Duration::from_secs(5), admin.get("/healthz").into_future()).await;
         took.push(t.elapsed());
         assert_eq!(probe.expect("a probe locked out").status, StatusCode::OK);
     }
@@ -246,13 +251,11 @@ async fn one_teams_zero_window_streams_cannot_take_another_teams_http2_answers_o
     let alpha = Client::new(gw.base_url(), ALPHA.1);
     let s = sim.samples();
     // Cached pages for alpha's streams (0 credits each once held).
-    let pages: Vec<String> = (1..=5)
-        .map(|i| Query::distinct(&s, 1000 + i).size(50).to_string())
-        .collect();
+    let pages: Vec<Query> = (1..=5).map(|i| Query::distinct(&s, 1000 + i).size(50)).collect();
     for p in &pages {
-        alpha.get(p.as_str()).await.expect_status(StatusCode::OK);
+        alpha.get(p).await.expect_status(StatusCode::OK);
     }
-    let paths: Arc<Vec<String>> = Arc::new((0..100).map(|i| pages[i % pages.len()].clone()).collect());
+    let paths: Arc<Vec<String>> = Arc::new((0..100).map(|i| pages[i % pages.len()].to_string()).collect());
     let stop = Arc::new(AtomicBool::new(false));
     let attackers: Vec<_> = (0..5)
         .map(|_| tokio::spawn(zero_window_team(gw.addr, ALPHA.1, paths.clone(), stop.clone())))
@@ -281,9 +284,7 @@ async fn one_teams_zero_window_streams_cannot_take_another_teams_http2_answers_o
     let (mut ok, mut other, mut records) = (0usize, Vec::new(), 0u64);
     for i in 0..200usize {
         let path = match i % 4 {
-            0 => Query::distinct(&s, u32::try_from(i).expect("small"))
-                .size(3)
-                .to_string(),
+            0 => Query::distinct(&s, u32::try_from(i).expect("small")).size(3),
             _ => pages[i % pages.len()].clone(),
         };
         let req = Request::get(format!("http://{}{path}", gw.addr))
@@ -336,7 +337,7 @@ async fn churn(addr: SocketAddr, keep: usize, stop: Arc<AtomicBool>, served: Arc
         let Ok(mut c) = KeptAlive::open(addr).await else {
             continue;
         };
-        if let Ok((StatusCode::OK, _)) = c.get("/v2/meta/release", ALPHA.1).await {
+        if let Ok((StatusCode::OK, _)) = c.get(Query::meta_release(), ALPHA.1).await {
             served.fetch_add(1, Ordering::Relaxed);
         }
         kept.push_back(c);
@@ -350,9 +351,9 @@ async fn churn(addr: SocketAddr, keep: usize, stop: Arc<AtomicBool>, served: Arc
 async fn a_team_churning_connections_at_the_cap_resets_no_other_teams_new_connection() {
     let sim = start_sim(unlimited()).await;
     let gw = ChildGateway::spawn(&at_the_cap(), &sim.base_url(), sim.api_key());
-    let path = "/v2/meta/release";
+    let release = Query::meta_release();
     assert_eq!(
-        on_new_connection(gw.addr, path, BETA.1).await.expect("warm").0,
+        on_new_connection(gw.addr, &release, BETA.1).await.expect("warm").0,
         StatusCode::OK
     );
     let stop = Arc::new(AtomicBool::new(false));
@@ -373,7 +374,7 @@ async fn a_team_churning_connections_at_the_cap_resets_no_other_teams_new_connec
     .await;
     let mut failures = Vec::new();
     for i in 0..100 {
-        match on_new_connection(gw.addr, path, BETA.1).await {
+        match on_new_connection(gw.addr, &release, BETA.1).await {
             Ok((StatusCode::OK, _)) => {}
             other => failures.push(format!("{i}: {other:?}")),
         }

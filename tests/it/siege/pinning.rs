@@ -2,9 +2,10 @@
 //! queue and followers of one shared slow call keep the team at its
 //! in-flight cap, while another team's cache hits stay fast.
 
-use super::{header, on_new_connection, KeptAlive};
+use crate::support::client::Client;
+use crate::support::conn::{header, on_new_connection, KeptAlive};
 use crate::support::gateway::{ChildGateway, Setup, ALPHA, BETA};
-use crate::support::http::get;
+use crate::support::query::Query;
 use crate::support::sim::{start_sim, unlimited, SimConfig};
 use http::StatusCode;
 use std::net::SocketAddr;
@@ -30,15 +31,15 @@ async fn pin(addr: SocketAddr, n: usize, stop: Arc<AtomicBool>, pinned: Arc<Pinn
     let mut i = 0;
     while !stop.load(Ordering::Relaxed) {
         i += 1;
-        let path = match i % 2 {
-            0 => format!("/v2/cities/search?q=pin{n}x{i}"),
-            _ => "/v2/cities/search?q=shared".to_string(),
+        let query = match i % 2 {
+            0 => Query::text_search("cities", format!("pin{n}x{i}")),
+            _ => Query::text_search("cities", "shared"),
         };
         if conn.is_none() {
             conn = KeptAlive::open(addr).await.ok();
         }
         let Some(c) = conn.as_mut() else { continue };
-        match c.head_of(&path, ALPHA.1).await {
+        match c.head_of(&query, ALPHA.1).await {
             Ok(head) => {
                 pinned.answered.fetch_add(1, Ordering::Relaxed);
                 if head.status == StatusCode::TOO_MANY_REQUESTS {
@@ -62,15 +63,16 @@ async fn one_team_pinning_with_free_calls_and_followers_leaves_another_teams_hit
     })
     .await;
     // A process of its own: the pinning clients' work is not the gateway's.
-    let setup = Setup::new()
-        .with("server", format!("max_connections = {CAP}"))
-        .with("upstream", "requests_per_minute = 60");
+    let setup = Setup::new().with(|c| {
+        c.server.max_connections = CAP;
+        c.upstream.requests_per_minute = 60;
+    });
     let gw = ChildGateway::spawn(&setup, &sim.base_url(), sim.api_key());
     let addr: SocketAddr = gw.base_url().trim_start_matches("http://").parse().expect("addr");
-    let hit = "/v2/meta/release";
-    let warm = get(&format!("{}{hit}", gw.base_url()), &[("x-api-key", BETA.1)]).await;
+    let hit = Query::meta_release();
+    let warm = Client::new(gw.base_url(), BETA.1).get(&hit).await;
     assert_eq!(warm.status, StatusCode::OK);
-    let quiet = measured_hits(addr, hit).await;
+    let quiet = measured_hits(addr, hit.clone()).await;
     let stop = Arc::new(AtomicBool::new(false));
     let pinned = Arc::new(Pinned::default());
     // Three quarters of the connections the listener takes (more makes it a
@@ -173,19 +175,19 @@ const HIT_EVERY: Duration = Duration::from_millis(10);
 /// connection (the < 50 ms p99 of issue 26), then [`NEW_CONNECTION_HITS`]
 /// on new connections (they must all be answered; their time includes a
 /// TCP connect on a loaded machine, so only their median is bounded).
-async fn measured_hits(addr: SocketAddr, path: &'static str) -> Hits {
+async fn measured_hits(addr: SocketAddr, query: Query) -> Hits {
     let (tx, rx) = tokio::sync::oneshot::channel();
     std::thread::spawn(move || {
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
             .expect("runtime");
-        let _ = tx.send(rt.block_on(hits(addr, path)));
+        let _ = tx.send(rt.block_on(hits(addr, &query)));
     });
     rx.await.expect("the measuring thread")
 }
 
-async fn hits(addr: SocketAddr, path: &str) -> Hits {
+async fn hits(addr: SocketAddr, query: &Query) -> Hits {
     let mut failures = Vec::new();
     let mut check = |what: String, r: Result<(StatusCode, String), String>| match r {
         Ok((StatusCode::OK, cache)) if cache == "HIT" => {}
@@ -193,7 +195,7 @@ async fn hits(addr: SocketAddr, path: &str) -> Hits {
     };
     let mut kept_alive = KeptAlive::open(addr).await.expect("connects");
     for i in 0..20 {
-        check(format!("warm-up {i}"), kept_alive.get(path, BETA.1).await);
+        check(format!("warm-up {i}"), kept_alive.get(query, BETA.1).await);
     }
     let mut pace = tokio::time::interval(HIT_EVERY);
     pace.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -201,7 +203,7 @@ async fn hits(addr: SocketAddr, path: &str) -> Hits {
     for i in 0..KEPT_ALIVE_HITS {
         pace.tick().await;
         let started = Instant::now();
-        let r = kept_alive.get(path, BETA.1).await;
+        let r = kept_alive.get(query, BETA.1).await;
         took.push(started.elapsed());
         check(format!("kept-alive {i}"), r);
     }
@@ -210,7 +212,7 @@ async fn hits(addr: SocketAddr, path: &str) -> Hits {
     for i in 0..NEW_CONNECTION_HITS {
         pace.tick().await;
         let started = Instant::now();
-        let r = on_new_connection(addr, path, BETA.1).await;
+        let r = on_new_connection(addr, query, BETA.1).await;
         took.push(started.elapsed());
         check(format!("new connection {i}"), r);
     }

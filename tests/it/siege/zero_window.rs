@@ -5,8 +5,9 @@
 //! documented worst case (`server::worst_case_bytes`), and each stalled
 //! connection is closed at the stall deadline.
 
+use crate::support::client::Client;
 use crate::support::gateway::{ChildGateway, Setup, ALPHA, BETA};
-use crate::support::http::get;
+use crate::support::query::Query;
 use crate::support::sim::{start_sim, unlimited, SimConfig};
 use bytes::Bytes;
 use http::{Request, StatusCode};
@@ -139,12 +140,8 @@ async fn zero_window_siege(setup: Setup) -> Siege {
     let stall = Duration::from_secs(cfg.server.write_timeout_secs);
     let gw = ChildGateway::spawn(&setup, &sim.base_url(), sim.api_key());
     let base = gw.base_url();
-    let s = sim.samples();
-    let search = format!(
-        "/v2/permits/search?geo_id={}&permit_from={}&permit_to={}&size=50",
-        s.state, s.permit_from, s.permit_to
-    );
-    let found = get(&format!("{base}{search}"), &[("x-api-key", ALPHA.1)]).await;
+    let alpha = Client::new(&base, ALPHA.1);
+    let found = alpha.get(Query::state_permits(&sim.samples()).size(50)).await;
     assert_eq!(found.status, StatusCode::OK, "{}", found.text());
     let ids: Vec<String> = found.json()["items"]
         .as_array()
@@ -158,10 +155,9 @@ async fn zero_window_siege(setup: Setup) -> Siege {
     let lookup = |n: usize| {
         let mut ids = ids.clone();
         ids.rotate_left(n % 50);
-        let q: Vec<String> = ids[..50 - (n / 50) % 10].iter().map(|i| format!("id={i}")).collect();
-        format!("/v2/permits?{}", q.join("&"))
+        Query::permits_by_id(&ids[..50 - (n / 50) % 10])
     };
-    let one = get(&format!("{base}{}", lookup(0)), &[("x-api-key", ALPHA.1)]).await;
+    let one = alpha.get(lookup(0)).await;
     assert_eq!(one.status, StatusCode::OK, "{}", one.text());
     let upstream_before = sim.stats().requests_total;
     let pid = gw.child.id();
@@ -169,7 +165,7 @@ async fn zero_window_siege(setup: Setup) -> Siege {
     let addr: SocketAddr = base.trim_start_matches("http://").parse().expect("addr");
     let mut conns = Vec::new();
     for c in 0..CONNS {
-        let paths = (0..streams).map(|s| lookup(c * streams + s)).collect();
+        let paths = (0..streams).map(|s| lookup(c * streams + s).to_string()).collect();
         conns.push(tokio::spawn(zero_window(addr, paths)));
     }
     let mut stalled = Vec::new();
@@ -204,7 +200,7 @@ async fn zero_window_siege(setup: Setup) -> Siege {
         "held records: nothing bought"
     );
     // And a normal client is served all along.
-    let r = get(&format!("{base}/v2/meta/release"), &[("x-api-key", BETA.1)]).await;
+    let r = Client::new(&base, BETA.1).get(Query::meta_release()).await;
     assert_eq!(r.status, StatusCode::OK);
     Siege {
         growth: mib(held.saturating_sub(before)),
@@ -237,7 +233,10 @@ fn assert_bounded(siege: &Siege) {
 /// RSS growth ≤ 32 MB at the default 8 MiB budget.
 #[tokio::test]
 async fn zero_window_http2_readers_cannot_make_the_gateway_hold_memory() {
-    let setup = Setup::new().with("server", "write_timeout_secs = 2\nhttp2_max_concurrent_streams = 128");
+    let setup = Setup::new().with(|c| {
+        c.server.write_timeout_secs = 2;
+        c.server.http2_max_concurrent_streams = 128;
+    });
     let siege = zero_window_siege(setup).await;
     eprintln!("zero-window h2, 10x128 streams, 8 MiB budget: {siege}");
     assert_bounded(&siege);
@@ -252,7 +251,7 @@ async fn zero_window_http2_readers_cannot_make_the_gateway_hold_memory() {
 /// and within issue 26's 32 MB.
 #[tokio::test]
 async fn zero_window_http2_readers_at_the_default_limits_stay_within_the_documented_worst_case() {
-    let setup = Setup::new().with("server", "write_timeout_secs = 2");
+    let setup = Setup::new().with(|c| c.server.write_timeout_secs = 2);
     let siege = zero_window_siege(setup).await;
     eprintln!("zero-window h2, 10x100 streams, default limits: {siege}");
     assert_bounded(&siege);

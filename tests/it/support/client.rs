@@ -50,6 +50,11 @@ impl Client {
         }
     }
 
+    /// The admin API of a gateway (`admin_url`) with the admin token.
+    pub fn admin(admin_url: impl Into<String>) -> Client {
+        Client::bearer(admin_url, super::gateway::ADMIN_TOKEN)
+    }
+
     /// The simulator asked directly with the upstream key: what the vendor
     /// itself answers, and no team's request (no team is charged for it).
     pub fn upstream(sim: &Sim) -> Client {
@@ -80,6 +85,11 @@ impl Client {
         self.send(Method::GET, target)
     }
 
+    /// A POST of `target` with no body, sent when awaited.
+    pub fn post(&self, target: impl Display) -> Call {
+        self.send(Method::POST, target)
+    }
+
     /// A request of any method, sent when awaited.
     pub fn send(&self, method: Method, target: impl Display) -> Call {
         Call {
@@ -88,6 +98,17 @@ impl Client {
             headers: self.headers.clone(),
             body: Bytes::new(),
         }
+    }
+
+    /// Polls `target` with `only-if-cached` (which never reaches the
+    /// upstream) until its entry is no longer fresh: a 504, or a STALE
+    /// answer inside a stale-while-revalidate window.
+    pub async fn wait_expired(&self, target: impl Display) {
+        super::wait::eventually("the entry expires", std::time::Duration::from_secs(10), || async {
+            let r = self.get(&target).cache_control("only-if-cached").await;
+            r.status != StatusCode::OK || r.x_cache() == Some("STALE")
+        })
+        .await;
     }
 
     /// The team's `credits_used` from `GET /v2/usage`: its ledger, as the

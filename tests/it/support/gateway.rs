@@ -1,9 +1,10 @@
 //! The real gateway for a test: in-process on 127.0.0.1:0 (most tests), or
 //! as a child process of the built binary (signals, captured logs).
 
+use super::redis::RedisServer;
 use super::wait::eventually_blocking;
 use permit_api_sim::Sim;
-use permit_gateway::config::{Config, Source};
+use permit_gateway::config::{Config, LogFormat, QuotaStore, Source, TeamConfig};
 use permit_gateway::{Listeners, Running};
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
@@ -12,103 +13,241 @@ use std::sync::{mpsc, Arc, Mutex};
 use std::time::Duration;
 use tokio::net::TcpListener;
 
-/// Test teams: (name, token). Tokens are long and unique so a leak scan can
-/// search for them.
-pub const ALPHA: (&str, &str) = ("alpha", "tok-alpha-7f3c9e1d2b4a6058");
-pub const BETA: (&str, &str) = ("beta", "tok-beta-0a9b8c7d6e5f4321");
+/// A test team, `(name, token)`.
+pub type Team = (&'static str, &'static str);
+
+/// Test teams. Tokens are long and unique so a leak scan can search for
+/// them.
+pub const ALPHA: Team = ("alpha", "tok-alpha-7f3c9e1d2b4a6058");
+pub const BETA: Team = ("beta", "tok-beta-0a9b8c7d6e5f4321");
 pub const ADMIN_TOKEN: &str = "tok-admin-5e6f7a8b9c0d1e2f";
-pub const SMALL: (&str, &str) = ("small", "tok-small-1c2d3e4f5a6b7c8d");
+pub const SMALL: Team = ("small", "tok-small-1c2d3e4f5a6b7c8d");
 
 /// Every token the harness hands out: the secret scan looks for each.
 pub const ALL_TOKENS: [&str; 4] = [ALPHA.1, BETA.1, ADMIN_TOKEN, SMALL.1];
 
-fn sha(token: &str) -> String {
-    permit_gateway::auth::token_sha256_hex(token)
-}
+/// One edit of the config value.
+type Edit = Arc<dyn Fn(&mut Config) + Send + Sync>;
 
-/// A team block for the config.
-pub fn team(name: &str, token: &str, extra: &str) -> String {
-    format!("[[teams]]\nname = {name:?}\ntoken_sha256 = {:?}\n{extra}\n", sha(token))
-}
-
-/// A config for a gateway in front of `sim`: the given extra lines per
-/// section (`("upstream", "timeout_secs = 2")`) and teams alpha and beta
-/// unless `teams` replaces them.
+/// A test's gateway config, as edits of the crate's own `Config` value
+/// over the defaults and the harness's base: both listeners on loopback
+/// port 0, the given upstream and key, the upstream rate left to the
+/// simulator (600,000 a minute unless a test sets it), the admin token,
+/// the ledger in a temp dir, and teams alpha and beta unless `teams`
+/// replaces them.
+///
+/// ```ignore
+/// let gw = Setup::new()
+///     .teams(&[SMALL])
+///     .credit_limit(SMALL, 100)
+///     .with(|c| c.upstream.max_retries = 0)
+///     .start(&sim)
+///     .await;
+/// ```
+///
+/// In-process gateways take the `Config` value; a child process, or a
+/// gateway that reloads its file, reads the same value written out as
+/// TOML (`Setup::toml`). Either way it went through `Config::load`, so a
+/// test's config is validated as an operator's would be.
+///
+/// The fields whose types are more than plain values are reached in this
+/// file only, so that a change of their type is met here: the token hashes
+/// (`team_config`, and the admin token in `base`), `route_ttl`,
+/// `log_level`, and the upstream's URL (`base`). Secrets (the upstream
+/// key, Redis URLs) are set with `redis`, `cache_redis` and `ledger_redis`
+/// and written back by `render`, since `Config` never prints them.
 pub struct Setup {
-    pub sections: Vec<(&'static str, String)>,
-    pub teams: String,
-    pub data_dir: tempfile::TempDir,
+    teams: Vec<TeamConfig>,
+    edits: Vec<Edit>,
+    cache_redis: Option<String>,
+    quota_redis: Option<String>,
+    data_dir: tempfile::TempDir,
+}
+
+/// Team `who` with its token's hash and no limits.
+fn team_config((name, token): Team) -> TeamConfig {
+    TeamConfig {
+        name: name.into(),
+        token_sha256: permit_gateway::config::TokenHash::of(token),
+        credit_limit: None,
+        requests_per_minute: None,
+        clamp_to_budget: false,
+    }
 }
 
 impl Setup {
     pub fn new() -> Setup {
         Setup {
-            sections: Vec::new(),
-            teams: team(ALPHA.0, ALPHA.1, "") + &team(BETA.0, BETA.1, ""),
+            teams: vec![team_config(ALPHA), team_config(BETA)],
+            edits: Vec::new(),
+            cache_redis: None,
+            quota_redis: None,
             data_dir: tempfile::tempdir().expect("tmp"),
         }
     }
 
-    pub fn with(mut self, section: &'static str, lines: impl Into<String>) -> Setup {
-        self.sections.push((section, lines.into()));
+    /// An edit of the config value, applied after the teams are set and
+    /// after the edits given before it.
+    pub fn with(mut self, edit: impl Fn(&mut Config) + Send + Sync + 'static) -> Setup {
+        self.edits.push(Arc::new(edit));
         self
     }
 
-    pub fn teams(mut self, teams: impl Into<String>) -> Setup {
-        self.teams = teams.into();
+    /// These teams instead of alpha and beta, in this order, no limits.
+    pub fn teams(mut self, teams: &[Team]) -> Setup {
+        self.teams = teams.iter().copied().map(team_config).collect();
         self
     }
 
-    /// The TOML text for a gateway whose upstream is `base_url` with `key`.
-    pub fn toml(&self, base_url: &str, key: &str) -> String {
-        let extra = |name: &str| {
-            self.sections
-                .iter()
-                .filter(|(s, _)| *s == name)
-                .map(|(_, l)| format!("{l}\n"))
-                .collect::<String>()
+    /// Edits team `who`, added (last) when the setup does not have it yet.
+    pub fn team(mut self, who: Team, edit: impl FnOnce(&mut TeamConfig)) -> Setup {
+        let at = match self.teams.iter().position(|t| t.name == who.0) {
+            Some(at) => at,
+            None => {
+                self.teams.push(team_config(who));
+                self.teams.len() - 1
+            }
         };
-        let ledger = self.data_dir.path().join("ledger");
-        // Tests fire bursts; the upstream rate is the simulator's business
-        // unless a test sets it.
-        let upstream_rate = if extra("upstream").contains("requests_per_minute") {
-            ""
-        } else {
-            "requests_per_minute = 600000\n"
+        edit(&mut self.teams[at]);
+        self
+    }
+
+    /// `credit_limit` of team `who` (the most common team edit).
+    pub fn credit_limit(self, who: Team, credits: u64) -> Setup {
+        self.team(who, |t| t.credit_limit = Some(credits))
+    }
+
+    /// One upstream attempt, cut after `secs` (`upstream.timeout_secs`,
+    /// no retries): a call that stalls fails at once, and billed.
+    pub fn one_attempt(self, secs: u64) -> Setup {
+        self.with(move |c| {
+            c.upstream.timeout_secs = secs;
+            c.upstream.max_retries = 0;
+        })
+    }
+
+    /// Cache, leases and ledger on the Redis at `url`: what replicas share.
+    pub fn redis(self, url: &str) -> Setup {
+        self.cache_redis(url).with(|c| c.quota.store = QuotaStore::Redis)
+    }
+
+    /// `cache.redis_url` (the shared cache tier and leases; the ledger
+    /// stays a file unless `quota.store` says otherwise).
+    pub fn cache_redis(mut self, url: &str) -> Setup {
+        self.cache_redis = Some(url.into());
+        self
+    }
+
+    /// The ledger alone on the Redis at `url` (`quota.redis_url`, and
+    /// `quota.store = "redis"`).
+    pub fn ledger_redis(mut self, url: &str) -> Setup {
+        self.quota_redis = Some(url.into());
+        self.with(|c| c.quota.store = QuotaStore::Redis)
+    }
+
+    /// `cache.route_ttl_secs`: answers of `route` (its metrics name,
+    /// `permits_search`) are fresh for `secs`.
+    pub fn route_ttl(self, route: &'static str, secs: u64) -> Setup {
+        self.with(move |c| {
+            let route = permit_gateway::route::Route::from_name(route).expect("a route's name");
+            c.cache.route_ttl_secs.insert(route, secs);
+        })
+    }
+
+    /// `log.level`: a level or a filter (`info,access=warn`).
+    pub fn log_level(self, level: &'static str) -> Setup {
+        self.with(move |c| c.log.level = level.parse().expect("a level or a filter"))
+    }
+
+    /// The harness's part of every config, as TOML over the defaults.
+    fn base(&self, base_url: &str, key: &str) -> String {
+        let ledger = self.data_dir.path().join("ledger").display().to_string();
+        let admin = permit_gateway::auth::token_sha256_hex(ADMIN_TOKEN);
+        let line = |key: &str, value: &Option<String>| match value {
+            Some(v) => format!("{key} = {v:?}\n"),
+            None => String::new(),
         };
         format!(
-            "[server]\nlisten = \"127.0.0.1:0\"\nadmin_listen = \"127.0.0.1:0\"\n{}\n\
-             [upstream]\nbase_url = {base_url:?}\napi_key = {key:?}\n{upstream_rate}{}\n\
-             [cache]\n{}\n\
-             [quota]\npath = {:?}\n{}\n\
-             [redis]\n{}\n\
-             [admin]\ntoken_sha256 = {:?}\n{}\n\
-             [log]\n{}\n\
-             [tracing]\n{}\n\
-             {}",
-            extra("server"),
-            extra("upstream"),
-            extra("cache"),
-            ledger.display().to_string(),
-            extra("quota"),
-            extra("redis"),
-            sha(ADMIN_TOKEN),
-            extra("admin"),
-            extra("log"),
-            extra("tracing"),
-            self.teams,
+            "[server]\nlisten = \"127.0.0.1:0\"\nadmin_listen = \"127.0.0.1:0\"\n\
+             [upstream]\nbase_url = {base_url:?}\napi_key = {key:?}\nrequests_per_minute = 600000\n\
+             [cache]\n{}\
+             [quota]\npath = {ledger:?}\n{}\
+             [admin]\ntoken_sha256 = {admin:?}\n",
+            line("redis_url", &self.cache_redis),
+            line("redis_url", &self.quota_redis),
         )
     }
 
-    pub fn config(&self, sim: &Sim) -> Config {
-        let text = self.toml(&sim.base_url(), sim.api_key());
+    /// The base, the teams, the edits and then `last`, as a value not yet
+    /// validated.
+    fn value(&self, base_url: &str, key: &str, last: &dyn Fn(&mut Config)) -> Config {
+        let base = self.base(base_url, key);
+        let mut config =
+            Config::load(Source::Text(&base)).unwrap_or_else(|e| panic!("the harness's base config: {e}\n{base}"));
+        config.teams = self.teams.clone();
+        for edit in &self.edits {
+            edit(&mut config);
+        }
+        last(&mut config);
+        config
+    }
+
+    /// `value` as TOML, with the secrets `Config` redacts put back.
+    fn render(&self, config: &Config, key: &str) -> String {
+        let mut doc: toml::Table = toml::from_str(&config.redacted_toml()).expect("the config renders as TOML");
+        let mut put = |section: &str, name: &str, value: Option<&str>| {
+            if let Some(value) = value {
+                let table = doc.entry(section).or_insert_with(|| toml::Table::new().into());
+                let table = table.as_table_mut().expect("a section is a table");
+                table.insert(name.into(), value.into());
+            }
+        };
+        put("upstream", "api_key", Some(key));
+        put("cache", "redis_url", self.cache_redis.as_deref());
+        put("quota", "redis_url", self.quota_redis.as_deref());
+        toml::to_string(&doc).expect("TOML")
+    }
+
+    /// The config as a file's text, `last` applied after every edit.
+    fn toml_with(&self, base_url: &str, key: &str, last: &dyn Fn(&mut Config)) -> String {
+        self.render(&self.value(base_url, key, last), key)
+    }
+
+    /// The TOML text of the config for a gateway whose upstream is
+    /// `base_url` with `key` (secrets included: a file to start from).
+    pub fn toml(&self, base_url: &str, key: &str) -> String {
+        self.toml_with(base_url, key, &|_| {})
+    }
+
+    /// The config value for a gateway in front of `base_url`, loaded from
+    /// its own text: validated, and the same a child process would read.
+    pub fn config_for(&self, base_url: &str, key: &str) -> Config {
+        let text = self.toml(base_url, key);
         Config::load(Source::Text(&text)).unwrap_or_else(|e| panic!("test config invalid: {e}\n{text}"))
+    }
+
+    pub fn config(&self, sim: &Sim) -> Config {
+        self.config_for(&sim.base_url(), sim.api_key())
     }
 
     /// Starts the gateway in this process.
     pub async fn start(&self, sim: &Sim) -> Running {
         start_config(self.config(sim)).await
     }
+}
+
+/// `n` gateways in front of `sim`: one alone (its own file ledger, no
+/// Redis), or replicas sharing `redis` for cache, leases and ledger.
+pub async fn replicas(n: usize, sim: &Sim, redis: Option<&RedisServer>, setup: Setup) -> Vec<Running> {
+    let setup = match redis {
+        Some(r) => setup.redis(&r.url()),
+        None => setup,
+    };
+    let mut gws = Vec::new();
+    for _ in 0..n {
+        gws.push(setup.start(sim).await);
+    }
+    gws
 }
 
 /// A gateway started from a config file, so a test can rewrite the file and
@@ -137,15 +276,27 @@ impl FromFile {
     pub fn rewrite(&self, setup: &Setup, sim: &Sim) {
         std::fs::write(&self.path, setup.toml(&sim.base_url(), sim.api_key())).expect("rewrite config");
     }
+
+    /// Asks the gateway to reload its file (`POST /admin/reload`).
+    pub async fn reload(&self) -> super::http::Reply {
+        super::client::Client::admin(self.gw.admin_url())
+            .post("/admin/reload")
+            .await
+    }
 }
 
 pub async fn start_config(config: Config) -> Running {
+    try_start_config(config).await.expect("gateway starts")
+}
+
+/// The gateway started in this process on `config`, or its start-up error.
+pub async fn try_start_config(config: Config) -> Result<Running, String> {
     crate::support::secrets::capture_logs();
     let listeners = Listeners {
         team: TcpListener::bind("127.0.0.1:0").await.expect("bind team"),
         admin: TcpListener::bind("127.0.0.1:0").await.expect("bind admin"),
     };
-    Running::spawn(config, listeners).expect("gateway starts")
+    Running::spawn(config, listeners)
 }
 
 /// The gateway binary as a child process, its JSON logs captured.
@@ -200,14 +351,22 @@ impl ChildGateway {
     ) -> ChildGateway {
         let dir = tempfile::tempdir().expect("tmp");
         let path = dir.path().join("gateway.toml");
-        let mut text = setup.toml(base_url, key);
-        if !setup.sections.iter().any(|(s, _)| *s == "log") {
-            text = text.replace("[log]\n", "[log]\nformat = \"json\"\n");
-        }
-        std::fs::write(&path, text).expect("write config");
+        std::fs::write(&path, ChildGateway::file_text(setup, base_url, key)).expect("write config");
         let mut gw = ChildGateway::launch(&path, None, stall, nofile);
         gw.config_dir = Some(dir);
         gw
+    }
+
+    /// `setup`'s config with JSON logs, which the harness reads (the
+    /// "serving" line, the access lines): what a child is started with.
+    pub fn file_text(setup: &Setup, base_url: &str, key: &str) -> String {
+        setup.toml_with(base_url, key, &|c| c.log.format = LogFormat::Json)
+    }
+
+    /// Replaces the process's config file with `setup`'s (HUP it or
+    /// `POST /admin/reload` to apply).
+    pub fn rewrite(&self, setup: &Setup, base_url: &str, key: &str) {
+        std::fs::write(&self.config_path, ChildGateway::file_text(setup, base_url, key)).expect("rewrite config");
     }
 
     /// Runs `serve --config <path>` (a file already written, with JSON
@@ -317,6 +476,16 @@ impl ChildGateway {
             .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
             .filter(|v| v["target"] == "access")
             .collect()
+    }
+
+    /// The access line of `request_id`, once it is written (bounded).
+    pub async fn access_line(&self, request_id: &str) -> serde_json::Value {
+        let what = format!("the access-log line of {request_id}");
+        super::wait::eventually(&what, Duration::from_secs(10), || {
+            let found = self.access_lines().into_iter().find(|l| l["request_id"] == request_id);
+            async move { found }
+        })
+        .await
     }
 
     /// Fails when any line this process logged so far carries a secret.

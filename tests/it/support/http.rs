@@ -1,6 +1,5 @@
 //! A small HTTP client for tests: one request, the whole answer in memory.
-//! Tests talk to the team listener through `super::client`, which builds on
-//! `send`; the bare functions serve the admin listener and raw requests.
+//! Tests send requests through `super::client`, which builds on `send`.
 //!
 //! Built on hyper-util's pooled client so tests exercise real sockets without
 //! pulling a second TLS stack into the test binary.
@@ -104,16 +103,4 @@ pub async fn send(method: Method, url: &str, headers: &[(&str, &str)], body: Byt
     }
     super::secrets::assert_clean(&seen, &format!("the reply of {url}"));
     reply
-}
-
-/// GET with headers.
-pub async fn get(url: &str, headers: &[(&str, &str)]) -> Reply {
-    send(Method::GET, url, headers, Bytes::new()).await
-}
-
-/// POST a JSON body.
-pub async fn post_json(url: &str, headers: &[(&str, &str)], body: &Value) -> Reply {
-    let mut h = headers.to_vec();
-    h.push(("content-type", "application/json"));
-    send(Method::POST, url, &h, Bytes::from(body.to_string())).await
 }

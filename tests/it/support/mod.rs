@@ -4,6 +4,7 @@
 //!   sending `query` values and asserting statuses.
 //! - `query`: the typed path and query of a `/v2` request.
 //! - `http`: the one-request transport under `client`: status, headers, body.
+//! - `conn`: one client's own HTTP/1.1 connection, for tests of connections.
 //! - `sim`: the upstream simulator started in-process on 127.0.0.1:0.
 //! - `redis`: a real `redis-server` child in a temp dir, killed on drop.
 //! - `monitor`: Redis MONITOR, to see what a call made Redis do.
@@ -20,6 +21,7 @@
 #[allow(unsafe_code)]
 pub mod alloc;
 pub mod client;
+pub mod conn;
 pub mod gateway;
 pub mod http;
 pub mod monitor;
@@ -38,3 +40,10 @@ pub mod stall_relay;
 pub mod tls;
 pub mod traffic;
 pub mod wait;
+
+/// A loopback port free now, for a child process that must be told its
+/// port (it is released again before the child binds it).
+pub fn free_port() -> u16 {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind loopback");
+    l.local_addr().expect("local addr").port()
+}

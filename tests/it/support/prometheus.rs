@@ -5,7 +5,8 @@
 //! `promtool` and `prometheus` come from Debian's `prometheus` package;
 //! `.ci/run` installs it when missing.
 
-use super::http::get;
+use super::client::Client;
+use super::free_port;
 use super::wait::eventually;
 use serde_json::Value;
 use std::collections::{BTreeMap, BTreeSet};
@@ -199,12 +200,6 @@ pub fn promtool(args: &[&str], stdin: Option<&[u8]>) -> (bool, String) {
     (out.status.success(), text)
 }
 
-/// A loopback port nobody listens on now (bound, read, released).
-pub fn free_port() -> u16 {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind loopback");
-    l.local_addr().expect("local addr").port()
-}
-
 /// Percent-encodes a query parameter value.
 pub fn encode(s: &str) -> String {
     s.bytes()
@@ -252,9 +247,9 @@ impl Prometheus {
             dir,
             url: format!("http://127.0.0.1:{port}"),
         };
-        let ready = format!("{}/-/ready", prom.url);
+        let api = Client::anonymous(&prom.url);
         prom.wait_for("Prometheus ready", Duration::from_secs(20), || async {
-            tokio::net::TcpStream::connect(("127.0.0.1", port)).await.is_ok() && get(&ready, &[]).await.status == 200
+            tokio::net::TcpStream::connect(("127.0.0.1", port)).await.is_ok() && api.get("/-/ready").await.status == 200
         })
         .await;
         prom
@@ -281,7 +276,9 @@ impl Prometheus {
     /// An instant query: `Ok(result)` (the vector, matrix or scalar), or the
     /// error Prometheus gave.
     pub async fn query(&self, expr: &str) -> Result<Value, String> {
-        let reply = get(&format!("{}/api/v1/query?query={}", self.url, encode(expr)), &[]).await;
+        let reply = Client::anonymous(&self.url)
+            .get(format!("/api/v1/query?query={}", encode(expr)))
+            .await;
         let v: Value = serde_json::from_slice(&reply.body).map_err(|e| format!("{e}: {}", reply.text()))?;
         if v["status"] == "success" {
             Ok(v["data"]["result"].clone())
@@ -292,7 +289,7 @@ impl Prometheus {
 
     /// A GET on the HTTP API, its `data`.
     pub async fn api(&self, path: &str) -> Value {
-        let reply = get(&format!("{}/api/v1/{path}", self.url), &[]).await;
+        let reply = Client::anonymous(&self.url).get(format!("/api/v1/{path}")).await;
         let v = reply.json();
         assert_eq!(v["status"], "success", "{path}: {v}");
         v["data"].clone()

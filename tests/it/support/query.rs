@@ -50,6 +50,61 @@ impl Query {
         Query::by_id("permits", ids)
     }
 
+    /// `GET /v2/decisions/search` in `geo_id`, decided between `from` and `to`.
+    pub fn decision_search(geo_id: impl Display, from: impl Display, to: impl Display) -> Query {
+        Query::new("/v2/decisions/search")
+            .param("geo_id", geo_id)
+            .param("decision_from", from)
+            .param("decision_to", to)
+    }
+
+    /// `GET /v2/properties/search` in `geo_id`.
+    pub fn property_search(geo_id: impl Display) -> Query {
+        Query::new("/v2/properties/search").param("geo_id", geo_id)
+    }
+
+    /// A place by its id, `GET /v2/{kind}?geo_id=…` (`counties`, `cities`,
+    /// `jurisdictions`).
+    pub fn place(kind: &str, geo_id: impl Display) -> Query {
+        Query::new(format!("/v2/{kind}")).param("geo_id", geo_id)
+    }
+
+    /// A search by text, `GET /v2/{kind}/search?q=…` (`cities`, `states`,
+    /// `zipcodes`, …). The text goes in as given: percent-encode it.
+    pub fn text_search(kind: &str, q: impl Display) -> Query {
+        Query::new(format!("/v2/{kind}/search")).param("q", q)
+    }
+
+    /// A list of the vendor's, `GET /v2/list/{kind}` (`zip`, `tags`).
+    pub fn list(kind: &str) -> Query {
+        Query::new(format!("/v2/list/{kind}"))
+    }
+
+    /// An area's metrics, `GET /v2/{kind}/{geo_id}/metrics/{period}`
+    /// (`addresses`, `counties`, `cities`, `jurisdictions`; `monthly`,
+    /// `current`).
+    pub fn metrics(kind: &str, geo_id: impl Display, period: &str) -> Query {
+        Query::new(format!("/v2/{kind}/{geo_id}/metrics/{period}"))
+    }
+
+    /// One contractor's `what`, `GET /v2/contractors/{id}/{what}`
+    /// (`permits`, `employees`, `metrics`).
+    pub fn contractor(id: impl Display, what: &str) -> Query {
+        Query::new(format!("/v2/contractors/{id}/{what}"))
+    }
+
+    /// `GET /v2/addresses/{geo_id}/residents`.
+    pub fn residents(address_geo_id: impl Display) -> Query {
+        Query::new(format!("/v2/addresses/{address_geo_id}/residents"))
+    }
+
+    /// `GET /v2/meta/coverage` of one area (`geo_type` `state`, …).
+    pub fn coverage(geo_type: &str, geo_id: impl Display) -> Query {
+        Query::new("/v2/meta/coverage")
+            .param("geo_type", geo_type)
+            .param("geo_id", geo_id)
+    }
+
     /// `GET /v2/usage`: the team's own spend (never cached, never billed).
     pub fn usage() -> Query {
         Query::new("/v2/usage")
@@ -85,6 +140,26 @@ impl Query {
         self.param("permit_from", from).param("permit_to", to)
     }
 
+    /// `metric_from` and `metric_to`: a metrics query's months.
+    pub fn months(self, from: impl Display, to: impl Display) -> Query {
+        self.param("metric_from", from).param("metric_to", to)
+    }
+
+    /// `date_from` and `date_to`: the coverage query's window.
+    pub fn dates(self, from: impl Display, to: impl Display) -> Query {
+        self.param("date_from", from).param("date_to", to)
+    }
+
+    /// `tag`: a metrics query's permit tag (`all`).
+    pub fn tag(self, tag: impl Display) -> Query {
+        self.param("tag", tag)
+    }
+
+    /// `property_type`: a metrics query's kind of property (`all`).
+    pub fn property_type(self, kind: impl Display) -> Query {
+        self.param("property_type", kind)
+    }
+
     /// `size`: records per page, what a metered search reserves. Replaces
     /// an earlier `size` in its place, so a derived query keeps its order.
     pub fn size(mut self, n: impl Display) -> Query {
@@ -118,6 +193,19 @@ impl Query {
     /// The path without the query: what the simulator's log records as `path`.
     pub fn path(&self) -> &str {
         &self.path
+    }
+
+    /// The gateway's reading of this request: its route, canonical path
+    /// and query.
+    pub fn target(&self) -> permit_gateway::route::Target {
+        let uri: http::Uri = self.to_string().parse().expect("a request target");
+        permit_gateway::route::classify(&uri, 8192).expect("a route")
+    }
+
+    /// The cache key the gateway files this request's answer under (its
+    /// flights and leases are keyed by it too).
+    pub fn cache_key(&self) -> String {
+        permit_gateway::cache::key::cache_key(&self.target())
     }
 }
 

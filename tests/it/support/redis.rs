@@ -1,9 +1,10 @@
 //! A real `redis-server` for one test: its own unix socket in a temp dir,
 //! killed on drop, and killable (and restartable on the same socket) mid-test.
 
-use super::wait::eventually_blocking;
+use super::redis_proc::spawn_redis_server;
+use super::wait::{eventually, eventually_blocking};
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command};
 use std::time::Duration;
 
 pub struct RedisServer {
@@ -94,30 +95,59 @@ impl RedisServer {
         sleeper
     }
 
+    /// The Redis of `n` gateways: none for one alone (its file ledger),
+    /// a fresh server for replicas to share.
+    pub fn for_replicas(n: usize) -> Option<RedisServer> {
+        (n > 1).then(RedisServer::start)
+    }
+
+    /// Reservations `team` holds in the Redis ledger (its calls in
+    /// flight); `None` while Redis does not answer.
+    pub async fn holds(&self, team: &str) -> Option<u64> {
+        let mut c = self.connection().await?;
+        redis::cmd("HLEN")
+            .arg(format!("pgw:l:{{{team}}}:held"))
+            .query_async(&mut c)
+            .await
+            .ok()
+    }
+
+    /// Polls until `team` holds a reservation (`what`: the call that
+    /// should hold it), for up to `limit`.
+    pub async fn wait_held(&self, team: &str, what: &str, limit: Duration) {
+        eventually(what, limit, || async { self.holds(team).await.is_some_and(|n| n > 0) }).await;
+    }
+
+    /// Cross-replica leases held now.
+    pub async fn leases(&self) -> usize {
+        let mut c = self.connection().await.expect("redis");
+        let keys: Vec<String> = redis::cmd("KEYS")
+            .arg("pgw:lease:*")
+            .query_async(&mut c)
+            .await
+            .expect("KEYS");
+        keys.len()
+    }
+
+    async fn connection(&self) -> Option<redis::aio::MultiplexedConnection> {
+        let client = redis::Client::open(self.url()).ok()?;
+        client.get_multiplexed_async_connection().await.ok()
+    }
+
     pub fn is_running(&self) -> bool {
         self.child.is_some()
     }
 
     fn spawn(&mut self) {
         let socket = self.socket();
-        let child = Command::new("redis-server")
-            .args(["--port", "0", "--unixsocket"])
+        let mut cmd = Command::new("redis-server");
+        cmd.args(["--port", "0", "--unixsocket"])
             .arg(&socket)
             .args(["--unixsocketperm", "700", "--save", "", "--appendonly", "no"])
             // `DEBUG SLEEP` makes Redis busy, as a slow script or a big
             // `KEYS` would (issue 39, tests/it/money/stall.rs).
-            .args(["--enable-debug-command", "yes"])
-            .arg("--dir")
-            .arg(self.dir.path())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap_or_else(|e| {
-                panic!(
-                    "cannot start redis-server ({e}): install it (Debian: apt-get install redis-server); .ci/run does this"
-                )
-            });
-        self.child = Some(child);
+            .args(["--enable-debug-command", "yes"]);
+        self.child = Some(spawn_redis_server(&mut cmd, self.dir.path()));
         wait_for_ping(&socket);
     }
 }

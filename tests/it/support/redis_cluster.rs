@@ -29,6 +29,14 @@ pub struct RedisCluster {
 }
 
 impl RedisCluster {
+    /// [`RedisCluster::start`] off the async runtime (it blocks for
+    /// seconds), for async tests.
+    pub async fn start_async() -> RedisCluster {
+        tokio::task::spawn_blocking(RedisCluster::start)
+            .await
+            .expect("cluster start")
+    }
+
     /// Starts six nodes, creates the cluster (1 replica per primary) and
     /// waits until every node reports `cluster_state:ok`.
     pub fn start() -> RedisCluster {

@@ -6,7 +6,7 @@
 //! `tokio::task::spawn_blocking` so the gateways keep serving.
 
 use super::wait::eventually_blocking;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
@@ -27,16 +27,7 @@ impl RedisProc {
     /// Runs `cmd` (a `redis-server` command line; `--dir` is added here)
     /// and waits until the server answers PING on its port.
     pub fn start(&mut self, mut cmd: Command) {
-        let child = cmd
-            .arg("--dir")
-            .arg(&self.dir)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap_or_else(|e| {
-                panic!("cannot start redis-server ({e}): install it (Debian: apt-get install redis-server)")
-            });
-        self.child = Some(child);
+        self.child = Some(spawn_redis_server(&mut cmd, &self.dir));
         let what = format!("redis-server on {} answers", self.port);
         eventually_blocking(&what, Duration::from_secs(10), || {
             self.query::<String>(&redis::cmd("PING")).is_some()
@@ -67,4 +58,19 @@ impl Drop for RedisProc {
     fn drop(&mut self) {
         self.kill();
     }
+}
+
+/// Runs `cmd` (a `redis-server` command line) with its data in `dir`, its
+/// output discarded; says how to install Redis when it is missing.
+pub fn spawn_redis_server(cmd: &mut Command, dir: &Path) -> Child {
+    cmd.arg("--dir")
+        .arg(dir)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap_or_else(|e| {
+            panic!(
+                "cannot start redis-server ({e}): install it (Debian: apt-get install redis-server); .ci/run does this"
+            )
+        })
 }

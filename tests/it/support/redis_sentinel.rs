@@ -6,8 +6,8 @@
 //! The calls block (std sockets, child processes): from an async test run
 //! them in `tokio::task::spawn_blocking` so the gateways keep serving.
 
+use super::free_port;
 use super::redis_proc::RedisProc;
-use super::redis_tls::free_port;
 use super::stall_relay::StallRelay;
 use super::wait::eventually_blocking;
 use std::process::Command;

@@ -6,6 +6,8 @@
 //! The calls block (std sockets, child processes): from an async test run
 //! them in `tokio::task::spawn_blocking` or before the gateways start.
 
+use super::free_port;
+use super::redis_proc::spawn_redis_server;
 use super::wait::eventually_blocking;
 use rcgen::{
     BasicConstraints, CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
@@ -114,18 +116,13 @@ impl TlsRedis {
         }
     }
 
-    /// The `[redis]` lines trusting this server's CA, with the client
+    /// What a gateway needs to reach this server: its CA, and the client
     /// certificate when `client_cert`.
-    pub fn redis_section(&self, client_cert: bool) -> String {
-        let mut lines = format!("tls_ca_file = {:?}\n", self.pki.path("ca.pem"));
-        if client_cert {
-            lines += &format!(
-                "tls_cert_file = {:?}\ntls_key_file = {:?}\n",
-                self.pki.path("client.pem"),
-                self.pki.path("client.key")
-            );
+    pub fn trust(&self, client_cert: bool) -> Trust {
+        Trust {
+            ca: Some(self.pki.path("ca.pem")),
+            client: client_cert.then(|| (self.pki.path("client.pem"), self.pki.path("client.key"))),
         }
-        lines
     }
 
     /// Creates an ACL user with every command and key, turns the passwordless
@@ -164,8 +161,8 @@ impl TlsRedis {
     }
 
     fn spawn(&mut self, client_certs: bool) {
-        let child = Command::new("redis-server")
-            .args(["--bind", "127.0.0.1", "--port", "0", "--tls-port"])
+        let mut cmd = Command::new("redis-server");
+        cmd.args(["--bind", "127.0.0.1", "--port", "0", "--tls-port"])
             .arg(self.port.to_string())
             .arg("--tls-cert-file")
             .arg(self.pki.path("server.pem"))
@@ -174,15 +171,8 @@ impl TlsRedis {
             .arg("--tls-ca-cert-file")
             .arg(self.pki.path("ca.pem"))
             .args(["--tls-auth-clients", if client_certs { "yes" } else { "no" }])
-            .args(["--save", "", "--appendonly", "no", "--dir"])
-            .arg(self.dir.path())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap_or_else(|e| {
-                panic!("cannot start redis-server ({e}): install it (Debian: apt-get install redis-server)")
-            });
-        self.child = Some(child);
+            .args(["--save", "", "--appendonly", "no"]);
+        self.child = Some(spawn_redis_server(&mut cmd, self.dir.path()));
         let what = format!("the TLS redis-server on {} answers PING", self.port);
         eventually_blocking(&what, Duration::from_secs(10), || {
             self.try_query::<String>(&redis::cmd("PING")).is_some()
@@ -205,8 +195,8 @@ impl TlsCluster {
         for _ in 0..3 {
             let (port, bus) = (free_port(), free_port());
             let dir = tempfile::tempdir().expect("node dir");
-            let child = Command::new("redis-server")
-                .args(["--bind", "127.0.0.1", "--port", "0", "--tls-port"])
+            let mut cmd = Command::new("redis-server");
+            cmd.args(["--bind", "127.0.0.1", "--port", "0", "--tls-port"])
                 .arg(port.to_string())
                 .args(["--cluster-enabled", "yes", "--tls-cluster", "yes", "--cluster-port"])
                 .arg(bus.to_string())
@@ -216,12 +206,8 @@ impl TlsCluster {
                 .arg(pki.path("server.key"))
                 .arg("--tls-ca-cert-file")
                 .arg(pki.path("ca.pem"))
-                .args(["--tls-auth-clients", "no", "--save", "", "--appendonly", "no", "--dir"])
-                .arg(dir.path())
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .spawn()
-                .expect("redis-server starts");
+                .args(["--tls-auth-clients", "no", "--save", "", "--appendonly", "no"]);
+            let child = spawn_redis_server(&mut cmd, dir.path());
             nodes.push((port, dir, child));
         }
         let cluster = TlsCluster { pki, nodes };
@@ -280,17 +266,37 @@ impl Drop for TlsCluster {
     }
 }
 
-/// A loopback port nobody listens on (the OS's choice, released at once).
-pub fn free_port() -> u16 {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind loopback");
-    l.local_addr().expect("addr").port()
-}
-
 impl Drop for TlsRedis {
     fn drop(&mut self) {
         if let Some(mut child) = self.child.take() {
             let _ = child.kill();
             let _ = child.wait();
         }
+    }
+}
+
+/// The `[redis]` TLS files of a gateway: the CA it trusts (none: the
+/// public roots) and the client certificate and key it presents.
+#[derive(Clone, Default)]
+pub struct Trust {
+    pub ca: Option<PathBuf>,
+    pub client: Option<(PathBuf, PathBuf)>,
+}
+
+impl Trust {
+    /// Trusting the CA in `path` only.
+    pub fn ca(path: PathBuf) -> Trust {
+        Trust {
+            ca: Some(path),
+            client: None,
+        }
+    }
+
+    /// Writes these files into `config`'s `[redis]`.
+    pub fn apply(&self, config: &mut permit_gateway::config::Config) {
+        config.redis.tls_ca_file = self.ca.clone();
+        let (cert, key) = self.client.clone().unzip();
+        config.redis.tls_cert_file = cert;
+        config.redis.tls_key_file = key;
     }
 }

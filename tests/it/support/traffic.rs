@@ -3,22 +3,23 @@
 //! thing.
 
 use super::client::Client;
-use super::http::{get, Reply};
 use super::query::Query;
 use super::sim::Sim;
+use super::wait::eventually;
 use http::StatusCode;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
-/// `Query::distinct(i)` with `size` records, rendered. For the suites that
-/// still build URLs by hand (money, siege, sentinel, records); new code
-/// sends the `Query` through a `Client`.
-pub fn distinct_search(sim: &Sim, i: u32, size: u32) -> String {
-    Query::distinct(&sim.samples(), i).size(size).to_string()
+/// `Query::distinct(i)` with `size` records.
+pub fn distinct_search(sim: &Sim, i: u32, size: u32) -> Query {
+    Query::distinct(&sim.samples(), i).size(size)
 }
 
 /// `distinct_search` for `0..n` (the samples are computed once).
-pub fn distinct_searches(sim: &Sim, n: u32, size: u32) -> Vec<String> {
+pub fn distinct_searches(sim: &Sim, n: u32, size: u32) -> Vec<Query> {
     let s = sim.samples();
-    (0..n).map(|i| Query::distinct(&s, i).size(size).to_string()).collect()
+    (0..n).map(|i| Query::distinct(&s, i).size(size)).collect()
 }
 
 /// Credits the simulator charged for requests whose `X-Request-Id` starts
@@ -52,31 +53,27 @@ pub fn alternate(i: u32) -> (&'static str, String) {
     }
 }
 
-/// A GET of a full URL as a team, with a request id to attribute upstream
-/// spend. For the suites not yet on `Client` (money, siege, sentinel), whose
-/// calls read `client.get(query).request_id(id)` once moved.
-pub async fn as_team(url: &str, token: &str, request_id: &str) -> Reply {
-    get(url, &[("x-api-key", token), ("x-request-id", request_id)]).await
-}
-
-/// The team's `credits_used` from `GET /v2/usage` (its ledger): `Client::used`
-/// for the suites not yet on `Client`.
-pub async fn used(base: &str, token: &str) -> u64 {
-    Client::new(base, token).used().await
-}
-
 /// A team's spend in its window as the admin API reports it (the ledger,
 /// unaffected by the team's own rate limit).
 pub async fn ledger_used(admin: &str, team: &str) -> u64 {
-    let bearer = format!("Bearer {}", super::gateway::ADMIN_TOKEN);
-    let r = get(&format!("{admin}/admin/teams"), &[("authorization", &bearer)]).await;
-    assert_eq!(r.status, StatusCode::OK, "{}", r.text());
+    let r = Client::admin(admin)
+        .get("/admin/teams")
+        .expect_status(StatusCode::OK)
+        .await;
     let teams = r.json()["teams"].as_array().cloned().unwrap_or_default();
     let t = teams
         .iter()
         .find(|t| t["name"] == team)
         .unwrap_or_else(|| panic!("no team {team}"));
     t["used"].as_u64().expect("used")
+}
+
+/// `ledger_used`, or `None` while the ledger cannot answer (a Redis
+/// ledger that stalls or restarts).
+pub async fn ledger_used_now(admin: &str, team: &str) -> Option<u64> {
+    let r = Client::admin(admin).get("/admin/teams").await;
+    let teams = r.json()["teams"].as_array().cloned().unwrap_or_default();
+    teams.iter().find(|t| t["name"] == team)?["used"].as_u64()
 }
 
 /// The ledger of each team equals what the upstream charged it.
@@ -139,7 +136,7 @@ pub async fn assert_replicas_share_the_upstream_rate(sim: &Sim, bases: &[String]
 /// to the default reservation lease.
 pub async fn assert_settled_spend_survived(sim: &Sim, admins: &[String], team: &str, prefix: &str) {
     let charged = charged_to(sim, prefix);
-    let (ledger, failed) = crate::support::wait::eventually(
+    let (ledger, failed) = eventually(
         "every acknowledged settle survived",
         std::time::Duration::from_secs(65),
         || async {
@@ -168,4 +165,92 @@ pub async fn assert_settled_spend_survived(sim: &Sim, admins: &[String], team: &
         "no settle counted twice: ledger {ledger} > charged {charged}"
     );
     assert!(failed <= charged, "{failed} failed settles");
+}
+
+/// (time since the load started, replica, status) of every request of a
+/// steady load ([`start_load`]).
+pub type Log = Arc<Mutex<Vec<(Duration, usize, StatusCode)>>>;
+
+/// Four workers that fire distinct metered searches round-robin at the
+/// replicas (one team's client on each, request ids `alpha-{i}`) until
+/// `stop`, each pausing 20 ms between requests (a steady load of up to 200
+/// requests a second, not a synchronisation), logging every answer.
+pub fn start_load(
+    replicas: &Arc<Vec<Client>>,
+    queries: Arc<Vec<Query>>,
+    stop: &Arc<AtomicBool>,
+    log: &Log,
+) -> Vec<tokio::task::JoinHandle<()>> {
+    let start = Instant::now();
+    let next = Arc::new(AtomicU32::new(0));
+    (0..4)
+        .map(|_| {
+            let (replicas, queries, stop, log, next) = (
+                replicas.clone(),
+                queries.clone(),
+                stop.clone(),
+                log.clone(),
+                next.clone(),
+            );
+            tokio::spawn(async move {
+                while !stop.load(Ordering::Acquire) {
+                    let i = next.fetch_add(1, Ordering::AcqRel) as usize;
+                    let Some(query) = queries.get(i) else { return };
+                    let replica = i % replicas.len();
+                    let status = replicas[replica]
+                        .get(query)
+                        .request_id(&format!("alpha-{i}"))
+                        .await
+                        .status;
+                    log.lock().expect("log").push((start.elapsed(), replica, status));
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+            })
+        })
+        .collect()
+}
+
+/// Polls until the load has been answered 200 `n` times.
+pub async fn wait_load_served(log: &Log, n: usize) {
+    eventually("the load gets going", Duration::from_secs(10), || async {
+        let log = log.lock().expect("log");
+        log.iter().filter(|e| e.2 == StatusCode::OK).count() >= n
+    })
+    .await;
+}
+
+/// Polls until every replica answered 200 after `since`.
+pub async fn wait_all_served_after(log: &Log, since: Duration, replicas: usize, what: &str) {
+    let what = format!("{what}: every replica serves again");
+    eventually(&what, Duration::from_secs(20), || async {
+        (0..replicas).all(|r| {
+            log.lock()
+                .expect("log")
+                .iter()
+                .any(|(t, rep, s)| *t > since && *rep == r && *s == StatusCode::OK)
+        })
+    })
+    .await;
+}
+
+/// Every answer of the load that was not a 200 is the ledger's 503 while
+/// the Redis primary moved: no earlier than `killed_at`, no later than
+/// `bound` after it (`what` moved: "the primary", "the slot").
+pub fn assert_only_503s_within(
+    log: &[(Duration, usize, StatusCode)],
+    killed_at: Duration,
+    bound: Duration,
+    what: &str,
+) {
+    for (t, _, status) in log.iter().filter(|e| e.2 != StatusCode::OK) {
+        assert_eq!(
+            *status,
+            StatusCode::SERVICE_UNAVAILABLE,
+            "only the ledger's 503 while {what} moves"
+        );
+        assert!(
+            *t >= killed_at && *t <= killed_at + bound,
+            "a 503 at {t:?}, outside {bound:?} after the kill at {killed_at:?}"
+        );
+    }
 }

@@ -6,7 +6,7 @@
 //! settle to what the simulator charged; free ones must cost nothing.
 
 use crate::support::client::Client;
-use crate::support::gateway::{team, Setup, ALPHA, BETA, SMALL};
+use crate::support::gateway::{Setup, Team, ALPHA, BETA, SMALL};
 use crate::support::http::Reply;
 use crate::support::query::Query;
 use crate::support::sim::{start_sim, unlimited, Sim};
@@ -72,7 +72,7 @@ fn errors_of(v: &Validator, body: &Value) -> Vec<String> {
 /// answer and charge, which record reuse (tests/it/records.rs) would answer
 /// from the records the searches before it bought.
 fn pass_through() -> Setup {
-    Setup::new().with("cache", "record_reuse = false")
+    Setup::new().with(|c| c.cache.record_reuse = false)
 }
 
 #[tokio::test]
@@ -102,8 +102,8 @@ async fn every_vendor_operation_answers_through_the_gateway_with_a_body_valid_ag
     let alpha = Client::new(gw.base_url(), ALPHA.1);
     for (i, o) in ops.iter().enumerate() {
         let rid = format!("alpha-{i}");
-        let r: Reply = alpha.get(&o.url).request_id(&rid).await;
-        assert_eq!(r.status, 200, "{} ({}): {}", o.spec_path, o.url, r.text());
+        let r: Reply = alpha.get(&o.query).request_id(&rid).await;
+        assert_eq!(r.status, 200, "{} ({}): {}", o.spec_path, o.query, r.text());
         let body = r.json();
         let errors = errors_of(&response_validator(&doc, &registry, o.spec_path), &body);
         assert!(
@@ -137,7 +137,7 @@ async fn metered_operations_settle_to_what_the_simulator_charged() {
         .filter(|(_, o)| o.metered)
     {
         let rid = format!("beta-{i}");
-        let r = beta.get(&o.url).request_id(&rid).await;
+        let r = beta.get(&o.query).request_id(&rid).await;
         assert_eq!(r.status, 200, "{}: {}", o.spec_path, r.text());
         let charged = upstream_credits(&sim, &rid).unwrap_or_else(|| panic!("{} reached the upstream", o.spec_path));
         assert!(charged > 0, "{} is billed per record", o.spec_path);
@@ -152,13 +152,17 @@ async fn metered_operations_settle_to_what_the_simulator_charged() {
 }
 
 /// Teams with tiny budgets: "small" has 3 credits, "tiny" 2.
-const TINY: (&str, &str) = ("tiny", "tok-tiny-9a8b7c6d5e4f3a2b");
+const TINY: Team = ("tiny", "tok-tiny-9a8b7c6d5e4f3a2b");
 
 #[tokio::test]
 async fn free_operations_cost_nothing_and_an_id_lookup_of_3_reserves_3() {
     let sim = start_sim(unlimited()).await;
-    let teams = team(SMALL.0, SMALL.1, "credit_limit = 3") + &team(TINY.0, TINY.1, "credit_limit = 2");
-    let gw = pass_through().teams(teams).start(&sim).await;
+    let gw = pass_through()
+        .teams(&[SMALL, TINY])
+        .credit_limit(SMALL, 3)
+        .credit_limit(TINY, 2)
+        .start(&sim)
+        .await;
     let (s, permit, ids) = fixtures(&sim).await;
     let ids: Vec<&str> = ids.iter().map(String::as_str).collect();
     let lookup = Query::permits_by_id(&ids);
@@ -185,7 +189,7 @@ async fn free_operations_cost_nothing_and_an_id_lookup_of_3_reserves_3() {
         .filter(|(_, o)| !o.metered)
     {
         let rid = format!("small-{i}");
-        let r = small.get(&o.url).request_id(&rid).await;
+        let r = small.get(&o.query).request_id(&rid).await;
         assert_eq!(r.status, 200, "{} with 0 credits left: {}", o.spec_path, r.text());
         assert_eq!(r.credits_request().unwrap_or(0), 0, "{} is free", o.spec_path);
     }
@@ -222,11 +226,7 @@ async fn the_vendor_schemas_reject_the_simulators_old_mistakes() {
         |field: &str| json!({"items": [{"field": field, "tier": "partial", "fill_pct": 0.5, "permits_total": 9}]});
     assert!(coverage.is_valid(&row("owner_name")));
     assert!(!coverage.is_valid(&row("description_derived")));
-    let empty = Query::new("/v2/meta/coverage")
-        .param("geo_type", "state")
-        .param("geo_id", &s.state)
-        .param("date_from", "1990-01-01")
-        .param("date_to", "1990-01-02");
+    let empty = Query::coverage("state", &s.state).dates("1990-01-01", "1990-01-02");
     let body = Client::upstream(&sim).get(empty).await.json();
     assert!(coverage.is_valid(&body), "{:#?}", errors_of(&coverage, &body));
 }

@@ -181,6 +181,8 @@ pub async fn run(
         let _ = stop_tx.send(true);
     });
     tokio::join!(team, admin);
+    // The disk tier's last writes, durable before the process ends.
+    app.cache.close().await;
     Ok(())
 }
 

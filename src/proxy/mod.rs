@@ -255,7 +255,8 @@ async fn cached_or_fetched<B>(
             let job = || buys.then(|| ask.job(&ctx.request_id));
             if let Some(state) = revalidate::accept(app, &entry, d, k, job).await {
                 app.metrics.cache_hit(target.route, tier);
-                return Ok(respond::from_cache(app, &ask.team, target, &entry, state, ask.req, ctx));
+                let held = (&*entry, tier);
+                return Ok(respond::from_held(app, &ask.team, target, held, state, ask.req, ctx));
             }
             cached = Some(entry);
         }

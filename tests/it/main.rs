@@ -7,6 +7,7 @@ mod binary;
 mod budget;
 mod cache;
 mod cluster;
+mod disk_tier;
 mod docs;
 mod faults;
 mod first_scrape;

@@ -15,6 +15,7 @@ pub(crate) mod entry;
 pub mod flight;
 pub mod key;
 pub mod lease;
+pub(crate) mod months;
 pub(crate) mod parsed;
 pub mod purge;
 pub(crate) mod records;
@@ -81,6 +82,10 @@ pub struct Cache {
     purges_seen: purge::Seen,
     /// The disk tier, when on and usable ([`disk`]).
     disk: Option<Arc<disk::Disk>>,
+    /// `cache.month_reuse`: monthly metrics filed by month ([`months`]).
+    month_reuse: bool,
+    /// `cache.past_month_ttl_secs`, when set ([`months`]).
+    past_month_ttl: Option<Duration>,
 }
 
 impl Cache {
@@ -110,6 +115,8 @@ impl Cache {
             id_flights: records::IdFlights::default(),
             purges_seen: purge::Seen::default(),
             disk: None,
+            month_reuse: cfg.month_reuse,
+            past_month_ttl: cfg.past_month_ttl(),
         }
     }
 

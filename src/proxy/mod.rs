@@ -29,6 +29,7 @@ mod by_id;
 mod context;
 mod credits;
 mod fetch;
+mod monthly;
 mod org_probe;
 mod respond;
 mod revalidate;
@@ -239,6 +240,10 @@ async fn cached_or_fetched<B>(
 ) -> Result<Response<Body>, GatewayError> {
     // 7a. An id lookup: from the records already bought, buying the rest.
     if let Some(answer) = by_id::answer(app, ask, ctx).await {
+        return answer;
+    }
+    // 7a. Monthly metrics: from the months already held, buying the rest.
+    if let Some(answer) = monthly::answer(app, ask, ctx).await {
         return answer;
     }
     let (d, target) = (&ask.directives, &ask.target);

@@ -17,6 +17,7 @@ mod hostile;
 mod load;
 mod log_sink;
 mod money;
+mod monthly;
 mod observability;
 mod operator;
 mod pyshovels;

@@ -97,6 +97,9 @@ struct Shared {
     /// Writes accepted and not yet durable (queued, or committed without
     /// fsync): 0 means a SIGKILL now loses nothing.
     pending: AtomicU64,
+    /// A purge could not be committed: what it was to remove may still be
+    /// in the file, so nothing is read from it any more (until a restart).
+    unreadable: AtomicBool,
 }
 
 pub(crate) struct Disk {
@@ -187,6 +190,9 @@ impl Disk {
     /// workers ([`Disk::get_many`]).
     fn read(&self, keys: &[String]) -> Vec<Option<Entry>> {
         let mut out: Vec<Option<Entry>> = keys.iter().map(|_| None).collect();
+        if self.shared.unreadable.load(Ordering::Relaxed) {
+            return out;
+        }
         let Some(db) = self.db.load_full() else { return out };
         let Ok(txn) = db.begin_read() else { return out };
         let Ok(table) = txn.open_table(ENTRIES) else { return out };
@@ -445,6 +451,12 @@ impl Writer {
                         self.metrics.disk_dropped(DiskDrop::Degraded, puts);
                         self.shared.pending.fetch_sub(puts + unsynced, Ordering::Relaxed);
                         unsynced = 0;
+                    }
+                    if !purges.is_empty() {
+                        tracing::error!(
+                            "cache disk tier: a purge could not be written; the tier is not read until a restart"
+                        );
+                        self.shared.unreadable.store(true, Ordering::Relaxed);
                     }
                     self.shared.degraded.store(true, Ordering::Relaxed);
                     self.broken_until = Some(Instant::now() + RETRY_AFTER_ERROR);

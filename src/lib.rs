@@ -32,7 +32,10 @@
 //!   record tier (`cache::records`) that answers id lookups record by record
 //!   (`proxy::by_id`); the memo of parsed request targets (`cache::parsed`),
 //!   the keys refreshed in the background (`cache::refresh`), and purges
-//!   that reach every replica's memory tier (`cache::purge`).
+//!   that reach every replica's memory tier (`cache::purge`); the disk tier
+//!   (`cache::disk`) that keeps what was bought across restarts, and the
+//!   monthly-metrics rows (`cache::months`) that let a window buy only its
+//!   missing months (`proxy::monthly`).
 //! - [`clock`]: wall-clock milliseconds, the one clock the modules share.
 //! - [`redis_backend`]: a Redis connection (standalone, Cluster or the
 //!   primary Sentinel names; plain or TLS) with
@@ -182,6 +185,8 @@ pub async fn run(
         let _ = stop_tx.send(true);
     });
     tokio::join!(team, admin);
+    // The disk tier's last writes, durable before the process ends.
+    app.cache.close().await;
     Ok(())
 }
 

@@ -1,6 +1,8 @@
 //! The credit-saving cache: L1 in process (moka, weighed in bytes, expiry per
 //! entry) over L2 in Redis (shared by replicas), keyed by the normalized
-//! query of [`key`]. Expired entries live on for a grace period so they can
+//! query of [`key`]; beside them, the disk tier ([`disk`], issue 37): a file
+//! on the data volume written in the background, read when memory misses
+//! (before Redis), so what was bought outlives a restart. Expired entries live on for a grace period so they can
 //! be served when the upstream fails ([`Entry::staleness`]).
 //!
 //! Redis errors never fail a request: they count in
@@ -8,10 +10,12 @@
 //! [`crate::redis_backend`] keeps a dead Redis from costing latency.
 
 pub(crate) mod control;
+pub(crate) mod disk;
 pub(crate) mod entry;
 pub mod flight;
 pub mod key;
 pub mod lease;
+pub(crate) mod months;
 pub(crate) mod parsed;
 pub mod purge;
 pub(crate) mod records;
@@ -76,6 +80,12 @@ pub struct Cache {
     id_flights: records::IdFlights,
     /// The purges of every replica this one has applied to its L1 ([`purge`]).
     purges_seen: purge::Seen,
+    /// The disk tier, when on and usable ([`disk`]).
+    disk: Option<Arc<disk::Disk>>,
+    /// `cache.month_reuse`: monthly metrics filed by month ([`months`]).
+    month_reuse: bool,
+    /// `cache.past_month_ttl_secs`, when set ([`months`]).
+    past_month_ttl: Option<Duration>,
 }
 
 impl Cache {
@@ -104,6 +114,31 @@ impl Cache {
             record_reuse: cfg.record_reuse,
             id_flights: records::IdFlights::default(),
             purges_seen: purge::Seen::default(),
+            disk: None,
+            month_reuse: cfg.month_reuse,
+            past_month_ttl: cfg.past_month_ttl(),
+        }
+    }
+
+    /// Adds the disk tier at `path` (`CacheConfig::disk_file`), bounded by
+    /// `cache.disk_max_bytes`; an unusable path leaves it off ([`disk`]).
+    pub(crate) fn with_disk(mut self, path: Option<std::path::PathBuf>, max_bytes: u64) -> Cache {
+        self.disk = path.and_then(|p| disk::Disk::open(&p, max_bytes, self.grace, self.metrics.clone()).map(Arc::new));
+        self
+    }
+
+    /// Makes everything the disk tier was given durable and releases its
+    /// file (graceful shutdown: SIGTERM, `Running::shutdown`).
+    pub async fn close(&self) {
+        if let Some(disk) = &self.disk {
+            disk.flush(true).await;
+        }
+    }
+
+    /// A durable commit of every disk-tier write queued so far (tests).
+    pub async fn flush_disk(&self) {
+        if let Some(disk) = &self.disk {
+            disk.flush(false).await;
         }
     }
 
@@ -140,6 +175,9 @@ impl Cache {
                 return Some((entry, Tier::Memory));
             }
         }
+        if let Some(entry) = self.lookup_disk(key).await {
+            return Some((entry, Tier::Disk));
+        }
         let entry = Arc::new(self.lookup_redis(route, key, tag).await?);
         if entry.remaining_life(now_ms(), self.grace).is_zero() {
             return None;
@@ -148,6 +186,16 @@ impl Cache {
             memory.insert(Arc::from(key), entry.clone()).await;
         }
         Some((entry, Tier::Redis))
+    }
+
+    /// The disk tier (promoting a hit into L1); `None` when off, missing,
+    /// expired past the grace, or damaged.
+    async fn lookup_disk(&self, key: &str) -> Option<Arc<Entry>> {
+        let entry = Arc::new(self.disk.as_ref()?.get(key).await?);
+        if let Some(memory) = &self.memory {
+            memory.insert(Arc::from(key), entry.clone()).await;
+        }
+        Some(entry)
     }
 
     /// L2 only (cross-replica coalescing waits on this).
@@ -201,6 +249,9 @@ impl Cache {
     /// `entry` encoded in Redis, for what is left of its life.
     async fn put(&self, key: &str, entry: &Entry, page: Arc<Entry>) {
         let life = entry.remaining_life(now_ms(), self.grace);
+        if let Some(disk) = &self.disk {
+            disk.put(key, page.clone());
+        }
         if let Some(memory) = &self.memory {
             memory.insert(Arc::from(key), page).await;
         }
@@ -231,6 +282,9 @@ impl Cache {
         if let Some(memory) = &self.memory {
             memory.run_pending_tasks().await;
             m.cache_size(Tier::Memory, memory.entry_count(), memory.weighted_size());
+        }
+        if let Some(disk) = &self.disk {
+            disk.observe();
         }
         if let Some(redis) = &self.redis {
             if let Ok((keys, used)) = redis.key_and_memory_totals(RedisOp::CacheStats).await {

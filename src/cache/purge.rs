@@ -13,7 +13,9 @@
 //! moves, and a replica cut off from Redis catches up at its next look.
 //!
 //! The records a route's pages filed go with the route: they would
-//! otherwise keep answering lookups with what was purged.
+//! otherwise keep answering lookups with what was purged. The disk tier
+//! ([`super::disk`]) is emptied the same way, before the purge answers, on
+//! the purging replica and on each replica that follows it.
 
 use super::{records, Cache};
 use crate::metrics::RedisOp;
@@ -41,6 +43,7 @@ impl Cache {
     pub(crate) async fn purge(&self, route: Option<Route>) -> u64 {
         let records = route.and_then(records_filed_by).filter(|r| Some(*r) != route);
         self.purge_memory(route).await;
+        self.purge_disk(route).await;
         let mut removed = self.purge_redis(route).await;
         if let Some(lookup) = records {
             removed += self.purge_redis(Some(lookup)).await;
@@ -49,10 +52,25 @@ impl Cache {
         removed
     }
 
+    /// The disk tier's copies: the route's entries and the records its
+    /// pages filed, or everything; then this replica's L1 once more, for
+    /// what a request promoted from disk while the disk purge ran.
+    async fn purge_disk(&self, route: Option<Route>) {
+        let Some(disk) = &self.disk else { return };
+        let routes = route.map(|r| std::iter::once(r).chain(records_filed_by(r)).collect());
+        let removed = disk.purge(routes).await;
+        tracing::info!(
+            route = route.map_or(ALL, Route::as_str),
+            disk_entries = removed,
+            "cache purged from the disk tier"
+        );
+        self.purge_memory(route).await;
+    }
+
     /// Whether this replica has copies in memory of a shared tier, which
     /// other replicas' purges must reach ([`Cache::follow_purges`]).
     pub(crate) fn follows_purges(&self) -> bool {
-        self.memory.is_some() && self.redis.is_some()
+        (self.memory.is_some() || self.disk.is_some()) && self.redis.is_some()
     }
 
     /// One look at the purges of every replica: the routes whose token
@@ -97,6 +115,7 @@ impl Cache {
             // `all`, or a route this build does not know (a newer
             // replica's): everything.
             self.purge_memory(Route::from_name(&field)).await;
+            self.purge_disk(Route::from_name(&field)).await;
         }
     }
 

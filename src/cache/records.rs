@@ -248,9 +248,15 @@ impl Cache {
         if filed.is_empty() || self.ttl(resource.lookup_route()).is_none() {
             return;
         }
-        if let Some(memory) = &self.memory {
+        if self.memory.is_some() || self.disk.is_some() {
             for (key, e) in &filed {
-                memory.insert(Arc::from(key.as_str()), Arc::new(e.clone())).await;
+                let e = Arc::new(e.clone());
+                if let Some(disk) = &self.disk {
+                    disk.put(key, e.clone());
+                }
+                if let Some(memory) = &self.memory {
+                    memory.insert(Arc::from(key.as_str()), e).await;
+                }
             }
         }
         if let Some(redis) = &self.redis {
@@ -271,6 +277,16 @@ impl Cache {
     /// within the stale grace (the caller serves stale ones only when the
     /// upstream fails): L1, then L2 for the rest (promoting what it finds).
     pub(crate) async fn held_records(&self, resource: Resource, ids: &[String]) -> Vec<Option<Arc<Entry>>> {
+        self.held_records_from(resource, ids).await.0
+    }
+
+    /// [`Cache::held_records`], and for each id whether its entry came
+    /// from the disk tier (memory did not hold it: `SavedReason::Disk`).
+    pub(crate) async fn held_records_from(
+        &self,
+        resource: Resource,
+        ids: &[String],
+    ) -> (Vec<Option<Arc<Entry>>>, Vec<bool>) {
         let now = now_ms();
         let mut held: Vec<Option<Arc<Entry>>> = Vec::with_capacity(ids.len());
         for id in ids {
@@ -280,6 +296,37 @@ impl Cache {
             };
             held.push(found.filter(|e| !e.remaining_life(now, self.grace).is_zero()));
         }
+        let mut from_disk = vec![false; ids.len()];
+        if let Some(disk) = &self.disk {
+            let wanted: Vec<usize> = (0..ids.len()).filter(|i| held[*i].is_none()).collect();
+            if !wanted.is_empty() {
+                let keys = wanted.iter().map(|i| resource.key(&ids[*i])).collect();
+                let got = disk.get_many(keys).await;
+                for (i, entry) in wanted.into_iter().zip(got) {
+                    let Some(entry) = entry else { continue };
+                    let entry = Arc::new(entry);
+                    if let Some(memory) = &self.memory {
+                        memory
+                            .insert(Arc::from(resource.key(&ids[i]).as_str()), entry.clone())
+                            .await;
+                    }
+                    held[i] = Some(entry);
+                    from_disk[i] = true;
+                }
+            }
+        }
+        let held = self.held_in_redis(resource, ids, held, now).await;
+        (held, from_disk)
+    }
+
+    /// The Redis tier for the ids not held fresh (promoting what it finds).
+    async fn held_in_redis(
+        &self,
+        resource: Resource,
+        ids: &[String],
+        mut held: Vec<Option<Arc<Entry>>>,
+        now: u64,
+    ) -> Vec<Option<Arc<Entry>>> {
         let Some(redis) = &self.redis else { return held };
         // Stale in L1 may be fresh in L2: another replica bought it again.
         let wanted: Vec<usize> = (0..ids.len())

@@ -130,6 +130,32 @@ pub struct CacheConfig {
     pub record_reuse: bool,
     #[serde(default)]
     pub route_ttl_secs: std::collections::BTreeMap<crate::route::Route, u64>,
+    /// The disk tier (`cache::disk`, issue 37): `auto` is on without
+    /// `redis_url`.
+    pub disk: DiskMode,
+    /// The disk tier's file; unset: `cache.redb` in the folder of
+    /// `quota.path` (the data volume). Relative: from the config file's folder.
+    #[serde(default)]
+    pub disk_path: Option<PathBuf>,
+    /// Bytes of entries the disk tier keeps before it evicts the least
+    /// recently used.
+    pub disk_max_bytes: u64,
+    /// Monthly metrics answered month by month from rows already held
+    /// (`proxy::monthly`, issue 37).
+    pub month_reuse: bool,
+    /// Freshness of a monthly-metrics row of a month that has ended; 0: the
+    /// route's TTL, like the current month's.
+    pub past_month_ttl_secs: u64,
+}
+
+/// Whether the cache keeps a disk tier (`cache.disk`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DiskMode {
+    /// On when no `cache.redis_url` is set (the embedded default).
+    Auto,
+    On,
+    Off,
 }
 
 impl CacheConfig {
@@ -145,6 +171,29 @@ impl CacheConfig {
         };
         let secs = self.route_ttl_secs.get(&route).copied().unwrap_or(class_secs);
         (secs > 0).then(|| std::time::Duration::from_secs(secs))
+    }
+
+    /// The disk tier's file when it is on (`cache.disk`): `disk_path`, or
+    /// `cache.redb` beside the ledger's folder (`quota.path`).
+    pub(crate) fn disk_file(&self, quota_path: &Path) -> Option<PathBuf> {
+        let on = match self.disk {
+            DiskMode::Auto => self.redis_url.is_none(),
+            DiskMode::On => true,
+            DiskMode::Off => false,
+        };
+        if !on || self.disk_max_bytes == 0 {
+            return None;
+        }
+        Some(self.disk_path.clone().unwrap_or_else(|| {
+            let folder = quota_path.parent().unwrap_or(Path::new("."));
+            folder.join("cache.redb")
+        }))
+    }
+
+    /// A monthly-metrics row's freshness: `past_month_ttl_secs` for a month
+    /// that has ended, when set; else the route's.
+    pub(crate) fn past_month_ttl(&self) -> Option<std::time::Duration> {
+        (self.past_month_ttl_secs > 0).then(|| std::time::Duration::from_secs(self.past_month_ttl_secs))
     }
 }
 
@@ -344,6 +393,9 @@ impl Config {
         };
         if let Some(folder) = &folder {
             config.quota.path = load::resolve(folder, &config.quota.path);
+            if let Some(disk) = &config.cache.disk_path {
+                config.cache.disk_path = Some(load::resolve(folder, disk));
+            }
         }
         config.warnings = load::warnings(&figment);
         config.warnings.extend(placeholder_warnings(&config.teams));

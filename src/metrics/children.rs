@@ -9,6 +9,7 @@
 //! before, into the same series.
 
 use super::labels::{CACHE_STATES, STATUS_OK, TIERS};
+use super::SavedReason;
 use crate::route::Route;
 use arc_swap::ArcSwap;
 use prometheus::{Histogram, HistogramVec, IntCounter, IntCounterVec};
@@ -27,6 +28,8 @@ pub(super) struct RouteChildren {
 pub(super) struct TeamChildren {
     /// `gateway_requests_total{status="200"}` by cache state.
     pub(super) answered: Vec<ByCache<IntCounter>>,
+    /// `gateway_credits_saved_total{reason="cache"}` by route (the other
+    /// reasons are rare: through the vector, from their first event).
     pub(super) saved: Vec<IntCounter>,
 }
 
@@ -71,7 +74,7 @@ impl Children {
                     answered: Route::ALL.iter().map(by_route).collect(),
                     saved: Route::ALL
                         .iter()
-                        .map(|route| saved.with_label_values(&[team, route.as_str()]))
+                        .map(|route| saved.with_label_values(&[team, route.as_str(), SavedReason::Cache.as_str()]))
                         .collect(),
                 };
                 (team.to_string(), Arc::new(children))

@@ -12,8 +12,9 @@ mod children;
 mod record;
 
 use children::Children;
+pub(crate) use record::DiskDrop;
 pub(crate) use record::{LedgerOp, LogLine, RecordSource, Scope, UpstreamAnswer};
-pub use record::{RedisOp, Tier};
+pub use record::{RedisOp, SavedReason, Tier};
 
 use prometheus::{
     Encoder, Gauge, GaugeVec, Histogram, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, IntGaugeVec, Opts,
@@ -90,6 +91,14 @@ pub struct Metrics {
     /// Not in the contract table: ids of id lookups by where their answer
     /// came from (`cache::records`).
     cache_records_total: IntCounterVec,
+    /// Not in the contract table: entries and writes the disk tier dropped
+    /// (`cache::disk`), by reason.
+    cache_disk_drops_total: IntCounterVec,
+    /// Not in the contract table: 1 while the disk tier writes nothing
+    /// (an unusable path, a failed commit), else 0.
+    cache_disk_degraded: IntGauge,
+    /// Not in the contract table: disk-tier writes not yet durable.
+    cache_disk_pending_writes: IntGauge,
     /// Not in the contract table: what the overload manager did
     /// (`server::overload`), by listener, pool and action.
     pub(crate) overload_actions_total: IntCounterVec,
@@ -170,8 +179,8 @@ impl Metrics {
             credits_saved_total: counter(
                 &r,
                 "gateway_credits_saved_total",
-                "Credits a cached or coalesced answer saved a team.",
-                &["team", "route"],
+                "Credits a cached or coalesced answer saved a team, by reason (cache, disk, window).",
+                &["team", "route", "reason"],
             ),
             team_credits_used: gauge_vec(
                 &r,
@@ -279,6 +288,28 @@ impl Metrics {
                 "Ids of id lookups, by source: a held record, a held absence, or the upstream.",
                 &["route", "source"],
             ),
+            cache_disk_drops_total: {
+                let c = counter(
+                    &r,
+                    "gateway_cache_disk_drops_total",
+                    "Entries or writes the disk tier dropped, by reason.",
+                    &["reason"],
+                );
+                for why in DiskDrop::ALL {
+                    c.with_label_values(&[why.as_str()]);
+                }
+                c
+            },
+            cache_disk_degraded: gauge(
+                &r,
+                "gateway_cache_disk_degraded",
+                "1 while the disk tier writes nothing (unusable path, failed commit), else 0.",
+            ),
+            cache_disk_pending_writes: gauge(
+                &r,
+                "gateway_cache_disk_pending_writes",
+                "Disk-tier writes accepted and not yet durable (queued, or committed without fsync).",
+            ),
             overload_actions_total: counter(
                 &r,
                 "gateway_overload_actions_total",
@@ -325,7 +356,13 @@ pub mod labels {
     /// `cache`: every [`crate::proxy::CacheState`].
     pub const CACHE_STATES: [&str; 4] = ["hit", "miss", "stale", "bypass"];
     /// `tier`: every [`Tier`].
-    pub const TIERS: [&str; 2] = [Tier::Memory.as_str(), Tier::Redis.as_str()];
+    pub const TIERS: [&str; 3] = [Tier::Memory.as_str(), Tier::Redis.as_str(), Tier::Disk.as_str()];
+    /// `reason` of `gateway_credits_saved_total`: every [`super::SavedReason`].
+    pub const SAVED_REASONS: [&str; 3] = [
+        super::SavedReason::Cache.as_str(),
+        super::SavedReason::Disk.as_str(),
+        super::SavedReason::Window.as_str(),
+    ];
     /// `scope` of `gateway_rate_limited_total`: every [`Scope`].
     pub(super) const SCOPES: [&str; 2] = [Scope::Team.as_str(), Scope::Upstream.as_str()];
     /// `op` of `gateway_backend_errors_total{backend="ledger"}`: every [`LedgerOp`].
@@ -384,7 +421,8 @@ impl Metrics {
         for op in LEDGER_OPS {
             self.backend_errors_total.with_label_values(&["ledger", op]);
         }
-        let tiers: &[&str] = if redis { &TIERS } else { &TIERS[..1] };
+        // The disk tier's gauges are set at the first scrape, when it is on.
+        let tiers: &[&str] = if redis { &TIERS[..2] } else { &TIERS[..1] };
         for tier in tiers {
             self.cache_entries.with_label_values(&[tier]);
             self.cache_size_bytes.with_label_values(&[tier]);

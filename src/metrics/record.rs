@@ -34,6 +34,8 @@ impl Scope {
 pub enum Tier {
     Memory,
     Redis,
+    /// The disk tier (`cache::disk`, issue 37).
+    Disk,
 }
 
 impl Tier {
@@ -41,6 +43,81 @@ impl Tier {
         match self {
             Tier::Memory => "memory",
             Tier::Redis => "redis",
+            Tier::Disk => "disk",
+        }
+    }
+}
+
+/// Why an answer cost a team nothing (`reason` label of
+/// `gateway_credits_saved_total`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SavedReason {
+    /// Held in memory or Redis, coalesced on another request's fetch, or
+    /// held by another key's page or records: every saving before issue 37.
+    Cache,
+    /// Served from the disk tier, which memory did not hold (after a
+    /// restart, or beyond the memory tier's size).
+    Disk,
+    /// Monthly-metrics rows held from another window (`proxy::monthly`).
+    Window,
+}
+
+impl SavedReason {
+    /// The reason of an answer from a cache tier.
+    pub const fn of_tier(tier: Tier) -> SavedReason {
+        match tier {
+            Tier::Disk => SavedReason::Disk,
+            Tier::Memory | Tier::Redis => SavedReason::Cache,
+        }
+    }
+
+    pub const ALL: [SavedReason; 3] = [SavedReason::Cache, SavedReason::Disk, SavedReason::Window];
+
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            SavedReason::Cache => "cache",
+            SavedReason::Disk => "disk",
+            SavedReason::Window => "window",
+        }
+    }
+}
+
+/// Why the disk tier dropped an entry or a write (`reason` label of
+/// `gateway_cache_disk_drops_total`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum DiskDrop {
+    /// Larger than `cache.disk_max_bytes`: never written.
+    TooLarge,
+    /// The write queue was full: not written.
+    QueueFull,
+    /// Not written: the tier is off after an I/O error (a full disk).
+    Degraded,
+    /// Removed to keep the tier within `cache.disk_max_bytes`.
+    Evicted,
+    /// Failed its checksum when read: removed, never served.
+    Corrupt,
+    /// Found past its TTL and stale grace when read: removed.
+    Expired,
+}
+
+impl DiskDrop {
+    pub(crate) const ALL: [DiskDrop; 6] = [
+        DiskDrop::TooLarge,
+        DiskDrop::QueueFull,
+        DiskDrop::Degraded,
+        DiskDrop::Evicted,
+        DiskDrop::Corrupt,
+        DiskDrop::Expired,
+    ];
+
+    pub(super) const fn as_str(self) -> &'static str {
+        match self {
+            DiskDrop::TooLarge => "too_large",
+            DiskDrop::QueueFull => "queue_full",
+            DiskDrop::Degraded => "degraded",
+            DiskDrop::Evicted => "evicted",
+            DiskDrop::Corrupt => "corrupt",
+            DiskDrop::Expired => "expired",
         }
     }
 }
@@ -260,13 +337,35 @@ impl Metrics {
             .inc_by(credits);
     }
 
-    pub(crate) fn credits_saved(&self, team: &str, route: Route, credits: u64) {
+    /// Credits a team did not spend, by why ([`SavedReason`]).
+    pub(crate) fn credits_saved_because(&self, team: &str, route: Route, credits: u64, reason: SavedReason) {
         let r = route.index();
-        if self.children.with_team(team, |t| t.saved[r].inc_by(credits)).is_none() {
+        let child = (reason == SavedReason::Cache)
+            .then(|| self.children.with_team(team, |t| t.saved[r].inc_by(credits)))
+            .flatten();
+        if child.is_none() {
             self.credits_saved_total
-                .with_label_values(&[team, route.as_str()])
+                .with_label_values(&[team, route.as_str(), reason.as_str()])
                 .inc_by(credits);
         }
+    }
+
+    /// Entries or writes the disk tier dropped, by why.
+    pub(crate) fn disk_dropped(&self, why: DiskDrop, n: u64) {
+        if n > 0 {
+            self.cache_disk_drops_total.with_label_values(&[why.as_str()]).inc_by(n);
+        }
+    }
+
+    /// Whether the disk tier is off for writes (an unusable path, a failed
+    /// commit).
+    pub(crate) fn disk_degraded(&self, degraded: bool) {
+        self.cache_disk_degraded.set(i64::from(degraded));
+    }
+
+    /// Writes the disk tier accepted that a SIGKILL would still lose.
+    pub(crate) fn disk_pending(&self, writes: u64) {
+        self.cache_disk_pending_writes.set(clamp(writes));
     }
 
     /// An upstream charge above the call's reservation.

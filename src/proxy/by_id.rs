@@ -52,7 +52,8 @@ pub(super) async fn answer<B>(app: &Arc<App>, ask: &Ask<'_, B>, ctx: &mut Reques
     }
     let ttl = app.cache.ttl(target.route)?;
     let ids = ids::lookup_ids(target.route, target.query.as_deref()?)?;
-    let (held, stale) = split_fresh(app.cache.held_records(resource, &ids).await, d);
+    let (found, from_disk) = app.cache.held_records_from(resource, &ids).await;
+    let (held, stale) = split_fresh(found, d);
     let missing: Vec<String> = ids
         .iter()
         .zip(&held)
@@ -64,9 +65,10 @@ pub(super) async fn answer<B>(app: &Arc<App>, ask: &Ask<'_, B>, ctx: &mut Reques
         ttl,
         target,
         req: ask.req,
+        from_disk: &from_disk,
     };
     if missing.is_empty() {
-        tally(app, &ask.team, target, &held, 0);
+        tally(app, &ask.team, target, &held, 0, &from_disk);
         ctx.cache = CacheState::Hit;
         return Some(Ok(page.respond(&held, &[], 0, CacheState::Hit)));
     }
@@ -91,7 +93,7 @@ pub(super) async fn answer<B>(app: &Arc<App>, ask: &Ask<'_, B>, ctx: &mut Reques
     });
     if failed && stale.iter().zip(&held).all(|(s, h)| h.is_some() || s.is_some()) {
         let merged: Vec<_> = held.iter().zip(stale).map(|(h, s)| h.clone().or(s)).collect();
-        tally(app, &ask.team, target, &merged, 0);
+        tally(app, &ask.team, target, &merged, 0, &from_disk);
         ctx.cache = CacheState::Stale;
         return Some(Ok(page.respond(&merged, &[], got.charged, CacheState::Stale)));
     }
@@ -134,7 +136,7 @@ fn gathered<B>(
             Ok(IdGot::Held(_) | IdGot::Unknown) => {}
         }
     }
-    tally(app, &ask.team, target, held, bought.len());
+    tally(app, &ask.team, target, held, bought.len(), page.from_disk);
     ctx.cache = CacheState::Miss;
     Some(Ok(page.respond(held, &bought, charged, CacheState::Miss)))
 }
@@ -157,9 +159,16 @@ fn split_fresh(entries: Vec<Option<Arc<Entry>>>, d: &Directives) -> (Vec<Held>, 
 }
 
 /// Counts each id by where its answer came from; the held records are
-/// credits this team did not spend.
-fn tally(app: &App, team: &Team, target: &Target, held: &[Option<Arc<Entry>>], fetched: usize) {
+/// credits this team did not spend (those the disk tier had and memory did
+/// not under `reason="disk"`, issue 37).
+fn tally(app: &App, team: &Team, target: &Target, held: &[Option<Arc<Entry>>], fetched: usize, disk: &[bool]) {
     let reused = held.iter().flatten().filter(|e| !is_absent(e)).count() as u64;
+    let from_disk = held
+        .iter()
+        .zip(disk)
+        .filter(|(h, d)| **d && h.as_ref().is_some_and(|e| !is_absent(e)))
+        .count() as u64;
+    respond::saved_because(app, team, target, from_disk, crate::metrics::SavedReason::Disk);
     let absent = held.iter().flatten().filter(|e| is_absent(e)).count() as u64;
     let sources = [
         (RecordSource::Cache, reused),
@@ -169,7 +178,7 @@ fn tally(app: &App, team: &Team, target: &Target, held: &[Option<Arc<Entry>>], f
     for (source, ids) in sources {
         app.metrics.cache_records(target.route, source, ids);
     }
-    saved(app, team, target, reused);
+    saved(app, team, target, reused - from_disk);
 }
 
 /// The upstream's lookup page: each id's record in request order, from the
@@ -208,6 +217,8 @@ struct Page<'a, B> {
     ttl: Duration,
     target: &'a Target,
     req: &'a Request<B>,
+    /// Which held entries the disk tier had (memory did not).
+    from_disk: &'a [bool],
 }
 
 impl<B> Page<'_, B> {

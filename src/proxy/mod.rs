@@ -29,6 +29,7 @@ mod by_id;
 mod context;
 mod credits;
 mod fetch;
+mod monthly;
 mod org_probe;
 mod respond;
 mod revalidate;
@@ -241,6 +242,10 @@ async fn cached_or_fetched<B>(
     if let Some(answer) = by_id::answer(app, ask, ctx).await {
         return answer;
     }
+    // 7a. Monthly metrics: from the months already held, buying the rest.
+    if let Some(answer) = monthly::answer(app, ask, ctx).await {
+        return answer;
+    }
     let (d, target) = (&ask.directives, &ask.target);
     // 7. Lookup, unless the client said no-cache.
     let mut cached = None;
@@ -255,7 +260,8 @@ async fn cached_or_fetched<B>(
             let job = || buys.then(|| ask.job(&ctx.request_id));
             if let Some(state) = revalidate::accept(app, &entry, d, k, job).await {
                 app.metrics.cache_hit(target.route, tier);
-                return Ok(respond::from_cache(app, &ask.team, target, &entry, state, ask.req, ctx));
+                let held = (&*entry, tier);
+                return Ok(respond::from_held(app, &ask.team, target, held, state, ask.req, ctx));
             }
             cached = Some(entry);
         }

@@ -21,6 +21,7 @@ use crate::cache::Entry;
 use crate::clock::now_ms;
 use crate::error::GatewayError;
 use crate::http_util::{number_header, Body};
+use crate::metrics::{SavedReason, Tier};
 use crate::route::{Route, Target};
 use crate::upstream::retry_after;
 use bytes::Bytes;
@@ -80,8 +81,22 @@ pub(super) fn from_cache<B>(
     req: &Request<B>,
     ctx: &mut RequestContext,
 ) -> Response<Body> {
+    from_held(app, team, target, (entry, Tier::Memory), state, req, ctx)
+}
+
+/// [`from_cache`] for an entry found in `tier`: one the disk tier held and
+/// memory did not saves under `reason="disk"`.
+pub(super) fn from_held<B>(
+    app: &App,
+    team: &Team,
+    target: &Target,
+    (entry, tier): (&Entry, Tier),
+    state: CacheState,
+    req: &Request<B>,
+    ctx: &mut RequestContext,
+) -> Response<Body> {
     ctx.cache = state;
-    saved(app, team, target, entry.credits);
+    saved_because(app, team, target, entry.credits, SavedReason::of_tier(tier));
     from_entry(entry, state, req.headers())
 }
 
@@ -115,8 +130,14 @@ pub(super) fn from_fetched(
 /// Credits a team did not spend because an answer was held: its metrics
 /// and its chargeback rows.
 pub(super) fn saved(app: &App, team: &Team, target: &Target, credits: u64) {
+    saved_because(app, team, target, credits, SavedReason::Cache);
+}
+
+/// [`saved`], by why ([`SavedReason`]: a disk-tier copy, a monthly window).
+pub(super) fn saved_because(app: &App, team: &Team, target: &Target, credits: u64, reason: SavedReason) {
     if credits > 0 {
-        app.metrics.credits_saved(&team.name, target.route, credits);
+        app.metrics
+            .credits_saved_because(&team.name, target.route, credits, reason);
         app.ledger.record_saved(&team.name, target.route, credits);
     }
 }

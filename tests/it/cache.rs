@@ -60,7 +60,7 @@ async fn a_repeat_does_not_reach_the_upstream_and_costs_nothing() {
     assert_eq!(sim.stats().requests_total, 2, "one upstream request per distinct query");
     let metrics = metrics_text(&gw.admin_url()).await;
     assert!(
-        metrics.contains("gateway_credits_saved_total{route=\"permits_search\",team=\"beta\"} 7"),
+        metrics.contains("gateway_credits_saved_total{reason=\"cache\",route=\"permits_search\",team=\"beta\"} 7"),
         "{metrics}"
     );
 }

@@ -301,7 +301,11 @@ async fn sigterm_under_load_finishes_every_request_in_flight() {
 #[tokio::test]
 async fn sigkill_then_restart_with_a_changed_config_keeps_spend_and_loses_only_cache() {
     let sim = start_sim(unlimited()).await;
-    let setup = Setup::new().teams(&[SMALL]).credit_limit(SMALL, 100);
+    // Without the disk tier (issue 37), which would keep the cache too.
+    let setup = Setup::new()
+        .teams(&[SMALL])
+        .credit_limit(SMALL, 100)
+        .with(|c| c.cache.disk = permit_gateway::config::DiskMode::Off);
     let mut gw = ChildGateway::spawn(&setup, &sim.base_url(), sim.api_key());
     let s = sim.samples();
     let queries: Vec<Query> = (0..5).map(|i| Query::distinct(&s, i).size(6)).collect();

@@ -183,7 +183,7 @@ fn every_cache_state(c: CacheState) -> &'static str {
 
 fn every_tier(t: Tier) -> &'static str {
     match t {
-        Tier::Memory | Tier::Redis => t.as_str(),
+        Tier::Memory | Tier::Redis | Tier::Disk => t.as_str(),
     }
 }
 
@@ -191,7 +191,7 @@ fn every_tier(t: Tier) -> &'static str {
 fn label_lists_match_the_enums() {
     let states = [CacheState::Hit, CacheState::Miss, CacheState::Stale, CacheState::Bypass];
     assert_eq!(states.map(every_cache_state), CACHE_STATES);
-    assert_eq!([Tier::Memory, Tier::Redis].map(every_tier), TIERS);
+    assert_eq!([Tier::Memory, Tier::Redis, Tier::Disk].map(every_tier), TIERS);
 }
 
 /// Every Redis op has its error counter at 0 from the first scrape, the

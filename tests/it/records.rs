@@ -97,7 +97,7 @@ async fn a_lookup_of_searched_ids_costs_nothing_and_stays_home() {
     assert_ledger_matches(&sim, &gw.admin_url(), &["alpha"]).await;
     let metrics = metrics_text(&gw.admin_url()).await;
     assert!(
-        metrics.contains("gateway_credits_saved_total{route=\"permits_by_id\",team=\"alpha\"} 3"),
+        metrics.contains("gateway_credits_saved_total{reason=\"cache\",route=\"permits_by_id\",team=\"alpha\"} 3"),
         "{metrics}"
     );
     assert!(

@@ -185,6 +185,15 @@ start. Every message says what to set.
 {{- $_ = set $cfg.server "admin_listen" (printf "0.0.0.0:%d" (int .Values.ports.admin)) }}
 {{- $_ = set $cfg.upstream "api_key_file" (include "permit-gateway.keyFile" .) }}
 {{- $_ = set $cfg.quota "path" (printf "%s/ledger" (include "permit-gateway.dataDir" .)) }}
+{{- /* The disk tier (issue 37) beside the ledger, on the same volume. */}}
+{{- if not (hasKey $cfg.cache "disk_path") }}
+{{- $_ = set $cfg.cache "disk_path" (printf "%s/cache.redb" (include "permit-gateway.dataDir" .)) }}
+{{- end }}
+{{- /* On the emptyDir (no PVC), a budget inside its 256Mi limit: the file is
+     up to twice its entries. */}}
+{{- if and (not (hasKey $cfg.cache "disk_max_bytes")) (not (and .Values.persistence.enabled (eq (include "permit-gateway.store" .) "file"))) }}
+{{- $_ = set $cfg.cache "disk_max_bytes" 100663296 }}
+{{- end }}
 {{- with .Values.redis.clusterNodes }}
 {{- $_ = set $cfg.cache "redis_url" (printf "redis+cluster://%s" (join "," .)) }}
 {{- end }}

@@ -76,6 +76,12 @@ fn team_config((name, token): Team) -> TeamConfig {
 }
 
 impl Setup {
+    /// The data volume of the gateways started from this setup (the
+    /// ledger's folder, and the disk tier's file beside it).
+    pub fn data_dir(&self) -> &std::path::Path {
+        self.data_dir.path()
+    }
+
     pub fn new() -> Setup {
         Setup {
             teams: vec![team_config(ALPHA), team_config(BETA)],

@@ -1,0 +1,261 @@
+//! The disk tier (issue 37): what the embedded default bought outlives the
+//! process. Real gateway binaries, stopped with SIGTERM or killed with
+//! SIGKILL and started again on the same config and data volume, against
+//! the simulator, whose request counter says whether anything was bought
+//! again.
+
+use crate::support::client::Client;
+use crate::support::gateway::{ChildGateway, Setup, ALPHA};
+use crate::support::http::Reply;
+use crate::support::prometheus::Exposition;
+use crate::support::query::Query;
+use crate::support::sim::{start_sim, unlimited, Sim};
+use crate::support::wait::eventually;
+use http::StatusCode;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+/// A config file for `setup` (JSON logs, so `ChildGateway` reads its
+/// addresses), written where two processes in turn can start from it.
+fn config_file(dir: &Path, setup: &Setup, sim: &Sim) -> PathBuf {
+    let path = dir.join("gateway.toml");
+    let text = ChildGateway::file_text(setup, &sim.base_url(), sim.api_key());
+    std::fs::write(&path, text).expect("write config");
+    path
+}
+
+/// The disk tier's file by default: `cache.redb` beside the ledger.
+fn cache_file(setup: &Setup) -> PathBuf {
+    setup.data_dir().join("cache.redb")
+}
+
+async fn metrics(admin: &str) -> Exposition {
+    crate::support::probe::scrape(admin).await
+}
+
+/// Until every write the disk tier accepted is durable (what a SIGKILL
+/// would otherwise lose: up to a second of them) and it holds `entries`.
+async fn durable(admin: &str, entries: f64) {
+    eventually(
+        "the disk tier's writes are durable",
+        Duration::from_secs(30),
+        || async {
+            let m = metrics(admin).await;
+            let pending = m.get("gateway_cache_disk_pending_writes", &[]).unwrap_or(-1.0);
+            let held = m.get("gateway_cache_entries", &[("tier", "disk")]).unwrap_or(0.0);
+            (pending == 0.0 && held >= entries)
+                .then_some(())
+                .ok_or(format!("pending {pending}, entries {held}"))
+        },
+    )
+    .await;
+}
+
+fn upstream_requests(sim: &Sim) -> u64 {
+    sim.stats().requests_total
+}
+
+fn ids_of(r: &Reply) -> Vec<String> {
+    r.json()["items"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no items: {}", r.text()))
+        .iter()
+        .map(|i| i["id"].as_str().expect("string id").to_string())
+        .collect()
+}
+
+async fn purge(admin: &str, route: &str) {
+    Client::admin(admin)
+        .post(format!("/admin/cache/purge?route={route}"))
+        .await
+        .expect_status(StatusCode::OK);
+}
+
+/// A page and an id lookup bought, the process ended by `signal`, a new
+/// one started on the same file: both answered HIT at 0 credits, the
+/// simulator asked nothing more, the savings counted under `disk`.
+async fn bought_before_a_restart_is_kept(signal: &str) {
+    let sim = start_sim(unlimited()).await;
+    let setup = Setup::new();
+    let dir = tempfile::tempdir().expect("tmp");
+    let config = config_file(dir.path(), &setup, &sim);
+    let s = sim.samples();
+    let page = Query::state_permits(&s).size(5);
+    // Three ids the page does not hold: the lookup buys them.
+    let wider = Client::upstream(&sim).get(Query::state_permits(&s).size(8)).await;
+    let more: Vec<String> = ids_of(&wider)[5..].to_vec();
+
+    let mut gw = ChildGateway::spawn_file(&config, None);
+    let alpha = Client::new(gw.base_url(), ALPHA.1);
+    let first = alpha.get(&page).await.expect_status(StatusCode::OK);
+    assert_eq!((first.x_cache(), first.credits_request()), (Some("MISS"), Some(5)));
+    let bought = alpha
+        .get(Query::permits_by_id(&more))
+        .await
+        .expect_status(StatusCode::OK);
+    assert_eq!((bought.x_cache(), bought.credits_request()), (Some("MISS"), Some(3)));
+    // The page, its five records and three more.
+    durable(&gw.admin_url(), 9.0).await;
+    gw.signal(signal);
+    gw.wait_exit(Duration::from_secs(30));
+    let asked = upstream_requests(&sim);
+
+    let gw = ChildGateway::spawn_file(&config, None);
+    let alpha = Client::new(gw.base_url(), ALPHA.1);
+    let again = alpha.get(&page).await.expect_status(StatusCode::OK);
+    assert_eq!((again.x_cache(), again.credits_request()), (Some("HIT"), Some(0)));
+    assert_eq!(again.body, first.body, "the very bytes bought");
+    // Two records the page filed and the three the lookup bought.
+    let ids: Vec<String> = ids_of(&first)[..2].iter().chain(&more).cloned().collect();
+    let lookup = alpha
+        .get(Query::permits_by_id(&ids))
+        .await
+        .expect_status(StatusCode::OK);
+    assert_eq!((lookup.x_cache(), lookup.credits_request()), (Some("HIT"), Some(0)));
+    assert_eq!(ids_of(&lookup), ids);
+    assert_eq!(upstream_requests(&sim), asked, "nothing bought again after {signal}");
+    let m = metrics(&gw.admin_url()).await;
+    let saved = |route| {
+        m.sum(
+            "gateway_credits_saved_total",
+            &[("team", ALPHA.0), ("route", route), ("reason", "disk")],
+        )
+    };
+    assert_eq!(saved("permits_search"), 5.0);
+    assert_eq!(saved("permits_by_id"), 5.0);
+    assert!(m.sum("gateway_cache_hits_total", &[("tier", "disk")]) >= 1.0);
+    // Once promoted, memory answers.
+    let m_before = m.sum("gateway_cache_hits_total", &[("tier", "memory")]);
+    assert_eq!(alpha.get(&page).await.x_cache(), Some("HIT"));
+    let m = metrics(&gw.admin_url()).await;
+    assert_eq!(m.sum("gateway_cache_hits_total", &[("tier", "memory")]), m_before + 1.0);
+}
+
+#[tokio::test]
+async fn answers_and_records_bought_before_a_sigterm_are_hits_after_it() {
+    bought_before_a_restart_is_kept("TERM").await;
+}
+
+#[tokio::test]
+async fn answers_and_records_bought_before_a_sigkill_are_hits_after_it() {
+    bought_before_a_restart_is_kept("KILL").await;
+}
+
+/// Every place `needle` sits in `file`, changed: redb copies pages on
+/// write, so an old copy may sit in a freed page beside the live one.
+fn damage(file: &Path, needle: &[u8]) -> usize {
+    let mut bytes = std::fs::read(file).expect("read the cache file");
+    let mut found = 0;
+    let mut at = 0;
+    while let Some(i) = bytes[at..].windows(needle.len()).position(|w| w == needle) {
+        let i = at + i;
+        bytes[i + needle.len() / 2] ^= 0x20;
+        found += 1;
+        at = i + needle.len();
+    }
+    std::fs::write(file, bytes).expect("write the cache file");
+    found
+}
+
+#[tokio::test]
+async fn a_damaged_entry_is_refused_and_bought_again() {
+    let sim = start_sim(unlimited()).await;
+    let setup = Setup::new().with(|c| c.cache.record_reuse = false);
+    let dir = tempfile::tempdir().expect("tmp");
+    let config = config_file(dir.path(), &setup, &sim);
+    let page = Query::state_permits(&sim.samples()).size(4);
+
+    let mut gw = ChildGateway::spawn_file(&config, None);
+    let alpha = Client::new(gw.base_url(), ALPHA.1);
+    let first = alpha.get(&page).await.expect_status(StatusCode::OK);
+    durable(&gw.admin_url(), 1.0).await;
+    gw.signal("TERM");
+    gw.wait_exit(Duration::from_secs(30));
+    // One byte inside the body, wherever it was written.
+    let middle = first.body.len() / 2;
+    let found = damage(&cache_file(&setup), &first.body[middle - 32..middle + 32]);
+    assert!(found >= 1, "the body is in the file");
+    let asked = upstream_requests(&sim);
+
+    let gw = ChildGateway::spawn_file(&config, None);
+    let alpha = Client::new(gw.base_url(), ALPHA.1);
+    let again = alpha.get(&page).await.expect_status(StatusCode::OK);
+    assert_eq!((again.x_cache(), again.credits_request()), (Some("MISS"), Some(4)));
+    assert_eq!(again.json(), first.json(), "bought again, not served damaged");
+    assert_eq!(upstream_requests(&sim), asked + 1);
+    let m = metrics(&gw.admin_url()).await;
+    assert!(m.sum("gateway_cache_disk_drops_total", &[("reason", "corrupt")]) >= 1.0);
+    assert!(gw.log_text().contains("failed its checksum"), "a log line says so");
+}
+
+#[tokio::test]
+async fn a_purge_empties_the_disk_tier_before_and_after_a_restart() {
+    let sim = start_sim(unlimited()).await;
+    let setup = Setup::new();
+    let dir = tempfile::tempdir().expect("tmp");
+    let config = config_file(dir.path(), &setup, &sim);
+    let s = sim.samples();
+    let (a, b) = (Query::state_permits(&s).size(3), Query::state_permits(&s).size(6));
+
+    let mut gw = ChildGateway::spawn_file(&config, None);
+    let alpha = Client::new(gw.base_url(), ALPHA.1);
+    alpha.get(&a).await.expect_status(StatusCode::OK);
+    durable(&gw.admin_url(), 1.0).await;
+    purge(&gw.admin_url(), "permits_search").await;
+    // Memory and disk both emptied: bought again.
+    let after = alpha.get(&a).await;
+    assert_eq!((after.x_cache(), after.credits_request()), (Some("MISS"), Some(3)));
+    alpha.get(&b).await.expect_status(StatusCode::OK);
+    durable(&gw.admin_url(), 2.0).await;
+    purge(&gw.admin_url(), "permits_search").await;
+    gw.signal("TERM");
+    gw.wait_exit(Duration::from_secs(30));
+
+    let gw = ChildGateway::spawn_file(&config, None);
+    let alpha = Client::new(gw.base_url(), ALPHA.1);
+    let again = alpha.get(&b).await;
+    assert_eq!(
+        (again.x_cache(), again.credits_request()),
+        (Some("MISS"), Some(6)),
+        "purged before the restart"
+    );
+    let m = metrics(&gw.admin_url()).await;
+    assert_eq!(m.sum("gateway_cache_hits_total", &[("tier", "disk")]), 0.0);
+    // The records its pages filed went with it.
+    let ids = ids_of(&again);
+    let lookup = alpha.get(Query::permits_by_id(&ids[..2])).await;
+    assert_eq!(lookup.x_cache(), Some("HIT"), "filed again by the page just bought");
+    assert_eq!(m.sum("gateway_credits_saved_total", &[("reason", "disk")]), 0.0);
+}
+
+#[tokio::test]
+async fn a_disk_too_small_for_an_answer_serves_from_memory() {
+    let sim = start_sim(unlimited()).await;
+    let gw = Setup::new().with(|c| c.cache.disk_max_bytes = 200).start(&sim).await;
+    let alpha = Client::new(gw.base_url(), ALPHA.1);
+    let page = Query::state_permits(&sim.samples()).size(3);
+    assert_eq!(alpha.get(&page).await.x_cache(), Some("MISS"));
+    let hit = alpha.get(&page).await.expect_status(StatusCode::OK);
+    assert_eq!((hit.x_cache(), hit.credits_request()), (Some("HIT"), Some(0)));
+    gw.app.cache.flush_disk().await;
+    let m = metrics(&gw.admin_url()).await;
+    assert!(m.sum("gateway_cache_disk_drops_total", &[("reason", "too_large")]) >= 1.0);
+    assert_eq!(m.get("gateway_cache_disk_degraded", &[]), Some(0.0));
+}
+
+#[tokio::test]
+async fn an_unwritable_disk_path_serves_from_memory() {
+    let sim = start_sim(unlimited()).await;
+    // Nothing can be created under /proc, not even by root.
+    let gw = Setup::new()
+        .with(|c| c.cache.disk_path = Some("/proc/permit-gateway-test/cache.redb".into()))
+        .start(&sim)
+        .await;
+    let alpha = Client::new(gw.base_url(), ALPHA.1);
+    let page = Query::state_permits(&sim.samples()).size(3);
+    assert_eq!(alpha.get(&page).await.x_cache(), Some("MISS"));
+    let hit = alpha.get(&page).await.expect_status(StatusCode::OK);
+    assert_eq!((hit.x_cache(), hit.credits_request()), (Some("HIT"), Some(0)));
+    let m = metrics(&gw.admin_url()).await;
+    assert_eq!(m.get("gateway_cache_disk_degraded", &[]), Some(1.0));
+}

@@ -153,7 +153,7 @@ async fn a_team_with_no_credits_left_can_call_every_free_operation() {
 async fn an_id_lookup_reserves_one_credit_per_id() {
     let sim = start_sim(unlimited()).await;
     // Reuse off: the lookups below ask for ids the search bought, which
-    // record reuse (tests/it/records.rs) would answer for nothing.
+    // record reuse (tests/it/records/) would answer for nothing.
     let gw = Setup::new()
         .teams(&[SMALL])
         .credit_limit(SMALL, 13)

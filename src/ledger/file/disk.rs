@@ -100,6 +100,10 @@ pub(super) fn load(db: &Database, log_path: &Path, since: u32, today: u32) -> Re
 /// One transaction: the log's records unless redb applied them already,
 /// then every hold left counts as unsettled spend. Answers the generation
 /// applied, the records replayed and the holds converted.
+#[expect(
+    clippy::disallowed_methods,
+    reason = "runs once at open, before the writer thread starts"
+)]
 fn recover(db: &Database, replay: Option<log::Replay>, today: u32) -> Result<(u64, usize, usize), redb::Error> {
     let txn = db.begin_write()?;
     let applied = applied_generation(&txn)?;
@@ -322,6 +326,7 @@ fn failed(saved: &SavedTally, tally: Vec<(String, u32, Route, u64)>, e: redb::Er
 /// One redb transaction, recording `applied` as the log generation whose
 /// records it holds; fsync'd when `durable` (saved credits alone are not,
 /// but for the last write before closing).
+#[expect(clippy::disallowed_methods, reason = "the writer thread's own commit")]
 fn commit(
     db: &Database,
     ops: &[Op],

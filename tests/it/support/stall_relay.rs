@@ -47,6 +47,10 @@ impl StallRelay {
 /// Copies `from` into `to`; while `gate` is set, reads nothing (the bytes
 /// wait in the kernel's buffers). A poll every 5 ms: this is the relay's
 /// own pacing, not a test's synchronisation.
+#[expect(
+    clippy::disallowed_methods,
+    reason = "the relay's own pacing on its own thread, not a test's synchronisation"
+)]
 fn pipe(mut from: TcpStream, mut to: TcpStream, gate: Option<Arc<AtomicBool>>) {
     let mut buf = vec![0u8; 16 * 1024];
     loop {

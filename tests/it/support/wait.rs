@@ -60,6 +60,10 @@ where
 }
 
 /// [`eventually`] for a check that blocks (a child process, a socket).
+#[expect(
+    clippy::disallowed_methods,
+    reason = "the poll interval of a condition checked until it holds, on a blocking check"
+)]
 pub fn eventually_blocking<C: Check>(what: &str, limit: Duration, mut check: impl FnMut() -> C) -> C::Value {
     let deadline = Instant::now() + limit;
     loop {

@@ -69,7 +69,7 @@ fn errors_of(v: &Validator, body: &Value) -> Vec<String> {
 }
 
 /// Every lookup goes upstream: these tests probe each operation's own
-/// answer and charge, which record reuse (tests/it/records.rs) would answer
+/// answer and charge, which record reuse (tests/it/records/mod.rs) would answer
 /// from the records the searches before it bought.
 fn pass_through() -> Setup {
     Setup::new().with(|c| c.cache.record_reuse = false)

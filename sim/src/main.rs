@@ -62,7 +62,7 @@ async fn shutdown_signal() {
 }
 
 #[tokio::main]
-async fn main() {
+async fn main() -> std::process::ExitCode {
     // Explicitly ring: an already-installed provider is fine.
     let _ = rustls::crypto::ring::default_provider().install_default();
     let args = Args::parse();
@@ -71,7 +71,7 @@ async fn main() {
             Ok(cfg) => Some(cfg),
             Err(e) => {
                 eprintln!("permit-api-sim: {e}");
-                std::process::exit(2);
+                return std::process::ExitCode::from(2);
             }
         },
         _ => None,
@@ -90,7 +90,7 @@ async fn main() {
         Ok(l) => l,
         Err(e) => {
             eprintln!("permit-api-sim: cannot listen on {}: {e}", args.listen);
-            std::process::exit(1);
+            return std::process::ExitCode::FAILURE;
         }
     };
     let sim = Sim::start(listener, cfg).await.expect("listener has a local address");
@@ -99,4 +99,5 @@ async fn main() {
     let _ = out.flush();
     shutdown_signal().await;
     sim.shutdown().await;
+    std::process::ExitCode::SUCCESS
 }

@@ -21,6 +21,7 @@ mod values;
 pub const DEFAULTS_TOML: &str = include_str!("../../config/defaults.toml");
 
 /// The configuration the demo runs with (tokens are public demo values).
+#[cfg(any(feature = "demo", test))]
 pub(crate) const DEMO_TOML: &str = include_str!("../../config/demo.toml");
 
 /// The demo's team tokens (`config/demo.toml`): public values, so any
@@ -359,6 +360,7 @@ impl Checks {
     }
 
     /// The demo: its public tokens are expected.
+    #[cfg(any(feature = "demo", test))]
     pub(crate) fn demo() -> Checks {
         Checks {
             demo: true,

@@ -4,9 +4,9 @@
 //! the simulator, whose request counter says whether anything was bought
 //! again.
 
+use crate::records::ids_of;
 use crate::support::client::Client;
 use crate::support::gateway::{ChildGateway, Setup, ALPHA};
-use crate::support::http::Reply;
 use crate::support::prometheus::Exposition;
 use crate::support::query::Query;
 use crate::support::sim::{start_sim, unlimited, Sim};
@@ -53,15 +53,6 @@ async fn durable(admin: &str, entries: f64) {
 
 fn upstream_requests(sim: &Sim) -> u64 {
     sim.stats().requests_total
-}
-
-fn ids_of(r: &Reply) -> Vec<String> {
-    r.json()["items"]
-        .as_array()
-        .unwrap_or_else(|| panic!("no items: {}", r.text()))
-        .iter()
-        .map(|i| i["id"].as_str().expect("string id").to_string())
-        .collect()
 }
 
 async fn purge(admin: &str, route: &str) {

@@ -49,7 +49,8 @@ fn permit_search(sim: &Sim, size: u32) -> Query {
     Query::state_permits(&sim.samples()).size(size)
 }
 
-fn ids_of(r: &Reply) -> Vec<String> {
+/// The ids of a page's items, in order.
+pub(crate) fn ids_of(r: &Reply) -> Vec<String> {
     r.json()["items"]
         .as_array()
         .unwrap_or_else(|| panic!("no items: {}", r.text()))

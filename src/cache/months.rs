@@ -154,7 +154,7 @@ impl Cache {
     }
 
     /// An entry a lower tier had, copied into memory.
-    async fn promote(&self, key: &str, entry: Entry) -> Arc<Entry> {
+    pub(super) async fn promote(&self, key: &str, entry: Entry) -> Arc<Entry> {
         let entry = Arc::new(entry);
         if let Some(memory) = &self.memory {
             memory.insert(Arc::from(key), entry.clone()).await;

@@ -304,13 +304,7 @@ impl Cache {
                 let got = disk.get_many(keys).await;
                 for (i, entry) in wanted.into_iter().zip(got) {
                     let Some(entry) = entry else { continue };
-                    let entry = Arc::new(entry);
-                    if let Some(memory) = &self.memory {
-                        memory
-                            .insert(Arc::from(resource.key(&ids[i]).as_str()), entry.clone())
-                            .await;
-                    }
-                    held[i] = Some(entry);
+                    held[i] = Some(self.promote(&resource.key(&ids[i]), entry).await);
                     from_disk[i] = true;
                 }
             }
@@ -359,13 +353,7 @@ impl Cache {
                 etag: http::HeaderValue::from_static(""),
                 ..entry
             };
-            let entry = Arc::new(entry);
-            if let Some(memory) = &self.memory {
-                memory
-                    .insert(Arc::from(resource.key(&ids[i]).as_str()), entry.clone())
-                    .await;
-            }
-            held[i] = Some(entry);
+            held[i] = Some(self.promote(&resource.key(&ids[i]), entry).await);
         }
         held
     }

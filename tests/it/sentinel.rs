@@ -38,6 +38,20 @@ fn on_sentinel(url: &str) -> Setup {
 }
 
 /// Team alpha on each gateway.
+/// Kills the primary and waits until the Sentinels promoted a replica;
+/// answers the killed node (to `rejoin` it).
+async fn fail_over(redis: &Arc<Mutex<RedisSentinel>>) -> usize {
+    let r = redis.clone();
+    let victim = tokio::task::spawn_blocking(move || r.lock().expect("setup").kill_primary())
+        .await
+        .expect("kill");
+    let r = redis.clone();
+    tokio::task::spawn_blocking(move || r.lock().expect("setup").wait_failover(victim, Duration::from_secs(20)))
+        .await
+        .expect("failover");
+    victim
+}
+
 fn alphas(gws: &[Running]) -> Arc<Vec<Client>> {
     Arc::new(gws.iter().map(|gw| Client::new(gw.base_url(), ALPHA.1)).collect())
 }
@@ -73,14 +87,7 @@ async fn a_primary_killed_under_load_is_followed_and_the_ledger_kept() {
     wait_load_served(&log, 30).await;
 
     let killed_at = start.elapsed();
-    let r = redis.clone();
-    let victim = tokio::task::spawn_blocking(move || r.lock().expect("setup").kill_primary())
-        .await
-        .expect("kill");
-    let r = redis.clone();
-    tokio::task::spawn_blocking(move || r.lock().expect("setup").wait_failover(victim, Duration::from_secs(20)))
-        .await
-        .expect("failover");
+    fail_over(&redis).await;
     let promoted_at = start.elapsed();
     // Every gateway answers 200 again after the promotion.
     wait_all_served_after(&log, promoted_at, gws.len(), "after the promotion").await;
@@ -148,14 +155,7 @@ async fn settles_a_stalled_replica_never_got_survive_the_failover() {
     }
     let charged = charged_to(&sim, "alpha-");
     assert_eq!(charged, 47);
-    let r = redis.clone();
-    let victim = tokio::task::spawn_blocking(move || r.lock().expect("setup").kill_primary())
-        .await
-        .expect("kill");
-    let r = redis.clone();
-    tokio::task::spawn_blocking(move || r.lock().expect("setup").wait_failover(victim, Duration::from_secs(20)))
-        .await
-        .expect("failover");
+    fail_over(&redis).await;
     let used = eventually(
         "the ledger on the new primary equals the upstream",
         Duration::from_secs(20),
@@ -189,14 +189,7 @@ async fn the_first_ledger_call_after_each_of_five_failovers_succeeds() {
     let mut probe = 0;
     for round in 0..5 {
         let killed_at = start.elapsed();
-        let r = redis.clone();
-        let victim = tokio::task::spawn_blocking(move || r.lock().expect("setup").kill_primary())
-            .await
-            .expect("kill");
-        let r = redis.clone();
-        tokio::task::spawn_blocking(move || r.lock().expect("setup").wait_failover(victim, Duration::from_secs(20)))
-            .await
-            .expect("failover");
+        let victim = fail_over(&redis).await;
         let promoted_at = start.elapsed();
         wait_all_served_after(&log, promoted_at, gws.len(), &format!("failover {round}")).await;
         eprintln!(

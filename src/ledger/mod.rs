@@ -2,13 +2,11 @@
 //! settle to what the upstream charged, release on failure (docs/design.md §2 steps
 //! 9 and 12). Two stores behind one type:
 //!
-//! - [`file`]: local disk, for one replica: reservations and settles are
-//!   appended to a hold log (`holds.log`, one `fdatasync` shared by the
-//!   misses queued together; a settle covered by its durable reservation
-//!   rides the next one), folded from time to time into redb, the
-//!   compacted state. redb over SQLite: pure Rust (no C toolchain in the
-//!   image), ACID with fsync'd commits, and a single-writer model that
-//!   fits one replica (`file`'s module doc).
+//! - [`file`]: redb on local disk, for one replica. Chosen over SQLite: pure
+//!   Rust (no C toolchain in the image), ACID with fsync'd commits, and a
+//!   single-writer model that fits one replica; writes are group-committed
+//!   so concurrent misses share a commit, and a settle covered by its
+//!   durable reservation rides the next one (`file`'s module doc).
 //! - [`redis`]: Lua scripts on a shared Redis, so N replicas share one budget
 //!   exactly; keys of one team share a `{team}` hash tag (Redis Cluster).
 //!
@@ -255,7 +253,7 @@ impl Ledger {
     /// `Ok` text is a note for operators (e.g. Redis without AOF).
     pub(crate) async fn check(&self) -> Result<&'static str, String> {
         match self {
-            Ledger::File(l) => l.check().map(|()| "ok"),
+            Ledger::File(l) => l.check().await.map(|()| "ok"),
             Ledger::Redis(l) => l.check().await,
         }
     }

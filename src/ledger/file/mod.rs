@@ -1,34 +1,31 @@
-//! The file ledger: spend durably on local disk, budgets checked in memory.
+//! The file ledger: spend durably in redb (`ledger.redb`), budgets checked
+//! in memory.
 //!
 //! Memory holds a mirror of the last days' spend (loaded at start) and the
 //! reservations in flight; the budget check is a mutex-guarded sum. Writes go
-//! to one writer thread that appends every write queued at that moment to
-//! the **hold log** (`holds.log`, see `log`) and makes them durable with one
-//! `fdatasync` (group commit), and only then answers. A settle the durable
-//! hold already covers is not waited for (see `settle`): it is appended and
-//! rides the next `fdatasync`. A miss thus costs one small append and one
-//! `fdatasync` on its path, not a B-tree commit.
+//! to one writer thread that commits every write queued at that moment in
+//! one durable transaction (group commit) and only then answers. A settle
+//! the durable hold already covers is not waited for (see `settle`): it
+//! rides the next commit, usually the next miss's hold.
 //!
-//! **redb (`ledger.redb`) is the compacted state**: the writer folds the
-//! log's records into it in one transaction when the log is three quarters
-//! full, every `COMPACT_EVERY` (or sooner when idle), before a read of the
-//! rows (`rows`) and at shutdown, then starts the log over on a new
-//! generation. The transaction records the generation it applied, so a
-//! crash between it and the log's restart replays nothing twice.
-//!
-//! **Durable intent**: a metered reservation is in the log (durable) before
-//! its upstream call may start, and ended by its settle or release, which
-//! records the spend. A process that dies in between leaves the hold
-//! behind; at the next start the log is replayed into redb (a torn last
-//! record is ignored: it was never acknowledged) and every hold still open
-//! counts as spent at its full amount (route `unsettled`): the upstream may
-//! have charged it, and the budget must never forget a charge. It counts on
-//! the later of its reservation's day and the day of that start: the charge
+//! **Durable intent**: a metered reservation is written (`held` table)
+//! before its upstream call may start, and removed by its settle or release
+//! in the same transaction that records the spend. A process that dies in
+//! between leaves the row behind; at the next start every such row counts
+//! as spent at its full amount (route `unsettled`): the upstream may have
+//! charged it, and the budget must never forget a charge. It counts on the
+//! later of its reservation's day and the day of that start: the charge
 //! may have landed after midnight, and a window that closed meanwhile must
 //! not hide it from the new one.
+//!
+//! **A damaged file is refused, never read as less spend**: every durable
+//! commit is two-phase, and the start verifies every page (`disk::open`), so
+//! a file cut or altered at rest stops the start with a message that names
+//! it and says what to do. So does the hold log of the releases before
+//! issue 35 (`holds.log`), which this one does not read. `ledger.redb` is
+//! the one file to back up (docs/operations.md).
 
 mod disk;
-mod log;
 #[cfg(test)]
 mod tests;
 
@@ -81,24 +78,19 @@ impl FileLedger {
     /// booking days on `clock`.
     pub(crate) fn open_at(dir: &Path, window: Window, lease: Duration, clock: Clock) -> Result<FileLedger, String> {
         std::fs::create_dir_all(dir).map_err(|e| format!("quota.path: cannot create {}: {e}", dir.display()))?;
+        let old_log = dir.join(disk::OLD_HOLD_LOG);
+        if old_log.exists() {
+            return Err(disk::old_hold_log(&old_log));
+        }
         let path = dir.join("ledger.redb");
-        let db = Database::create(&path).map_err(|e| format!("quota.path: cannot open {}: {e}", path.display()))?;
-        let db = Arc::new(db);
+        let db = Arc::new(disk::open(&path)?);
         let today = clock.today();
         let since = today.saturating_sub(MEMORY_DAYS);
-        let disk::Loaded {
-            spend,
-            unsettled,
-            replayed,
-            log,
-        } = disk::load(&db, &dir.join("holds.log"), since, today)
-            .map_err(|e| format!("quota.path: cannot load the ledger in {}: {e}", dir.display()))?;
+        let disk::Loaded { spend, unsettled } =
+            disk::load(&db, since, today).map_err(|e| format!("quota.path: cannot read {}: {e}", path.display()))?;
         let mut state = State::default();
         for (team, day, credits) in spend {
             add(&mut state.days, &team, day, credits);
-        }
-        if replayed > 0 {
-            tracing::info!(records = replayed, "ledger: hold log replayed into ledger.redb");
         }
         if unsettled > 0 {
             tracing::warn!(
@@ -112,7 +104,7 @@ impl FileLedger {
         let writer_saved = saved.clone();
         let handle = std::thread::Builder::new()
             .name("ledger-writer".into())
-            .spawn(move || disk::writer(writer_db, log, rx, writer_saved))
+            .spawn(move || disk::writer(writer_db, rx, writer_saved))
             .map_err(|e| format!("ledger writer: {e}"))?;
         Ok(FileLedger {
             db,
@@ -206,7 +198,7 @@ impl FileLedger {
                 id,
                 team: h.team,
                 day,
-                route: UNSETTLED.into(),
+                route: UNSETTLED,
                 spent: h.amount,
             };
             // Not awaited: the held row already makes this durable.
@@ -249,7 +241,7 @@ impl FileLedger {
             (false, amount, actual) if actual > amount => Op::Spend {
                 team: r.team,
                 day: today,
-                route: route.as_str().into(),
+                route: route.as_str(),
                 spent: actual - amount,
             },
             (false, _, _) | (true, 0, 0) => return Ok(()),
@@ -257,14 +249,14 @@ impl FileLedger {
             (true, 0, _) => Op::Spend {
                 team: r.team,
                 day: today,
-                route: route.as_str().into(),
+                route: route.as_str(),
                 spent: actual,
             },
             _ => Op::End {
                 id: r.id,
                 team: r.team,
                 day: today,
-                route: route.as_str().into(),
+                route: route.as_str(),
                 spent: actual,
             },
         };
@@ -289,7 +281,7 @@ impl FileLedger {
                 id: r.id,
                 team: r.team,
                 day: 0,
-                route: UNSETTLED.into(),
+                route: UNSETTLED,
                 spent: 0,
             };
             // Not awaited: a release lost to a crash only over-charges.
@@ -353,27 +345,24 @@ impl FileLedger {
         rows
     }
 
-    /// Writable: a write transaction can begin.
-    #[expect(clippy::disallowed_methods, reason = "/readyz's probe, aborted at once")]
-    pub(super) fn check(&self) -> Result<(), String> {
-        self.db
-            .begin_write()
-            .map(drop)
-            .map_err(|e| format!("ledger not writable: {e}"))
+    /// The write path works: a durable commit through the writer thread
+    /// (the one that commits reservations, so a stuck or failing disk shows
+    /// here), answered within `CHECK_WITHIN`. Never a redb transaction on
+    /// the caller's (async) thread.
+    pub(super) async fn check(&self) -> Result<(), String> {
+        match tokio::time::timeout(CHECK_WITHIN, self.write(Op::Flush)).await {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(e)) => Err(format!("ledger not writable: {e}")),
+            Err(_) => Err(format!(
+                "ledger not writable: no commit within {} ms",
+                CHECK_WITHIN.as_millis()
+            )),
+        }
     }
 }
 
-#[cfg(test)]
-impl FileLedger {
-    /// Stops the writer as a crash would: the log is not folded into redb
-    /// (with `applied`, it is, but the log is not started over).
-    pub(super) fn crash(self, applied: bool) {
-        let _ = self.writes.send(Write {
-            op: Op::Crash { applied },
-            done: None,
-        });
-    }
-}
+/// How long `/readyz` waits for the ledger's probe commit.
+const CHECK_WITHIN: Duration = Duration::from_secs(2);
 
 impl Drop for FileLedger {
     fn drop(&mut self) {

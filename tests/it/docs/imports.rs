@@ -1,48 +1,311 @@
 //! The crate doc (`src/lib.rs`) says imports between the modules of `src/`
 //! run one way. A cycle (`app` importing from `proxy` while `proxy` imports
 //! `app`) means neither side can be read or changed alone; this keeps the
-//! claim true. An edge is a `crate::module` path outside a comment, in any
-//! file of one top-level module, naming another.
+//! claim true at every level: between the top-level modules, and between
+//! the modules inside each one (`ledger::file::disk` and a sibling of it).
+//!
+//! An edge is a path outside comments and string literals that starts with
+//! `crate::`, `super::` or `self::` (a `use` or a call), in any file of
+//! `src/` or an inline `mod` in one, and names a module other than one of
+//! its own ancestors: it is counted between the two siblings under their
+//! closest common ancestor (`ledger::file::disk` → `ledger::saved` is an
+//! edge `ledger::file` → `ledger::saved`). A module using its parent, or a
+//! parent its children, is no cycle: Rust's module tree runs both ways.
 
 use super::root;
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 
+/// A module, as its path from the crate root: `["ledger", "file", "disk"]`.
+type Module = Vec<String>;
 type Graph = BTreeMap<String, BTreeSet<String>>;
 
-/// The top-level module a file of `src/` belongs to; `None` for the crate
-/// root (`lib.rs`, `main.rs`), which wires everything.
-fn module_of(rel: &Path) -> Option<String> {
-    let first = rel.components().next()?.as_os_str().to_string_lossy().into_owned();
-    let name = first.strip_suffix(".rs").unwrap_or(&first).to_string();
-    (name != "lib" && name != "main").then_some(name)
+/// The module a file of `src/` is; `None` for the crate root (`lib.rs`,
+/// `main.rs`), which wires everything.
+fn module_of(rel: &Path) -> Option<Module> {
+    let mut parts: Module = rel
+        .components()
+        .map(|c| c.as_os_str().to_string_lossy().into_owned())
+        .collect();
+    let file = parts.pop()?;
+    let stem = file.strip_suffix(".rs")?;
+    if parts.is_empty() && (stem == "lib" || stem == "main") {
+        return None;
+    }
+    if stem != "mod" {
+        parts.push(stem.to_string());
+    }
+    Some(parts)
 }
 
-fn edges_in(text: &str, from: &str, graph: &mut Graph) {
-    for line in text.lines() {
-        let code = line.split("//").next().unwrap_or("");
-        for (i, _) in code.match_indices("crate::") {
-            let to: String = code[i + "crate::".len()..]
-                .chars()
-                .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
-                .collect();
-            if !to.is_empty() && to != from {
-                graph.entry(from.to_string()).or_default().insert(to);
+/// `text` with comments removed and string and char literals emptied, so
+/// neither a `crate::` in prose nor a `{` in a format string counts.
+fn code_of(text: &str) -> String {
+    let chars: Vec<char> = text.chars().collect();
+    let mut out = String::with_capacity(text.len());
+    let mut i = 0;
+    while i < chars.len() {
+        let c = chars[i];
+        let next = chars.get(i + 1).copied();
+        if c == '/' && next == Some('/') {
+            while i < chars.len() && chars[i] != '\n' {
+                i += 1;
             }
+        } else if c == '/' && next == Some('*') {
+            let mut depth = 0;
+            while i < chars.len() {
+                if chars[i] == '/' && chars.get(i + 1) == Some(&'*') {
+                    depth += 1;
+                    i += 2;
+                } else if chars[i] == '*' && chars.get(i + 1) == Some(&'/') {
+                    depth -= 1;
+                    i += 2;
+                    if depth == 0 {
+                        break;
+                    }
+                } else {
+                    i += 1;
+                }
+            }
+            out.push(' ');
+        } else if c == 'r' && (next == Some('"') || next == Some('#')) && !ident_before(&chars, i) {
+            // A raw string: r"…", r#"…"#.
+            let mut j = i + 1;
+            let mut hashes = 0;
+            while chars.get(j) == Some(&'#') {
+                hashes += 1;
+                j += 1;
+            }
+            if chars.get(j) != Some(&'"') {
+                out.push(c);
+                i += 1;
+                continue;
+            }
+            j += 1;
+            while j < chars.len() {
+                if chars[j] == '"' && (1..=hashes).all(|h| chars.get(j + h) == Some(&'#')) {
+                    j += 1 + hashes;
+                    break;
+                }
+                j += 1;
+            }
+            out.push_str("\"\"");
+            i = j;
+        } else if c == '"' {
+            i += 1;
+            while i < chars.len() && chars[i] != '"' {
+                i += if chars[i] == '\\' { 2 } else { 1 };
+            }
+            i += 1;
+            out.push_str("\"\"");
+        } else if c == '\'' && (next == Some('\\') || chars.get(i + 2) == Some(&'\'')) {
+            // A char literal ('{', '\n'), not a lifetime ('a).
+            i += 1;
+            while i < chars.len() && chars[i] != '\'' {
+                i += if chars[i] == '\\' { 2 } else { 1 };
+            }
+            i += 1;
+            out.push_str("' '");
+        } else {
+            out.push(c);
+            i += 1;
+        }
+    }
+    out
+}
+
+fn is_ident(c: char) -> bool {
+    c.is_ascii_alphanumeric() || c == '_'
+}
+
+fn ident_before(chars: &[char], i: usize) -> bool {
+    i > 0 && is_ident(chars[i - 1])
+}
+
+/// Reads an identifier at `at`.
+fn ident_at(code: &[char], at: usize) -> Option<(String, usize)> {
+    let end = (at..code.len()).find(|j| !is_ident(code[*j])).unwrap_or(code.len());
+    (end > at).then(|| (code[at..end].iter().collect(), end))
+}
+
+fn skip_space(code: &[char], mut at: usize) -> usize {
+    while at < code.len() && code[at].is_whitespace() {
+        at += 1;
+    }
+    at
+}
+
+/// The paths a use tree at `at` names (`a::b`, `a::{b, c::d}`), each
+/// appended to `prefix`.
+fn use_tree(code: &[char], at: usize, prefix: &Module, out: &mut Vec<Module>) {
+    let mut path = prefix.clone();
+    let mut at = skip_space(code, at);
+    loop {
+        if code.get(at) == Some(&'{') {
+            let mut depth = 0;
+            let mut start = at + 1;
+            for j in at..code.len() {
+                match code[j] {
+                    '{' => depth += 1,
+                    '}' => {
+                        depth -= 1;
+                        if depth == 0 {
+                            use_tree(code, start, &path, out);
+                            return;
+                        }
+                    }
+                    ',' if depth == 1 => {
+                        use_tree(code, start, &path, out);
+                        start = j + 1;
+                    }
+                    _ => {}
+                }
+            }
+            return;
+        }
+        let Some((name, end)) = ident_at(code, at) else { break };
+        if name != "self" {
+            path.push(name);
+        }
+        let after = skip_space(code, end);
+        if code.get(after) == Some(&':') && code.get(after + 1) == Some(&':') {
+            at = skip_space(code, after + 2);
+        } else {
+            break;
+        }
+    }
+    out.push(path);
+}
+
+/// The modules the file of module `file` names, each with the module it
+/// is named from (the file's, or an inline `mod` in it).
+fn names_in(text: &str, file: &Module) -> Vec<(Module, Module)> {
+    let code: Vec<char> = code_of(text).chars().collect();
+    // Inline modules open here: (name, the brace depth inside them).
+    let mut inline: Vec<(String, usize)> = Vec::new();
+    let mut depth = 0usize;
+    let mut named = Vec::new();
+    let mut i = 0;
+    while i < code.len() {
+        let c = code[i];
+        if c == '{' {
+            depth += 1;
+            i += 1;
+            continue;
+        }
+        if c == '}' {
+            if inline.last().is_some_and(|(_, d)| *d == depth) {
+                inline.pop();
+            }
+            depth = depth.saturating_sub(1);
+            i += 1;
+            continue;
+        }
+        if !is_ident(c) || ident_before(&code, i) || (i > 0 && code[i - 1] == ':') {
+            i += 1;
+            continue;
+        }
+        let Some((word, end)) = ident_at(&code, i) else {
+            i += 1;
+            continue;
+        };
+        let here: Module = file
+            .iter()
+            .cloned()
+            .chain(inline.iter().map(|(n, _)| n.clone()))
+            .collect();
+        if word == "mod" {
+            let at = skip_space(&code, end);
+            if let Some((name, after)) = ident_at(&code, at) {
+                if code.get(skip_space(&code, after)) == Some(&'{') {
+                    inline.push((name, depth + 1));
+                }
+            }
+            i = end;
+            continue;
+        }
+        let base = match word.as_str() {
+            "crate" => Some(Vec::new()),
+            "self" => Some(here.clone()),
+            "super" => {
+                let mut base = here.clone();
+                let mut at = end;
+                base.pop();
+                // super::super::…
+                loop {
+                    let sep = skip_space(&code, at);
+                    let next = skip_space(&code, sep + 2);
+                    let is_sep = code.get(sep) == Some(&':') && code.get(sep + 1) == Some(&':');
+                    match ident_at(&code, next) {
+                        Some((w, e)) if is_sep && w == "super" => {
+                            base.pop();
+                            at = e;
+                        }
+                        _ => break,
+                    }
+                }
+                // Where the path after the last `super` starts.
+                let mut out = Vec::new();
+                let sep = skip_space(&code, at);
+                if code.get(sep) == Some(&':') && code.get(sep + 1) == Some(&':') {
+                    use_tree(&code, sep + 2, &base, &mut out);
+                }
+                named.extend(out.into_iter().map(|p| (here.clone(), p)));
+                i = at;
+                continue;
+            }
+            _ => None,
+        };
+        if let Some(base) = base {
+            let sep = skip_space(&code, end);
+            if code.get(sep) == Some(&':') && code.get(sep + 1) == Some(&':') {
+                let mut out = Vec::new();
+                use_tree(&code, sep + 2, &base, &mut out);
+                named.extend(out.into_iter().map(|p| (here.clone(), p)));
+            }
+        }
+        i = end;
+    }
+    named
+}
+
+/// The longest prefix of `path` that is a module of `modules`.
+fn resolve(path: &Module, modules: &BTreeSet<Module>) -> Module {
+    (0..=path.len())
+        .rev()
+        .map(|n| path[..n].to_vec())
+        .find(|p| modules.contains(p))
+        .unwrap_or_default()
+}
+
+/// The edge between siblings that `from` naming `to` makes, if neither is
+/// the other's ancestor.
+fn sibling_edge(from: &Module, to: &Module) -> Option<(String, String)> {
+    let common = from.iter().zip(to).take_while(|(a, b)| a == b).count();
+    if common == from.len() || common == to.len() {
+        return None;
+    }
+    Some((from[..=common].join("::"), to[..=common].join("::")))
+}
+
+fn add_edges(text: &str, file: &Module, modules: &BTreeSet<Module>, graph: &mut Graph) {
+    for (here, path) in names_in(text, file) {
+        let to = resolve(&path, modules);
+        if let Some((a, b)) = sibling_edge(&here, &to) {
+            graph.entry(a).or_default().insert(b);
         }
     }
 }
 
-fn collect(dir: &Path, src: &Path, graph: &mut Graph) {
+fn files(dir: &Path, src: &Path, out: &mut Vec<(Module, String)>) {
     for entry in std::fs::read_dir(dir).expect("src/ is readable").filter_map(Result::ok) {
         let path = entry.path();
         if path.is_dir() {
-            collect(&path, src, graph);
+            files(&path, src, out);
         } else if path.extension().is_some_and(|e| e == "rs") {
             let rel = path.strip_prefix(src).expect("below src/");
-            if let Some(from) = module_of(rel) {
-                let text = std::fs::read_to_string(&path).expect("source is UTF-8");
-                edges_in(&text, &from, graph);
+            if let Some(module) = module_of(rel) {
+                out.push((module, std::fs::read_to_string(&path).expect("source is UTF-8")));
             }
         }
     }
@@ -70,39 +333,137 @@ fn cycle_through(graph: &Graph, start: &str) -> Option<Vec<String>> {
     None
 }
 
+fn graph_of(sources: &[(Module, String)]) -> Graph {
+    let modules: BTreeSet<Module> = sources.iter().map(|(m, _)| m.clone()).collect();
+    let mut graph = Graph::new();
+    for (module, text) in sources {
+        add_edges(text, module, &modules, &mut graph);
+    }
+    graph
+}
+
+fn cycles(graph: &Graph) -> BTreeSet<String> {
+    graph
+        .keys()
+        .filter_map(|m| cycle_through(graph, m))
+        .map(|mut c| {
+            // One spelling per cycle: started at its least module.
+            c.pop();
+            let least = c.iter().enumerate().min_by_key(|(_, m)| *m).map_or(0, |(i, _)| i);
+            c.rotate_left(least);
+            let first = c[0].clone();
+            c.push(first);
+            c.join(" -> ")
+        })
+        .collect()
+}
+
 #[test]
 fn imports_between_the_modules_of_src_run_one_way() {
     let src = root().join("src");
-    let mut graph = Graph::new();
-    collect(&src, &src, &mut graph);
+    let mut sources = Vec::new();
+    files(&src, &src, &mut sources);
+    let read: BTreeSet<String> = sources.iter().map(|(m, _)| m.join("::")).collect();
+    for nested in ["ledger::file", "ledger::file::disk", "ledger::saved", "server::conns"] {
+        assert!(read.contains(nested), "every module is read, nested ones too: {read:?}");
+    }
+    let graph = graph_of(&sources);
     assert!(
         graph.get("proxy").is_some_and(|to| to.contains("app")),
         "the reader sees proxy -> app: {graph:?}"
     );
-    let cycles: Vec<String> = graph
-        .keys()
-        .filter_map(|m| cycle_through(&graph, m))
-        .map(|c| c.join(" -> "))
-        .collect();
     assert!(
-        cycles.is_empty(),
-        "import cycles between modules of src/:\n  {}",
-        cycles.join("\n  ")
+        graph.get("ledger::file").is_some_and(|to| to.contains("ledger::saved")),
+        "the reader sees edges inside a module (ledger::file -> ledger::saved): {graph:?}"
     );
+    let found = cycles(&graph);
+    let new: Vec<&String> = found.iter().filter(|c| !KNOWN_CYCLES.contains(&c.as_str())).collect();
+    assert!(
+        new.is_empty(),
+        "import cycles between modules of src/:\n  {}",
+        new.iter().map(|c| c.as_str()).collect::<Vec<_>>().join("\n  ")
+    );
+    let gone: Vec<&&str> = KNOWN_CYCLES.iter().filter(|c| !found.contains(**c)).collect();
+    assert!(
+        gone.is_empty(),
+        "no longer cycles: take them off KNOWN_CYCLES: {gone:?}"
+    );
+}
+
+/// Cycles inside a module that were there when this test first read
+/// nested modules (issue 35), each to be broken by the work that owns its
+/// module; the list may only shrink (the test fails when one is gone and
+/// still listed, and on any cycle not listed).
+const KNOWN_CYCLES: &[&str] = &[
+    // The connection driver (issue 35, point 5).
+    "server::body -> server::conns -> server::body",
+    "server::conns -> server::overload -> server::conns",
+];
+
+fn module(path: &str) -> Module {
+    path.split("::").map(str::to_string).collect()
 }
 
 #[test]
 fn the_cycle_finder_finds_a_cycle() {
+    let modules: BTreeSet<Module> = ["app", "proxy"].map(module).into();
     let mut graph = Graph::new();
-    edges_in("use crate::proxy::ParsedTargets; // crate::ignored", "app", &mut graph);
-    edges_in("use crate::app::App;", "proxy", &mut graph);
+    let app = "use crate::proxy::ParsedTargets; // crate::ignored\nconst S: &str = \"crate::ignored\";";
+    add_edges(app, &module("app"), &modules, &mut graph);
+    add_edges("use crate::app::App;", &module("proxy"), &modules, &mut graph);
     assert_eq!(
         graph["app"],
         BTreeSet::from(["proxy".to_string()]),
-        "comments are not imports"
+        "comments and strings are not imports"
     );
     assert_eq!(
         cycle_through(&graph, "app"),
         Some(vec!["app".to_string(), "proxy".to_string(), "app".to_string()])
+    );
+}
+
+#[test]
+fn the_cycle_finder_finds_a_cycle_inside_a_module() {
+    // The hold log of issue 30: `disk` and `log` used each other.
+    let modules: BTreeSet<Module> = [
+        "ledger",
+        "ledger::file",
+        "ledger::file::disk",
+        "ledger::file::log",
+        "ledger::saved",
+    ]
+    .map(module)
+    .into();
+    let sources = [
+        (
+            module("ledger::file::disk"),
+            "use super::super::saved::{SavedTally, FLUSH_EVERY};\nuse super::log::{self, HoldLog};\n\
+             use super::super::{UsageRow, UNSETTLED};\nfn f() { let s = format!(\"{x}\"); }",
+        ),
+        (module("ledger::file::log"), "use super::disk::Op;"),
+        (
+            module("ledger::file"),
+            "mod disk;\nuse disk::{Op, Write};\nuse super::saved::SavedTally;\n\
+             #[cfg(test)]\nmod tests {\n    use super::disk::Op;\n    use super::super::saved::X;\n}",
+        ),
+    ];
+    let mut graph = Graph::new();
+    for (m, text) in sources {
+        add_edges(text, &m, &modules, &mut graph);
+    }
+    assert_eq!(
+        graph.get("ledger::file::disk"),
+        Some(&BTreeSet::from(["ledger::file::log".to_string()])),
+        "a sibling through super::, with braces; a parent's items are no edge: {graph:?}"
+    );
+    assert_eq!(
+        graph.get("ledger::file"),
+        Some(&BTreeSet::from(["ledger::saved".to_string()])),
+        "a child's path up to an uncle counts at the level they share; an inline \
+         mod's super:: is its file's module: {graph:?}"
+    );
+    assert_eq!(
+        cycles(&graph),
+        BTreeSet::from(["ledger::file::disk -> ledger::file::log -> ledger::file::disk".to_string()])
     );
 }

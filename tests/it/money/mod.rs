@@ -14,6 +14,7 @@ mod edges;
 mod heads;
 mod herd;
 mod leases;
+mod ledger_file;
 mod live_team;
 mod marks;
 mod slow_ledger;

@@ -14,9 +14,9 @@ use crate::support::traffic::{as_team, charged_to, distinct_search, ledger_used}
 use crate::support::wait::eventually;
 use bytes::Bytes;
 use http::{Method, StatusCode};
-use permit_gateway::cache::flight::Join;
 use permit_gateway::cache::lease::Acquired;
 use permit_gateway::error::GatewayError;
+use permit_gateway::proxy::flight::Join;
 use std::time::Duration;
 
 const SMALL_100: &str = "credit_limit = 100";
@@ -46,7 +46,7 @@ async fn a_reload_mid_wait_binds_the_waiting_request_on_one_replica() {
         let uri: http::Uri = path.parse().expect("uri");
         let target = permit_gateway::route::classify(&uri, 8192).expect("route");
         let key = permit_gateway::cache::key::cache_key(&target);
-        let Join::Leader(held) = file.gw.app.flights.join(&key) else {
+        let Join::Leader(held) = file.gw.proxy.flights.join(&key) else {
             panic!("the test leads the first flight")
         };
         let url = format!("{}{path}", file.gw.base_url());

@@ -1,12 +1,10 @@
 //! The shared state, built once from a validated [`Config`] and handed to
-//! every connection: teams, cache, flights and leases, ledger, scheduler,
-//! upstream, metrics.
+//! every connection: teams, cache and leases, ledger, scheduler, upstream,
+//! metrics. What only the request path keeps (its memo of parsed targets,
+//! its flights, its background refreshes) is its own, `proxy::State`.
 
 use crate::auth::Teams;
-use crate::cache::flight::{Flights, Outcome};
 use crate::cache::lease::Leases;
-use crate::cache::parsed::ParsedTargets;
-use crate::cache::refresh::Refreshes;
 use crate::cache::Cache;
 use crate::config::{Config, ConfigErrors, QuotaStore, Secret, Source};
 use crate::ledger::{self, Ledger};
@@ -20,11 +18,6 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-/// Request targets kept routed and keyed (`cache::parsed`), about
-/// 0.5 MB: the queries dashboards repeat. moka admits by frequency
-/// (TinyLFU), so a stream of one-off queries does not push them out.
-const PARSED_TARGETS: u64 = 1024;
-
 pub struct App {
     pub config: Config,
     /// Where `reload` re-reads teams from: the `--config` file, else the
@@ -33,14 +26,8 @@ pub struct App {
     /// Swapped whole on reload, so a request sees one consistent table.
     pub(crate) teams: arc_swap::ArcSwap<Teams>,
     pub cache: Cache,
-    /// Upstream fetches in flight, by cache key (in-process coalescing).
-    pub flights: Flights<Outcome>,
     /// Fetch leases across replicas (through the cache's Redis).
     pub leases: Leases,
-    /// Keys refreshed in the background lately (stale-while-revalidate).
-    pub(crate) refreshes: Refreshes,
-    /// Request targets already routed, validated and keyed.
-    pub(crate) parsed: ParsedTargets,
     pub(crate) ledger: Ledger,
     pub(crate) scheduler: Arc<Scheduler>,
     pub(crate) org: Org,
@@ -117,10 +104,7 @@ impl App {
             reload_from,
             teams: arc_swap::ArcSwap::from_pointee(teams),
             cache,
-            flights: Flights::default(),
             leases,
-            refreshes: Refreshes::new(),
-            parsed: ParsedTargets::new(PARSED_TARGETS),
             ledger,
             scheduler,
             org: Org::new(Duration::from_secs(config.upstream.exhausted_backoff_secs)),

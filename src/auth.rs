@@ -10,8 +10,9 @@
 //! one) and never a token's text; its lookup's timing depends only on the
 //! keyed hash, which tells nobody without the keys anything of the token.
 //!
-//! Used by the request path once routing decided the path is ours; the
-//! comparison itself is `TokenHash::matches` (in constant time).
+//! The `authenticate` phase of the request path (docs/design.md §2), after
+//! `resolve` decided the path is ours; the comparison itself is
+//! `TokenHash::matches` (in constant time).
 
 use crate::config::{TeamConfig, TokenHash};
 use crate::error::GatewayError;
@@ -37,7 +38,7 @@ pub struct Team {
     pub(crate) requests_per_minute: Option<u32>,
     /// `clamp_to_budget`: pages clamped to the remaining credits.
     pub(crate) clamp_to_budget: bool,
-    /// Enforces `requests_per_minute` (docs/design.md §2 step 4). Rebuilt on reload.
+    /// Enforces `requests_per_minute` (docs/design.md §2, `limit_team`). Rebuilt on reload.
     limiter: Option<DefaultDirectRateLimiter>,
     /// Authenticated requests since start (admin API). Shared with the
     /// same-named team of the table a reload replaces, so it survives it.

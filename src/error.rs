@@ -1,6 +1,6 @@
 //! The request path's one error type, and the only place it becomes HTTP.
 //!
-//! Every phase of `proxy::handle` returns `Result<_, GatewayError>`; the
+//! Every phase of `proxy::pipeline` returns `Result<_, GatewayError>`; the
 //! variant records whose fault it is (the client's, the upstream's, ours) and
 //! [`GatewayError::into_response`] turns it into a status and a body in the
 //! upstream's shapes so existing clients parse it: 422 `{"detail":[...]}`,
@@ -178,7 +178,7 @@ impl GatewayError {
 
     /// The one rule for "the upstream failed": it timed out, could not be
     /// reached, answered 5xx or something unusable, or its shared rate is
-    /// busy. Then a stale copy may answer instead (phase 14), and coalesced
+    /// busy. Then a stale copy may answer instead (`stale_on_failure`), and coalesced
     /// followers take the failure as theirs: retrying would only repeat the
     /// same call against the same upstream. The shared rate counts too,
     /// although the fair queue's bound depends on the leader's team: a

@@ -21,21 +21,23 @@
 //!   from accept, graceful shutdown, and the overload manager: every shared
 //!   transport pool (connection slots, HTTP/2 answer bytes, descriptors)
 //!   shared out per tenant, anonymous peers first to go.
-//! - [`proxy`]: the life of a team request, one phase per step, one
-//!   concept per file (its own doc maps them).
+//! - [`proxy`]: the life of a team request, one named function per phase,
+//!   one concept per file (its own doc maps them), and the state the
+//!   request path keeps (`proxy::State`: parsed targets, flights,
+//!   background refreshes).
 //! - [`route`]: path → canonical path and route; the route table (every
 //!   vendor operation: name, cost, TTL class, parameters); `size`/`id` checks
 //!   and the credit estimate.
 //! - [`auth`]: token → team.
-//! - [`cache`]: normalized keys, L1 moka + L2 Redis, staleness; coalescing
-//!   in process (`cache::flight`) and across replicas (`cache::lease`); the
-//!   record tier (`cache::records`) that answers id lookups record by record
-//!   (`proxy::by_id`); the memo of parsed request targets (`cache::parsed`),
-//!   the keys refreshed in the background (`cache::refresh`), and purges
-//!   that reach every replica's memory tier (`cache::purge`); the disk tier
-//!   (`cache::disk`) that keeps what was bought across restarts, and the
-//!   monthly-metrics rows (`cache::months`) that let a window buy only its
-//!   missing months (`proxy::monthly`).
+//! - [`cache`]: normalized keys, L1 moka + L2 Redis, staleness;
+//!   coalescing across replicas (`cache::lease`; in process it is the
+//!   proxy's, `proxy::flight`); the record tier (`cache::records`) that
+//!   answers id lookups record by record (`proxy::by_id`); answers held by
+//!   another key's page (`cache::held`); purges that reach every replica's
+//!   memory tier (`cache::purge`); the disk tier (`cache::disk`) that keeps
+//!   what was bought across restarts, and the monthly-metrics rows
+//!   (`cache::months`) that let a window buy only its missing months
+//!   (`proxy::monthly`).
 //! - [`clock`]: wall-clock milliseconds, the one clock the modules share.
 //! - [`redis_backend`]: a Redis connection (standalone, Cluster or the
 //!   primary Sentinel names; plain or TLS) with
@@ -62,27 +64,34 @@
 //! Imports run one way: [`run`] hands [`server`] the handlers of [`proxy`]
 //! and `admin`; those two use [`app`]; [`app`] holds only state defined
 //! below them (`cache`, `ledger`, `scheduler`, ...) and imports neither.
+//! The request path's own state is `proxy`'s, so `app` need not name it.
 //!
 //! # The life of a request
-//! The phases of [`proxy`], numbered in the order the code runs them:
+//! The phases of [`proxy`], in the order the code runs them, each a
+//! function of `src/proxy/` by this name (docs/design.md §2 describes each):
 //!
-//! 1. admit (method, framing, size)
-//! 2. route
-//! 3. authenticate
-//! 4. team rate
-//! 5. `/v2/usage` answered locally
-//! 6. cache key
-//! 7. cache lookup
-//! 8. coalesce (in process, then across replicas)
-//! 9. reserve credits
-//! 10. fair queue
-//! 11. upstream
-//! 12. settle
-//! 13. store
-//! 14. a stale copy when the upstream failed
-//! 15. respond, with metrics and one access-log line
+//! - `admit`: method, framing, size
+//! - `resolve`: the route
+//! - `authenticate`: token → team, the connection's tenant
+//! - `limit_team`: the team's requests in flight, then its rate
+//! - `validate`: a `size` or `id` list the upstream would refuse
+//! - `usage`: `/v2/usage` answered locally
+//! - `cache_key`: the normalized key
+//! - `lookup_ids`: an id lookup, record by record
+//! - `lookup_months`: a monthly-metrics window from the months held
+//! - `lookup`: the cache, memory then the disk tier then Redis
+//! - `held_answer`: an answer another key's page holds
+//! - `may_buy`: a HEAD or `only-if-cached` never buys
+//! - `clamp`: a page cut to the team's remaining credits
+//! - `fetch`: coalesce (in process, then across replicas), reserve credits,
+//!   a fair turn at the upstream rate, forward, settle, store
+//! - `stale_on_failure`: a stale copy when the upstream failed
+//! - `respond`: the answer; then, for every request, its metrics and one
+//!   access-log line
 //!
-//! Phases 8–13 run in a task of their own that no client can cancel.
+//! `fetch` runs in a task of its own that no client can cancel. What the
+//! request path keeps between requests is its own `proxy::State`, built
+//! here and handed to `proxy::handle` beside the [`app::App`].
 
 mod admin;
 pub mod app;
@@ -136,6 +145,17 @@ pub async fn run(
     listeners: Listeners,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), String> {
+    serve(app, Arc::new(proxy::State::new()), listeners, shutdown).await
+}
+
+/// [`run`] with the request path's state built by the caller (a test's
+/// [`Running`] keeps it to reach the flights).
+async fn serve(
+    app: Arc<App>,
+    state: Arc<proxy::State>,
+    listeners: Listeners,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), String> {
     let tls = match (&app.config.server.tls_cert_file, &app.config.server.tls_key_file) {
         (Some(cert), Some(key)) => Some(server::tls_acceptor(cert, key)?),
         _ => None,
@@ -169,7 +189,7 @@ pub async fn run(
         listeners.team,
         tls,
         team_limits,
-        move |req, mark| proxy::handle(team_app.clone(), req, Some(mark)),
+        move |req, mark| proxy::handle(team_app.clone(), state.clone(), req, Some(mark)),
         stopped(stop_rx.clone()),
     );
     let admin_app = app.clone();
@@ -195,6 +215,8 @@ pub struct Running {
     pub addr: SocketAddr,
     pub admin_addr: SocketAddr,
     pub app: Arc<App>,
+    /// The request path's own state (its flights: a test holds one open).
+    pub proxy: Arc<proxy::State>,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
     task: tokio::task::JoinHandle<Result<(), String>>,
 }
@@ -215,13 +237,15 @@ impl Running {
         let addr = listeners.team.local_addr().map_err(|e| e.to_string())?;
         let admin_addr = listeners.admin.local_addr().map_err(|e| e.to_string())?;
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        let task = tokio::spawn(run(app.clone(), listeners, async move {
+        let proxy = Arc::new(proxy::State::new());
+        let task = tokio::spawn(serve(app.clone(), proxy.clone(), listeners, async move {
             let _ = stopped.await;
         }));
         Ok(Running {
             addr,
             admin_addr,
             app,
+            proxy,
             stop: Some(stop),
             task,
         })

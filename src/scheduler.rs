@@ -1,4 +1,4 @@
-//! Fair sharing of the upstream's rate limit (docs/design.md §2 step 10).
+//! Fair sharing of the upstream's rate limit (docs/design.md §2, `fair_turn`).
 //!
 //! Every upstream call takes a permit from one governor limiter paced at
 //! `upstream.requests_per_minute`. When permits run short, calls queue per

@@ -2,10 +2,11 @@
 //! upstream offers it by ALPN), the single upstream key injected, bounded
 //! retries with jittered backoff, one whole-call deadline.
 //!
-//! `proxy::fetch` calls [`Upstream::fetch_with_heads`] once per cache miss
-//! (the organization probe, [`Upstream::fetch`]); the URI is the parsed
-//! `upstream.base_url` joined with the target, never a URL text re-parsed.
-//! Each answer's head (status and headers) is published on a watch channel
+//! The `fetch` phase (docs/design.md §2): `proxy::fetch::forward` calls
+//! [`Upstream::fetch_with_heads`] once per upstream call ([`Upstream::fetch`]
+//! is the same call without the heads, for the org probe); the URI is the
+//! parsed `upstream.base_url` joined with the target, never a URL text
+//! re-parsed. Each answer's head (status and headers) is published on a watch channel
 //! as soon as it arrives, before its body, so the caller can settle what
 //! the upstream billed at once; when the body then fails (cut, too large,
 //! the deadline), the head is also returned with the error.

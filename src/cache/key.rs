@@ -125,7 +125,7 @@ fn joined(version: &str, path: &str, query: &str) -> String {
 /// the key without `size`. Every page filed there for one query is the
 /// same answer (all of its records from the cursor on), and it answers a
 /// `size` only when it holds no more records than that size
-/// ([`super::Cache::derived`] checks). `None` on routes without `size`.
+/// ([`super::Cache::held`] checks). `None` on routes without `size`.
 pub(super) fn complete_key(route: Route, key: &str) -> Option<String> {
     if route.param("size") != Some(Param::Size) {
         return None;

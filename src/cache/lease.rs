@@ -1,5 +1,5 @@
 //! The cross-replica fetch lease: at most one replica buys a key at a time
-//! (docs/design.md §2 step 8, across processes; [`super::flight`] does it in one).
+//! (docs/design.md §2, `take_turn`, across processes; `proxy::flight` does it in one).
 //!
 //! A lease is a Redis key holding a random token. It is taken with
 //! `SET NX PX`, renewed while its fetch runs and released only by the

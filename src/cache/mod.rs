@@ -12,15 +12,12 @@
 pub(crate) mod control;
 pub(crate) mod disk;
 pub(crate) mod entry;
-pub mod flight;
+mod held;
 pub mod key;
 pub mod lease;
 pub(crate) mod months;
-pub(crate) mod parsed;
 pub mod purge;
 pub(crate) mod records;
-pub(crate) mod refresh;
-mod spend;
 
 pub use entry::Entry;
 
@@ -76,8 +73,6 @@ pub struct Cache {
     metrics: Arc<Metrics>,
     /// `cache.record_reuse`: stored pages also file their records ([`records`]).
     record_reuse: bool,
-    /// The ids this process's lookups are buying ([`records::IdFlights`]).
-    id_flights: records::IdFlights,
     /// The purges of every replica this one has applied to its L1 ([`purge`]).
     purges_seen: purge::Seen,
     /// The disk tier, when on and usable ([`disk`]).
@@ -112,7 +107,6 @@ impl Cache {
             ttls,
             metrics,
             record_reuse: cfg.record_reuse,
-            id_flights: records::IdFlights::default(),
             purges_seen: purge::Seen::default(),
             disk: None,
             month_reuse: cfg.month_reuse,
@@ -152,7 +146,7 @@ impl Cache {
     }
 
     /// The Redis key of an entry, a record or a complete-page index
-    /// ([`spend`]); the index is a key space of its own in L2 too.
+    /// ([`held`]); the index is a key space of its own in L2 too.
     fn redis_key(&self, route: Route, key: &str) -> String {
         if key::is_complete_index(key) {
             self.keys.complete_index(route, key)
@@ -168,7 +162,7 @@ impl Cache {
     }
 
     /// [`Cache::lookup`] with the key's L2 [`Tag`] when the caller has it
-    /// (a memoized request target: [`parsed`]), so an L2 read hashes nothing.
+    /// (a memoized request target: `proxy::parsed`), so an L2 read hashes nothing.
     pub(crate) async fn lookup_tagged(&self, route: Route, key: &str, tag: Option<&Tag>) -> Option<(Arc<Entry>, Tier)> {
         if let Some(memory) = &self.memory {
             if let Some(entry) = memory.get(key).await {
@@ -227,7 +221,7 @@ impl Cache {
 
     /// Stores in both tiers. L2 is awaited (bounded by its timeout) so that a
     /// replica waiting on the lease finds the entry as soon as we answer.
-    /// A complete page is also filed under its size-free key ([`spend`]).
+    /// A complete page is also filed under its size-free key ([`held`]).
     pub async fn store(&self, key: &str, entry: Arc<Entry>) {
         if entry.remaining_life(now_ms(), self.grace).is_zero() {
             return;

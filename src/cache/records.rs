@@ -1,6 +1,6 @@
 //! The record tier: every record of a cached page, filed under (resource,
 //! id), so that an id lookup is answered from records that searches and
-//! earlier lookups already bought (`proxy::by_id` asks; docs/design.md §2 step 7).
+//! earlier lookups already bought (`proxy::by_id` asks; docs/design.md §2, `lookup_ids`).
 //!
 //! Records live in the same two tiers as pages, under the same byte budget
 //! (L1) and in the key space of their lookup route (L2: `c:permits_by_id:…`),
@@ -18,10 +18,8 @@
 //! contractor searches scope their tallies to the search, and property
 //! searches with excluded tags add a `trust` block, so those are not filed.
 
-use super::flight::{Fetched, Flights};
 use super::{Cache, Entry};
 use crate::clock::now_ms;
-use crate::error::GatewayError;
 use crate::metrics::RedisOp;
 use crate::redis_backend::{keys, RedisBackend};
 use crate::route::Route;
@@ -80,26 +78,6 @@ impl Resource {
         keys::record_key(self.lookup_route(), id)
     }
 }
-
-/// What a lookup learned about one id it bought or waited for.
-#[derive(Debug, Clone)]
-pub(crate) enum IdGot {
-    /// Its record, or its absence (an empty body).
-    Held(Arc<Entry>),
-    /// The answer that was to bring it cannot be trusted to say the
-    /// upstream does not know it (`records::trusted`): omitted, not filed.
-    Unknown,
-    /// The upstream answered the call that was to buy it with an error
-    /// status (402, 429, 5xx, 422): that answer stands for it.
-    Refused(Arc<Fetched>),
-}
-
-/// An id's flight: what its buyer learned, or the error that ended the buy.
-pub(crate) type IdOutcome = Result<IdGot, GatewayError>;
-
-/// Per-id flights: an id some lookup of this process is buying is waited
-/// for, not bought again (`proxy::by_id`).
-pub(super) type IdFlights = Flights<IdOutcome>;
 
 /// Whether a held entry says "the upstream does not know this id".
 pub(crate) fn is_absent(entry: &Entry) -> bool {
@@ -230,11 +208,6 @@ impl Cache {
             e.ttl_ms = e.ttl_ms.min(u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX));
         }
         e
-    }
-
-    /// The per-id flights of this process's lookups.
-    pub(crate) fn id_flights(&self) -> &IdFlights {
-        &self.id_flights
     }
 
     /// Both tiers; L2 in one pipelined round trip. Nothing when the lookup

@@ -1,6 +1,6 @@
 //! Team credit budgets: reserve the worst case before an upstream call,
-//! settle to what the upstream charged, release on failure (docs/design.md §2 steps
-//! 9 and 12). Two stores behind one type:
+//! settle to what the upstream charged, release on failure (docs/design.md §2,
+//! `reserve` and `settle`). Two stores behind one type:
 //!
 //! - [`file`]: redb on local disk, for one replica. Chosen over SQLite: pure
 //!   Rust (no C toolchain in the image), ACID with fsync'd commits, and a

@@ -1,6 +1,6 @@
 //! What the phases of a request share: [`Ask`], what it asks for once it
-//! is known who asks (built after phase 6); [`Job`], the fetch it would
-//! start (phases 8–13), owned so that the fetch can outlive the request;
+//! is known who asks (built by `cache_key`); [`Job`], the fetch it would
+//! start (`fetch`), owned so that the fetch can outlive the request;
 //! and [`RequestContext`], what the phases learn about it (its id, team,
 //! route, cache state, credits, fault), closed by
 //! [`RequestContext::finish`] with the request's metrics and its one
@@ -141,53 +141,31 @@ impl RequestContext {
 
     /// Records the request's metrics and writes its access-log line.
     pub(super) fn finish(&self, metrics: &Metrics, method: &Method, status: StatusCode, took: Duration) {
-        let team = self.team_name();
         // Refused before routing (a 405, a path outside /v2): "other", so the
         // label stays inside the contract's route names.
         let route = self.route.unwrap_or(Route::Other);
-        let cache = self.cache.as_str();
-        metrics.request(team, route, status, cache, took);
-        let route = route.as_str();
+        metrics.request(self.team_name(), route, status, self.cache.as_str(), took);
         let level = match self.fault {
             Some(Fault::Internal) => Level::ERROR,
             Some(Fault::Upstream) => Level::WARN,
             _ => Level::INFO,
         };
-        if self.preformatted(level, method.as_str(), status, took, false) {
-            return;
-        }
-        let duration_ms = millis(took);
-        macro_rules! access {
-            ($level:ident) => {
-                tracing::$level!(
-                    target: "access",
-                    request_id = %self.request_id,
-                    trace_id = %self.trace.trace_id(),
-                    team,
-                    method = %method,
-                    route,
-                    status = status.as_u16(),
-                    cache,
-                    credits = self.credits,
-                    duration_ms,
-                    "request"
-                )
-            };
-        }
-        match level {
-            Level::ERROR => access!(error),
-            Level::WARN => access!(warn),
-            _ => access!(info),
-        }
+        self.log(level, method.as_str(), status, took, false);
     }
 
-    /// The line through `telemetry::access` when it is installed: `false`
-    /// when the caller must log through `tracing`.
-    fn preformatted(&self, level: Level, method: &str, status: StatusCode, took: Duration, refresh: bool) -> bool {
+    /// The access-log line of a background refresh (stale-while-revalidate):
+    /// no client waits for it and no request metric counts it, but its
+    /// credits are the team's and must be visible.
+    pub(super) fn log_refresh(&self, status: StatusCode, took: Duration) {
+        self.log(Level::INFO, "GET", status, took, true);
+    }
+
+    /// The access-log line (`telemetry::access`).
+    fn log(&self, level: Level, method: &str, status: StatusCode, took: Duration, refresh: bool) {
         access::write(&access::Line {
             level,
             request_id: &self.request_id,
-            trace_id: &self.trace.trace_id(),
+            trace_id: self.trace.trace_id().to_bytes(),
             team: self.team_name(),
             method,
             route: self.route.unwrap_or(Route::Other).as_str(),
@@ -197,37 +175,6 @@ impl RequestContext {
             took,
             refresh,
             anonymous: self.team.is_none(),
-        })
+        });
     }
-
-    /// The access-log line of a background refresh (stale-while-revalidate):
-    /// no client waits for it and no request metric counts it, but its
-    /// credits are the team's and must be visible.
-    pub(super) fn log_refresh(&self, status: StatusCode, took: Duration) {
-        if self.preformatted(Level::INFO, "GET", status, took, true) {
-            return;
-        }
-        let route = self.route.unwrap_or(Route::Other).as_str();
-        let cache = self.cache.as_str();
-        tracing::info!(
-            target: "access",
-            request_id = %self.request_id,
-            trace_id = %self.trace.trace_id(),
-            team = self.team_name(),
-            method = "GET",
-            route,
-            status = status.as_u16(),
-            cache,
-            credits = self.credits,
-            duration_ms = millis(took),
-            refresh = true,
-            "request"
-        );
-    }
-}
-
-/// Milliseconds rounded to microseconds (`12.345`, not an `f64`'s
-/// `12.345000000000001`).
-fn millis(took: Duration) -> f64 {
-    took.as_micros() as f64 / 1000.0
 }

@@ -1,7 +1,8 @@
-//! The credits of one upstream call (phases 9 and 12): reserve the worst
-//! case, read what the upstream charged, settle it, or release it when
-//! nothing was charged; the team's budget headers; and the reconciliation of
-//! the org's spend seen upstream against the sum of the team ledgers.
+//! The credits of one upstream call, in the pipeline's `fetch`: [`reserve`]
+//! the worst case, read what the upstream charged, [`settle`] it, or
+//! [`release`] it when nothing was charged; the team's budget headers; and
+//! the reconciliation of the org's spend seen upstream against the sum of
+//! the team ledgers.
 //!
 //! The upstream's numbers are distrusted: a charge that does not parse as a
 //! number (or is beyond any real bill) is replaced by the records counted in
@@ -89,7 +90,7 @@ fn count_items(body: &[u8]) -> u64 {
     serde_json::from_slice::<Page>(body).map_or(0, |p| p.items.len() as u64)
 }
 
-/// Phase 9: holds the worst case of this call in the team's ledger, or
+/// Holds the worst case of this call in the team's ledger, or
 /// refuses (402) before anything is spent. `Ok(None)`: nothing to hold
 /// (the ledger is down and the operator chose to fail open).
 ///
@@ -141,7 +142,7 @@ pub(super) async fn release(app: &App, reservation: Option<Reservation>) {
     }
 }
 
-/// Phase 12: turns the reservation into what the upstream charged. Runs in
+/// Turns the reservation into what the upstream charged. Runs in
 /// the task that owns the call, so no client can cancel it halfway.
 #[tracing::instrument(target = "permit_gateway::spans", name = "settle", skip_all)]
 async fn settle(app: &App, job: &Job, reservation: Option<Reservation>, charge: Charge) {
@@ -179,7 +180,7 @@ const SETTLE_WAIT: Duration = Duration::from_secs(1);
 /// A settle running in a task of its own.
 pub(super) type Settling = tokio::task::JoinHandle<()>;
 
-/// Phase 12 in its own task: no call waits on it, no client cancels it.
+/// [`settle`] in its own task: no call waits on it, no client cancels it.
 pub(super) fn settle_beside(app: &Arc<App>, job: &Job, reservation: Option<Reservation>, charge: Charge) -> Settling {
     let (app, job) = (app.clone(), job.clone());
     // In the request's span, so an exported `settle` is its child even when

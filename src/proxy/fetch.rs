@@ -1,6 +1,10 @@
-//! The miss path (phases 8–13): coalesce, reserve, queue, forward, settle,
-//! store. Credits are counted in `credits`; while the org is out of
-//! credits, `org_probe` answers before the reservation.
+//! The miss path, [`fetch`](fn@super::fetch) of the pipeline, in the order
+//! it runs: [`coalesce`] (one call per key in this process), [`take_turn`]
+//! (one across replicas), then [`fetch_upstream`]: the org probe
+//! ([`org_probe::exhausted`], while the org is out of credits),
+//! [`credits::reserve`], [`fair_turn`], [`forward`] (with the settle,
+//! [`credits::settle_beside`]) and [`store`]. Credits are counted in
+//! `credits`.
 //!
 //! **A reservation has one owner and one end.** Every upstream call runs in
 //! a task of its own ([`owned`]) that holds the coalescing flight, the
@@ -12,10 +16,10 @@
 
 use super::context::Job;
 use super::credits::{self, Charge};
+use super::flight::{follow, Fetched, Flights, Join, Leader, Outcome};
 use super::org_probe;
 use crate::app::App;
 use crate::cache::entry::etag_of;
-use crate::cache::flight::{follow, Fetched, Join, Leader, Outcome};
 use crate::cache::lease::{Acquired, Lease, Peer};
 use crate::cache::{control, Entry};
 use crate::clock::now_ms;
@@ -53,12 +57,12 @@ pub(super) fn upstream_failed(outcome: &Outcome) -> bool {
 /// One upstream fetch per key at a time in this process; the others wait
 /// for it. A follower whose leader failed for its own reasons (its budget,
 /// its rate) tries itself; an upstream failure is everyone's.
-pub(super) async fn coalesced(app: &Arc<App>, job: Job) -> (Outcome, Role) {
+pub(super) async fn coalesce(app: &Arc<App>, flights: &Flights<Outcome>, job: Job) -> (Outcome, Role) {
     let Some(key) = job.key.clone() else {
-        return (owned(app, job, None).await, Role::Leader);
+        return (uncoalesced(app, job).await, Role::Leader);
     };
     loop {
-        match app.flights.join(&key) {
+        match flights.join(&key) {
             Join::Leader(leader) => return (owned(app, job, Some(leader)).await, Role::Leader),
             Join::Follower(rx) => match follow(rx).await {
                 Some(Ok(fetched)) => return (Ok(fetched), Role::Follower),
@@ -70,6 +74,12 @@ pub(super) async fn coalesced(app: &Arc<App>, job: Job) -> (Outcome, Role) {
             },
         }
     }
+}
+
+/// A fetch no other request joins (no page key: an id lookup's buy, which
+/// has flights of its own per id), run like any other in a task of its own.
+pub(super) async fn uncoalesced(app: &Arc<App>, job: Job) -> Outcome {
+    owned(app, job, None).await
 }
 
 /// Runs the fetch in a task that owns the flight: the caller only waits
@@ -186,14 +196,10 @@ async fn fetch_upstream(app: &Arc<App>, job: &Job) -> Outcome {
             return Ok(refusal);
         }
     }
-    // 9. Reserve the worst case, or refuse before anything is spent.
+    // The worst case held, or refused before anything is spent.
     let reservation = credits::reserve(app, job).await?;
-    // 10. Wait for this team's fair turn at the upstream rate (bounded).
-    if let Err(e) = app.scheduler.acquire(&job.team.name).await {
-        credits::release(app, reservation).await;
-        return Err(e);
-    }
-    // 11–12. Forward, and settle what the upstream charged.
+    let reservation = fair_turn(app, job, reservation).await?;
+    // Forward, and settle what the upstream charged.
     let (resp, charge) = forward(app, job, reservation).await?;
     let max = Duration::from_secs(app.config.upstream.max_retry_after_secs);
     if resp.status == StatusCode::TOO_MANY_REQUESTS {
@@ -218,9 +224,8 @@ async fn fetch_upstream(app: &Arc<App>, job: &Job) -> Outcome {
         return Err(invalid.billed_at(charge.credits));
     }
     let etag = (resp.status == StatusCode::OK).then(|| etag_of(&resp.body));
-    // 13. Store.
     if let (Some(key), Some(etag)) = (&job.key, &etag) {
-        maybe_store(app, job, key, &resp, etag, charge).await;
+        store(app, job, key, &resp, etag, charge).await;
     }
     Ok(Arc::new(Fetched {
         status: resp.status,
@@ -233,7 +238,24 @@ async fn fetch_upstream(app: &Arc<App>, job: &Job) -> Outcome {
     }))
 }
 
-/// Phases 11 and 12: forwards, and settles what the upstream billed as soon
+/// Waits for this team's fair turn at the upstream rate (bounded; after
+/// the reservation, so a team out of budget never holds a place in the
+/// queue). Refused, the reservation is released.
+async fn fair_turn(
+    app: &App,
+    job: &Job,
+    reservation: Option<Reservation>,
+) -> Result<Option<Reservation>, GatewayError> {
+    match app.scheduler.acquire(&job.team.name).await {
+        Ok(()) => Ok(reservation),
+        Err(e) => {
+            credits::release(app, reservation).await;
+            Err(e)
+        }
+    }
+}
+
+/// Forwards, and settles what the upstream billed as soon
 /// as an answer's head shows the bill — before its body, so neither a body
 /// that fails nor a crash while it streams loses the charge. An answer
 /// without a bill in its head is settled from its records once the body is
@@ -299,7 +321,7 @@ async fn forward(
     }
 }
 
-/// Phase 12 for a call without an answer: when the upstream sent a 200 head
+/// The settle of a call without an answer: when the upstream sent a 200 head
 /// before the body failed (cut, too large, the deadline), the call may have
 /// been billed. A head that carries its bill is settled at it; one that
 /// does not (the upstream bills every metered 200 in `X-Credits-Request`)
@@ -356,7 +378,7 @@ fn is_json(resp: &UpstreamResponse) -> bool {
 /// Stores 200 answers (already checked to be JSON) under the size cap,
 /// unless the client said `no-store` or the upstream `no-store`/`private`.
 /// The entry is worth what was charged, bounded by the reservation.
-async fn maybe_store(app: &App, job: &Job, key: &str, resp: &UpstreamResponse, etag: &HeaderValue, charge: Charge) {
+async fn store(app: &App, job: &Job, key: &str, resp: &UpstreamResponse, etag: &HeaderValue, charge: Charge) {
     let Some(ttl) = app.cache.ttl(job.target.route) else {
         return;
     };

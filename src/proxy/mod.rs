@@ -1,48 +1,63 @@
-//! The life of a team request, one phase per call, top to bottom, numbered
-//! in the order the code runs them (the crate doc and the README list the
-//! same order):
+//! The life of a team request. [`pipeline`] is a list of calls, each a
+//! function named for what it does, run in this order (docs/design.md §2
+//! describes each under the same name; the crate doc and the README list
+//! them):
 //!
-//! 1. admit (method, framing, size) · 2. route · 3. authenticate ·
-//! 4. team rate · 5. `/v2/usage` locally · 6. cache key · 7. lookup ·
-//! 8. coalesce · 9. reserve · 10. fair queue · 11. forward · 12. settle ·
-//! 13. store · 14. stale on upstream failure · 15. respond.
+//! [`admit`] → [`resolve`] → [`authenticate`] → [`limit_team`] →
+//! [`validate`] → [`usage`](usage::usage) → [`cache_key`] →
+//! [`lookup_ids`](by_id::lookup_ids) → [`lookup_months`](monthly::lookup_months) → [`lookup`] →
+//! [`held_answer`](held::held_answer) → [`may_buy`] → [`clamp`](clamp::clamp)
+//! → [`fetch`](fn@fetch) → [`stale_on_failure`] → [`respond`](fn@respond).
 //!
-//! [`handle`] is the service function of the team listener: it runs
-//! [`pipeline`], turns an error into a response at the single rescue point,
-//! and then records metrics and one access-log line for every request.
+//! Each returns early with the error that ends the request, or with the
+//! answer. [`handle`] is the service function of the team listener: it runs
+//! [`pipeline`], turns an error into a response at the single rescue point
+//! ([`rescue`]), and [`finish`]es every request, refused or not: the team's
+//! budget headers, the request id, its metrics and one access-log line.
 //!
 //! # Layout
 //! One concept per file; this file calls them, none of them calls it.
 //! - [`context`]: what the phases share (the ask, the fetch job, the
 //!   request context).
-//! - [`revalidate`]: phase 7's verdict on a found entry, and the background
-//!   refresh of stale-while-revalidate.
-//! - [`spend`]: answers held by another key's page (7b), pages clamped to a
-//!   team's remaining credits (8a).
-//! - [`by_id`]: an id lookup, phases 7–15 record by record.
-//! - [`fetch`]: phases 8–13; [`org_probe`] before 9 while the org is out of
-//!   credits; [`credits`]: reserve, charge, settle.
-//! - [`respond`]: phase 15, answering from the cache or from a fetch.
-//! - [`usage`]: phase 5.
+//! - [`state`]: what the request path keeps between requests ([`State`]):
+//!   the memo of parsed targets ([`parsed`]), the flights ([`flight`]),
+//!   the keys refreshed in the background ([`refresh`]).
+//! - [`revalidate`]: `lookup`'s verdict on a found entry, and the
+//!   background refresh of stale-while-revalidate.
+//! - [`held`](mod@held): `held_answer`, an answer held by another key's page;
+//!   [`clamp`](mod@clamp): a page clamped to a team's remaining credits.
+//! - [`by_id`]: `lookup_ids`, an id lookup record by record.
+//! - [`monthly`]: `lookup_months`, a monthly-metrics window from the months
+//!   already held, buying only the missing ones.
+//! - [`fetch`](mod@fetch): the miss path, `fetch` (coalesce, lease, reserve, fair
+//!   turn, forward, settle, store); [`org_probe`] before the reservation
+//!   while the org is out of credits; [`credits`]: reserve, charge, settle.
+//! - [`respond`](mod@respond): answers from the cache or from a fetch.
+//! - [`usage`](mod@usage): `/v2/usage`.
 
 mod by_id;
+mod clamp;
 mod context;
 mod credits;
 mod fetch;
+pub mod flight;
+mod held;
 mod monthly;
 mod org_probe;
+mod parsed;
+mod refresh;
 mod respond;
 mod revalidate;
-mod spend;
+mod state;
 mod usage;
 
 pub use context::CacheState;
-use context::RequestContext;
+pub use state::State;
 
 use crate::app::App;
-use crate::auth::Team;
+use crate::auth::{Team, TeamInFlight};
 use crate::cache::control::Directives;
-use crate::cache::{key, parsed};
+use crate::cache::{key, Entry};
 use crate::error::GatewayError;
 use crate::http_util::{number_header, request_id, Body, X_REQUEST_ID};
 use crate::metrics::Scope;
@@ -50,38 +65,75 @@ use crate::redis_backend::keys::Tag;
 use crate::route::{self, Route, Target};
 use crate::server::ConnectionMark;
 use crate::telemetry::{trace::Trace, SPANS};
-use context::Ask;
+use context::{Ask, RequestContext};
+use fetch::Role;
+use flight::Outcome;
 use http::{HeaderValue, Method, Request, Response};
+use parsed::Parsed;
 use std::sync::Arc;
 use std::time::Instant;
 
+type Answer = Result<Response<Body>, GatewayError>;
+
 /// Answers one team request. Never fails: errors become responses here.
-pub(crate) async fn handle<B>(app: Arc<App>, req: Request<B>, mark: Option<ConnectionMark>) -> Response<Body> {
+pub(crate) async fn handle<B>(
+    app: Arc<App>,
+    state: Arc<State>,
+    req: Request<B>,
+    mark: Option<ConnectionMark>,
+) -> Response<Body> {
     let started = Instant::now();
     // The request's span is built in `pipeline`, after authentication.
     let trace = Trace::from_headers(req.headers());
     let mut ctx = RequestContext::new(request_id(req.headers()), trace);
-    let mut resp = match pipeline(&app, &req, mark.as_ref(), &mut ctx).await {
+    let resp = match pipeline(&app, &state, &req, mark.as_ref(), &mut ctx).await {
         Ok(resp) => resp,
-        Err(e) => {
-            ctx.fault = Some(e.fault());
-            // A failure the upstream still billed: its cost, in the log.
-            if e.billed() > 0 {
-                ctx.credits = e.billed();
-            }
-            count_refusal(&app, ctx.team.as_deref().map(|t| t.name.as_str()), &e);
-            e.into_response()
-        }
+        Err(e) => rescue(&app, &mut ctx, e),
     };
-    // 15. The team's budget, as the upstream shows the org's: on metered
-    //     answers and on 402s, omitted for unlimited teams. Credit-exempt
-    //     routes carry none, for any team: the upstream sends none there
-    //     (issue 39), and `/v2/usage` says it in its body.
+    finish(&app, &req, resp, &ctx, started).await
+}
+
+/// The single rescue point: an error becomes its response. 429s and 402s
+/// by a budget are counted here, where they become the answer, and only
+/// here: a refusal deeper down that a stale copy rescued
+/// ([`stale_on_failure`]) was no refusal to the client.
+fn rescue(app: &App, ctx: &mut RequestContext, e: GatewayError) -> Response<Body> {
+    ctx.fault = Some(e.fault());
+    // A failure the upstream still billed: its cost, in the log.
+    if e.billed() > 0 {
+        ctx.credits = e.billed();
+    }
+    if let Some(team) = ctx.team.as_deref() {
+        let team = team.name.as_str();
+        match e {
+            GatewayError::TeamRateLimited { .. } => app.metrics.rate_limited(team, Scope::Team),
+            GatewayError::UpstreamRateLimited { .. } => app.metrics.rate_limited(team, Scope::Upstream),
+            GatewayError::QuotaExceeded { .. } => app.metrics.quota_rejection(team),
+            _ => {}
+        }
+    }
+    e.into_response()
+}
+
+/// What every answer gets, refused or not: the team's budget headers, the
+/// request id, the span's last fields, the request's metrics and its one
+/// access-log line.
+async fn finish<B>(
+    app: &App,
+    req: &Request<B>,
+    mut resp: Response<Body>,
+    ctx: &RequestContext,
+    started: Instant,
+) -> Response<Body> {
+    // The team's budget, as the upstream shows the org's: on metered
+    // answers and on 402s, omitted for unlimited teams. Credit-exempt
+    // routes carry none, for any team: the upstream sends none there
+    // (issue 39), and `/v2/usage` says it in its body.
     if let Some(team) = ctx.team.as_deref() {
         let status = resp.status().as_u16();
         let metered = ctx.route.is_some_and(Route::is_metered);
         if (metered && (resp.status().is_success() || status == 304)) || status == 402 {
-            credits::team_budget_headers(&app, &team.name, resp.headers_mut()).await;
+            credits::team_budget_headers(app, &team.name, resp.headers_mut()).await;
         }
     }
     if let Ok(mut v) = HeaderValue::from_str(&ctx.request_id) {
@@ -100,185 +152,60 @@ pub(crate) async fn handle<B>(app: Arc<App>, req: Request<B>, mark: Option<Conne
     resp
 }
 
-/// 429s and 402s by a budget are counted here, where they become the
-/// answer, and only here: a refusal deeper down that a stale copy rescued
-/// (phase 14) was no refusal to the client.
-fn count_refusal(app: &App, team: Option<&str>, e: &GatewayError) {
-    let Some(team) = team else { return };
-    match e {
-        GatewayError::TeamRateLimited { .. } => app.metrics.rate_limited(team, Scope::Team),
-        GatewayError::UpstreamRateLimited { .. } => app.metrics.rate_limited(team, Scope::Upstream),
-        GatewayError::QuotaExceeded { .. } => app.metrics.quota_rejection(team),
-        _ => {}
-    }
-}
-
-/// The phases in order; each returns early with the error that ends it.
+/// The phases before the team is known; the rest run in the request's span
+/// ([`as_team`]).
 async fn pipeline<B>(
     app: &Arc<App>,
+    state: &Arc<State>,
     req: &Request<B>,
     mark: Option<&ConnectionMark>,
     ctx: &mut RequestContext,
-) -> Result<Response<Body>, GatewayError> {
-    // 1. Method, framing and size: only plain GET and HEAD are ours.
+) -> Answer {
     admit(app, req)?;
-    // 2. Route (before auth only so that 404 needs no token, like upstream);
-    //    a target seen before was routed, validated and keyed then.
-    let raw = req.uri().path_and_query().map_or("", |pq| pq.as_str());
-    let memo = app.parsed.get(raw);
-    let target = match &memo {
-        Some(parsed) => parsed.target.clone(),
-        None => route::classify(req.uri(), app.config.server.max_uri_bytes)?,
-    };
-    ctx.route = Some(target.route);
-    if target.route == Route::Other {
-        // A path no vendor operation has: the vendor's server answers it
-        // with a free 404 before it looks at the key, and so do we, before
-        // anything is reserved or sent (issue 39: a guessed reservation
-        // refused teams near their limit what the upstream gives for free).
-        // The path is logged (the lead behind alert
-        // GatewayUnknownVendorOperation; the query stays out) only for a
-        // valid token: a token-less peer's paths are no news of the
-        // vendor's, and its lines must not crowd the log queue (telemetry).
-        if let Ok(team) = app.teams.load().authenticate(req.headers()) {
-            tracing::info!(request_id = %ctx.request_id, team = %team.name, path = %target.path, "unknown /v2 path (route other): 404");
-            ctx.team = Some(team);
-        }
-        return Err(GatewayError::NotFound);
-    }
-    // 3. Authenticate before anything costs money or reveals data.
-    let team = app.teams.load().authenticate(req.headers())?;
-    ctx.team = Some(team.clone());
-    // 3. (cont.) An HTTP/2 stream past its team's share of the answer
-    //    bytes held for slow readers is refused here, before anything is
-    //    looked up, reserved or bought (server::overload).
-    if let Some(mark) = mark {
-        if !mark.team_seen(&team.name) {
-            return Err(GatewayError::AnswersBusy);
-        }
-    }
-    // The request's span, only now that its team is known: an anonymous
-    // peer's `traceparent`, sampled or not, makes no span and exports
-    // nothing. Built only when spans are exported (see telemetry).
-    let span = tracing::info_span!(
-        target: SPANS,
-        "request",
-        otel.kind = "server",
-        http.request.method = %req.method(),
-        http.route = tracing::field::Empty,
-        http.response.status_code = tracing::field::Empty,
-    );
-    ctx.trace.attach(&span);
-    ctx.span = span.clone();
-    crate::telemetry::in_span!(span, authenticated(app, req, team, target, memo, ctx))
+    let (target, memo) = resolve(app, state, req, ctx)?;
+    let team = authenticate(app, req, mark, ctx)?;
+    let span = request_span(req, ctx);
+    crate::telemetry::in_span!(span, as_team(app, state, req, team, target, memo, ctx))
 }
 
-/// Phases 4–15, inside the request's span: what a known team asks.
-async fn authenticated<B>(
+/// What a known team asks, inside the request's span.
+async fn as_team<B>(
     app: &Arc<App>,
+    state: &Arc<State>,
     req: &Request<B>,
     team: Arc<Team>,
     target: Target,
-    memo: Option<Arc<parsed::Parsed>>,
+    memo: Option<Arc<Parsed>>,
     ctx: &mut RequestContext,
-) -> Result<Response<Body>, GatewayError> {
-    // 4. The team's requests in flight (followers too), so one team cannot
-    //    keep every connection and queue place busy; held until answered.
-    let Some(_in_flight) = team.enter(app.config.server.team_in_flight_limit()) else {
-        return Err(GatewayError::TeamRateLimited { retry_after_secs: 1 });
-    };
-    // 4. The team's own request rate.
-    if let Err(retry_after_secs) = team.check_rate() {
-        return Err(GatewayError::TeamRateLimited { retry_after_secs });
-    }
-    // 4. (cont.) A `size` or `id` list the upstream would refuse: its free
-    //    422, answered here before anything is looked up, reserved or sent,
-    //    so the estimate below is computed from a valid value.
-    if memo.is_none() {
-        route::validate(&target)?;
-    }
-    // 5. /v2/usage is the team's own usage: answered here, never forwarded.
+) -> Answer {
+    let _in_flight = limit_team(app, &team)?;
+    validate(&target, memo.as_deref())?;
     if target.route == Route::Usage {
         ctx.cache = CacheState::Bypass;
         return usage::usage(app, &team).await;
     }
-    // 6. The normalized key; `None` for routes that are never cached.
-    let raw = req.uri().path_and_query().map_or("", |pq| pq.as_str());
-    let (key, tag) = match memo {
-        Some(parsed) => (parsed.key.clone(), parsed.tag),
-        None => {
-            let key = app.cache.ttl(target.route).map(|_| key::cache_key(&target));
-            // Worked out once for the memo: hashed on every Redis-tier hit
-            // it was ~7k instructions (callgrind's SHA-256 without SHA-NI).
-            let tag = key.as_deref().filter(|_| app.cache.redis().is_some()).map(Tag::of);
-            let parsed = parsed::Parsed {
-                target: target.clone(),
-                key: key.clone(),
-                tag,
-            };
-            app.parsed.insert(raw, parsed);
-            (key, tag)
-        }
-    };
-    let ask = Ask {
-        req,
-        trace: ctx.trace.clone(),
-        directives: Directives::from_headers(req.headers()),
-        team,
-        target,
-        key,
-        tag,
-    };
-    cached_or_fetched(app, &ask, ctx).await
+    let ask = cache_key(app, state, req, team, target, memo, ctx);
+    answer(app, state, &ask, ctx).await
 }
 
-/// Phases 7–15 of a request that may be answered from the cache.
-async fn cached_or_fetched<B>(
-    app: &Arc<App>,
-    ask: &Ask<'_, B>,
-    ctx: &mut RequestContext,
-) -> Result<Response<Body>, GatewayError> {
-    // 7a. An id lookup: from the records already bought, buying the rest.
-    if let Some(answer) = by_id::answer(app, ask, ctx).await {
+/// The phases of a request that may be answered from the cache, bought, or
+/// both; run again for the narrower request of a [`clamp`](clamp::clamp).
+async fn answer<B>(app: &Arc<App>, state: &Arc<State>, ask: &Ask<'_, B>, ctx: &mut RequestContext) -> Answer {
+    if let Some(answer) = by_id::lookup_ids(app, state, ask, ctx).await {
         return answer;
     }
-    // 7a. Monthly metrics: from the months already held, buying the rest.
-    if let Some(answer) = monthly::answer(app, ask, ctx).await {
+    if let Some(answer) = monthly::lookup_months(app, state, ask, ctx).await {
         return answer;
     }
-    let (d, target) = (&ask.directives, &ask.target);
-    // 7. Lookup, unless the client said no-cache.
-    let mut cached = None;
-    if let (Some(k), false) = (&ask.key, d.no_cache) {
-        let span = tracing::info_span!(target: SPANS, "cache_lookup");
-        if let Some((entry, tier)) =
-            crate::telemetry::in_span!(span, app.cache.lookup_tagged(target.route, k, ask.tag.as_ref()))
-        {
-            // A HEAD never buys, not even a background refresh (built only
-            // when one starts: the hit path allocates no job).
-            let buys = ask.req.method() != Method::HEAD;
-            let job = || buys.then(|| ask.job(&ctx.request_id));
-            if let Some(state) = revalidate::accept(app, &entry, d, k, job).await {
-                app.metrics.cache_hit(target.route, tier);
-                let held = (&*entry, tier);
-                return Ok(respond::from_held(app, &ask.team, target, held, state, ask.req, ctx));
-            }
-            cached = Some(entry);
-        }
+    let cached = match lookup(app, state, ask, ctx).await {
+        Found::Answer(resp) => return Ok(resp),
+        Found::Kept(cached) => cached,
+    };
+    if let Some(resp) = held::held_answer(app, ask, ctx).await {
+        return Ok(resp);
     }
-    // 7b. The answer held by another key's page (issue 28).
-    if let Some(answer) = spend::derived(app, ask, ctx).await {
-        return Ok(answer);
-    }
-    // A HEAD never buys anything: it is answered from the cache or not at
-    // all, like only-if-cached (the upstream has no HEAD to forward to).
-    let head_of_metered = ask.req.method() == Method::HEAD && route::credit_estimate(target) > 0;
-    if d.only_if_cached || head_of_metered {
-        return Err(GatewayError::NotCached);
-    }
-    // 8a. A team that opted in gets the page its remaining credits cover
-    //     (looked up, then bought, as a request of its own).
-    if let Some(clamped) = spend::clamp(app, ask).await {
+    may_buy(ask)?;
+    if let Some(clamped) = clamp::clamp(app, ask).await {
         let narrowed = Ask {
             req: ask.req,
             trace: ask.trace.clone(),
@@ -288,36 +215,19 @@ async fn cached_or_fetched<B>(
             key: clamped.key,
             tag: None,
         };
-        let mut resp = Box::pin(cached_or_fetched(app, &narrowed, ctx)).await?;
-        spend::mark(&mut resp, clamped.asked);
+        let mut resp = Box::pin(answer(app, state, &narrowed, ctx)).await?;
+        clamp::mark(&mut resp, clamped.asked);
         return Ok(resp);
     }
-    // 8–13. Coalesce, reserve, queue, forward, settle, store.
-    let (outcome, role) = fetch::coalesced(app, ask.job(&ctx.request_id)).await;
-    // 14. The upstream failed and a stale copy exists: serve it instead.
-    if let (true, Some(k)) = (fetch::upstream_failed(&outcome), ask.key.as_deref()) {
-        if cached.is_none() {
-            cached = app.cache.lookup(target.route, k).await.map(|(e, _)| e);
-        }
-        if let Some(entry) = &cached {
-            let mut resp = respond::from_cache(app, &ask.team, target, entry, CacheState::Stale, ask.req, ctx);
-            // The leader's failed call may still have been billed (a
-            // follower's failure is unbilled): the answer says so.
-            let billed = outcome.as_ref().err().map_or(0, GatewayError::billed);
-            if billed > 0 {
-                ctx.credits = billed;
-                resp.headers_mut()
-                    .insert(credits::X_CREDITS_REQUEST, number_header(billed));
-            }
-            return Ok(resp);
-        }
+    let (outcome, role) = fetch(app, state, ask, ctx).await;
+    if let Some(resp) = stale_on_failure(app, ask, &outcome, cached, ctx).await {
+        return Ok(resp);
     }
-    // 15. Respond with what the fetch brought.
-    let no_cache = d.no_cache || ask.key.is_none();
-    respond::from_fetched(app, &ask.team, target, outcome?, role, no_cache, ctx)
+    respond(app, ask, outcome, role, ctx)
 }
 
-/// Phase 1: refuses what is not a plain GET or HEAD of a bounded size.
+/// Refuses what is not a plain GET or HEAD of a bounded size: free, and
+/// needs nothing.
 fn admit<B>(app: &App, req: &Request<B>) -> Result<(), GatewayError> {
     if req.method() != Method::GET && req.method() != Method::HEAD {
         return Err(GatewayError::MethodNotAllowed);
@@ -338,4 +248,234 @@ fn admit<B>(app: &App, req: &Request<B>) -> Result<(), GatewayError> {
 /// Size of the header section as sent (names, values, ": " and CRLF).
 fn header_bytes(headers: &http::HeaderMap) -> usize {
     headers.iter().map(|(k, v)| k.as_str().len() + v.len() + 4).sum()
+}
+
+/// The request target as sent: what the memo of parsed targets is keyed by.
+fn raw_target<B>(req: &Request<B>) -> &str {
+    req.uri().path_and_query().map_or("", |pq| pq.as_str())
+}
+
+/// The target's route, and its memo when it was seen before (routed,
+/// validated and keyed then). Before authentication only so that a wrong
+/// path is a 404 without a token, like upstream.
+fn resolve<B>(
+    app: &App,
+    state: &State,
+    req: &Request<B>,
+    ctx: &mut RequestContext,
+) -> Result<(Target, Option<Arc<Parsed>>), GatewayError> {
+    let memo = state.parsed.get(raw_target(req));
+    let target = match &memo {
+        Some(parsed) => parsed.target.clone(),
+        None => route::classify(req.uri(), app.config.server.max_uri_bytes)?,
+    };
+    ctx.route = Some(target.route);
+    if target.route == Route::Other {
+        // A path no vendor operation has: the vendor's server answers it
+        // with a free 404 before it looks at the key, and so do we, before
+        // anything is reserved or sent (issue 39: a guessed reservation
+        // refused teams near their limit what the upstream gives for free).
+        // The path is logged (the lead behind alert
+        // GatewayUnknownVendorOperation; the query stays out) only for a
+        // valid token: a token-less peer's paths are no news of the
+        // vendor's, and its lines must not crowd the log queue (telemetry).
+        if let Ok(team) = app.teams.load().authenticate(req.headers()) {
+            tracing::info!(request_id = %ctx.request_id, team = %team.name, path = %target.path, "unknown /v2 path (route other): 404");
+            ctx.team = Some(team);
+        }
+        return Err(GatewayError::NotFound);
+    }
+    Ok((target, memo))
+}
+
+/// The team behind the token, before anything costs money or reveals data.
+/// The team becomes its connection's tenant for the overload manager
+/// (`server::overload`): an HTTP/2 stream past its team's share of the
+/// answer bytes held for slow readers is refused here, before anything is
+/// looked up, reserved or bought.
+fn authenticate<B>(
+    app: &App,
+    req: &Request<B>,
+    mark: Option<&ConnectionMark>,
+    ctx: &mut RequestContext,
+) -> Result<Arc<Team>, GatewayError> {
+    let team = app.teams.load().authenticate(req.headers())?;
+    ctx.team = Some(team.clone());
+    if let Some(mark) = mark {
+        if !mark.team_seen(&team.name) {
+            return Err(GatewayError::AnswersBusy);
+        }
+    }
+    Ok(team)
+}
+
+/// The request's span, only now that its team is known: an anonymous
+/// peer's `traceparent`, sampled or not, makes no span and exports
+/// nothing. Built only when spans are exported (see telemetry).
+fn request_span<B>(req: &Request<B>, ctx: &mut RequestContext) -> tracing::Span {
+    let span = tracing::info_span!(
+        target: SPANS,
+        "request",
+        otel.kind = "server",
+        http.request.method = %req.method(),
+        http.route = tracing::field::Empty,
+        http.response.status_code = tracing::field::Empty,
+    );
+    ctx.trace.attach(&span);
+    ctx.span = span.clone();
+    span
+}
+
+/// The team's own limits, before the cache on purpose (they protect the
+/// gateway itself, hits included). First its requests in flight (followers
+/// too), held until answered, so one team cannot keep every connection and
+/// queue place busy; then its request rate, so a request refused for the
+/// first takes no token of the second.
+fn limit_team(app: &App, team: &Team) -> Result<TeamInFlight, GatewayError> {
+    let Some(in_flight) = team.enter(app.config.server.team_in_flight_limit()) else {
+        return Err(GatewayError::TeamRateLimited { retry_after_secs: 1 });
+    };
+    if let Err(retry_after_secs) = team.check_rate() {
+        return Err(GatewayError::TeamRateLimited { retry_after_secs });
+    }
+    Ok(in_flight)
+}
+
+/// A `size` or `id` list the upstream would refuse: its free 422, answered
+/// here before anything is looked up, reserved or sent, so the estimate is
+/// computed from a valid value. A memoized target was validated when it
+/// was first seen.
+fn validate(target: &Target, memo: Option<&Parsed>) -> Result<(), GatewayError> {
+    match memo {
+        Some(_) => Ok(()),
+        None => route::validate(target),
+    }
+}
+
+/// What the request asks, with its normalized cache key (`None` for routes
+/// that are never cached) and the client's `Cache-Control`; a target seen
+/// for the first time is memoized here, routed, validated and keyed.
+fn cache_key<'r, B>(
+    app: &App,
+    state: &State,
+    req: &'r Request<B>,
+    team: Arc<Team>,
+    target: Target,
+    memo: Option<Arc<Parsed>>,
+    ctx: &RequestContext,
+) -> Ask<'r, B> {
+    let (key, tag) = match memo {
+        Some(parsed) => (parsed.key.clone(), parsed.tag),
+        None => {
+            let key = app.cache.ttl(target.route).map(|_| key::cache_key(&target));
+            // Worked out once for the memo: hashed on every Redis-tier hit
+            // it was ~7k instructions (callgrind's SHA-256 without SHA-NI).
+            let tag = key.as_deref().filter(|_| app.cache.redis().is_some()).map(Tag::of);
+            let parsed = Parsed {
+                target: target.clone(),
+                key: key.clone(),
+                tag,
+            };
+            state.parsed.insert(raw_target(req), parsed);
+            (key, tag)
+        }
+    };
+    Ask {
+        req,
+        trace: ctx.trace.clone(),
+        directives: Directives::from_headers(req.headers()),
+        team,
+        target,
+        key,
+        tag,
+    }
+}
+
+/// What [`lookup`] found.
+enum Found {
+    /// An entry that answers this request (HIT or STALE).
+    Answer(Response<Body>),
+    /// None that answers it; an expired one, if any, is kept for
+    /// [`stale_on_failure`].
+    Kept(Option<Arc<Entry>>),
+}
+
+/// The request's own key in the cache, unless the client said `no-cache`,
+/// and the verdict on what it finds ([`revalidate`]).
+async fn lookup<B>(app: &Arc<App>, state: &Arc<State>, ask: &Ask<'_, B>, ctx: &mut RequestContext) -> Found {
+    let (Some(k), false) = (&ask.key, ask.directives.no_cache) else {
+        return Found::Kept(None);
+    };
+    let target = &ask.target;
+    let span = tracing::info_span!(target: SPANS, "cache_lookup");
+    let Some((entry, tier)) =
+        crate::telemetry::in_span!(span, app.cache.lookup_tagged(target.route, k, ask.tag.as_ref()))
+    else {
+        return Found::Kept(None);
+    };
+    // A HEAD never buys, not even a background refresh (built only when
+    // one starts: the hit path allocates no job).
+    let buys = ask.req.method() != Method::HEAD;
+    let job = || buys.then(|| ask.job(&ctx.request_id));
+    match revalidate::accept(app, state, &entry, &ask.directives, k, job).await {
+        Some(cache) => {
+            app.metrics.cache_hit(target.route, tier);
+            let held = (&*entry, tier);
+            Found::Answer(respond::from_held(app, &ask.team, target, held, cache, ask.req, ctx))
+        }
+        None => Found::Kept(Some(entry)),
+    }
+}
+
+/// Whether this request may buy: a HEAD never does, not even on a miss (it
+/// is answered from the cache or not at all, like `only-if-cached`: the
+/// upstream has no HEAD to forward to).
+fn may_buy<B>(ask: &Ask<'_, B>) -> Result<(), GatewayError> {
+    let head_of_metered = ask.req.method() == Method::HEAD && route::credit_estimate(&ask.target) > 0;
+    if ask.directives.only_if_cached || head_of_metered {
+        return Err(GatewayError::NotCached);
+    }
+    Ok(())
+}
+
+/// Coalesce, reserve, queue, forward, settle, store ([`fetch`](mod@fetch)),
+/// in a task of its own that no client can cancel.
+async fn fetch<B>(app: &Arc<App>, state: &State, ask: &Ask<'_, B>, ctx: &RequestContext) -> (Outcome, Role) {
+    fetch::coalesce(app, &state.flights, ask.job(&ctx.request_id)).await
+}
+
+/// The upstream failed ([`fetch::upstream_failed`]) and an expired copy is
+/// still within its grace period: it answers instead of the error, with
+/// what the failed call still cost. The entry [`lookup`] kept is reused.
+async fn stale_on_failure<B>(
+    app: &App,
+    ask: &Ask<'_, B>,
+    outcome: &Outcome,
+    cached: Option<Arc<Entry>>,
+    ctx: &mut RequestContext,
+) -> Option<Response<Body>> {
+    let key = ask.key.as_deref()?;
+    if !fetch::upstream_failed(outcome) {
+        return None;
+    }
+    let entry = match cached {
+        Some(entry) => entry,
+        None => app.cache.lookup(ask.target.route, key).await?.0,
+    };
+    let mut resp = respond::from_cache(app, &ask.team, &ask.target, &entry, CacheState::Stale, ask.req, ctx);
+    // The leader's failed call may still have been billed (a follower's
+    // failure is unbilled): the answer says so.
+    let billed = outcome.as_ref().err().map_or(0, GatewayError::billed);
+    if billed > 0 {
+        ctx.credits = billed;
+        resp.headers_mut()
+            .insert(credits::X_CREDITS_REQUEST, number_header(billed));
+    }
+    Some(resp)
+}
+
+/// The answer the fetch brought, or its error.
+fn respond<B>(app: &App, ask: &Ask<'_, B>, outcome: Outcome, role: Role, ctx: &mut RequestContext) -> Answer {
+    let no_cache = ask.directives.no_cache || ask.key.is_none();
+    respond::from_fetched(app, &ask.team, &ask.target, outcome?, role, no_cache, ctx)
 }

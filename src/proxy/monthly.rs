@@ -9,8 +9,8 @@
 //! team pays for the rows bought; the rows held count in
 //! `gateway_credits_saved_total{reason="window"}`.
 //!
-//! Runs before the page lookup (step 7, beside the id lookups of `by_id`)
-//! when `cache.month_reuse` is on, for a request that names its window as
+//! The `lookup_months` phase: runs after `lookup_ids`, before the page's
+//! own `lookup`, when `cache.month_reuse` is on, for a request that names its window as
 //! the upstream reads it (`metric_from`, `metric_to` as `YYYY-MM-DD`, `tag`,
 //! `property_type` but on addresses, `size`, each once) and says neither
 //! `no-cache` nor `max-age`; anything else (a cursor, another parameter) is
@@ -35,9 +35,11 @@
 use super::context::{Ask, CacheState, RequestContext};
 use super::credits::{self, X_CREDITS_REQUEST};
 use super::fetch::{self, Role};
+use super::flight::Fetched;
 use super::respond::{self, saved, saved_because};
+use super::State;
 use crate::app::App;
-use crate::cache::flight::Fetched;
+
 use crate::cache::months::{self, Series};
 use crate::cache::{control, key, Entry};
 use crate::clock::now_ms;
@@ -129,9 +131,15 @@ impl Window {
     }
 }
 
-/// The answer of a monthly-metrics window from the rows held and one call
-/// for the missing months; `None` when this request is the page path's.
-pub(super) async fn answer<B>(app: &Arc<App>, ask: &Ask<'_, B>, ctx: &mut RequestContext) -> Option<Answer> {
+/// The `lookup_months` phase: the answer of a monthly-metrics window from
+/// the rows held and one call for the missing months; `None` when this
+/// request is the page path's.
+pub(super) async fn lookup_months<B>(
+    app: &Arc<App>,
+    state: &State,
+    ask: &Ask<'_, B>,
+    ctx: &mut RequestContext,
+) -> Option<Answer> {
     let (d, target) = (&ask.directives, &ask.target);
     if !months::is_monthly(target.route) || !app.cache.month_reuse() || d.no_cache || d.max_age.is_some() {
         return None;
@@ -179,7 +187,7 @@ pub(super) async fn answer<B>(app: &Arc<App>, ask: &Ask<'_, B>, ctx: &mut Reques
         query: Some(w.query(sub_from, sub_to, w.size - kept_rows).into()),
     };
     job.key = Some(key::cache_key(&job.target));
-    let (outcome, role) = fetch::coalesced(app, job.clone()).await;
+    let (outcome, role) = fetch::coalesce(app, &state.flights, job.clone()).await;
     let fetched = match outcome {
         Ok(f) => f,
         Err(e) => return Some(Err(e)),

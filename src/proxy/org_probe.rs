@@ -1,4 +1,4 @@
-//! The org probe, just before phase 9: while the company's upstream credits
+//! The org probe, just before the reservation: while the company's upstream credits
 //! are exhausted (`crate::org`, set by an upstream 402), a metered call is
 //! answered with the upstream's last 402 instead of being forwarded (every
 //! one would be refused anyway), and now and then one free `/v2/usage` call
@@ -7,8 +7,8 @@
 //! an upstream failure, so a stale copy answers when one is held.
 
 use super::context::Job;
+use super::flight::Fetched;
 use crate::app::App;
-use crate::cache::flight::Fetched;
 use crate::route::{Route, Target};
 use http::StatusCode;
 use std::sync::Arc;

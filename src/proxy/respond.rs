@@ -1,8 +1,9 @@
-//! Phase 15, the one place a team's answer is made, whether it comes from
-//! the cache ([`from_cache`]: HIT, STALE) or from a fetch ([`from_fetched`]:
-//! MISS, BYPASS, or a follower's HIT): what the team pays for it, what it
-//! saved ([`saved`]), and the answer's shape. Pages, id lookups (`by_id`),
-//! held answers (`spend`) and stale copies all answer through here.
+//! The one place a team's answer is made, whether it comes from the cache
+//! ([`from_cache`]: HIT, STALE) or from a fetch ([`from_fetched`]: MISS,
+//! BYPASS, or a follower's HIT; the pipeline's [`respond`](super::respond)):
+//! what the team pays for it, what it saved ([`saved`]), and the answer's
+//! shape. Pages, id lookups (`by_id`), held answers (`held`) and stale
+//! copies all answer through here.
 //!
 //! Only an allow-list of the upstream's response headers reaches a team:
 //! `Content-Type` and `Retry-After` (clamped) on passed-through errors; on a
@@ -14,9 +15,9 @@
 use super::context::{CacheState, RequestContext};
 use super::credits::X_CREDITS_REQUEST;
 use super::fetch::Role;
+use super::flight::Fetched;
 use crate::app::App;
 use crate::auth::Team;
-use crate::cache::flight::Fetched;
 use crate::cache::Entry;
 use crate::clock::now_ms;
 use crate::error::GatewayError;

@@ -1,14 +1,17 @@
-//! Phase 7's verdict on a found entry, stale-while-revalidate included:
-//! whether it answers this request, and as what ([`usable`]: fresh is a
-//! HIT, `max-age` rejects older entries, `max-stale` accepts stale ones);
-//! an entry within `cache.stale_while_revalidate_secs` answers at once as
-//! STALE and starts one background [`refresh`] ([`accept`]), a miss of its
-//! own, logged as one. Anything else is kept only as the fallback of phase
-//! 14. The response itself is shaped in `respond`; the keys refreshed in
-//! the background lately are in [`crate::cache::refresh`].
+//! [`lookup`](super::lookup)'s verdict on a found entry,
+//! stale-while-revalidate included: whether it answers this request, and as
+//! what ([`usable`]: fresh is a HIT, `max-age` rejects older entries,
+//! `max-stale` accepts stale ones); an entry within
+//! `cache.stale_while_revalidate_secs` answers at once as STALE and starts
+//! one background [`refresh`] ([`accept`]), a miss of its own, logged as
+//! one. Anything else is kept only as the fallback of
+//! [`stale_on_failure`](super::stale_on_failure). The response itself is
+//! shaped in `respond`; the keys refreshed in the background lately are in
+//! [`super::refresh`].
 
 use super::context::{CacheState, Job, RequestContext};
 use super::fetch::{self, Role};
+use super::State;
 use crate::app::App;
 use crate::cache::control::Directives;
 use crate::cache::Entry;
@@ -55,9 +58,10 @@ pub(super) fn usable(entry: &Entry, d: &Directives, revalidate_secs: u64, now: u
 /// refresh's own access-log line, not in this free answer). `job`: the
 /// refresh to start; `None` for a request that may not buy (a HEAD).
 ///
-/// [`REFRESH_EVERY`]: crate::cache::refresh::REFRESH_EVERY
+/// [`REFRESH_EVERY`]: super::refresh::REFRESH_EVERY
 pub(super) async fn accept(
     app: &Arc<App>,
+    state: &Arc<State>,
     entry: &Entry,
     d: &Directives,
     key: &str,
@@ -69,8 +73,8 @@ pub(super) async fn accept(
         Use::Revalidate => {
             // only-if-cached never reaches the upstream, not even so.
             if let (Some(job), false) = (job(), d.only_if_cached) {
-                if app.refreshes.claim(key).await {
-                    tokio::spawn(refresh(app.clone(), job));
+                if state.refreshes.claim(key).await {
+                    tokio::spawn(refresh(app.clone(), state.clone(), job));
                 }
             }
             Some(CacheState::Stale)
@@ -80,12 +84,12 @@ pub(super) async fn accept(
 }
 
 /// A stale-while-revalidate refresh: a miss of its own, logged as one.
-async fn refresh(app: Arc<App>, job: Job) {
+async fn refresh(app: Arc<App>, state: Arc<State>, job: Job) {
     let started = Instant::now();
     let mut ctx = RequestContext::new(job.request_id.clone(), job.trace.clone());
     ctx.team = Some(job.team.clone());
     ctx.route = Some(job.target.route);
-    let (outcome, role) = fetch::coalesced(&app, job).await;
+    let (outcome, role) = fetch::coalesce(&app, &state.flights, job).await;
     let status = match &outcome {
         Ok(f) => {
             if role == Role::Leader && !f.from_cache {

@@ -1,6 +1,7 @@
-//! `GET /v2/usage` (phase 5): the team's own usage, answered by the gateway
-//! from its ledger in the upstream's usage shape. Never forwarded and never
-//! cached: the upstream's answer would be the whole org's.
+//! `GET /v2/usage` ([`usage`], a phase of the pipeline): the team's own
+//! usage, answered by the gateway from its ledger in the upstream's usage
+//! shape. Never forwarded and never cached: the upstream's answer would be
+//! the whole org's.
 
 use crate::app::App;
 use crate::auth::Team;

@@ -90,13 +90,13 @@ impl Keys {
     }
 
     /// [`Keys::entry`] with the key's [`Tag`] worked out before (a
-    /// memoized request target carries it: `cache::parsed`).
+    /// memoized request target carries it: `proxy::parsed`).
     pub(crate) fn entry_tagged(&self, route: Route, tag: &Tag) -> String {
         self.cached(route, "", tag)
     }
 
     /// A complete page filed again under its size-free index key
-    /// (`cache::spend`). Marked `i:` so that it can be counted apart from
+    /// (`cache::held`). Marked `i:` so that it can be counted apart from
     /// the answers bought (`bench/run.py` counts the keys bought so); never leased: never
     /// fetched under this key.
     pub(crate) fn complete_index(&self, route: Route, index_key: &str) -> String {
@@ -171,7 +171,7 @@ pub(crate) fn record_key(lookup_route: Route, id: &str) -> String {
 /// The hash tag's content: the cache key's SHA-256 in lowercase hex (as
 /// `hex::encode` writes it): fixed length whatever the key, and no `{` or
 /// `}` from the query inside a tag. A pure function of the cache key, so
-/// a memoized request target keeps it (`cache::parsed`) and a hit from
+/// a memoized request target keeps it (`proxy::parsed`) and a hit from
 /// Redis hashes nothing.
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Tag([u8; 64]);

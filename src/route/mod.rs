@@ -185,7 +185,7 @@ pub struct Target {
     pub route: Route,
     /// Canonical, percent-encoded, always starting with `/v2/`. Shared, not
     /// owned: a memoized target is cloned into every request that repeats
-    /// it (`cache::parsed`), and a clone is then a reference count.
+    /// it (`proxy::parsed`), and a clone is then a reference count.
     pub path: Arc<str>,
     /// The raw query string, if any.
     pub query: Option<Arc<str>>,

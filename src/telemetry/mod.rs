@@ -2,9 +2,10 @@
 //! The access log is the `access` target, one line per request, written by
 //! `proxy::RequestContext::finish`, with the request's W3C trace id
 //! (`trace_id`, see [`trace`]). Nothing secret is ever a field: team names,
-//! never tokens; routes, never the upstream key. Off a terminal the access
-//! line is preformatted by [`access`] in the same shape (the per-request
-//! formatting of a `tracing` event was most of a hit's cost at `info`).
+//! never tokens; routes, never the upstream key. Except at a terminal in
+//! text, the access line is preformatted by [`access`] in the same shape
+//! (the per-request formatting of a `tracing` event was most of a hit's
+//! cost at `info`).
 //!
 //! Lines go into a bounded queue drained by one writer thread ([`sink`]),
 //! so a slow stderr never holds a request. When the queue is full, lines
@@ -84,23 +85,16 @@ impl Telemetry {
 pub fn init(log: &LogConfig, tracing: &TracingConfig) -> Result<Telemetry, (Telemetry, String)> {
     let filter = log.level.filter();
     let (sink, guard) = sink::Sink::start(std::io::stderr(), log.queue_lines);
-    let logged = logged(filter);
     let terminal = std::io::stderr().is_terminal();
-    if !terminal {
-        // Access lines preformatted (see `access`), on the same queue.
-        access::install(sink.clone(), log.format == LogFormat::Json);
+    let json = log.format == LogFormat::Json;
+    if !terminal || json {
+        // Access lines preformatted (see `access`), on the same queue; at
+        // a terminal in text, `tracing`'s coloured line.
+        access::install(sink.clone(), json);
     }
-    let fmt = tracing_subscriber::fmt::layer()
-        .with_writer(sink.events())
-        // Colour codes only for a person at a terminal: in a file, journald
-        // or a log shipper they are noise that breaks grep and parsers.
-        .with_ansi(terminal)
-        .with_target(true);
-    let fmt = if log.format == LogFormat::Json {
-        fmt.json().flatten_event(true).with_filter(logged).boxed()
-    } else {
-        fmt.with_filter(logged).boxed()
-    };
+    // Colour codes only for a person at a terminal: in a file, journald or
+    // a log shipper they are noise that breaks grep and parsers.
+    let fmt = log_layer(sink.events(), json, terminal, logged(filter));
     let (spans, error) = match tracing.otlp_endpoint.as_deref().map(|e| otlp::tracer(tracing, e)) {
         Some(Ok((provider, tracer))) => (Some((provider, tracer)), None),
         Some(Err(e)) => (None, Some(e)),
@@ -130,6 +124,30 @@ pub fn init(log: &LogConfig, tracing: &TracingConfig) -> Result<Telemetry, (Tele
     match error {
         None => Ok(telemetry),
         Some(e) => Err((telemetry, e)),
+    }
+}
+
+/// The log layer: `tracing-subscriber`'s full text format, or its JSON
+/// with the event's fields flattened, through `filter`. The access line
+/// (`access`) is written in the same shape; its test formats through this.
+fn log_layer<S, W>(
+    writer: W,
+    json: bool,
+    ansi: bool,
+    filter: impl tracing_subscriber::layer::Filter<S> + Send + Sync + 'static,
+) -> Box<dyn Layer<S> + Send + Sync>
+where
+    S: tracing::Subscriber + for<'a> tracing_subscriber::registry::LookupSpan<'a>,
+    W: for<'w> tracing_subscriber::fmt::MakeWriter<'w> + Send + Sync + 'static,
+{
+    let fmt = tracing_subscriber::fmt::layer()
+        .with_writer(writer)
+        .with_ansi(ansi)
+        .with_target(true);
+    if json {
+        fmt.json().flatten_event(true).with_filter(filter).boxed()
+    } else {
+        fmt.with_filter(filter).boxed()
     }
 }
 

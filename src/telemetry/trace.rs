@@ -1,6 +1,6 @@
 //! W3C trace context (`traceparent`, `tracestate`) of one request: read
-//! from the client in phase 1, its trace id put in the access log, and sent
-//! on to the upstream with every call (phase 11).
+//! from the client before `admit`, its trace id put in the access log, and
+//! sent on to the upstream with every call (`forward`).
 //!
 //! What the upstream receives:
 //! - spans exported (`tracing.otlp_endpoint` set): the context of the

@@ -14,13 +14,14 @@
 //! lookups meet on their shared ids.
 
 use super::ids::query_of;
+use super::{IdFlights, IdGot, IdOutcome};
 use crate::app::App;
-use crate::cache::flight::{follow, Fetched, Join, Leader};
 use crate::cache::lease::{Acquired, Lease, Peer};
-use crate::cache::records::{records_of, IdGot, IdOutcome, Resource};
+use crate::cache::records::{records_of, Resource};
 use crate::cache::{control, Entry};
 use crate::error::GatewayError;
 use crate::metrics::RecordSource;
+use crate::proxy::flight::{follow, Fetched, Join, Leader};
 use crate::proxy::{context::Job, credits, fetch};
 use bytes::Bytes;
 use http::StatusCode;
@@ -44,7 +45,13 @@ pub(super) struct Gathered {
 
 /// Each missing id's record, absence or failure: led ids bought by a task
 /// of this lookup, the others waited for.
-pub(super) async fn gather(app: &Arc<App>, job: &Job, resource: Resource, missing: &[String]) -> Gathered {
+pub(super) async fn gather(
+    app: &Arc<App>,
+    flights: &IdFlights,
+    job: &Job,
+    resource: Resource,
+    missing: &[String],
+) -> Gathered {
     let n = missing.len();
     let mut outcomes: Vec<Option<IdOutcome>> = vec![None; n];
     let mut led = vec![false; n];
@@ -53,7 +60,7 @@ pub(super) async fn gather(app: &Arc<App>, job: &Job, resource: Resource, missin
         let mut leading = Vec::new();
         let mut waits = Vec::new();
         for i in (0..n).filter(|i| outcomes[*i].is_none()) {
-            match app.cache.id_flights().join(&resource.key(&missing[i])) {
+            match flights.join(&resource.key(&missing[i])) {
                 Join::Leader(leader) => {
                     led[i] = true;
                     waits.push((i, leader.subscribe()));
@@ -230,7 +237,7 @@ async fn wait_for_peers(
     again
 }
 
-/// One upstream call for these ids (steps 9–12, reserved for them alone);
+/// One upstream call for these ids (reserved for them alone);
 /// files what it says of them, then releases their leases and ends their
 /// flights. Returns what it cost the team.
 async fn buy_now(app: &Arc<App>, job: &Job, resource: Resource, ours: Vec<Ours>) -> u64 {
@@ -242,7 +249,7 @@ async fn buy_now(app: &Arc<App>, job: &Job, resource: Resource, ours: Vec<Ours>)
     job.target.query = Some(query_of(&ids).into());
     // Not a page key: the answer is filed as records, under their ids.
     job.key = None;
-    let (outcome, _) = fetch::coalesced(app, job.clone()).await;
+    let outcome = fetch::uncoalesced(app, job.clone()).await;
     let (charged, got) = learn(app, &job, resource, &ids, outcome).await;
     let mut leases: Vec<Lease> = Vec::new();
     for ((_, leader, lease), got) in ours.into_iter().zip(got) {

@@ -1,12 +1,14 @@
-//! Id lookups answered from the record tier (docs/design.md §2 step 7 for
-//! `permits_by_id`, `contractors_by_id`, `decisions_by_id`,
-//! `properties_by_id`; the tier is [`crate::cache::records`]).
+//! [`lookup_ids`]: id lookups answered from the record tier (docs/design.md
+//! §2, `lookup_ids`, for `permits_by_id`, `contractors_by_id`,
+//! `decisions_by_id`, `properties_by_id`; the tier is
+//! [`crate::cache::records`]).
 //!
-//! Runs instead of the page lookup and fetch when `cache.record_reuse` is on
-//! and the client did not say `no-cache`. The records already held answer
-//! at 0 credits; only the missing ids go upstream, each bought once
-//! however lookups overlap ([`buy`]: per-id flights and leases), in one call
-//! reserved and settled for those alone (steps 8–13 as for any miss); the
+//! Runs instead of the page [`lookup`](super::lookup) and
+//! [`fetch`](fn@super::fetch) when `cache.record_reuse` is on and the client
+//! did not say `no-cache`. The records already held answer at 0 credits;
+//! only the missing ids go upstream, each bought once however lookups
+//! overlap ([`buy`]: per-id flights and leases), in one call reserved and
+//! settled for those alone (the `fetch` of any miss, uncoalesced); the
 //! answer is assembled as the upstream assembles it (`docs/vendor-api.md`,
 //! "Id lookups"): request order, each id once, unknown ids omitted, in
 //! `{"items":[…],"size":n,"next_cursor":null,"total_count":null}`.
@@ -22,11 +24,13 @@ mod ids;
 use super::context::{Ask, CacheState, RequestContext};
 use super::credits::X_CREDITS_REQUEST;
 use super::fetch::{self, Role};
+use super::flight::{Fetched, Flights};
 use super::respond::{self, saved};
+use super::State;
 use crate::app::App;
 use crate::auth::Team;
 use crate::cache::control::Directives;
-use crate::cache::records::{is_absent, IdGot, Resource};
+use crate::cache::records::{is_absent, Resource};
 use crate::cache::Entry;
 use crate::clock::now_ms;
 use crate::error::GatewayError;
@@ -42,9 +46,34 @@ type Answer = Result<Response<Body>, GatewayError>;
 /// A held record or absence, if any.
 type Held = Option<Arc<Entry>>;
 
+/// What a lookup learned about one id it bought or waited for.
+#[derive(Debug, Clone)]
+pub(super) enum IdGot {
+    /// Its record, or its absence (an empty body).
+    Held(Arc<Entry>),
+    /// The answer that was to bring it cannot be trusted to say the
+    /// upstream does not know it (`buy::learn`): omitted, not filed.
+    Unknown,
+    /// The upstream answered the call that was to buy it with an error
+    /// status (402, 429, 5xx, 422): that answer stands for it.
+    Refused(Arc<Fetched>),
+}
+
+/// An id's flight: what its buyer learned, or the error that ended the buy.
+pub(super) type IdOutcome = Result<IdGot, GatewayError>;
+
+/// Per-id flights: an id some lookup of this process is buying is waited
+/// for, not bought again ([`State::id_flights`]).
+pub(super) type IdFlights = Flights<IdOutcome>;
+
 /// The answer of an id lookup from held records and the missing ids'
 /// fetch; `None` when this request is not one (the page path answers it).
-pub(super) async fn answer<B>(app: &Arc<App>, ask: &Ask<'_, B>, ctx: &mut RequestContext) -> Option<Answer> {
+pub(super) async fn lookup_ids<B>(
+    app: &Arc<App>,
+    state: &State,
+    ask: &Ask<'_, B>,
+    ctx: &mut RequestContext,
+) -> Option<Answer> {
     let (d, target) = (&ask.directives, &ask.target);
     let resource = Resource::of_lookup(target.route)?;
     if !app.cache.record_reuse() || d.no_cache {
@@ -76,14 +105,14 @@ pub(super) async fn answer<B>(app: &Arc<App>, ask: &Ask<'_, B>, ctx: &mut Reques
     if d.only_if_cached || ask.req.method() == Method::HEAD {
         return Some(Err(GatewayError::NotCached));
     }
-    // Steps 8–13 for the missing ids alone, each id bought once whoever
-    // else asks for it (`buy`): the ids another lookup is buying are waited
+    // The fetch of the missing ids alone, each id bought once whoever else
+    // asks for it (`buy`): the ids another lookup is buying are waited
     // for, the others bought in one call.
     let job = ask.job(&ctx.request_id);
-    let got = buy::gather(app, &job, resource, &missing).await;
+    let got = buy::gather(app, &state.id_flights, &job, resource, &missing).await;
     ctx.credits = got.charged;
-    // 14. The upstream failed: stale records for every missing id stand in,
-    // and the answer says what the failed calls still cost.
+    // Stale on failure: stale records for every missing id stand in, and
+    // the answer says what the failed calls still cost.
     let failed = got.outcomes.iter().any(|o| match o {
         // The one rule (`fetch::upstream_failed`) for an answer that
         // refuses the ids as for any other.

@@ -6,10 +6,12 @@
 //! chart's rendered configs pass validation (the chart when `helm` is on PATH).
 //! And every repository path a doc or a comment cites exists
 //! ([`cited_paths`]); imports between the modules of `src/` run one way, as
-//! the crate doc says ([`imports`]).
+//! the crate doc says ([`imports`]); the phases design §2 names are the
+//! proxy's functions, in the code's order ([`phases`]).
 
 mod cited_paths;
 mod imports;
+mod phases;
 
 use permit_gateway::config::{Config, Source, DEFAULTS_TOML};
 use std::collections::BTreeSet;

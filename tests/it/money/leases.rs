@@ -9,8 +9,8 @@ use crate::support::sim::{start_sim, unlimited, FaultKind, Faults};
 use crate::support::traffic::{assert_ledger_matches, distinct_search};
 use crate::support::wait::eventually;
 use http::StatusCode;
-use permit_gateway::cache::flight::Join;
 use permit_gateway::error::GatewayError;
+use permit_gateway::proxy::flight::Join;
 use std::time::Duration;
 
 /// Case 7: the cross-replica lease is deleted only by its owner. A replica
@@ -95,7 +95,7 @@ async fn a_new_leader_looks_at_the_cache_again_before_it_buys() {
     let (a, b) = (&gws[0], &gws[1]);
     let query = distinct_search(&sim, 0, 10);
     // A flight for the key on replica B that the test holds open.
-    let Join::Leader(held) = b.app.flights.join(&query.cache_key()) else {
+    let Join::Leader(held) = b.proxy.flights.join(&query.cache_key()) else {
         panic!("the test leads the first flight")
     };
     // B's request misses both tiers and waits on the held flight; A's call

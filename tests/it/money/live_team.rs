@@ -12,9 +12,9 @@ use crate::support::sim::{start_sim, unlimited, Sim};
 use crate::support::traffic::{charged_to, distinct_search, ledger_used};
 use crate::support::wait::eventually;
 use http::StatusCode;
-use permit_gateway::cache::flight::Join;
 use permit_gateway::cache::lease::Acquired;
 use permit_gateway::error::GatewayError;
+use permit_gateway::proxy::flight::Join;
 use std::time::Duration;
 
 /// Teams small (100 credits) and alpha.
@@ -41,7 +41,7 @@ async fn a_reload_mid_wait_binds_the_waiting_request_on_one_replica() {
         let setup = small_and_alpha();
         let file = FromFile::start(&setup, &sim).await;
         let query = distinct_search(&sim, 0, 10);
-        let Join::Leader(held) = file.gw.app.flights.join(&query.cache_key()) else {
+        let Join::Leader(held) = file.gw.proxy.flights.join(&query.cache_key()) else {
             panic!("the test leads the first flight")
         };
         let waiting = Client::new(file.gw.base_url(), SMALL.1)

@@ -1,5 +1,6 @@
-//! Answers held under another key (issue 28): what the upstream answers is
-//! sometimes provably inside an answer already bought for a different query.
+//! Held answers (issue 28): what the upstream answers is sometimes provably
+//! inside an answer already bought for a different query, and is then
+//! reused at 0 credits.
 //!
 //! - **A complete page is size-independent.** A page whose `next_cursor`
 //!   is `null` holds every record of its query from its position on (the
@@ -8,7 +9,7 @@
 //!   and the envelope's `size` is the number of records *returned*, so the
 //!   body is byte for byte the same. [`Cache::store`] files such a page a
 //!   second time under [`key::complete_key`] (the key without `size`);
-//!   [`Cache::derived`] answers from it only when the asked size is ≥ n.
+//!   [`Cache::held`] answers from it only when the asked size is ≥ n.
 //! - **A counted first page holds the uncounted one.** `include_count=true`
 //!   adds `total_count` and changes nothing else; the upstream answers
 //!   `"total_count":null` when not asked ([`uncounted`] rewrites exactly
@@ -25,7 +26,7 @@ use serde_json::value::RawValue;
 use serde_json::Value;
 use std::sync::Arc;
 
-/// The two facts of a page envelope the derivations need.
+/// The two facts of a page envelope that prove a held answer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct PageFacts {
     records: u64,
@@ -94,9 +95,9 @@ fn is_object(body: &[u8]) -> bool {
     body.iter().find(|b| !b.is_ascii_whitespace()) == Some(&b'{')
 }
 
-/// Where a derived answer came from (the access log and metrics say so).
+/// Which page held an answer (the debug log says so).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Derivation {
+pub(crate) enum HeldBy {
     /// A complete page of the same query asked with another size.
     Complete,
     /// The same first page asked with `include_count=true`.
@@ -128,16 +129,16 @@ impl Cache {
 
     /// On a miss of `key`: an entry of another key that provably holds the
     /// upstream's answer to `target`, rewritten to be that answer.
-    pub(crate) async fn derived(&self, target: &Target, key: &str) -> Option<(Entry, Tier, Derivation)> {
+    pub(crate) async fn held(&self, target: &Target, key: &str) -> Option<(Entry, Tier, HeldBy)> {
         let asked = route::page_size_asked(target)?;
         let route = target.route;
         let counted = key::counted_key(route, key);
         let candidates = [
-            (key::complete_key(route, key), Derivation::Complete),
-            (counted.clone(), Derivation::Counted),
+            (key::complete_key(route, key), HeldBy::Complete),
+            (counted.clone(), HeldBy::Counted),
             (
                 counted.and_then(|c| key::complete_key(route, &c)),
-                Derivation::CompleteCounted,
+                HeldBy::CompleteCounted,
             ),
         ];
         for (k, how) in candidates {
@@ -151,7 +152,7 @@ impl Cache {
                 f.honest(&held)
                     && match how {
                         // Same size: the very page, counted.
-                        Derivation::Counted => true,
+                        HeldBy::Counted => true,
                         _ => f.complete && f.records <= asked,
                     }
             });
@@ -159,7 +160,7 @@ impl Cache {
                 continue;
             }
             let entry = match how {
-                Derivation::Complete => Entry::clone(&held),
+                HeldBy::Complete => Entry::clone(&held),
                 _ => {
                     let Some(body) = uncounted(&held.body) else { continue };
                     Entry {

@@ -1,21 +1,15 @@
-//! Spending less than asked (issue 28), the two hooks of the request path:
+//! [`clamp`] (teams with `clamp_to_budget = true`, before [`fetch`]): a page
+//! the team's remaining credits cannot cover is asked of the upstream with
+//! `size` = what they can cover, so the team gets those records and the
+//! upstream's cursor instead of a 402. The reservation is that smaller
+//! worst case, so the budget guarantee is unchanged; a team left with less
+//! than one credit is refused (402) as before.
 //!
-//! - [`derived`] (phase 7, after a miss of the request's own key): the
-//!   answer held by a complete page of another size or by the counted
-//!   first page ([`crate::cache::spend`]), served as a hit at 0 credits;
-//! - [`clamp`] (before phase 8, teams with `clamp_to_budget = true`): a
-//!   page the team's remaining credits cannot cover is asked of the
-//!   upstream with `size` = what they can cover, so the team gets those
-//!   records and the upstream's cursor instead of a 402. The reservation
-//!   is that smaller worst case, so the budget guarantee is unchanged; a
-//!   team left with less than one credit is refused (402) as before.
+//! [`fetch`]: fn@super::fetch
 
-use super::context::{Ask, CacheState, RequestContext};
-use super::respond;
-use super::revalidate::{self, Use};
+use super::context::Ask;
 use crate::app::App;
 use crate::cache::key;
-use crate::clock::now_ms;
 use crate::http_util::Body;
 use crate::route::{self, Target};
 use http::header::{HeaderName, HeaderValue};
@@ -23,31 +17,6 @@ use http::Response;
 
 /// Says that the page was clamped, and what size was asked.
 const X_GATEWAY_CLAMPED: HeaderName = HeaderName::from_static("x-gateway-clamped");
-
-/// A fresh answer derived from another key's entry, or `None`. Stale held
-/// answers are not used: an expired entry answers only its own key.
-pub(super) async fn derived<B>(app: &App, ask: &Ask<'_, B>, ctx: &mut RequestContext) -> Option<Response<Body>> {
-    let key = ask.key.as_deref()?;
-    if ask.directives.no_cache {
-        return None;
-    }
-    let (entry, tier, how) = app.cache.derived(&ask.target, key).await?;
-    let now = now_ms();
-    if revalidate::usable(&entry, &ask.directives, 0, now) != Use::Hit {
-        return None;
-    }
-    tracing::debug!(request_id = %ctx.request_id, derivation = ?how, "answered from a held page");
-    app.metrics.cache_hit(ask.target.route, tier);
-    Some(respond::from_cache(
-        app,
-        &ask.team,
-        &ask.target,
-        &entry,
-        CacheState::Hit,
-        ask.req,
-        ctx,
-    ))
-}
 
 /// A request clamped to the team's remaining credits.
 pub(super) struct Clamped {

@@ -1,14 +1,13 @@
 //! In-process request coalescing: concurrent misses for one key share one
 //! fetch. The first caller leads; the others follow and receive its outcome.
+//! [`Fetched`] and [`Outcome`] are what a page's flight hands its followers
+//! ([`super::State::flights`]); an id lookup's flights carry an
+//! `IdOutcome` per id ([`super::State::id_flights`], `by_id`).
 //!
 //! The leader handle is moved into the task that owns the fetch (see
-//! `proxy::fetch`), not kept by a request: a client that hangs up cannot end
-//! a flight early. A leader that still goes away without an outcome (its task
-//! panicked) releases its followers, who then try again themselves.
-//!
-//! [`Fetched`] and [`Outcome`], what a flight hands its followers, live here
-//! beside the flight so that the shared state (`app`) can name them without
-//! importing the request path.
+//! [`super::fetch`]), not kept by a request: a client that hangs up cannot
+//! end a flight early. A leader that still goes away without an outcome (its
+//! task panicked) releases its followers, who then try again themselves.
 
 use crate::error::GatewayError;
 use bytes::Bytes;

@@ -1,7 +1,8 @@
-//! Phases 2, 4 (validation) and 6 memoized by the raw request target: what
+//! [`resolve`](super::resolve), [`validate`](super::validate) and
+//! [`cache_key`](super::cache_key) memoized by the raw request target: what
 //! `route::classify`, `route::validate` and `cache::key::cache_key` make of
-//! one `path?query`, kept so that a repeated request skips them. The shared
-//! state (`app`) holds the memo; the proxy fills and reads it.
+//! one `path?query`, kept so that a repeated request skips them
+//! ([`super::State::parsed`]).
 //!
 //! Repeated request targets are what a cache serves: dashboards and apps
 //! send the same bytes again and again. Routing, validating and normalizing

@@ -1,6 +1,7 @@
 //! Which keys were refreshed in the background lately
-//! (stale-while-revalidate), held by the shared state (`app`) and claimed by
-//! the cache lookup phase (7, `proxy::revalidate`).
+//! (stale-while-revalidate), kept in [`super::State::refreshes`] and claimed
+//! by [`lookup`](super::lookup)'s verdict on a stale entry
+//! ([`super::revalidate`]).
 
 use std::time::Duration;
 

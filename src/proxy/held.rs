@@ -1,0 +1,36 @@
+//! [`held_answer`]: on a miss of the request's own key, the answer held by
+//! another key's page (issue 28) — a complete page of another size, or the
+//! counted first page (`cache::held` proves which) — served as a
+//! hit at 0 credits.
+
+use super::context::{Ask, CacheState, RequestContext};
+use super::respond;
+use super::revalidate::{self, Use};
+use crate::app::App;
+use crate::clock::now_ms;
+use crate::http_util::Body;
+use http::Response;
+
+/// A fresh answer held by another key's entry, or `None`. Stale held
+/// answers are not used: an expired entry answers only its own key.
+pub(super) async fn held_answer<B>(app: &App, ask: &Ask<'_, B>, ctx: &mut RequestContext) -> Option<Response<Body>> {
+    let key = ask.key.as_deref()?;
+    if ask.directives.no_cache {
+        return None;
+    }
+    let (entry, tier, held_by) = app.cache.held(&ask.target, key).await?;
+    if revalidate::usable(&entry, &ask.directives, 0, now_ms()) != Use::Hit {
+        return None;
+    }
+    tracing::debug!(request_id = %ctx.request_id, held_by = ?held_by, "answered from a held page");
+    app.metrics.cache_hit(ask.target.route, tier);
+    Some(respond::from_cache(
+        app,
+        &ask.team,
+        &ask.target,
+        &entry,
+        CacheState::Hit,
+        ask.req,
+        ctx,
+    ))
+}

@@ -8,7 +8,7 @@
 //! answer in memory for as long as it keeps the connection. So an HTTP/2
 //! answer is sent in [`CHUNK`]-sized frames (at most one chunk per stream
 //! sits in h2), and the bytes not yet taken, plus the chunk last taken,
-//! count on their connection and in one [`Budget`] per listener. Past
+//! count on their connection and in one [`Budget`](super::budget::Budget) per listener. Past
 //! `server.http2_max_buffered_bytes` the overload manager (`overload.rs`)
 //! refuses new streams of the tenants holding their share, before their
 //! handler runs, and closes the connections holding the most stalled bytes.
@@ -21,7 +21,6 @@ use bytes::Bytes;
 use hyper::body::{Frame, SizeHint};
 use std::convert::Infallible;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
 
@@ -34,54 +33,6 @@ const CHUNK: usize = crate::config::HTTP2_CHUNK_BYTES;
 /// the last, and a big answer to a slow but steady reader shows progress
 /// (else the stall deadline would cut a download that is moving).
 const HTTP1_CHUNK: usize = 64 * 1024;
-
-/// Response bytes held for HTTP/2 streams, against a bound: the
-/// answer-bytes pool of the overload manager (`overload.rs` shares it out).
-pub(super) struct Budget {
-    max: usize,
-    used: AtomicUsize,
-}
-
-impl Budget {
-    pub(super) fn new(max: usize) -> Arc<Budget> {
-        Arc::new(Budget {
-            max,
-            used: AtomicUsize::new(0),
-        })
-    }
-
-    pub(super) fn max(&self) -> usize {
-        self.max
-    }
-
-    /// Bytes held now.
-    pub(super) fn used(&self) -> usize {
-        self.used.load(Ordering::Acquire)
-    }
-
-    /// Whether any stream may start without the manager's say: the bound
-    /// is not reached.
-    pub(super) fn has_room(&self) -> bool {
-        self.used() < self.max
-    }
-
-    /// Whether an anonymous stream may start: anonymous peers together get
-    /// half the bound, so teams always have the other half.
-    pub(super) fn anonymous_has_room(&self) -> bool {
-        self.used() < self.max / 2
-    }
-
-    /// Counts `n` bytes (an answer already bought is never refused here:
-    /// streams are refused before their handler runs); `false` when the
-    /// bound is now passed and room must be made.
-    pub(super) fn take(&self, n: usize) -> bool {
-        self.used.fetch_add(n, Ordering::AcqRel) + n <= self.max
-    }
-
-    pub(super) fn give(&self, n: usize) {
-        self.used.fetch_sub(n, Ordering::AcqRel);
-    }
-}
 
 /// A response body that keeps its connection busy (never evicted, its
 /// stalls seen by the driver) until the client has taken the last frame.
@@ -190,7 +141,7 @@ mod tests {
 
     #[test]
     fn the_budget_counts_what_is_held_until_the_client_takes_it() {
-        let budget = Budget::new(3 * CHUNK);
+        let budget = super::super::budget::Budget::new(3 * CHUNK);
         let conns = super::super::conns::Conns::new(4, 4, budget.clone(), Default::default());
         let rt = tokio::runtime::Builder::new_current_thread().build().expect("runtime");
         let slot = rt

@@ -10,6 +10,7 @@
 //! start the real server on port 0.
 
 mod body;
+mod budget;
 mod conn;
 mod conns;
 mod overload;
@@ -194,7 +195,7 @@ pub(crate) async fn serve<H, F>(
     F: Future<Output = Response<Body>> + Send + 'static,
 {
     let builder = Arc::new(builder(&limits));
-    let budget = body::Budget::new(limits.http2_max_buffered_bytes);
+    let budget = budget::Budget::new(limits.http2_max_buffered_bytes);
     let conns = Conns::new(
         limits.max_connections,
         limits.max_connections_per_peer,

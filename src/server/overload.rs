@@ -23,7 +23,6 @@
 //! (Envoy resets the stream); with a zero window, which applies to every
 //! stream of a connection, that is the same set of bytes.
 
-use super::conns::{Conn, Order};
 use std::cmp::Reverse;
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -63,15 +62,6 @@ pub(super) enum Class {
 }
 
 impl Class {
-    /// How a connection of this class is told to go: at once, or (a team's
-    /// idle one, whose next head may be on its way) finishing that head.
-    pub(super) fn order(self) -> Order {
-        match self {
-            Class::Anonymous | Class::Stalled | Class::Unstarted => Order::Close,
-            Class::TeamOverShare | Class::TeamIdle => Order::Evict,
-        }
-    }
-
     pub(super) fn as_str(self) -> &'static str {
         match self {
             Class::Anonymous => "anonymous",
@@ -83,12 +73,35 @@ impl Class {
     }
 }
 
+/// What the manager reads of a connection (`conns::Conn` is one): the
+/// manager decides, the registry (`conns/`) acts, and neither module names
+/// the other's types but this view.
+pub(super) trait Occupant {
+    fn id(&self) -> u64;
+    fn born(&self) -> Instant;
+    /// Told to close, or to make room.
+    fn leaving(&self) -> bool;
+    /// Its team (a hash of the name), once a valid token came on it.
+    fn team(&self) -> Option<u64>;
+    /// Still reading its first head, or not.
+    fn started(&self) -> bool;
+    /// Requests whose handler is still running (not yet sending).
+    fn handling(&self) -> usize;
+    /// Answer bytes its HTTP/2 streams hold.
+    fn held(&self) -> usize;
+    /// How long its answers have taken nothing, while it is sending.
+    fn stalled_for(&self) -> Option<Duration>;
+    /// When it last finished a request (or was accepted).
+    fn quiet_since(&self) -> Instant;
+}
+
 /// The connection that makes room first among `conns` (one listener's, or
 /// one peer's), with the order to send it; `None` when every one is busy.
 /// `max` is the slots they share.
-pub(super) fn victim<'a, I>(conns: I, max: usize) -> Option<(&'a Arc<Conn>, Class)>
+pub(super) fn victim<'a, C, I>(conns: I, max: usize) -> Option<(&'a Arc<C>, Class)>
 where
-    I: Iterator<Item = &'a Arc<Conn>> + Clone,
+    C: Occupant + 'a,
+    I: Iterator<Item = &'a Arc<C>> + Clone,
 {
     let mut per_team: HashMap<u64, usize> = HashMap::new();
     let mut unknown = 0;
@@ -102,14 +115,20 @@ where
     // with a newcomer is not entitled to every slot.
     let share = max / (per_team.len() + unknown).max(1);
     conns
-        .filter_map(|c| class_of(c, &per_team, share).map(|class| (c, class)))
+        .filter_map(|c| class_of(Arc::as_ref(c), &per_team, share).map(|class| (c, class)))
         .min_by_key(|(c, class)| {
             let team_conns = c.team().and_then(|t| per_team.get(&t)).copied().unwrap_or(0);
-            (*class, Reverse(c.held()), Reverse(team_conns), since(c, *class), c.id())
+            (
+                *class,
+                Reverse(c.held()),
+                Reverse(team_conns),
+                since(Arc::as_ref(c), *class),
+                c.id(),
+            )
         })
 }
 
-fn class_of(c: &Conn, per_team: &HashMap<u64, usize>, share: usize) -> Option<Class> {
+fn class_of(c: &impl Occupant, per_team: &HashMap<u64, usize>, share: usize) -> Option<Class> {
     if c.leaving() {
         return None;
     }
@@ -129,7 +148,7 @@ fn class_of(c: &Conn, per_team: &HashMap<u64, usize>, share: usize) -> Option<Cl
 }
 
 /// Within a class: idle connections quiet the longest first, others oldest.
-fn since(c: &Conn, class: Class) -> Instant {
+fn since(c: &impl Occupant, class: Class) -> Instant {
     match class {
         Class::TeamOverShare | Class::TeamIdle => c.quiet_since(),
         _ => c.born(),
@@ -139,7 +158,11 @@ fn since(c: &Conn, class: Class) -> Instant {
 /// Whether a team's new HTTP/2 stream may be answered while the listener's
 /// answer bytes are spent: yes while the team holds less than its share
 /// (the budget over the teams holding bytes, itself counted).
-pub(super) fn team_within_share<'a>(conns: impl Iterator<Item = &'a Arc<Conn>>, team: u64, max: usize) -> bool {
+pub(super) fn team_within_share<'a, C: Occupant + 'a>(
+    conns: impl Iterator<Item = &'a Arc<C>>,
+    team: u64,
+    max: usize,
+) -> bool {
     let mut per_team = held_per_team(conns);
     per_team.entry(team).or_default();
     let share = max / per_team.len();
@@ -147,7 +170,7 @@ pub(super) fn team_within_share<'a>(conns: impl Iterator<Item = &'a Arc<Conn>>, 
 }
 
 /// The answer bytes each team holds, over the teams holding any.
-fn held_per_team<'a>(conns: impl Iterator<Item = &'a Arc<Conn>>) -> HashMap<u64, usize> {
+fn held_per_team<'a, C: Occupant + 'a>(conns: impl Iterator<Item = &'a Arc<C>>) -> HashMap<u64, usize> {
     let mut per_team: HashMap<u64, usize> = HashMap::new();
     for c in conns {
         if let (Some(team), held @ 1..) = (c.team(), c.held()) {
@@ -162,19 +185,19 @@ fn held_per_team<'a>(conns: impl Iterator<Item = &'a Arc<Conn>>) -> HashMap<u64,
 /// the most above its share, its stalled connection holding the most; until
 /// what the chosen ones hold covers the excess. Connections already leaving
 /// count as freed.
-pub(super) fn relieve<'a>(
-    conns: impl Iterator<Item = &'a Arc<Conn>> + Clone,
+pub(super) fn relieve<'a, C: Occupant + 'a>(
+    conns: impl Iterator<Item = &'a Arc<C>> + Clone,
     used: usize,
     max: usize,
-) -> Vec<&'a Arc<Conn>> {
+) -> Vec<&'a Arc<C>> {
     let leaving: usize = conns.clone().filter(|c| c.leaving()).map(|c| c.held()).sum();
     let mut excess = used.saturating_sub(leaving).saturating_sub(max);
     let mut chosen = Vec::new();
     if excess == 0 {
         return chosen;
     }
-    let holding: Vec<&Arc<Conn>> = conns.filter(|c| !c.leaving() && c.held() > 0).collect();
-    let most_first = |mut these: Vec<&'a Arc<Conn>>| {
+    let holding: Vec<&Arc<C>> = conns.filter(|c| !c.leaving() && c.held() > 0).collect();
+    let most_first = |mut these: Vec<&'a Arc<C>>| {
         these.sort_by_key(|c| Reverse(c.held()));
         these
     };
@@ -184,7 +207,7 @@ pub(super) fn relieve<'a>(
     let mut over: Vec<(u64, usize)> = per_team.into_iter().filter(|(_, held)| *held > share).collect();
     over.sort_by_key(|(_, held)| Reverse(*held));
     for (team, _) in over {
-        let stalled = |c: &&&Arc<Conn>| c.team() == Some(team) && c.stalled_for().is_some_and(|d| d >= STALL_GRACE);
+        let stalled = |c: &&&Arc<C>| c.team() == Some(team) && c.stalled_for().is_some_and(|d| d >= STALL_GRACE);
         candidates.extend(most_first(holding.iter().filter(stalled).copied().collect()));
     }
     for c in candidates {

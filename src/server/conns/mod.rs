@@ -20,8 +20,8 @@
 //! Each connection's driver (`conn.rs`) obeys the [`Order`] sent to it here:
 //! keep serving, drain (graceful shutdown), or close now.
 
-use super::body::Budget;
-use super::overload::{self, Class};
+use super::budget::Budget;
+use super::overload::{self, Class, Occupant};
 use atomic_waker::AtomicWaker;
 use std::collections::{BTreeMap, HashMap};
 use std::net::IpAddr;
@@ -49,6 +49,18 @@ pub(super) enum Order {
     /// Drop the connection now (anonymous, stalled or silent and chosen to
     /// make room, or the shutdown grace ran out).
     Close,
+}
+
+impl Order {
+    /// How a connection the manager picked is told to go: at once, or (a
+    /// team's idle one, whose next head may be on its way) finishing that
+    /// head.
+    fn for_class(class: Class) -> Order {
+        match class {
+            Class::Anonymous | Class::Stalled | Class::Unstarted => Order::Close,
+            Class::TeamOverShare | Class::TeamIdle => Order::Evict,
+        }
+    }
 }
 
 /// How often a newcomer that found no connection able to go looks again:
@@ -248,7 +260,7 @@ impl Conns {
             pool,
             "making room: closing a connection"
         );
-        victim.order(class.order());
+        victim.order(Order::for_class(class));
         self.actions.count(pool, class.as_str());
     }
 
@@ -519,6 +531,36 @@ impl Conn {
         }
         let since = Duration::from_millis(self.idle_since_ms.load(Ordering::Acquire));
         Some(self.born.elapsed().saturating_sub(since))
+    }
+}
+
+impl Occupant for Conn {
+    fn id(&self) -> u64 {
+        Conn::id(self)
+    }
+    fn born(&self) -> Instant {
+        Conn::born(self)
+    }
+    fn leaving(&self) -> bool {
+        Conn::leaving(self)
+    }
+    fn team(&self) -> Option<u64> {
+        Conn::team(self)
+    }
+    fn started(&self) -> bool {
+        Conn::started(self)
+    }
+    fn handling(&self) -> usize {
+        Conn::handling(self)
+    }
+    fn held(&self) -> usize {
+        Conn::held(self)
+    }
+    fn stalled_for(&self) -> Option<Duration> {
+        Conn::stalled_for(self)
+    }
+    fn quiet_since(&self) -> Instant {
+        Conn::quiet_since(self)
     }
 }
 

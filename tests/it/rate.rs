@@ -97,6 +97,11 @@ async fn replicas_on_one_redis_share_the_upstream_rate() {
     let setup = Setup::new().redis(&redis.url()).with(|c| {
         c.upstream.requests_per_minute = 120;
         c.upstream.max_queue_wait_secs = 2;
+        // A healthy Redis is this test's premise: on a loaded machine a
+        // permit's script can pass the 100 ms default, and three failed
+        // calls open the breaker, after which each replica paces alone (as
+        // docs/design.md says under `fair_turn`).
+        c.cache.redis_timeout_ms = 3000;
     });
     let (gw1, gw2) = (setup.start(&sim).await, setup.start(&sim).await);
     assert_replicas_share_the_upstream_rate(&sim, &[gw1.base_url(), gw2.base_url()], ALPHA.1).await;

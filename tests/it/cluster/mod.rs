@@ -199,6 +199,11 @@ async fn three_replicas_on_a_cluster_share_the_upstream_rate() {
     let setup = on_cluster(&cluster).with(|c| {
         c.upstream.requests_per_minute = 120;
         c.upstream.max_queue_wait_secs = 2;
+        // A healthy Redis is this test's premise: on a loaded machine a
+        // permit's script can pass the 100 ms default, and three failed
+        // calls open the breaker, after which each replica paces alone (as
+        // docs/design.md says under `fair_turn`).
+        c.cache.redis_timeout_ms = 3000;
     });
     let gws = three(&setup, &sim).await;
     let bases: Vec<String> = gws.iter().map(Running::base_url).collect();

@@ -125,6 +125,9 @@ pub struct CacheConfig {
     pub max_entry_bytes: usize,
     pub redis_key_prefix: String,
     pub redis_timeout_ms: u64,
+    /// Multiplexed connections of the cache's Redis (`redis_backend::pool`):
+    /// one socket capped the Redis tier on many cores (issue 38).
+    pub redis_connections: usize,
     pub coalesce_wait_ms: u64,
     /// Id lookups answered from records that searches and earlier lookups
     /// already bought (`cache::records`); off: lookups cache as whole queries.

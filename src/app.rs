@@ -61,7 +61,7 @@ impl App {
                 url.expose(),
                 &tls,
                 cache_timeout,
-                config.cache.redis_connections,
+                config.cache.redis_pool_size(),
                 metrics.clone(),
             )?)),
             None => None,

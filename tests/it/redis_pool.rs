@@ -139,3 +139,30 @@ async fn a_redis_connection_killed_under_load_loses_no_request() {
     let r = alpha.at(other.base_url()).get(query(90)).await;
     assert_eq!(r.x_cache(), Some("HIT"), "written to Redis after the kill");
 }
+
+/// `cache.redis_connections = 0` (the default): one connection per worker
+/// thread of the runtime the gateway runs on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 3)]
+async fn by_default_the_pool_has_one_connection_per_worker_thread() {
+    let redis = RedisServer::start();
+    let sim = start_sim(unlimited()).await;
+    let gw = Setup::new()
+        .cache_redis(&redis.url())
+        .with(|c| {
+            c.cache.redis_connections = 0;
+            c.cache.redis_timeout_ms = 2000;
+        })
+        .start(&sim)
+        .await;
+    let s = sim.samples();
+    let alpha = Client::new(gw.base_url(), ALPHA.1);
+    let query = |size: u32| Query::state_permits(&s).size(size);
+    // Sequential misses: every worker's turn comes, but never more than
+    // the pool's connections are opened.
+    for size in 1..31 {
+        assert_eq!(alpha.get(query(size)).await.status, StatusCode::OK);
+    }
+    // Three for the cache, at most one more for the shared upstream rate.
+    let ids = client_ids(&redis);
+    assert!((3..=4).contains(&ids.len()), "{ids:?}");
+}

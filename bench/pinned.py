@@ -10,8 +10,8 @@ Each DIR holds `permit-gateway` and `permit-api-sim` (copied out of
 target/ per build). Targets: each build's L1 hit and Redis-tier hit
 (`memory_max_bytes = 0`, so every hit reads Redis), and nginx with one
 worker. The gateway runs with `TOKIO_WORKER_THREADS=1`. A build named
-`after` is also run with `cache.redis_connections = 1` (`after-1conn`),
-the one-connection control of the Redis tier.
+`after` (one that knows `cache.redis_connections`) runs its Redis tier
+twice, with 1 and with 4 connections.
 
 Per target and round: req/s, p50 and p99 (wrk), the CPU the server's
 whole process group used (from /proc, user + system) and Redis's, as
@@ -98,13 +98,13 @@ def main():
         pin = pinned_bin_dir(bin_dir, tmp, name, args.server_core)
         gw = lib.Gateway(pin, tmp, f"{name}-l1", sim, {"bench": run.TOKEN})
         targets.append((f"{name} L1 hit", gw.proc, gw.base, headers))
-        variants = [(name, ())]
+        variants = [(name, name, ())]
         if name == "after":
-            variants.append(("after-1conn", ("redis_connections = 1",)))
-        for vname, lines in variants:
-            gw = lib.Gateway(pin, tmp, f"{vname}-redis", sim, {"bench": run.TOKEN}, memory_max_bytes=0,
+            variants = [(f"{name} ({n} conn)", f"{name}-{n}conn", (f"redis_connections = {n}",)) for n in (1, 4)]
+        for label, tag, lines in variants:
+            gw = lib.Gateway(pin, tmp, f"{tag}-redis", sim, {"bench": run.TOKEN}, memory_max_bytes=0,
                              redis_url=redis.url, cache_lines=lines)
-            targets.append((f"{vname} Redis-tier hit", gw.proc, gw.base, headers))
+            targets.append((f"{label} Redis-tier hit", gw.proc, gw.base, headers))
     ng = lib.Nginx(tmp, "pinned", sim, workers=1)
     targets.append(("nginx proxy_cache", ng.proc, ng.base, {}))
     for name, _, base, h in targets:

@@ -61,6 +61,7 @@ impl App {
                 url.expose(),
                 &tls,
                 cache_timeout,
+                config.cache.redis_pool_size(),
                 metrics.clone(),
             )?)),
             None => None,
@@ -77,6 +78,7 @@ impl App {
                     url.expose(),
                     &tls,
                     cache_timeout,
+                    1,
                     metrics.clone(),
                 )?);
                 let rpm = config.upstream.requests_per_minute;
@@ -210,6 +212,7 @@ fn open_ledger<'c>(
                 url.expose(),
                 tls,
                 Duration::from_millis(config.quota.redis_timeout_ms),
+                1,
                 metrics.clone(),
             )
             .map(Arc::new)

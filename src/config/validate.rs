@@ -17,6 +17,9 @@ impl CacheConfig {
             p.push("cache.route_ttl_secs.usage: /v2/usage is never cached".into());
         }
         positive("cache.redis_timeout_ms", self.redis_timeout_ms, p);
+        if self.redis_connections > 64 {
+            p.push("cache.redis_connections: at most 64".into());
+        }
         if self.stale_while_revalidate_secs > self.stale_grace_secs {
             // Entries are dropped after the grace period: nothing to serve beyond it.
             p.push("cache.stale_while_revalidate_secs: must not exceed cache.stale_grace_secs".into());

@@ -30,11 +30,11 @@ pub(super) struct Clamped {
 /// cover at least one record but not the page asked for.
 pub(super) async fn clamp<B>(app: &App, ask: &Ask<'_, B>) -> Option<Clamped> {
     let team = &ask.team;
-    if !team.clamp_to_budget || !ask.target.route.is_metered() {
+    if !team.clamp_to_budget || !ask.parsed.target.route.is_metered() {
         return None;
     }
     let limit = team.credit_limit?;
-    let asked = route::page_size_asked(&ask.target)?;
+    let asked = route::page_size_asked(&ask.parsed.target)?;
     // Read fresh (not `used`'s one-second memo, which a peer replica's
     // spend may have outdated). A ledger that cannot answer: no clamp; the
     // reservation decides.
@@ -44,10 +44,10 @@ pub(super) async fn clamp<B>(app: &App, ask: &Ask<'_, B>) -> Option<Clamped> {
         return None;
     }
     let target = Target {
-        query: Some(with_size(ask.target.query.as_deref().unwrap_or(""), remaining).into()),
-        ..ask.target.clone()
+        query: Some(with_size(ask.parsed.target.query.as_deref().unwrap_or(""), remaining).into()),
+        ..ask.parsed.target.clone()
     };
-    let key = ask.key.as_ref().map(|_| key::cache_key(&target));
+    let key = ask.parsed.key.as_ref().map(|_| key::cache_key(&target));
     Some(Clamped { target, key, asked })
 }
 

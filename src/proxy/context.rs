@@ -21,17 +21,29 @@ use std::sync::Arc;
 use std::time::Duration;
 use tracing::Level;
 
+/// What a valid request target means to the gateway (memoized by its raw
+/// bytes in `parsed`).
+#[derive(Debug)]
+pub(crate) struct Parsed {
+    pub(crate) target: Target,
+    /// The normalized cache key; `None` for routes that are never cached.
+    pub(crate) key: Option<String>,
+    /// The key's L2 hash tag ([`Tag::of`] the key), when the target was
+    /// memoized beside a Redis tier: a lookup that reads Redis formats its
+    /// key from this, hashing nothing.
+    pub(crate) tag: Option<Tag>,
+}
+
 /// What one request asks for, once it is known who asks.
 pub(super) struct Ask<'r, B> {
     pub(super) req: &'r Request<B>,
     pub(super) trace: Trace,
     pub(super) directives: Directives,
     pub(super) team: Arc<Team>,
-    pub(super) target: Target,
-    /// `None`: never cached.
-    pub(super) key: Option<String>,
-    /// The L2 hash tag of `key`, when the target was memoized with it.
-    pub(super) tag: Option<Tag>,
+    /// The target, its cache key and tag: on a repeated target the memo's
+    /// own entry, shared, so a hit copies neither the key (an allocation)
+    /// nor the target (two reference counts every core would write).
+    pub(super) parsed: Arc<Parsed>,
 }
 
 impl<B> Ask<'_, B> {
@@ -39,8 +51,8 @@ impl<B> Ask<'_, B> {
     pub(super) fn job(&self, request_id: &str) -> Job {
         Job {
             team: self.team.clone(),
-            target: self.target.clone(),
-            key: self.key.clone(),
+            target: self.parsed.target.clone(),
+            key: self.parsed.key.clone(),
             // A client that bounds the age it accepts must not be answered
             // from the cache by the fetch either.
             no_cache: self.directives.no_cache || self.directives.max_age.is_some(),

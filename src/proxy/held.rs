@@ -14,20 +14,20 @@ use http::Response;
 /// A fresh answer held by another key's entry, or `None`. Stale held
 /// answers are not used: an expired entry answers only its own key.
 pub(super) async fn held_answer<B>(app: &App, ask: &Ask<'_, B>, ctx: &mut RequestContext) -> Option<Response<Body>> {
-    let key = ask.key.as_deref()?;
+    let key = ask.parsed.key.as_deref()?;
     if ask.directives.no_cache {
         return None;
     }
-    let (entry, tier, held_by) = app.cache.held(&ask.target, key).await?;
+    let (entry, tier, held_by) = app.cache.held(&ask.parsed.target, key).await?;
     if revalidate::usable(&entry, &ask.directives, 0, now_ms()) != Use::Hit {
         return None;
     }
     tracing::debug!(request_id = %ctx.request_id, held_by = ?held_by, "answered from a held page");
-    app.metrics.cache_hit(ask.target.route, tier);
+    app.metrics.cache_hit(ask.parsed.target.route, tier);
     Some(respond::from_cache(
         app,
         &ask.team,
-        &ask.target,
+        &ask.parsed.target,
         &entry,
         CacheState::Hit,
         ask.req,

@@ -65,11 +65,11 @@ use crate::redis_backend::keys::Tag;
 use crate::route::{self, Route, Target};
 use crate::server::ConnectionMark;
 use crate::telemetry::{trace::Trace, SPANS};
+use context::Parsed;
 use context::{Ask, RequestContext};
 use fetch::Role;
 use flight::Outcome;
 use http::{HeaderValue, Method, Request, Response};
-use parsed::Parsed;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -162,10 +162,10 @@ async fn pipeline<B>(
     ctx: &mut RequestContext,
 ) -> Answer {
     admit(app, req)?;
-    let (target, memo) = resolve(app, state, req, ctx)?;
+    let resolved = resolve(app, state, req, ctx)?;
     let team = authenticate(app, req, mark, ctx)?;
     let span = request_span(req, ctx);
-    crate::telemetry::in_span!(span, as_team(app, state, req, team, target, memo, ctx))
+    crate::telemetry::in_span!(span, as_team(app, state, req, team, resolved, ctx))
 }
 
 /// What a known team asks, inside the request's span.
@@ -174,17 +174,16 @@ async fn as_team<B>(
     state: &Arc<State>,
     req: &Request<B>,
     team: Arc<Team>,
-    target: Target,
-    memo: Option<Arc<Parsed>>,
+    resolved: Resolved,
     ctx: &mut RequestContext,
 ) -> Answer {
     let _in_flight = limit_team(app, &team)?;
-    validate(&target, memo.as_deref())?;
-    if target.route == Route::Usage {
+    validate(&resolved)?;
+    if resolved.target().route == Route::Usage {
         ctx.cache = CacheState::Bypass;
         return usage::usage(app, &team).await;
     }
-    let ask = cache_key(app, state, req, team, target, memo, ctx);
+    let ask = cache_key(app, state, req, team, resolved, ctx);
     answer(app, state, &ask, ctx).await
 }
 
@@ -211,9 +210,11 @@ async fn answer<B>(app: &Arc<App>, state: &Arc<State>, ask: &Ask<'_, B>, ctx: &m
             trace: ask.trace.clone(),
             directives: ask.directives,
             team: ask.team.clone(),
-            target: clamped.target,
-            key: clamped.key,
-            tag: None,
+            parsed: Arc::new(Parsed {
+                target: clamped.target,
+                key: clamped.key,
+                tag: None,
+            }),
         };
         let mut resp = Box::pin(answer(app, state, &narrowed, ctx)).await?;
         clamp::mark(&mut resp, clamped.asked);
@@ -255,20 +256,32 @@ fn raw_target<B>(req: &Request<B>) -> &str {
     req.uri().path_and_query().map_or("", |pq| pq.as_str())
 }
 
-/// The target's route, and its memo when it was seen before (routed,
-/// validated and keyed then). Before authentication only so that a wrong
-/// path is a 404 without a token, like upstream.
-fn resolve<B>(
-    app: &App,
-    state: &State,
-    req: &Request<B>,
-    ctx: &mut RequestContext,
-) -> Result<(Target, Option<Arc<Parsed>>), GatewayError> {
-    let memo = state.parsed.get(raw_target(req));
-    let target = match &memo {
-        Some(parsed) => parsed.target.clone(),
-        None => route::classify(req.uri(), app.config.server.max_uri_bytes)?,
+/// A request target as [`resolve`] found it.
+enum Resolved {
+    /// Seen before: its memo (routed, validated and keyed then), shared.
+    Memo(Arc<Parsed>),
+    /// Seen for the first time: routed only.
+    Fresh(Target),
+}
+
+impl Resolved {
+    fn target(&self) -> &Target {
+        match self {
+            Resolved::Memo(parsed) => &parsed.target,
+            Resolved::Fresh(target) => target,
+        }
+    }
+}
+
+/// The target's route, from its memo when it was seen before. Before
+/// authentication only so that a wrong path is a 404 without a token, like
+/// upstream.
+fn resolve<B>(app: &App, state: &State, req: &Request<B>, ctx: &mut RequestContext) -> Result<Resolved, GatewayError> {
+    let resolved = match state.parsed.get(raw_target(req)) {
+        Some(parsed) => Resolved::Memo(parsed),
+        None => Resolved::Fresh(route::classify(req.uri(), app.config.server.max_uri_bytes)?),
     };
+    let target = resolved.target();
     ctx.route = Some(target.route);
     if target.route == Route::Other {
         // A path no vendor operation has: the vendor's server answers it
@@ -285,7 +298,7 @@ fn resolve<B>(
         }
         return Err(GatewayError::NotFound);
     }
-    Ok((target, memo))
+    Ok(resolved)
 }
 
 /// The team behind the token, before anything costs money or reveals data.
@@ -345,10 +358,10 @@ fn limit_team(app: &App, team: &Team) -> Result<TeamInFlight, GatewayError> {
 /// here before anything is looked up, reserved or sent, so the estimate is
 /// computed from a valid value. A memoized target was validated when it
 /// was first seen.
-fn validate(target: &Target, memo: Option<&Parsed>) -> Result<(), GatewayError> {
-    match memo {
-        Some(_) => Ok(()),
-        None => route::validate(target),
+fn validate(resolved: &Resolved) -> Result<(), GatewayError> {
+    match resolved {
+        Resolved::Memo(_) => Ok(()),
+        Resolved::Fresh(target) => route::validate(target),
     }
 }
 
@@ -360,24 +373,19 @@ fn cache_key<'r, B>(
     state: &State,
     req: &'r Request<B>,
     team: Arc<Team>,
-    target: Target,
-    memo: Option<Arc<Parsed>>,
+    resolved: Resolved,
     ctx: &RequestContext,
 ) -> Ask<'r, B> {
-    let (key, tag) = match memo {
-        Some(parsed) => (parsed.key.clone(), parsed.tag),
-        None => {
+    let parsed = match resolved {
+        Resolved::Memo(parsed) => parsed,
+        Resolved::Fresh(target) => {
             let key = app.cache.ttl(target.route).map(|_| key::cache_key(&target));
             // Worked out once for the memo: hashed on every Redis-tier hit
             // it was ~7k instructions (callgrind's SHA-256 without SHA-NI).
             let tag = key.as_deref().filter(|_| app.cache.redis().is_some()).map(Tag::of);
-            let parsed = Parsed {
-                target: target.clone(),
-                key: key.clone(),
-                tag,
-            };
-            state.parsed.insert(raw_target(req), parsed);
-            (key, tag)
+            let parsed = Arc::new(Parsed { target, key, tag });
+            state.parsed.insert(raw_target(req), parsed.clone());
+            parsed
         }
     };
     Ask {
@@ -385,9 +393,7 @@ fn cache_key<'r, B>(
         trace: ctx.trace.clone(),
         directives: Directives::from_headers(req.headers()),
         team,
-        target,
-        key,
-        tag,
+        parsed,
     }
 }
 
@@ -403,13 +409,13 @@ enum Found {
 /// The request's own key in the cache, unless the client said `no-cache`,
 /// and the verdict on what it finds ([`revalidate`]).
 async fn lookup<B>(app: &Arc<App>, state: &Arc<State>, ask: &Ask<'_, B>, ctx: &mut RequestContext) -> Found {
-    let (Some(k), false) = (&ask.key, ask.directives.no_cache) else {
+    let (Some(k), false) = (&ask.parsed.key, ask.directives.no_cache) else {
         return Found::Kept(None);
     };
-    let target = &ask.target;
+    let target = &ask.parsed.target;
     let span = tracing::info_span!(target: SPANS, "cache_lookup");
     let Some((entry, tier)) =
-        crate::telemetry::in_span!(span, app.cache.lookup_tagged(target.route, k, ask.tag.as_ref()))
+        crate::telemetry::in_span!(span, app.cache.lookup_tagged(target.route, k, ask.parsed.tag.as_ref()))
     else {
         return Found::Kept(None);
     };
@@ -431,7 +437,7 @@ async fn lookup<B>(app: &Arc<App>, state: &Arc<State>, ask: &Ask<'_, B>, ctx: &m
 /// is answered from the cache or not at all, like `only-if-cached`: the
 /// upstream has no HEAD to forward to).
 fn may_buy<B>(ask: &Ask<'_, B>) -> Result<(), GatewayError> {
-    let head_of_metered = ask.req.method() == Method::HEAD && route::credit_estimate(&ask.target) > 0;
+    let head_of_metered = ask.req.method() == Method::HEAD && route::credit_estimate(&ask.parsed.target) > 0;
     if ask.directives.only_if_cached || head_of_metered {
         return Err(GatewayError::NotCached);
     }
@@ -454,15 +460,23 @@ async fn stale_on_failure<B>(
     cached: Option<Arc<Entry>>,
     ctx: &mut RequestContext,
 ) -> Option<Response<Body>> {
-    let key = ask.key.as_deref()?;
+    let key = ask.parsed.key.as_deref()?;
     if !fetch::upstream_failed(outcome) {
         return None;
     }
     let entry = match cached {
         Some(entry) => entry,
-        None => app.cache.lookup(ask.target.route, key).await?.0,
+        None => app.cache.lookup(ask.parsed.target.route, key).await?.0,
     };
-    let mut resp = respond::from_cache(app, &ask.team, &ask.target, &entry, CacheState::Stale, ask.req, ctx);
+    let mut resp = respond::from_cache(
+        app,
+        &ask.team,
+        &ask.parsed.target,
+        &entry,
+        CacheState::Stale,
+        ask.req,
+        ctx,
+    );
     // The leader's failed call may still have been billed (a follower's
     // failure is unbilled): the answer says so.
     let billed = outcome.as_ref().err().map_or(0, GatewayError::billed);
@@ -476,6 +490,6 @@ async fn stale_on_failure<B>(
 
 /// The answer the fetch brought, or its error.
 fn respond<B>(app: &App, ask: &Ask<'_, B>, outcome: Outcome, role: Role, ctx: &mut RequestContext) -> Answer {
-    let no_cache = ask.directives.no_cache || ask.key.is_none();
-    respond::from_fetched(app, &ask.team, &ask.target, outcome?, role, no_cache, ctx)
+    let no_cache = ask.directives.no_cache || ask.parsed.key.is_none();
+    respond::from_fetched(app, &ask.team, &ask.parsed.target, outcome?, role, no_cache, ctx)
 }

@@ -140,7 +140,7 @@ pub(super) async fn lookup_months<B>(
     ask: &Ask<'_, B>,
     ctx: &mut RequestContext,
 ) -> Option<Answer> {
-    let (d, target) = (&ask.directives, &ask.target);
+    let (d, target) = (&ask.directives, &ask.parsed.target);
     if !months::is_monthly(target.route) || !app.cache.month_reuse() || d.no_cache || d.max_age.is_some() {
         return None;
     }
@@ -267,12 +267,12 @@ fn all_held<B>(app: &App, ask: &Ask<'_, B>, ctx: &mut RequestContext, w: &Window
     if rows.is_empty() || rows.len() as u64 > w.size {
         return None;
     }
-    let route = ask.target.route;
+    let route = ask.parsed.target.route;
     let absent = held.len() - rows.len();
     app.metrics.cache_records(route, RecordSource::Cache, rows.len() as u64);
     app.metrics.cache_records(route, RecordSource::Absent, absent as u64);
     let worth = rows.iter().map(|e| e.credits).sum();
-    saved_because(app, &ask.team, &ask.target, worth, SavedReason::Window);
+    saved_because(app, &ask.team, &ask.parsed.target, worth, SavedReason::Window);
     let oldest = rows.iter().map(|e| e.stored_at_ms).min();
     let bodies: Vec<&[u8]> = rows.iter().map(|e| &e.body[..]).collect();
     Some(Ok(respond_page(app, ask, ctx, &bodies, oldest, 0, CacheState::Hit)))
@@ -291,7 +291,7 @@ fn assembled<B>(
     bought: &Bought,
     fetched: &Fetched,
 ) -> Response<Body> {
-    let route = ask.target.route;
+    let route = ask.parsed.target.route;
     let row = |h: &Held| h.as_ref().filter(|e| !e.body.is_empty()).cloned();
     let before: Vec<Arc<Entry>> = held[..first].iter().filter_map(row).collect();
     let after: Vec<Arc<Entry>> = held[last + 1..].iter().filter_map(row).collect();
@@ -305,11 +305,11 @@ fn assembled<B>(
     app.metrics
         .cache_records(route, RecordSource::Upstream, bought_rows.len() as u64);
     let worth = kept.iter().map(|e| e.credits).sum();
-    saved_because(app, &ask.team, &ask.target, worth, SavedReason::Window);
+    saved_because(app, &ask.team, &ask.parsed.target, worth, SavedReason::Window);
     // Another request's call (a follower) or an answer stored meanwhile.
     if bought.role == Role::Follower || fetched.from_cache {
         app.metrics.coalesced(route);
-        saved(app, &ask.team, &ask.target, fetched.worth);
+        saved(app, &ask.team, &ask.parsed.target, fetched.worth);
     }
     let state = if bought.role == Role::Leader && !fetched.from_cache {
         CacheState::Miss
@@ -331,7 +331,7 @@ fn respond_page<B>(
     charged: u64,
     state: CacheState,
 ) -> Response<Body> {
-    let route = ask.target.route;
+    let route = ask.parsed.target.route;
     let ttl = app.cache.ttl(route).unwrap_or_default();
     let mut page = Entry::new(envelope(rows), charged, ttl, route);
     if let Some(oldest) = oldest {

@@ -13,20 +13,8 @@
 //! classify and validate are kept; an invalid one is worked out, and
 //! refused, every time.
 
-use crate::redis_backend::keys::Tag;
-use crate::route::Target;
+use super::context::Parsed;
 use std::sync::Arc;
-
-/// What a valid request target means to the gateway.
-#[derive(Debug)]
-pub(crate) struct Parsed {
-    pub(crate) target: Target,
-    /// The normalized cache key; `None` for routes that are never cached.
-    pub(crate) key: Option<String>,
-    /// The key's L2 hash tag ([`Tag::of`] the key): a lookup that reads
-    /// Redis formats its key from this, hashing nothing.
-    pub(crate) tag: Option<Tag>,
-}
 
 /// A bounded map from raw `path?query` to its [`Parsed`] form.
 ///
@@ -59,7 +47,7 @@ impl ParsedTargets {
         self.memo.get(raw)
     }
 
-    pub(crate) fn insert(&self, raw: &str, parsed: Parsed) {
-        self.memo.insert(raw.into(), Arc::new(parsed));
+    pub(crate) fn insert(&self, raw: &str, parsed: Arc<Parsed>) {
+        self.memo.insert(raw.into(), parsed);
     }
 }

@@ -1,5 +1,5 @@
 //! A Redis connection, to a standalone Redis or a Redis Cluster ([`conn`]),
-//! with a short timeout on every call and a circuit breaker so a dead Redis
+//! or a small pool of them ([`pool`]), with a short timeout on every call and a circuit breaker so a dead Redis
 //! costs no latency: after a few consecutive failures calls fail at once for
 //! a cool-down, then one probe call is let through to see if it is back.
 //! Keyspace-wide commands (purge, gauges, readiness) are in [`nodes`].
@@ -16,6 +16,7 @@
 mod conn;
 pub(crate) mod keys;
 mod nodes;
+mod pool;
 mod sentinel;
 mod tls;
 
@@ -25,6 +26,7 @@ pub(crate) use tls::TlsFiles;
 use crate::clock::now_ms;
 use crate::metrics::Metrics;
 use crate::metrics::RedisOp;
+use pool::Pool;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -54,7 +56,10 @@ impl std::fmt::Display for BackendError {
 }
 
 pub struct RedisBackend {
-    conn: Conn,
+    /// One or more multiplexed connections to the same target; calls are
+    /// spread over them so that one socket (and the one task that drives
+    /// it) does not cap the calls of every core (issue 38).
+    conns: Pool,
     timeout: Duration,
     cool_down: Duration,
     failures: AtomicU32,
@@ -67,25 +72,29 @@ impl RedisBackend {
     /// Connects lazily: a Redis that is down at start-up does not stop the
     /// gateway, the first calls just fail (and open the breaker).
     pub fn new(url: &str, timeout: Duration, metrics: Arc<Metrics>) -> Result<RedisBackend, String> {
-        RedisBackend::with_tls("redis url", url, &Tls::default(), timeout, metrics)
+        RedisBackend::with_tls("redis url", url, &Tls::default(), timeout, 1, metrics)
     }
 
-    /// [`RedisBackend::new`] with the `[redis]` settings. Over TLS,
-    /// one probe first: a certificate that does not match is an error here
-    /// (naming the setting), not a breaker that stays open. `key` is the
-    /// URL's setting, for errors.
+    /// [`RedisBackend::new`] with the `[redis]` settings and `connections`
+    /// connections (at least one). Over TLS, one probe first: a certificate
+    /// that does not match is an error here (naming the setting), not a
+    /// breaker that stays open. `key` is the URL's setting, for errors.
     pub(crate) fn with_tls(
         key: &str,
         url: &str,
         tls: &Tls,
         timeout: Duration,
+        connections: usize,
         metrics: Arc<Metrics>,
     ) -> Result<RedisBackend, String> {
         let target = Target::parse(url).map_err(|e| format!("{key}: {e}"))?;
         tls.files.probe(key, &target.tls_addresses())?;
-        let conn = Conn::open(&target, tls, timeout).map_err(|e| format!("{key}: {:?}", e.kind()))?;
+        let conns = (0..connections.max(1))
+            .map(|_| Conn::open(&target, tls, timeout))
+            .collect::<redis::RedisResult<Vec<_>>>()
+            .map_err(|e| format!("{key}: {:?}", e.kind()))?;
         Ok(RedisBackend {
-            conn,
+            conns: Pool::new(conns),
             timeout,
             cool_down: Duration::from_secs(2),
             failures: AtomicU32::new(0),
@@ -100,8 +109,18 @@ impl RedisBackend {
     }
 
     /// Runs one command (or pipeline, or script invocation) under the
-    /// timeout and the breaker. `op` labels the error metric.
+    /// timeout and the breaker, on the pool's next connection. `op` labels
+    /// the error metric.
     pub(crate) async fn call<T, F, Fut>(&self, op: RedisOp, f: F) -> Result<T, BackendError>
+    where
+        F: FnOnce(Conn) -> Fut,
+        Fut: std::future::Future<Output = redis::RedisResult<T>>,
+    {
+        self.call_on(self.conns.next(), op, f).await
+    }
+
+    /// [`RedisBackend::call`] on the pool's connection `conn`.
+    async fn call_on<T, F, Fut>(&self, conn: &Conn, op: RedisOp, f: F) -> Result<T, BackendError>
     where
         F: FnOnce(Conn) -> Fut,
         Fut: std::future::Future<Output = redis::RedisResult<T>>,
@@ -122,7 +141,7 @@ impl RedisBackend {
                 return Err(BackendError::Open);
             }
         }
-        let result = match tokio::time::timeout(self.timeout, f(self.conn.clone())).await {
+        let result = match tokio::time::timeout(self.timeout, f(conn.clone())).await {
             Ok(Ok(v)) => Ok(v),
             Ok(Err(e)) => Err(BackendError::Redis(e)),
             Err(_) => Err(BackendError::Timeout),
@@ -151,19 +170,22 @@ impl RedisBackend {
     /// Sentinel connection is dropped then and the retry asks the Sentinels
     /// again (issue 39). Once: a Redis that is down stays a quick failure.
     /// Only for reads and idempotent writes (a script that runs twice
-    /// counts once: reserve by id, settle and end by their marks).
+    /// counts once: reserve by id, settle and end by their marks). The
+    /// retry goes to the same connection of the pool, the one that has just
+    /// reconnected: after a restart the others are as stale as it was.
     pub(crate) async fn call_reconnecting<T, F, Fut>(&self, op: RedisOp, f: F) -> Result<T, BackendError>
     where
         F: Fn(Conn) -> Fut,
         Fut: std::future::Future<Output = redis::RedisResult<T>>,
     {
-        match self.call(op, &f).await {
+        let conn = self.conns.next();
+        match self.call_on(conn, op, &f).await {
             Err(BackendError::Redis(e)) if stale_connection(&e) => {
                 tracing::info!(
                     op = op.as_str(),
                     "redis connection dropped: retrying once on a fresh one"
                 );
-                self.call(op, f).await
+                self.call_on(conn, op, f).await
             }
             other => other,
         }
@@ -181,16 +203,21 @@ impl RedisBackend {
 
     /// True for a Redis Cluster.
     fn is_cluster(&self) -> bool {
-        matches!(self.conn, Conn::Cluster(_))
+        matches!(self.conns.first(), Conn::Cluster(_))
     }
 
     /// Why a failed call failed, for `/readyz`: a Sentinel that named no
     /// primary says so; otherwise just "unreachable". Never a URL.
     pub(crate) fn unready_reason(&self) -> String {
-        match &self.conn {
-            Conn::Sentinel(s) => s.last_error().unwrap_or_else(|| "unreachable".into()),
-            _ => "unreachable".into(),
-        }
+        // Each connection of the pool asks the Sentinels on its own: the
+        // first that has a reason gives it.
+        self.conns
+            .iter()
+            .find_map(|c| match c {
+                Conn::Sentinel(s) => s.last_error(),
+                _ => None,
+            })
+            .unwrap_or_else(|| "unreachable".into())
     }
 
     /// PING under the breaker: readiness probes and recovery.

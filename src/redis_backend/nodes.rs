@@ -153,7 +153,7 @@ impl RedisBackend {
             Err(_) => {
                 self.each_primary::<Value>(RedisOp::LedgerCheck, redis::cmd("PING"))
                     .await
-                    .map_err(|e| match &self.conn {
+                    .map_err(|e| match self.conns.first() {
                         Conn::Sentinel(_) => format!("ledger redis sentinel: {}", self.unready_reason()),
                         _ => format!("ledger redis: {e}"),
                     })?;

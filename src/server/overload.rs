@@ -41,8 +41,9 @@ pub(super) const EVICT_GRACE: Duration = Duration::from_secs(1);
 
 /// Descriptors kept back from client connections: the upstream pool (up to
 /// 64 idle connections are kept, and the upstream's rate keeps calls in
-/// flight far below), Redis (one multiplexed connection per node, a few
-/// nodes), the ledger's files, the log, the listeners and the runtime's own.
+/// flight far below), Redis (per node: the cache's pool, by default one
+/// multiplexed connection per worker thread, and one each for the ledger
+/// and the shared rate), the ledger's files, the log, the listeners and the runtime's own.
 pub const RESERVED_DESCRIPTORS: u64 = 64;
 
 /// Why a connection makes room for a newcomer, in the order they go.

@@ -23,6 +23,7 @@ mod operator;
 mod pyshovels;
 mod rate;
 mod records;
+mod redis_pool;
 mod redis_tls;
 mod request_surface;
 mod routes;

@@ -387,3 +387,50 @@ async fn a_real_prometheus_answers_every_panel_and_rule_query() {
     assert!(referenced.len() >= 20, "names found: {referenced:?}");
     background.abort();
 }
+
+/// Hits from several connections at once, on several worker threads: the
+/// hit path's counters and histogram count every one (issue 38: whatever
+/// is sharded or batched per core must fold back to the requests made).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn hit_metrics_under_concurrent_load_equal_the_requests_made() {
+    const TASKS: usize = 8;
+    const EACH: usize = 100;
+    let sim = start_sim(sim_config()).await;
+    let gw = Setup::new().start(&sim).await;
+    let query = Query::state_permits(&sim.samples()).size(3);
+    let miss = Client::new(gw.base_url(), ALPHA.1).get(&query).await;
+    assert_eq!(miss.x_cache(), Some("MISS"));
+    let tasks: Vec<_> = (0..TASKS)
+        .map(|i| {
+            let team = if i % 2 == 0 { ALPHA } else { BETA };
+            let (client, query) = (Client::new(gw.base_url(), team.1), query.clone());
+            tokio::spawn(async move {
+                for _ in 0..EACH {
+                    let r = client.get(&query).await;
+                    assert_eq!((r.status, r.x_cache()), (StatusCode::OK, Some("HIT")));
+                }
+            })
+        })
+        .collect();
+    for t in tasks {
+        t.await.expect("a client task");
+    }
+    let hits = (TASKS * EACH) as f64;
+    let m = scrape(&gw.admin_url()).await;
+    let ps = ("route", "permits_search");
+    assert_eq!(m.sum("gateway_requests_total", &[ps, ("cache", "hit")]), hits);
+    assert_eq!(
+        m.sum("gateway_requests_total", &[ps, ("cache", "hit"), ("team", "alpha")]),
+        hits / 2.0
+    );
+    assert_eq!(m.sum("gateway_cache_hits_total", &[ps, ("tier", "memory")]), hits);
+    assert_eq!(
+        m.sum("gateway_request_duration_seconds_count", &[ps, ("cache", "hit")]),
+        hits
+    );
+    assert_eq!(
+        m.sum("gateway_credits_saved_total", &[ps, ("reason", "cache")]),
+        hits * 3.0,
+        "three credits saved by each hit"
+    );
+}

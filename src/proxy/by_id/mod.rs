@@ -74,7 +74,7 @@ pub(super) async fn lookup_ids<B>(
     ask: &Ask<'_, B>,
     ctx: &mut RequestContext,
 ) -> Option<Answer> {
-    let (d, target) = (&ask.directives, &ask.target);
+    let (d, target) = (&ask.directives, &ask.parsed.target);
     let resource = Resource::of_lookup(target.route)?;
     if !app.cache.record_reuse() || d.no_cache {
         return None;

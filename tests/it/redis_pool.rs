@@ -16,6 +16,16 @@ use std::time::Duration;
 /// Connections of the cache tier in the tests below.
 const CONNECTIONS: usize = 5;
 
+/// A gateway whose cache is on `redis` over `connections` connections,
+/// with a timeout no loaded machine reaches (the tests count connections,
+/// not timeouts).
+fn pooled(redis: &RedisServer, connections: usize) -> Setup {
+    Setup::new().cache_redis(&redis.url()).with(move |c| {
+        c.cache.redis_connections = connections;
+        c.cache.redis_timeout_ms = 2000;
+    })
+}
+
 /// The ids of the normal clients connected to `redis`, not counting the
 /// connection that asks.
 fn client_ids(redis: &RedisServer) -> Vec<u64> {
@@ -49,14 +59,7 @@ async fn burst(alpha: &Client, query: impl Fn(u32) -> Query, sizes: std::ops::Ra
 async fn the_cache_reaches_redis_over_every_configured_connection() {
     let redis = RedisServer::start();
     let sim = start_sim(unlimited()).await;
-    let gw = Setup::new()
-        .cache_redis(&redis.url())
-        .with(|c| {
-            c.cache.redis_connections = CONNECTIONS;
-            c.cache.redis_timeout_ms = 2000;
-        })
-        .start(&sim)
-        .await;
+    let gw = pooled(&redis, CONNECTIONS).start(&sim).await;
     let s = sim.samples();
     let alpha = Client::new(gw.base_url(), ALPHA.1);
     let query = |size: u32| Query::state_permits(&s).size(size);
@@ -76,14 +79,7 @@ async fn the_cache_reaches_redis_over_every_configured_connection() {
 async fn a_redis_connection_killed_under_load_loses_no_request() {
     let redis = RedisServer::start();
     let sim = start_sim(unlimited()).await;
-    let gw = Setup::new()
-        .cache_redis(&redis.url())
-        .with(|c| {
-            c.cache.redis_connections = CONNECTIONS;
-            c.cache.redis_timeout_ms = 2000;
-        })
-        .start(&sim)
-        .await;
+    let gw = pooled(&redis, CONNECTIONS).start(&sim).await;
     let s = sim.samples();
     let alpha = Client::new(gw.base_url(), ALPHA.1);
     let query = |size: u32| Query::state_permits(&s).size(size);
@@ -146,14 +142,7 @@ async fn a_redis_connection_killed_under_load_loses_no_request() {
 async fn by_default_the_pool_has_one_connection_per_worker_thread() {
     let redis = RedisServer::start();
     let sim = start_sim(unlimited()).await;
-    let gw = Setup::new()
-        .cache_redis(&redis.url())
-        .with(|c| {
-            c.cache.redis_connections = 0;
-            c.cache.redis_timeout_ms = 2000;
-        })
-        .start(&sim)
-        .await;
+    let gw = pooled(&redis, 0).start(&sim).await;
     let s = sim.samples();
     let alpha = Client::new(gw.base_url(), ALPHA.1);
     let query = |size: u32| Query::state_permits(&s).size(size);

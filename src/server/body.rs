@@ -137,6 +137,7 @@ impl Drop for Outgoing {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::server::overload::Occupant;
     use hyper::body::Body as _;
 
     #[test]

@@ -29,7 +29,8 @@
 
 use super::body::Outgoing;
 use super::conns::{Conn, Order, Slot};
-use super::{overload, ConnectionMark};
+use super::overload::{self, Occupant};
+use super::ConnectionMark;
 use crate::error::GatewayError;
 use crate::http_util::Body;
 use hyper::body::Incoming;

@@ -74,9 +74,9 @@ impl Class {
     }
 }
 
-/// What the manager reads of a connection (`conns::Conn` is one): the
-/// manager decides, the registry (`conns/`) acts, and neither module names
-/// the other's types but this view.
+/// What the manager reads of a connection (`conns::Conn` is one, and has
+/// these only through this trait): the manager decides, the registry
+/// (`conns/`) acts, and the manager names none of the registry's types.
 pub(super) trait Occupant {
     fn id(&self) -> u64;
     fn born(&self) -> Instant;
@@ -84,13 +84,14 @@ pub(super) trait Occupant {
     fn leaving(&self) -> bool;
     /// Its team (a hash of the name), once a valid token came on it.
     fn team(&self) -> Option<u64>;
-    /// Still reading its first head, or not.
+    /// Whether a complete request head has arrived yet.
     fn started(&self) -> bool;
     /// Requests whose handler is still running (not yet sending).
     fn handling(&self) -> usize;
     /// Answer bytes its HTTP/2 streams hold.
     fn held(&self) -> usize;
-    /// How long its answers have taken nothing, while it is sending.
+    /// How long answers have been waiting to be sent without progress;
+    /// `None` while none is being sent.
     fn stalled_for(&self) -> Option<Duration>;
     /// When it last finished a request (or was accepted).
     fn quiet_since(&self) -> Instant;

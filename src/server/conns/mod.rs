@@ -358,14 +358,6 @@ impl Conn {
         }
     }
 
-    pub(super) fn id(&self) -> u64 {
-        self.id
-    }
-
-    pub(super) fn born(&self) -> Instant {
-        self.born
-    }
-
     /// Raises the connection's order to `order` (a weaker one is kept as
     /// it is) and, when it rose, signals the driver.
     fn order(&self, order: Order) {
@@ -394,35 +386,6 @@ impl Conn {
     pub(super) fn signalled(&self, cx: &mut Context<'_>) -> bool {
         self.driver.register(cx.waker());
         self.signal.swap(false, Ordering::AcqRel)
-    }
-
-    /// Told to close, or to make room.
-    pub(super) fn leaving(&self) -> bool {
-        self.current_order() >= Order::Evict
-    }
-
-    /// Its team (a hash of the name), once a valid token came on it.
-    pub(super) fn team(&self) -> Option<u64> {
-        self.teamed
-            .load(Ordering::Acquire)
-            .then(|| self.team.load(Ordering::Acquire))
-    }
-
-    /// Requests whose handler is still running (not yet sending).
-    pub(super) fn handling(&self) -> usize {
-        self.in_flight
-            .load(Ordering::Acquire)
-            .saturating_sub(self.sending.load(Ordering::Acquire))
-    }
-
-    /// Answer bytes its HTTP/2 streams hold.
-    pub(super) fn held(&self) -> usize {
-        self.held.load(Ordering::Acquire)
-    }
-
-    /// When it last finished a request (or was accepted).
-    pub(super) fn quiet_since(&self) -> Instant {
-        self.born + Duration::from_millis(self.idle_since_ms.load(Ordering::Acquire))
     }
 
     /// A request with a valid token of `team` came on this connection.
@@ -501,23 +464,8 @@ impl Conn {
         self.progress_ms.store(self.now_ms(), Ordering::Release);
     }
 
-    /// How long answers have been waiting to be sent without progress;
-    /// `None` while none is being sent.
-    pub(super) fn stalled_for(&self) -> Option<Duration> {
-        if self.sending.load(Ordering::Acquire) == 0 {
-            return None;
-        }
-        let since = Duration::from_millis(self.progress_ms.load(Ordering::Acquire));
-        Some(self.born.elapsed().saturating_sub(since))
-    }
-
     fn now_ms(&self) -> u64 {
         u64::try_from(self.born.elapsed().as_millis()).unwrap_or(u64::MAX)
-    }
-
-    /// Whether a complete request head has arrived yet.
-    pub(super) fn started(&self) -> bool {
-        self.started.load(Ordering::Acquire)
     }
 
     pub(super) fn http2(&self) -> bool {
@@ -536,31 +484,47 @@ impl Conn {
 
 impl Occupant for Conn {
     fn id(&self) -> u64 {
-        Conn::id(self)
+        self.id
     }
+
     fn born(&self) -> Instant {
-        Conn::born(self)
+        self.born
     }
+
     fn leaving(&self) -> bool {
-        Conn::leaving(self)
+        self.current_order() >= Order::Evict
     }
+
     fn team(&self) -> Option<u64> {
-        Conn::team(self)
+        self.teamed
+            .load(Ordering::Acquire)
+            .then(|| self.team.load(Ordering::Acquire))
     }
+
     fn started(&self) -> bool {
-        Conn::started(self)
+        self.started.load(Ordering::Acquire)
     }
+
     fn handling(&self) -> usize {
-        Conn::handling(self)
+        self.in_flight
+            .load(Ordering::Acquire)
+            .saturating_sub(self.sending.load(Ordering::Acquire))
     }
+
     fn held(&self) -> usize {
-        Conn::held(self)
+        self.held.load(Ordering::Acquire)
     }
+
     fn stalled_for(&self) -> Option<Duration> {
-        Conn::stalled_for(self)
+        if self.sending.load(Ordering::Acquire) == 0 {
+            return None;
+        }
+        let since = Duration::from_millis(self.progress_ms.load(Ordering::Acquire));
+        Some(self.born.elapsed().saturating_sub(since))
     }
+
     fn quiet_since(&self) -> Instant {
-        Conn::quiet_since(self)
+        self.born + Duration::from_millis(self.idle_since_ms.load(Ordering::Acquire))
     }
 }
 

@@ -33,6 +33,9 @@ pub struct App {
     pub(crate) org: Org,
     pub(crate) upstream: Upstream,
     pub metrics: Arc<Metrics>,
+    /// Every socket the Redis connections of the cache, the ledger and the
+    /// shared rate can hold open: descriptors kept back from clients.
+    redis_sockets: usize,
 }
 
 impl App {
@@ -66,7 +69,12 @@ impl App {
             )?)),
             None => None,
         };
-        let (ledger, rate_url) = open_ledger(&config, &tls, &metrics)?;
+        let Opened {
+            ledger,
+            rate_url,
+            redis_sockets: ledger_sockets,
+        } = open_ledger(&config, &tls, &metrics)?;
+        let mut redis_sockets = ledger_sockets + cache_redis.as_ref().map_or(0, |r| r.sockets());
         // Replicas share one upstream rate through Redis: the ledger's when it
         // is there (it must be up anyway), else the cache's. Its own
         // connection and breaker: its failures must not open the breaker
@@ -81,6 +89,7 @@ impl App {
                     1,
                     metrics.clone(),
                 )?);
+                redis_sockets += redis.sockets();
                 let rpm = config.upstream.requests_per_minute;
                 Some(SharedRate::new(
                     redis,
@@ -113,6 +122,7 @@ impl App {
             upstream,
             metrics,
             config,
+            redis_sockets,
         };
         app.publish_limits();
         let app = Arc::new(app);
@@ -120,6 +130,12 @@ impl App {
             tokio::spawn(follow_purges(Arc::downgrade(&app)));
         }
         Ok(app)
+    }
+
+    /// Every socket the Redis connections of the cache, the ledger and the
+    /// shared rate can hold open at once.
+    pub(crate) fn redis_sockets(&self) -> usize {
+        self.redis_sockets
     }
 
     /// Re-reads the teams (added, removed, new budgets or tokens) without a
@@ -184,12 +200,17 @@ async fn follow_purges(app: std::sync::Weak<App>) {
 /// A Redis URL and the name of its setting (for start-up errors).
 type SettingUrl<'c> = (&'static str, &'c Secret);
 
+/// The ledger as opened.
+struct Opened<'c> {
+    ledger: Ledger,
+    /// Its Redis URL when it is the Redis store (the shared rate's too).
+    rate_url: Option<SettingUrl<'c>>,
+    /// The sockets its Redis connections can hold open.
+    redis_sockets: usize,
+}
+
 /// The ledger, and its Redis URL when it is the Redis store.
-fn open_ledger<'c>(
-    config: &'c Config,
-    tls: &Tls,
-    metrics: &Arc<Metrics>,
-) -> Result<(Ledger, Option<SettingUrl<'c>>), String> {
+fn open_ledger<'c>(config: &'c Config, tls: &Tls, metrics: &Arc<Metrics>) -> Result<Opened<'c>, String> {
     let window = config.quota.window;
     let lease = Duration::from_secs(config.quota.reservation_lease_secs);
     let clock = crate::clock::Clock::shifted(config.quota.clock_offset_secs);
@@ -221,18 +242,24 @@ fn open_ledger<'c>(
         // Settles have a connection (and breaker) of their own: their
         // `WAIT` for a replica must not hold up reserves (issue 39).
         let settles = connect()?;
+        let redis_sockets = redis.sockets() + settles.sockets();
         let ledger = ledger::redis::RedisLedger::new(redis, &config.cache.redis_key_prefix, window, lease)
             .with_clock(clock)
             .with_settle_connection(settles);
-        Ok((Ledger::Redis(ledger), Some((key, url))))
+        Ok(Opened {
+            ledger: Ledger::Redis(ledger),
+            rate_url: Some((key, url)),
+            redis_sockets,
+        })
     } else {
         // Absolute, so an operator sees which ledger this is: a different
         // path would start a new, empty one (every budget back to full).
         let path = std::path::absolute(&config.quota.path).unwrap_or_else(|_| config.quota.path.clone());
         tracing::info!(path = %path.display(), "credit ledger: file store");
-        Ok((
-            Ledger::File(ledger::file::FileLedger::open_at(&path, window, lease, clock)?),
-            None,
-        ))
+        Ok(Opened {
+            ledger: Ledger::File(ledger::file::FileLedger::open_at(&path, window, lease, clock)?),
+            rate_url: None,
+            redis_sockets: 0,
+        })
     }
 }

@@ -164,7 +164,11 @@ async fn serve(
     let mut admin_limits = server::Limits::admin_from_config(&app.config.server);
     // The descriptor pool: client connections get what RLIMIT_NOFILE leaves
     // once the upstream pool, Redis and the ledger have theirs.
-    let fit = server::fit_descriptors(team_limits.max_connections(), admin_limits.max_connections())?;
+    let fit = server::fit_descriptors(
+        team_limits.max_connections(),
+        admin_limits.max_connections(),
+        app.redis_sockets(),
+    )?;
     if let Some(warning) = &fit.clamped {
         tracing::warn!(nofile = fit.limit, "{warning}");
     }

@@ -87,6 +87,18 @@ impl Target {
 
     /// The addresses a TLS target is first reached at (the start-up probe):
     /// empty when it is not TLS. A Sentinel's primary is known only later.
+    /// The sockets one connection to this target can hold open: one to a
+    /// standalone server; to a Sentinel-watched primary, that one and one to
+    /// a Sentinel while it asks; to a cluster, one per node, and a cluster
+    /// has at least three primaries whatever its URL names as seeds.
+    pub(super) fn sockets_per_connection(&self) -> usize {
+        match self {
+            Target::Standalone(_) => 1,
+            Target::Sentinel(_) => 2,
+            Target::Cluster(seeds) => seeds.len().max(3),
+        }
+    }
+
     pub(super) fn tls_addresses(&self) -> Vec<(String, u16)> {
         match self {
             Target::Standalone(url) => super::tls::tls_address(url).into_iter().collect(),

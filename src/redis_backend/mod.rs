@@ -60,6 +60,9 @@ pub struct RedisBackend {
     /// spread over them so that one socket (and the one task that drives
     /// it) does not cap the calls of every core (issue 38).
     conns: Pool,
+    /// The sockets `conns` can hold open at once (descriptors kept for
+    /// them at start, `server::fit_descriptors`).
+    sockets: usize,
     timeout: Duration,
     cool_down: Duration,
     failures: AtomicU32,
@@ -94,6 +97,7 @@ impl RedisBackend {
             .collect::<redis::RedisResult<Vec<_>>>()
             .map_err(|e| format!("{key}: {:?}", e.kind()))?;
         Ok(RedisBackend {
+            sockets: conns.len() * target.sockets_per_connection(),
             conns: Pool::new(conns),
             timeout,
             cool_down: Duration::from_secs(2),
@@ -101,6 +105,11 @@ impl RedisBackend {
             open_until_ms: AtomicU64::new(0),
             metrics,
         })
+    }
+
+    /// The sockets this backend's connections can hold open at once.
+    pub(crate) fn sockets(&self) -> usize {
+        self.sockets
     }
 
     /// How long a call waits for its reply.

@@ -39,11 +39,14 @@ pub(super) const STALL_GRACE: Duration = Duration::from_secs(1);
 /// it (the newcomer is admitted at once).
 pub(super) const EVICT_GRACE: Duration = Duration::from_secs(1);
 
-/// Descriptors kept back from client connections: the upstream pool (up to
-/// 64 idle connections are kept, and the upstream's rate keeps calls in
-/// flight far below), Redis (per node: the cache's pool, by default one
-/// multiplexed connection per worker thread, and one each for the ledger
-/// and the shared rate), the ledger's files, the log, the listeners and the runtime's own.
+/// Descriptors kept back from client connections whatever the config: the
+/// upstream pool (up to 64 idle connections are kept, and the upstream's
+/// rate keeps calls in flight far below), the ledger's and the disk tier's
+/// files, the log, the listeners and the runtime's own. Redis's sockets
+/// come on top, counted from the config ([`fit_descriptors`]'s
+/// `redis_sockets`): a pool of 16 connections to each node of a cluster
+/// passes 64 alone, and a Redis connection that cannot reconnect for want of
+/// a descriptor turns every hit of its tier into a paid miss.
 pub const RESERVED_DESCRIPTORS: u64 = 64;
 
 /// Why a connection makes room for a newcomer, in the order they go.
@@ -236,22 +239,30 @@ pub struct Descriptors {
 
 /// Raises the soft descriptor limit to the hard one and fits both listeners'
 /// caps (plus the room [`spare`] gives connections on their way out) under
-/// it, [`RESERVED_DESCRIPTORS`] kept back. `Err` when not even a small
-/// listener fits.
-pub fn fit_descriptors(team_max: usize, admin_max: usize) -> Result<Descriptors, String> {
+/// it, [`RESERVED_DESCRIPTORS`] and `redis_sockets` (every Redis socket the
+/// config can open, `App::redis_sockets`) kept back. `Err` when not even a
+/// small listener fits.
+pub fn fit_descriptors(team_max: usize, admin_max: usize, redis_sockets: usize) -> Result<Descriptors, String> {
     use rlimit::Resource;
     let (soft, hard) = Resource::NOFILE.get().map_err(|e| format!("RLIMIT_NOFILE: {e}"))?;
     let limit = match soft < hard && Resource::NOFILE.set(hard, hard).is_ok() {
         true => hard,
         false => soft,
     };
-    plan(limit, team_max, admin_max)
+    plan(limit, team_max, admin_max, redis_sockets)
 }
 
 /// [`fit_descriptors`] for a given limit.
-pub(super) fn plan(limit: u64, team_max: usize, admin_max: usize) -> Result<Descriptors, String> {
+pub(super) fn plan(limit: u64, team_max: usize, admin_max: usize, redis_sockets: usize) -> Result<Descriptors, String> {
     let needs = |n: usize| (n + spare(n)) as u64;
-    let room = limit.saturating_sub(RESERVED_DESCRIPTORS);
+    let reserved = RESERVED_DESCRIPTORS + redis_sockets as u64;
+    let kept = match redis_sockets {
+        0 => format!("{reserved} descriptors are kept for the upstream pool, the ledger and the logs"),
+        n => format!(
+            "{reserved} descriptors are kept for the upstream pool, Redis ({n} sockets), the ledger and the logs"
+        ),
+    };
+    let room = limit.saturating_sub(reserved);
     if needs(team_max) + needs(admin_max) <= room {
         return Ok(Descriptors {
             limit,
@@ -269,16 +280,15 @@ pub(super) fn plan(limit: u64, team_max: usize, admin_max: usize) -> Result<Desc
     }
     if team < 8 {
         return Err(format!(
-            "RLIMIT_NOFILE is {limit}: {RESERVED_DESCRIPTORS} descriptors are kept for the upstream pool, Redis, \
-             the ledger and the logs, which leaves too few for client connections; raise it (ulimit -n, or the \
-             container's nofile limit) to at least {}",
-            RESERVED_DESCRIPTORS + needs(64) + needs(admin)
+            "RLIMIT_NOFILE is {limit}: {kept}, which leaves too few for client connections; raise it (ulimit -n, \
+             or the container's nofile limit) to at least {}, or open fewer Redis connections \
+             (cache.redis_connections)",
+            reserved + needs(64) + needs(admin)
         ));
     }
     let clamped = format!(
         "server.max_connections clamped from {team_max} to {team} (server.admin_max_connections {admin_max} to \
-         {admin}): RLIMIT_NOFILE is {limit}, {RESERVED_DESCRIPTORS} descriptors kept for the upstream pool, Redis, \
-         the ledger and the logs; raise the limit to serve more connections"
+         {admin}): RLIMIT_NOFILE is {limit}, {kept}; raise the limit to serve more connections"
     );
     Ok(Descriptors {
         limit,
@@ -300,9 +310,9 @@ mod tests {
 
     #[test]
     fn the_caps_fit_the_descriptor_limit_or_the_start_is_refused() {
-        let roomy = plan(1 << 20, 10_000, 64).expect("fits");
+        let roomy = plan(1 << 20, 10_000, 64, 0).expect("fits");
         assert_eq!((roomy.team_max, roomy.admin_max, roomy.clamped), (10_000, 64, None));
-        let tight = plan(1024, 10_000, 64).expect("clamped");
+        let tight = plan(1024, 10_000, 64, 0).expect("clamped");
         let used = tight.team_max + spare(tight.team_max) + tight.admin_max + spare(tight.admin_max);
         assert!(used as u64 + RESERVED_DESCRIPTORS <= 1024, "{tight:?}");
         assert!(tight.team_max > 700, "{tight:?}");
@@ -310,8 +320,29 @@ mod tests {
             .clamped
             .as_deref()
             .is_some_and(|w| w.contains("server.max_connections clamped")));
-        let low = plan(128, 10_000, 64).expect("clamped");
+        let low = plan(128, 10_000, 64, 0).expect("clamped");
         assert!(low.team_max >= 8 && low.admin_max >= 4, "{low:?}");
-        assert!(plan(70, 10_000, 64).is_err());
+        assert!(plan(70, 10_000, 64, 0).is_err());
+    }
+
+    #[test]
+    fn redis_sockets_are_kept_on_top_of_the_reserve() {
+        // 16 connections to each of 6 cluster nodes, and the ledger's and
+        // the rate's: 108 sockets, more than the whole fixed reserve.
+        let redis = 16 * 6 + 2 * 6;
+        let with = plan(1024, 10_000, 64, redis).expect("clamped");
+        let without = plan(1024, 10_000, 64, 0).expect("clamped");
+        let used = |d: &Descriptors| (d.team_max + spare(d.team_max) + d.admin_max + spare(d.admin_max)) as u64;
+        assert!(used(&with) + RESERVED_DESCRIPTORS + redis as u64 <= 1024, "{with:?}");
+        assert!(with.team_max < without.team_max, "{with:?} {without:?}");
+        let warning = with.clamped.expect("a warning");
+        assert!(warning.contains("Redis (108 sockets)"), "{warning}");
+        assert!(
+            warning.contains(&format!("{} descriptors are kept", RESERVED_DESCRIPTORS + 108)),
+            "{warning}"
+        );
+        // A pool too large for the limit refuses the start and names the key.
+        let refused = plan(256, 10_000, 64, 200).expect_err("refused");
+        assert!(refused.contains("cache.redis_connections"), "{refused}");
     }
 }

@@ -3,13 +3,13 @@
 //! drops costs no request.
 
 use crate::support::client::Client;
-use crate::support::gateway::{Setup, ALPHA};
+use crate::support::gateway::{ChildGateway, Setup, ALPHA};
 use crate::support::http::Reply;
 use crate::support::query::Query;
 use crate::support::redis::RedisServer;
 use crate::support::sim::start_sim;
 use crate::support::sim::unlimited;
-use crate::support::wait::eventually;
+use crate::support::wait::{eventually, eventually_blocking};
 use http::StatusCode;
 use std::time::Duration;
 
@@ -154,4 +154,41 @@ async fn by_default_the_pool_has_one_connection_per_worker_thread() {
     // Three for the cache, at most one more for the shared upstream rate.
     let ids = client_ids(&redis);
     assert!((3..=4).contains(&ids.len()), "{ids:?}");
+}
+
+/// Every socket of the pool is kept out of the client connections'
+/// descriptors: 64 connections of the cache's and the shared rate's one
+/// pass the fixed reserve of 64 alone, and a Redis connection that cannot
+/// reconnect for want of a descriptor makes every hit of its tier a paid
+/// miss. Too large a pool for `ulimit -n` refuses the start, naming the key.
+#[tokio::test]
+async fn the_pools_sockets_are_kept_out_of_the_clients_descriptors() {
+    let redis = RedisServer::start();
+    let sim = start_sim(unlimited()).await;
+    let wide = pooled(&redis, 64);
+    let gw = ChildGateway::spawn_limited(&wide, &sim.base_url(), sim.api_key(), 512);
+    let warning = eventually_blocking("a start-up warning names the clamp", Duration::from_secs(10), || {
+        gw.logs
+            .lock()
+            .expect("logs")
+            .iter()
+            .find(|l| l.contains("server.max_connections clamped"))
+            .cloned()
+    });
+    // The cache's 64 and the shared rate's one, on top of the fixed 64.
+    assert!(
+        warning.contains("129 descriptors are kept for the upstream pool, Redis (65 sockets)"),
+        "{warning}"
+    );
+    let s = sim.samples();
+    let alpha = Client::new(gw.base_url(), ALPHA.1);
+    assert_eq!(alpha.get(Query::state_permits(&s).size(3)).await.status, StatusCode::OK);
+
+    // Its own data dir: the first holds its ledger.
+    let (status, logs) = ChildGateway::refused(&pooled(&redis, 64), &sim.base_url(), sim.api_key(), Some(128));
+    assert!(!status.success(), "exits non-zero ({status}): {logs}");
+    assert!(
+        logs.contains("RLIMIT_NOFILE is 128") && logs.contains("cache.redis_connections"),
+        "{logs}"
+    );
 }

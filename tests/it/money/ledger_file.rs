@@ -10,10 +10,8 @@ use crate::support::gateway::{ChildGateway, Setup, SMALL};
 use crate::support::query::Query;
 use crate::support::sim::{start_sim, unlimited, Sim};
 use crate::support::traffic::charged_to;
-use crate::support::wait::eventually_blocking;
 use http::StatusCode;
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 /// A gateway that charged `SMALL` for three misses and was stopped cleanly
@@ -39,44 +37,8 @@ async fn charged_then_stopped(sim: &Sim) -> (Setup, PathBuf, u64) {
     (setup, file, charged)
 }
 
-/// A child killed when the test is done with it (or fails).
-struct Killed(Child);
-
-impl Drop for Killed {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-/// `serve` on `setup` when it must not start: its exit status and what it
-/// logged. Fails if it is still running after 30 s.
-fn refused_start(setup: &Setup, sim: &Sim) -> (std::process::ExitStatus, String) {
-    let dir = tempfile::tempdir().expect("tmp");
-    let config = dir.path().join("gateway.toml");
-    std::fs::write(&config, setup.toml(&sim.base_url(), sim.api_key())).expect("config");
-    let mut child = Killed(
-        Command::new(env!("CARGO_BIN_EXE_permit-gateway"))
-            .arg("serve")
-            .arg("--config")
-            .arg(&config)
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("gateway binary starts"),
-    );
-    let status = eventually_blocking(
-        "the gateway refuses to start and exits",
-        Duration::from_secs(30),
-        || child.0.try_wait().expect("try_wait"),
-    );
-    let mut logs = String::new();
-    std::io::Read::read_to_string(&mut child.0.stderr.take().expect("stderr"), &mut logs).expect("logs");
-    (status, logs)
-}
-
 fn assert_refused_as_damaged(setup: &Setup, sim: &Sim, what: &str) {
-    let (status, logs) = refused_start(setup, sim);
+    let (status, logs) = ChildGateway::refused(setup, &sim.base_url(), sim.api_key(), None);
     assert!(!status.success(), "{what}: exits non-zero ({status}): {logs}");
     for words in [
         "cannot start",
@@ -140,7 +102,7 @@ async fn a_leftover_hold_log_stops_the_start_until_it_is_folded() {
     let mut old = b"PGHOLDS1".to_vec();
     old.resize(1 << 20, 0);
     std::fs::write(&log, &old).expect("write");
-    let (status, logs) = refused_start(&setup, &sim);
+    let (status, logs) = ChildGateway::refused(&setup, &sim.base_url(), sim.api_key(), None);
     assert!(!status.success(), "exits non-zero ({status}): {logs}");
     for words in [
         "holds.log",

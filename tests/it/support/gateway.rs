@@ -305,6 +305,16 @@ pub async fn try_start_config(config: Config) -> Result<Running, String> {
     Running::spawn(config, listeners)
 }
 
+/// A child killed when the test is done with it (or fails).
+struct Killed(Child);
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 /// The gateway binary as a child process, its JSON logs captured.
 pub struct ChildGateway {
     pub child: Child,
@@ -381,13 +391,42 @@ impl ChildGateway {
         ChildGateway::launch(path, cwd, None, None)
     }
 
-    fn launch(
-        path: &std::path::Path,
-        cwd: Option<&std::path::Path>,
-        stall: Option<mpsc::Receiver<()>>,
+    /// `serve` on `setup` when it must not start (under `ulimit -n nofile`
+    /// when given): its exit status and what it logged. Fails if it is
+    /// still running after 30 s.
+    pub fn refused(
+        setup: &Setup,
+        base_url: &str,
+        key: &str,
         nofile: Option<u64>,
-    ) -> ChildGateway {
-        let mut command = match nofile {
+    ) -> (std::process::ExitStatus, String) {
+        let dir = tempfile::tempdir().expect("tmp");
+        let config = dir.path().join("gateway.toml");
+        std::fs::write(&config, setup.toml(base_url, key)).expect("config");
+        let mut child = Killed(
+            ChildGateway::command(nofile)
+                .arg("serve")
+                .arg("--config")
+                .arg(&config)
+                .stdout(Stdio::null())
+                .stderr(Stdio::piped())
+                .spawn()
+                .expect("gateway binary starts"),
+        );
+        let status = eventually_blocking(
+            "the gateway refuses to start and exits",
+            Duration::from_secs(30),
+            || child.0.try_wait().expect("try_wait"),
+        );
+        let mut logs = String::new();
+        std::io::Read::read_to_string(&mut child.0.stderr.take().expect("stderr"), &mut logs).expect("logs");
+        (status, logs)
+    }
+
+    /// The gateway binary's command, under `ulimit -n nofile` (soft and
+    /// hard) when given.
+    fn command(nofile: Option<u64>) -> Command {
+        match nofile {
             None => Command::new(env!("CARGO_BIN_EXE_permit-gateway")),
             Some(n) => {
                 let mut sh = Command::new("sh");
@@ -396,7 +435,16 @@ impl ChildGateway {
                     .arg(env!("CARGO_BIN_EXE_permit-gateway"));
                 sh
             }
-        };
+        }
+    }
+
+    fn launch(
+        path: &std::path::Path,
+        cwd: Option<&std::path::Path>,
+        stall: Option<mpsc::Receiver<()>>,
+        nofile: Option<u64>,
+    ) -> ChildGateway {
+        let mut command = ChildGateway::command(nofile);
         if let Some(cwd) = cwd {
             command.current_dir(cwd);
         }

@@ -46,18 +46,21 @@ pub(crate) struct Series {
 }
 
 impl Series {
-    /// The key of its row of `month` (any day of it).
-    pub(crate) fn row_key(&self, month: NaiveDate) -> String {
+    /// The series' name: its route, geography, tag and property type.
+    pub(crate) fn name(&self) -> String {
         let enc = |s: &str| form_urlencoded::byte_serialize(s.as_bytes()).collect::<String>();
         format!(
-            "mon {} {} tag={}&property_type={} {:04}-{:02}",
+            "{} {} tag={}&property_type={}",
             self.route.as_str(),
             self.path,
             enc(&self.tag),
             self.property_type.as_deref().map_or_else(|| "-".to_string(), enc),
-            month.year(),
-            month.month()
         )
+    }
+
+    /// The key of its row of `month` (any day of it).
+    pub(crate) fn row_key(&self, month: NaiveDate) -> String {
+        format!("mon {} {:04}-{:02}", self.name(), month.year(), month.month())
     }
 }
 

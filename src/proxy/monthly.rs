@@ -28,6 +28,9 @@
 //!   this series (a row of another tag, property type or month, months out
 //!   of order, billed other than one credit a row): the request is then
 //!   answered as a page.
+//! - Windows of one series buy in turns ([`SeriesTurns`]): a window whose
+//!   months overlap one being bought waits for it and buys only what is
+//!   still missing.
 //! - A window whose missing months the upstream answers 404 ("No ... metrics
 //!   found": no row) is answered from the rows held; with none held, the
 //!   404 is passed on.
@@ -52,7 +55,8 @@ use chrono::NaiveDate;
 use http::{Method, Response, StatusCode};
 use serde::Deserialize;
 use serde_json::value::RawValue;
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError, Weak};
 
 type Answer = Result<Response<Body>, GatewayError>;
 type Held = Option<Arc<Entry>>;
@@ -148,23 +152,23 @@ pub(super) async fn lookup_months<B>(
     let w = Window::of(target)?;
     let all = months::months(w.from, w.to);
     let keys: Vec<String> = all.iter().map(|m| w.series.row_key(*m)).collect();
-    let now = now_ms();
-    let held: Vec<Held> = app
-        .cache
-        .held_rows(target.route, &keys)
-        .await
-        .into_iter()
-        .zip(&all)
-        .map(|(e, m)| e.filter(|e| w.whole(*m) && e.is_fresh(now)))
-        .collect();
-    let missing: Vec<usize> = (0..all.len()).filter(|i| held[*i].is_none()).collect();
-    let (Some(&first), Some(&last)) = (missing.first(), missing.last()) else {
+    let held = held_rows(app, &w, &all, &keys).await;
+    if held.iter().all(Option::is_some) {
         return all_held(app, ask, ctx, &w, &held);
-    };
+    }
     // Like only-if-cached, a HEAD never buys: the page path says so.
     if d.only_if_cached || ask.req.method() == Method::HEAD {
         return None;
     }
+    // One window of a series buys at a time in this process, and reads
+    // what is held again once its turn comes: two windows that overlap,
+    // asked at once (a dashboard's panels), buy their shared months once.
+    let _turn = state.series_turns.take(w.series.name()).await;
+    let held = held_rows(app, &w, &all, &keys).await;
+    let missing: Vec<usize> = (0..all.len()).filter(|i| held[*i].is_none()).collect();
+    let (Some(&first), Some(&last)) = (missing.first(), missing.last()) else {
+        return all_held(app, ask, ctx, &w, &held);
+    };
     let outside = |i: usize| i < first || i > last;
     let kept: Vec<&Arc<Entry>> = held
         .iter()
@@ -247,6 +251,47 @@ pub(super) async fn lookup_months<B>(
             }
             None
         }
+    }
+}
+
+/// The fresh rows held for the months `all` (their row `keys`) of `w`: a
+/// row answers only for a month the window covers whole.
+async fn held_rows(app: &App, w: &Window, all: &[NaiveDate], keys: &[String]) -> Vec<Held> {
+    let now = now_ms();
+    app.cache
+        .held_rows(w.series.route, keys)
+        .await
+        .into_iter()
+        .zip(all)
+        .map(|(e, m)| e.filter(|e| w.whole(*m) && e.is_fresh(now)))
+        .collect()
+}
+
+/// Turns at buying a series' missing months, by series name: one window at
+/// a time, so that the next one finds the rows the last one filed instead
+/// of buying them again. Only the buying takes a turn; a window whose
+/// months are all held never waits. In this process only: two replicas may
+/// still buy the same months at once (their fetch leases are by query).
+#[derive(Default)]
+pub(super) struct SeriesTurns(Mutex<HashMap<String, Weak<tokio::sync::Mutex<()>>>>);
+
+impl SeriesTurns {
+    /// Waits for `series`' turn; it lasts until the guard is dropped.
+    async fn take(&self, series: String) -> tokio::sync::OwnedMutexGuard<()> {
+        let turn = {
+            let mut turns = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+            // Only series being bought have a live turn: the map stays small.
+            turns.retain(|_, t| t.strong_count() > 0);
+            match turns.get(&series).and_then(Weak::upgrade) {
+                Some(turn) => turn,
+                None => {
+                    let turn = Arc::new(tokio::sync::Mutex::new(()));
+                    turns.insert(series, Arc::downgrade(&turn));
+                    turn
+                }
+            }
+        };
+        turn.lock_owned().await
     }
 }
 

@@ -5,6 +5,7 @@
 
 use super::by_id::IdFlights;
 use super::flight::{Flights, Outcome};
+use super::monthly::SeriesTurns;
 use super::parsed::ParsedTargets;
 use super::refresh::Refreshes;
 
@@ -25,6 +26,8 @@ pub struct State {
     pub(super) id_flights: IdFlights,
     /// Keys refreshed in the background lately (stale-while-revalidate).
     pub(super) refreshes: Refreshes,
+    /// Monthly-metrics series whose missing months a window is buying.
+    pub(super) series_turns: SeriesTurns,
 }
 
 impl State {
@@ -34,6 +37,7 @@ impl State {
             flights: Flights::default(),
             id_flights: IdFlights::default(),
             refreshes: Refreshes::new(),
+            series_turns: SeriesTurns::default(),
         }
     }
 }

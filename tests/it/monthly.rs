@@ -6,7 +6,7 @@ use crate::support::client::Client;
 use crate::support::gateway::{Setup, ALPHA, BETA};
 use crate::support::http::Reply;
 use crate::support::query::Query;
-use crate::support::sim::{start_sim, unlimited, Sim};
+use crate::support::sim::{fault, start_sim, unlimited, FaultKind, Faults, Sim};
 use crate::support::traffic::{assert_ledger_matches, charged_for, charged_to};
 use chrono::{Datelike, Months, NaiveDate};
 use http::StatusCode;
@@ -134,6 +134,41 @@ async fn overlapping_windows_of_two_teams_each_pay_only_what_was_not_held() {
     let (c, _) = ask(&gw, ALPHA, &both).await;
     assert_eq!((c.x_cache(), c.credits_request()), (Some("HIT"), Some(0)));
     assert_eq!(c.json(), direct(&sim, &both).await.json());
+    assert_ledger_matches(&sim, &gw.admin_url(), &["alpha", "beta"]).await;
+}
+
+/// A dashboard's panels: two windows of one series that overlap by four
+/// months, asked at once while the upstream is slow. The four shared months
+/// are bought once, by whichever window buys first; the other buys only
+/// its own months.
+#[tokio::test]
+async fn overlapping_windows_asked_at_once_buy_their_shared_months_once() {
+    let sim = start_sim(unlimited()).await;
+    let gw = Setup::new().start(&sim).await;
+    let start = dense_start(&sim).await;
+    let (from, to) = months(start, 8);
+    let early = window(&sim, from, to, "all", "all");
+    let (from, to) = months(start + Months::new(4), 8);
+    let late = window(&sim, from, to, "all", "all");
+    sim.set_faults(Faults {
+        latency_ms: Some(400),
+        ..fault(FaultKind::Latency)
+    });
+    let alpha = Client::new(gw.base_url(), ALPHA.1);
+    let beta = Client::new(gw.base_url(), BETA.1);
+    let a = alpha.get(&early).request_id("alpha-early").spawn();
+    let b = beta.get(&late).request_id("beta-late").spawn();
+    let (a, b) = (a.await.expect("alpha"), b.await.expect("beta"));
+    sim.clear_faults();
+    let paid = [a.credits_request(), b.credits_request()];
+    assert!(paid == [Some(8), Some(4)] || paid == [Some(4), Some(8)], "{paid:?}");
+    assert_eq!(
+        charged_to(&sim, "alpha-") + charged_to(&sim, "beta-"),
+        12,
+        "12 months, each bought once"
+    );
+    assert_eq!(a.json(), direct(&sim, &early).await.json());
+    assert_eq!(b.json(), direct(&sim, &late).await.json());
     assert_ledger_matches(&sim, &gw.admin_url(), &["alpha", "beta"]).await;
 }
 

@@ -142,7 +142,8 @@ impl Pace {
         self.alone.store(false, Ordering::Relaxed);
         self.metrics.upstream_rate_replicas.set(i64::from(replicas));
         if self.local.load().replicas != replicas {
-            self.local.store(Arc::new(Local::new(self.requests_per_minute, replicas)));
+            self.local
+                .store(Arc::new(Local::new(self.requests_per_minute, replicas)));
         }
     }
 

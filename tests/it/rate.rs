@@ -140,7 +140,10 @@ async fn counted_replicas(redis: &RedisServer, sim: &Sim, setups: &[Setup], firs
     .await;
     for (i, gw) in gws.iter().enumerate() {
         let query = distinct_search(sim, first + i as u32, 1);
-        let r = Client::new(gw.base_url(), ALPHA.1).get(query).request_id("alpha-count").await;
+        let r = Client::new(gw.base_url(), ALPHA.1)
+            .get(query)
+            .request_id("alpha-count")
+            .await;
         assert_eq!(r.status, StatusCode::OK, "{}", r.text());
     }
     gws
@@ -162,12 +165,18 @@ async fn the_shared_rate_counts_live_replicas_and_drops_one_not_seen_for_two_min
     redis.rate_replica_seen("gone", Duration::from_secs(121)).await;
     for (i, gw) in gws.iter().enumerate() {
         let query = distinct_search(&sim, 10 + i as u32, 1);
-        let r = Client::new(gw.base_url(), ALPHA.1).get(query).request_id("alpha-again").await;
+        let r = Client::new(gw.base_url(), ALPHA.1)
+            .get(query)
+            .request_id("alpha-again")
+            .await;
         assert_eq!(r.status, StatusCode::OK, "{}", r.text());
         assert_eq!(replicas_seen(gw).await, Some(4.0), "three and the quiet one");
     }
     assert!(redis.rate_replica_held("quiet").await);
-    assert!(!redis.rate_replica_held("gone").await, "not seen for 2 minutes: dropped");
+    assert!(
+        !redis.rate_replica_held("gone").await,
+        "not seen for 2 minutes: dropped"
+    );
 }
 
 /// Two replicas counted by the shared rate lose their Redis (killed): each

@@ -54,7 +54,8 @@
 //!
 //! Internal to the crate:
 //! - `scheduler`: fair sharing of the upstream rate limit across teams.
-//! - `shared_rate`: the upstream rate shared by replicas through Redis.
+//! - `shared_rate`: the upstream rate shared by replicas through Redis, and
+//!   the count of replicas that sets each one's share when Redis fails.
 //! - `org`: the org's upstream credits, and pausing when they run out.
 //! - `upstream`: the pooled rustls client with retries and deadlines.
 //! - `admin`: `/metrics`, `/healthz`, `/readyz`, `/admin/*`.

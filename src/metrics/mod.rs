@@ -77,6 +77,9 @@ pub struct Metrics {
     upstream_retries_total: IntCounterVec,
     /// Not in the contract table: time a call waited for the upstream rate.
     pub(crate) upstream_queue_wait_seconds: Histogram,
+    /// Not in the contract table: replicas the shared rate last counted,
+    /// whose share this replica paces at when Redis fails (`scheduler`).
+    pub(crate) upstream_rate_replicas: IntGauge,
     /// Not in the contract table: open team connections.
     pub open_connections: Gauge,
     /// Not in the contract table: metered calls answered 402 without asking
@@ -260,6 +263,11 @@ impl Metrics {
                 r.register(Box::new(h.clone())).expect("unique metric");
                 h
             },
+            upstream_rate_replicas: gauge(
+                &r,
+                "gateway_upstream_rate_replicas",
+                "Replicas sharing the upstream rate, as the shared rate last counted them (0: never counted).",
+            ),
             open_connections: {
                 let g = Gauge::new("gateway_open_connections", "Open team connections.").expect("valid gauge");
                 r.register(Box::new(g.clone())).expect("unique metric");

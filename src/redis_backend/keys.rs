@@ -1,9 +1,9 @@
 //! Every Redis key the gateway reads or writes, and the `{tag}` that puts it
 //! on a Redis Cluster slot: cache entries and their fetch leases, records
 //! and theirs, complete-page indexes, a team's ledger keys, the shared
-//! upstream rate, and the patterns a purge scans. Nothing else formats a
-//! Redis key; `docs/operations.md` ("Keys and hash tags") is the operator's
-//! table of the same keys.
+//! upstream rate and the replicas sharing it, and the patterns a purge
+//! scans. Nothing else formats a Redis key; `docs/operations.md` ("Keys
+//! and hash tags") is the operator's table of the same keys.
 //!
 //! **The bytes are a contract with the previous release.** During a rolling
 //! upgrade old and new replicas share L2, the leases, the ledger and the
@@ -158,6 +158,13 @@ impl Keys {
     pub(crate) fn rate_pause(&self) -> String {
         format!("{}{{rate}}:upstream:pause", self.prefix)
     }
+
+    /// The replicas sharing the rate (`shared_rate`): a sorted set of
+    /// replica ids scored by when Redis last saw each; `{rate}` as
+    /// [`Keys::rate`]: the rate script counts them as it takes a permit.
+    pub(crate) fn rate_replicas(&self) -> String {
+        format!("{}{{rate}}:upstream:replicas", self.prefix)
+    }
 }
 
 /// A record's cache key: its L1 key and its flight's key, and, hashed, the
@@ -253,6 +260,7 @@ mod tests {
         );
         assert_eq!(k.rate(), "pgw:{rate}:upstream");
         assert_eq!(k.rate_pause(), "pgw:{rate}:upstream:pause");
+        assert_eq!(k.rate_replicas(), "pgw:{rate}:upstream:replicas");
         assert_eq!(Keys::new("").rate(), "{rate}:upstream", "the prefix is all that varies");
     }
 
@@ -295,6 +303,8 @@ mod tests {
             );
             assert_eq!(first, slot(team), "tagged by the team's name");
         }
-        assert_eq!(slot(&k.rate()), slot(&k.rate_pause()), "the rate script's two keys");
+        let rate = slot(&k.rate());
+        assert_eq!(rate, slot(&k.rate_pause()), "the rate script's keys: the pause");
+        assert_eq!(rate, slot(&k.rate_replicas()), "the rate script's keys: the replicas");
     }
 }

@@ -1,14 +1,16 @@
 //! Sharing the upstream's rate: per-team limits, fair turns between teams,
-//! one budget of calls for all replicas.
+//! one budget of calls for all replicas, kept when they lose their Redis.
 
 use crate::support::client::Client;
 use crate::support::gateway::{Setup, ALPHA, BETA, SMALL};
+use crate::support::probe::scrape;
 use crate::support::query::Query;
 use crate::support::redis::RedisServer;
-use crate::support::sim::{start_sim, unlimited};
-use crate::support::traffic::assert_replicas_share_the_upstream_rate;
+use crate::support::sim::{start_sim, unlimited, Sim};
+use crate::support::traffic::{assert_replicas_share_the_upstream_rate, distinct_search};
 use crate::support::wait::eventually;
 use http::StatusCode;
+use permit_gateway::Running;
 use std::time::{Duration, Instant};
 
 #[tokio::test]
@@ -104,7 +106,103 @@ async fn replicas_on_one_redis_share_the_upstream_rate() {
         c.cache.redis_timeout_ms = 3000;
     });
     let (gw1, gw2) = (setup.start(&sim).await, setup.start(&sim).await);
-    assert_replicas_share_the_upstream_rate(&sim, &[gw1.base_url(), gw2.base_url()], ALPHA.1).await;
+    assert_replicas_share_the_upstream_rate(&sim, &[gw1.base_url(), gw2.base_url()], ALPHA.1, 120).await;
+}
+
+/// A replica on the shared rate: its cache on `redis` (so the rate too),
+/// its own file ledger, and the Redis healthy until the test says
+/// otherwise (see `replicas_on_one_redis_share_the_upstream_rate`).
+fn rate_replica(redis: &RedisServer, requests_per_minute: u32) -> Setup {
+    Setup::new().cache_redis(&redis.url()).with(move |c| {
+        c.upstream.requests_per_minute = requests_per_minute;
+        c.upstream.max_queue_wait_secs = 2;
+        c.cache.redis_timeout_ms = 3000;
+    })
+}
+
+/// What the shared rate told this replica last: the replicas it counted.
+async fn replicas_seen(gw: &Running) -> Option<f64> {
+    scrape(&gw.admin_url()).await.get("gateway_upstream_rate_replicas", &[])
+}
+
+/// Starts one gateway per setup, waits until Redis counts every one (each
+/// renews its membership at start), then has each make one upstream call
+/// (distinct searches from `first`), which tells it the count.
+async fn counted_replicas(redis: &RedisServer, sim: &Sim, setups: &[Setup], first: u32) -> Vec<Running> {
+    let mut gws = Vec::new();
+    for setup in setups {
+        gws.push(setup.start(sim).await);
+    }
+    let n = setups.len() as u64;
+    eventually("Redis counts every replica", Duration::from_secs(10), || async {
+        redis.rate_replicas().await == Some(n)
+    })
+    .await;
+    for (i, gw) in gws.iter().enumerate() {
+        let query = distinct_search(sim, first + i as u32, 1);
+        let r = Client::new(gw.base_url(), ALPHA.1)
+            .get(query)
+            .request_id("alpha-count")
+            .await;
+        assert_eq!(r.status, StatusCode::OK, "{}", r.text());
+    }
+    gws
+}
+
+/// The rate script counts the replicas in the permit's round trip: three
+/// gateways each see 3, plus a replica quiet for a minute (still counted);
+/// one not seen for longer than the 2 minutes is dropped.
+#[tokio::test]
+async fn the_shared_rate_counts_live_replicas_and_drops_one_not_seen_for_two_minutes() {
+    let redis = RedisServer::start();
+    let sim = start_sim(unlimited()).await;
+    let setups: Vec<Setup> = (0..3).map(|_| rate_replica(&redis, 120)).collect();
+    let gws = counted_replicas(&redis, &sim, &setups, 0).await;
+    for gw in &gws {
+        assert_eq!(replicas_seen(gw).await, Some(3.0), "every replica counts three");
+    }
+    redis.rate_replica_seen("quiet", Duration::from_secs(60)).await;
+    redis.rate_replica_seen("gone", Duration::from_secs(121)).await;
+    for (i, gw) in gws.iter().enumerate() {
+        let query = distinct_search(&sim, 10 + i as u32, 1);
+        let r = Client::new(gw.base_url(), ALPHA.1)
+            .get(query)
+            .request_id("alpha-again")
+            .await;
+        assert_eq!(r.status, StatusCode::OK, "{}", r.text());
+        assert_eq!(replicas_seen(gw).await, Some(4.0), "three and the quiet one");
+    }
+    assert!(redis.rate_replica_held("quiet").await);
+    assert!(
+        !redis.rate_replica_held("gone").await,
+        "not seen for 2 minutes: dropped"
+    );
+}
+
+/// Two replicas counted by the shared rate lose their Redis (killed): each
+/// paces alone at half the rate (and half the burst), so together they
+/// still send about the upstream's limit over a burst of misses, not twice
+/// it, and the fallback shows in the rate's error counter.
+#[tokio::test]
+async fn replicas_that_lose_redis_pace_at_their_share_not_each_at_the_whole_rate() {
+    let mut redis = RedisServer::start();
+    let sim = start_sim(unlimited()).await;
+    let rpm = 120;
+    let setups = [rate_replica(&redis, rpm), rate_replica(&redis, rpm)];
+    // The searches the load sends are 0..60: the counting calls come after.
+    let gws = counted_replicas(&redis, &sim, &setups, 100).await;
+    for gw in &gws {
+        assert_eq!(replicas_seen(gw).await, Some(2.0), "counted before Redis goes");
+    }
+    redis.kill();
+    let bases: Vec<String> = gws.iter().map(Running::base_url).collect();
+    assert_replicas_share_the_upstream_rate(&sim, &bases, ALPHA.1, rpm).await;
+    for gw in &gws {
+        let m = scrape(&gw.admin_url()).await;
+        let failed = m.get("gateway_backend_errors_total", &[("backend", "redis"), ("op", "rate")]);
+        assert!(failed.is_some_and(|n| n >= 1.0), "the fallback is visible: {failed:?}");
+        assert_eq!(replicas_seen(gw).await, Some(2.0), "the count last seen stays");
+    }
 }
 
 /// A 429 is counted where it reaches the client, once: the upstream's own
@@ -112,7 +210,6 @@ async fn replicas_on_one_redis_share_the_upstream_rate() {
 /// call, but a refusal rescued by a stale copy (a 200 `STALE`) does not.
 #[tokio::test]
 async fn only_429s_that_reach_the_client_are_counted_as_rate_limited() {
-    use crate::support::probe::scrape;
     use crate::support::sim::{FaultKind, Faults};
     let sim = start_sim(unlimited()).await;
     let gw = Setup::new()

@@ -207,7 +207,14 @@ async fn three_replicas_on_a_cluster_share_the_upstream_rate() {
     });
     let gws = three(&setup, &sim).await;
     let bases: Vec<String> = gws.iter().map(Running::base_url).collect();
-    assert_replicas_share_the_upstream_rate(&sim, &bases, ALPHA.1).await;
+    assert_replicas_share_the_upstream_rate(&sim, &bases, ALPHA.1, 120).await;
+    // The rate script's three keys, the replicas' set among them, run in
+    // one slot: every replica was told three.
+    for gw in &gws {
+        let m = scrape(&gw.admin_url()).await;
+        assert_eq!(m.get("gateway_upstream_rate_replicas", &[]), Some(3.0));
+        assert_eq!(m.sum("gateway_backend_errors_total", &[("op", "rate")]), 0.0);
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

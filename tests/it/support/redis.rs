@@ -7,6 +7,10 @@ use std::path::PathBuf;
 use std::process::{Child, Command};
 use std::time::Duration;
 
+/// The replicas sharing the upstream rate, as `redis_backend::keys` spells
+/// it under the harness's default prefix.
+const RATE_REPLICAS: &str = "pgw:{rate}:upstream:replicas";
+
 pub struct RedisServer {
     dir: tempfile::TempDir,
     child: Option<Child>,
@@ -116,6 +120,41 @@ impl RedisServer {
     /// should hold it), for up to `limit`.
     pub async fn wait_held(&self, team: &str, what: &str, limit: Duration) {
         eventually(what, limit, || async { self.holds(team).await.is_some_and(|n| n > 0) }).await;
+    }
+
+    /// The replicas the shared rate counts now (`pgw:{rate}:upstream:replicas`,
+    /// members dropped only when a replica's script next runs); `None`
+    /// while Redis does not answer.
+    pub async fn rate_replicas(&self) -> Option<u64> {
+        let mut c = self.connection().await?;
+        redis::cmd("ZCARD").arg(RATE_REPLICAS).query_async(&mut c).await.ok()
+    }
+
+    /// Files a replica `id` in the shared rate's set as last seen `ago`
+    /// before now by Redis's clock: a replica gone quiet, without waiting.
+    pub async fn rate_replica_seen(&self, id: &str, ago: Duration) {
+        let mut c = self.connection().await.expect("redis");
+        let (secs, micros): (u64, u64) = redis::cmd("TIME").query_async(&mut c).await.expect("TIME");
+        let now_ms = secs * 1000 + micros / 1000;
+        let _: () = redis::cmd("ZADD")
+            .arg(RATE_REPLICAS)
+            .arg(now_ms - ago.as_millis() as u64)
+            .arg(id)
+            .query_async(&mut c)
+            .await
+            .expect("ZADD");
+    }
+
+    /// Whether the shared rate's set still holds replica `id`.
+    pub async fn rate_replica_held(&self, id: &str) -> bool {
+        let mut c = self.connection().await.expect("redis");
+        let score: Option<f64> = redis::cmd("ZSCORE")
+            .arg(RATE_REPLICAS)
+            .arg(id)
+            .query_async(&mut c)
+            .await
+            .expect("ZSCORE");
+        score.is_some()
     }
 
     /// Cross-replica leases held now.

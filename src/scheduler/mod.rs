@@ -15,15 +15,20 @@
 //!
 //! With Redis, permits come from [`SharedRate`] instead, so several replicas
 //! together stay under the one key's limit; the local limiter is then only
-//! the fallback for when Redis does not answer.
+//! the fallback for when Redis does not answer, and it paces at this
+//! replica's share: the whole rate divided by the replicas the shared rate
+//! last counted, so N replicas that lose Redis together still send about
+//! the limit, not N times it ([`pace`] says how, and what a replica that
+//! never reached Redis does).
+
+mod pace;
 
 use crate::error::GatewayError;
 use crate::metrics::Metrics;
 use crate::shared_rate::SharedRate;
-use governor::{DefaultDirectRateLimiter, Quota};
+use pace::Pace;
 use std::collections::{HashMap, VecDeque};
-use std::num::NonZeroU32;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 use tokio::sync::{oneshot, Notify};
 
@@ -44,10 +49,8 @@ struct Queues {
 }
 
 pub(crate) struct Scheduler {
-    limiter: DefaultDirectRateLimiter,
-    /// The rate shared with other replicas, when Redis is configured.
-    shared: Option<SharedRate>,
-    per_sec: f64,
+    /// The permits: shared through Redis, or this replica's own.
+    pace: Arc<Pace>,
     max_wait: Duration,
     queues: Mutex<Queues>,
     /// Until when an upstream 429 told us to hold off.
@@ -66,12 +69,8 @@ impl Scheduler {
         shared: Option<SharedRate>,
         metrics: Arc<Metrics>,
     ) -> Arc<Scheduler> {
-        let rpm = NonZeroU32::new(requests_per_minute).unwrap_or(NonZeroU32::MIN);
-        let burst = NonZeroU32::new(burst(requests_per_minute)).unwrap_or(NonZeroU32::MIN);
         let scheduler = Arc::new(Scheduler {
-            limiter: DefaultDirectRateLimiter::direct(Quota::per_minute(rpm).allow_burst(burst)),
-            shared,
-            per_sec: f64::from(rpm.get()) / 60.0,
+            pace: Pace::start(requests_per_minute, shared, metrics.clone()),
             max_wait,
             queues: Mutex::default(),
             paused_until: Mutex::new(None),
@@ -102,35 +101,7 @@ impl Scheduler {
                 }
             }
         }
-        if let Some(shared) = &self.shared {
-            shared.pause(for_).await;
-        }
-    }
-
-    /// A permit right now, if one is free.
-    async fn try_permit(&self) -> bool {
-        match &self.shared {
-            Some(shared) => match shared.take().await {
-                Ok(wait) => wait.is_zero(),
-                Err(_) => self.limiter.check().is_ok(),
-            },
-            None => self.limiter.check().is_ok(),
-        }
-    }
-
-    /// Waits for the next permit.
-    async fn next_permit(&self) {
-        let Some(shared) = &self.shared else {
-            return self.limiter.until_ready().await;
-        };
-        loop {
-            match shared.take().await {
-                Ok(wait) if wait.is_zero() => return,
-                Ok(wait) => tokio::time::sleep(wait.min(Duration::from_secs(1))).await,
-                // Redis gone: pace this replica alone until it is back.
-                Err(_) => return self.limiter.until_ready().await,
-            }
-        }
+        self.pace.pause_shared(for_).await;
     }
 
     /// Waits for this team's turn at the upstream, or refuses at once when
@@ -138,7 +109,7 @@ impl Scheduler {
     pub(crate) async fn acquire(&self, team: &str) -> Result<(), GatewayError> {
         let started = Instant::now();
         let idle = self.queues().len == 0 && self.pause_left().is_zero();
-        if idle && self.try_permit().await {
+        if idle && self.pace.try_permit().await {
             self.metrics.upstream_queue_wait_seconds.observe(0.0);
             return Ok(());
         }
@@ -187,7 +158,7 @@ impl Scheduler {
     fn expected_wait(&self, q: &Queues, team: &str) -> Duration {
         let ours = q.waiting.get(team).map_or(0, VecDeque::len) as f64 + 1.0;
         let teams = q.turn.len() as f64 + if q.waiting.contains_key(team) { 0.0 } else { 1.0 };
-        self.pause_left() + Duration::from_secs_f64(ours * teams / self.per_sec)
+        self.pause_left() + Duration::from_secs_f64(ours * teams / self.pace.per_sec())
     }
 
     /// The next waiter in round-robin order, if any.
@@ -222,7 +193,7 @@ pub(crate) fn burst(requests_per_minute: u32) -> u32 {
 
 /// Hands out one permit per limiter token to the next waiter. Exits when the
 /// scheduler is gone.
-async fn dispatch(scheduler: std::sync::Weak<Scheduler>) {
+async fn dispatch(scheduler: Weak<Scheduler>) {
     loop {
         let Some(s) = scheduler.upgrade() else { return };
         if s.queues().len == 0 {
@@ -237,7 +208,7 @@ async fn dispatch(scheduler: std::sync::Weak<Scheduler>) {
             tokio::time::sleep(pause).await;
             continue;
         }
-        s.next_permit().await;
+        s.pace.next_permit().await;
         // A pause may have come while we waited for the permit: honour it
         // before anyone calls.
         let pause = s.pause_left();

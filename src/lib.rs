@@ -129,10 +129,17 @@ pub struct Listeners {
 }
 
 impl Listeners {
-    /// Binds `server.listen` and `server.admin_listen`.
+    /// Binds `server.listen` and `server.admin_listen`; the team socket
+    /// with `SO_REUSEPORT` when `server.runtime` is `per_core`, whose other
+    /// loops bind the same address. Only then: a second gateway started by
+    /// mistake on a port in use must fail, not share it.
     pub async fn bind(cfg: &config::ServerConfig) -> std::io::Result<Listeners> {
+        let team = match cfg.runtime {
+            config::Runtime::MultiThread => TcpListener::bind(cfg.listen).await?,
+            config::Runtime::PerCore => server::bind_reuseport(cfg.listen)?,
+        };
         Ok(Listeners {
-            team: TcpListener::bind(cfg.listen).await?,
+            team,
             admin: TcpListener::bind(cfg.admin_listen).await?,
         })
     }
@@ -185,13 +192,32 @@ async fn serve(
         actions: server::Actions::new(actions, "admin"),
         ..admin_limits
     };
-    let team = server::serve(
-        listeners.team,
-        tls,
-        team_limits,
-        move |req, mark| proxy::handle(team_app.clone(), state.clone(), req, Some(mark)),
-        stopped(stop_rx.clone()),
-    );
+    let team_handler = move |req, mark| proxy::handle(team_app.clone(), state.clone(), req, Some(mark));
+    let team: std::pin::Pin<Box<dyn Future<Output = Result<(), String>> + Send>> = match app.config.server.runtime {
+        config::Runtime::MultiThread => {
+            let stop = stopped(stop_rx.clone());
+            Box::pin(async move {
+                server::serve(listeners.team, tls, team_limits, team_handler, stop).await;
+                Ok(())
+            })
+        }
+        config::Runtime::PerCore => {
+            // Started before the admin listener serves: a socket that cannot
+            // be bound fails the start (and the loops already started end
+            // with `stop_tx`, dropped on the way out).
+            let loops = app.config.server.per_core_loops();
+            let per_core = server::PerCore::start(
+                listeners.team,
+                loops,
+                tls,
+                team_limits,
+                team_handler,
+                stop_rx.clone(),
+            )?;
+            tracing::info!(loops = per_core.loops(), "team listener served by per-core runtimes");
+            Box::pin(per_core.wait())
+        }
+    };
     let admin_app = app.clone();
     let admin = server::serve(
         listeners.admin,
@@ -204,10 +230,10 @@ async fn serve(
         shutdown.await;
         let _ = stop_tx.send(true);
     });
-    tokio::join!(team, admin);
+    let (team, ()) = tokio::join!(team, admin);
     // The disk tier's last writes, durable before the process ends.
     app.cache.close().await;
-    Ok(())
+    team
 }
 
 /// A gateway running in this process: for tests and the demo.

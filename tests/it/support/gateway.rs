@@ -159,6 +159,15 @@ impl Setup {
         })
     }
 
+    /// The team listener served by `loops` per-core runtimes
+    /// (`server.runtime = "per_core"`, `server.per_core_threads`).
+    pub fn per_core(self, loops: usize) -> Setup {
+        self.with(move |c| {
+            c.server.runtime = permit_gateway::config::Runtime::PerCore;
+            c.server.per_core_threads = loops;
+        })
+    }
+
     /// `log.level`: a level or a filter (`info,access=warn`).
     pub fn log_level(self, level: &'static str) -> Setup {
         self.with(move |c| c.log.level = level.parse().expect("a level or a filter"))

@@ -18,7 +18,8 @@
 //! - [`config`]: embedded defaults → file → env, validated all at once.
 //! - [`app`]: the shared state built once from a config.
 //! - [`server`]: accept loop, TLS, HTTP/1.1 + HTTP/2, connection deadlines
-//!   from accept, graceful shutdown, and the overload manager: every shared
+//!   from accept, graceful shutdown, the team listener's thread-per-core
+//!   mode (`server.runtime`), and the overload manager: every shared
 //!   transport pool (connection slots, HTTP/2 answer bytes, descriptors)
 //!   shared out per tenant, anonymous peers first to go.
 //! - [`proxy`]: the life of a team request, one named function per phase,
@@ -206,14 +207,8 @@ async fn serve(
             // be bound fails the start (and the loops already started end
             // with `stop_tx`, dropped on the way out).
             let loops = app.config.server.per_core_loops();
-            let per_core = server::PerCore::start(
-                listeners.team,
-                loops,
-                tls,
-                team_limits,
-                team_handler,
-                stop_rx.clone(),
-            )?;
+            let per_core =
+                server::PerCore::start(listeners.team, loops, tls, team_limits, team_handler, stop_rx.clone())?;
             tracing::info!(loops = per_core.loops(), "team listener served by per-core runtimes");
             Box::pin(per_core.wait())
         }

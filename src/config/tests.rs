@@ -561,9 +561,17 @@ fn the_printed_config_loads_back_as_the_same_config() {
 fn the_per_core_runtime_is_opt_in_and_its_thread_count_bounded() {
     let c = load(KEY).expect("defaults");
     assert_eq!(c.server.runtime, Runtime::MultiThread);
-    let c = load(&format!("{KEY}[server]\nruntime = \"per_core\"\nper_core_threads = 3\n")).expect("per_core");
+    let c = load(&format!(
+        "{KEY}[server]\nruntime = \"per_core\"\nper_core_threads = 3\n"
+    ))
+    .expect("per_core");
     assert_eq!(c.server.runtime, Runtime::PerCore);
     assert_eq!(c.server.per_core_loops(), 3);
-    let errs = load(&format!("{KEY}[server]\nper_core_threads = 5000\n")).expect_err("too many").0;
-    assert!(errs.iter().any(|e| e.starts_with("server.per_core_threads")), "{errs:#?}");
+    let errs = load(&format!("{KEY}[server]\nper_core_threads = 5000\n"))
+        .expect_err("too many")
+        .0;
+    assert!(
+        errs.iter().any(|e| e.starts_with("server.per_core_threads")),
+        "{errs:#?}"
+    );
 }

@@ -7,7 +7,8 @@
 //! `conns/mod.rs` in place of its `GracefulShutdown`: the same drain on
 //! shutdown, plus closing one connection (evicted, or past a deadline) on its
 //! own. `conn.rs` drives each connection. Takes an already-bound listener so tests
-//! start the real server on port 0.
+//! start the real server on port 0. `per_core.rs` runs the same accept loop
+//! on N single-threaded runtimes against one registry (`Shared`).
 
 mod body;
 mod budget;
@@ -18,8 +19,8 @@ mod per_core;
 
 pub(crate) use conns::Actions;
 pub use overload::{fit_descriptors, Descriptors, RESERVED_DESCRIPTORS};
-pub(crate) use per_core::PerCore;
 pub use per_core::bind_reuseport;
+pub(crate) use per_core::PerCore;
 
 use crate::config::ServerConfig;
 use crate::http_util::Body;

@@ -34,7 +34,11 @@ const HTTP2: usize = 6;
 const ROUNDS: usize = 8;
 
 /// One connection's requests, one after another: `(key, team, status, body)`.
-async fn client_rounds(mut conn: KeptAlive, c: usize, keys: Vec<Query>) -> (KeptAlive, Vec<(usize, &'static str, StatusCode, Bytes)>) {
+async fn client_rounds(
+    mut conn: KeptAlive,
+    c: usize,
+    keys: Vec<Query>,
+) -> (KeptAlive, Vec<(usize, &'static str, StatusCode, Bytes)>) {
     let team = if c % 2 == 0 { ALPHA } else { BETA };
     let mut answers = Vec::new();
     for r in 0..ROUNDS {
@@ -108,10 +112,18 @@ async fn per_core_loops_serve_concurrent_clients_buying_each_key_once_and_counti
     .await;
     let m = scrape(&admin).await;
     for (team, n) in &per_team {
-        assert_eq!(m.sum("gateway_requests_total", &[("team", team), ("status", "200")]), *n as f64, "{team}");
+        assert_eq!(
+            m.sum("gateway_requests_total", &[("team", team), ("status", "200")]),
+            *n as f64,
+            "{team}"
+        );
     }
     let open = (HTTP1 + HTTP2) as f64;
-    assert_eq!(m.get("gateway_open_connections", &[]), Some(open), "one gauge across the loops");
+    assert_eq!(
+        m.get("gateway_open_connections", &[]),
+        Some(open),
+        "one gauge across the loops"
+    );
     drop(kept);
     eventually("every connection is counted closed", Duration::from_secs(10), || {
         let admin = admin.clone();
@@ -211,11 +223,16 @@ async fn a_shutdown_lets_the_request_in_flight_finish_then_ends_every_loop() {
     .await;
     let stopping = tokio::spawn(gw.shutdown());
     // Every loop's socket closed: the drain is under way.
-    eventually("the team address refuses connections", Duration::from_secs(10), || async move {
-        tokio::net::TcpStream::connect(addr).await.is_err()
-    })
+    eventually(
+        "the team address refuses connections",
+        Duration::from_secs(10),
+        || async move { tokio::net::TcpStream::connect(addr).await.is_err() },
+    )
     .await;
-    assert!(!stopping.is_finished(), "the shutdown returned with a request in flight");
+    assert!(
+        !stopping.is_finished(),
+        "the shutdown returned with a request in flight"
+    );
     // The held flight fails for its own reasons: the request buys the
     // answer itself, during the drain.
     held.complete(Err(GatewayError::QuotaExceeded {
@@ -277,6 +294,10 @@ fn server_runtime_comes_from_the_environment_and_an_unknown_one_is_refused_namin
     );
     let per_core = check_runtime_from_env("per_core");
     let printed = String::from_utf8_lossy(&per_core.stdout);
-    assert!(per_core.status.success(), "{}", String::from_utf8_lossy(&per_core.stderr));
+    assert!(
+        per_core.status.success(),
+        "{}",
+        String::from_utf8_lossy(&per_core.stderr)
+    );
     assert!(printed.contains("runtime = \"per_core\""), "{printed}");
 }

@@ -137,6 +137,7 @@ async fn per_core_loops_serve_concurrent_clients_buying_each_key_once_and_counti
     // Each loop served: its thread was woken at least once per request of
     // one connection (an idle loop sleeps in epoll from its start).
     let loops = per_core_loops(gw.addr.port());
+    eprintln!("per-core loops after the load: {loops:?}");
     assert_eq!(loops.len(), LOOPS, "{loops:?}");
     assert!(
         loops.iter().all(|t| t.switches >= ROUNDS as u64),

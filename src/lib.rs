@@ -194,25 +194,17 @@ async fn serve(
         ..admin_limits
     };
     let team_handler = move |req, mark| proxy::handle(team_app.clone(), state.clone(), req, Some(mark));
-    let team: std::pin::Pin<Box<dyn Future<Output = Result<(), String>> + Send>> = match app.config.server.runtime {
-        config::Runtime::MultiThread => {
-            let stop = stopped(stop_rx.clone());
-            Box::pin(async move {
-                server::serve(listeners.team, tls, team_limits, team_handler, stop).await;
-                Ok(())
-            })
-        }
-        config::Runtime::PerCore => {
-            // Started before the admin listener serves: a socket that cannot
-            // be bound fails the start (and the loops already started end
-            // with `stop_tx`, dropped on the way out).
-            let loops = app.config.server.per_core_loops();
-            let per_core =
-                server::PerCore::start(listeners.team, loops, tls, team_limits, team_handler, stop_rx.clone())?;
-            tracing::info!(loops = per_core.loops(), "team listener served by per-core runtimes");
-            Box::pin(per_core.wait())
-        }
-    };
+    // Before the admin listener serves: per-core sockets that cannot be
+    // bound fail the start (the loops already started end with `stop_tx`,
+    // dropped on the way out).
+    let team = server::serve_team(
+        &app.config.server,
+        listeners.team,
+        tls,
+        team_limits,
+        team_handler,
+        stop_rx.clone(),
+    )?;
     let admin_app = app.clone();
     let admin = server::serve(
         listeners.admin,

@@ -20,9 +20,8 @@ mod per_core;
 pub(crate) use conns::Actions;
 pub use overload::{fit_descriptors, Descriptors, RESERVED_DESCRIPTORS};
 pub use per_core::bind_reuseport;
-pub(crate) use per_core::PerCore;
 
-use crate::config::ServerConfig;
+use crate::config::{Runtime, ServerConfig};
 use crate::http_util::Body;
 use conn::Timeouts;
 use conns::{Conns, Order};
@@ -30,11 +29,14 @@ use hyper::body::Incoming;
 use hyper::{Request, Response};
 use hyper_util::rt::{TokioExecutor, TokioTimer};
 use hyper_util::server::conn::auto;
+use per_core::PerCore;
 use rustls::pki_types::{pem::PemObject, CertificateDer, PrivateKeyDer};
 use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::net::TcpListener;
+use tokio::sync::watch;
 use tokio_rustls::TlsAcceptor;
 
 /// How a listener treats its connections.
@@ -201,6 +203,41 @@ pub(crate) async fn serve<H, F>(
     let shared = Shared::new(tls, limits);
     shared.accept(listener, handler, shutdown).await;
     shared.drain().await;
+}
+
+/// A listener being served; resolves once it has drained (an error: a
+/// per-core loop panicked).
+pub(crate) type Serving = Pin<Box<dyn Future<Output = Result<(), String>> + Send>>;
+
+/// The team listener served as `server.runtime` says, until `shutdown`
+/// turns true: by [`serve`] on this runtime, or by per-core loops on threads
+/// of their own, started here (so a socket they cannot bind is an error now).
+pub(crate) fn serve_team<H, F>(
+    cfg: &ServerConfig,
+    listener: TcpListener,
+    tls: Option<TlsAcceptor>,
+    limits: Limits,
+    handler: H,
+    mut shutdown: watch::Receiver<bool>,
+) -> Result<Serving, String>
+where
+    H: Fn(Request<Incoming>, ConnectionMark) -> F + Clone + Send + Sync + 'static,
+    F: Future<Output = Response<Body>> + Send + 'static,
+{
+    match cfg.runtime {
+        Runtime::MultiThread => Ok(Box::pin(async move {
+            let stop = async move {
+                let _ = shutdown.wait_for(|stop| *stop).await;
+            };
+            serve(listener, tls, limits, handler, stop).await;
+            Ok(())
+        })),
+        Runtime::PerCore => {
+            let per_core = PerCore::start(listener, cfg.per_core_loops(), tls, limits, handler, shutdown)?;
+            tracing::info!(loops = per_core.loops(), "team listener served by per-core runtimes");
+            Ok(Box::pin(per_core.wait()))
+        }
+    }
 }
 
 /// What every accept loop of one listener shares: one registry, so the

@@ -82,8 +82,9 @@ impl PerCore {
                 .enable_all()
                 .build()
                 .map_err(|e| format!("server.runtime: per-core runtime {i}: {e}"))?;
+            let runtime = Unstarted(Some(runtime));
             let socket = {
-                let _in = runtime.enter();
+                let _in = runtime.0.as_ref().map(Runtime::enter);
                 match first.take() {
                     Some(first) => TcpListener::from_std(first),
                     None => bind_reuseport(addr),
@@ -140,7 +141,7 @@ impl PerCore {
 /// One loop's thread: accept until shutdown, then drain.
 fn serve_loop<H, F>(
     i: usize,
-    runtime: Runtime,
+    runtime: Unstarted,
     shared: &Shared,
     socket: TcpListener,
     handler: H,
@@ -150,13 +151,36 @@ fn serve_loop<H, F>(
     F: Future<Output = Response<Body>> + Send + 'static,
 {
     let _watch = PanicWatch(i);
-    runtime.block_on(async {
+    runtime.run(async {
         let stop = async move {
             let _ = shutdown.wait_for(|stop| *stop).await;
         };
         shared.accept(socket, handler, stop).await;
         shared.drain().await;
     });
+}
+
+/// A loop's runtime until its thread runs it. Dropped unrun (the start
+/// failed, on the caller's runtime) it shuts down without blocking: a
+/// runtime dropped in an async context panics.
+struct Unstarted(Option<Runtime>);
+
+impl Unstarted {
+    /// Runs `work` to its end on this thread; the runtime then ends here,
+    /// waiting for its blocking tasks (the disk tier's writes).
+    fn run(mut self, work: impl Future<Output = ()>) {
+        if let Some(runtime) = self.0.take() {
+            runtime.block_on(work);
+        }
+    }
+}
+
+impl Drop for Unstarted {
+    fn drop(&mut self) {
+        if let Some(runtime) = self.0.take() {
+            runtime.shutdown_background();
+        }
+    }
 }
 
 /// Logs a loop's panic as it happens: its socket is closed and the other

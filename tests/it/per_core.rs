@@ -18,9 +18,11 @@ use bytes::Bytes;
 use http::StatusCode;
 use permit_gateway::error::GatewayError;
 use permit_gateway::proxy::flight::Join;
+use permit_gateway::{Listeners, Running};
 use std::collections::{BTreeMap, BTreeSet};
 use std::process::{Command, Output};
 use std::time::Duration;
+use tokio::net::TcpListener;
 
 /// Loops of these tests: more than the machine's two cores, so that they
 /// take turns as well as run side by side.
@@ -270,6 +272,20 @@ async fn the_binary_serves_per_core_with_its_loops_logged_and_stops_on_sigterm()
     );
     gw.signal("TERM");
     assert!(gw.wait_exit(Duration::from_secs(30)).success(), "{}", gw.log_text());
+}
+
+#[tokio::test]
+async fn a_team_socket_bound_without_reuseport_fails_the_start_naming_the_key() {
+    let sim = start_sim(unlimited()).await;
+    let config = Setup::new().per_core(2).config(&sim);
+    // Bound as the multi-thread mode binds: the second loop cannot share it.
+    let listeners = Listeners {
+        team: TcpListener::bind("127.0.0.1:0").await.expect("bind team"),
+        admin: TcpListener::bind("127.0.0.1:0").await.expect("bind admin"),
+    };
+    let gw = Running::spawn(config, listeners).expect("spawned");
+    let err = gw.shutdown().await.expect_err("the start fails");
+    assert!(err.contains("server.runtime") && err.contains("SO_REUSEPORT"), "{err}");
 }
 
 /// `check-config` of the shipped example file with `server.runtime` from

@@ -1,10 +1,11 @@
 """Instructions per L1 hit (callgrind) of several builds, at several log
 levels, in one run: the A/B behind each hit-path change in BENCHMARKS.md.
 
-    python3 bench/instr_ab.py --levels warn,info before=DIR after=DIR [...]
+    python3 bench/instr_ab.py --levels warn,info before=DIR after=DIR[,KEY=VALUE...] [...]
 
 Each DIR holds `permit-gateway` and `permit-api-sim` (copy them out of
-target/ per build: the target dir is rewritten by the next build). Same
+target/ per build: the target dir is rewritten by the next build);
+KEY=VALUEs are environment for that build's gateway (`lib.builds`). Same
 page, load and counting as `bench/instructions.py` (wrk -t1 -c8, 4 s).
 """
 import argparse
@@ -24,16 +25,16 @@ def main():
     ap.add_argument("--secs", type=int, default=4)
     ap.add_argument("builds", nargs="+", help="name=DIR")
     args = ap.parse_args()
-    builds = [b.split("=", 1) for b in args.builds]
+    builds = lib.builds(args.builds)
     tmp = tempfile.mkdtemp(prefix="pgw-instr-ab-")
     sim = lib.Sim(builds[0][1], tmp, "sim", run.SIM_KEY, 0, 0)
     url, _ = run.pick_page(sim)
     headers = {"X-API-Key": run.TOKEN}
     for level in args.levels.split(","):
-        for name, bin_dir in builds:
+        for name, bin_dir, env in builds:
             tag = f"{name}-{level}"
             wrap = ins.wrapped_bin_dir(bin_dir, tmp, tag)
-            gw = lib.Gateway(wrap, tmp, tag, sim, {"bench": run.TOKEN}, level=level)
+            gw = lib.Gateway(wrap, tmp, tag, sim, {"bench": run.TOKEN}, level=level, env=env)
             for _ in range(3):
                 status, _, _ = lib.get(gw.base + url, headers=headers, timeout=60)
             assert status == 200, (name, status)

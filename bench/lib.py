@@ -172,16 +172,30 @@ def _readline_with_timeout(stream, timeout):
 # --- the gateway -------------------------------------------------------------
 
 
+def builds(specs):
+    """Command-line builds `name=DIR[,KEY=VALUE...]` as (name, DIR, env):
+    each DIR holds `permit-gateway` and `permit-api-sim`; the KEY=VALUEs are
+    environment its gateways get, so one binary runs as two targets
+    (`percore=DIR,PERMIT_GATEWAY_SERVER__RUNTIME=per_core`)."""
+    out = []
+    for spec in specs:
+        name, rest = spec.split("=", 1)
+        bin_dir, *pairs = rest.split(",")
+        out.append((name, bin_dir, dict(p.split("=", 1) for p in pairs)))
+    return out
+
+
 class Gateway:
     """`permit-gateway serve` on fixed free loopback ports chosen now."""
 
     def __init__(self, bin_dir, tmp, name, sim, teams, memory_max_bytes=268435456,
                  redis_url=None, level="warn", log_to=None, prefix=None, ledger="file",
-                 cache_lines=(), tls=None):
+                 cache_lines=(), tls=None, env=None):
         """`prefix`: the Redis key prefix (replicas sharing a cache share
         one; default per gateway). `ledger`: "file" or "redis". `cache_lines`:
         extra `[cache]` keys. `tls`: (cert PEM path, key PEM path) for the
-        team listener, which then speaks only TLS (`base` is https)."""
+        team listener, which then speaks only TLS (`base` is https). `env`:
+        more environment (`PERMIT_GATEWAY_SERVER__RUNTIME=per_core`)."""
         self.port, self.admin_port = free_port(), free_port()
         lines = [
             "[server]",
@@ -220,7 +234,7 @@ class Gateway:
         self.config = os.path.join(tmp, f"gateway-{name}.toml")
         with open(self.config, "w") as f:
             f.write("\n".join(lines) + "\n")
-        env = dict(os.environ, PERMIT_GATEWAY_UPSTREAM__API_KEY=sim.api_key)
+        env = dict(os.environ, PERMIT_GATEWAY_UPSTREAM__API_KEY=sim.api_key, **(env or {}))
         self.proc = spawn(
             [os.path.join(bin_dir, "permit-gateway"), "serve", "--config", self.config],
             log_to or os.path.join(tmp, f"gateway-{name}.log"),

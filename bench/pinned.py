@@ -3,13 +3,15 @@ core, wrk (and the simulator and Redis) on the other, so that the load
 generator no longer takes the server's CPU. Several gateway builds side by
 side with nginx `proxy_cache`, in interleaved rounds:
 
-    python3 bench/pinned.py [--secs 5] [--rounds 3] [--conns 128] \
-        [--server-core 0] [--aux-core 1] before=DIR after=DIR [...]
+    python3 bench/pinned.py [--secs 5] [--rounds 3] [--conns 128] [--l1-only] \
+        [--server-core 0] [--aux-core 1] before=DIR after=DIR[,KEY=VALUE...] [...]
 
 Each DIR holds `permit-gateway` and `permit-api-sim` (copied out of
-target/ per build). Targets: each build's L1 hit and Redis-tier hit
-(`memory_max_bytes = 0`, so every hit reads Redis), and nginx with one
-worker. The gateway runs with `TOKIO_WORKER_THREADS=1`. A build named
+target/ per build); KEY=VALUEs are environment for that build's gateways
+(`percore=DIR,PERMIT_GATEWAY_SERVER__RUNTIME=per_core`: one binary, the
+thread-per-core mode). Targets: each build's L1 hit and (unless
+`--l1-only`) Redis-tier hit (`memory_max_bytes = 0`, so every hit reads
+Redis), and nginx with one worker. The gateway runs with `TOKIO_WORKER_THREADS=1`. A build named
 `after` (one that knows `cache.redis_connections`) runs its Redis tier
 twice, with 1 and with 4 connections.
 
@@ -75,9 +77,10 @@ def main():
     ap.add_argument("--conns", type=int, default=128)
     ap.add_argument("--server-core", type=int, default=0)
     ap.add_argument("--aux-core", type=int, default=1)
+    ap.add_argument("--l1-only", action="store_true", help="no Redis-tier targets")
     ap.add_argument("builds", nargs="+", help="name=DIR")
     args = ap.parse_args()
-    builds = [b.split("=", 1) for b in args.builds]
+    builds = lib.builds(args.builds)
     tmp = tempfile.mkdtemp(prefix="pgw-pinned-")
     # nginx, redis-server and wrk found first on PATH: pinned wrappers.
     wraps = os.path.join(tmp, "path")
@@ -94,16 +97,18 @@ def main():
     print(f"page {url}; uptime: {open('/proc/loadavg').read().strip()}", flush=True)
 
     targets = []
-    for name, bin_dir in builds:
+    for name, bin_dir, env in builds:
         pin = pinned_bin_dir(bin_dir, tmp, name, args.server_core)
-        gw = lib.Gateway(pin, tmp, f"{name}-l1", sim, {"bench": run.TOKEN})
+        gw = lib.Gateway(pin, tmp, f"{name}-l1", sim, {"bench": run.TOKEN}, env=env)
         targets.append((f"{name} L1 hit", gw.proc, gw.base, headers))
+        if args.l1_only:
+            continue
         variants = [(name, name, ())]
         if name == "after":
             variants = [(f"{name} ({n} conn)", f"{name}-{n}conn", (f"redis_connections = {n}",)) for n in (1, 4)]
         for label, tag, lines in variants:
             gw = lib.Gateway(pin, tmp, f"{tag}-redis", sim, {"bench": run.TOKEN}, memory_max_bytes=0,
-                             redis_url=redis.url, cache_lines=lines)
+                             redis_url=redis.url, cache_lines=lines, env=env)
             targets.append((f"{label} Redis-tier hit", gw.proc, gw.base, headers))
     ng = lib.Nginx(tmp, "pinned", sim, workers=1)
     targets.append(("nginx proxy_cache", ng.proc, ng.base, {}))

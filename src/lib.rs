@@ -18,7 +18,8 @@
 //! - [`config`]: embedded defaults → file → env, validated all at once.
 //! - [`app`]: the shared state built once from a config.
 //! - [`server`]: accept loop, TLS, HTTP/1.1 + HTTP/2, connection deadlines
-//!   from accept, graceful shutdown, and the overload manager: every shared
+//!   from accept, graceful shutdown, the team listener's thread-per-core
+//!   mode (`server.runtime`), and the overload manager: every shared
 //!   transport pool (connection slots, HTTP/2 answer bytes, descriptors)
 //!   shared out per tenant, anonymous peers first to go.
 //! - [`proxy`]: the life of a team request, one named function per phase,
@@ -130,10 +131,17 @@ pub struct Listeners {
 }
 
 impl Listeners {
-    /// Binds `server.listen` and `server.admin_listen`.
+    /// Binds `server.listen` and `server.admin_listen`; the team socket
+    /// with `SO_REUSEPORT` when `server.runtime` is `per_core`, whose other
+    /// loops bind the same address. Only then: a second gateway started by
+    /// mistake on a port in use must fail, not share it.
     pub async fn bind(cfg: &config::ServerConfig) -> std::io::Result<Listeners> {
+        let team = match cfg.runtime {
+            config::Runtime::MultiThread => TcpListener::bind(cfg.listen).await?,
+            config::Runtime::PerCore => server::bind_reuseport(cfg.listen)?,
+        };
         Ok(Listeners {
-            team: TcpListener::bind(cfg.listen).await?,
+            team,
             admin: TcpListener::bind(cfg.admin_listen).await?,
         })
     }
@@ -190,13 +198,18 @@ async fn serve(
         actions: server::Actions::new(actions, "admin"),
         ..admin_limits
     };
-    let team = server::serve(
+    let team_handler = move |req, mark| proxy::handle(team_app.clone(), state.clone(), req, Some(mark));
+    // Before the admin listener serves: per-core sockets that cannot be
+    // bound fail the start (the loops already started end with `stop_tx`,
+    // dropped on the way out).
+    let team = server::serve_team(
+        &app.config.server,
         listeners.team,
         tls,
         team_limits,
-        move |req, mark| proxy::handle(team_app.clone(), state.clone(), req, Some(mark)),
-        stopped(stop_rx.clone()),
-    );
+        team_handler,
+        stop_rx.clone(),
+    )?;
     let admin_app = app.clone();
     let admin = server::serve(
         listeners.admin,
@@ -209,10 +222,10 @@ async fn serve(
         shutdown.await;
         let _ = stop_tx.send(true);
     });
-    tokio::join!(team, admin);
+    let (team, ()) = tokio::join!(team, admin);
     // The disk tier's last writes, durable before the process ends.
     app.cache.close().await;
-    Ok(())
+    team
 }
 
 /// A gateway running in this process: for tests and the demo.

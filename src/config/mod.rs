@@ -85,6 +85,10 @@ pub struct ServerConfig {
     /// 0: derived from `max_connections` ([`ServerConfig::team_in_flight_limit`]).
     pub team_max_in_flight: usize,
     pub shutdown_grace_secs: u64,
+    /// How the team listener is served (`server::per_core`).
+    pub runtime: Runtime,
+    /// `per_core`: its loops; 0: [`ServerConfig::per_core_loops`] decides.
+    pub per_core_threads: usize,
 }
 
 impl ServerConfig {
@@ -97,6 +101,32 @@ impl ServerConfig {
             n => n,
         }
     }
+
+    /// The single-threaded loops of `server.runtime = "per_core"`:
+    /// `per_core_threads`, else `TOKIO_WORKER_THREADS` (what sizes the
+    /// multi-thread runtime, and what the benchmarks set), else the cores.
+    pub fn per_core_loops(&self) -> usize {
+        if self.per_core_threads > 0 {
+            return self.per_core_threads;
+        }
+        std::env::var("TOKIO_WORKER_THREADS")
+            .ok()
+            .and_then(|v| v.trim().parse::<usize>().ok())
+            .filter(|n| *n > 0)
+            .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
+    }
+}
+
+/// How the team listener is served (`server.runtime`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Runtime {
+    /// Every listener on the one work-stealing tokio runtime.
+    MultiThread,
+    /// The team listener on single-threaded runtimes, one per thread, each
+    /// with its own `SO_REUSEPORT` socket on the same address (as nginx's
+    /// workers); one registry of connections across them.
+    PerCore,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]

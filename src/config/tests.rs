@@ -173,11 +173,13 @@ fn every_problem_is_reported_at_once_with_its_key_path() {
 #[test]
 fn typed_keys_say_what_they_accept() {
     let text = format!(
-        "{KEY}[server]\nlisten = \"nope\"\n[quota]\nwindow = \"weekly\"\nstore = \"sqlite\"\n[log]\nformat = \"xml\"\n"
+        "{KEY}[server]\nlisten = \"nope\"\nruntime = \"bogus\"\n[quota]\nwindow = \"weekly\"\nstore = \"sqlite\"\n[log]\nformat = \"xml\"\n"
     );
     let errs = load(&text).expect_err("invalid").0;
     for (key, says) in [
         ("server.listen", "\"nope\" is not an address like 0.0.0.0:8080"),
+        ("server.runtime", "`multi_thread`"),
+        ("server.runtime", "`per_core`"),
         ("quota.window", "`rolling_30d`"),
         ("quota.window", "`calendar_month`"),
         ("quota.store", "`file`"),
@@ -553,4 +555,23 @@ fn the_printed_config_loads_back_as_the_same_config() {
     assert_eq!(serde_json::to_value(&c).ok(), serde_json::to_value(&again).ok());
     // The key prints redacted, so it reads back as another key.
     assert_eq!(c.restart_required(&again), ["upstream.api_key"]);
+}
+
+#[test]
+fn the_per_core_runtime_is_opt_in_and_its_thread_count_bounded() {
+    let c = load(KEY).expect("defaults");
+    assert_eq!(c.server.runtime, Runtime::MultiThread);
+    let c = load(&format!(
+        "{KEY}[server]\nruntime = \"per_core\"\nper_core_threads = 3\n"
+    ))
+    .expect("per_core");
+    assert_eq!(c.server.runtime, Runtime::PerCore);
+    assert_eq!(c.server.per_core_loops(), 3);
+    let errs = load(&format!("{KEY}[server]\nper_core_threads = 5000\n"))
+        .expect_err("too many")
+        .0;
+    assert!(
+        errs.iter().any(|e| e.starts_with("server.per_core_threads")),
+        "{errs:#?}"
+    );
 }

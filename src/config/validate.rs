@@ -84,6 +84,9 @@ impl ServerConfig {
             self.http2_max_concurrent_streams.into(),
             p,
         );
+        if self.per_core_threads > 1024 {
+            p.push("server.per_core_threads: at most 1024".into());
+        }
     }
 }
 

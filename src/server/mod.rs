@@ -7,18 +7,21 @@
 //! `conns/mod.rs` in place of its `GracefulShutdown`: the same drain on
 //! shutdown, plus closing one connection (evicted, or past a deadline) on its
 //! own. `conn.rs` drives each connection. Takes an already-bound listener so tests
-//! start the real server on port 0.
+//! start the real server on port 0. `per_core.rs` runs the same accept loop
+//! on N single-threaded runtimes against one registry (`Shared`).
 
 mod body;
 mod budget;
 mod conn;
 mod conns;
 mod overload;
+mod per_core;
 
 pub(crate) use conns::Actions;
 pub use overload::{fit_descriptors, Descriptors, RESERVED_DESCRIPTORS};
+pub use per_core::bind_reuseport;
 
-use crate::config::ServerConfig;
+use crate::config::{Runtime, ServerConfig};
 use crate::http_util::Body;
 use conn::Timeouts;
 use conns::{Conns, Order};
@@ -26,11 +29,14 @@ use hyper::body::Incoming;
 use hyper::{Request, Response};
 use hyper_util::rt::{TokioExecutor, TokioTimer};
 use hyper_util::server::conn::auto;
+use per_core::PerCore;
 use rustls::pki_types::{pem::PemObject, CertificateDer, PrivateKeyDer};
 use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::net::TcpListener;
+use tokio::sync::watch;
 use tokio_rustls::TlsAcceptor;
 
 /// How a listener treats its connections.
@@ -194,67 +200,143 @@ pub(crate) async fn serve<H, F>(
     H: Fn(Request<Incoming>, ConnectionMark) -> F + Clone + Send + Sync + 'static,
     F: Future<Output = Response<Body>> + Send + 'static,
 {
-    let builder = Arc::new(builder(&limits));
-    let budget = budget::Budget::new(limits.http2_max_buffered_bytes);
-    let conns = Conns::new(
-        limits.max_connections,
-        limits.max_connections_per_peer,
-        budget,
-        limits.actions.clone(),
-    );
-    tokio::pin!(shutdown);
-    loop {
-        let (stream, peer) = tokio::select! {
-            accepted = listener.accept() => match accepted {
-                Ok(accepted) => accepted,
-                Err(e) => {
-                    // EMFILE and friends: out of descriptors despite the
-                    // clamp (something else took them): make room as at the
-                    // cap, and back off instead of spinning.
-                    tracing::warn!(error = %e, "accept failed");
-                    conns.make_room();
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                    continue;
-                }
-            },
-            () = &mut shutdown => break,
-        };
-        // At the limit this tells the overload manager's pick to go and
-        // admits at once, or waits while no connection may go; meanwhile
-        // the kernel's backlog holds the next newcomers.
-        let slot = tokio::select! {
-            slot = conns.admit(peer.ip()) => slot,
-            () = &mut shutdown => break,
-        };
-        let Some(slot) = slot else {
-            // The peer is at its own limit with all its connections busy.
-            tracing::debug!("per-peer connection limit: refusing a connection");
-            continue;
-        };
-        let _ = stream.set_nodelay(true);
-        let open = limits.open_connections.clone().map(Open::new);
-        let conn = conn::serve(
-            stream,
-            tls.clone(),
-            builder.clone(),
-            handler.clone(),
-            slot,
-            limits.timeouts,
-        );
-        tokio::spawn(async move {
-            // Counted for the connection's whole life, whichever way it ends.
-            let _open = open;
-            conn.await;
-        });
+    let shared = Shared::new(tls, limits);
+    shared.accept(listener, handler, shutdown).await;
+    shared.drain().await;
+}
+
+/// A listener being served; resolves once it has drained (an error: a
+/// per-core loop panicked).
+pub(crate) type Serving = Pin<Box<dyn Future<Output = Result<(), String>> + Send>>;
+
+/// The team listener served as `server.runtime` says, until `shutdown`
+/// turns true: by [`serve`] on this runtime, or by per-core loops on threads
+/// of their own, started here (so a socket they cannot bind is an error now).
+pub(crate) fn serve_team<H, F>(
+    cfg: &ServerConfig,
+    listener: TcpListener,
+    tls: Option<TlsAcceptor>,
+    limits: Limits,
+    handler: H,
+    mut shutdown: watch::Receiver<bool>,
+) -> Result<Serving, String>
+where
+    H: Fn(Request<Incoming>, ConnectionMark) -> F + Clone + Send + Sync + 'static,
+    F: Future<Output = Response<Body>> + Send + 'static,
+{
+    match cfg.runtime {
+        Runtime::MultiThread => Ok(Box::pin(async move {
+            let stop = async move {
+                let _ = shutdown.wait_for(|stop| *stop).await;
+            };
+            serve(listener, tls, limits, handler, stop).await;
+            Ok(())
+        })),
+        Runtime::PerCore => {
+            let per_core = PerCore::start(listener, cfg.per_core_loops(), tls, limits, handler, shutdown)?;
+            tracing::info!(loops = per_core.loops(), "team listener served by per-core runtimes");
+            Ok(Box::pin(per_core.wait()))
+        }
     }
-    drop(listener);
-    conns.order_all(Order::Drain);
-    tokio::select! {
-        () = conns.all_closed() => tracing::debug!("all connections closed"),
-        () = tokio::time::sleep(limits.shutdown_grace) => {
-            tracing::warn!(grace_secs = limits.shutdown_grace.as_secs(), "shutdown grace ran out; closing open connections");
-            conns.order_all(Order::Close);
-            conns.all_closed().await;
+}
+
+/// What every accept loop of one listener shares: one registry, so the
+/// caps hold whole however many loops accept (`per_core.rs`).
+pub(crate) struct Shared {
+    builder: Arc<auto::Builder<TokioExecutor>>,
+    tls: Option<TlsAcceptor>,
+    limits: Limits,
+    conns: Arc<Conns>,
+}
+
+impl Shared {
+    fn new(tls: Option<TlsAcceptor>, limits: Limits) -> Arc<Shared> {
+        let budget = budget::Budget::new(limits.http2_max_buffered_bytes);
+        let conns = Conns::new(
+            limits.max_connections,
+            limits.max_connections_per_peer,
+            budget,
+            limits.actions.clone(),
+        );
+        Arc::new(Shared {
+            builder: Arc::new(builder(&limits)),
+            tls,
+            limits,
+            conns,
+        })
+    }
+
+    /// The accept loop: admits each connection into the registry and
+    /// spawns its driver on the current runtime, until `shutdown`.
+    async fn accept<H, F>(&self, listener: TcpListener, handler: H, shutdown: impl Future<Output = ()>)
+    where
+        H: Fn(Request<Incoming>, ConnectionMark) -> F + Clone + Send + Sync + 'static,
+        F: Future<Output = Response<Body>> + Send + 'static,
+    {
+        let conns = &self.conns;
+        tokio::pin!(shutdown);
+        loop {
+            let (stream, peer) = tokio::select! {
+                accepted = listener.accept() => match accepted {
+                    Ok(accepted) => accepted,
+                    Err(e) => {
+                        // EMFILE and friends: out of descriptors despite the
+                        // clamp (something else took them): make room as at the
+                        // cap, and back off instead of spinning.
+                        tracing::warn!(error = %e, "accept failed");
+                        conns.make_room();
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                        continue;
+                    }
+                },
+                () = &mut shutdown => break,
+            };
+            // At the limit this tells the overload manager's pick to go and
+            // admits at once, or waits while no connection may go; meanwhile
+            // the kernel's backlog holds the next newcomers.
+            let slot = tokio::select! {
+                slot = conns.admit(peer.ip()) => slot,
+                () = &mut shutdown => break,
+            };
+            let Some(slot) = slot else {
+                // The peer is at its own limit with all its connections busy.
+                tracing::debug!("per-peer connection limit: refusing a connection");
+                continue;
+            };
+            let _ = stream.set_nodelay(true);
+            let open = self.limits.open_connections.clone().map(Open::new);
+            let conn = conn::serve(
+                stream,
+                self.tls.clone(),
+                self.builder.clone(),
+                handler.clone(),
+                slot,
+                self.limits.timeouts,
+            );
+            tokio::spawn(async move {
+                // Counted for the connection's whole life, whichever way it ends.
+                let _open = open;
+                conn.await;
+            });
+        }
+    }
+
+    /// Once every loop stopped accepting: drains the open connections
+    /// within the grace period, then closes what is left. Each loop of
+    /// `per_core.rs` runs it after its own accept loop, so the last order
+    /// reaches connections any loop admitted meanwhile, and every runtime
+    /// keeps driving its connections until all are closed.
+    async fn drain(&self) {
+        let conns = &self.conns;
+        conns.order_all(Order::Drain);
+        let grace = self.limits.shutdown_grace;
+        tokio::select! {
+            () = conns.all_closed() => tracing::debug!("all connections closed"),
+            () = tokio::time::sleep(grace) => {
+                tracing::warn!(grace_secs = grace.as_secs(), "shutdown grace ran out; closing open connections");
+                conns.order_all(Order::Close);
+                conns.all_closed().await;
+            }
         }
     }
 }

@@ -20,6 +20,7 @@ mod money;
 mod monthly;
 mod observability;
 mod operator;
+mod per_core;
 mod pyshovels;
 mod rate;
 mod records;

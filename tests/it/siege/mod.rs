@@ -10,7 +10,7 @@ mod pinning;
 mod zero_window;
 
 use crate::support::client::Client;
-use crate::support::conn::{on_new_connection, KeptAlive};
+use crate::support::conn::{anonymous_head, on_new_connection, KeptAlive};
 use crate::support::gateway::{Setup, ALPHA, BETA};
 use crate::support::query::Query;
 use crate::support::sim::{start_sim, unlimited, SimConfig};
@@ -20,27 +20,18 @@ use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
+use tokio::io::AsyncReadExt;
 
 /// An anonymous peer: opens connections, sends one token-less head (a free
 /// 404), reads the answer and keeps the socket (the last `keep` of them).
 async fn churn(addr: SocketAddr, keep: usize, stop: Arc<AtomicBool>, heads: Arc<AtomicUsize>) {
     let mut kept = VecDeque::new();
     while !stop.load(Ordering::Relaxed) {
-        let Ok(mut s) = TcpStream::connect(addr).await else {
+        let Ok((s, answered)) = anonymous_head(addr).await else {
             continue;
         };
-        // Raw bytes on a socket of its own: the churn is below any client.
-        if s.write_all(b"GET /v2/zz HTTP/1.1\r\nHost: x\r\n\r\n").await.is_err() {
-            continue;
-        }
-        let mut buf = [0u8; 2048];
-        if let Ok(Ok(n)) = tokio::time::timeout(Duration::from_secs(2), s.read(&mut buf)).await {
-            // A token-less head: a free 4xx.
-            if buf[..n].starts_with(b"HTTP/1.1 4") {
-                heads.fetch_add(1, Ordering::Relaxed);
-            }
+        if answered {
+            heads.fetch_add(1, Ordering::Relaxed);
         }
         kept.push_back(s);
         if kept.len() > keep {

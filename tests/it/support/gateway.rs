@@ -11,7 +11,6 @@ use std::net::SocketAddr;
 use std::process::{Child, Command, Stdio};
 use std::sync::{mpsc, Arc, Mutex};
 use std::time::Duration;
-use tokio::net::TcpListener;
 
 /// A test team, `(name, token)`.
 pub type Team = (&'static str, &'static str);
@@ -160,6 +159,15 @@ impl Setup {
         })
     }
 
+    /// The team listener served by `loops` per-core runtimes
+    /// (`server.runtime = "per_core"`, `server.per_core_threads`).
+    pub fn per_core(self, loops: usize) -> Setup {
+        self.with(move |c| {
+            c.server.runtime = permit_gateway::config::Runtime::PerCore;
+            c.server.per_core_threads = loops;
+        })
+    }
+
     /// `log.level`: a level or a filter (`info,access=warn`).
     pub fn log_level(self, level: &'static str) -> Setup {
         self.with(move |c| c.log.level = level.parse().expect("a level or a filter"))
@@ -270,10 +278,7 @@ impl FromFile {
         let dir = tempfile::tempdir().expect("tmp");
         let path = dir.path().join("gateway.toml");
         std::fs::write(&path, setup.toml(&sim.base_url(), sim.api_key())).expect("write config");
-        let listeners = Listeners {
-            team: TcpListener::bind("127.0.0.1:0").await.expect("bind team"),
-            admin: TcpListener::bind("127.0.0.1:0").await.expect("bind admin"),
-        };
+        let listeners = Listeners::bind(&setup.config(sim).server).await.expect("bind");
         let gw = Running::spawn_from_file(&path, listeners).expect("gateway starts");
         FromFile { gw, path, _dir: dir }
     }
@@ -298,10 +303,9 @@ pub async fn start_config(config: Config) -> Running {
 /// The gateway started in this process on `config`, or its start-up error.
 pub async fn try_start_config(config: Config) -> Result<Running, String> {
     crate::support::secrets::capture_logs();
-    let listeners = Listeners {
-        team: TcpListener::bind("127.0.0.1:0").await.expect("bind team"),
-        admin: TcpListener::bind("127.0.0.1:0").await.expect("bind admin"),
-    };
+    // The binary's own binding (port 0 here): `SO_REUSEPORT` on the team
+    // socket when `server.runtime` is `per_core`.
+    let listeners = Listeners::bind(&config.server).await.expect("bind");
     Running::spawn(config, listeners)
 }
 

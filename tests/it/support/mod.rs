@@ -13,6 +13,7 @@
 //! - `redis_sentinel`: a primary, a replica and three Sentinels.
 //! - `gateway`: the real gateway, in-process or as a child process.
 //! - `tls`: a throwaway CA and leaf certificate.
+//! - `threads`: this process's threads (an in-process gateway's per-core loops).
 //! - `wait`: `eventually`, polling a condition with a deadline.
 //! - `alloc`: a counting allocator (bytes each thread keeps allocated).
 #![allow(dead_code)]
@@ -37,6 +38,7 @@ pub mod relay;
 pub mod secrets;
 pub mod sim;
 pub mod stall_relay;
+pub mod threads;
 pub mod tls;
 pub mod traffic;
 pub mod wait;

@@ -63,6 +63,15 @@ async fn dense_start(sim: &Sim) -> NaiveDate {
     panic!("no 13 months in a row with rows for the sample county");
 }
 
+/// Two windows of 8 months from `start`, the second 4 months later: they
+/// share 4 months.
+fn overlapping(sim: &Sim, start: NaiveDate) -> (Query, Query) {
+    let (from, to) = months(start, 8);
+    let early = window(sim, from, to, "all", "all");
+    let (from, to) = months(start + Months::new(4), 8);
+    (early, window(sim, from, to, "all", "all"))
+}
+
 async fn saved(gw: &Running, reason: &str) -> f64 {
     crate::support::probe::scrape(&gw.admin_url())
         .await
@@ -114,10 +123,7 @@ async fn overlapping_windows_of_two_teams_each_pay_only_what_was_not_held() {
     let sim = start_sim(unlimited()).await;
     let gw = Setup::new().start(&sim).await;
     let start = dense_start(&sim).await;
-    let (from, to) = months(start, 8);
-    let early = window(&sim, from, to, "all", "all");
-    let (from, to) = months(start + Months::new(4), 8);
-    let late = window(&sim, from, to, "all", "all");
+    let (early, late) = overlapping(&sim, start);
     let (a, _) = ask(&gw, ALPHA, &early).await;
     assert_eq!(a.credits_request(), Some(8));
     let (b, _) = ask(&gw, BETA, &late).await;
@@ -146,10 +152,7 @@ async fn overlapping_windows_asked_at_once_buy_their_shared_months_once() {
     let sim = start_sim(unlimited()).await;
     let gw = Setup::new().start(&sim).await;
     let start = dense_start(&sim).await;
-    let (from, to) = months(start, 8);
-    let early = window(&sim, from, to, "all", "all");
-    let (from, to) = months(start + Months::new(4), 8);
-    let late = window(&sim, from, to, "all", "all");
+    let (early, late) = overlapping(&sim, start);
     sim.set_faults(Faults {
         latency_ms: Some(400),
         ..fault(FaultKind::Latency)

@@ -9,7 +9,7 @@ use crate::support::query::Query;
 use crate::support::redis::RedisServer;
 use crate::support::sim::start_sim;
 use crate::support::sim::unlimited;
-use crate::support::wait::{eventually, eventually_blocking};
+use crate::support::wait::eventually;
 use http::StatusCode;
 use std::time::Duration;
 
@@ -167,14 +167,7 @@ async fn the_pools_sockets_are_kept_out_of_the_clients_descriptors() {
     let sim = start_sim(unlimited()).await;
     let wide = pooled(&redis, 64);
     let gw = ChildGateway::spawn_limited(&wide, &sim.base_url(), sim.api_key(), 512);
-    let warning = eventually_blocking("a start-up warning names the clamp", Duration::from_secs(10), || {
-        gw.logs
-            .lock()
-            .expect("logs")
-            .iter()
-            .find(|l| l.contains("server.max_connections clamped"))
-            .cloned()
-    });
+    let warning = gw.clamp_warning();
     // The cache's 64 and the shared rate's one, on top of the fixed 64.
     assert!(
         warning.contains("129 descriptors are kept for the upstream pool, Redis (65 sockets)"),

@@ -401,18 +401,7 @@ async fn silent_sockets_under_a_low_descriptor_limit_cost_no_upstream_call_its_d
     })
     .await;
     let gw = ChildGateway::spawn_limited(&Setup::new(), &sim.base_url(), sim.api_key(), 128);
-    let warning = crate::support::wait::eventually_blocking(
-        "a start-up warning names the clamp",
-        Duration::from_secs(10),
-        || {
-            gw.logs
-                .lock()
-                .expect("logs")
-                .iter()
-                .find(|l| l.contains("server.max_connections clamped"))
-                .cloned()
-        },
-    );
+    let warning = gw.clamp_warning();
     assert!(warning.contains("RLIMIT_NOFILE is 128"), "{warning}");
     let mut silent = Vec::new();
     for _ in 0..150 {

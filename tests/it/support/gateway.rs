@@ -357,6 +357,19 @@ impl ChildGateway {
         gw
     }
 
+    /// The start-up warning that the connection caps were clamped to the
+    /// descriptors (`ulimit -n`), once it is logged.
+    pub fn clamp_warning(&self) -> String {
+        eventually_blocking("a start-up warning names the clamp", Duration::from_secs(10), || {
+            self.logs
+                .lock()
+                .expect("logs")
+                .iter()
+                .find(|l| l.contains("server.max_connections clamped"))
+                .cloned()
+        })
+    }
+
     /// Reads the stalled stderr again (what the gateway still writes).
     pub fn resume_logs(&mut self) {
         self.stalled = None;

@@ -36,6 +36,13 @@ pub struct App {
     /// Every socket the Redis connections of the cache, the ledger and the
     /// shared rate can hold open: descriptors kept back from clients.
     redis_sockets: usize,
+    /// Work no client can cancel (upstream calls, settles, background
+    /// refreshes): a shutdown waits for it ([`App::detach`]).
+    detached: tokio_util::task::TaskTracker,
+    /// The runtime the app was built on, where detached work runs: it lives
+    /// as long as the process, where a per-core loop's runtime ends with
+    /// its drain (`server.runtime = "per_core"`).
+    runtime: tokio::runtime::Handle,
 }
 
 impl App {
@@ -123,6 +130,8 @@ impl App {
             metrics,
             config,
             redis_sockets,
+            detached: tokio_util::task::TaskTracker::new(),
+            runtime: tokio::runtime::Handle::current(),
         };
         app.publish_limits();
         let app = Arc::new(app);
@@ -130,6 +139,25 @@ impl App {
             tokio::spawn(follow_purges(Arc::downgrade(&app)));
         }
         Ok(app)
+    }
+
+    /// Runs `work` in a task of its own that no client can cancel and that
+    /// a shutdown waits for ([`App::detached_done`]): an upstream call the
+    /// upstream may bill, the settle that books it. Without the wait, a
+    /// SIGTERM ended the calls of clients that had hung up with the process:
+    /// bought and lost, or billed and never booked.
+    pub(crate) fn detach<F>(&self, work: F) -> tokio::task::JoinHandle<F::Output>
+    where
+        F: std::future::Future + Send + 'static,
+        F::Output: Send + 'static,
+    {
+        self.detached.spawn_on(work, &self.runtime)
+    }
+
+    /// Resolves once every detached task has ended; none may start after.
+    pub(crate) async fn detached_done(&self) {
+        self.detached.close();
+        self.detached.wait().await;
     }
 
     /// Every socket the Redis connections of the cache, the ledger and the

@@ -216,13 +216,26 @@ async fn serve(
         None,
         admin_limits,
         move |req, _| admin::handle(admin_app.clone(), req),
-        stopped(stop_rx),
+        stopped(stop_rx.clone()),
     );
+    // The calls of clients that hung up, and the settles behind answers
+    // already sent, finish within the same grace as the requests.
+    let grace = std::time::Duration::from_secs(app.config.server.shutdown_grace_secs);
+    let detached_app = app.clone();
+    let detached = async move {
+        stopped(stop_rx).await;
+        if tokio::time::timeout(grace, detached_app.detached_done()).await.is_err() {
+            tracing::warn!(
+                grace_secs = grace.as_secs(),
+                "shutdown grace ran out with upstream calls or settles still running"
+            );
+        }
+    };
     tokio::spawn(async move {
         shutdown.await;
         let _ = stop_tx.send(true);
     });
-    let (team, ()) = tokio::join!(team, admin);
+    let (team, (), ()) = tokio::join!(team, admin, detached);
     // The disk tier's last writes, durable before the process ends.
     app.cache.close().await;
     team

@@ -185,7 +185,8 @@ pub(super) fn settle_beside(app: &Arc<App>, job: &Job, reservation: Option<Reser
     let (app, job) = (app.clone(), job.clone());
     // In the request's span, so an exported `settle` is its child even when
     // it ends after the answer.
-    tokio::spawn(async move { settle(&app, &job, reservation, charge).await }.in_current_span())
+    app.clone()
+        .detach(async move { settle(&app, &job, reservation, charge).await }.in_current_span())
 }
 
 /// Waits up to [`SETTLE_WAIT`] for a settle, then leaves it to finish.

@@ -88,7 +88,7 @@ pub(super) async fn uncoalesced(app: &Arc<App>, job: Job) -> Outcome {
 async fn owned(app: &Arc<App>, job: Job, leader: Option<Leader<Outcome>>) -> Outcome {
     let (done, result) = tokio::sync::oneshot::channel();
     let app = app.clone();
-    tokio::spawn(
+    app.clone().detach(
         async move {
             let outcome = run(&app, job).await;
             if let Some(leader) = leader {

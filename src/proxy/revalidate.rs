@@ -74,7 +74,7 @@ pub(super) async fn accept(
             // only-if-cached never reaches the upstream, not even so.
             if let (Some(job), false) = (job(), d.only_if_cached) {
                 if state.refreshes.claim(key).await {
-                    tokio::spawn(refresh(app.clone(), state.clone(), job));
+                    app.detach(refresh(app.clone(), state.clone(), job));
                 }
             }
             Some(CacheState::Stale)

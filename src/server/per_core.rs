@@ -15,9 +15,10 @@
 //!
 //! Shutdown: each loop stops accepting when the one watch says so, then
 //! drains (`Shared::drain`); [`PerCore::wait`] returns once every thread
-//! has ended, with an error naming any that panicked. Tasks a request left
-//! running (a fetch whose client went) end with their runtime, as every
-//! task does when the process ends in the multi-thread mode.
+//! has ended, with an error naming any that panicked. Work a request left
+//! running that no client may cancel (its upstream call, its settle) runs
+//! on the app's runtime, not the loop's (`App::detach`), and the shutdown
+//! waits for it there.
 
 use super::{ConnectionMark, Limits, Shared};
 use crate::http_util::Body;

@@ -13,6 +13,7 @@ use crate::support::sim::{fault, start_sim, unlimited, FaultKind, Faults, SimCon
 use crate::support::traffic::{alternate, assert_ledger_matches, charged_to, ledger_used};
 use crate::support::wait::eventually;
 use http::StatusCode;
+use std::future::IntoFuture;
 use std::time::Duration;
 
 #[tokio::test]
@@ -294,6 +295,46 @@ async fn sigterm_under_load_finishes_every_request_in_flight() {
     .expect("wait");
     assert!(status.0.success());
     sim.clear_faults();
+    let again = ChildGateway::spawn(&setup, &sim.base_url(), sim.api_key());
+    assert_ledger_matches(&sim, &again.admin_url(), &["alpha", "beta"]).await;
+}
+
+/// Calls whose clients hung up run on in tasks of their own (no client
+/// cancels a call the upstream may bill); a SIGTERM that comes while they
+/// wait on a slow upstream lets them finish and settle before the process
+/// ends, so the ledger the next start reads equals what the upstream billed.
+#[tokio::test]
+async fn sigterm_lets_the_calls_of_clients_that_hung_up_finish_and_settle() {
+    let sim = start_sim(unlimited()).await;
+    let setup = Setup::new();
+    let mut gw = ChildGateway::spawn(&setup, &sim.base_url(), sim.api_key());
+    sim.set_faults(Faults {
+        latency_ms: Some(1_500),
+        ..fault(FaultKind::Latency)
+    });
+    let s = sim.samples();
+    let calls: Vec<_> = (0..6)
+        .map(|i| {
+            let (token, id) = alternate(i);
+            let call = Client::new(gw.base_url(), token)
+                .get(Query::distinct(&s, i).size(3))
+                .request_id(&id)
+                .into_future();
+            tokio::spawn(tokio::time::timeout(Duration::from_millis(300), call))
+        })
+        .collect();
+    for call in calls {
+        let hung_up = call.await.expect("call task");
+        assert!(hung_up.is_err(), "the client gave up before the upstream answered");
+    }
+    gw.signal("TERM");
+    let status = tokio::task::spawn_blocking(move || gw.wait_exit(Duration::from_secs(30)))
+        .await
+        .expect("wait");
+    assert!(status.success());
+    sim.clear_faults();
+    let billed = charged_to(&sim, "alpha-") + charged_to(&sim, "beta-");
+    assert_eq!(billed, 6 * 3, "every call the clients left was made and billed");
     let again = ChildGateway::spawn(&setup, &sim.base_url(), sim.api_key());
     assert_ledger_matches(&sim, &again.admin_url(), &["alpha", "beta"]).await;
 }

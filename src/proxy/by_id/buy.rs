@@ -75,7 +75,7 @@ pub(super) async fn gather(
         if waits.is_empty() {
             break;
         }
-        let buyer = (!leading.is_empty()).then(|| tokio::spawn(buy(app.clone(), job.clone(), resource, leading)));
+        let buyer = (!leading.is_empty()).then(|| app.detach(buy(app.clone(), job.clone(), resource, leading)));
         for (i, rx) in waits {
             match follow(rx).await {
                 Some(Ok(got)) => outcomes[i] = Some(Ok(got)),

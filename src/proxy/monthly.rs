@@ -28,9 +28,9 @@
 //!   this series (a row of another tag, property type or month, months out
 //!   of order, billed other than one credit a row): the request is then
 //!   answered as a page.
-//! - Windows of one series buy in turns ([`SeriesTurns`]): a window whose
-//!   months overlap one being bought waits for it and buys only what is
-//!   still missing.
+//! - Windows of one series buy in turns ([`SeriesTurns`] in this process,
+//!   the series' lease across replicas): a window whose months overlap one
+//!   being bought waits for it and buys only what is still missing.
 //! - A window whose missing months the upstream answers 404 ("No ... metrics
 //!   found": no row) is answered from the rows held; with none held, the
 //!   404 is passed on.
@@ -43,6 +43,7 @@ use super::respond::{self, saved, saved_because};
 use super::State;
 use crate::app::App;
 
+use crate::cache::lease::{Acquired, Lease, Peer};
 use crate::cache::months::{self, Series};
 use crate::cache::{control, key, Entry};
 use crate::clock::now_ms;
@@ -57,6 +58,7 @@ use serde::Deserialize;
 use serde_json::value::RawValue;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError, Weak};
+use std::time::{Duration, Instant};
 
 type Answer = Result<Response<Body>, GatewayError>;
 type Held = Option<Arc<Entry>>;
@@ -160,14 +162,35 @@ pub(super) async fn lookup_months<B>(
     if d.only_if_cached || ask.req.method() == Method::HEAD {
         return None;
     }
-    // One window of a series buys at a time in this process, and reads
-    // what is held again once its turn comes: two windows that overlap,
-    // asked at once (a dashboard's panels), buy their shared months once.
-    let _turn = state.series_turns.take(w.series.name()).await;
-    let held = held_rows(app, &w, &all, &keys).await;
+    // One window of a series buys at a time, in this process and across
+    // replicas, and reads what is held again once its turn comes: two
+    // windows that overlap, asked at once (a dashboard's panels), buy their
+    // shared months once.
+    let name = w.series.name();
+    let _turn = state.series_turns.take(name.clone()).await;
+    let lease = series_lease(app, &name).await;
+    let answer = buy_missing(app, state, ask, ctx, &w, &all, &keys).await;
+    if let Some(lease) = lease {
+        lease.release().await;
+    }
+    answer
+}
+
+/// The missing months of `w` bought, with its turn at the series taken.
+async fn buy_missing<B>(
+    app: &Arc<App>,
+    state: &State,
+    ask: &Ask<'_, B>,
+    ctx: &mut RequestContext,
+    w: &Window,
+    all: &[NaiveDate],
+    keys: &[String],
+) -> Option<Answer> {
+    let target = &ask.parsed.target;
+    let held = held_rows(app, w, all, keys).await;
     let missing: Vec<usize> = (0..all.len()).filter(|i| held[*i].is_none()).collect();
     let (Some(&first), Some(&last)) = (missing.first(), missing.last()) else {
-        return all_held(app, ask, ctx, &w, &held);
+        return all_held(app, ask, ctx, w, &held);
     };
     let outside = |i: usize| i < first || i > last;
     let kept: Vec<&Arc<Entry>> = held
@@ -208,7 +231,7 @@ pub(super) async fn lookup_months<B>(
     if fetched.status == StatusCode::NOT_FOUND {
         // No row in the missing months.
         if bought.storable {
-            file(app, &w, &in_sub, &[], true).await;
+            file(app, w, &in_sub, &[], true).await;
         }
         if kept.is_empty() {
             return Some(respond::from_fetched(app, &ask.team, target, fetched, role, false, ctx));
@@ -227,9 +250,9 @@ pub(super) async fn lookup_months<B>(
     if fetched.status != StatusCode::OK {
         return Some(respond::from_fetched(app, &ask.team, target, fetched, role, false, ctx));
     }
-    let page = rows_of(&w, &in_sub, &fetched);
+    let page = rows_of(w, &in_sub, &fetched);
     if let (Some(page), true) = (&page, bought.storable) {
-        file(app, &w, &in_sub, &page.rows, page.complete).await;
+        file(app, w, &in_sub, &page.rows, page.complete).await;
     }
     match page {
         // The window asked, bought as one page: the upstream's own answer.
@@ -267,11 +290,36 @@ async fn held_rows(app: &App, w: &Window, all: &[NaiveDate], keys: &[String]) ->
         .collect()
 }
 
+/// The series' lease across replicas (`cache::lease`, under a name no
+/// cache key has): taken, or waited for until its holder releases it (its
+/// rows then filed in Redis) or `cache.coalesce_wait_ms` passes. `None`
+/// without Redis, when Redis does not answer, or after the wait: buy
+/// without it rather than wait longer.
+async fn series_lease(app: &App, name: &str) -> Option<Lease> {
+    let key = format!("months {name}");
+    let deadline = Instant::now() + Duration::from_millis(app.config.cache.coalesce_wait_ms);
+    loop {
+        match app.leases.acquire(&key).await {
+            Acquired::Owned(lease) => return Some(lease),
+            Acquired::Unavailable => return None,
+            Acquired::Held => {
+                let left = deadline.saturating_duration_since(Instant::now());
+                // No entry is ever stored under this name: the wait ends
+                // when the lease goes, or gives up.
+                match app.leases.wait_for_peer(&app.cache, Route::Other, &key, left, 0).await {
+                    Peer::Gone | Peer::Stored(_) => continue,
+                    Peer::GaveUp => return None,
+                }
+            }
+        }
+    }
+}
+
 /// Turns at buying a series' missing months, by series name: one window at
 /// a time, so that the next one finds the rows the last one filed instead
 /// of buying them again. Only the buying takes a turn; a window whose
-/// months are all held never waits. In this process only: two replicas may
-/// still buy the same months at once (their fetch leases are by query).
+/// months are all held never waits. Across replicas the turn is the
+/// series' lease ([`series_lease`]).
 #[derive(Default)]
 pub(super) struct SeriesTurns(Mutex<HashMap<String, Weak<tokio::sync::Mutex<()>>>>);
 

@@ -3,9 +3,10 @@
 //! JSON, the simulator's own answer for the whole window.
 
 use crate::support::client::Client;
-use crate::support::gateway::{Setup, ALPHA, BETA};
+use crate::support::gateway::{replicas, Setup, ALPHA, BETA};
 use crate::support::http::Reply;
 use crate::support::query::Query;
+use crate::support::redis::RedisServer;
 use crate::support::sim::{fault, start_sim, unlimited, FaultKind, Faults, Sim};
 use crate::support::traffic::{assert_ledger_matches, charged_for, charged_to};
 use chrono::{Datelike, Months, NaiveDate};
@@ -144,21 +145,21 @@ async fn overlapping_windows_of_two_teams_each_pay_only_what_was_not_held() {
 }
 
 /// A dashboard's panels: two windows of one series that overlap by four
-/// months, asked at once while the upstream is slow. The four shared months
-/// are bought once, by whichever window buys first; the other buys only
-/// its own months.
-#[tokio::test]
-async fn overlapping_windows_asked_at_once_buy_their_shared_months_once() {
+/// months, asked at once while the upstream is slow, on one gateway or on
+/// two replicas sharing Redis. The four shared months are bought once, by
+/// whichever window buys first; the other buys only its own months.
+async fn overlapping_windows_asked_at_once(n: usize) {
+    let redis = RedisServer::for_replicas(n);
     let sim = start_sim(unlimited()).await;
-    let gw = Setup::new().start(&sim).await;
+    let gws = replicas(n, &sim, redis.as_ref(), Setup::new()).await;
     let start = dense_start(&sim).await;
     let (early, late) = overlapping(&sim, start);
     sim.set_faults(Faults {
         latency_ms: Some(400),
         ..fault(FaultKind::Latency)
     });
-    let alpha = Client::new(gw.base_url(), ALPHA.1);
-    let beta = Client::new(gw.base_url(), BETA.1);
+    let alpha = Client::new(gws[0].base_url(), ALPHA.1);
+    let beta = Client::new(gws[n - 1].base_url(), BETA.1);
     let a = alpha.get(&early).request_id("alpha-early").spawn();
     let b = beta.get(&late).request_id("beta-late").spawn();
     let (a, b) = (a.await.expect("alpha"), b.await.expect("beta"));
@@ -172,7 +173,17 @@ async fn overlapping_windows_asked_at_once_buy_their_shared_months_once() {
     );
     assert_eq!(a.json(), direct(&sim, &early).await.json());
     assert_eq!(b.json(), direct(&sim, &late).await.json());
-    assert_ledger_matches(&sim, &gw.admin_url(), &["alpha", "beta"]).await;
+    assert_ledger_matches(&sim, &gws[0].admin_url(), &["alpha", "beta"]).await;
+}
+
+#[tokio::test]
+async fn overlapping_windows_asked_at_once_buy_their_shared_months_once() {
+    overlapping_windows_asked_at_once(1).await;
+}
+
+#[tokio::test]
+async fn overlapping_windows_asked_at_once_of_two_replicas_buy_their_shared_months_once() {
+    overlapping_windows_asked_at_once(2).await;
 }
 
 #[tokio::test]

@@ -7,6 +7,7 @@
 
 use crate::support::client::Client;
 use crate::support::conn::{anonymous_head, KeptAlive};
+use crate::support::flight;
 use crate::support::gateway::{ChildGateway, Setup, ALPHA, BETA};
 use crate::support::probe::scrape;
 use crate::support::query::Query;
@@ -16,8 +17,6 @@ use crate::support::traffic::{distinct_search, distinct_searches};
 use crate::support::wait::eventually;
 use bytes::Bytes;
 use http::StatusCode;
-use permit_gateway::error::GatewayError;
-use permit_gateway::proxy::flight::Join;
 use permit_gateway::{Listeners, Running};
 use std::collections::{BTreeMap, BTreeSet};
 use std::process::{Command, Output};
@@ -215,15 +214,9 @@ async fn a_shutdown_lets_the_request_in_flight_finish_then_ends_every_loop() {
     let query = distinct_search(&sim, 0, 3);
     // The test leads the key's flight: the request follows it, in flight
     // on its loop, until the test lets it go.
-    let Join::Leader(held) = gw.proxy.flights.join(&query.cache_key()) else {
-        panic!("the test leads the first flight")
-    };
+    let held = flight::lead(&gw.proxy.flights, &query.cache_key());
     let waiting = Client::new(gw.base_url(), ALPHA.1).get(&query).spawn();
-    eventually("the request follows the held flight", Duration::from_secs(5), || {
-        let n = held.waiting();
-        async move { (n == 1).then_some(()).ok_or(format!("{n} waiting")) }
-    })
-    .await;
+    flight::followed(&held, 1).await;
     let stopping = tokio::spawn(gw.shutdown());
     // Every loop's socket closed: the drain is under way.
     eventually(
@@ -238,12 +231,7 @@ async fn a_shutdown_lets_the_request_in_flight_finish_then_ends_every_loop() {
     );
     // The held flight fails for its own reasons: the request buys the
     // answer itself, during the drain.
-    held.complete(Err(GatewayError::QuotaExceeded {
-        limit: 0,
-        needed: 1,
-        remaining: 0,
-        upgrade_url: String::new(),
-    }));
+    flight::fail(held);
     let r = waiting.await.expect("the request in flight");
     assert_eq!(r.status, StatusCode::OK, "{}", r.text());
     let stopped = tokio::time::timeout(Duration::from_secs(10), stopping)

@@ -1,6 +1,7 @@
 //! The cross-replica lease belongs to its owner (case 7).
 
 use crate::support::client::Client;
+use crate::support::flight;
 use crate::support::gateway::{replicas, Setup, ALPHA, BETA};
 use crate::support::probe::metrics_text;
 use crate::support::redis::RedisServer;
@@ -9,8 +10,6 @@ use crate::support::sim::{start_sim, unlimited, FaultKind, Faults};
 use crate::support::traffic::{assert_ledger_matches, distinct_search};
 use crate::support::wait::eventually;
 use http::StatusCode;
-use permit_gateway::error::GatewayError;
-use permit_gateway::proxy::flight::Join;
 use std::time::Duration;
 
 /// Case 7: the cross-replica lease is deleted only by its owner. A replica
@@ -95,9 +94,7 @@ async fn a_new_leader_looks_at_the_cache_again_before_it_buys() {
     let (a, b) = (&gws[0], &gws[1]);
     let query = distinct_search(&sim, 0, 10);
     // A flight for the key on replica B that the test holds open.
-    let Join::Leader(held) = b.proxy.flights.join(&query.cache_key()) else {
-        panic!("the test leads the first flight")
-    };
+    let held = flight::lead(&b.proxy.flights, &query.cache_key());
     // B's request misses both tiers and waits on the held flight; A's call
     // is slow enough that B has looked up before A stores.
     sim.set_faults(Faults {
@@ -115,12 +112,7 @@ async fn a_new_leader_looks_at_the_cache_again_before_it_buys() {
         .await;
     assert_eq!(first.header("x-cache"), Some("MISS"));
     // The held flight ends without an answer B may take as its own.
-    held.complete(Err(GatewayError::QuotaExceeded {
-        limit: 0,
-        needed: 1,
-        remaining: 0,
-        upgrade_url: String::new(),
-    }));
+    flight::fail(held);
     let r = waiting.await.expect("B's request");
     assert_eq!(
         r.header("x-cache"),

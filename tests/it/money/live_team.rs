@@ -5,17 +5,14 @@
 //! other replica's lease).
 
 use crate::support::client::Client;
+use crate::support::flight;
 use crate::support::gateway::{replicas, FromFile, Setup, ALPHA, SMALL};
 use crate::support::monitor::Monitor;
 use crate::support::redis::RedisServer;
 use crate::support::sim::{start_sim, unlimited, Sim};
 use crate::support::traffic::{charged_to, distinct_search, ledger_used};
-use crate::support::wait::eventually;
 use http::StatusCode;
 use permit_gateway::cache::lease::Acquired;
-use permit_gateway::error::GatewayError;
-use permit_gateway::proxy::flight::Join;
-use std::time::Duration;
 
 /// Teams small (100 credits) and alpha.
 fn small_and_alpha() -> Setup {
@@ -41,31 +38,20 @@ async fn a_reload_mid_wait_binds_the_waiting_request_on_one_replica() {
         let setup = small_and_alpha();
         let file = FromFile::start(&setup, &sim).await;
         let query = distinct_search(&sim, 0, 10);
-        let Join::Leader(held) = file.gw.proxy.flights.join(&query.cache_key()) else {
-            panic!("the test leads the first flight")
-        };
+        let held = flight::lead(&file.gw.proxy.flights, &query.cache_key());
         let waiting = Client::new(file.gw.base_url(), SMALL.1)
             .get(&query)
             .request_id("small-1")
             .spawn();
         // Admitted, authenticated and now following the held flight: the
         // reload below comes mid-wait, not before the request is in.
-        eventually("the request follows the held flight", Duration::from_secs(5), || {
-            let n = held.waiting();
-            async move { (n == 1).then_some(()).ok_or(format!("{n} waiting")) }
-        })
-        .await;
+        flight::followed(&held, 1).await;
         let setup = match removed {
             true => setup.teams(&[ALPHA]),
             false => setup.credit_limit(SMALL, 1),
         };
         let _setup = reload(&file, setup, &sim).await;
-        held.complete(Err(GatewayError::QuotaExceeded {
-            limit: 0,
-            needed: 1,
-            remaining: 0,
-            upgrade_url: String::new(),
-        }));
+        flight::fail(held);
         let r = waiting.await.expect("the waiting request");
         let expected = match removed {
             true => StatusCode::UNAUTHORIZED,

@@ -13,6 +13,7 @@
 //! - `redis_sentinel`: a primary, a replica and three Sentinels.
 //! - `gateway`: the real gateway, in-process or as a child process.
 //! - `tls`: a throwaway CA and leaf certificate.
+//! - `flight`: a key's in-process flight led by the test, to hold a request in flight.
 //! - `threads`: this process's threads (an in-process gateway's per-core loops).
 //! - `wait`: `eventually`, polling a condition with a deadline.
 //! - `alloc`: a counting allocator (bytes each thread keeps allocated).
@@ -23,6 +24,7 @@
 pub mod alloc;
 pub mod client;
 pub mod conn;
+pub mod flight;
 pub mod gateway;
 pub mod http;
 pub mod monitor;

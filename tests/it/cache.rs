@@ -1,8 +1,7 @@
 //! The credit-saving cache: what reaches the upstream, and what it costs.
 
-use crate::support::client::Client;
+use crate::support::client::{replies, Client};
 use crate::support::gateway::{Setup, ALPHA, BETA};
-use crate::support::http::Reply;
 use crate::support::probe::{metrics_text, redis_errors, wait_cache_redis_ok};
 use crate::support::query::Query;
 use crate::support::redis::RedisServer;
@@ -76,7 +75,7 @@ async fn a_hundred_concurrent_identical_misses_make_one_upstream_request() {
     });
     let query = Query::state_permits(&sim.samples()).size(5);
     let alpha = alpha(&gw);
-    let replies = futures_join_all((0..100).map(|_| alpha.get(&query).spawn())).await;
+    let replies = replies((0..100).map(|_| alpha.get(&query).spawn())).await;
     assert_eq!(sim.stats().requests_total, 1);
     let body = &replies[0].body;
     for r in &replies {
@@ -85,16 +84,6 @@ async fn a_hundred_concurrent_identical_misses_make_one_upstream_request() {
     }
     let charged: u64 = replies.iter().map(|r| r.credits_request().unwrap_or(0)).sum();
     assert_eq!(charged, 5, "only the fetching request pays");
-}
-
-/// Awaits spawned requests in order.
-async fn futures_join_all(tasks: impl Iterator<Item = tokio::task::JoinHandle<Reply>>) -> Vec<Reply> {
-    let handles: Vec<_> = tasks.collect();
-    let mut out = Vec::with_capacity(handles.len());
-    for h in handles {
-        out.push(h.await.expect("request task"));
-    }
-    out
 }
 
 #[tokio::test]
@@ -131,7 +120,7 @@ async fn two_gateways_on_one_redis_share_entries_and_fetches() {
         let replica = if i % 2 == 0 { &on1 } else { &on2 };
         replica.get(&query).spawn()
     });
-    let replies = futures_join_all(tasks).await;
+    let replies = replies(tasks).await;
     assert!(replies.iter().all(|r| r.status == StatusCode::OK));
     assert_eq!(
         sim.stats().requests_total,
@@ -421,7 +410,7 @@ async fn stale_while_revalidate_answers_at_once_and_refreshes_once_behind() {
         ..Faults::default()
     });
     let tasks: Vec<_> = (0..5).map(|_| alpha.get(&release).spawn()).collect();
-    let replies = futures_join_all(tasks.into_iter()).await;
+    let replies = replies(tasks).await;
     assert!(
         replies.iter().all(|r| r.x_cache() == Some("STALE")),
         "stale answers at once"

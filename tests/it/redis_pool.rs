@@ -2,7 +2,7 @@
 //! issue 38): calls are spread over all of them, and a connection Redis
 //! drops costs no request.
 
-use crate::support::client::Client;
+use crate::support::client::{replies, Client};
 use crate::support::gateway::{ChildGateway, Setup, ALPHA};
 use crate::support::http::Reply;
 use crate::support::query::Query;
@@ -47,12 +47,7 @@ fn client_ids(redis: &RedisServer) -> Vec<u64> {
 /// Requests for `sizes` (1 to 100, what the upstream takes), all at once: each a miss, so each reads and writes
 /// Redis (entry, fetch lease).
 async fn burst(alpha: &Client, query: impl Fn(u32) -> Query, sizes: std::ops::Range<u32>) -> Vec<Reply> {
-    let tasks: Vec<_> = sizes.map(|size| alpha.get(query(size)).spawn()).collect();
-    let mut replies = Vec::with_capacity(tasks.len());
-    for t in tasks {
-        replies.push(t.await.expect("request task"));
-    }
-    replies
+    replies(sizes.map(|size| alpha.get(query(size)).spawn())).await
 }
 
 #[tokio::test]
@@ -103,10 +98,7 @@ async fn a_redis_connection_killed_under_load_loses_no_request() {
         .query(&mut c)
         .expect("CLIENT KILL");
     assert_eq!(killed, 1);
-    let mut replies = Vec::new();
-    for t in in_flight {
-        replies.push(t.await.expect("request task"));
-    }
+    let mut replies = replies(in_flight).await;
     replies.extend(burst(&alpha, query, 61..91).await);
     let failed: Vec<_> = replies.iter().filter(|r| r.status != StatusCode::OK).collect();
     assert!(failed.is_empty(), "{} of {} failed", failed.len(), replies.len());

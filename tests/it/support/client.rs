@@ -182,3 +182,14 @@ impl IntoFuture for Call {
         })
     }
 }
+
+/// The replies of spawned calls ([`Call::spawn`]), in order: every call is
+/// spawned (the iterator run to its end) before the first is awaited.
+pub async fn replies(calls: impl IntoIterator<Item = tokio::task::JoinHandle<Reply>>) -> Vec<Reply> {
+    let calls: Vec<_> = calls.into_iter().collect();
+    let mut out = Vec::with_capacity(calls.len());
+    for call in calls {
+        out.push(call.await.expect("request task"));
+    }
+    out
+}

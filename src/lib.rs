@@ -184,9 +184,6 @@ async fn serve(
     team_limits.clamp(fit.team_max);
     admin_limits.clamp(fit.admin_max);
     let (stop_tx, stop_rx) = watch::channel(false);
-    let stopped = |mut rx: watch::Receiver<bool>| async move {
-        let _ = rx.wait_for(|stop| *stop).await;
-    };
     let team_app = app.clone();
     let actions = app.metrics.overload_actions_total.clone();
     let team_limits = server::Limits {
@@ -216,14 +213,14 @@ async fn serve(
         None,
         admin_limits,
         move |req, _| admin::handle(admin_app.clone(), req),
-        stopped(stop_rx.clone()),
+        server::stopped(stop_rx.clone()),
     );
     // The calls of clients that hung up, and the settles behind answers
     // already sent, finish within the same grace as the requests.
     let grace = std::time::Duration::from_secs(app.config.server.shutdown_grace_secs);
     let detached_app = app.clone();
     let detached = async move {
-        stopped(stop_rx).await;
+        server::stopped(stop_rx).await;
         if tokio::time::timeout(grace, detached_app.detached_done()).await.is_err() {
             tracing::warn!(
                 grace_secs = grace.as_secs(),

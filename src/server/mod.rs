@@ -218,7 +218,7 @@ pub(crate) fn serve_team<H, F>(
     tls: Option<TlsAcceptor>,
     limits: Limits,
     handler: H,
-    mut shutdown: watch::Receiver<bool>,
+    shutdown: watch::Receiver<bool>,
 ) -> Result<Serving, String>
 where
     H: Fn(Request<Incoming>, ConnectionMark) -> F + Clone + Send + Sync + 'static,
@@ -226,10 +226,7 @@ where
 {
     match cfg.runtime {
         Runtime::MultiThread => Ok(Box::pin(async move {
-            let stop = async move {
-                let _ = shutdown.wait_for(|stop| *stop).await;
-            };
-            serve(listener, tls, limits, handler, stop).await;
+            serve(listener, tls, limits, handler, stopped(shutdown)).await;
             Ok(())
         })),
         Runtime::PerCore => {
@@ -238,6 +235,11 @@ where
             Ok(Box::pin(per_core.wait()))
         }
     }
+}
+
+/// Resolves once `shutdown` turns true, or its sender is gone.
+pub(crate) async fn stopped(mut shutdown: watch::Receiver<bool>) {
+    let _ = shutdown.wait_for(|stop| *stop).await;
 }
 
 /// What every accept loop of one listener shares: one registry, so the

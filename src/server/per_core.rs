@@ -146,17 +146,14 @@ fn serve_loop<H, F>(
     shared: &Shared,
     socket: TcpListener,
     handler: H,
-    mut shutdown: watch::Receiver<bool>,
+    shutdown: watch::Receiver<bool>,
 ) where
     H: Fn(Request<Incoming>, ConnectionMark) -> F + Clone + Send + Sync + 'static,
     F: Future<Output = Response<Body>> + Send + 'static,
 {
     let _watch = PanicWatch(i);
     runtime.run(async {
-        let stop = async move {
-            let _ = shutdown.wait_for(|stop| *stop).await;
-        };
-        shared.accept(socket, handler, stop).await;
+        shared.accept(socket, handler, super::stopped(shutdown)).await;
         shared.drain().await;
     });
 }

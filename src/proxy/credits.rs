@@ -182,11 +182,10 @@ pub(super) type Settling = tokio::task::JoinHandle<()>;
 
 /// [`settle`] in its own task: no call waits on it, no client cancels it.
 pub(super) fn settle_beside(app: &Arc<App>, job: &Job, reservation: Option<Reservation>, charge: Charge) -> Settling {
-    let (app, job) = (app.clone(), job.clone());
+    let (task_app, job) = (app.clone(), job.clone());
     // In the request's span, so an exported `settle` is its child even when
     // it ends after the answer.
-    app.clone()
-        .detach(async move { settle(&app, &job, reservation, charge).await }.in_current_span())
+    app.detach(async move { settle(&task_app, &job, reservation, charge).await }.in_current_span())
 }
 
 /// Waits up to [`SETTLE_WAIT`] for a settle, then leaves it to finish.

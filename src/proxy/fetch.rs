@@ -87,10 +87,10 @@ pub(super) async fn uncoalesced(app: &Arc<App>, job: Job) -> Outcome {
 /// the request that started it.
 async fn owned(app: &Arc<App>, job: Job, leader: Option<Leader<Outcome>>) -> Outcome {
     let (done, result) = tokio::sync::oneshot::channel();
-    let app = app.clone();
-    app.clone().detach(
+    let task_app = app.clone();
+    app.detach(
         async move {
-            let outcome = run(&app, job).await;
+            let outcome = run(&task_app, job).await;
             if let Some(leader) = leader {
                 leader.complete(outcome.clone());
             }

@@ -103,18 +103,22 @@ impl ServerConfig {
     }
 
     /// The single-threaded loops of `server.runtime = "per_core"`:
-    /// `per_core_threads`, else `TOKIO_WORKER_THREADS` (what sizes the
-    /// multi-thread runtime, and what the benchmarks set), else the cores.
+    /// `per_core_threads`, else one per worker thread of the runtime this
+    /// runs on (`TOKIO_WORKER_THREADS`, what the benchmarks set, else the
+    /// cores).
     pub fn per_core_loops(&self) -> usize {
-        if self.per_core_threads > 0 {
-            return self.per_core_threads;
+        match self.per_core_threads {
+            0 => worker_threads(),
+            n => n,
         }
-        std::env::var("TOKIO_WORKER_THREADS")
-            .ok()
-            .and_then(|v| v.trim().parse::<usize>().ok())
-            .filter(|n| *n > 0)
-            .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
     }
+}
+
+/// Worker threads of the runtime this runs on; outside one, the cores.
+fn worker_threads() -> usize {
+    tokio::runtime::Handle::try_current()
+        .map(|h| h.metrics().num_workers())
+        .unwrap_or_else(|_| std::thread::available_parallelism().map_or(1, |n| n.get()))
 }
 
 /// How the team listener is served (`server.runtime`).
@@ -201,10 +205,7 @@ impl CacheConfig {
     /// with 4 than with 1, issue 38).
     pub(crate) fn redis_pool_size(&self) -> usize {
         match self.redis_connections {
-            0 => tokio::runtime::Handle::try_current()
-                .map(|h| h.metrics().num_workers())
-                .unwrap_or(1)
-                .clamp(1, 16),
+            0 => worker_threads().clamp(1, 16),
             n => n,
         }
     }

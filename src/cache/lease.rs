@@ -153,25 +153,54 @@ impl Leases {
             if let Some(entry) = stored().await {
                 return Ok(Peer::Stored(entry));
             }
-            let lk = lease_key.clone();
-            let held: Result<u64, _> = redis
-                .call(RedisOp::Lease, |mut c| async move {
-                    redis::cmd("EXISTS").arg(&lk).query_async(&mut c).await
-                })
-                .await;
-            match held {
-                Ok(1) => Err(PeerPending),
-                Ok(_) => Ok(stored().await.map_or(Peer::Gone, Peer::Stored)),
-                Err(_) => Ok(Peer::GaveUp),
+            match lease_held(redis, &lease_key).await {
+                Ok(true) => Err(PeerPending),
+                Ok(false) => Ok(stored().await.map_or(Peer::Gone, Peer::Stored)),
+                Err(()) => Ok(Peer::GaveUp),
             }
         };
-        let backoff = ExponentialBuilder::default()
-            .with_min_delay(Duration::from_millis(5))
-            .with_max_delay(Duration::from_millis(50))
-            .with_max_times(usize::MAX)
-            .with_total_delay(Some(wait));
-        poll.retry(backoff).await.unwrap_or(Peer::GaveUp)
+        poll.retry(backoff(wait)).await.unwrap_or(Peer::GaveUp)
     }
+
+    /// Another replica holds the lease of `name`, under which nothing is
+    /// stored (a monthly series' turn): polls the lease alone, as
+    /// [`Leases::wait_for_peer`] does. `true` once it is gone; `false`
+    /// when `wait` passes or Redis stops answering.
+    pub(crate) async fn wait_released(&self, name: &str, wait: Duration) -> bool {
+        let Some(redis) = &self.redis else {
+            return false;
+        };
+        let lease_key = self.keys.lease(name);
+        let poll = || async {
+            match lease_held(redis, &lease_key).await {
+                Ok(true) => Err(PeerPending),
+                Ok(false) => Ok(true),
+                Err(()) => Ok(false),
+            }
+        };
+        poll.retry(backoff(wait)).await.unwrap_or(false)
+    }
+}
+
+/// Polls of a peer's lease: backing off from 5 to 50 ms, for `wait` in all.
+fn backoff(wait: Duration) -> ExponentialBuilder {
+    ExponentialBuilder::default()
+        .with_min_delay(Duration::from_millis(5))
+        .with_max_delay(Duration::from_millis(50))
+        .with_max_times(usize::MAX)
+        .with_total_delay(Some(wait))
+}
+
+/// Whether the lease `lease_key` is held; `Err` when Redis did not answer.
+async fn lease_held(redis: &RedisBackend, lease_key: &str) -> Result<bool, ()> {
+    let lk = lease_key.to_string();
+    redis
+        .call(RedisOp::Lease, |mut c| async move {
+            redis::cmd("EXISTS").arg(&lk).query_async::<u64>(&mut c).await
+        })
+        .await
+        .map(|n| n == 1)
+        .map_err(|_| ())
 }
 
 impl Lease {

@@ -43,7 +43,7 @@ use super::respond::{self, saved, saved_because};
 use super::State;
 use crate::app::App;
 
-use crate::cache::lease::{Acquired, Lease, Peer};
+use crate::cache::lease::{Acquired, Lease};
 use crate::cache::months::{self, Series};
 use crate::cache::{control, key, Entry};
 use crate::clock::now_ms;
@@ -304,11 +304,8 @@ async fn series_lease(app: &App, name: &str) -> Option<Lease> {
             Acquired::Unavailable => return None,
             Acquired::Held => {
                 let left = deadline.saturating_duration_since(Instant::now());
-                // No entry is ever stored under this name: the wait ends
-                // when the lease goes, or gives up.
-                match app.leases.wait_for_peer(&app.cache, Route::Other, &key, left, 0).await {
-                    Peer::Gone | Peer::Stored(_) => continue,
-                    Peer::GaveUp => return None,
+                if !app.leases.wait_released(&key, left).await {
+                    return None;
                 }
             }
         }

@@ -7,8 +7,8 @@
 //! 402 `{"detail":{"error","limit","upgrade_url","needed","remaining"}}`, others `{"detail":"..."}`.
 //! Bodies name the problem, never internals (no addresses, keys or causes).
 
-use crate::http_util::{json_response, number_header, Body};
-use http::{header, HeaderName, HeaderValue, Response, StatusCode};
+use crate::http_util::{json_response, Body};
+use http::{header, HeaderValue, Response, StatusCode};
 use serde_json::{json, Value};
 
 /// Who caused a failure: decides logging level and which metrics move.
@@ -290,14 +290,12 @@ impl GatewayError {
         json!({ "detail": detail })
     }
 
-    /// The one mapping from error to response.
+    /// The one mapping from error to response. What a billed failure
+    /// cost is the request's to say (`X-Credits-Request`, written where
+    /// every answer ends: `proxy::finish`), with its other calls' bills.
     pub(crate) fn into_response(self) -> Response<Body> {
-        if let GatewayError::Billed { credits, error } = self {
-            let mut resp = error.into_response();
-            // The upstream's own header for what a call cost.
-            let charged = HeaderName::from_static("x-credits-request");
-            resp.headers_mut().insert(charged, number_header(credits));
-            return resp;
+        if let GatewayError::Billed { error, .. } = self {
+            return error.into_response();
         }
         let mut resp = json_response(self.status(), &self.body());
         let headers = resp.headers_mut();
@@ -399,7 +397,6 @@ mod tests {
         );
         let resp = billed.into_response();
         assert_eq!(resp.status(), StatusCode::GATEWAY_TIMEOUT);
-        assert_eq!(resp.headers()["x-credits-request"], "25");
     }
 
     #[tokio::test]

@@ -108,6 +108,7 @@ mod http_util;
 pub mod ledger;
 pub mod metrics;
 mod org;
+mod page;
 pub mod proxy;
 pub mod redis_backend;
 pub mod route;

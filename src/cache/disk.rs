@@ -231,10 +231,6 @@ impl Disk {
             .unwrap_or_else(|_| (0..n).map(|_| None).collect())
     }
 
-    pub(crate) async fn get(self: &Arc<Self>, key: &str) -> Option<Entry> {
-        self.get_many(vec![key.to_string()]).await.pop().flatten()
-    }
-
     /// Removes every entry, or those of `routes`, before it returns (writes
     /// queued before it are removed too). How many went.
     pub(crate) async fn purge(&self, routes: Option<Vec<Route>>) -> u64 {
@@ -586,6 +582,12 @@ impl Writer {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    impl Disk {
+        async fn get(self: &Arc<Self>, key: &str) -> Option<Entry> {
+            self.get_many(vec![key.to_string()]).await.pop().flatten()
+        }
+    }
 
     fn entry(body: &'static str, route: Route) -> Arc<Entry> {
         Arc::new(Entry::new(

@@ -19,11 +19,9 @@
 //! decides freshness as for any entry.
 
 use super::{key, Cache, Entry, Tier};
+use crate::page::{Cursor, Page};
 use crate::route::{self, Target};
 use bytes::{Bytes, BytesMut};
-use serde::Deserialize;
-use serde_json::value::RawValue;
-use serde_json::Value;
 use std::sync::Arc;
 
 /// The two facts of a page envelope that prove a held answer.
@@ -43,41 +41,20 @@ impl PageFacts {
 
 /// What a body says of itself; `None` when it is not a page envelope.
 fn page_facts(body: &[u8]) -> Option<PageFacts> {
-    #[derive(Deserialize)]
-    struct Page {
-        items: Vec<serde::de::IgnoredAny>,
-        /// Absent is not "complete": some answers omit the cursor.
-        #[serde(default = "absent")]
-        next_cursor: Value,
-    }
-    fn absent() -> Value {
-        Value::Bool(false)
-    }
-    if !is_object(body) {
-        return None;
-    }
-    let page: Page = serde_json::from_slice(body).ok()?;
+    let page = Page::parse(body)?;
     Some(PageFacts {
-        records: page.items.len() as u64,
-        complete: page.next_cursor.is_null(),
+        records: page.len(),
+        complete: page.next_cursor == Cursor::End,
     })
 }
 
 /// The body of a counted page as the upstream answers the same page
 /// uncounted: the top-level `total_count` value replaced by `null`, every
-/// other byte kept. `None` when the body is not a JSON object.
+/// other byte kept. `None` when the body is not a page envelope.
 fn uncounted(body: &Bytes) -> Option<Bytes> {
-    #[derive(Deserialize)]
-    struct Counted<'a> {
-        #[serde(borrow, default)]
-        total_count: Option<&'a RawValue>,
-    }
-    if !is_object(body) {
-        return None;
-    }
-    let counted: Counted<'_> = serde_json::from_slice(body).ok()?;
+    let page = Page::parse(body)?;
     // `null` or absent already: the uncounted page is this one.
-    let Some(raw) = counted.total_count else {
+    let Some(raw) = page.total_count else {
         return Some(body.clone());
     };
     // The raw value borrows from `body`: its offset is where it sits.
@@ -88,11 +65,6 @@ fn uncounted(body: &Bytes) -> Option<Bytes> {
     out.extend_from_slice(b"null");
     out.extend_from_slice(body.get(end..)?);
     Some(out.freeze())
-}
-
-/// Serde reads a struct from an array too; an envelope is an object.
-fn is_object(body: &[u8]) -> bool {
-    body.iter().find(|b| !b.is_ascii_whitespace()) == Some(&b'{')
 }
 
 /// Which page held an answer (the debug log says so).

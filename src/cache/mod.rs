@@ -18,14 +18,16 @@ pub mod lease;
 pub(crate) mod months;
 pub mod purge;
 pub(crate) mod records;
+mod tiers;
 
 pub use entry::Entry;
+pub(crate) use tiers::Found;
 
 use crate::clock::now_ms;
 use crate::config::CacheConfig;
 use crate::metrics::Metrics;
 use crate::metrics::RedisOp;
-use crate::redis_backend::keys::{Keys, Tag};
+use crate::redis_backend::keys::Keys;
 use crate::redis_backend::RedisBackend;
 use crate::route::Route;
 use bytes::Bytes;
@@ -153,70 +155,6 @@ impl Cache {
         } else {
             self.keys.entry(route, key)
         }
-    }
-
-    /// L1, then L2 (promoting an L2 hit into L1). Stale entries are returned
-    /// too; the caller decides what staleness it accepts.
-    pub(crate) async fn lookup(&self, route: Route, key: &str) -> Option<(Arc<Entry>, Tier)> {
-        self.lookup_tagged(route, key, None).await
-    }
-
-    /// [`Cache::lookup`] with the key's L2 [`Tag`] when the caller has it
-    /// (a memoized request target: `proxy::parsed`), so an L2 read hashes nothing.
-    pub(crate) async fn lookup_tagged(&self, route: Route, key: &str, tag: Option<&Tag>) -> Option<(Arc<Entry>, Tier)> {
-        if let Some(memory) = &self.memory {
-            if let Some(entry) = memory.get(key).await {
-                return Some((entry, Tier::Memory));
-            }
-        }
-        if let Some(entry) = self.lookup_disk(key).await {
-            return Some((entry, Tier::Disk));
-        }
-        let entry = Arc::new(self.lookup_redis(route, key, tag).await?);
-        if entry.remaining_life(now_ms(), self.grace).is_zero() {
-            return None;
-        }
-        if let Some(memory) = &self.memory {
-            memory.insert(Arc::from(key), entry.clone()).await;
-        }
-        Some((entry, Tier::Redis))
-    }
-
-    /// The disk tier (promoting a hit into L1); `None` when off, missing,
-    /// expired past the grace, or damaged.
-    async fn lookup_disk(&self, key: &str) -> Option<Arc<Entry>> {
-        let entry = Arc::new(self.disk.as_ref()?.get(key).await?);
-        if let Some(memory) = &self.memory {
-            memory.insert(Arc::from(key), entry.clone()).await;
-        }
-        Some(entry)
-    }
-
-    /// L2 only (cross-replica coalescing waits on this).
-    async fn lookup_redis(&self, route: Route, key: &str, tag: Option<&Tag>) -> Option<Entry> {
-        let redis = self.redis.as_ref()?;
-        let rkey = match tag {
-            Some(tag) if !key::is_complete_index(key) => self.keys.entry_tagged(route, tag),
-            _ => self.redis_key(route, key),
-        };
-        let rkey = &rkey;
-        // A read: tried once more on a connection from after a failover.
-        let bytes: Option<Vec<u8>> = redis
-            .call_reconnecting(RedisOp::CacheGet, |mut c| async move {
-                redis::cmd("GET").arg(rkey).query_async(&mut c).await
-            })
-            .await
-            .ok()
-            .flatten();
-        bytes.and_then(|b| Entry::decode(Bytes::from(b)))
-    }
-
-    /// A fresh entry in L2, the tier peers store to: what a replica that
-    /// coalesces on another's lease accepts in place of buying the key.
-    pub(crate) async fn fresh_in_redis(&self, route: Route, key: &str) -> Option<Entry> {
-        self.lookup_redis(route, key, None)
-            .await
-            .filter(|e| e.is_fresh(now_ms()))
     }
 
     /// Stores in both tiers. L2 is awaited (bounded by its timeout) so that a

@@ -15,9 +15,10 @@
 //! absence (an empty body, 0 credits) for the same time. `proxy::monthly`
 //! decides what to buy and assembles the answer.
 
-use super::{Cache, Entry};
+use super::{key, Cache, Entry};
 use crate::clock::now_ms;
-use crate::route::Route;
+use crate::redis_backend::keys;
+use crate::route::{self, Route, Target};
 use bytes::Bytes;
 use chrono::{Datelike, NaiveDate};
 use std::sync::Arc;
@@ -60,7 +61,98 @@ impl Series {
 
     /// The key of its row of `month` (any day of it).
     pub(crate) fn row_key(&self, month: NaiveDate) -> String {
-        format!("mon {} {:04}-{:02}", self.name(), month.year(), month.month())
+        keys::row_key(&self.name(), month.year(), month.month())
+    }
+}
+
+/// A monthly-metrics request that can be answered by the month: a window
+/// named as the upstream reads it (`metric_from`, `metric_to` as
+/// `YYYY-MM-DD`, `tag`, `property_type` but on addresses, `size`, each
+/// once). Memoized with its request target (`proxy::parsed`).
+#[derive(Debug, Clone)]
+pub(crate) struct Window {
+    pub(crate) series: Series,
+    pub(crate) from: NaiveDate,
+    pub(crate) to: NaiveDate,
+    /// Rows per page asked (`size`, default 50).
+    pub(crate) size: u64,
+    /// The months `from..=to` touch, first days, in order.
+    pub(crate) months: Vec<NaiveDate>,
+    /// Each month's row key.
+    pub(crate) keys: Vec<String>,
+}
+
+impl Window {
+    /// The window `target` asks, or `None` for the page path (a cursor,
+    /// another parameter, a repeated one, a bound that is not a day).
+    pub(crate) fn of(target: &Target) -> Option<Window> {
+        if !is_monthly(target.route) {
+            return None;
+        }
+        let pairs = key::decode_pairs(target.query.as_deref()?)?;
+        let address = target.route == Route::AddressMetricsMonthly;
+        let (mut from, mut to, mut tag, mut property_type, mut size) = (None, None, None, None, None);
+        for (name, value) in pairs {
+            let slot = match &*name {
+                "metric_from" => &mut from,
+                "metric_to" => &mut to,
+                "tag" => &mut tag,
+                "property_type" if !address => &mut property_type,
+                "size" => &mut size,
+                _ => return None,
+            };
+            // Repeated: the upstream takes the last; not worth the doubt.
+            if slot.replace(value.into_owned()).is_some() {
+                return None;
+            }
+        }
+        let date = |s: Option<String>| {
+            s.filter(|s| s.len() == 10)
+                .and_then(|s| NaiveDate::parse_from_str(&s, "%Y-%m-%d").ok())
+        };
+        let (from, to) = (date(from)?, date(to)?);
+        if from > to || address == property_type.is_some() {
+            return None;
+        }
+        let series = Series {
+            route: target.route,
+            path: target.path.clone(),
+            tag: tag?,
+            property_type,
+        };
+        let months = months(from, to);
+        let keys = months.iter().map(|m| series.row_key(*m)).collect();
+        Some(Window {
+            series,
+            from,
+            to,
+            size: route::page_size_asked(target)?,
+            months,
+            keys,
+        })
+    }
+
+    /// Whether the window covers `month` whole: only then is its row the
+    /// month's.
+    pub(crate) fn whole(&self, month: NaiveDate) -> bool {
+        self.from <= month && month_end(month) <= self.to
+    }
+
+    /// The target of the window `from..=to` of this series at `size`.
+    pub(crate) fn target(&self, from: NaiveDate, to: NaiveDate, size: u64) -> Target {
+        let mut q = form_urlencoded::Serializer::new(String::new());
+        q.append_pair("metric_from", &from.to_string());
+        q.append_pair("metric_to", &to.to_string());
+        if let Some(pt) = &self.series.property_type {
+            q.append_pair("property_type", pt);
+        }
+        q.append_pair("tag", &self.series.tag);
+        q.append_pair("size", &size.to_string());
+        Target {
+            route: self.series.route,
+            path: self.series.path.clone(),
+            query: Some(q.finish().into()),
+        }
     }
 }
 
@@ -114,69 +206,6 @@ impl Cache {
         }
     }
 
-    /// The held entry (row or absence) of each key, in order, alive (fresh
-    /// or within the stale grace; the caller takes the fresh ones): memory,
-    /// then the disk tier, then Redis, promoting what the lower tiers had.
-    pub(crate) async fn held_rows(&self, route: Route, keys: &[String]) -> Vec<Option<Arc<Entry>>> {
-        let now = now_ms();
-        let alive = |e: &Arc<Entry>| !e.remaining_life(now, self.grace).is_zero();
-        let mut held: Vec<Option<Arc<Entry>>> = Vec::with_capacity(keys.len());
-        for key in keys {
-            let found = match &self.memory {
-                Some(memory) => memory.get(key.as_str()).await,
-                None => None,
-            };
-            held.push(found.filter(alive));
-        }
-        if let Some(disk) = &self.disk {
-            let wanted: Vec<usize> = (0..keys.len()).filter(|i| held[*i].is_none()).collect();
-            if !wanted.is_empty() {
-                let got = disk.get_many(wanted.iter().map(|i| keys[*i].clone()).collect()).await;
-                for (i, entry) in wanted.into_iter().zip(got) {
-                    if let Some(entry) = entry {
-                        held[i] = Some(self.promote(&keys[i], entry).await);
-                    }
-                }
-            }
-        }
-        if self.redis.is_some() {
-            for (i, key) in keys.iter().enumerate() {
-                if held[i].as_ref().is_some_and(|e| e.is_fresh(now)) {
-                    continue;
-                }
-                let Some(entry) = self.lookup_redis(route, key, None).await else {
-                    continue;
-                };
-                let newer = held[i].as_ref().is_none_or(|e| e.stored_at_ms < entry.stored_at_ms);
-                if newer && !entry.remaining_life(now, self.grace).is_zero() {
-                    held[i] = Some(self.promote(key, entry).await);
-                }
-            }
-        }
-        held
-    }
-
-    /// An entry a lower tier had, copied into memory.
-    pub(super) async fn promote(&self, key: &str, entry: Entry) -> Arc<Entry> {
-        let entry = Arc::new(entry);
-        if let Some(memory) = &self.memory {
-            memory.insert(Arc::from(key), entry.clone()).await;
-        }
-        entry
-    }
-
-    /// Files rows (or absences: an empty body) in every tier, each under its
-    /// key, for what is left of its life.
-    pub(crate) async fn file_rows(&self, rows: Vec<(String, Entry)>) {
-        for (key, entry) in rows {
-            let entry = Arc::new(entry);
-            if entry.remaining_life(now_ms(), self.grace).is_zero() {
-                continue;
-            }
-            self.put(&key, &entry, entry.clone()).await;
-        }
-    }
-
     /// A row's entry: its bytes (own copy), one credit (none for an
     /// absence), answered now, for `ttl`.
     pub(crate) fn row_entry(&self, route: Route, body: Bytes, ttl: Duration) -> Entry {
@@ -198,6 +227,53 @@ mod tests {
 
     fn d(s: &str) -> NaiveDate {
         NaiveDate::parse_from_str(s, "%Y-%m-%d").unwrap()
+    }
+
+    fn window(route_path: &str, query: &str) -> Option<Window> {
+        let uri: http::Uri = format!("{route_path}?{query}").parse().expect("uri");
+        Window::of(&route::classify(&uri, 8192).expect("routes"))
+    }
+
+    #[test]
+    fn only_a_window_named_as_the_upstream_reads_it_is_answered_by_the_month() {
+        let county = "/v2/counties/g1/metrics/monthly";
+        let ok = "metric_from=2024-01-01&metric_to=2024-12-31&property_type=all&tag=all";
+        let w = window(county, ok).expect("a window");
+        assert_eq!(
+            (w.from.to_string(), w.to.to_string(), w.size, w.months.len()),
+            ("2024-01-01".into(), "2024-12-31".into(), 50, 12)
+        );
+        assert_eq!(w.series.property_type.as_deref(), Some("all"));
+        assert!(window(county, &format!("{ok}&size=12")).is_some_and(|w| w.size == 12));
+        for bad in [
+            format!("{ok}&cursor=abc"),
+            format!("{ok}&tag=solar"),
+            format!("{ok}&foo=1"),
+            "metric_from=2024-01-01&metric_to=2024-12-31&tag=all".to_string(),
+            "metric_from=2024-1-1&metric_to=2024-12-31&property_type=all&tag=all".to_string(),
+            "metric_from=2024-12-31&metric_to=2024-01-01&property_type=all&tag=all".to_string(),
+        ] {
+            assert!(window(county, &bad).is_none(), "{bad}");
+        }
+        let address = "/v2/addresses/a1/metrics/monthly";
+        assert!(window(address, "metric_from=2024-01-01&metric_to=2024-12-31&tag=all").is_some());
+        assert!(window(address, ok).is_none(), "addresses take no property type");
+        assert!(window("/v2/cities/c1/metrics/current", "property_type=all&tag=all").is_none());
+    }
+
+    #[test]
+    fn a_window_covers_whole_months_only_and_asks_as_the_upstream_reads() {
+        let w = window(
+            "/v2/cities/c1/metrics/monthly",
+            "metric_from=2024-01-15&metric_to=2024-03-31&property_type=vacant%20land&tag=all",
+        )
+        .expect("a window");
+        assert!(!w.whole(d("2024-01-01")), "cut at the 15th");
+        assert!(w.whole(d("2024-02-01")) && w.whole(d("2024-03-01")));
+        assert_eq!(
+            w.target(d("2024-02-01"), d("2024-03-31"), 7).query.as_deref(),
+            Some("metric_from=2024-02-01&metric_to=2024-03-31&property_type=vacant+land&tag=all&size=7")
+        );
     }
 
     #[test]

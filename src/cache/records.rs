@@ -18,11 +18,10 @@
 //! contractor searches scope their tallies to the search, and property
 //! searches with excluded tags add a `trust` block, so those are not filed.
 
-use super::{Cache, Entry};
-use crate::clock::now_ms;
-use crate::metrics::RedisOp;
-use crate::redis_backend::{keys, RedisBackend};
-use crate::route::Route;
+use super::{key, Cache, Entry};
+use crate::page::{item_of, Page};
+use crate::redis_backend::keys;
+use crate::route::{Route, Target};
 use bytes::Bytes;
 use serde::de::IgnoredAny;
 use serde::Deserialize;
@@ -79,6 +78,60 @@ impl Resource {
     }
 }
 
+/// An id lookup as the record tier answers it: the resource, the ids in
+/// the order asked (each once: the upstream answers a repeated id once, at
+/// its first position) and each id's record key. Memoized with its request
+/// target (`proxy::parsed`).
+#[derive(Debug, Clone)]
+pub(crate) struct IdList {
+    pub(crate) resource: Resource,
+    /// The lookup's canonical path, which the call for missing ids asks.
+    pub(crate) path: Arc<str>,
+    pub(crate) ids: Vec<String>,
+    pub(crate) keys: Vec<String>,
+}
+
+impl IdList {
+    /// The ids of a lookup's query. Parameters the route does not declare
+    /// are ignored by the upstream (FastAPI reads parameters by name), so
+    /// they are here too; `None` for a declared one (`cursor`), bytes that
+    /// are not UTF-8, or a route with no lookup: the page path forwards
+    /// those as sent.
+    pub(crate) fn of(target: &Target) -> Option<IdList> {
+        let resource = Resource::of_lookup(target.route)?;
+        let pairs = key::decode_pairs(target.query.as_deref()?)?;
+        let mut ids: Vec<String> = Vec::with_capacity(pairs.len());
+        for (name, value) in pairs {
+            if name != "id" {
+                if target.route.param(&name).is_some() {
+                    return None;
+                }
+                continue;
+            }
+            if !ids.iter().any(|id| *id == value) {
+                ids.push(value.into_owned());
+            }
+        }
+        if ids.is_empty() {
+            return None;
+        }
+        let keys = ids.iter().map(|id| resource.key(id)).collect();
+        Some(IdList {
+            resource,
+            path: target.path.clone(),
+            ids,
+            keys,
+        })
+    }
+}
+
+/// `id=a&id=b`: the only list spelling the upstream reads.
+pub(crate) fn query_of<'a>(ids: impl IntoIterator<Item = &'a String>) -> String {
+    form_urlencoded::Serializer::new(String::new())
+        .extend_pairs(ids.into_iter().map(|id| ("id", id)))
+        .finish()
+}
+
 /// Whether a held entry says "the upstream does not know this id".
 pub(crate) fn is_absent(entry: &Entry) -> bool {
     entry.body.is_empty()
@@ -88,27 +141,29 @@ pub(crate) fn is_absent(entry: &Entry) -> bool {
 /// `body`, not copies: the caller copies what it keeps), each with its id. `None` when the body is not a page
 /// of records with string ids.
 pub(crate) fn records_of(body: &Bytes, resource: Resource) -> Option<Vec<(String, Bytes)>> {
-    #[derive(Deserialize)]
-    struct Page<'a> {
-        #[serde(borrow)]
-        items: Vec<&'a RawValue>,
+    let page = Page::parse(body)?;
+    let mut out = Vec::with_capacity(page.items.len());
+    for raw in page.items {
+        let (id, trust) = record_id(raw)?;
+        // An absence search's property carries a `trust` block no lookup sends.
+        if resource == Resource::Properties && trust {
+            continue;
+        }
+        out.push((id, item_of(body, raw)));
     }
+    Some(out)
+}
+
+/// A record's id, and whether it carries a `trust` block; `None` when the
+/// item is not a record with a string id.
+pub(crate) fn record_id(raw: &RawValue) -> Option<(String, bool)> {
     #[derive(Deserialize)]
     struct Record {
         id: String,
         trust: Option<IgnoredAny>,
     }
-    let page: Page = serde_json::from_slice(body).ok()?;
-    let mut out = Vec::with_capacity(page.items.len());
-    for raw in page.items {
-        let record: Record = serde_json::from_str(raw.get()).ok()?;
-        // An absence search's property carries a `trust` block no lookup sends.
-        if resource == Resource::Properties && record.trust.is_some() {
-            continue;
-        }
-        out.push((record.id, body.slice_ref(raw.get().as_bytes())));
-    }
-    Some(out)
+    let record: Record = serde_json::from_str(raw.get()).ok()?;
+    Some((record.id, record.trust.is_some()))
 }
 
 /// A record (or an absence: empty body, 0 credits) with its page's times.
@@ -125,45 +180,9 @@ fn record_entry(resource: Resource, page: &Entry, body: Bytes, credits: u64) -> 
     }
 }
 
-/// One command per key, all in flight at once: on one multiplexed
-/// connection they share round trips like a pipeline, and each is routed to
-/// its own slot on a Cluster (record keys carry their own hash tag, so a
-/// pipeline or `MGET` of them would cross slots). Answers in order; `None`
-/// for a command that failed.
-async fn each<T>(redis: &Arc<RedisBackend>, op: RedisOp, cmds: Vec<redis::Cmd>) -> Vec<Option<T>>
-where
-    T: redis::FromRedisValue + Send + 'static,
-{
-    let mut set = tokio::task::JoinSet::new();
-    for (i, cmd) in cmds.into_iter().enumerate() {
-        let redis = redis.clone();
-        set.spawn(async move {
-            let got = redis
-                .call(op, |mut c| async move { cmd.query_async::<T>(&mut c).await })
-                .await;
-            (i, got.ok())
-        });
-    }
-    let mut out: Vec<Option<T>> = Vec::new();
-    out.resize_with(set.len(), || None);
-    while let Some(done) = set.join_next().await {
-        if let Ok((i, got)) = done {
-            out[i] = got;
-        }
-    }
-    out
-}
-
 /// A record's bytes on their own allocation (see [`Cache::record_entry`]).
 fn own(body: &Bytes) -> Bytes {
     Bytes::copy_from_slice(body)
-}
-
-fn with_etag(e: &Entry) -> Entry {
-    Entry {
-        etag: super::entry::etag_of(&e.body),
-        ..e.clone()
-    }
 }
 
 impl Cache {
@@ -182,17 +201,7 @@ impl Cache {
             .into_iter()
             .map(|(id, body)| (resource.key(&id), self.record_entry(resource, page, own(&body))))
             .collect();
-        self.put_records(resource, filed).await;
-    }
-
-    /// Files what a trusted lookup answer said of each asked id: its record,
-    /// or its absence (see `by_id`'s `trusted`).
-    pub(crate) async fn file_lookup(&self, resource: Resource, filed: &[(String, Arc<Entry>)]) {
-        let filed = filed
-            .iter()
-            .map(|(id, e)| (resource.key(id), Entry::clone(e)))
-            .collect();
-        self.put_records(resource, filed).await;
+        self.put_many(resource.lookup_route(), filed).await;
     }
 
     /// An id's record (its body copied out of `page`'s, so that the page can
@@ -208,127 +217,6 @@ impl Cache {
             e.ttl_ms = e.ttl_ms.min(u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX));
         }
         e
-    }
-
-    /// Both tiers; L2 in one pipelined round trip. Nothing when the lookup
-    /// route is never cached.
-    async fn put_records(&self, resource: Resource, filed: Vec<(String, Entry)>) {
-        let now = now_ms();
-        let filed: Vec<(String, Entry)> = filed
-            .into_iter()
-            .filter(|(_, e)| !e.remaining_life(now, self.grace).is_zero())
-            .collect();
-        if filed.is_empty() || self.ttl(resource.lookup_route()).is_none() {
-            return;
-        }
-        if self.memory.is_some() || self.disk.is_some() {
-            for (key, e) in &filed {
-                let e = Arc::new(e.clone());
-                if let Some(disk) = &self.disk {
-                    disk.put(key, e.clone());
-                }
-                if let Some(memory) = &self.memory {
-                    memory.insert(Arc::from(key.as_str()), e).await;
-                }
-            }
-        }
-        if let Some(redis) = &self.redis {
-            let sets = filed.iter().map(|(key, e)| {
-                let px = (e.remaining_life(now, self.grace).as_millis() as u64).max(1);
-                let mut set = redis::cmd("SET");
-                set.arg(self.redis_key(resource.lookup_route(), key))
-                    .arg(with_etag(e).encode())
-                    .arg("PX")
-                    .arg(px);
-                set
-            });
-            each::<()>(redis, RedisOp::CacheSet, sets.collect()).await;
-        }
-    }
-
-    /// The held entry (record or absence) of each id, in order, fresh or
-    /// within the stale grace (the caller serves stale ones only when the
-    /// upstream fails): L1, then L2 for the rest (promoting what it finds).
-    pub(crate) async fn held_records(&self, resource: Resource, ids: &[String]) -> Vec<Option<Arc<Entry>>> {
-        self.held_records_from(resource, ids).await.0
-    }
-
-    /// [`Cache::held_records`], and for each id whether its entry came
-    /// from the disk tier (memory did not hold it: `SavedReason::Disk`).
-    pub(crate) async fn held_records_from(
-        &self,
-        resource: Resource,
-        ids: &[String],
-    ) -> (Vec<Option<Arc<Entry>>>, Vec<bool>) {
-        let now = now_ms();
-        let mut held: Vec<Option<Arc<Entry>>> = Vec::with_capacity(ids.len());
-        for id in ids {
-            let found = match &self.memory {
-                Some(memory) => memory.get(resource.key(id).as_str()).await,
-                None => None,
-            };
-            held.push(found.filter(|e| !e.remaining_life(now, self.grace).is_zero()));
-        }
-        let mut from_disk = vec![false; ids.len()];
-        if let Some(disk) = &self.disk {
-            let wanted: Vec<usize> = (0..ids.len()).filter(|i| held[*i].is_none()).collect();
-            if !wanted.is_empty() {
-                let keys = wanted.iter().map(|i| resource.key(&ids[*i])).collect();
-                let got = disk.get_many(keys).await;
-                for (i, entry) in wanted.into_iter().zip(got) {
-                    let Some(entry) = entry else { continue };
-                    held[i] = Some(self.promote(&resource.key(&ids[i]), entry).await);
-                    from_disk[i] = true;
-                }
-            }
-        }
-        let held = self.held_in_redis(resource, ids, held, now).await;
-        (held, from_disk)
-    }
-
-    /// The Redis tier for the ids not held fresh (promoting what it finds).
-    async fn held_in_redis(
-        &self,
-        resource: Resource,
-        ids: &[String],
-        mut held: Vec<Option<Arc<Entry>>>,
-        now: u64,
-    ) -> Vec<Option<Arc<Entry>>> {
-        let Some(redis) = &self.redis else { return held };
-        // Stale in L1 may be fresh in L2: another replica bought it again.
-        let wanted: Vec<usize> = (0..ids.len())
-            .filter(|i| !held[*i].as_ref().is_some_and(|e| e.is_fresh(now)))
-            .collect();
-        if wanted.is_empty() {
-            return held;
-        }
-        let route = resource.lookup_route();
-        let rkeys: Vec<String> = wanted
-            .iter()
-            .map(|i| self.redis_key(route, &resource.key(&ids[*i])))
-            .collect();
-        let gets = rkeys.into_iter().map(|k| {
-            let mut get = redis::cmd("GET");
-            get.arg(k);
-            get
-        });
-        let got: Vec<Option<Option<Vec<u8>>>> = each(redis, RedisOp::CacheGet, gets.collect()).await;
-        for (i, bytes) in wanted.into_iter().zip(got) {
-            let Some(entry) = bytes.flatten().and_then(|b| Entry::decode(Bytes::from(b))) else {
-                continue;
-            };
-            let newer = held[i].as_ref().is_none_or(|e| e.stored_at_ms < entry.stored_at_ms);
-            if !newer || entry.remaining_life(now, self.grace).is_zero() {
-                continue;
-            }
-            // L1 keeps no ETag for records (see `record_entry`).
-            let entry = Entry {
-                etag: http::HeaderValue::from_static(""),
-                ..entry
-            };
-            held[i] = Some(self.promote(&resource.key(&ids[i]), entry).await);
-        }
-        held
     }
 }
 
@@ -353,6 +241,26 @@ mod tests {
         let bad = |b: &'static [u8]| records_of(&Bytes::from_static(b), Resource::Permits);
         assert_eq!(bad(br#"{"items":[{"id":7}]}"#), None);
         assert_eq!(bad(b"[]"), None);
+    }
+
+    #[test]
+    fn only_id_parameters_make_a_lookup_and_repeats_count_once() {
+        let ids = |route: Route, q: &str| {
+            IdList::of(&Target {
+                route,
+                path: std::sync::Arc::from(""),
+                query: Some(q.into()),
+            })
+            .map(|l| l.ids)
+        };
+        let p = |q| ids(Route::PermitsById, q);
+        assert_eq!(p("id=a&id=b&id=a"), Some(vec!["a".into(), "b".into()]));
+        assert_eq!(p("id=a%2Cb"), Some(vec!["a,b".into()]), "a comma is part of the id");
+        assert_eq!(p("id=a&foo=1"), Some(vec!["a".into()]), "the upstream ignores foo");
+        assert_eq!(ids(Route::ContractorsById, "id=a&cursor=x"), None);
+        assert_eq!(p("id=%FF"), None);
+        assert_eq!(ids(Route::PermitsSearch, "id=a"), None, "not a lookup route");
+        assert_eq!(query_of(&["a b".to_string(), "c&d".to_string()]), "id=a+b&id=c%26d");
     }
 
     #[test]

@@ -11,6 +11,8 @@
 
 use crate::auth::Team;
 use crate::cache::control::Directives;
+use crate::cache::months::Window;
+use crate::cache::records::IdList;
 use crate::error::Fault;
 use crate::metrics::Metrics;
 use crate::redis_backend::keys::Tag;
@@ -32,6 +34,18 @@ pub(crate) struct Parsed {
     /// memoized beside a Redis tier: a lookup that reads Redis formats its
     /// key from this, hashing nothing.
     pub(crate) tag: Option<Tag>,
+    /// The held pieces it may be answered from (`reuse`), decided once:
+    /// a page's hit never looks at the other kinds.
+    pub(crate) pieces: Option<Pieces>,
+}
+
+/// The kinds of request answered from held pieces (`reuse`).
+#[derive(Debug)]
+pub(crate) enum Pieces {
+    /// An id lookup, record by record (`cache.record_reuse`).
+    Ids(IdList),
+    /// A monthly-metrics window, month by month (`cache.month_reuse`).
+    Window(Window),
 }
 
 /// What one request asks for, once it is known who asks.
@@ -124,7 +138,9 @@ pub(crate) struct RequestContext {
     pub(super) team: Option<Arc<Team>>,
     pub(super) route: Option<Route>,
     pub(super) cache: CacheState,
-    /// Credits charged to the team for this answer.
+    /// Credits charged to the team for this answer: the sum of what every
+    /// call it paid for billed ([`RequestContext::charge`]); its
+    /// `X-Credits-Request` and its access line.
     pub(super) credits: u64,
     pub(super) fault: Option<Fault>,
     /// The request's span: built once the team is known, and only when
@@ -144,6 +160,11 @@ impl RequestContext {
             fault: None,
             span: tracing::Span::none(),
         }
+    }
+
+    /// Adds what one more call of this request cost its team.
+    pub(super) fn charge(&mut self, credits: u64) {
+        self.credits = self.credits.saturating_add(credits);
     }
 
     /// The team's name once authenticated, a fixed label before.

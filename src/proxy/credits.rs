@@ -57,7 +57,7 @@ pub(super) fn charge(
     let credits = match (billed(headers), body) {
         (Some(n), _) => n,
         (None, _) if !metered => 0,
-        (None, Some(body)) => count_items(body),
+        (None, Some(body)) => crate::page::count_items(body),
         (None, None) => 0,
     };
     Charge {
@@ -79,15 +79,6 @@ pub(super) fn billed(headers: &HeaderMap) -> Option<u64> {
         .and_then(|v| v.to_str().ok())
         .and_then(|s| s.trim().parse::<u64>().ok())
         .filter(|n| *n <= MAX_BILL)
-}
-
-/// Records in a page envelope; 0 when the body is not one.
-fn count_items(body: &[u8]) -> u64 {
-    #[derive(serde::Deserialize)]
-    struct Page {
-        items: Vec<serde::de::IgnoredAny>,
-    }
-    serde_json::from_slice::<Page>(body).map_or(0, |p| p.items.len() as u64)
 }
 
 /// Holds the worst case of this call in the team's ledger, or

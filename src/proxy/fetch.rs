@@ -76,8 +76,9 @@ pub(super) async fn coalesce(app: &Arc<App>, flights: &Flights<Outcome>, job: Jo
     }
 }
 
-/// A fetch no other request joins (no page key: an id lookup's buy, which
-/// has flights of its own per id), run like any other in a task of its own.
+/// A fetch no other request joins (no page key: a buy of pieces, which
+/// have flights of their own: `reuse`), run like any other in a task of
+/// its own.
 pub(super) async fn uncoalesced(app: &Arc<App>, job: Job) -> Outcome {
     owned(app, job, None).await
 }
@@ -184,6 +185,7 @@ fn cached(entry: &Entry) -> Fetched {
         headers: HeaderMap::new(),
         body: entry.body.clone(),
         credits: 0,
+        bill: Some(entry.credits),
         worth: entry.credits,
         from_cache: true,
         etag: Some(entry.etag.clone()),
@@ -229,6 +231,7 @@ async fn fetch_upstream(app: &Arc<App>, job: &Job) -> Outcome {
     }
     Ok(Arc::new(Fetched {
         status: resp.status,
+        bill: credits::billed(&resp.headers),
         headers: resp.headers,
         body: resp.body,
         credits: charge.credits,

@@ -26,6 +26,10 @@ pub struct Fetched {
     /// Credits the upstream charged the leader's team for it (0 when it came
     /// from the cache).
     pub(crate) credits: u64,
+    /// Its bill: the upstream's `X-Credits-Request` when that is a number,
+    /// or, for an answer from the cache, what it cost when it was bought.
+    /// What every reader of an answer's cost goes by (`reuse::learn`).
+    pub(crate) bill: Option<u64>,
     /// What the answer is worth to a follower or a later hit: the charge,
     /// bounded by what was reserved (a larger charge is an anomaly that is
     /// settled, not trusted for the future).

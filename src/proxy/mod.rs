@@ -5,7 +5,7 @@
 //!
 //! [`admit`] → [`resolve`] → [`authenticate`] → [`limit_team`] →
 //! [`validate`] → [`usage`](usage::usage) → [`cache_key`] →
-//! [`lookup_ids`](by_id::lookup_ids) → [`lookup_months`](monthly::lookup_months) → [`lookup`] →
+//! [`lookup_pieces`](reuse::answer) → [`lookup`] →
 //! [`held_answer`](held::held_answer) → [`may_buy`] → [`clamp`](clamp::clamp)
 //! → [`fetch`](fn@fetch) → [`stale_on_failure`] → [`respond`](fn@respond).
 //!
@@ -26,27 +26,26 @@
 //!   background refresh of stale-while-revalidate.
 //! - [`held`](mod@held): `held_answer`, an answer held by another key's page;
 //!   [`clamp`](mod@clamp): a page clamped to a team's remaining credits.
-//! - [`by_id`]: `lookup_ids`, an id lookup record by record.
-//! - [`monthly`]: `lookup_months`, a monthly-metrics window from the months
-//!   already held, buying only the missing ones.
+//! - [`reuse`]: `lookup_pieces`, an answer built from held pieces (an id
+//!   lookup record by record, a monthly-metrics window month by month),
+//!   buying only the missing ones.
 //! - [`fetch`](mod@fetch): the miss path, `fetch` (coalesce, lease, reserve, fair
 //!   turn, forward, settle, store); [`org_probe`] before the reservation
 //!   while the org is out of credits; [`credits`]: reserve, charge, settle.
 //! - [`respond`](mod@respond): answers from the cache or from a fetch.
 //! - [`usage`](mod@usage): `/v2/usage`.
 
-mod by_id;
 mod clamp;
 mod context;
 mod credits;
 mod fetch;
 pub mod flight;
 mod held;
-mod monthly;
 mod org_probe;
 mod parsed;
 mod refresh;
 mod respond;
+mod reuse;
 mod revalidate;
 mod state;
 mod usage;
@@ -58,6 +57,7 @@ use crate::app::App;
 use crate::auth::{Team, TeamInFlight};
 use crate::cache::control::Directives;
 use crate::cache::{key, Entry};
+use crate::cache::{months::Window, records::IdList};
 use crate::error::GatewayError;
 use crate::http_util::{number_header, request_id, Body, X_REQUEST_ID};
 use crate::metrics::Scope;
@@ -65,8 +65,7 @@ use crate::redis_backend::keys::Tag;
 use crate::route::{self, Route, Target};
 use crate::server::ConnectionMark;
 use crate::telemetry::{trace::Trace, SPANS};
-use context::Parsed;
-use context::{Ask, RequestContext};
+use context::{Ask, Parsed, Pieces, RequestContext};
 use fetch::Role;
 use flight::Outcome;
 use http::{HeaderValue, Method, Request, Response};
@@ -100,9 +99,7 @@ pub(crate) async fn handle<B>(
 fn rescue(app: &App, ctx: &mut RequestContext, e: GatewayError) -> Response<Body> {
     ctx.fault = Some(e.fault());
     // A failure the upstream still billed: its cost, in the log.
-    if e.billed() > 0 {
-        ctx.credits = e.billed();
-    }
+    ctx.charge(e.billed());
     if let Some(team) = ctx.team.as_deref() {
         let team = team.name.as_str();
         match e {
@@ -125,14 +122,22 @@ async fn finish<B>(
     ctx: &RequestContext,
     started: Instant,
 ) -> Response<Body> {
+    // What the team paid for this answer, the sum of every call it paid
+    // for (written here alone): on every metered answer, and on any other
+    // answer that still cost something (a failure the upstream billed).
+    let status = resp.status().as_u16();
+    let metered = ctx.route.is_some_and(Route::is_metered);
+    let answered = metered && (resp.status().is_success() || status == 304);
+    if answered || ctx.credits > 0 {
+        resp.headers_mut()
+            .insert(credits::X_CREDITS_REQUEST, number_header(ctx.credits));
+    }
     // The team's budget, as the upstream shows the org's: on metered
     // answers and on 402s, omitted for unlimited teams. Credit-exempt
-    // routes carry none, for any team: the upstream sends none there
-    // (issue 39), and `/v2/usage` says it in its body.
+    // routes carry none, for any team: the upstream sends none there, and
+    // `/v2/usage` says it in its body.
     if let Some(team) = ctx.team.as_deref() {
-        let status = resp.status().as_u16();
-        let metered = ctx.route.is_some_and(Route::is_metered);
-        if (metered && (resp.status().is_success() || status == 304)) || status == 402 {
+        if answered || status == 402 {
             credits::team_budget_headers(app, &team.name, resp.headers_mut()).await;
         }
     }
@@ -190,11 +195,10 @@ async fn as_team<B>(
 /// The phases of a request that may be answered from the cache, bought, or
 /// both; run again for the narrower request of a [`clamp`](clamp::clamp).
 async fn answer<B>(app: &Arc<App>, state: &Arc<State>, ask: &Ask<'_, B>, ctx: &mut RequestContext) -> Answer {
-    if let Some(answer) = by_id::lookup_ids(app, state, ask, ctx).await {
-        return answer;
-    }
-    if let Some(answer) = monthly::lookup_months(app, state, ask, ctx).await {
-        return answer;
+    if ask.parsed.pieces.is_some() {
+        if let Some(answer) = reuse::answer(app, state, ask, ctx).await {
+            return answer;
+        }
     }
     let cached = match lookup(app, state, ask, ctx).await {
         Found::Answer(resp) => return Ok(resp),
@@ -214,6 +218,7 @@ async fn answer<B>(app: &Arc<App>, state: &Arc<State>, ask: &Ask<'_, B>, ctx: &m
                 target: clamped.target,
                 key: clamped.key,
                 tag: None,
+                pieces: None,
             }),
         };
         let mut resp = Box::pin(answer(app, state, &narrowed, ctx)).await?;
@@ -383,7 +388,13 @@ fn cache_key<'r, B>(
             // Worked out once for the memo: hashed on every Redis-tier hit
             // it was ~7k instructions (callgrind's SHA-256 without SHA-NI).
             let tag = key.as_deref().filter(|_| app.cache.redis().is_some()).map(Tag::of);
-            let parsed = Arc::new(Parsed { target, key, tag });
+            let pieces = key.as_ref().and_then(|_| pieces_of(app, &target));
+            let parsed = Arc::new(Parsed {
+                target,
+                key,
+                tag,
+                pieces,
+            });
             state.parsed.insert(raw_target(req), parsed.clone());
             parsed
         }
@@ -395,6 +406,19 @@ fn cache_key<'r, B>(
         team,
         parsed,
     }
+}
+
+/// Whether the target is answered from held pieces (`reuse`), and which.
+fn pieces_of(app: &App, target: &route::Target) -> Option<Pieces> {
+    if app.cache.record_reuse() {
+        if let Some(ids) = IdList::of(target) {
+            return Some(Pieces::Ids(ids));
+        }
+    }
+    if app.cache.month_reuse() {
+        return Window::of(target).map(Pieces::Window);
+    }
+    None
 }
 
 /// What [`lookup`] found.
@@ -468,7 +492,7 @@ async fn stale_on_failure<B>(
         Some(entry) => entry,
         None => app.cache.lookup(ask.parsed.target.route, key).await?.0,
     };
-    let mut resp = respond::from_cache(
+    let resp = respond::from_cache(
         app,
         &ask.team,
         &ask.parsed.target,
@@ -479,12 +503,7 @@ async fn stale_on_failure<B>(
     );
     // The leader's failed call may still have been billed (a follower's
     // failure is unbilled): the answer says so.
-    let billed = outcome.as_ref().err().map_or(0, GatewayError::billed);
-    if billed > 0 {
-        ctx.credits = billed;
-        resp.headers_mut()
-            .insert(credits::X_CREDITS_REQUEST, number_header(billed));
-    }
+    ctx.charge(outcome.as_ref().err().map_or(0, GatewayError::billed));
     Some(resp)
 }
 

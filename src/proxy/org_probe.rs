@@ -24,6 +24,7 @@ pub(super) fn exhausted(app: &Arc<App>, job: &Job) -> Option<Arc<Fetched>> {
         headers,
         body,
         credits: 0,
+        bill: None,
         worth: 0,
         from_cache: false,
         etag: None,

@@ -13,7 +13,6 @@
 //! header that might echo a secret) reaches a team.
 
 use super::context::{CacheState, RequestContext};
-use super::credits::X_CREDITS_REQUEST;
 use super::fetch::Role;
 use super::flight::Fetched;
 use crate::app::App;
@@ -23,7 +22,7 @@ use crate::clock::now_ms;
 use crate::error::GatewayError;
 use crate::http_util::{number_header, Body};
 use crate::metrics::{SavedReason, Tier};
-use crate::route::{Route, Target};
+use crate::route::Target;
 use crate::upstream::retry_after;
 use bytes::Bytes;
 use http::header::{HeaderMap, HeaderName, HeaderValue, AGE, CONTENT_TYPE, ETAG, IF_NONE_MATCH, RETRY_AFTER};
@@ -38,17 +37,10 @@ const X_CACHE: HeaderName = HeaderName::from_static("x-cache");
 /// X-Credits-Request, X-Credits-Limit, X-Credits-Remaining, X-Request-Id.
 const ANSWER_HEADERS: usize = 8;
 
-/// A 200 answer: the same header names whatever its cache state. `credits`
-/// is what this team pays for it (written on metered routes only, like the
-/// upstream).
-fn ok(
-    body: Bytes,
-    etag: Option<&HeaderValue>,
-    age_secs: u64,
-    state: CacheState,
-    route: Route,
-    credits: u64,
-) -> Response<Body> {
+/// A 200 answer: the same header names whatever its cache state (what
+/// the team paid for it, `X-Credits-Request`, is written with its budget
+/// where every answer ends: `proxy::finish`).
+fn ok(body: Bytes, etag: Option<&HeaderValue>, age_secs: u64, state: CacheState) -> Response<Body> {
     let mut resp = Response::new(Full::new(body));
     // Room for every header of a 200 (these, the budget's, the request id):
     // one allocation instead of the map growing twice.
@@ -56,18 +48,15 @@ fn ok(
     let h = resp.headers_mut();
     // Every 200 the gateway passes on was checked to be JSON.
     h.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
-    common(h, etag, age_secs, state, route, credits);
+    common(h, etag, age_secs, state);
     resp
 }
 
-fn common(h: &mut HeaderMap, etag: Option<&HeaderValue>, age_secs: u64, state: CacheState, route: Route, credits: u64) {
+fn common(h: &mut HeaderMap, etag: Option<&HeaderValue>, age_secs: u64, state: CacheState) {
     h.insert(X_CACHE, HeaderValue::from_static(state.header()));
     h.insert(AGE, number_header(age_secs));
     if let Some(etag) = etag {
         h.insert(ETAG, etag.clone());
-    }
-    if route.is_metered() {
-        h.insert(X_CREDITS_REQUEST, number_header(credits));
     }
 }
 
@@ -123,9 +112,9 @@ pub(super) fn from_fetched(
         saved(app, team, target, fetched.worth);
     }
     ctx.cache = state;
-    ctx.credits = charged;
+    ctx.charge(charged);
     let max_retry_after = Duration::from_secs(app.config.upstream.max_retry_after_secs);
-    fetched_answer(&fetched, charged, state, ctx, max_retry_after)
+    fetched_answer(&fetched, state, max_retry_after)
 }
 
 /// Credits a team did not spend because an answer was held: its metrics
@@ -148,11 +137,11 @@ pub(super) fn saved_because(app: &App, team: &Team, target: &Target, credits: u6
 pub(super) fn from_entry(entry: &Entry, state: CacheState, request_headers: &HeaderMap) -> Response<Body> {
     let age = entry.age(now_ms()).as_secs();
     if !client_has(request_headers, entry.etag.as_bytes()) {
-        return ok(entry.body.clone(), Some(&entry.etag), age, state, entry.route, 0);
+        return ok(entry.body.clone(), Some(&entry.etag), age, state);
     }
     let mut resp = Response::new(Full::default());
     *resp.status_mut() = StatusCode::NOT_MODIFIED;
-    common(resp.headers_mut(), Some(&entry.etag), age, state, entry.route, 0);
+    common(resp.headers_mut(), Some(&entry.etag), age, state);
     resp
 }
 
@@ -169,28 +158,17 @@ fn client_has(request_headers: &HeaderMap, etag: &[u8]) -> bool {
         })
 }
 
-/// The shape of a fetch's answer; `charged` is what this team pays (0 for a
-/// follower). Upstream error statuses never get here: they became
+/// The shape of a fetch's answer. Upstream error statuses never get here: they became
 /// [`GatewayError`]s where the fetch returned (`GatewayError::of_upstream_status`);
 /// a free answer passed on keeps the upstream's `Retry-After`, clamped to
 /// `max_retry_after`.
 fn fetched_answer(
     fetched: &Fetched,
-    charged: u64,
     state: CacheState,
-    ctx: &RequestContext,
     max_retry_after: Duration,
 ) -> Result<Response<Body>, GatewayError> {
-    let route = ctx.route.unwrap_or(Route::Other);
     if fetched.status == StatusCode::OK {
-        return Ok(ok(
-            fetched.body.clone(),
-            fetched.etag.as_ref(),
-            0,
-            state,
-            route,
-            charged,
-        ));
+        return Ok(ok(fetched.body.clone(), fetched.etag.as_ref(), 0, state));
     }
     // An answer the upstream gave for free (404, 422, 402, ...): its body
     // and the allow-listed headers only.
@@ -210,6 +188,7 @@ fn fetched_answer(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::route::Route;
 
     fn entry() -> Entry {
         Entry::new(
@@ -248,16 +227,12 @@ mod tests {
             headers: upstream,
             body: Bytes::from_static(b"{}"),
             credits: 3,
+            bill: Some(3),
             worth: 3,
             from_cache: false,
             etag: Some(entry().etag),
         };
-        let mut ctx = RequestContext::new(
-            "r".into(),
-            crate::telemetry::trace::Trace::from_headers(&HeaderMap::new()),
-        );
-        ctx.route = Some(Route::PermitsSearch);
-        let miss = fetched_answer(&fetched, 3, CacheState::Miss, &ctx, Duration::from_secs(120)).unwrap();
+        let miss = fetched_answer(&fetched, CacheState::Miss, Duration::from_secs(120)).unwrap();
         let hit = from_entry(&entry(), CacheState::Hit, &HeaderMap::new());
         let names = |h: &HeaderMap| {
             let mut n: Vec<String> = h.keys().map(|k| k.to_string()).collect();

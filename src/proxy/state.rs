@@ -3,11 +3,10 @@
 //! upstream). Built once in `lib.rs` and handed to [`super::handle`] with
 //! the app; nothing outside `proxy/` reads it but the tests.
 
-use super::by_id::IdFlights;
 use super::flight::{Flights, Outcome};
-use super::monthly::SeriesTurns;
 use super::parsed::ParsedTargets;
 use super::refresh::Refreshes;
+use super::reuse::{PieceFlights, Turns};
 
 /// Request targets kept routed and keyed ([`super::parsed`]), about
 /// 0.5 MB: the queries dashboards repeat. The memo is quick_cache's
@@ -22,12 +21,12 @@ pub struct State {
     /// Upstream fetches in flight, by cache key (in-process coalescing).
     /// Public so that a test can hold a flight open (`Flights::join`).
     pub flights: Flights<Outcome>,
-    /// The ids this process's id lookups are buying (`by_id`).
-    pub(super) id_flights: IdFlights,
+    /// The pieces (records) this process's requests are buying (`reuse`).
+    pub(super) piece_flights: PieceFlights,
     /// Keys refreshed in the background lately (stale-while-revalidate).
     pub(super) refreshes: Refreshes,
-    /// Monthly-metrics series whose missing months a window is buying.
-    pub(super) series_turns: SeriesTurns,
+    /// The series whose missing months a window is buying (`reuse`).
+    pub(super) turns: Turns,
 }
 
 impl State {
@@ -35,9 +34,9 @@ impl State {
         State {
             parsed: ParsedTargets::new(PARSED_TARGETS),
             flights: Flights::default(),
-            id_flights: IdFlights::default(),
+            piece_flights: PieceFlights::default(),
             refreshes: Refreshes::new(),
-            series_turns: SeriesTurns::default(),
+            turns: Turns::default(),
         }
     }
 }

@@ -175,6 +175,19 @@ pub(crate) fn record_key(lookup_route: Route, id: &str) -> String {
     format!("rec {} {id}", lookup_route.as_str())
 }
 
+/// A monthly-metrics row's cache key (`cache::months`): its L1 key and,
+/// hashed, the tag of its L2 entry. `mon ` cannot begin a page key.
+pub(crate) fn row_key(series: &str, year: i32, month: u32) -> String {
+    format!("mon {series} {year:04}-{month:02}")
+}
+
+/// The name a monthly series' turn is leased under across replicas
+/// (`proxy::reuse::turn`): hashed into its lease key like a cache key;
+/// `months ` cannot begin a page, record or row key.
+pub(crate) fn series_key(series: &str) -> String {
+    format!("months {series}")
+}
+
 /// The hash tag's content: the cache key's SHA-256 in lowercase hex (as
 /// `hex::encode` writes it): fixed length whatever the key, and no `{` or
 /// `}` from the query inside a tag. A pure function of the cache key, so

@@ -3,7 +3,7 @@
 //! JSON, the simulator's own answer for the whole window.
 
 use crate::support::client::Client;
-use crate::support::gateway::{replicas, Setup, ALPHA, BETA};
+use crate::support::gateway::{replicas, Setup, ALPHA, BETA, SMALL};
 use crate::support::http::Reply;
 use crate::support::query::Query;
 use crate::support::redis::RedisServer;
@@ -265,4 +265,72 @@ async fn rows_of_past_months_keep_their_own_ttl() {
     assert_eq!((hit.x_cache(), hit.credits_request()), (Some("HIT"), Some(0)));
     let (miss, _) = ask(&plain, ALPHA, &past).await;
     assert_eq!((miss.x_cache(), miss.credits_request()), (Some("MISS"), Some(12)));
+}
+
+#[tokio::test]
+async fn a_window_cut_mid_month_asked_again_by_a_third_team_costs_nothing() {
+    let sim = start_sim(unlimited()).await;
+    let gw = Setup::new().teams(&[ALPHA, BETA, SMALL]).start(&sim).await;
+    let start = dense_start(&sim).await;
+    // Eleven whole months, then the same window run on into the 15th of
+    // the twelfth: its cut month is bought whole by the second team.
+    let (from, to) = months(start, 11);
+    let whole = window(&sim, from, to, "all", "all");
+    assert_eq!(ask(&gw, ALPHA, &whole).await.0.credits_request(), Some(11));
+    let cut_end = start + Months::new(11) + chrono::Days::new(14);
+    let cut = window(&sim, from, cut_end, "all", "all");
+    let (b, id) = ask(&gw, BETA, &cut).await;
+    assert_eq!(
+        (b.credits_request(), charged_for(&sim, &id)),
+        (Some(1), 1),
+        "the cut month"
+    );
+    // A third team, the same window: every piece is held, the cut month's
+    // answer among them (the page the second team's call stored).
+    let calls = sim.stats().requests_total;
+    let (c, id) = ask(&gw, SMALL, &cut).await;
+    assert_eq!((c.x_cache(), c.credits_request()), (Some("HIT"), Some(0)));
+    assert_eq!(charged_for(&sim, &id), 0);
+    assert_eq!(sim.stats().requests_total, calls, "nothing asked upstream");
+    assert_eq!(c.json(), direct(&sim, &cut).await.json(), "the upstream's own answer");
+    assert_ledger_matches(&sim, &gw.admin_url(), &["alpha", "beta", "small"]).await;
+}
+
+#[tokio::test]
+async fn every_windows_credits_header_is_what_the_upstream_billed_for_it_two_calls_included() {
+    let sim = start_sim(unlimited()).await;
+    let gw = Setup::new().start(&sim).await;
+    let start = dense_start(&sim).await;
+    let (from, to) = months(start, 3);
+    let held = window(&sim, from, to, "all", "all");
+    let (a, id) = ask(&gw, ALPHA, &held).await;
+    assert_eq!((a.credits_request(), charged_for(&sim, &id)), (Some(3), 3));
+    // Three months held, nine missing, five rows a page: the call for the
+    // missing months (two rows asked) has a cursor, so the window is then
+    // bought as a page: two calls, both the request's.
+    let (from, to) = months(start, 12);
+    let paged = window(&sim, from, to, "all", "all").size(5);
+    let calls = sim.stats().requests_total;
+    let (b, id) = ask(&gw, ALPHA, &paged).await;
+    assert_eq!(
+        sim.stats().requests_total,
+        calls + 2,
+        "the missing months, then the page"
+    );
+    let billed = charged_for(&sim, &id);
+    assert_eq!(billed, 7, "two rows, then a page of five");
+    assert_eq!(b.credits_request(), Some(billed), "the header is the sum of both bills");
+    assert_eq!(b.json(), direct(&sim, &paged).await.json());
+    // Asked again: the page is held.
+    let (c, id) = ask(&gw, ALPHA, &paged).await;
+    assert_eq!((c.credits_request(), charged_for(&sim, &id)), (Some(0), 0));
+    // Windows of every shape against what the upstream billed each.
+    for (m, n) in [(2, 4), (0, 13), (5, 3), (1, 12)] {
+        let (from, to) = months(start + Months::new(m), n);
+        let q = window(&sim, from, to, "all", "all");
+        let (r, id) = ask(&gw, BETA, &q).await;
+        assert_eq!(r.credits_request(), Some(charged_for(&sim, &id)), "{q}");
+        assert_eq!(r.json(), direct(&sim, &q).await.json(), "{q}");
+    }
+    assert_ledger_matches(&sim, &gw.admin_url(), &["alpha", "beta"]).await;
 }

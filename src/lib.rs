@@ -25,20 +25,22 @@
 //! - [`proxy`]: the life of a team request, one named function per phase,
 //!   one concept per file (its own doc maps them), and the state the
 //!   request path keeps (`proxy::State`: parsed targets, flights,
-//!   background refreshes).
+//!   background refreshes); `proxy::reuse`, the one engine for answers
+//!   built from held pieces (id lookups record by record, monthly windows
+//!   month by month).
 //! - [`route`]: path → canonical path and route; the route table (every
 //!   vendor operation: name, cost, TTL class, parameters); `size`/`id` checks
 //!   and the credit estimate.
 //! - [`auth`]: token → team.
 //! - [`cache`]: normalized keys, L1 moka + L2 Redis, staleness;
 //!   coalescing across replicas (`cache::lease`; in process it is the
-//!   proxy's, `proxy::flight`); the record tier (`cache::records`) that
-//!   answers id lookups record by record (`proxy::by_id`); answers held by
-//!   another key's page (`cache::held`); purges that reach every replica's
-//!   memory tier (`cache::purge`); the disk tier (`cache::disk`) that keeps
-//!   what was bought across restarts, and the monthly-metrics rows
-//!   (`cache::months`) that let a window buy only its missing months
-//!   (`proxy::monthly`).
+//!   proxy's, `proxy::flight`); the one tier chain, memory → disk → Redis
+//!   (`cache::tiers`); the records of stored pages (`cache::records`) and
+//!   the monthly-metrics rows (`cache::months`) that `proxy::reuse`
+//!   answers from; answers held by another key's page (`cache::held`);
+//!   purges that reach every replica's memory tier (`cache::purge`); the
+//!   disk tier (`cache::disk`) that keeps what was bought across restarts.
+//! - `page`: the vendor's page envelope, read and written in one place.
 //! - [`clock`]: wall-clock milliseconds, the one clock the modules share.
 //! - [`redis_backend`]: a Redis connection (standalone, Cluster or the
 //!   primary Sentinel names; plain or TLS) with
@@ -79,8 +81,8 @@
 //! - `validate`: a `size` or `id` list the upstream would refuse
 //! - `usage`: `/v2/usage` answered locally
 //! - `cache_key`: the normalized key
-//! - `lookup_ids`: an id lookup, record by record
-//! - `lookup_months`: a monthly-metrics window from the months held
+//! - `lookup_pieces`: an answer built from held pieces (an id lookup,
+//!   a monthly-metrics window), buying only the missing ones
 //! - `lookup`: the cache, memory then the disk tier then Redis
 //! - `held_answer`: an answer another key's page holds
 //! - `may_buy`: a HEAD or `only-if-cached` never buys

@@ -1,4 +1,4 @@
-//! Held answers (issue 28): what the upstream answers is sometimes provably
+//! Held answers: what the upstream answers is sometimes provably
 //! inside an answer already bought for a different query, and is then
 //! reused at 0 credits.
 //!
@@ -82,7 +82,8 @@ impl Cache {
     /// Files a complete page under its size-free index key too (both tiers,
     /// so every replica finds it). `page` is what the memory tier holds.
     ///
-    /// Only an honest page is filed (issue 39): no cursor, no more records
+    /// Only an honest page is filed (a page billed above its records was
+    /// once served for sizes it did not hold): no cursor, no more records
     /// than the size asked, and billed exactly one credit per record it
     /// holds. A page billed for records it lacks (the upstream cut it) may
     /// be complete at no size: it is served as it is, under its own key.

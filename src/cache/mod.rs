@@ -1,6 +1,6 @@
 //! The credit-saving cache: L1 in process (moka, weighed in bytes, expiry per
 //! entry) over L2 in Redis (shared by replicas), keyed by the normalized
-//! query of [`key`]; beside them, the disk tier ([`disk`], issue 37): a file
+//! query of [`key`]; beside them, the disk tier ([`disk`]): a file
 //! on the data volume written in the background, read when memory misses
 //! (before Redis), so what was bought outlives a restart. Expired entries live on for a grace period so they can
 //! be served when the upstream fails ([`Entry::staleness`]).

@@ -1,4 +1,4 @@
-//! Monthly-metrics rows (issue 37), filed one by one: the answer of
+//! Monthly-metrics rows, filed one by one: the answer of
 //! `/v2/{counties,cities,addresses,jurisdictions}/{geo_id}/metrics/monthly`
 //! is one row per month (per tag and property type), and a row is a
 //! function of its geography, tag, property type and month alone — as long
@@ -12,8 +12,9 @@
 //! with its answer time, and a TTL that is the route's for the current and
 //! future months and `cache.past_month_ttl_secs` (when set) for months that
 //! have ended. A month the upstream answered without a row is filed as an
-//! absence (an empty body, 0 credits) for the same time. `proxy::monthly`
-//! decides what to buy and assembles the answer.
+//! absence (an empty body, 0 credits) for the same time. [`Window`] is
+//! what a request asks; `proxy::reuse` decides what to buy and assembles
+//! the answer.
 
 use super::{key, Cache, Entry};
 use crate::clock::now_ms;

@@ -1,6 +1,6 @@
 //! The record tier: every record of a cached page, filed under (resource,
 //! id), so that an id lookup is answered from records that searches and
-//! earlier lookups already bought (`proxy::by_id` asks; docs/design.md §2, `lookup_ids`).
+//! earlier lookups already bought (`proxy::reuse` asks; docs/design.md §2, `lookup_pieces`).
 //!
 //! Records live in the same two tiers as pages, under the same byte budget
 //! (L1) and in the key space of their lookup route (L2: `c:permits_by_id:…`),
@@ -11,7 +11,7 @@
 //! Filed, a record owns a copy of its bytes: a view would keep its whole
 //! page alive after the page left L1 while weighing only itself. An id a
 //! complete lookup answer lacks is held as absent (an empty body) for the
-//! same TTL; only a trustworthy answer says so (`proxy::by_id`).
+//! same TTL; only a trustworthy answer says so (`proxy::reuse`).
 //!
 //! A record is filed only where the upstream serves it byte for byte the
 //! same in a search and in a lookup (`docs/vendor-api.md`, "Id lookups"):
@@ -167,8 +167,8 @@ pub(crate) fn record_id(raw: &RawValue) -> Option<(String, bool)> {
 }
 
 /// A record (or an absence: empty body, 0 credits) with its page's times.
-/// No ETag in memory (a record is never answered alone); L2 adds one, its
-/// integrity check.
+/// No ETag in any tier: a record is never answered alone (L2's value has
+/// its own checksum).
 fn record_entry(resource: Resource, page: &Entry, body: Bytes, credits: u64) -> Entry {
     Entry {
         etag: http::HeaderValue::from_static(""),

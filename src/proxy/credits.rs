@@ -210,7 +210,7 @@ async fn reconcile(app: &App) {
 }
 
 /// `X-Credits-Limit` and `X-Credits-Remaining` from the team's budget:
-/// remaining = limit − spent − held (issue 39: the holds of calls in flight
+/// remaining = limit − spent − held (the holds of calls in flight
 /// are budget nobody can spend, as a reserve counts them). A ledger that
 /// cannot answer just leaves them out. The limit is the one in force now
 /// (a reload during the request counts).

@@ -2,7 +2,7 @@
 //! fetch. The first caller leads; the others follow and receive its outcome.
 //! [`Fetched`] and [`Outcome`] are what a page's flight hands its followers
 //! ([`super::State::flights`]); an id lookup's flights carry an
-//! `IdOutcome` per id ([`super::State::id_flights`], `by_id`).
+//! outcome per piece (`reuse::Buyers`, `reuse`).
 //!
 //! The leader handle is moved into the task that owns the fetch (see
 //! [`super::fetch`]), not kept by a request: a client that hangs up cannot

@@ -1,5 +1,5 @@
 //! [`held_answer`]: on a miss of the request's own key, the answer held by
-//! another key's page (issue 28) — a complete page of another size, or the
+//! another key's page — a complete page of another size, or the
 //! counted first page (`cache::held` proves which) — served as a
 //! hit at 0 credits.
 

@@ -5,7 +5,7 @@
 //!
 //! [`admit`] → [`resolve`] → [`authenticate`] → [`limit_team`] →
 //! [`validate`] → [`usage`](usage::usage) → [`cache_key`] →
-//! [`lookup_pieces`](reuse::answer) → [`lookup`] →
+//! [`lookup_pieces`](reuse::lookup_pieces) → [`lookup`] →
 //! [`held_answer`](held::held_answer) → [`may_buy`] → [`clamp`](clamp::clamp)
 //! → [`fetch`](fn@fetch) → [`stale_on_failure`] → [`respond`](fn@respond).
 //!
@@ -196,7 +196,7 @@ async fn as_team<B>(
 /// both; run again for the narrower request of a [`clamp`](clamp::clamp).
 async fn answer<B>(app: &Arc<App>, state: &Arc<State>, ask: &Ask<'_, B>, ctx: &mut RequestContext) -> Answer {
     if ask.parsed.pieces.is_some() {
-        if let Some(answer) = reuse::answer(app, state, ask, ctx).await {
+        if let Some(answer) = reuse::lookup_pieces(app, &state.buyers, &state.flights, ask, ctx).await {
             return answer;
         }
     }
@@ -291,7 +291,7 @@ fn resolve<B>(app: &App, state: &State, req: &Request<B>, ctx: &mut RequestConte
     if target.route == Route::Other {
         // A path no vendor operation has: the vendor's server answers it
         // with a free 404 before it looks at the key, and so do we, before
-        // anything is reserved or sent (issue 39: a guessed reservation
+        // anything is reserved or sent (a guessed reservation
         // refused teams near their limit what the upstream gives for free).
         // The path is logged (the lead behind alert
         // GatewayUnknownVendorOperation; the query stays out) only for a

@@ -6,7 +6,7 @@
 use super::flight::{Flights, Outcome};
 use super::parsed::ParsedTargets;
 use super::refresh::Refreshes;
-use super::reuse::{PieceFlights, Turns};
+use super::reuse::Buyers;
 
 /// Request targets kept routed and keyed ([`super::parsed`]), about
 /// 0.5 MB: the queries dashboards repeat. The memo is quick_cache's
@@ -21,12 +21,11 @@ pub struct State {
     /// Upstream fetches in flight, by cache key (in-process coalescing).
     /// Public so that a test can hold a flight open (`Flights::join`).
     pub flights: Flights<Outcome>,
-    /// The pieces (records) this process's requests are buying (`reuse`).
-    pub(super) piece_flights: PieceFlights,
+    /// The pieces this process's requests are buying, and whose turn it
+    /// is to buy a series (`reuse`).
+    pub(super) buyers: Buyers,
     /// Keys refreshed in the background lately (stale-while-revalidate).
     pub(super) refreshes: Refreshes,
-    /// The series whose missing months a window is buying (`reuse`).
-    pub(super) turns: Turns,
 }
 
 impl State {
@@ -34,9 +33,8 @@ impl State {
         State {
             parsed: ParsedTargets::new(PARSED_TARGETS),
             flights: Flights::default(),
-            piece_flights: PieceFlights::default(),
+            buyers: Buyers::default(),
             refreshes: Refreshes::new(),
-            turns: Turns::default(),
         }
     }
 }

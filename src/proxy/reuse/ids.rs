@@ -6,7 +6,7 @@
 //! assembles it (`docs/vendor-api.md`, "Id lookups"): request order, each
 //! id once, unknown ids omitted.
 
-use super::{Buying, Kind, Read};
+use super::kind::{Buying, Kind, Read};
 use crate::cache::records::{query_of, record_id, IdList, Resource};
 use crate::cache::{Cache, Entry};
 use crate::metrics::SavedReason;

@@ -10,7 +10,7 @@
 //! each piece it lacks. An answer that is not trusted files nothing: its
 //! pieces answer this request alone, and the ones it lacks are unknown.
 
-use super::{Got, Kind, PieceOutcome};
+use super::kind::{Got, Kind, PieceOutcome};
 use crate::app::App;
 use crate::cache::{control, Entry};
 use crate::error::GatewayError;

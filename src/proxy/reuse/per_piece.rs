@@ -1,4 +1,4 @@
-//! [`Buying::PerPiece`](super::Buying): a request's missing pieces bought
+//! [`Buying::PerPiece`](super::kind::Buying): a request's missing pieces bought
 //! once however requests overlap: a flight per piece in this process, a
 //! lease per piece across replicas.
 //!
@@ -14,8 +14,8 @@
 //! Lists are keyed by no list at all: reordered, repeated and overlapping
 //! requests meet on their shared pieces.
 
+use super::kind::{Bought, Got, Kind, PieceOutcome};
 use super::learn::learn;
-use super::{Bought, Got, Kind, PieceOutcome};
 use crate::app::App;
 use crate::cache::lease::{Acquired, Lease, Peer};
 use crate::error::GatewayError;
@@ -27,7 +27,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// Per-piece flights: a piece some request of this process is buying is
-/// waited for, not bought again (`State::piece_flights`).
+/// waited for, not bought again (`Buyers`).
 pub(crate) type PieceFlights = Flights<PieceOutcome>;
 
 /// Rounds of joining for pieces whose leader failed for its own reasons

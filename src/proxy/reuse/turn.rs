@@ -1,4 +1,4 @@
-//! [`Buying::Turn`](super::Buying): one buyer at a time per name (a
+//! [`Buying::Turn`](super::kind::Buying): one buyer at a time per name (a
 //! monthly series), in this process ([`Turns`]) and across replicas (the
 //! name's lease), so that the next buyer reads what the last one filed
 //! instead of buying it again; then one call for the smallest cover of the
@@ -9,8 +9,9 @@
 //! `cache.coalesce_wait_ms`, a replica buys without the lease rather than
 //! wait longer.
 
+use super::held::Held;
+use super::kind::{Bought, Kind};
 use super::learn::learn;
-use super::{Bought, Held, Kind};
 use crate::app::App;
 use crate::cache::key;
 use crate::cache::lease::{Acquired, Lease};

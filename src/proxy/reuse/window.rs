@@ -20,7 +20,7 @@
 //!   metrics found": no row) is answered from the rows held; with none
 //!   held, the 404 is passed on.
 
-use super::{Buying, Kind, Read};
+use super::kind::{Buying, Kind, Read};
 use crate::cache::months::{month_end, month_of, Window};
 use crate::cache::{Cache, Entry};
 use crate::metrics::SavedReason;

@@ -240,7 +240,7 @@ struct Opened<'c> {
 /// The ledger, and its Redis URL when it is the Redis store.
 fn open_ledger<'c>(config: &'c Config, tls: &Tls, metrics: &Arc<Metrics>) -> Result<Opened<'c>, String> {
     let window = config.quota.window;
-    let lease = Duration::from_secs(config.quota.reservation_lease_secs);
+    let term = Duration::from_secs(config.quota.reservation_lease_secs);
     let clock = crate::clock::Clock::shifted(config.quota.clock_offset_secs);
     if config.quota.clock_offset_secs != 0 {
         tracing::warn!(
@@ -268,10 +268,11 @@ fn open_ledger<'c>(config: &'c Config, tls: &Tls, metrics: &Arc<Metrics>) -> Res
         };
         let redis = connect()?;
         // Settles have a connection (and breaker) of their own: their
-        // `WAIT` for a replica must not hold up reserves (issue 39).
+        // `WAIT` for a replica must not hold up reserves (one sent on the
+        // shared connection made a miss 503 after a failover).
         let settles = connect()?;
         let redis_sockets = redis.sockets() + settles.sockets();
-        let ledger = ledger::redis::RedisLedger::new(redis, &config.cache.redis_key_prefix, window, lease)
+        let ledger = ledger::redis::RedisLedger::new(redis, &config.cache.redis_key_prefix, window, term)
             .with_clock(clock)
             .with_settle_connection(settles);
         Ok(Opened {
@@ -285,7 +286,7 @@ fn open_ledger<'c>(config: &'c Config, tls: &Tls, metrics: &Arc<Metrics>) -> Res
         let path = std::path::absolute(&config.quota.path).unwrap_or_else(|_| config.quota.path.clone());
         tracing::info!(path = %path.display(), "credit ledger: file store");
         Ok(Opened {
-            ledger: Ledger::File(ledger::file::FileLedger::open_at(&path, window, lease, clock)?),
+            ledger: Ledger::File(ledger::file::FileLedger::open_at(&path, window, term, clock)?),
             rate_url: None,
             redis_sockets: 0,
         })

@@ -1,4 +1,4 @@
-//! The disk tier (issue 37): answers and records written through, in the
+//! The disk tier: answers and records written through, in the
 //! background, to one redb file on the data volume, read when the memory
 //! tier misses. A restart, a crash or a deploy then keeps what was bought
 //! within its TTL and stale grace, as nginx's `proxy_cache` keeps its

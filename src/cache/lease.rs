@@ -13,7 +13,7 @@
 //! free may be free because the key was just bought: whoever takes a lease
 //! looks at L2 once more before paying, and a waiter that sees the lease go
 //! looks at L2 once more, then takes the lease in turn rather than fetching
-//! without one (issue 19: replicas herding on one search bought it twice).
+//! without one (without that, replicas herding on one search bought it twice).
 
 use super::{Cache, Entry};
 use crate::metrics::RedisOp;

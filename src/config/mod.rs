@@ -160,8 +160,9 @@ pub struct CacheConfig {
     pub redis_key_prefix: String,
     pub redis_timeout_ms: u64,
     /// Multiplexed connections of the cache's Redis (`redis_backend::pool`):
-    /// one socket capped the Redis tier on many cores (issue 38). 0: one
-    /// per worker thread ([`CacheConfig::redis_pool_size`]).
+    /// one socket capped the Redis tier on many cores (measured: 5.2 of 8
+    /// cores busy, Redis at 0.7). 0: one per worker thread
+    /// ([`CacheConfig::redis_pool_size`]).
     pub redis_connections: usize,
     pub coalesce_wait_ms: u64,
     /// Id lookups answered from records that searches and earlier lookups
@@ -169,7 +170,7 @@ pub struct CacheConfig {
     pub record_reuse: bool,
     #[serde(default)]
     pub route_ttl_secs: std::collections::BTreeMap<crate::route::Route, u64>,
-    /// The disk tier (`cache::disk`, issue 37): `auto` is on without
+    /// The disk tier (`cache::disk`): `auto` is on without
     /// `redis_url`.
     pub disk: DiskMode,
     /// The disk tier's file; unset: `cache.redb` in the folder of
@@ -180,7 +181,7 @@ pub struct CacheConfig {
     /// recently used.
     pub disk_max_bytes: u64,
     /// Monthly metrics answered month by month from rows already held
-    /// (`proxy::monthly`, issue 37).
+    /// (`proxy::reuse`): a window buys only the months not held.
     pub month_reuse: bool,
     /// Freshness of a monthly-metrics row of a month that has ended; 0: the
     /// route's TTL, like the current month's.
@@ -202,7 +203,7 @@ impl CacheConfig {
     /// it is 0 one per worker thread of the runtime this runs on (at most
     /// 16). Per worker: on one core, more sockets only split the batches
     /// one socket writes (callgrind: ~1k more instructions a Redis-tier hit
-    /// with 4 than with 1, issue 38).
+    /// with 4 than with 1).
     pub(crate) fn redis_pool_size(&self) -> usize {
         match self.redis_connections {
             0 => worker_threads().clamp(1, 16),

@@ -17,14 +17,15 @@
 //! A reservation is owned by the one task that makes the upstream call
 //! (`proxy::fetch`), which no client can cancel, and it ends exactly once:
 //! settled to what the upstream charged, or released when nothing was
-//! charged. It outlives every wait it covers by **a lease computed from the
-//! real worst case**: `quota.reservation_lease_secs` must be at least the
-//! fair queue's hard bound (`upstream.max_queue_wait_secs`, enforced as a
-//! timeout, not an estimate) plus the upstream call's deadline
+//! charged. It outlives every wait it covers by **a term computed from the
+//! real worst case**: `quota.reservation_lease_secs` sets the reservation's
+//! term and must be at least the fair queue's hard bound
+//! (`upstream.max_queue_wait_secs`, enforced as a timeout, not an estimate)
+//! plus the upstream call's deadline
 //! (`upstream.timeout_secs`, retries and a clamped `Retry-After` included)
 //! plus a margin for the settle; config validation refuses less.
 //!
-//! A reservation that is not settled within its lease can only belong to an
+//! A reservation that is not settled within its term can only belong to an
 //! owner that died, or whose settle never landed: the upstream may have
 //! charged it, so it **counts as spent** at its full amount (route
 //! `unsettled` in the chargeback rows) rather than being given back. The
@@ -121,8 +122,8 @@ pub struct Reservation {
     pub id: u64,
     pub team: String,
     pub amount: u64,
-    /// Until when a settle may still be retried: shortly before the lease
-    /// runs out and the reservation counts as spent.
+    /// Until when a settle may still be retried: shortly before the
+    /// reservation's term runs out and the reservation counts as spent.
     pub settle_by: std::time::Instant,
 }
 
@@ -223,7 +224,7 @@ impl Ledger {
     }
 
     /// Credits spent in the window plus those held by calls in flight:
-    /// what the team's budget headers subtract from its limit (issue 39),
+    /// what the team's budget headers subtract from its limit,
     /// the sum a reserve checks. Same freshness as [`Ledger::used`]; a
     /// reserve on this replica refreshes it, so a 402 shows the figure
     /// that refused it.

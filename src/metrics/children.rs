@@ -90,8 +90,3 @@ impl Children {
         self.teams.load().get(team).map(|t| f(t))
     }
 }
-
-/// The index of a cache state label in [`CACHE_STATES`].
-pub(super) fn cache_index(cache: &str) -> Option<usize> {
-    CACHE_STATES.iter().position(|c| *c == cache)
-}

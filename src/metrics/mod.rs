@@ -362,7 +362,7 @@ pub mod labels {
     use super::{LedgerOp, RedisOp, Scope, Tier};
 
     /// `cache`: every [`crate::proxy::CacheState`].
-    pub const CACHE_STATES: [&str; 4] = ["hit", "miss", "stale", "bypass"];
+    pub const CACHE_STATES: [&str; 4] = super::record::CACHE_STATES;
     /// `tier`: every [`Tier`].
     pub const TIERS: [&str; 3] = [Tier::Memory.as_str(), Tier::Redis.as_str(), Tier::Disk.as_str()];
     /// `reason` of `gateway_credits_saved_total`: every [`super::SavedReason`].

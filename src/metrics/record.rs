@@ -4,11 +4,19 @@
 //! Team names are the one free-form label, and they come from config
 //! (validated as 1–64 of `[a-z0-9_-]`).
 
-use super::children::cache_index;
 use super::Metrics;
 use crate::route::Route;
 use http::StatusCode;
 use std::time::Duration;
+
+/// `cache`: every [`crate::proxy::CacheState`], in the order of the hit
+/// path's children (`labels::CACHE_STATES` is this list).
+pub(super) const CACHE_STATES: [&str; 4] = ["hit", "miss", "stale", "bypass"];
+
+/// The index of a cache state label in [`CACHE_STATES`].
+fn cache_index(cache: &str) -> Option<usize> {
+    CACHE_STATES.iter().position(|c| *c == cache)
+}
 
 /// Which limit refused a request with 429 (`scope` label).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -34,7 +42,7 @@ impl Scope {
 pub enum Tier {
     Memory,
     Redis,
-    /// The disk tier (`cache::disk`, issue 37).
+    /// The disk tier (`cache::disk`).
     Disk,
 }
 
@@ -53,12 +61,13 @@ impl Tier {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SavedReason {
     /// Held in memory or Redis, coalesced on another request's fetch, or
-    /// held by another key's page or records: every saving before issue 37.
+    /// held by another key's page or records: every saving before the disk
+    /// tier and the monthly windows.
     Cache,
     /// Served from the disk tier, which memory did not hold (after a
     /// restart, or beyond the memory tier's size).
     Disk,
-    /// Monthly-metrics rows held from another window (`proxy::monthly`).
+    /// Monthly-metrics rows held from another window (`proxy::reuse`).
     Window,
 }
 

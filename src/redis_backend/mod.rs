@@ -58,7 +58,7 @@ impl std::fmt::Display for BackendError {
 pub struct RedisBackend {
     /// One or more multiplexed connections to the same target; calls are
     /// spread over them so that one socket (and the one task that drives
-    /// it) does not cap the calls of every core (issue 38).
+    /// it) does not cap the calls of every core.
     conns: Pool,
     /// The sockets `conns` can hold open at once (descriptors kept for
     /// them at start, `server::fit_descriptors`).
@@ -177,7 +177,8 @@ impl RedisBackend {
     /// a budget must not answer 503 for that. After a Sentinel failover the
     /// old connection may also reach a demoted primary (`READONLY`): the
     /// Sentinel connection is dropped then and the retry asks the Sentinels
-    /// again (issue 39). Once: a Redis that is down stays a quick failure.
+    /// again, so the first call after a failover succeeds. Once: a Redis
+    /// that is down stays a quick failure.
     /// Only for reads and idempotent writes (a script that runs twice
     /// counts once: reserve by id, settle and end by their marks). The
     /// retry goes to the same connection of the pool, the one that has just

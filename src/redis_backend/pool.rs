@@ -3,7 +3,7 @@
 //!
 //! One multiplexed connection is one socket driven by one task: every
 //! command of every core goes through it, and on a many-core machine the
-//! Redis tier waited on it (issue 38: 5.2 of 8 cores busy, Redis at 0.7).
+//! Redis tier waited on it (measured: 5.2 of 8 cores busy, Redis at 0.7).
 //! A few sockets let the runtime drive them on several cores at once. Each
 //! connection keeps its own reconnecting (`ConnectionManager`, the cluster
 //! client, the Sentinel look-up), so a dropped socket costs only the calls

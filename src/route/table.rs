@@ -30,8 +30,8 @@ pub enum Cost {
     /// for (≤ 50).
     Ids,
     /// A path the table does not know (route `other`): answered 404 by the
-    /// gateway before any reserve, as the vendor answers it (issue 39). Its
-    /// estimate (its ids, else its page size) is never reserved.
+    /// gateway before any reserve, as the vendor answers it (so a team with
+    /// no credit left gets the vendor's 404, not a 402). Its estimate (its ids, else its page size) is never reserved.
     Unknown,
 }
 
@@ -277,7 +277,7 @@ pub(super) static TABLE: [Row; super::ROUTES] = [
         ttl: TtlClass::Default,
         params: NONE,
     },
-    // The rest of the vendor's OpenAPI (issue #15), appended.
+    // The rest of the vendor's OpenAPI, appended.
     row(Route::PermitsById, "permits_by_id", "permits", Ids, Records, &[IDS]),
     row(Route::ContractorsById, "contractors_by_id", "contractors", Ids, Records, &[IDS, &[scalar("cursor")]]),
     row(Route::DecisionsSearch, "decisions_search", "decisions/search", Page, Records, &[DECISION_FILTERS, PAGE, COUNT]),

@@ -1,5 +1,5 @@
 //! The team listener served thread-per-core (`server.runtime = "per_core"`,
-//! issue 38): N single-threaded tokio runtimes, each on an OS thread of its
+//! to scale with cores): N single-threaded tokio runtimes, each on an OS thread of its
 //! own with its own socket bound with `SO_REUSEPORT` to the team address,
 //! so that the kernel spreads new connections over them, as over nginx's
 //! workers. A connection stays on the thread that accepted it: hyper's

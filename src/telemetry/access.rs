@@ -8,7 +8,7 @@
 //! Why not a `tracing` event: its formatter visits each field through
 //! `dyn Value`, Debug-formats numbers and strings, and formats the
 //! timestamp from scratch; at `info` that was more than half of a cache
-//! hit's user-space work (BENCHMARKS.md, issue 30). Here the timestamp's
+//! hit's user-space work (callgrind, BENCHMARKS.md). Here the timestamp's
 //! seconds are formatted once a second, numbers through `itoa`, and the
 //! line is built in a buffer the thread keeps. `duration_ms` always has
 //! three decimals (microseconds): `12.500` where an `f64` field would print

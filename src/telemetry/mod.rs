@@ -14,7 +14,7 @@
 //! (requests waited rather than lines being dropped, for an audit trail
 //! without holes): a reader that stalls, or a token-less flood of one line
 //! per request, then held every team's requests, cache hits included,
-//! for as long as stderr did (issue 34: p50 802 ms). The audit trail that
+//! for as long as stderr did (measured under a hostile load: p50 802 ms). The audit trail that
 //! matters is a team's, which loses lines only after every anonymous one;
 //! the drops are counted, so a hole is never silent.
 //!

@@ -127,11 +127,12 @@ async fn usage(gw: &Running) -> (StatusCode, Option<u64>) {
     (r.status, r.json()["credits_used"].as_u64())
 }
 
-/// Issue 39, point 2: the replica sits behind a link that stops forwarding
-/// (its ACKs still flow, so `min-replicas-max-lag` does not trip). Three
-/// billed misses (41 credits) are settled on the primary; no replica
-/// acknowledges them (`WAIT`), so the gateway keeps them in its journal.
-/// The primary is killed and the replica promoted: the journal applies
+/// The replica sits behind a link that stops forwarding (its ACKs still
+/// flow, so `min-replicas-max-lag` does not trip). Three billed misses
+/// (41 credits) are settled on the primary; no replica acknowledges them
+/// (`WAIT`), so the gateway keeps them in its in-memory queue of
+/// unacknowledged settles. The primary is killed and the replica
+/// promoted: that queue applies
 /// them to the new primary, and the ledger equals what the upstream
 /// charged (before: 6 against 47).
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

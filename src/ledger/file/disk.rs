@@ -19,7 +19,8 @@ const SPEND: TableDefinition<(&str, u32, &str), (u64, u64)> = TableDefinition::n
 /// running (or was, when the process died).
 const HELD: TableDefinition<u64, (&str, u64, u32)> = TableDefinition::new("held");
 
-/// The hold log of the releases before issue 35, beside `ledger.redb`.
+/// The hold log of the releases before the file ledger was redb alone,
+/// beside `ledger.redb`.
 pub(super) const OLD_HOLD_LOG: &str = "holds.log";
 
 /// One change for the writer thread.
@@ -108,7 +109,7 @@ fn corrupted(path: &Path, why: &str) -> String {
 
 /// What an operator reads when the hold log of an earlier release is still
 /// beside the ledger: its records may not be in `ledger.redb` yet, and this
-/// release does not read it (issue 35).
+/// release does not read it.
 pub(super) fn old_hold_log(log: &Path) -> String {
     format!(
         "{} is the hold log of an earlier permit-gateway release, which this release does not \

@@ -22,8 +22,8 @@
 //! commit is two-phase, and the start verifies every page (`disk::open`), so
 //! a file cut or altered at rest stops the start with a message that names
 //! it and says what to do. So does the hold log of the releases before
-//! issue 35 (`holds.log`), which this one does not read. `ledger.redb` is
-//! the one file to back up (docs/operations.md).
+//! the file ledger was redb alone (`holds.log`), which this one does not
+//! read. `ledger.redb` is the one file to back up (docs/operations.md).
 
 mod disk;
 #[cfg(test)]
@@ -67,7 +67,8 @@ pub struct FileLedger {
     saved: Arc<SavedTally>,
     /// Joined on drop, so the file is closed when the ledger is gone.
     writer: Option<std::thread::JoinHandle<()>>,
-    lease: Duration,
+    /// A reservation's term, set by `quota.reservation_lease_secs`.
+    term: Duration,
     pub(super) window: Window,
     /// The days spend is booked on (shifted only in tests).
     pub(super) clock: Clock,
@@ -76,7 +77,7 @@ pub struct FileLedger {
 impl FileLedger {
     /// Opens (or creates) `<dir>/ledger.redb` and loads recent spend,
     /// booking days on `clock`.
-    pub(crate) fn open_at(dir: &Path, window: Window, lease: Duration, clock: Clock) -> Result<FileLedger, String> {
+    pub(crate) fn open_at(dir: &Path, window: Window, term: Duration, clock: Clock) -> Result<FileLedger, String> {
         std::fs::create_dir_all(dir).map_err(|e| format!("quota.path: cannot create {}: {e}", dir.display()))?;
         let old_log = dir.join(disk::OLD_HOLD_LOG);
         if old_log.exists() {
@@ -112,7 +113,7 @@ impl FileLedger {
             writes: tx,
             saved,
             writer: Some(handle),
-            lease,
+            term,
             window,
             clock,
         })
@@ -152,7 +153,7 @@ impl FileLedger {
                 team: team.to_string(),
                 amount,
                 day: today,
-                expires: now + self.lease,
+                expires: now + self.term,
             };
             s.held.insert(id, hold);
         }
@@ -172,11 +173,11 @@ impl FileLedger {
             id,
             team: team.to_string(),
             amount,
-            settle_by: now + self.lease.saturating_sub(Duration::from_secs(1)),
+            settle_by: now + self.term.saturating_sub(Duration::from_secs(1)),
         }))
     }
 
-    /// Reservations past their lease count as spent: their owner is gone.
+    /// Reservations past their term count as spent: their owner is gone.
     /// Booked on the later of the reservation's day and today's, the day it
     /// becomes spend.
     fn lapse_expired(&self, s: &mut State, now: Instant, today: u32) {

@@ -7,11 +7,11 @@
 //! - `<prefix>l:{team}:held`    reservation id → "amount:expires_ms:day";
 //! - `<prefix>l:{team}:routes`  "day|route|s" (spent) / "day|route|v" (saved);
 //! - `<prefix>l:{team}:settled` reservation id → when it ended (ms), kept
-//!   for twice the lease: what makes a settle idempotent;
+//!   for twice a reservation's term: what makes a settle idempotent;
 //! - `<prefix>l:{team}:settled_at` the same marks as a sorted set scored by
 //!   that time, so that a settle forgets the few oldest past the window
 //!   (`ZRANGEBYSCORE … LIMIT`, O(log n)) instead of reading every mark
-//!   (issue 19: an `HGETALL` per settle made each settle O(marks));
+//!   (before it, an `HGETALL` per settle made each settle O(marks));
 //! - `<prefix>l:{team}:settled_scan` where the walk over unindexed marks
 //!   (see *Upgrading*) goes on;
 //! - `<prefix>l:{team}:lapsed` reservation id → the amount its lapse
@@ -39,11 +39,11 @@
 //! them (`HSCAN`, bounded), indexing the live ones and dropping the expired
 //! ones, so none is left behind once the old replicas are gone. A rollback
 //! keeps exactness too (the old release reads the same hash); it leaves the
-//! index to go stale, at most twice the lease of marks, which the next
-//! upgrade prunes.
+//! index to go stale, missing at most the marks of twice a reservation's
+//! term, which the next upgrade prunes.
 
-mod journal;
 mod scripts;
+mod unacked;
 
 use super::saved::{SavedTally, FLUSH_EVERY};
 use super::{new_id, LedgerError, Reservation, Reserved, TeamUsage, UsageRow, Window, UNSETTLED};
@@ -117,9 +117,10 @@ pub struct RedisLedger {
     /// Applies settles, waits for a replica, keeps the unacknowledged:
     /// built at the first settle, once the builder calls have set its
     /// connection and clock.
-    settler: std::sync::OnceLock<Arc<journal::Settler>>,
+    settler: std::sync::OnceLock<Arc<unacked::Settler>>,
     end: Script,
-    lease: Duration,
+    /// A reservation's term, set by `quota.reservation_lease_secs`.
+    term: Duration,
     pub(super) window: Window,
     /// Days booked and reservation expiries (shifted only in tests).
     pub(super) clock: Clock,
@@ -127,7 +128,7 @@ pub struct RedisLedger {
 
 impl RedisLedger {
     /// Must run inside a tokio runtime: it starts the saved-credits writer.
-    pub fn new(redis: Arc<RedisBackend>, prefix: &str, window: Window, lease: Duration) -> RedisLedger {
+    pub fn new(redis: Arc<RedisBackend>, prefix: &str, window: Window, term: Duration) -> RedisLedger {
         let saved = Arc::new(SavedTally::default());
         let keys = Keys::new(prefix);
         tokio::spawn(flush_saved(Arc::downgrade(&saved), redis.clone(), keys.clone()));
@@ -141,7 +142,7 @@ impl RedisLedger {
             reserve: Script::new(RESERVE),
             end: Script::new(END),
             clock_offset: AtomicI64::new(NO_OFFSET),
-            lease,
+            term,
             window,
             clock: Clock::default(),
         }
@@ -164,14 +165,14 @@ impl RedisLedger {
 
     /// The settler, started at the first settle (its replay task needs the
     /// runtime); settles mark their time on the same clock as reserves.
-    fn settler(&self) -> &Arc<journal::Settler> {
+    fn settler(&self) -> &Arc<unacked::Settler> {
         self.settler.get_or_init(|| {
-            journal::Settler::new(
+            unacked::Settler::new(
                 self.settle_redis.clone(),
                 self.keys.clone(),
                 Script::new(SETTLE),
                 self.clock,
-                self.lease,
+                self.term,
             )
         })
     }
@@ -181,7 +182,7 @@ impl RedisLedger {
     /// waiting for it): Redis running it later holds nothing. A call that
     /// gives up (timeout, dropped connection) ends the id before it
     /// answers, so a reserve still queued in Redis has exactly one outcome:
-    /// none (issue 39).
+    /// none.
     pub async fn reserve(
         &self,
         team: &str,
@@ -191,7 +192,7 @@ impl RedisLedger {
     ) -> Result<Reserved, LedgerError> {
         let id = new_id();
         let reserved_at = Instant::now();
-        let settle_by = reserved_at + self.lease.saturating_sub(Duration::from_secs(1));
+        let settle_by = reserved_at + self.term.saturating_sub(Duration::from_secs(1));
         let mut attempt = self.reserve_once(team, limit, amount, today, id).await;
         // Refused as late although it answered in time: the estimate of
         // Redis's clock was behind it (a failover to a host whose clock is
@@ -276,7 +277,7 @@ impl RedisLedger {
                 .arg(limit_arg)
                 .arg(now)
                 .arg(self.window.first_day(today))
-                .arg(now.saturating_add(millis(self.lease)))
+                .arg(now.saturating_add(millis(self.term)))
                 .arg(id)
                 .arg(today)
                 .arg(UNSETTLED)
@@ -286,7 +287,8 @@ impl RedisLedger {
         // Not waited for (`WAIT` blocks the connection it is sent on, and
         // every reserve shares this one): a hold lost at a failover lets the
         // team overspend by at most the calls then in flight; their settles
-        // are journaled until a replica has them (docs/operations.md).
+        // are kept in memory and applied again until a replica has them
+        // (docs/operations.md).
         let sent = Instant::now();
         let (code, spent, held, clock): (i64, u64, u64, u64) = self
             .redis
@@ -350,7 +352,7 @@ impl RedisLedger {
     /// reservation lapses into spend at its full amount.
     pub async fn settle(&self, r: Reservation, actual: u64, route: Route, today: u32) -> Result<(), LedgerError> {
         self.recent_lock().remove(&r.team);
-        let pending = journal::Pending {
+        let pending = unacked::Pending {
             id: r.id,
             team: r.team.clone(),
             actual,

@@ -9,7 +9,7 @@
 /// Returns {granted (1), refused for budget (0) or too late (-1), spent,
 /// held after it, Redis's clock in ms}.
 ///
-/// **One outcome per reservation** (issue 39): a reserve that Redis runs
+/// **One outcome per reservation**: a reserve that Redis runs
 /// after its deadline (it sat behind `DEBUG SLEEP`, a stopped process, a
 /// slow script), or whose id has already ended (its caller gave up and
 /// released it first), holds nothing: its caller answered without it.
@@ -132,7 +132,7 @@ return 1
 /// KEYS: held, settled, settled_at. ARGV: id, now. Ends a reservation that
 /// was never used: marks it ended (so a reserve of that id that Redis runs
 /// later holds nothing) and drops its hold. Idempotent; the mark is
-/// forgotten with the settles' marks (twice the lease).
+/// forgotten with the settles' marks (twice a reservation's term).
 pub(super) const END: &str = r#"
 if redis.call('HSETNX', KEYS[2], ARGV[1], ARGV[2]) == 1 then
   redis.call('ZADD', KEYS[3], ARGV[2], ARGV[1])

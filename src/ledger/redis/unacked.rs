@@ -1,4 +1,6 @@
-//! Settles that survive a failover (issue 39, point 2).
+//! Settles no replica has acknowledged yet: a queue in this process's
+//! memory, lost with the process. It is what lets a settle survive a
+//! Redis failover.
 //!
 //! Replication is asynchronous: a settle the primary acknowledged and then
 //! lost with it (killed before its replica received the write) is spend the
@@ -16,8 +18,10 @@
 //! a `WAIT` no replica answers blocks its connection for `WAIT_MS`, and
 //! reserves must not queue behind it. Reserves are not waited for.
 //!
-//! The journal is this process's: a replica that dies with settles in it
-//! loses them only if the primary dies too before its replica caught up.
+//! Nothing here is written to disk: the queue is lost with the process.
+//! Each settle in it was applied once already, so a gateway replica that
+//! dies with settles in it loses them only if the Redis primary dies too
+//! before its replica caught up.
 //! On a Redis Cluster settles are not waited for (docs/operations.md).
 
 use super::{millis, FORGET_PER_SETTLE, WALK_PER_SETTLE};
@@ -41,7 +45,7 @@ const WAIT_MS: u64 = 200;
 const REPLICAS_FRESH: Duration = Duration::from_secs(2);
 
 /// Settles kept at most; past it the oldest is dropped (logged): a
-/// journal that grows this far means no replica has acknowledged
+/// queue that grows this far means no replica has acknowledged
 /// anything for a long while, which `/readyz` and the alerts show.
 const MAX_PENDING: usize = 100_000;
 
@@ -60,9 +64,11 @@ pub(super) struct Settler {
     keys: Keys,
     script: Script,
     clock: Clock,
-    lease: Duration,
+    /// A reservation's term, set by `quota.reservation_lease_secs`:
+    /// settled marks are kept for twice it.
+    term: Duration,
     /// Applied, not yet acknowledged by a replica.
-    journal: Mutex<VecDeque<Pending>>,
+    unacked: Mutex<VecDeque<Pending>>,
     /// The primary's connected replicas as last read, and when.
     replicas: Mutex<Option<(i64, Instant)>>,
 }
@@ -74,15 +80,15 @@ impl Settler {
         keys: Keys,
         script: Script,
         clock: Clock,
-        lease: Duration,
+        term: Duration,
     ) -> Arc<Settler> {
         let settler = Arc::new(Settler {
             redis,
             keys,
             script,
             clock,
-            lease,
-            journal: Mutex::default(),
+            term,
+            unacked: Mutex::default(),
             replicas: Mutex::default(),
         });
         tokio::spawn(replay(Arc::downgrade(&settler)));
@@ -105,7 +111,7 @@ impl Settler {
             .arg(p.route)
             .arg(p.day.saturating_sub(crate::ledger::ROLLING_DAYS + 32))
             .arg(now)
-            .arg(now.saturating_sub(millis(self.lease).saturating_mul(2)))
+            .arg(now.saturating_sub(millis(self.term).saturating_mul(2)))
             .arg(FORGET_PER_SETTLE)
             .arg(WALK_PER_SETTLE);
         let wait_ms = self.wait_ms();
@@ -132,24 +138,24 @@ impl Settler {
     /// Keeps a settle no replica acknowledged, to be applied again.
     pub(super) fn keep(&self, p: Pending) {
         tracing::warn!(team = %p.team, credits = p.actual, "ledger settle not acknowledged by a replica: kept to be applied again");
-        let mut journal = self.lock();
-        if journal.len() >= MAX_PENDING {
-            if let Some(dropped) = journal.pop_front() {
+        let mut unacked = self.lock();
+        if unacked.len() >= MAX_PENDING {
+            if let Some(dropped) = unacked.pop_front() {
                 tracing::error!(team = %dropped.team, credits = dropped.actual, "ledger journal full: the oldest unacknowledged settle is no longer re-applied");
             }
         }
-        journal.push_back(p);
+        unacked.push_back(p);
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, VecDeque<Pending>> {
-        self.journal.lock().unwrap_or_else(|p| p.into_inner())
+        self.unacked.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// The primary's connected replicas, as read within
     /// [`REPLICAS_FRESH`]. For a settle (`recheck_none`) "none" is read
     /// again every time, so a replica that has just (re)joined is waited
     /// for at once (a count above 0 that is stale costs nothing: a settle
-    /// that finds no replica is journaled anyway); a reserve takes the
+    /// that finds no replica is kept anyway); a reserve takes the
     /// cached figure either way (no extra round trip on a Redis without
     /// replicas). Unknown (the read failed): one is assumed, erring towards
     /// waiting.
@@ -170,8 +176,8 @@ impl Settler {
     }
 }
 
-/// Applies the journal again every [`REPLAY_EVERY`] until each settle is
-/// acknowledged. Ends with the ledger.
+/// Applies the unacknowledged settles again every [`REPLAY_EVERY`] until
+/// each is acknowledged. Ends with the ledger.
 async fn replay(settler: Weak<Settler>) {
     loop {
         tokio::time::sleep(REPLAY_EVERY).await;
@@ -191,9 +197,9 @@ async fn replay(settler: Weak<Settler>) {
                 _ => kept.push(p),
             }
         }
-        let mut journal = s.lock();
+        let mut unacked = s.lock();
         for p in kept.into_iter().rev() {
-            journal.push_front(p);
+            unacked.push_front(p);
         }
     }
 }

@@ -6,18 +6,18 @@
 //! ```text
 //!  request ─► Pieces (memoized with the target: which pieces, their keys)
 //!     │
-//!  1. held     Cache::get_many: memory → disk → Redis, once for all keys
-//!     │        ├─ all fresh ───────────────────────────────► 4. assemble (HIT)
+//!  held       Cache::get_many: memory → disk → Redis, once for all keys
+//!     │        ├─ all fresh ─────────────────────────────► assemble (HIT)
 //!     │        └─ some missing (HEAD / only-if-cached: the page path says no)
-//!  2. buy once per_piece: a flight and a lease per piece, one call for the
-//!     │                   pieces this request leads           (id lookups)
-//!     │        turn:      one buyer per series at a time, held read again,
-//!     │                   one call for the smallest cover     (monthly windows)
-//!  3. file     learn: what the call says of each piece, filed when the
-//!     │        answer is trustworthy (a page of these pieces, billed one
-//!     │        credit each)
-//!  4. assemble held + bought, in order, in the vendor's envelope (`crate::page`);
-//!              STALE pieces stand in when the upstream failed
+//!  buy once   per_piece: a flight and a lease per piece, one call for the
+//!     │                  pieces this request leads          (id lookups)
+//!     │       turn:      one buyer per series at a time, held read again,
+//!     │                  one call for the smallest cover    (monthly windows)
+//!  file       learn: what the call says of each piece, filed when the
+//!     │       answer is trustworthy (a page of these pieces, billed one
+//!     │       credit each)
+//!  assemble   held + bought, in order, in the vendor's envelope (`crate::page`);
+//!             STALE pieces stand in when the upstream failed
 //! ```
 //!
 //! A user of the engine is a [`Kind`]: which keys, which held entry may

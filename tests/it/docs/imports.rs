@@ -9,12 +9,25 @@
 //! `src/` or an inline `mod` in one, and names a module other than one of
 //! its own ancestors: it is counted between the two siblings under their
 //! closest common ancestor (`ledger::file::disk` → `ledger::saved` is an
-//! edge `ledger::file` → `ledger::saved`). A module using its parent, or a
-//! parent its children, is no cycle: Rust's module tree runs both ways.
+//! edge `ledger::file` → `ledger::saved`). A path through a re-export
+//! (`super::State`, which `proxy` re-exports from `proxy::state`) is an
+//! edge to the module that defines the item, not to the one re-exporting
+//! it: a re-export must not hide a cycle.
+//!
+//! Elsewhere a module using its parent, or a parent its children, is no
+//! cycle (Rust's module tree runs both ways: `impl Cache` in a child file
+//! of `cache`). Under the modules of [`STRICT`] it is: there every file is
+//! a node, a child naming an item of its parent's file is an edge to that
+//! file, a parent naming a child (`child::f()`, `use child::X`) an edge to
+//! the child, and no file may reach itself again.
 
 use super::root;
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
+
+/// The modules whose files import one way among themselves, parents and
+/// children included: the request path, read top to bottom.
+const STRICT: &[&str] = &["proxy"];
 
 /// A module, as its path from the crate root: `["ledger", "file", "disk"]`.
 type Module = Vec<String>;
@@ -177,10 +190,35 @@ fn use_tree(code: &[char], at: usize, prefix: &Module, out: &mut Vec<Module>) {
     out.push(path);
 }
 
+/// The child modules a file declares in files of their own (`mod x;`).
+fn child_modules(code: &[char]) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i < code.len() {
+        let Some((word, end)) = ident_at(code, i).filter(|_| !ident_before(code, i)) else {
+            i += 1;
+            continue;
+        };
+        if word == "mod" {
+            let at = skip_space(code, end);
+            if let Some((name, after)) = ident_at(code, at) {
+                if code.get(skip_space(code, after)) == Some(&';') {
+                    out.push(name);
+                }
+            }
+        }
+        i = end;
+    }
+    out
+}
+
 /// The modules the file of module `file` names, each with the module it
-/// is named from (the file's, or an inline `mod` in it).
+/// is named from (the file's, or an inline `mod` in it). Besides paths
+/// from `crate::`, `super::` and `self::`, a path that starts with one of
+/// the file's own child modules (`child::f()`) is named from the file.
 fn names_in(text: &str, file: &Module) -> Vec<(Module, Module)> {
     let code: Vec<char> = code_of(text).chars().collect();
+    let children = child_modules(&code);
     // Inline modules open here: (name, the brace depth inside them).
     let mut inline: Vec<(String, usize)> = Vec::new();
     let mut depth = 0usize;
@@ -220,6 +258,16 @@ fn names_in(text: &str, file: &Module) -> Vec<(Module, Module)> {
                 if code.get(skip_space(&code, after)) == Some(&'{') {
                     inline.push((name, depth + 1));
                 }
+            }
+            i = end;
+            continue;
+        }
+        if inline.is_empty() && children.contains(&word) {
+            let sep = skip_space(&code, end);
+            if code.get(sep) == Some(&':') && code.get(sep + 1) == Some(&':') {
+                let mut out = Vec::new();
+                use_tree(&code, i, &here, &mut out);
+                named.extend(out.into_iter().map(|p| (here.clone(), p)));
             }
             i = end;
             continue;
@@ -278,20 +326,97 @@ fn resolve(path: &Module, modules: &BTreeSet<Module>) -> Module {
         .unwrap_or_default()
 }
 
-/// The edge between siblings that `from` naming `to` makes, if neither is
-/// the other's ancestor.
-fn sibling_edge(from: &Module, to: &Module) -> Option<(String, String)> {
+/// Items a module re-exports from a module below it (`pub use state::State;`
+/// in `proxy` makes (`proxy`, `State`) → `proxy::state`).
+type Reexports = BTreeMap<(Module, String), Module>;
+
+/// The re-exports of the file of `module`.
+fn reexports_in(text: &str, module: &Module, modules: &BTreeSet<Module>, out: &mut Reexports) {
+    let code: Vec<char> = code_of(text).chars().collect();
+    let mut i = 0;
+    while i < code.len() {
+        let Some((word, end)) = ident_at(&code, i).filter(|_| !ident_before(&code, i)) else {
+            i += 1;
+            continue;
+        };
+        if word == "use" && pub_before(&code, i) {
+            let mut paths = Vec::new();
+            use_tree(&code, end, &Vec::new(), &mut paths);
+            for path in paths {
+                let Some((item, at)) = path.split_last() else { continue };
+                let from: Module = match at.first().map(String::as_str) {
+                    Some("crate") => at[1..].to_vec(),
+                    Some("self") => module.iter().chain(&at[1..]).cloned().collect(),
+                    Some("super") => continue,
+                    _ => module.iter().chain(at).cloned().collect(),
+                };
+                let to = resolve(&from, modules);
+                if to.len() > module.len() && to.starts_with(module) {
+                    out.insert((module.clone(), item.clone()), to);
+                }
+            }
+        }
+        i = end;
+    }
+}
+
+/// Whether `pub` or `pub(…)` comes just before `at`.
+fn pub_before(code: &[char], at: usize) -> bool {
+    let mut j = at;
+    while j > 0 && code[j - 1].is_whitespace() {
+        j -= 1;
+    }
+    if j > 0 && code[j - 1] == ')' {
+        while j > 0 && code[j - 1] != '(' {
+            j -= 1;
+        }
+        j = j.saturating_sub(1);
+    }
+    j >= 3 && code[j - 3..j].iter().collect::<String>() == "pub" && !ident_before(code, j - 3)
+}
+
+/// The module `path` names: the longest module prefix, followed through
+/// the re-export of the item after it, if that is one.
+fn resolve_through(path: &Module, modules: &BTreeSet<Module>, reexports: &Reexports) -> Module {
+    let mut to = resolve(path, modules);
+    while let Some(next) = path
+        .get(to.len())
+        .and_then(|item| reexports.get(&(to.clone(), item.clone())))
+    {
+        to = next.clone();
+    }
+    to
+}
+
+/// Whether `module` is inside one of the [`STRICT`] modules.
+fn strict(module: &Module) -> bool {
+    module.first().is_some_and(|top| STRICT.contains(&top.as_str()))
+}
+
+/// The edge that `from` naming `to` makes: between siblings under their
+/// closest common ancestor, or, inside a [`STRICT`] module, between a
+/// parent's file and the child below it on the way.
+fn edge(from: &Module, to: &Module) -> Option<(String, String)> {
     let common = from.iter().zip(to).take_while(|(a, b)| a == b).count();
-    if common == from.len() || common == to.len() {
+    if common == from.len() && common == to.len() {
         return None;
+    }
+    if common == from.len() || common == to.len() {
+        if !(strict(from) && strict(to)) {
+            return None;
+        }
+        return Some((
+            from[..(common + 1).min(from.len())].join("::"),
+            to[..(common + 1).min(to.len())].join("::"),
+        ));
     }
     Some((from[..=common].join("::"), to[..=common].join("::")))
 }
 
-fn add_edges(text: &str, file: &Module, modules: &BTreeSet<Module>, graph: &mut Graph) {
+fn add_edges(text: &str, file: &Module, modules: &BTreeSet<Module>, reexports: &Reexports, graph: &mut Graph) {
     for (here, path) in names_in(text, file) {
-        let to = resolve(&path, modules);
-        if let Some((a, b)) = sibling_edge(&here, &to) {
+        let to = resolve_through(&path, modules, reexports);
+        if let Some((a, b)) = edge(&here, &to) {
             graph.entry(a).or_default().insert(b);
         }
     }
@@ -335,9 +460,13 @@ fn cycle_through(graph: &Graph, start: &str) -> Option<Vec<String>> {
 
 fn graph_of(sources: &[(Module, String)]) -> Graph {
     let modules: BTreeSet<Module> = sources.iter().map(|(m, _)| m.clone()).collect();
+    let mut reexports = Reexports::new();
+    for (module, text) in sources {
+        reexports_in(text, module, &modules, &mut reexports);
+    }
     let mut graph = Graph::new();
     for (module, text) in sources {
-        add_edges(text, module, &modules, &mut graph);
+        add_edges(text, module, &modules, &reexports, &mut graph);
     }
     graph
 }
@@ -399,8 +528,14 @@ fn the_cycle_finder_finds_a_cycle() {
     let modules: BTreeSet<Module> = ["app", "proxy"].map(module).into();
     let mut graph = Graph::new();
     let app = "use crate::proxy::ParsedTargets; // crate::ignored\nconst S: &str = \"crate::ignored\";";
-    add_edges(app, &module("app"), &modules, &mut graph);
-    add_edges("use crate::app::App;", &module("proxy"), &modules, &mut graph);
+    add_edges(app, &module("app"), &modules, &Reexports::new(), &mut graph);
+    add_edges(
+        "use crate::app::App;",
+        &module("proxy"),
+        &modules,
+        &Reexports::new(),
+        &mut graph,
+    );
     assert_eq!(
         graph["app"],
         BTreeSet::from(["proxy".to_string()]),
@@ -439,7 +574,7 @@ fn the_cycle_finder_finds_a_cycle_inside_a_module() {
     ];
     let mut graph = Graph::new();
     for (m, text) in sources {
-        add_edges(text, &m, &modules, &mut graph);
+        add_edges(text, &m, &modules, &Reexports::new(), &mut graph);
     }
     assert_eq!(
         graph.get("ledger::file::disk"),
@@ -455,5 +590,51 @@ fn the_cycle_finder_finds_a_cycle_inside_a_module() {
     assert_eq!(
         cycles(&graph),
         BTreeSet::from(["ledger::file::disk -> ledger::file::log -> ledger::file::disk".to_string()])
+    );
+}
+
+#[test]
+fn a_reexport_hides_no_cycle_and_the_request_path_has_no_file_cycle() {
+    // The cycle a re-export hid: `state` used `by_id`, and `by_id` used
+    // `super::State`, which `proxy` re-exports from `state`.
+    let modules: BTreeSet<Module> = ["proxy", "proxy::state", "proxy::by_id"].map(module).into();
+    let sources = [
+        (module("proxy"), "mod by_id;\nmod state;\npub use state::State;"),
+        (module("proxy::state"), "use super::by_id::IdFlights;"),
+        (module("proxy::by_id"), "use super::State;"),
+    ];
+    let mut reexports = Reexports::new();
+    for (m, text) in &sources {
+        reexports_in(text, m, &modules, &mut reexports);
+    }
+    assert_eq!(
+        reexports.get(&(module("proxy"), "State".into())),
+        Some(&module("proxy::state"))
+    );
+    let mut graph = Graph::new();
+    for (m, text) in &sources {
+        add_edges(text, m, &modules, &reexports, &mut graph);
+    }
+    assert_eq!(
+        cycles(&graph),
+        BTreeSet::from(["proxy::by_id -> proxy::state -> proxy::by_id".to_string()])
+    );
+    // Under `proxy` a child naming its parent's items, while the parent
+    // calls the child, is a cycle of two files.
+    let modules: BTreeSet<Module> = ["proxy", "proxy::reuse", "proxy::reuse::turn"].map(module).into();
+    let sources = [
+        (
+            module("proxy::reuse"),
+            "mod turn;\npub struct Held;\nfn f() { turn::buy(); }",
+        ),
+        (module("proxy::reuse::turn"), "use super::Held;\npub fn buy() {}"),
+    ];
+    let mut graph = Graph::new();
+    for (m, text) in &sources {
+        add_edges(text, m, &modules, &Reexports::new(), &mut graph);
+    }
+    assert_eq!(
+        cycles(&graph),
+        BTreeSet::from(["proxy::reuse -> proxy::reuse::turn -> proxy::reuse".to_string()])
     );
 }

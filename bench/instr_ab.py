@@ -2,6 +2,11 @@
 levels, in one run: the A/B behind each hit-path change in BENCHMARKS.md.
 
     python3 bench/instr_ab.py --levels warn,info before=DIR after=DIR[,KEY=VALUE...] [...]
+    python3 bench/instr_ab.py --levels warn --files before=DIR after=DIR
+
+`--files` also lists the files of `src/` whose functions the hits ran
+(callgrind_annotate over the same dump, every function with a cost): how
+many files an L1 hit crosses.
 
 Each DIR holds `permit-gateway` and `permit-api-sim` (copy them out of
 target/ per build: the target dir is rewritten by the next build);
@@ -23,6 +28,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--levels", default="warn,info", help="log levels, comma-separated (info: access log on)")
     ap.add_argument("--secs", type=int, default=4)
+    ap.add_argument("--files", action="store_true", help="also count the files of src/ a hit crosses")
     ap.add_argument("builds", nargs="+", help="name=DIR")
     args = ap.parse_args()
     builds = lib.builds(args.builds)
@@ -40,6 +46,9 @@ def main():
             assert status == 200, (name, status)
             total, done = ins.count(gw.proc.pid, gw.base + url, headers, args.secs, 8, os.path.join(tmp, f"cg-{tag}.*"))
             print(f"{name:10s} {level:5s} {total / max(done, 1):8.0f} instructions per hit ({done} requests)", flush=True)
+            if args.files:
+                files = ins.src_files(os.path.join(tmp, f"cg-{tag}.*"))
+                print(f"{name:10s} {level:5s} {len(files):8d} files of src/ crossed: {' '.join(files)}", flush=True)
             lib.stop(gw.proc)
     lib.stop(sim.proc)
 

@@ -67,6 +67,21 @@ def count(pid, url, headers, secs, conns, dumps, h2=False):
     return int(m.group(1)), done
 
 
+def src_files(dumps):
+    """The files of the gateway's `src/` whose functions ran in the newest
+    callgrind dump of `dumps` (a glob), sorted: callgrind_annotate lists
+    every function with a cost as `file:function`."""
+    newest = max(glob.glob(dumps), key=os.path.getmtime)
+    out = subprocess.run(["callgrind_annotate", "--threshold=100", "--auto=no", newest],
+                         capture_output=True, text=True, timeout=300).stdout
+    files = set()
+    for line in out.splitlines():
+        m = re.search(r"\s(\S*?/?src/[\w/]+\.rs):", line)
+        if m and "/.cargo/" not in m.group(1) and "/rustc/" not in m.group(1) and "/sim/" not in m.group(1):
+            files.add(re.sub(r"^.*?(src/)", r"\1", m.group(1)))
+    return sorted(files)
+
+
 @dataclass
 class Page:
     """What every target's count shares: the binaries, the work dir, the

@@ -145,6 +145,11 @@ pub struct UpstreamConfig {
     pub ca_file: Option<PathBuf>,
     pub max_response_bytes: usize,
     pub max_queue_wait_secs: u64,
+    /// How long the ids of an id lookup route gather before their call
+    /// goes, when the route had a call in the last second (`proxy::reuse`,
+    /// batches): a crowd of lookups shares calls; a lone lookup on an idle
+    /// gateway goes at once.
+    pub batch_window_ms: u64,
     pub exhausted_backoff_secs: u64,
     pub max_retry_after_secs: u64,
 }

@@ -99,6 +99,9 @@ impl UpstreamConfig {
         positive("upstream.requests_per_minute", self.requests_per_minute.into(), p);
         positive("upstream.timeout_secs", self.timeout_secs, p);
         positive("upstream.connect_timeout_secs", self.connect_timeout_secs, p);
+        if self.batch_window_ms > 1000 {
+            p.push("upstream.batch_window_ms: at most 1000 (every lookup that gathers company waits this long)".into());
+        }
         if self.max_retries > 10 {
             p.push("upstream.max_retries: at most 10".into());
         }

@@ -22,6 +22,10 @@ use prometheus::{
 };
 use std::sync::OnceLock;
 
+/// Ids per call of an id lookup route: 1 (a lone lookup) to the
+/// upstream's 50.
+const BATCH_BUCKETS: &[f64] = &[1.0, 2.0, 5.0, 10.0, 20.0, 30.0, 40.0, 50.0];
+
 /// Buckets from a 100 µs cache hit to a 30 s upstream timeout.
 const LATENCY_BUCKETS: &[f64] = &[
     0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
@@ -102,6 +106,12 @@ pub struct Metrics {
     cache_disk_degraded: IntGauge,
     /// Not in the contract table: disk-tier writes not yet durable.
     cache_disk_pending_writes: IntGauge,
+    /// Not in the contract table: ids per call of an id lookup route
+    /// (`proxy::reuse::batch`: lookups of many requests share a call).
+    upstream_batch_ids: HistogramVec,
+    /// Not in the contract table: upstream calls saved by batching (the
+    /// buyers of a call, less the one call).
+    upstream_calls_saved_total: IntCounterVec,
     /// Not in the contract table: what the overload manager did
     /// (`server::overload`), by listener, pool and action.
     pub(crate) overload_actions_total: IntCounterVec,
@@ -290,6 +300,22 @@ impl Metrics {
                 "gateway_untracked_credits",
                 "The org's credits spent as the upstream reports them, minus the sum of the team ledgers.",
             ),
+            upstream_batch_ids: {
+                let opts = HistogramOpts::new(
+                    "gateway_upstream_batch_ids",
+                    "Ids per upstream call of an id lookup route (lookups of several requests share a call).",
+                )
+                .buckets(BATCH_BUCKETS.to_vec());
+                let h = HistogramVec::new(opts, &["route"]).expect("valid histogram");
+                r.register(Box::new(h.clone())).expect("unique metric");
+                h
+            },
+            upstream_calls_saved_total: counter(
+                &r,
+                "gateway_upstream_calls_saved_total",
+                "Upstream calls saved by sending the ids of several requests in one call.",
+                &["route"],
+            ),
             cache_records_total: counter(
                 &r,
                 "gateway_cache_records_total",
@@ -409,6 +435,10 @@ impl Metrics {
             self.upstream_request_duration_seconds.with_label_values(&[route]);
             self.coalesced_requests_total.with_label_values(&[route]);
             self.upstream_retries_total.with_label_values(&[route]);
+        }
+        for route in routes.iter().filter(|r| r.ends_with("_by_id")) {
+            self.upstream_batch_ids.with_label_values(&[route]);
+            self.upstream_calls_saved_total.with_label_values(&[route]);
         }
         // Durations and hits by route × cache state × tier exist since
         // `new`; each team's 200s by route × cache state and its saved

@@ -329,6 +329,18 @@ impl Metrics {
     }
 
     /// A request answered by another request's upstream fetch.
+    /// One upstream call of an id lookup route: its ids, and the buyers
+    /// (requests) whose ids it carried, all but one a call saved.
+    pub(crate) fn upstream_batch(&self, route: Route, ids: usize, buyers: usize) {
+        let route = route.as_str();
+        self.upstream_batch_ids.with_label_values(&[route]).observe(ids as f64);
+        if buyers > 1 {
+            self.upstream_calls_saved_total
+                .with_label_values(&[route])
+                .inc_by(buyers as u64 - 1);
+        }
+    }
+
     pub(crate) fn coalesced(&self, route: Route) {
         self.coalesced_requests_total.with_label_values(&[route.as_str()]).inc();
     }

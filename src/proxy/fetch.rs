@@ -203,12 +203,23 @@ async fn fetch_upstream(app: &Arc<App>, job: &Job) -> Outcome {
     let reservation = fair_turn(app, job, reservation).await?;
     // Forward, and settle what the upstream charged.
     let (resp, charge) = forward(app, job, reservation).await?;
+    let fetched = checked(app, job, resp, charge).await?;
+    if let (Some(key), Some(etag)) = (&job.key, &fetched.etag) {
+        store(app, job, key, &fetched, etag, charge).await;
+    }
+    Ok(fetched)
+}
+
+/// An answer as every path takes it, once its charge is known: an upstream
+/// 429 pauses the scheduler, an error status becomes the error (here, once,
+/// for every path), and a 200 that is not JSON is refused with what it
+/// billed.
+pub(super) async fn checked(app: &App, job: &Job, resp: UpstreamResponse, charge: Charge) -> Outcome {
     let max = Duration::from_secs(app.config.upstream.max_retry_after_secs);
     if resp.status == StatusCode::TOO_MANY_REQUESTS {
         let wait = retry_after(&resp.headers, max).unwrap_or(Duration::from_secs(1));
         app.scheduler.pause(wait).await;
     }
-    // An error status becomes the error here, once, for every path.
     if let Some(e) = GatewayError::of_upstream_status(resp.status, &resp.headers, max) {
         if e == GatewayError::UpstreamKeyRefused {
             tracing::error!(
@@ -220,15 +231,12 @@ async fn fetch_upstream(app: &Arc<App>, job: &Job) -> Outcome {
         return Err(e);
     }
     if resp.status == StatusCode::OK && !is_json(&resp) {
-        // Settled above at what its head billed (a cut body is still a
-        // bill): the error carries it to the answer and the access line.
+        // Settled at what its head billed (a cut body is still a bill): the
+        // error carries it to the answer and the access line.
         let invalid = GatewayError::UpstreamInvalid("Upstream sent a malformed answer");
         return Err(invalid.billed_at(charge.credits));
     }
     let etag = (resp.status == StatusCode::OK).then(|| etag_of(&resp.body));
-    if let (Some(key), Some(etag)) = (&job.key, &etag) {
-        store(app, job, key, &resp, etag, charge).await;
-    }
     Ok(Arc::new(Fetched {
         status: resp.status,
         bill: credits::billed(&resp.headers),
@@ -239,6 +247,33 @@ async fn fetch_upstream(app: &Arc<App>, job: &Job) -> Outcome {
         from_cache: false,
         etag,
     }))
+}
+
+/// One call whose credits its buyers reserved and whose fair turn was taken
+/// (a batch of pieces: `reuse::batch`), forwarded and seen by the org's
+/// accounting, but settled by its caller, who shares its bill out.
+pub(super) async fn call_unsettled(app: &App, job: &Job) -> Result<UpstreamResponse, Failed> {
+    let (heads, _seen) = watch::channel(None);
+    let result = app
+        .upstream
+        .fetch_with_heads(
+            &job.target,
+            &job.request_id,
+            &job.trace,
+            job.accept.as_ref(),
+            &app.metrics,
+            &heads,
+        )
+        .await;
+    match &result {
+        Ok(resp) => app.org.observe(resp.status, &resp.headers, &resp.body, &app.metrics),
+        Err(Failed { head: Some(head), .. }) => {
+            app.org
+                .observe(head.status, &head.headers, &bytes::Bytes::new(), &app.metrics)
+        }
+        Err(_) => {}
+    }
+    result
 }
 
 /// Waits for this team's fair turn at the upstream rate (bounded; after
@@ -381,7 +416,7 @@ fn is_json(resp: &UpstreamResponse) -> bool {
 /// Stores 200 answers (already checked to be JSON) under the size cap,
 /// unless the client said `no-store` or the upstream `no-store`/`private`.
 /// The entry is worth what was charged, bounded by the reservation.
-async fn store(app: &App, job: &Job, key: &str, resp: &UpstreamResponse, etag: &HeaderValue, charge: Charge) {
+async fn store(app: &App, job: &Job, key: &str, resp: &Fetched, etag: &HeaderValue, charge: Charge) {
     let Some(ttl) = app.cache.ttl(job.target.route) else {
         return;
     };

@@ -79,4 +79,8 @@ impl Kind for IdList {
     fn none_found(&self, _: StatusCode) -> bool {
         false
     }
+
+    fn ids(&self) -> Option<&IdList> {
+        Some(self)
+    }
 }

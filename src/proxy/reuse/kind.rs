@@ -1,6 +1,7 @@
 //! What the engine asks of each way of answering from held pieces
 //! ([`Kind`]), and what it learns of each piece it buys ([`Got`]).
 
+use crate::cache::records::IdList;
 use crate::cache::{Cache, Entry};
 use crate::error::GatewayError;
 use crate::metrics::SavedReason;
@@ -47,6 +48,11 @@ pub(crate) trait Kind: Clone + Send + Sync + 'static {
     /// Whether an answer of `status` says that none of the pieces asked
     /// exist (the monthly routes' 404 "No ... metrics found").
     fn none_found(&self, status: StatusCode) -> bool;
+    /// The id list this is, when its pieces are ids that a call of several
+    /// requests can carry together (`batch`).
+    fn ids(&self) -> Option<&IdList> {
+        None
+    }
 }
 
 /// How a kind's missing pieces are bought once however requests overlap.

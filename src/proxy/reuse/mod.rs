@@ -38,6 +38,7 @@
 //! but files nothing.
 
 mod assemble;
+mod batch;
 mod held;
 mod ids;
 mod kind;
@@ -65,6 +66,8 @@ type Answer = Result<Response<Body>, GatewayError>;
 pub(crate) struct Buyers {
     /// Per-piece flights (`per_piece`).
     pieces: per_piece::PieceFlights,
+    /// Ids waiting for a call, by route (`batch`).
+    batches: batch::Batches,
     /// Turns at buying a series (`turn`).
     turns: turn::Turns,
 }
@@ -107,7 +110,9 @@ async fn engine<B, K: Kind>(
     }
     let job = ask.job(&ctx.request_id);
     let (bought, charged) = match kind.buying() {
-        Buying::PerPiece => per_piece::gather(app, &buyers.pieces, &job, kind, &held.missing()).await,
+        Buying::PerPiece => {
+            per_piece::gather(app, (&buyers.pieces, &buyers.batches), &job, kind, &held.missing()).await
+        }
         Buying::Turn(name) => {
             let turn = turn::take(app, &buyers.turns, &name).await;
             // Read again in our turn: what the last buyer filed is held now.

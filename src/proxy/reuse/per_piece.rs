@@ -14,6 +14,7 @@
 //! Lists are keyed by no list at all: reordered, repeated and overlapping
 //! requests meet on their shared pieces.
 
+use super::batch::{self, Batches};
 use super::kind::{Bought, Got, Kind, PieceOutcome};
 use super::learn::learn;
 use crate::app::App;
@@ -40,7 +41,7 @@ const ROUNDS: usize = 4;
 /// calls cost its team.
 pub(super) async fn gather<K: Kind>(
     app: &Arc<App>,
-    flights: &PieceFlights,
+    (flights, batches): (&PieceFlights, &Batches),
     job: &Job,
     kind: &K,
     missing: &[usize],
@@ -73,7 +74,10 @@ pub(super) async fn gather<K: Kind>(
         if waits.is_empty() {
             break;
         }
-        let buyer = (!leading.is_empty()).then(|| app.detach(buy(app.clone(), job.clone(), kind.clone(), leading)));
+        let buyer = (!leading.is_empty()).then(|| {
+            let task = buy(app.clone(), batches.clone(), job.clone(), kind.clone(), leading);
+            app.detach(task)
+        });
         for (at, rx) in waits {
             match follow(rx).await {
                 Some(Ok(got)) => outcomes[at] = Some(Ok(got)),
@@ -112,7 +116,7 @@ type Ours = (usize, Leader<PieceOutcome>, Option<Lease>);
 /// the peers that hold theirs, buys the rest in one call; again for pieces
 /// whose peer went without filing them. Returns what its calls cost the
 /// team.
-async fn buy<K: Kind>(app: Arc<App>, job: Job, kind: K, leading: Vec<Todo>) -> u64 {
+async fn buy<K: Kind>(app: Arc<App>, batches: Batches, job: Job, kind: K, leading: Vec<Todo>) -> u64 {
     let deadline = Instant::now() + Duration::from_millis(app.config.cache.coalesce_wait_ms);
     // A request with `max-age` (a `no_cache` job) takes no held piece the
     // age of which it did not check, only what is bought from now on.
@@ -127,7 +131,7 @@ async fn buy<K: Kind>(app: Arc<App>, job: Job, kind: K, leading: Vec<Todo>) -> u
             held_meanwhile(&app, &kind, ours).await
         };
         let (paid, again) = tokio::join!(
-            buy_now(&app, &job, &kind, ours),
+            buy_now(&app, &batches, &job, &kind, ours),
             wait_for_peers(&app, &kind, theirs, deadline, since_ms)
         );
         charged += paid;
@@ -223,28 +227,32 @@ async fn wait_for_peers<K: Kind>(
     again
 }
 
-/// One upstream call for these pieces (reserved for them alone); files
-/// what it says of them, then releases their leases and ends their
-/// flights. Returns what it cost the team.
-async fn buy_now<K: Kind>(app: &Arc<App>, job: &Job, kind: &K, ours: Vec<Ours>) -> u64 {
+/// These pieces bought in one upstream call, reserved for them alone (ids
+/// in their route's next batch, which may carry other requests' too); files
+/// what it says of them, then releases their leases and ends their flights.
+/// Returns what it cost the team.
+async fn buy_now<K: Kind>(app: &Arc<App>, batches: &Batches, job: &Job, kind: &K, ours: Vec<Ours>) -> u64 {
     if ours.is_empty() {
         return 0;
     }
     let wanted: Vec<usize> = ours.iter().map(|(i, _, _)| *i).collect();
-    let mut job = job.clone();
-    let (charged, got) = match kind.call(&wanted, 0) {
-        Some(target) => {
+    let (charged, got) = match (kind.ids(), kind.call(&wanted, 0)) {
+        (Some(list), _) => {
+            let share = batch::buy(app, batches, job, list, &wanted).await;
+            (share.charged, share.got)
+        }
+        (None, Some(target)) => {
+            let mut job = job.clone();
             job.target = target;
             // Not a page key: the answer is filed piece by piece.
             job.key = None;
             let outcome = fetch::uncoalesced(app, job.clone()).await;
-            let charged = match &outcome {
-                Ok(f) => f.credits,
-                Err(e) => e.billed(),
-            };
-            (charged, learn(app, kind, &wanted, &job, outcome).await)
+            (
+                batch::charged_of(&outcome),
+                learn(app, kind, &wanted, &job, outcome).await,
+            )
         }
-        None => (0, vec![Err(GatewayError::Internal); wanted.len()]),
+        (None, None) => (0, vec![Err(GatewayError::Internal); wanted.len()]),
     };
     let mut leases: Vec<Lease> = Vec::new();
     for ((_, leader, lease), got) in ours.into_iter().zip(got) {

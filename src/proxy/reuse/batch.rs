@@ -1,0 +1,438 @@
+//! Id lookups of many requests share one upstream call: the org's ~120
+//! calls a minute go further when a call carries every id that waits for
+//! one (the by-id operations take up to 50, and the upstream bills per
+//! record, not per call).
+//!
+//! A request's buyer (`per_piece`) that leads some ids reserves for them in
+//! its own team's budget (refused: a 402 for its ids alone, nothing about
+//! the others changes), then joins its route's queue. The first to join an
+//! idle queue drives it: it gathers for `upstream.batch_window_ms` when the
+//! route had a call in the last second (a crowd is likely arriving; a lone
+//! lookup on an idle gateway goes at once), takes one fair turn at the
+//! upstream rate for the team whose ids have waited longest, then takes
+//! up to 50 ids, round-robin over teams (a team flooding lookups cannot
+//! push another's ids out of the next batch), and sends them in one call;
+//! ids that did not fit wait for the next turn, which the driver takes at
+//! once. While a turn is waited for, every id that arrives joins.
+//!
+//! **Money.** Each buyer is charged the records of its own ids, settled on
+//! its own reservation; an id the upstream does not return costs nothing.
+//! The charges sum to the upstream's bill: a bill above the records (the
+//! upstream billed what it did not send) is left to the reconciliation of
+//! untracked credits (`gateway_untracked_credits`) and logged, a bill below
+//! them is shared out in the order the buyers joined. A failed call that
+//! was still billed is shared out the same way, up to each reservation.
+//!
+//! **Failure.** A refused turn or a failed call reaches every buyer of the
+//! batch as the error a lone lookup would have got; an answer is read and
+//! filed once, by the same rules as a lone one (`learn`), and each buyer
+//! takes what it says of its own ids. A 422 (an id the upstream refuses)
+//! is no buyer's but the one whose id it was: each buyer of a batch of
+//! several then asks alone.
+
+use super::kind::{Got, Kind, PieceOutcome};
+use super::learn::learn;
+use crate::app::App;
+use crate::auth::Team;
+use crate::cache::records::IdList;
+use crate::error::GatewayError;
+use crate::ledger::Reservation;
+use crate::proxy::context::Job;
+use crate::proxy::credits::{self, Charge};
+use crate::proxy::fetch;
+use crate::proxy::flight::Outcome;
+use crate::proxy::org_probe;
+use crate::route::Route;
+use http::StatusCode;
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+use tokio::sync::oneshot;
+
+/// The most ids one by-id call takes (the upstream's limit).
+const MAX_IDS: usize = 50;
+
+/// How long after a route's last call a new id still gathers company.
+const RECENT: Duration = Duration::from_secs(1);
+
+/// The queues of ids waiting for a call, by route.
+#[derive(Clone, Default)]
+pub(crate) struct Batches(Arc<Mutex<HashMap<Route, Queue>>>);
+
+#[derive(Default)]
+struct Queue {
+    /// Buyers waiting, per team, in the order they joined.
+    waiting: HashMap<String, VecDeque<Buyer>>,
+    /// Teams with buyers waiting, in round-robin order.
+    turn: VecDeque<String>,
+    /// Ids waiting.
+    ids: usize,
+    /// A driver is gathering or waiting for a turn.
+    driven: bool,
+    /// When the route's last call went.
+    last_call: Option<Instant>,
+}
+
+/// One request's ids, waiting for a call.
+struct Buyer {
+    job: Job,
+    list: IdList,
+    wanted: Vec<usize>,
+    reservation: Option<Reservation>,
+    done: oneshot::Sender<Share>,
+}
+
+/// What a buyer gets back: what the call said of each of its ids, and what
+/// its team was charged.
+pub(super) struct Share {
+    pub(super) got: Vec<PieceOutcome>,
+    pub(super) charged: u64,
+}
+
+impl Share {
+    fn failed(n: usize, e: GatewayError) -> Share {
+        Share {
+            got: vec![Err(e); n],
+            charged: 0,
+        }
+    }
+}
+
+impl Batches {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<Route, Queue>> {
+        self.0.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Queues a buyer; `true` when it is to drive the queue.
+    fn join(&self, route: Route, buyer: Buyer) -> bool {
+        let mut queues = self.lock();
+        let q = queues.entry(route).or_default();
+        let team = buyer.job.team.name.clone();
+        if !q.waiting.contains_key(&team) {
+            q.turn.push_back(team.clone());
+        }
+        q.ids += buyer.wanted.len();
+        q.waiting.entry(team).or_default().push_back(buyer);
+        !std::mem::replace(&mut q.driven, true)
+    }
+
+    /// How long the next batch gathers: the window when the route had a
+    /// call lately and the batch is not full yet, else nothing.
+    fn gathering(&self, route: Route, window: Duration) -> Duration {
+        let queues = self.lock();
+        let Some(q) = queues.get(&route) else {
+            return Duration::ZERO;
+        };
+        let recent = q.last_call.is_some_and(|t| t.elapsed() < RECENT);
+        if recent && q.ids < MAX_IDS {
+            window
+        } else {
+            Duration::ZERO
+        }
+    }
+
+    /// The team whose ids have waited longest (the round's head), for the
+    /// fair turn; `None` when nothing waits (the driver stops).
+    fn head(&self, route: Route) -> Option<Arc<Team>> {
+        let mut queues = self.lock();
+        let q = queues.get_mut(&route)?;
+        let team = q
+            .turn
+            .front()
+            .and_then(|t| q.waiting.get(t))
+            .and_then(|w| w.front())
+            .map(|b| b.job.team.clone());
+        if team.is_none() {
+            q.driven = false;
+        }
+        team
+    }
+
+    /// Up to [`MAX_IDS`] ids, buyer by buyer, round-robin over teams; a
+    /// buyer is never split.
+    fn take(&self, route: Route) -> Vec<Buyer> {
+        let mut queues = self.lock();
+        let Some(q) = queues.get_mut(&route) else {
+            return Vec::new();
+        };
+        let mut taken: Vec<Buyer> = Vec::new();
+        let mut ids = 0;
+        let mut skipped = 0;
+        while skipped < q.turn.len() {
+            let Some(team) = q.turn.pop_front() else { break };
+            let Some(list) = q.waiting.get_mut(&team) else { continue };
+            let fits = list.front().is_some_and(|b| ids + b.wanted.len() <= MAX_IDS);
+            if fits {
+                if let Some(buyer) = list.pop_front() {
+                    ids += buyer.wanted.len();
+                    taken.push(buyer);
+                }
+                skipped = 0;
+            } else {
+                skipped += 1;
+            }
+            if q.waiting.get(&team).is_some_and(VecDeque::is_empty) {
+                q.waiting.remove(&team);
+            } else {
+                q.turn.push_back(team);
+            }
+        }
+        q.ids -= ids;
+        q.last_call = Some(Instant::now());
+        taken
+    }
+}
+
+/// Buys `wanted` of `list` in its route's next call; what the call said of
+/// each and what it cost this request's team.
+pub(super) async fn buy(app: &Arc<App>, batches: &Batches, job: &Job, list: &IdList, wanted: &[usize]) -> Share {
+    let n = wanted.len();
+    let Some(target) = list.call(wanted, 0) else {
+        return Share::failed(n, GatewayError::Internal);
+    };
+    let mut job = job.clone();
+    job.target = target;
+    // Not a page key: the answer is filed piece by piece.
+    job.key = None;
+    if job.target.route.is_metered() {
+        if let Some(refusal) = org_probe::exhausted(app, &job) {
+            return Share {
+                got: vec![Ok(Got::Refused(refusal)); n],
+                charged: 0,
+            };
+        }
+    }
+    // Its own ids, in its own budget, before it joins anyone.
+    let reservation = match credits::reserve(app, &job).await {
+        Ok(r) => r,
+        Err(e) => return Share::failed(n, e),
+    };
+    let route = job.target.route;
+    let (done, share) = oneshot::channel();
+    let buyer = Buyer {
+        job,
+        list: list.clone(),
+        wanted: wanted.to_vec(),
+        reservation,
+        done,
+    };
+    if batches.join(route, buyer) {
+        app.detach(drive(app.clone(), batches.clone(), route));
+    }
+    // The driver runs detached: it only goes away without answering if it
+    // panicked.
+    share.await.unwrap_or_else(|_| Share::failed(n, GatewayError::Internal))
+}
+
+/// Sends the route's batches while buyers wait: gather, a fair turn, take,
+/// send (each send in a task of its own, so the next batch's turn is
+/// waited for meanwhile).
+async fn drive(app: Arc<App>, batches: Batches, route: Route) {
+    let window = Duration::from_millis(app.config.upstream.batch_window_ms);
+    loop {
+        let gather = batches.gathering(route, window);
+        if !gather.is_zero() {
+            tokio::time::sleep(gather).await;
+        }
+        let Some(team) = batches.head(route) else { return };
+        let turn = app.scheduler.acquire(&team.name).await;
+        let taken = batches.take(route);
+        if taken.is_empty() {
+            continue;
+        }
+        match turn {
+            Ok(()) => {
+                app.detach(send(app.clone(), taken));
+            }
+            Err(e) => {
+                for buyer in taken {
+                    credits::release(&app, buyer.reservation).await;
+                    let _ = buyer.done.send(Share::failed(buyer.wanted.len(), e.clone()));
+                }
+            }
+        }
+    }
+}
+
+/// One call for the buyers' ids; each buyer's share of what it said and
+/// of its bill.
+async fn send(app: Arc<App>, buyers: Vec<Buyer>) {
+    let (list, at) = union(&buyers);
+    app.metrics
+        .upstream_batch(buyers[0].job.target.route, list.ids.len(), buyers.len());
+    let all: Vec<usize> = (0..list.ids.len()).collect();
+    let mut job = buyers[0].job.clone();
+    let Some(target) = list.call(&all, 0) else { return };
+    job.target = target;
+    let reserved: u64 = buyers
+        .iter()
+        .map(|b| credits::reserved(&b.job, b.reservation.as_ref()))
+        .sum();
+    let metered = job.target.route.is_metered();
+    let (outcome, bill) = match fetch::call_unsettled(&app, &job).await {
+        Ok(resp) => {
+            let charge = credits::charge(resp.status, &resp.headers, Some(&resp.body), metered, reserved);
+            (fetch::checked(&app, &job, resp, charge).await, charge.credits)
+        }
+        Err(failed) => {
+            let bill = failed.head.as_ref().map_or(0, |h| {
+                credits::charge(h.status, &h.headers, None, metered, reserved).credits
+            });
+            (Err(failed.error.billed_at(bill)), bill)
+        }
+    };
+    if buyers.len() > 1 && refused_id(&outcome) {
+        // One buyer's id refused the whole list: each asks alone.
+        for buyer in buyers {
+            app.detach(alone(app.clone(), buyer));
+        }
+        return;
+    }
+    let got = learn(&app, &list, &all, &job, outcome.clone()).await;
+    let records: Vec<u64> = at
+        .iter()
+        .map(|idx| idx.iter().filter(|i| is_record(&got[**i])).count() as u64)
+        .collect();
+    let charges = share_out(bill, &records, &buyers);
+    if bill > charges.iter().sum::<u64>() {
+        tracing::warn!(
+            request_id = %job.request_id,
+            route = job.target.route.as_str(),
+            billed = bill,
+            records = records.iter().sum::<u64>(),
+            "upstream anomaly: a batch was billed above its records; the rest is untracked"
+        );
+    }
+    for ((buyer, idx), charged) in buyers.into_iter().zip(at).zip(charges) {
+        let charge = Charge {
+            credits: charged,
+            worth: charged,
+        };
+        let settling = credits::settle_beside(&app, &buyer.job, buyer.reservation, charge);
+        credits::settled_or_late(settling).await;
+        let got = idx.iter().map(|i| got[*i].clone()).collect();
+        let _ = buyer.done.send(Share { got, charged });
+    }
+}
+
+/// A buyer's ids asked alone, after a batch they shared was refused for
+/// someone's id: its reservation handed back, its own call.
+async fn alone(app: Arc<App>, buyer: Buyer) {
+    credits::release(&app, buyer.reservation).await;
+    let all: Vec<usize> = (0..buyer.wanted.len()).collect();
+    let Some(target) = buyer.list.call(&buyer.wanted, 0) else {
+        return;
+    };
+    let mut job = buyer.job;
+    job.target = target;
+    let outcome = fetch::uncoalesced(&app, job.clone()).await;
+    let charged = charged_of(&outcome);
+    let list = IdList {
+        ids: buyer.wanted.iter().map(|i| buyer.list.ids[*i].clone()).collect(),
+        keys: buyer.wanted.iter().map(|i| buyer.list.keys[*i].clone()).collect(),
+        ..buyer.list
+    };
+    let got = learn(&app, &list, &all, &job, outcome).await;
+    let _ = buyer.done.send(Share { got, charged });
+}
+
+/// What a lone call's outcome cost its buyer.
+pub(super) fn charged_of(outcome: &Outcome) -> u64 {
+    match outcome {
+        Ok(f) => f.credits,
+        Err(e) => e.billed(),
+    }
+}
+
+/// The buyers' ids as one list, and where each buyer's ids are in it.
+fn union(buyers: &[Buyer]) -> (IdList, Vec<Vec<usize>>) {
+    let first = &buyers[0].list;
+    let mut list = IdList {
+        resource: first.resource,
+        path: first.path.clone(),
+        ids: Vec::new(),
+        keys: Vec::new(),
+    };
+    let at = buyers
+        .iter()
+        .map(|b| {
+            b.wanted
+                .iter()
+                .map(|i| {
+                    list.ids.push(b.list.ids[*i].clone());
+                    list.keys.push(b.list.keys[*i].clone());
+                    list.ids.len() - 1
+                })
+                .collect()
+        })
+        .collect();
+    (list, at)
+}
+
+/// Whether a piece came back as a record (one credit).
+fn is_record(got: &PieceOutcome) -> bool {
+    matches!(got, Ok(Got::Held(e)) if !e.body.is_empty())
+}
+
+/// Whether the call's answer is the upstream's 422 for an id of the list.
+fn refused_id(outcome: &Outcome) -> bool {
+    matches!(outcome, Ok(f) if f.status == StatusCode::UNPROCESSABLE_ENTITY)
+}
+
+/// Each buyer's charge: a lone buyer pays the bill, as any call's buyer
+/// does; buyers of a batch pay their records, while the bill lasts, in the
+/// order they joined; a bill without records to follow (a failed call
+/// still billed) is shared out up to each reservation.
+fn share_out(bill: u64, records: &[u64], buyers: &[Buyer]) -> Vec<u64> {
+    if buyers.len() == 1 {
+        return vec![bill];
+    }
+    let counted: u64 = records.iter().sum();
+    let mut left = bill;
+    if counted > 0 || bill == 0 {
+        return records
+            .iter()
+            .map(|r| {
+                let c = (*r).min(left);
+                left -= c;
+                c
+            })
+            .collect();
+    }
+    buyers
+        .iter()
+        .map(|b| {
+            let c = credits::reserved(&b.job, b.reservation.as_ref()).min(left);
+            left -= c;
+            c
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::proxy::flight::Fetched;
+
+    fn fetched_ok(body: &'static str) -> Fetched {
+        Fetched {
+            status: StatusCode::OK,
+            headers: http::HeaderMap::new(),
+            body: bytes::Bytes::from_static(body.as_bytes()),
+            credits: 0,
+            bill: None,
+            worth: 0,
+            from_cache: false,
+            etag: None,
+        }
+    }
+
+    #[test]
+    fn a_422_refuses_an_id_and_nothing_else_does() {
+        let mut refused = fetched_ok("{}");
+        refused.status = StatusCode::UNPROCESSABLE_ENTITY;
+        assert!(refused_id(&Ok(Arc::new(refused))));
+        assert!(!refused_id(&Ok(Arc::new(fetched_ok("{}")))));
+        assert!(!refused_id(&Err(GatewayError::UpstreamTimeout)));
+    }
+}

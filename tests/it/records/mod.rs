@@ -4,6 +4,7 @@
 //! every assembled answer equals what the simulator itself returns.
 
 mod access_log;
+mod batch;
 mod edges;
 mod memory;
 mod overlap;

@@ -1,0 +1,265 @@
+//! Id lookups of many apps share one upstream call: the org's ~120 calls a
+//! minute are spent on calls of up to 50 ids, not one call per lookup. The
+//! simulator and the gateway at 120 calls a minute, as the company runs.
+
+use super::{ids_of, lookup, permit_search};
+use crate::support::client::Client;
+use crate::support::gateway::{replicas, Setup, Team, ALPHA, BETA, SMALL};
+use crate::support::http::Reply;
+use crate::support::redis::RedisServer;
+use crate::support::sim::{fault, start_sim, FaultKind, Sim, SimConfig};
+use crate::support::traffic::{charged_to, ledger_used};
+use http::StatusCode;
+use permit_gateway::Running;
+use std::time::{Duration, Instant};
+
+/// The company's rate on both sides; a gathering window long enough that
+/// lookups fired together on a loaded test machine arrive within it.
+fn at_company_rate() -> Setup {
+    Setup::new().with(|c| {
+        c.upstream.requests_per_minute = 120;
+        c.upstream.batch_window_ms = 300;
+        c.server.team_max_in_flight = 400;
+    })
+}
+
+/// `n` distinct permit ids the simulator knows, learnt directly.
+async fn known_ids(sim: &Sim, n: usize) -> Vec<String> {
+    let mut ids = Vec::new();
+    let mut q = permit_search(sim, 100);
+    while ids.len() < n {
+        let page = Client::upstream(sim).get(&q).await;
+        assert_eq!(page.status, StatusCode::OK, "{}", page.text());
+        ids.extend(ids_of(&page));
+        let Some(cursor) = page.json()["next_cursor"].as_str().map(String::from) else {
+            break;
+        };
+        q = permit_search(sim, 100).param("cursor", cursor);
+    }
+    assert!(ids.len() >= n, "the sample state has {} permits", ids.len());
+    ids.truncate(n);
+    ids
+}
+
+/// One lookup of one id per request, all fired at once; `who(i)` is the
+/// team of the `i`th. Answers in order, with how long the slowest took.
+async fn at_once(gw: &Running, ids: &[String], who: impl Fn(usize) -> Team) -> (Vec<Reply>, Duration) {
+    let started = Instant::now();
+    let calls: Vec<_> = ids
+        .iter()
+        .enumerate()
+        .map(|(i, id)| {
+            let (team, token) = who(i);
+            Client::new(gw.base_url(), token)
+                .get(&lookup("permits", &[id]))
+                .request_id(&format!("{team}-{i}"))
+                .spawn()
+        })
+        .collect();
+    let mut replies = Vec::new();
+    for call in calls {
+        replies.push(call.await.expect("lookup task"));
+    }
+    (replies, started.elapsed())
+}
+
+fn half(i: usize) -> Team {
+    if i % 2 == 0 {
+        ALPHA
+    } else {
+        BETA
+    }
+}
+
+fn credits(r: &Reply) -> u64 {
+    r.header_u64("x-credits-request").expect("a credits header")
+}
+
+/// Every reply a 200 carrying exactly its own id, charged one credit.
+fn each_answered_with_its_record(replies: &[Reply], ids: &[String]) {
+    for (r, id) in replies.iter().zip(ids) {
+        assert_eq!(r.status, StatusCode::OK, "{id}: {}", r.text());
+        assert_eq!(ids_of(r), [id.clone()]);
+        assert_eq!(credits(r), 1, "{id}: its own record");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forty_single_id_lookups_of_two_teams_at_once_share_two_calls() {
+    let sim = start_sim(SimConfig::default()).await;
+    let gw = at_company_rate().start(&sim).await;
+    let ids = known_ids(&sim, 40).await;
+    let calls = sim.stats().requests_total;
+    let (replies, took) = at_once(&gw, &ids, half).await;
+    each_answered_with_its_record(&replies, &ids);
+    let used = sim.stats().requests_total - calls;
+    assert!(used <= 2, "{used} upstream calls for 40 ids");
+    assert!(took < Duration::from_secs(2), "the slowest answer took {took:?}");
+    // Each team charged exactly its own records, and the bills all paid.
+    assert_eq!(ledger_used(&gw.admin_url(), "alpha").await, 20);
+    assert_eq!(ledger_used(&gw.admin_url(), "beta").await, 20);
+    assert_eq!(charged_to(&sim, "alpha-") + charged_to(&sim, "beta-"), 40);
+    let m = crate::support::probe::scrape(&gw.admin_url()).await;
+    let saved = m.sum("gateway_upstream_calls_saved_total", &[("route", "permits_by_id")]);
+    assert_eq!(saved, 40.0 - used as f64, "every lookup but one a call saved");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_hundred_single_id_lookups_at_once_are_all_answered_in_a_few_calls() {
+    let sim = start_sim(SimConfig::default()).await;
+    let gw = at_company_rate().start(&sim).await;
+    let ids = known_ids(&sim, 200).await;
+    let calls = sim.stats().requests_total;
+    let (replies, _) = at_once(&gw, &ids, half).await;
+    each_answered_with_its_record(&replies, &ids);
+    let used = sim.stats().requests_total - calls;
+    assert!(used <= 6, "{used} upstream calls for 200 ids");
+    let billed = charged_to(&sim, "alpha-") + charged_to(&sim, "beta-");
+    assert_eq!(billed, 200, "each record bought once");
+    let (alpha, beta) = (
+        ledger_used(&gw.admin_url(), "alpha").await,
+        ledger_used(&gw.admin_url(), "beta").await,
+    );
+    assert_eq!((alpha, beta), (100, 100), "each team its own records");
+    assert_eq!(alpha + beta, billed, "the charges sum to the bills");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ids_asked_by_both_teams_at_once_are_bought_once() {
+    let sim = start_sim(SimConfig::default()).await;
+    let gw = at_company_rate().start(&sim).await;
+    let ids = known_ids(&sim, 10).await;
+    let twice: Vec<String> = ids.iter().chain(&ids).cloned().collect();
+    let (replies, _) = at_once(&gw, &twice, |i| if i < 10 { ALPHA } else { BETA }).await;
+    for (r, id) in replies.iter().zip(&twice) {
+        assert_eq!(r.status, StatusCode::OK, "{id}: {}", r.text());
+        assert_eq!(ids_of(r), [id.clone()]);
+    }
+    assert_eq!(
+        charged_to(&sim, "alpha-") + charged_to(&sim, "beta-"),
+        10,
+        "each bought once"
+    );
+    let said: u64 = replies.iter().map(credits).sum();
+    assert_eq!(said, 10, "charged once, to whichever team bought it");
+    let used = ledger_used(&gw.admin_url(), "alpha").await + ledger_used(&gw.admin_url(), "beta").await;
+    assert_eq!(used, 10);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lone_lookup_on_an_idle_gateway_does_not_wait_for_company() {
+    let sim = start_sim(SimConfig::default()).await;
+    let gw = Setup::new()
+        .with(|c| {
+            c.upstream.requests_per_minute = 120;
+            c.upstream.batch_window_ms = 1000;
+        })
+        .start(&sim)
+        .await;
+    let ids = known_ids(&sim, 1).await;
+    let started = Instant::now();
+    let r = Client::new(gw.base_url(), ALPHA.1)
+        .get(&lookup("permits", &[&ids[0]]))
+        .await;
+    let took = started.elapsed();
+    assert_eq!(ids_of(&r), ids);
+    // A gathering window would have held it a whole second.
+    assert!(took < Duration::from_millis(700), "a lone lookup took {took:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_team_at_its_limit_in_a_batch_gets_402_and_the_others_their_records() {
+    let sim = start_sim(SimConfig::default()).await;
+    let gw = at_company_rate()
+        .teams(&[ALPHA, BETA, SMALL])
+        .credit_limit(SMALL, 3)
+        .start(&sim)
+        .await;
+    let ids = known_ids(&sim, 16).await;
+    // Ten of alpha's, six of small's, fired together: small can pay for three.
+    let (replies, _) = at_once(&gw, &ids, |i| if i < 10 { ALPHA } else { SMALL }).await;
+    each_answered_with_its_record(&replies[..10], &ids[..10]);
+    let small: Vec<&Reply> = replies[10..].iter().collect();
+    let paid = small.iter().filter(|r| r.status == StatusCode::OK).count();
+    let refused = small
+        .iter()
+        .filter(|r| r.status == StatusCode::PAYMENT_REQUIRED)
+        .count();
+    assert_eq!((paid, refused), (3, 3), "small's budget, exactly");
+    for r in small.iter().filter(|r| r.status == StatusCode::PAYMENT_REQUIRED) {
+        assert!(
+            r.json()["detail"]["limit"].is_u64(),
+            "the upstream's 402 shape: {}",
+            r.text()
+        );
+    }
+    assert_eq!(ledger_used(&gw.admin_url(), "alpha").await, 10);
+    assert_eq!(ledger_used(&gw.admin_url(), "small").await, 3);
+    assert_eq!(charged_to(&sim, "alpha-") + charged_to(&sim, "small-"), 13);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_batch_reaches_every_waiting_lookup_as_a_lone_ones_error() {
+    let sim = start_sim(SimConfig::default()).await;
+    let gw = at_company_rate().with(|c| c.upstream.max_retries = 0).start(&sim).await;
+    let ids = known_ids(&sim, 21).await;
+    sim.set_faults(fault(FaultKind::Status));
+    // What a lone lookup gets from a failing upstream.
+    let lone = Client::new(gw.base_url(), ALPHA.1)
+        .get(&lookup("permits", &[&ids[20]]))
+        .await;
+    assert!(lone.status.is_server_error(), "{}", lone.status);
+    let (replies, _) = at_once(&gw, &ids[..20], half).await;
+    for r in &replies {
+        assert_eq!(r.status, lone.status, "{}", r.text());
+        assert_eq!(r.json(), lone.json());
+    }
+    sim.clear_faults();
+    assert_eq!(ledger_used(&gw.admin_url(), "alpha").await, 0, "nothing was billed");
+    assert_eq!(ledger_used(&gw.admin_url(), "beta").await, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_replicas_on_one_redis_buy_each_id_once() {
+    let redis = RedisServer::start();
+    let sim = start_sim(SimConfig::default()).await;
+    let gws = replicas(2, &sim, Some(&redis), at_company_rate()).await;
+    let ids = known_ids(&sim, 12).await;
+    let twice: Vec<String> = ids.iter().chain(&ids).cloned().collect();
+    let calls: Vec<_> = twice
+        .iter()
+        .enumerate()
+        .map(|(i, id)| {
+            let (team, token) = half(i);
+            Client::new(gws[i % 2].base_url(), token)
+                .get(&lookup("permits", &[id]))
+                .request_id(&format!("{team}-{i}"))
+                .spawn()
+        })
+        .collect();
+    for (call, id) in calls.into_iter().zip(&twice) {
+        let r = call.await.expect("lookup");
+        assert_eq!(r.status, StatusCode::OK, "{id}: {}", r.text());
+        assert_eq!(ids_of(&r), [id.clone()]);
+    }
+    assert_eq!(
+        charged_to(&sim, "alpha-") + charged_to(&sim, "beta-"),
+        12,
+        "each id bought once"
+    );
+}
+
+/// The records a batch bought answer later lookups of any list at 0 credits.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn what_a_batch_bought_answers_any_later_list() {
+    let sim = start_sim(SimConfig::default()).await;
+    let gw = at_company_rate().start(&sim).await;
+    let ids = known_ids(&sim, 8).await;
+    at_once(&gw, &ids, half).await;
+    let calls = sim.stats().requests_total;
+    let asked: Vec<&str> = ids.iter().rev().map(String::as_str).collect();
+    let r = Client::new(gw.base_url(), BETA.1).get(&lookup("permits", &asked)).await;
+    assert_eq!((r.x_cache(), credits(&r)), (Some("HIT"), 0));
+    assert_eq!(ids_of(&r), ids.iter().rev().cloned().collect::<Vec<_>>());
+    assert_eq!(sim.stats().requests_total, calls);
+}

@@ -129,12 +129,13 @@ def get_json(url, **kw):
 
 
 class Sim:
-    def __init__(self, bin_dir, tmp, name, api_key, latency_ms, jitter_ms):
+    def __init__(self, bin_dir, tmp, name, api_key, latency_ms, jitter_ms, rpm=0):
+        """`rpm`: the simulator's own rate limit (0: none)."""
         cmd = [
             os.path.join(bin_dir, "permit-api-sim"),
             "--listen", "127.0.0.1:0",
             "--api-key", api_key,
-            "--requests-per-minute", "0",
+            "--requests-per-minute", str(rpm),
             "--latency-ms", str(latency_ms),
             "--latency-jitter-ms", str(jitter_ms),
         ]
@@ -190,12 +191,14 @@ class Gateway:
 
     def __init__(self, bin_dir, tmp, name, sim, teams, memory_max_bytes=268435456,
                  redis_url=None, level="warn", log_to=None, prefix=None, ledger="file",
-                 cache_lines=(), tls=None, env=None):
+                 cache_lines=(), tls=None, env=None, upstream_lines=("requests_per_minute = 1000000",)):
         """`prefix`: the Redis key prefix (replicas sharing a cache share
         one; default per gateway). `ledger`: "file" or "redis". `cache_lines`:
         extra `[cache]` keys. `tls`: (cert PEM path, key PEM path) for the
         team listener, which then speaks only TLS (`base` is https). `env`:
-        more environment (`PERMIT_GATEWAY_SERVER__RUNTIME=per_core`)."""
+        more environment (`PERMIT_GATEWAY_SERVER__RUNTIME=per_core`).
+        `upstream_lines`: the `[upstream]` keys besides its URL (by default
+        a rate so high that the fair scheduler never throttles a benchmark)."""
         self.port, self.admin_port = free_port(), free_port()
         lines = [
             "[server]",
@@ -207,8 +210,7 @@ class Gateway:
         lines += [
             "[upstream]",
             f'base_url = "{sim.base}"',
-            # So the fair scheduler never throttles the benchmark.
-            "requests_per_minute = 1000000",
+            *upstream_lines,
             "[cache]",
             f"memory_max_bytes = {memory_max_bytes}",
         ]

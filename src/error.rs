@@ -88,7 +88,7 @@ pub struct Violation {
     /// Pydantic's error type (`int_parsing`, `too_long`, ...).
     pub(crate) kind: &'static str,
     /// The query parameter at fault.
-    param: &'static str,
+    pub(crate) param: &'static str,
     msg: String,
     /// What was sent, as Pydantic echoes it.
     input: Value,

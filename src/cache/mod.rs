@@ -18,6 +18,7 @@ pub mod lease;
 pub(crate) mod months;
 pub mod purge;
 pub(crate) mod records;
+pub(crate) mod refusals;
 mod tiers;
 
 pub use entry::Entry;
@@ -83,6 +84,8 @@ pub struct Cache {
     month_reuse: bool,
     /// `cache.past_month_ttl_secs`, when set ([`months`]).
     past_month_ttl: Option<Duration>,
+    /// The upstream's 422s, for `cache.refusal_ttl_secs` ([`refusals`]).
+    pub(crate) refusals: refusals::Refusals,
 }
 
 impl Cache {
@@ -113,6 +116,7 @@ impl Cache {
             disk: None,
             month_reuse: cfg.month_reuse,
             past_month_ttl: cfg.past_month_ttl(),
+            refusals: refusals::Refusals::new(Duration::from_secs(cfg.refusal_ttl_secs)),
         }
     }
 

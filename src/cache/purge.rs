@@ -42,6 +42,7 @@ impl Cache {
     /// Redis keys went.
     pub(crate) async fn purge(&self, route: Option<Route>) -> u64 {
         let records = route.and_then(records_filed_by).filter(|r| Some(*r) != route);
+        self.refusals.clear();
         self.purge_memory(route).await;
         self.purge_disk(route).await;
         let mut removed = self.purge_redis(route).await;

@@ -161,6 +161,9 @@ pub struct CacheConfig {
     pub(crate) redis_url: Option<Secret>,
     pub stale_grace_secs: u64,
     pub stale_while_revalidate_secs: u64,
+    /// How long the upstream's 422 for a normalized query is kept and
+    /// answered again without a call (`cache::refusals`); 0: not kept.
+    pub refusal_ttl_secs: u64,
     pub max_entry_bytes: usize,
     pub redis_key_prefix: String,
     pub redis_timeout_ms: u64,

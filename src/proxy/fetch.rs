@@ -114,6 +114,11 @@ async fn run(app: &Arc<App>, job: Job) -> Outcome {
                 return Ok(Arc::new(cached(&entry)));
             }
         }
+        // The upstream refused this very query a moment ago: its 422 again,
+        // without spending one of the org's calls on it.
+        if let Some(refusal) = app.cache.refusals.get(key) {
+            return Ok(Arc::new(refused(&refusal)));
+        }
     }
     let Some(key) = &job.key else {
         return fetch_upstream(app, &job).await;
@@ -178,6 +183,24 @@ async fn take_turn(app: &App, job: &Job, key: &str) -> Turn {
     }
 }
 
+/// A refusal kept (`cache::refusals`) as a fetch result: free, from no call.
+fn refused(refusal: &crate::cache::refusals::Refusal) -> Fetched {
+    let mut headers = HeaderMap::new();
+    if let Some(ct) = &refusal.content_type {
+        headers.insert(http::header::CONTENT_TYPE, ct.clone());
+    }
+    Fetched {
+        status: StatusCode::UNPROCESSABLE_ENTITY,
+        headers,
+        body: refusal.body.clone(),
+        credits: 0,
+        bill: Some(0),
+        worth: 0,
+        from_cache: true,
+        etag: None,
+    }
+}
+
 /// A cache entry as a fetch result: free for whoever it answers.
 fn cached(entry: &Entry) -> Fetched {
     Fetched {
@@ -206,6 +229,10 @@ async fn fetch_upstream(app: &Arc<App>, job: &Job) -> Outcome {
     let fetched = checked(app, job, resp, charge).await?;
     if let (Some(key), Some(etag)) = (&job.key, &fetched.etag) {
         store(app, job, key, &fetched, etag, charge).await;
+    }
+    if let (Some(key), StatusCode::UNPROCESSABLE_ENTITY) = (&job.key, fetched.status) {
+        let content_type = fetched.headers.get(http::header::CONTENT_TYPE).cloned();
+        app.cache.refusals.keep(key, fetched.body.clone(), content_type);
     }
     Ok(fetched)
 }

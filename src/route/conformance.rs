@@ -108,6 +108,16 @@ fn every_declared_parameter_is_in_the_table_with_its_kind() {
             .map(|p| p.name.to_string())
             .collect();
         assert_eq!(listed, declared, "{path}: the table's parameters are the OpenAPI's");
+        let required: Vec<&str> = params
+            .iter()
+            .filter(|p| p["required"] == true)
+            .filter_map(|p| p["name"].as_str())
+            .collect();
+        assert_eq!(
+            row.required().collect::<Vec<_>>(),
+            required,
+            "{path}: the table's required parameters, in the OpenAPI's order"
+        );
     }
 }
 

@@ -3,11 +3,15 @@
 //! from the validated values.
 //!
 //! Sits after authentication, before the cache: a `size` or an `id` list the
-//! upstream would answer with a (free) 422 is answered with the same 422 by
+//! upstream would answer with a (free) 422, or a query without a parameter
+//! the vendor's OpenAPI declares required, is answered with the same 422 by
 //! the gateway, so a team near its limit is not refused with a 402 for a
-//! call that could never cost anything, and nothing goes upstream. Only the
-//! parameters of the estimate are checked here; everything else stays the
-//! upstream's to judge.
+//! call that could never cost anything, and nothing goes upstream: a 422
+//! costs no credit but would still take one of the org's calls a minute,
+//! and an app retrying a bad request in a loop would burn everyone's rate.
+//! Values beyond these (a date's format, a geography the vendor does not
+//! know) stay the upstream's to judge; its 422 is then kept for a while
+//! (`cache.refusal_ttl_secs`), so a retry loop costs one call.
 //!
 //! The integer rules are Pydantic v2's lax `int` from a query string, as
 //! measured against pydantic 2.13 (the vendor runs FastAPI + Pydantic v2):
@@ -29,23 +33,26 @@ const MAX_IDS: usize = 50;
 /// Pydantic refuses longer integer strings outright (`int_parsing_size`).
 const MAX_INT_DIGITS: usize = 4300;
 
-/// What the estimate needs from a query: the last `size` and every `id`.
+/// What the estimate needs from a query: the last `size` and every `id`;
+/// and, for the required parameters, every name present.
 struct Read<'a> {
     size: Option<Cow<'a, str>>,
     ids: Vec<Cow<'a, str>>,
+    names: Vec<Cow<'a, str>>,
 }
 
 fn read(query: Option<&str>) -> Read<'_> {
     let mut out = Read {
         size: None,
         ids: Vec::new(),
+        names: Vec::new(),
     };
     for (k, v) in form_urlencoded::parse(query.unwrap_or("").as_bytes()) {
         match k.as_ref() {
             // Repeated scalars: Starlette hands FastAPI the last one.
             "size" => out.size = Some(v),
             "id" => out.ids.push(v),
-            _ => {}
+            _ => out.names.push(k),
         }
     }
     out
@@ -57,7 +64,13 @@ fn read(query: Option<&str>) -> Read<'_> {
 pub(crate) fn validate(target: &Target) -> Result<(), GatewayError> {
     let row = target.route.row();
     let read = read(target.query.as_deref());
-    let mut violations = Vec::new();
+    // FastAPI reports the parameters in the order the operation declares
+    // them: the required ones come before `size` in every operation.
+    let mut violations: Vec<Violation> = row
+        .required()
+        .filter(|name| *name != "id" && !read.names.iter().any(|n| n == name))
+        .map(|name| Violation::new("missing", name, "Field required", Value::Null, None))
+        .collect();
     if let (Some(Kind::Size), Some(raw)) = (row.param("size"), read.size.as_deref()) {
         if let Err(v) = page_size(raw) {
             violations.push(v);
@@ -265,12 +278,49 @@ mod tests {
         assert_eq!(page_size(&huge).map_err(|v| v.kind), Err("int_parsing_size"));
     }
 
+    /// The parameters permit search cannot be called without.
+    const SEARCH: &str = "permit_from=2024-01-01&permit_to=2024-12-31&geo_id=CA";
+
     #[test]
     fn the_last_size_is_the_one_validated() {
-        assert!(validate(&t(Route::PermitsSearch, "size=3&size=")).is_err());
-        assert!(validate(&t(Route::PermitsSearch, "size=1%26size%3D100")).is_err());
-        assert!(validate(&t(Route::PermitsSearch, "size=0&size=3")).is_ok());
-        assert_eq!(credit_estimate(&t(Route::PermitsSearch, "size=0&size=3")), 3);
+        let search = |q: &str| t(Route::PermitsSearch, &format!("{SEARCH}&{q}"));
+        assert!(validate(&search("size=3&size=")).is_err());
+        assert!(validate(&search("size=1%26size%3D100")).is_err());
+        assert!(validate(&search("size=0&size=3")).is_ok());
+        assert_eq!(credit_estimate(&search("size=0&size=3")), 3);
+    }
+
+    #[test]
+    fn a_required_parameter_missing_is_the_upstreams_422_in_its_order() {
+        let missing = |route, q: &str| match validate(&t(route, q)) {
+            Err(GatewayError::InvalidQuery(v)) => v.iter().map(|v| (v.kind, v.param)).collect(),
+            Ok(()) => Vec::new(),
+            Err(e) => panic!("{e:?}"),
+        };
+        assert_eq!(missing(Route::PermitsSearch, SEARCH), []);
+        assert_eq!(
+            missing(Route::PermitsSearch, "permit_from=2024-01-01&permit_to=2024-12-31"),
+            [("missing", "geo_id")]
+        );
+        assert_eq!(
+            missing(Route::PermitsSearch, "geo_id=&size=0"),
+            [
+                ("missing", "permit_from"),
+                ("missing", "permit_to"),
+                ("greater_than_equal", "size")
+            ],
+            "present but empty is present; the required ones before size"
+        );
+        assert_eq!(
+            missing(Route::CountyMetricsMonthly, "tag=all"),
+            [
+                ("missing", "metric_from"),
+                ("missing", "metric_to"),
+                ("missing", "property_type")
+            ]
+        );
+        assert_eq!(missing(Route::MetaRelease, ""), []);
+        assert_eq!(missing(Route::PermitsById, ""), [("missing", "id")], "once");
     }
 
     #[test]

@@ -93,6 +93,8 @@ pub(crate) enum Kind {
 pub(super) struct Param {
     pub(super) name: &'static str,
     kind: Kind,
+    /// The OpenAPI's `required`: its absence is the upstream's free 422.
+    pub(super) required: bool,
 }
 
 /// One row: an operation (or `other`).
@@ -110,6 +112,16 @@ pub struct Row {
 }
 
 impl Row {
+    /// The parameters the operation cannot be called without, in the
+    /// order it declares them (the order of the upstream's 422 items).
+    pub(super) fn required(&self) -> impl Iterator<Item = &'static str> + '_ {
+        self.params
+            .iter()
+            .flat_map(|g| g.iter())
+            .filter(|p| p.required)
+            .map(|p| p.name)
+    }
+
     /// How this operation reads `name`; `None` when it does not declare it.
     pub(super) fn param(&self, name: &str) -> Option<Kind> {
         self.params
@@ -134,10 +146,22 @@ fn matches(pattern: &[&str], rest: &[&str]) -> bool {
 }
 
 const fn p(name: &'static str, kind: Kind) -> Param {
-    Param { name, kind }
+    Param {
+        name,
+        kind,
+        required: false,
+    }
 }
 const fn scalar(name: &'static str) -> Param {
     p(name, Kind::Scalar)
+}
+/// A scalar the operation cannot be called without.
+const fn required(name: &'static str) -> Param {
+    Param {
+        name,
+        kind: Kind::Scalar,
+        required: true,
+    }
 }
 const fn set(name: &'static str) -> Param {
     p(name, Kind::Set { max_items: None })
@@ -150,18 +174,22 @@ const NONE: &[&[Param]] = &[];
 /// Cursor pagination.
 const PAGE: &[Param] = &[scalar("cursor"), p("size", Kind::Size)];
 const COUNT: &[Param] = &[p("include_count", Kind::Count)];
-const IDS: &[Param] = &[p("id", Kind::Ids)];
-const Q: &[Param] = &[scalar("q")];
-const GEO_ID: &[Param] = &[scalar("geo_id")];
-const TAG: &[Param] = &[scalar("tag")];
-const PROPERTY_TYPE: &[Param] = &[scalar("property_type")];
-const MONTHS: &[Param] = &[scalar("metric_from"), scalar("metric_to")];
+const IDS: &[Param] = &[Param {
+    name: "id",
+    kind: Kind::Ids,
+    required: true,
+}];
+const Q: &[Param] = &[required("q")];
+const GEO_ID: &[Param] = &[required("geo_id")];
+const TAG: &[Param] = &[required("tag")];
+const PROPERTY_TYPE: &[Param] = &[required("property_type")];
+const MONTHS: &[Param] = &[required("metric_from"), required("metric_to")];
 
 /// The filters permit search and contractor search share.
 const PERMIT_FILTERS: &[Param] = &[
-    scalar("permit_from"),
-    scalar("permit_to"),
-    scalar("geo_id"),
+    required("permit_from"),
+    required("permit_to"),
+    required("geo_id"),
     p("permit_status", Kind::Set { max_items: Some(4) }),
     set("permit_tags"),
     set("property_type"),
@@ -186,9 +214,9 @@ const PERMIT_FILTERS: &[Param] = &[
 ];
 
 const DECISION_FILTERS: &[Param] = &[
-    scalar("decision_from"),
-    scalar("decision_to"),
-    scalar("geo_id"),
+    required("decision_from"),
+    required("decision_to"),
+    required("geo_id"),
     list("asset_class"),
     list("category"),
     list("subcategory"),
@@ -266,7 +294,7 @@ pub(super) static TABLE: [Row; super::ROUTES] = [
     row(Route::StatesSearch, "states_search", "states/search", Free, Reference, &[Q, PAGE]),
     row(Route::JurisdictionsSearch, "jurisdictions_search", "jurisdictions/search", Free, Reference, &[Q]),
     row(Route::MetaCoverage, "meta_coverage", "meta/coverage", Free, Reference,
-        &[&[scalar("geo_type"), scalar("geo_id"), scalar("date_from"), scalar("date_to")]]),
+        &[&[required("geo_type"), required("geo_id"), required("date_from"), required("date_to")]]),
     row(Route::MetaRelease, "meta_release", "meta/release", Free, Release, NONE),
     row(Route::Usage, "usage", "usage", Free, TtlClass::Never, NONE),
     Row {

@@ -26,6 +26,7 @@ mod rate;
 mod records;
 mod redis_pool;
 mod redis_tls;
+mod refusals;
 mod request_surface;
 mod routes;
 mod sentinel;

@@ -51,7 +51,7 @@ async fn at_once(gw: &Running, ids: &[String], who: impl Fn(usize) -> Team) -> (
         .map(|(i, id)| {
             let (team, token) = who(i);
             Client::new(gw.base_url(), token)
-                .get(&lookup("permits", &[id]))
+                .get(lookup("permits", &[id]))
                 .request_id(&format!("{team}-{i}"))
                 .spawn()
         })
@@ -79,7 +79,7 @@ fn credits(r: &Reply) -> u64 {
 fn each_answered_with_its_record(replies: &[Reply], ids: &[String]) {
     for (r, id) in replies.iter().zip(ids) {
         assert_eq!(r.status, StatusCode::OK, "{id}: {}", r.text());
-        assert_eq!(ids_of(r), [id.clone()]);
+        assert_eq!(ids_of(r), std::slice::from_ref(id));
         assert_eq!(credits(r), 1, "{id}: its own record");
     }
 }
@@ -133,7 +133,7 @@ async fn ids_asked_by_both_teams_at_once_are_bought_once() {
     let (replies, _) = at_once(&gw, &twice, |i| if i < 10 { ALPHA } else { BETA }).await;
     for (r, id) in replies.iter().zip(&twice) {
         assert_eq!(r.status, StatusCode::OK, "{id}: {}", r.text());
-        assert_eq!(ids_of(r), [id.clone()]);
+        assert_eq!(ids_of(r), std::slice::from_ref(id));
     }
     assert_eq!(
         charged_to(&sim, "alpha-") + charged_to(&sim, "beta-"),
@@ -159,7 +159,7 @@ async fn a_lone_lookup_on_an_idle_gateway_does_not_wait_for_company() {
     let ids = known_ids(&sim, 1).await;
     let started = Instant::now();
     let r = Client::new(gw.base_url(), ALPHA.1)
-        .get(&lookup("permits", &[&ids[0]]))
+        .get(lookup("permits", &[&ids[0]]))
         .await;
     let took = started.elapsed();
     assert_eq!(ids_of(&r), ids);
@@ -206,7 +206,7 @@ async fn a_failed_batch_reaches_every_waiting_lookup_as_a_lone_ones_error() {
     sim.set_faults(fault(FaultKind::Status));
     // What a lone lookup gets from a failing upstream.
     let lone = Client::new(gw.base_url(), ALPHA.1)
-        .get(&lookup("permits", &[&ids[20]]))
+        .get(lookup("permits", &[&ids[20]]))
         .await;
     assert!(lone.status.is_server_error(), "{}", lone.status);
     let (replies, _) = at_once(&gw, &ids[..20], half).await;
@@ -232,7 +232,7 @@ async fn two_replicas_on_one_redis_buy_each_id_once() {
         .map(|(i, id)| {
             let (team, token) = half(i);
             Client::new(gws[i % 2].base_url(), token)
-                .get(&lookup("permits", &[id]))
+                .get(lookup("permits", &[id]))
                 .request_id(&format!("{team}-{i}"))
                 .spawn()
         })
@@ -240,7 +240,7 @@ async fn two_replicas_on_one_redis_buy_each_id_once() {
     for (call, id) in calls.into_iter().zip(&twice) {
         let r = call.await.expect("lookup");
         assert_eq!(r.status, StatusCode::OK, "{id}: {}", r.text());
-        assert_eq!(ids_of(&r), [id.clone()]);
+        assert_eq!(ids_of(&r), std::slice::from_ref(id));
     }
     assert_eq!(
         charged_to(&sim, "alpha-") + charged_to(&sim, "beta-"),
@@ -258,7 +258,7 @@ async fn what_a_batch_bought_answers_any_later_list() {
     at_once(&gw, &ids, half).await;
     let calls = sim.stats().requests_total;
     let asked: Vec<&str> = ids.iter().rev().map(String::as_str).collect();
-    let r = Client::new(gw.base_url(), BETA.1).get(&lookup("permits", &asked)).await;
+    let r = Client::new(gw.base_url(), BETA.1).get(lookup("permits", &asked)).await;
     assert_eq!((r.x_cache(), credits(&r)), (Some("HIT"), 0));
     assert_eq!(ids_of(&r), ids.iter().rev().cloned().collect::<Vec<_>>());
     assert_eq!(sim.stats().requests_total, calls);

@@ -73,7 +73,7 @@ def src_files(dumps):
     every function with a cost as `file:function`; the crate's own files are
     paths ending in `src/…` (relative, or absolute for a build made outside
     its checkout) of functions of `permit_gateway` (the standard library's
-    hashbrown has relative `src/` paths too)."""
+    hashbrown has relative paths under its own `src` too)."""
     newest = max(glob.glob(dumps), key=os.path.getmtime)
     out = subprocess.run(["callgrind_annotate", "--threshold=100", "--auto=no", newest],
                          capture_output=True, text=True, timeout=300).stdout
@@ -88,8 +88,8 @@ def src_files(dumps):
 
 def ours(path):
     """Whether `path` is (or was) a file of this repository: the standard
-    library's hashbrown names relative `src/map.rs` and such too, in
-    functions generic over the gateway's types."""
+    library's hashbrown names relative paths of its own (its map and set
+    files), in functions generic over the gateway's types."""
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     if os.path.exists(os.path.join(root, path)):
         return True

@@ -310,7 +310,7 @@ fn a_cluster_url_is_accepted_and_a_bad_one_named_without_its_password() {
 
 #[test]
 fn a_coalesce_wait_shorter_than_the_call_it_covers_is_refused() {
-    // Issue 25: 500 ms was accepted, and a second replica then bought the key.
+    // 500 ms was once accepted, and a second replica then bought the key.
     let short = format!("{KEY}timeout_secs = 30\nmax_queue_wait_secs = 10\n[cache]\ncoalesce_wait_ms = 500\n");
     let errs = load(&short).expect_err("too short").0;
     assert!(

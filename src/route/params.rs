@@ -33,26 +33,39 @@ const MAX_IDS: usize = 50;
 /// Pydantic refuses longer integer strings outright (`int_parsing_size`).
 const MAX_INT_DIGITS: usize = 4300;
 
+/// The parameters the OpenAPI declares as dates (`format: date`; the
+/// conformance test holds this list to the file).
+pub(super) const DATES: [&str; 8] = [
+    "permit_from",
+    "permit_to",
+    "decision_from",
+    "decision_to",
+    "metric_from",
+    "metric_to",
+    "date_from",
+    "date_to",
+];
+
 /// What the estimate needs from a query: the last `size` and every `id`;
-/// and, for the required parameters, every name present.
+/// and, for the required parameters, every other parameter as sent.
 struct Read<'a> {
     size: Option<Cow<'a, str>>,
     ids: Vec<Cow<'a, str>>,
-    names: Vec<Cow<'a, str>>,
+    others: Vec<(Cow<'a, str>, Cow<'a, str>)>,
 }
 
 fn read(query: Option<&str>) -> Read<'_> {
     let mut out = Read {
         size: None,
         ids: Vec::new(),
-        names: Vec::new(),
+        others: Vec::new(),
     };
     for (k, v) in form_urlencoded::parse(query.unwrap_or("").as_bytes()) {
         match k.as_ref() {
             // Repeated scalars: Starlette hands FastAPI the last one.
             "size" => out.size = Some(v),
             "id" => out.ids.push(v),
-            _ => out.names.push(k),
+            _ => out.others.push((k, v)),
         }
     }
     out
@@ -64,13 +77,7 @@ fn read(query: Option<&str>) -> Read<'_> {
 pub(crate) fn validate(target: &Target) -> Result<(), GatewayError> {
     let row = target.route.row();
     let read = read(target.query.as_deref());
-    // FastAPI reports the parameters in the order the operation declares
-    // them: the required ones come before `size` in every operation.
-    let mut violations: Vec<Violation> = row
-        .required()
-        .filter(|name| *name != "id" && !read.names.iter().any(|n| n == name))
-        .map(|name| Violation::new("missing", name, "Field required", Value::Null, None))
-        .collect();
+    let mut violations = missing(target, &read);
     if let (Some(Kind::Size), Some(raw)) = (row.param("size"), read.size.as_deref()) {
         if let Err(v) = page_size(raw) {
             violations.push(v);
@@ -90,6 +97,52 @@ pub(crate) fn validate(target: &Target) -> Result<(), GatewayError> {
         Ok(())
     } else {
         Err(GatewayError::InvalidQuery(violations))
+    }
+}
+
+/// The required parameters the query lacks, as the upstream reports them
+/// (in the order the operation declares them: before `size` in every
+/// operation). Only when the upstream's answer is sure to be exactly these
+/// (and the `size` this module checks): every other parameter sent is one
+/// whose value is surely valid, and the path has no parameter of its own.
+/// Otherwise nothing: the upstream judges, and reports everything at once.
+fn missing(target: &Target, read: &Read<'_>) -> Vec<Violation> {
+    let row = target.route.row();
+    let lacking: Vec<&'static str> = row
+        .required()
+        .filter(|name| *name != "id" && !read.others.iter().any(|(n, _)| n == name))
+        .collect();
+    let path_free = row.pattern.is_some_and(|p| !p.contains('{'));
+    let sure = path_free
+        && read
+            .others
+            .iter()
+            .all(|(name, value)| surely_valid(target, name, value));
+    if lacking.is_empty() || !sure {
+        return Vec::new();
+    }
+    lacking
+        .into_iter()
+        .map(|name| Violation::new("missing", name, "Field required", Value::Null, None))
+        .collect()
+}
+
+/// Whether the upstream surely accepts `value` for `name`: a parameter the
+/// operation does not declare (FastAPI ignores it), a plain `YYYY-MM-DD`
+/// calendar date for a date, a boolean as Pydantic reads one. Anything
+/// else (a geography, a tag, a cursor) may meet a check the OpenAPI does
+/// not declare.
+fn surely_valid(target: &Target, name: &str, value: &str) -> bool {
+    match target.route.row().param(name) {
+        None => true,
+        Some(Kind::Count | Kind::Flag { .. }) => {
+            let v = value.to_ascii_lowercase();
+            ["0", "off", "f", "false", "n", "no", "1", "on", "t", "true", "y", "yes"].contains(&v.as_str())
+        }
+        Some(Kind::Scalar) if DATES.contains(&name) => {
+            value.len() == 10 && chrono::NaiveDate::parse_from_str(value, "%Y-%m-%d").is_ok()
+        }
+        Some(_) => false,
     }
 }
 
@@ -303,21 +356,31 @@ mod tests {
             [("missing", "geo_id")]
         );
         assert_eq!(
-            missing(Route::PermitsSearch, "geo_id=&size=0"),
+            missing(
+                Route::PermitsSearch,
+                "permit_from=2024-01-01&size=0&foo=x&include_count=TRUE"
+            ),
             [
-                ("missing", "permit_from"),
                 ("missing", "permit_to"),
+                ("missing", "geo_id"),
                 ("greater_than_equal", "size")
             ],
-            "present but empty is present; the required ones before size"
+            "the required ones before size; an undeclared parameter is ignored"
         );
+        // A value the upstream may refuse for reasons the OpenAPI does not
+        // declare (a geography), or a date it may not read as one: the
+        // upstream reports everything at once.
+        assert_eq!(missing(Route::PermitsSearch, "geo_id=somewhere"), []);
+        assert_eq!(missing(Route::PermitsSearch, "permit_from=2024-02-30"), []);
         assert_eq!(
-            missing(Route::CountyMetricsMonthly, "tag=all"),
-            [
-                ("missing", "metric_from"),
-                ("missing", "metric_to"),
-                ("missing", "property_type")
-            ]
+            missing(Route::PermitsSearch, "geo_id=&size=0"),
+            [("greater_than_equal", "size")]
+        );
+        // A path parameter is checked by the upstream too.
+        assert_eq!(missing(Route::CountyMetricsMonthly, "metric_from=2024-01-01"), []);
+        assert_eq!(
+            missing(Route::MetaCoverage, "date_from=2024-01-01"),
+            [("missing", "geo_type"), ("missing", "geo_id"), ("missing", "date_to")]
         );
         assert_eq!(missing(Route::MetaRelease, ""), []);
         assert_eq!(missing(Route::PermitsById, ""), [("missing", "id")], "once");

@@ -335,24 +335,29 @@ async fn client_cache_control_is_honoured() {
 }
 
 #[tokio::test]
-async fn errors_and_usage_are_never_cached() {
+async fn errors_and_usage_are_never_cached_but_a_refusal_is_kept_a_while() {
     let sim = start_sim(unlimited()).await;
     let gw = Setup::new().start(&sim).await;
     let alpha = alpha(&gw);
-    for query in [
-        Query::permit_search("CA").size(5),
-        Query::place("counties", "AAAAAAAAAAA"),
-        Query::usage(),
-    ] {
+    for query in [Query::place("counties", "AAAAAAAAAAA"), Query::usage()] {
         let first = alpha.get(&query).await;
         let second = alpha.get(&query).await;
         assert_ne!(second.x_cache(), Some("HIT"), "{query}: {}", first.status);
     }
     assert_eq!(
         sim.stats().requests_total,
-        4,
-        "both error answers went upstream twice; usage never"
+        2,
+        "the 404 went upstream twice; usage never"
     );
+    // The upstream's 422 (no permit dates: the geography is the
+    // upstream's to judge, so it is asked) is kept and answered again.
+    let refused = Query::permit_search("CA").size(5);
+    let first = alpha.get(&refused).await;
+    let second = alpha.get(&refused).await;
+    assert_eq!(first.status, StatusCode::UNPROCESSABLE_ENTITY, "{}", first.text());
+    assert_eq!((second.status, second.json()), (first.status, first.json()));
+    assert_eq!(second.x_cache(), Some("HIT"));
+    assert_eq!(sim.stats().requests_total, 3, "the 422 went upstream once");
 }
 
 #[tokio::test]

@@ -43,14 +43,18 @@ async fn a_query_missing_a_required_parameter_costs_no_upstream_call() {
     let sim = start_sim(unlimited()).await;
     let gw = Setup::new().start(&sim).await;
     assert_eq!(five_times(&sim, &gw, &search(&sim, None)).await, 0);
-    let monthly = Query::new(format!("/v2/counties/{}/metrics/monthly", sim.samples().county_geo_id))
-        .param("tag", "all")
+    let two = Query::new("/v2/permits/search")
+        .param("permit_from", &sim.samples().permit_from)
         .param("size", 0);
     assert_eq!(
-        five_times(&sim, &gw, &monthly).await,
+        five_times(&sim, &gw, &two).await,
         0,
         "every violation, in the vendor's order"
     );
+    // A value the upstream checks in ways its OpenAPI does not say (a
+    // geography) beside a missing one: the upstream reports both, once.
+    let mixed = Query::new("/v2/permits/search").param("geo_id", "ZZ");
+    assert_eq!(five_times(&sim, &gw, &mixed).await, 1);
 }
 
 #[tokio::test]

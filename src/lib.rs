@@ -37,7 +37,7 @@
 //!   proxy's, `proxy::flight`); the one tier chain, memory → disk → Redis
 //!   (`cache::tiers`); the records of stored pages (`cache::records`) and
 //!   the monthly-metrics rows (`cache::months`) that `proxy::reuse`
-//!   answers from; answers held by another key's page (`cache::held`);
+//!   answers from; answers held by another key's page (`cache::covered`);
 //!   purges that reach every replica's memory tier (`cache::purge`); the
 //!   disk tier (`cache::disk`) that keeps what was bought across restarts.
 //! - `page`: the vendor's page envelope, read and written in one place.
@@ -84,7 +84,7 @@
 //! - `lookup_pieces`: an answer built from held pieces (an id lookup,
 //!   a monthly-metrics window), buying only the missing ones
 //! - `lookup`: the cache, memory then the disk tier then Redis
-//! - `held_answer`: an answer another key's page holds
+//! - `covered_answer`: an answer another key's page covers
 //! - `may_buy`: a HEAD or `only-if-cached` never buys
 //! - `clamp`: a page cut to the team's remaining credits
 //! - `fetch`: coalesce (in process, then across replicas), reserve credits,

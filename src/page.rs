@@ -10,7 +10,7 @@
 //!
 //! Who reads it: the credit count of an answer without a bill
 //! (`proxy::credits`), the pages that hold another key's answer
-//! (`cache::held`), the records a page files (`cache::records`) and the
+//! (`cache::covered`), the records a page files (`cache::records`) and the
 //! answers built from held pieces (`proxy::reuse`).
 
 use bytes::{BufMut, Bytes, BytesMut};

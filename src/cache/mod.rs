@@ -10,9 +10,9 @@
 //! [`crate::redis_backend`] keeps a dead Redis from costing latency.
 
 pub(crate) mod control;
+mod covered;
 pub(crate) mod disk;
 pub(crate) mod entry;
-mod held;
 pub mod key;
 pub mod lease;
 pub(crate) mod months;

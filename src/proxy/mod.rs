@@ -6,7 +6,7 @@
 //! [`admit`] → [`resolve`] → [`authenticate`] → [`limit_team`] →
 //! [`validate`] → [`usage`](usage::usage) → [`cache_key`] →
 //! [`lookup_pieces`](reuse::lookup_pieces) → [`lookup`] →
-//! [`held_answer`](held::held_answer) → [`may_buy`] → [`clamp`](clamp::clamp)
+//! [`covered_answer`](covered::covered_answer) → [`may_buy`] → [`clamp`](clamp::clamp)
 //! → [`fetch`](fn@fetch) → [`stale_on_failure`] → [`respond`](fn@respond).
 //!
 //! Each returns early with the error that ends the request, or with the
@@ -24,7 +24,7 @@
 //!   the keys refreshed in the background ([`refresh`]).
 //! - [`revalidate`]: `lookup`'s verdict on a found entry, and the
 //!   background refresh of stale-while-revalidate.
-//! - [`held`](mod@held): `held_answer`, an answer held by another key's page;
+//! - [`covered`](mod@covered): `covered_answer`, an answer another key's page covers;
 //!   [`clamp`](mod@clamp): a page clamped to a team's remaining credits.
 //! - [`reuse`]: `lookup_pieces`, an answer built from held pieces (an id
 //!   lookup record by record, a monthly-metrics window month by month),
@@ -37,10 +37,10 @@
 
 mod clamp;
 mod context;
+mod covered;
 mod credits;
 mod fetch;
 pub mod flight;
-mod held;
 mod org_probe;
 mod parsed;
 mod refresh;
@@ -204,7 +204,7 @@ async fn answer<B>(app: &Arc<App>, state: &Arc<State>, ask: &Ask<'_, B>, ctx: &m
         Found::Answer(resp) => return Ok(resp),
         Found::Kept(cached) => cached,
     };
-    if let Some(resp) = held::held_answer(app, ask, ctx).await {
+    if let Some(resp) = covered::covered_answer(app, ask, ctx).await {
         return Ok(resp);
     }
     may_buy(ask)?;

@@ -2,7 +2,7 @@
 //! ([`from_cache`]: HIT, STALE) or from a fetch ([`from_fetched`]: MISS,
 //! BYPASS, or a follower's HIT; the pipeline's [`respond`](super::respond)):
 //! what the team pays for it, what it saved ([`saved`]), and the answer's
-//! shape. Pages, answers built from held pieces (`reuse`), held answers (`held`) and stale
+//! shape. Pages, answers built from held pieces (`reuse`), covered answers (`covered`) and stale
 //! copies all answer through here.
 //!
 //! Only an allow-list of the upstream's response headers reaches a team:

@@ -96,7 +96,7 @@ impl Keys {
     }
 
     /// A complete page filed again under its size-free index key
-    /// (`cache::held`). Marked `i:` so that it can be counted apart from
+    /// (`cache::covered`). Marked `i:` so that it can be counted apart from
     /// the answers bought (`bench/run.py` counts the keys bought so); never leased: never
     /// fetched under this key.
     pub(crate) fn complete_index(&self, route: Route, index_key: &str) -> String {

@@ -1,4 +1,4 @@
-//! Held answers: what the upstream answers is sometimes provably
+//! Covered answers: what the upstream answers is sometimes provably
 //! inside an answer already bought for a different query, and is then
 //! reused at 0 credits.
 //!
@@ -9,7 +9,7 @@
 //!   and the envelope's `size` is the number of records *returned*, so the
 //!   body is byte for byte the same. [`Cache::store`] files such a page a
 //!   second time under [`key::complete_key`] (the key without `size`);
-//!   [`Cache::held`] answers from it only when the asked size is ≥ n.
+//!   [`Cache::covering`] answers from it only when the asked size is ≥ n.
 //! - **A counted first page holds the uncounted one.** `include_count=true`
 //!   adds `total_count` and changes nothing else; the upstream answers
 //!   `"total_count":null` when not asked ([`uncounted`] rewrites exactly
@@ -24,7 +24,7 @@ use crate::route::{self, Target};
 use bytes::{Bytes, BytesMut};
 use std::sync::Arc;
 
-/// The two facts of a page envelope that prove a held answer.
+/// The two facts of a page envelope that prove a covered answer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct PageFacts {
     records: u64,
@@ -67,9 +67,9 @@ fn uncounted(body: &Bytes) -> Option<Bytes> {
     Some(out.freeze())
 }
 
-/// Which page held an answer (the debug log says so).
+/// Which page covered an answer (the debug log says so).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum HeldBy {
+pub(crate) enum CoveredBy {
     /// A complete page of the same query asked with another size.
     Complete,
     /// The same first page asked with `include_count=true`.
@@ -102,30 +102,30 @@ impl Cache {
 
     /// On a miss of `key`: an entry of another key that provably holds the
     /// upstream's answer to `target`, rewritten to be that answer.
-    pub(crate) async fn held(&self, target: &Target, key: &str) -> Option<(Entry, Tier, HeldBy)> {
+    pub(crate) async fn covering(&self, target: &Target, key: &str) -> Option<(Entry, Tier, CoveredBy)> {
         let asked = route::page_size_asked(target)?;
         let route = target.route;
         let counted = key::counted_key(route, key);
         let candidates = [
-            (key::complete_key(route, key), HeldBy::Complete),
-            (counted.clone(), HeldBy::Counted),
+            (key::complete_key(route, key), CoveredBy::Complete),
+            (counted.clone(), CoveredBy::Counted),
             (
                 counted.and_then(|c| key::complete_key(route, &c)),
-                HeldBy::CompleteCounted,
+                CoveredBy::CompleteCounted,
             ),
         ];
         for (k, how) in candidates {
             let Some(k) = k else { continue };
-            let Some((held, tier)) = self.lookup(route, &k).await else {
+            let Some((page, tier)) = self.lookup(route, &k).await else {
                 continue;
             };
             // Checked again on the way out: an index an older replica filed
             // may hold a page billed above its records.
-            let fits = page_facts(&held.body).is_some_and(|f| {
-                f.honest(&held)
+            let fits = page_facts(&page.body).is_some_and(|f| {
+                f.honest(&page)
                     && match how {
                         // Same size: the very page, counted.
-                        HeldBy::Counted => true,
+                        CoveredBy::Counted => true,
                         _ => f.complete && f.records <= asked,
                     }
             });
@@ -133,13 +133,13 @@ impl Cache {
                 continue;
             }
             let entry = match how {
-                HeldBy::Complete => Entry::clone(&held),
+                CoveredBy::Complete => Entry::clone(&page),
                 _ => {
-                    let Some(body) = uncounted(&held.body) else { continue };
+                    let Some(body) = uncounted(&page.body) else { continue };
                     Entry {
                         etag: super::entry::etag_of(&body),
                         body,
-                        ..Entry::clone(&held)
+                        ..Entry::clone(&page)
                     }
                 }
             };

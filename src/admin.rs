@@ -133,6 +133,7 @@ async fn admin_route(
                 &json!({
                     "reloaded": true,
                     "teams": done.teams,
+                    "applied": done.applied,
                     "restart_required": done.restart_required,
                 }),
             )),

@@ -174,24 +174,127 @@ impl App {
     pub fn reload(&self) -> Result<Reloaded, ConfigErrors> {
         let source = self.reload_from.as_deref().map_or(Source::Default, Source::File);
         let config = Config::load(source)?;
+        // A file cut by an editor or a `>` redirect as the reload lands has
+        // no team: applied, it would refuse every team at once.
+        if config.teams.is_empty() && !config.teams_declared() {
+            return Err(ConfigErrors(vec![format!(
+                "teams: {} has no [[teams]] (an empty or cut file?): applied, every team would get 401; \
+                 the old teams stay. Write `teams = []` in it to remove every team on purpose",
+                config.origin()
+            )]));
+        }
         let teams = self.teams.load().reloaded(&config.teams);
         let count = config.teams.len();
         self.teams.store(Arc::new(teams));
         self.publish_limits();
-        let restart_required = self.config.restart_required(&config);
+        let changed = self.config.restart_required(&config);
+        let live = self.apply_live(&config, &changed);
+        let restart_required: Vec<String> = changed.into_iter().filter(|k| !live.contains(k)).collect();
         if restart_required.is_empty() {
-            tracing::info!(teams = count, "teams reloaded");
+            tracing::info!(teams = count, applied = %live.join(","), "reloaded");
         } else {
             tracing::warn!(
                 teams = count,
+                applied = %live.join(","),
                 restart_required = %restart_required.join(","),
-                "teams reloaded; other settings changed in the file and apply only after a restart"
+                "reloaded; other settings changed in the file and apply only after a restart"
             );
         }
         Ok(Reloaded {
             teams: count,
+            applied: live,
             restart_required,
         })
+    }
+
+    /// Applies what of `new` can change without a restart, of the keys
+    /// `changed` names: route TTLs (between two values), the upstream rate
+    /// and queue wait, the log level. Returns the keys applied.
+    fn apply_live(&self, new: &Config, changed: &[String]) -> Vec<String> {
+        let mut applied = Vec::new();
+        let ttl_keys = |k: &String| k.starts_with("cache.route_ttl_secs") || k == "cache.default_ttl_secs";
+        if changed.iter().any(ttl_keys) {
+            let stuck = self.cache.reload_ttls(&new.cache);
+            // A route turned cached or uncached keeps its old TTL: both of
+            // its keys wait for the restart.
+            if stuck.is_empty() {
+                applied.extend(changed.iter().filter(|k| ttl_keys(k)).cloned());
+            } else {
+                applied.extend(changed.iter().filter(|k| ttl_keys(k) && !stuck.contains(k)).cloned());
+                applied.retain(|k| k != "cache.default_ttl_secs");
+            }
+        }
+        // The queue's bound is covered by every reservation's term and by
+        // the wait for a peer's lease, both fixed at start-up: a longer
+        // bound than they cover waits for the restart that brings them.
+        let wait = new.upstream.max_queue_wait_secs;
+        let path = wait + self.config.upstream.timeout_secs + crate::config::SETTLE_MARGIN_SECS;
+        let wait_fits = path <= self.config.quota.reservation_lease_secs
+            && path.saturating_mul(1000) <= self.config.cache.coalesce_wait_ms;
+        let rate_changed = changed.iter().any(|k| k == "upstream.requests_per_minute");
+        let wait_changed = changed.iter().any(|k| k == "upstream.max_queue_wait_secs");
+        if rate_changed || (wait_changed && wait_fits) {
+            let applied_wait = if wait_fits {
+                wait
+            } else {
+                self.config.upstream.max_queue_wait_secs
+            };
+            self.scheduler.set_limits(
+                new.upstream.requests_per_minute,
+                std::time::Duration::from_secs(applied_wait),
+            );
+            if rate_changed {
+                applied.push("upstream.requests_per_minute".into());
+            }
+            if wait_changed && wait_fits {
+                applied.push("upstream.max_queue_wait_secs".into());
+            }
+        }
+        if changed.iter().any(|k| k == "log.level") && crate::telemetry::set_level(&new.log.level) {
+            applied.push("log.level".into());
+        }
+        applied
+    }
+
+    /// One start-up line of what was configured, paths absolute and URLs
+    /// without their password: where the config came from, the teams, the
+    /// ledger, the cache tiers and the Redis target (and whether it
+    /// answered), so an operator reading the log sees what runs.
+    pub async fn log_configuration(&self) {
+        let c = &self.config;
+        let teams: Vec<String> = self.teams.load().iter().map(|t| t.name.clone()).collect();
+        let ledger = match c.quota.store {
+            QuotaStore::File => format!("file {}", c.quota.path.display()),
+            QuotaStore::Redis => format!(
+                "redis {}",
+                c.quota_redis_url().map_or_else(|| "-".into(), Secret::url_redacted)
+            ),
+        };
+        let disk = match (self.cache.disk_path(), c.cache.disk_file(&c.quota.path)) {
+            (Some(path), _) => path.display().to_string(),
+            (None, Some(wanted)) => format!("unusable ({}): serving from memory", wanted.display()),
+            (None, None) => "off".into(),
+        };
+        let redis = match (self.cache.redis(), &c.cache.redis_url) {
+            (Some(redis), Some(url)) => match redis.ping().await {
+                Ok(()) => format!("{} (answered)", url.url_redacted()),
+                Err(_) => format!(
+                    "{} (did not answer: serving from memory until it does)",
+                    url.url_redacted()
+                ),
+            },
+            _ => "none".into(),
+        };
+        tracing::info!(
+            config = %c.origin(),
+            teams = teams.len(),
+            team_names = %teams.join(","),
+            ledger = %ledger,
+            memory_bytes = c.cache.memory_max_bytes,
+            disk = %disk,
+            redis = %redis,
+            "configured"
+        );
     }
 
     /// Team limits, and every team's metric children at 0 (new teams too).
@@ -209,6 +312,8 @@ impl App {
 pub struct Reloaded {
     /// Teams now configured.
     pub teams: usize,
+    /// Other keys changed in the file and applied now, sorted as found.
+    pub applied: Vec<String>,
     /// Keys changed in the file that only a restart applies, sorted.
     pub restart_required: Vec<String>,
 }

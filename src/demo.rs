@@ -25,12 +25,16 @@ pub async fn start(listen: &str, admin_listen: &str) -> Result<(Sim, Running), S
     )
     .await
     .map_err(|e| format!("simulator: {e}"))?;
-    let ledger_dir = ledger_dir();
+    // Everything the demo writes, its ledger and its disk-tier file, in a
+    // folder of its own: a second demo at once, or the next one, shares
+    // nothing with it, and `clean_up` removes it whole.
+    let dir = demo_dir();
     let text = format!(
-        "{DEMO_TOML}\n[upstream]\nbase_url = {:?}\napi_key = {:?}\n\n[quota]\npath = {:?}\n",
+        "{DEMO_TOML}\n[upstream]\nbase_url = {:?}\napi_key = {:?}\n\n[quota]\npath = {:?}\n\n[cache]\ndisk_path = {:?}\n",
         sim.base_url(),
         sim_key,
-        ledger_dir.display().to_string(),
+        dir.join("ledger").display().to_string(),
+        dir.join("cache.redb").display().to_string(),
     );
     let config = Config::load_checked(Source::Text(&text), Checks::demo()).map_err(|e| e.to_string())?;
     let listeners = Listeners {
@@ -41,15 +45,15 @@ pub async fn start(listen: &str, admin_listen: &str) -> Result<(Sim, Running), S
     Ok((sim, running))
 }
 
-/// The demo's ledger, under the temp directory: one per process.
-fn ledger_dir() -> std::path::PathBuf {
+/// The demo's folder under the temp directory: one per process.
+pub fn demo_dir() -> std::path::PathBuf {
     std::env::temp_dir().join(format!("permit-gateway-demo-{}", std::process::id()))
 }
 
-/// Removes what the demo wrote (its ledger): call once it has stopped, so
-/// a demo leaves nothing behind in the temp directory.
+/// Removes what the demo wrote (its ledger, its disk-tier file): call once
+/// it has stopped, so a demo leaves nothing behind in the temp directory.
 pub fn clean_up() {
-    let dir = ledger_dir();
+    let dir = demo_dir();
     if dir.exists() {
         if let Err(e) = std::fs::remove_dir_all(&dir) {
             eprintln!("demo: could not remove {}: {e}", dir.display());

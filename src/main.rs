@@ -91,6 +91,7 @@ fn check_config(path: Option<PathBuf>, no_secrets: bool) -> ExitCode {
     match Config::load_checked(source(&path), checks) {
         Ok(config) => {
             print!("{}", config.redacted_toml());
+            eprintln!("config: {}", config.origin());
             for warning in config.warnings() {
                 eprintln!("warning: {warning}");
             }
@@ -144,6 +145,7 @@ async fn serve(path: Option<PathBuf>) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    app.log_configuration().await;
     tracing::info!(
         listen = %listeners.team.local_addr().map(|a| a.to_string()).unwrap_or_default(),
         admin = %listeners.admin.local_addr().map(|a| a.to_string()).unwrap_or_default(),

@@ -19,6 +19,7 @@ use crate::metrics::RedisOp;
 use crate::redis_backend::keys::Keys;
 use crate::redis_backend::{BackendError, RedisBackend};
 use redis::Script;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -76,15 +77,22 @@ pub(crate) struct SharedRate {
     replicas_key: String,
     /// This replica's member of the replicas set: random, made once.
     id: String,
-    interval_ms: u64,
-    tolerance_ms: u64,
+    /// Set from `upstream.requests_per_minute` (a reload may change it).
+    interval_ms: AtomicU64,
+    tolerance_ms: AtomicU64,
     take: Script,
+}
+
+/// The script's pacing for a rate: one call per interval, `burst` back to back.
+fn pacing(requests_per_minute: u32, burst: u32) -> (u64, u64) {
+    let interval_ms = (60_000 / u64::from(requests_per_minute.max(1))).max(1);
+    (interval_ms, interval_ms * u64::from(burst.max(1) - 1))
 }
 
 impl SharedRate {
     /// `burst` calls may go back to back; then one per `60 s / rpm`.
     pub(crate) fn new(redis: Arc<RedisBackend>, prefix: &str, requests_per_minute: u32, burst: u32) -> SharedRate {
-        let interval_ms = 60_000 / u64::from(requests_per_minute.max(1));
+        let (interval_ms, tolerance_ms) = pacing(requests_per_minute, burst);
         let keys = Keys::new(prefix);
         SharedRate {
             redis,
@@ -94,10 +102,17 @@ impl SharedRate {
             replicas_key: keys.rate_replicas(),
             // Per gateway, not per process: tests run several in one.
             id: format!("{:032x}", rand::random::<u128>()),
-            interval_ms: interval_ms.max(1),
-            tolerance_ms: interval_ms * u64::from(burst.max(1) - 1),
+            interval_ms: AtomicU64::new(interval_ms),
+            tolerance_ms: AtomicU64::new(tolerance_ms),
             take: Script::new(TAKE),
         }
+    }
+
+    /// A reload's new rate, from the next permit on.
+    pub(crate) fn set_rate(&self, requests_per_minute: u32, burst: u32) {
+        let (interval_ms, tolerance_ms) = pacing(requests_per_minute, burst);
+        self.interval_ms.store(interval_ms, Ordering::Relaxed);
+        self.tolerance_ms.store(tolerance_ms, Ordering::Relaxed);
     }
 
     /// Takes one call's place (and renews this replica's membership).
@@ -115,8 +130,8 @@ impl SharedRate {
         inv.key(&self.tat_key)
             .key(&self.pause_key)
             .key(&self.replicas_key)
-            .arg(self.interval_ms)
-            .arg(self.tolerance_ms)
+            .arg(self.interval_ms.load(Ordering::Relaxed))
+            .arg(self.tolerance_ms.load(Ordering::Relaxed))
             .arg(&self.id)
             .arg(SEEN_FOR.as_millis() as u64)
             .arg(u8::from(take));

@@ -115,6 +115,11 @@ pub(crate) struct Disk {
 }
 
 impl Disk {
+    /// Its file.
+    pub(crate) fn path(&self) -> &Path {
+        &self.path
+    }
+
     /// Opens (or creates) the file and starts its writer. `None` when the
     /// path cannot be used: the gateway then serves from memory, with the
     /// degraded gauge at 1 and one warning.

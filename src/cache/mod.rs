@@ -72,7 +72,10 @@ pub struct Cache {
     keys: Keys,
     grace: Duration,
     pub(crate) max_entry_bytes: usize,
-    ttls: [Option<Duration>; Route::ALL.len()],
+    /// Each route's TTL; a reload changes a route's, between two values
+    /// (a route turned cached or uncached needs a restart: its requests'
+    /// parsed keys are memoized).
+    ttls: arc_swap::ArcSwap<Ttls>,
     metrics: Arc<Metrics>,
     /// `cache.record_reuse`: stored pages also file their records ([`records`]).
     record_reuse: bool,
@@ -99,17 +102,14 @@ impl Cache {
                 .support_invalidation_closures()
                 .build_with_hasher(foldhash::fast::RandomState::default())
         });
-        let mut ttls = [None; Route::ALL.len()];
-        for (i, route) in Route::ALL.iter().enumerate() {
-            ttls[i] = cfg.ttl_for(*route);
-        }
+        let ttls = ttls_of(cfg);
         Cache {
             memory,
             redis,
             keys: Keys::new(&cfg.redis_key_prefix),
             grace,
             max_entry_bytes: cfg.max_entry_bytes,
-            ttls,
+            ttls: arc_swap::ArcSwap::from_pointee(ttls),
             metrics,
             record_reuse: cfg.record_reuse,
             purges_seen: purge::Seen::default(),
@@ -142,9 +142,32 @@ impl Cache {
         }
     }
 
+    /// The disk tier's file, when the tier is on and usable.
+    pub(crate) fn disk_path(&self) -> Option<&std::path::Path> {
+        self.disk.as_deref().map(disk::Disk::path)
+    }
+
     /// Freshness lifetime of a route's answers; `None`: never cached.
     pub fn ttl(&self, route: Route) -> Option<Duration> {
-        self.ttls[route as usize]
+        self.ttls.load()[route as usize]
+    }
+
+    /// A reload's TTLs, for the routes cached before and after it; the
+    /// routes whose TTL could not change live (cached ↔ never cached), as
+    /// their config keys.
+    pub(crate) fn reload_ttls(&self, cfg: &CacheConfig) -> Vec<String> {
+        let (old, new) = (self.ttls.load_full(), ttls_of(cfg));
+        let mut applied = *old;
+        let mut stuck = Vec::new();
+        for (i, route) in Route::ALL.iter().enumerate() {
+            match (old[i], new[i]) {
+                (Some(_), Some(ttl)) => applied[i] = Some(ttl),
+                (None, None) => {}
+                _ => stuck.push(format!("cache.route_ttl_secs.{}", route.as_str())),
+            }
+        }
+        self.ttls.store(Arc::new(applied));
+        stuck
     }
 
     pub(crate) fn redis(&self) -> Option<&Arc<RedisBackend>> {
@@ -229,6 +252,17 @@ impl Cache {
             }
         }
     }
+}
+
+/// A TTL per route, by [`Route`] index; `None`: never cached.
+type Ttls = [Option<Duration>; Route::ALL.len()];
+
+fn ttls_of(cfg: &CacheConfig) -> Ttls {
+    let mut ttls = [None; Route::ALL.len()];
+    for (i, route) in Route::ALL.iter().enumerate() {
+        ttls[i] = cfg.ttl_for(*route);
+    }
+    ttls
 }
 
 /// The entry with a body of its own, for the memory tier. An upstream body

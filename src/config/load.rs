@@ -25,6 +25,23 @@ pub(super) fn config_folder(source: &Source<'_>) -> Option<PathBuf> {
     std::path::absolute(folder).ok()
 }
 
+/// Where a source's configuration comes from, in words, for the start-up
+/// log and the no-team warning.
+pub(super) fn origin(source: &Source<'_>) -> String {
+    let absolute = |p: &Path| std::path::absolute(p).unwrap_or_else(|_| p.to_path_buf());
+    match source {
+        Source::File(path) => format!("--config {}", absolute(path).display()),
+        Source::Default if Path::new(DEFAULT_CONFIG_PATH).is_file() => {
+            format!("{} (no --config)", absolute(Path::new(DEFAULT_CONFIG_PATH)).display())
+        }
+        Source::Default => format!(
+            "built-in defaults only: no --config, and no {DEFAULT_CONFIG_PATH} in {}",
+            absolute(Path::new(".")).display()
+        ),
+        Source::Text(_) => "a configuration text (demo or test)".to_string(),
+    }
+}
+
 /// `path` against `folder` when it is relative (`data/ledger` next to the
 /// file), unchanged when absolute.
 pub(super) fn resolve(folder: &Path, path: &Path) -> PathBuf {
@@ -118,13 +135,38 @@ pub(super) fn extract(figment: &Figment) -> (Option<Config>, Vec<String>) {
         }
     }
     // Serde alone would stop at the first unknown key.
+    let known = config.as_ref().and_then(|c| serde_json::to_value(c).ok());
     let _ = serde_ignored::deserialize(&value, |path| {
         let mut segments = Vec::new();
         segments_of(&path, &mut segments);
-        problems.push(format!("{}: unknown key", key_path(&segments)));
+        let guess = known.as_ref().and_then(|k| nearest_key(k, &segments));
+        match guess {
+            Some(key) => problems.push(format!("{}: unknown key (did you mean `{key}`?)", key_path(&segments))),
+            None => problems.push(format!("{}: unknown key", key_path(&segments))),
+        }
     })
     .map(|_: Config| ());
     (config, problems)
+}
+
+/// The key of the same section nearest to the unknown one at `segments`
+/// (a typo's distance: a few letters), from the keys the config has.
+fn nearest_key(known: &serde_json::Value, segments: &[String]) -> Option<String> {
+    let (unknown, parents) = segments.split_last()?;
+    let mut at = known;
+    for s in parents {
+        at = match at {
+            serde_json::Value::Array(items) => items.get(s.parse::<usize>().ok()?)?,
+            other => other.get(s)?,
+        };
+    }
+    let within = (unknown.len() / 3).max(2);
+    at.as_object()?
+        .keys()
+        .map(|k| (strsim::damerau_levenshtein(unknown, k), k))
+        .filter(|(d, _)| *d <= within)
+        .min()
+        .map(|(_, k)| k.clone())
 }
 
 enum Reset {

@@ -61,6 +61,13 @@ pub struct Config {
     /// written in a file): `check-config` prints them, `serve` logs them.
     #[serde(skip)]
     warnings: Vec<String>,
+    /// Whether `teams` was written (as `[[teams]]` blocks, or `teams = []`
+    /// on purpose): a reload of a file without it is refused.
+    #[serde(skip)]
+    teams_declared: bool,
+    /// Where the configuration came from, in words (`serve` logs it).
+    #[serde(skip)]
+    origin: String,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -158,6 +165,7 @@ pub struct UpstreamConfig {
 pub struct CacheConfig {
     pub memory_max_bytes: u64,
     pub default_ttl_secs: u64,
+    #[serde(serialize_with = "url_redacted")]
     pub(crate) redis_url: Option<Secret>,
     pub stale_grace_secs: u64,
     pub stale_while_revalidate_secs: u64,
@@ -262,6 +270,7 @@ pub struct QuotaConfig {
     pub window: crate::ledger::Window,
     pub store: QuotaStore,
     pub path: PathBuf,
+    #[serde(serialize_with = "url_redacted")]
     pub(crate) redis_url: Option<Secret>,
     pub upgrade_url: String,
     pub redis_timeout_ms: u64,
@@ -383,6 +392,41 @@ impl Serialize for Secret {
     }
 }
 
+impl Secret {
+    /// A URL's parts that are no secret (scheme, user, hosts, ports,
+    /// database, service), its password `<redacted>`: what `check-config`
+    /// and the start-up line show of a Redis URL.
+    pub(crate) fn url_redacted(&self) -> String {
+        let url = self.expose();
+        let Some((scheme, rest)) = url.split_once("://") else {
+            return "<redacted>".into();
+        };
+        // The userinfo ends at the last '@' before the path.
+        let authority_end = rest.find('/').unwrap_or(rest.len());
+        match rest[..authority_end].rfind('@') {
+            Some(at) => {
+                let user = rest[..at].split_once(':').map_or("", |(user, _)| user);
+                let password = rest[..at].contains(':') || !user.is_empty();
+                let shown = match (user.is_empty(), password) {
+                    (_, false) => rest[..at].to_string(),
+                    (true, true) => ":<redacted>".to_string(),
+                    (false, true) => format!("{user}:<redacted>"),
+                };
+                format!("{scheme}://{shown}@{}", &rest[at + 1..])
+            }
+            None => url.to_string(),
+        }
+    }
+}
+
+/// A Redis URL in the printed config: its password redacted, the rest shown.
+fn url_redacted<S: serde::Serializer>(url: &Option<Secret>, s: S) -> Result<S::Ok, S::Error> {
+    match url {
+        Some(url) => s.serialize_some(&url.url_redacted()),
+        None => s.serialize_none(),
+    }
+}
+
 /// Every problem found while loading, each with its key path.
 #[derive(Debug)]
 pub struct ConfigErrors(pub(crate) Vec<String>);
@@ -447,19 +491,32 @@ impl Config {
     /// [`Config::load`] with a choice of [`Checks`].
     pub fn load_checked(source: Source<'_>, checks: Checks) -> Result<Config, ConfigErrors> {
         let folder = load::config_folder(&source);
+        let origin = load::origin(&source);
         let figment = load::figment_for(source)?;
         let (config, mut problems) = load::extract(&figment);
         let Some(mut config) = config else {
             return Err(ConfigErrors(problems));
         };
+        // Relative paths from the file's folder, else from the working
+        // directory: absolute either way, so every log line names one place.
+        let folder = folder.or_else(|| std::path::absolute(".").ok());
         if let Some(folder) = &folder {
             config.quota.path = load::resolve(folder, &config.quota.path);
             if let Some(disk) = &config.cache.disk_path {
                 config.cache.disk_path = Some(load::resolve(folder, disk));
             }
         }
+        config.teams_declared = figment.contains("teams");
+        config.origin = origin;
         config.warnings = load::warnings(&figment);
         config.warnings.extend(placeholder_warnings(&config.teams));
+        if config.teams.is_empty() {
+            config.warnings.push(format!(
+                "teams: no team is configured ({}): every team request will be refused with 401; \
+                 add [[teams]] blocks (docs/operations.md, \"Adding a team\")",
+                config.origin
+            ));
+        }
         // Semantic checks run even after a type error (on the config with the
         // bad keys at their defaults), so one run lists every problem.
         problems.extend(config.validate(checks));
@@ -473,6 +530,17 @@ impl Config {
     /// What loading noticed that is allowed but unwise, one sentence each.
     pub fn warnings(&self) -> &[String] {
         &self.warnings
+    }
+
+    /// Where the configuration came from, in words: the file (absolute), or
+    /// the built-in defaults and why.
+    pub fn origin(&self) -> &str {
+        &self.origin
+    }
+
+    /// Whether the source wrote `teams` at all (blocks, or `teams = []`).
+    pub(crate) fn teams_declared(&self) -> bool {
+        self.teams_declared
     }
 
     /// The effective configuration as TOML, secrets redacted.
@@ -549,7 +617,7 @@ impl Config {
 /// Time a reservation keeps beyond the fair queue's bound and the upstream
 /// call's deadline: the queue's slack (`scheduler::QUEUE_SLACK`, 1 s) and
 /// the settle (retried against a Redis that blips).
-const SETTLE_MARGIN_SECS: u64 = 5;
+pub(crate) const SETTLE_MARGIN_SECS: u64 = 5;
 
 impl Config {
     /// The Redis the budgets live in when `quota.store = "redis"`: its own

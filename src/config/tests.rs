@@ -75,16 +75,18 @@ fn messages_use_one_path_style_and_plain_words() {
 fn a_key_written_in_a_file_is_accepted_with_a_warning() {
     let dir = tempfile::tempdir().expect("tmp");
     let path = dir.path().join("gw.toml");
-    std::fs::write(&path, "[upstream]\napi_key = \"in-the-file\"\n").expect("write");
+    std::fs::write(&path, "teams = []\n[upstream]\napi_key = \"in-the-file\"\n").expect("write");
     let c = Config::load(Source::File(&path)).expect("valid");
-    assert_eq!(c.warnings().len(), 1, "{:?}", c.warnings());
+    assert_eq!(c.warnings().len(), 2, "{:?}", c.warnings());
     assert!(c.warnings()[0].starts_with("upstream.api_key:"), "{:?}", c.warnings());
+    assert!(c.warnings()[1].starts_with("teams:"), "and no team: {:?}", c.warnings());
     assert!(
-        !c.warnings()[0].contains("in-the-file"),
+        !c.warnings().iter().any(|w| w.contains("in-the-file")),
         "the key itself is never printed"
     );
     // From the environment or a key file: nothing to warn about.
-    assert!(load(KEY).expect("valid").warnings().is_empty());
+    let with_team = format!("{KEY}[[teams]]\nname = \"a\"\ntoken_sha256 = \"{}\"\n", "a".repeat(64));
+    assert!(load(&with_team).expect("valid").warnings().is_empty());
 }
 
 #[test]
@@ -97,10 +99,11 @@ fn a_relative_ledger_path_is_taken_from_the_config_files_folder() {
     std::fs::write(&path, format!("{KEY}[quota]\npath = \"/srv/ledger\"\n")).expect("write");
     let c = Config::load(Source::File(&path)).expect("valid");
     assert_eq!(c.quota.path, std::path::PathBuf::from("/srv/ledger"));
-    // No file: as given (the working directory's).
+    // No file: the working directory's, made absolute (every log line
+    // names one place).
     assert_eq!(
         load(KEY).expect("valid").quota.path,
-        std::path::PathBuf::from("data/ledger")
+        std::path::absolute("data/ledger").expect("absolute")
     );
 }
 
@@ -458,8 +461,8 @@ fn a_bad_or_missing_team_hash_does_not_hide_the_teams_other_problems() {
         "teams[0].token_sha256: must be 64 hex characters (the SHA-256 of the token, see `permit-gateway token`)",
         "teams[1].token_sha256: must be 64 hex characters (the SHA-256 of the token, see `permit-gateway token`)",
         "teams[2].token_sha256: required, and not set",
-        "teams[2].name: \"Bad\" must be 1-64 of [a-z0-9_-]",
-        "teams[2].requests_per_minute: must be positive (omit for no limit)",
+        "teams[2].name: team \"Bad\": must be 1-64 of [a-z0-9_-]",
+        "teams[2].requests_per_minute: team \"Bad\": must be positive (omit for no limit)",
     ];
     // Two bad hashes are no "same token" either.
     want.sort();
@@ -574,4 +577,81 @@ fn the_per_core_runtime_is_opt_in_and_its_thread_count_bounded() {
         errs.iter().any(|e| e.starts_with("server.per_core_threads")),
         "{errs:#?}"
     );
+}
+
+#[test]
+fn team_problems_name_the_team_and_a_duplicate_names_the_other_one() {
+    let hash = "a".repeat(64);
+    let text = format!(
+        "{KEY}[[teams]]\nname = \"growth\"\ntoken_sha256 = \"{hash}\"\n\
+         [[teams]]\nname = \"analytics\"\ntoken_sha256 = \"{hash}\"\n\
+         [[teams]]\nname = \"growth\"\ntoken_sha256 = \"{}\"\n\
+         [[teams]]\nname = \"unauthenticated\"\ntoken_sha256 = \"{}\"\n",
+        "b".repeat(64),
+        "c".repeat(64)
+    );
+    let errs = load(&text).expect_err("invalid").0;
+    for want in [
+        "teams[1].token_sha256: team \"analytics\": the same token is given to teams[0] \"growth\"",
+        "teams[2].name: team \"growth\": teams[0] has the same name",
+        "teams[3].name: team \"unauthenticated\": reserved",
+    ] {
+        assert!(errs.iter().any(|e| e.starts_with(want)), "{want}: {errs:#?}");
+    }
+    let other = format!("{KEY}[[teams]]\nname = \"other\"\ntoken_sha256 = \"{hash}\"\n");
+    assert!(load(&other).is_err(), "`other` is a label value too");
+}
+
+#[test]
+fn a_misspelt_key_gets_the_nearest_valid_one() {
+    let text = format!(
+        "{KEY}[cache]\nmemory_max_byte = 1\n[quota]\ncredit_limt = 5\n[[teams]]\nname = \"a\"\ntoken_sha256 = \"{}\"\ncredit_limt = 5\n[server]\nzzz = 1\n",
+        "a".repeat(64)
+    );
+    let errs = load(&text).expect_err("unknown keys").0;
+    for want in [
+        "cache.memory_max_byte: unknown key (did you mean `memory_max_bytes`?)",
+        "teams[0].credit_limt: unknown key (did you mean `credit_limit`?)",
+        "server.zzz: unknown key",
+    ] {
+        assert!(errs.iter().any(|e| e == want), "{want}: {errs:#?}");
+    }
+}
+
+#[test]
+fn a_config_without_teams_warns_where_it_came_from() {
+    let config = load(KEY).expect("valid");
+    assert!(!config.teams_declared());
+    let warning = config
+        .warnings()
+        .iter()
+        .find(|w| w.starts_with("teams:"))
+        .expect("a warning");
+    assert!(
+        warning.contains("every team request will be refused with 401"),
+        "{warning}"
+    );
+    assert!(warning.contains(config.origin()), "{warning}");
+    let on_purpose = load(&format!("teams = []\n{KEY}")).expect("valid");
+    assert!(on_purpose.teams_declared(), "`teams = []` is written on purpose");
+}
+
+#[test]
+fn a_redis_url_is_shown_without_its_password() {
+    let url = |u: &str| Secret::new(u).url_redacted();
+    assert_eq!(url("redis://cache.internal:6379/2"), "redis://cache.internal:6379/2");
+    assert_eq!(url("redis://:hunter2@cache:6379"), "redis://:<redacted>@cache:6379");
+    assert_eq!(
+        url("rediss://gateway:hunter2@a:1,b:2/0"),
+        "rediss://gateway:<redacted>@a:1,b:2/0"
+    );
+    assert_eq!(
+        url("redis+sentinel://user@s1:26379/mymaster"),
+        "redis+sentinel://user@s1:26379/mymaster"
+    );
+    assert_eq!(url("not a url hunter2"), "<redacted>");
+    let text = format!("{KEY}[cache]\nredis_url = \"redis://:hunter2@cache:6379/1\"\n");
+    let shown = load(&text).expect("valid").redacted_toml();
+    assert!(shown.contains("redis://:<redacted>@cache:6379/1"), "{shown}");
+    assert!(!shown.contains("hunter2"), "{shown}");
 }

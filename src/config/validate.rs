@@ -166,22 +166,37 @@ pub(super) fn validate_tracing(tracing: &TracingConfig, p: &mut Vec<String>) {
     }
 }
 
+/// Values the `team` label already has for requests of no team: a team of
+/// that name would merge into them on every dashboard.
+const RESERVED_TEAM_NAMES: [&str; 2] = ["unauthenticated", "other"];
+
 pub(super) fn validate_teams(teams: &[TeamConfig], p: &mut Vec<String>) {
-    let mut names = std::collections::HashSet::new();
-    let mut hashes = std::collections::HashSet::new();
+    let mut names = std::collections::HashMap::new();
+    let mut hashes = std::collections::HashMap::new();
     for (i, team) in teams.iter().enumerate() {
+        // The key by the team's place, then the team by its name: the
+        // name is what the operator looks for.
         let at = format!("teams[{i}]");
-        if !is_label(&team.name) {
-            p.push(format!("{at}.name: {:?} must be 1-64 of [a-z0-9_-]", team.name));
-        } else if !names.insert(team.name.as_str()) {
-            p.push(format!("{at}.name: {:?} is used by another team", team.name));
+        let team_name = &team.name;
+        if !is_label(team_name) {
+            p.push(format!("{at}.name: team {team_name:?}: must be 1-64 of [a-z0-9_-]"));
+        } else if RESERVED_TEAM_NAMES.contains(&team_name.as_str()) {
+            p.push(format!(
+                "{at}.name: team {team_name:?}: reserved: the metrics' team label uses it for requests of no team"
+            ));
+        } else if let Some(first) = names.insert(team_name.as_str(), i) {
+            p.push(format!(
+                "{at}.name: team {team_name:?}: teams[{first}] has the same name"
+            ));
         }
-        if !hashes.insert(team.token_sha256) {
-            p.push(format!("{at}.token_sha256: the same token is given to another team"));
+        if let Some((j, other)) = hashes.insert(team.token_sha256, (i, team_name.as_str())) {
+            p.push(format!(
+                "{at}.token_sha256: team {team_name:?}: the same token is given to teams[{j}] {other:?}"
+            ));
         }
         if team.requests_per_minute == Some(0) {
             p.push(format!(
-                "{at}.requests_per_minute: must be positive (omit for no limit)"
+                "{at}.requests_per_minute: team {team_name:?}: must be positive (omit for no limit)"
             ));
         }
     }

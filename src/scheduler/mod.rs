@@ -28,6 +28,7 @@ use crate::metrics::Metrics;
 use crate::shared_rate::SharedRate;
 use pace::Pace;
 use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 use tokio::sync::{oneshot, Notify};
@@ -51,7 +52,8 @@ struct Queues {
 pub(crate) struct Scheduler {
     /// The permits: shared through Redis, or this replica's own.
     pace: Arc<Pace>,
-    max_wait: Duration,
+    /// `upstream.max_queue_wait_secs` in milliseconds (a reload may change it).
+    max_wait_ms: AtomicU64,
     queues: Mutex<Queues>,
     /// Until when an upstream 429 told us to hold off.
     paused_until: Mutex<Option<Instant>>,
@@ -71,7 +73,7 @@ impl Scheduler {
     ) -> Arc<Scheduler> {
         let scheduler = Arc::new(Scheduler {
             pace: Pace::start(requests_per_minute, shared, metrics.clone()),
-            max_wait,
+            max_wait_ms: AtomicU64::new(max_wait.as_millis() as u64),
             queues: Mutex::default(),
             paused_until: Mutex::new(None),
             wake: Arc::new(Notify::new()),
@@ -79,6 +81,17 @@ impl Scheduler {
         });
         tokio::spawn(dispatch(Arc::downgrade(&scheduler)));
         scheduler
+    }
+
+    fn max_wait(&self) -> Duration {
+        Duration::from_millis(self.max_wait_ms.load(Ordering::Relaxed))
+    }
+
+    /// A reload's `upstream.requests_per_minute` and
+    /// `upstream.max_queue_wait_secs`, applied to the calls from now on.
+    pub(crate) fn set_limits(&self, requests_per_minute: u32, max_wait: Duration) {
+        self.pace.set_rate(requests_per_minute);
+        self.max_wait_ms.store(max_wait.as_millis() as u64, Ordering::Relaxed);
     }
 
     fn queues(&self) -> std::sync::MutexGuard<'_, Queues> {
@@ -116,7 +129,7 @@ impl Scheduler {
         let rx = {
             let mut q = self.queues();
             let expected = self.expected_wait(&q, team);
-            if expected > self.max_wait {
+            if expected > self.max_wait() {
                 return Err(GatewayError::UpstreamRateLimited {
                     retry_after_secs: expected.as_secs_f64().ceil() as u64,
                 });
@@ -133,7 +146,7 @@ impl Scheduler {
         self.wake.notify_one();
         // Dropping `rx` on timeout takes us out of the queue: the dispatcher
         // hands that permit to the next waiter.
-        let granted = tokio::time::timeout(self.max_wait + QUEUE_SLACK, rx).await;
+        let granted = tokio::time::timeout(self.max_wait() + QUEUE_SLACK, rx).await;
         self.metrics
             .upstream_queue_wait_seconds
             .observe(started.elapsed().as_secs_f64());
@@ -144,7 +157,7 @@ impl Scheduler {
                 // It waited the whole bound: come back after more than it,
                 // or after what is ahead of a new call now, if longer.
                 let ahead = self.expected_wait(&self.queues(), team);
-                let secs = ahead.max(self.max_wait).as_secs_f64().ceil() as u64;
+                let secs = ahead.max(self.max_wait()).as_secs_f64().ceil() as u64;
                 Err(GatewayError::UpstreamRateLimited {
                     retry_after_secs: secs.saturating_add(1),
                 })

@@ -15,7 +15,7 @@ use crate::shared_rate::{SharedRate, HEARTBEAT};
 use arc_swap::ArcSwap;
 use governor::{DefaultDirectRateLimiter, Quota};
 use std::num::NonZeroU32;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
@@ -55,7 +55,8 @@ fn share(requests_per_minute: u32, replicas: u32) -> (u32, u32) {
 }
 
 pub(super) struct Pace {
-    requests_per_minute: u32,
+    /// `upstream.requests_per_minute`, which a reload may change.
+    requests_per_minute: AtomicU32,
     /// Paces this replica alone: without Redis, or while it fails. Swapped,
     /// not locked, when the shared rate counts another number of replicas
     /// (the permit path reads it; a count changes rarely).
@@ -74,7 +75,7 @@ impl Pace {
     pub(super) fn start(requests_per_minute: u32, shared: Option<SharedRate>, metrics: Arc<Metrics>) -> Arc<Pace> {
         let heartbeat = shared.is_some();
         let pace = Arc::new(Pace {
-            requests_per_minute,
+            requests_per_minute: AtomicU32::new(requests_per_minute),
             local: ArcSwap::from_pointee(Local::new(requests_per_minute, 0)),
             shared,
             alone: AtomicBool::new(false),
@@ -91,7 +92,7 @@ impl Pace {
     pub(super) fn per_sec(&self) -> f64 {
         match self.alone.load(Ordering::Relaxed) {
             true => self.local.load().per_sec,
-            false => f64::from(self.requests_per_minute.max(1)) / 60.0,
+            false => f64::from(self.rate().max(1)) / 60.0,
         }
     }
 
@@ -142,8 +143,25 @@ impl Pace {
         self.alone.store(false, Ordering::Relaxed);
         self.metrics.upstream_rate_replicas.set(i64::from(replicas));
         if self.local.load().replicas != replicas {
-            self.local
-                .store(Arc::new(Local::new(self.requests_per_minute, replicas)));
+            self.local.store(Arc::new(Local::new(self.rate(), replicas)));
+        }
+    }
+
+    fn rate(&self) -> u32 {
+        self.requests_per_minute.load(Ordering::Relaxed)
+    }
+
+    /// A reload's new `upstream.requests_per_minute`: the local limiter at
+    /// the new share at once, and the shared rate's interval from its next
+    /// permit on.
+    pub(super) fn set_rate(&self, requests_per_minute: u32) {
+        if self.requests_per_minute.swap(requests_per_minute, Ordering::Relaxed) == requests_per_minute {
+            return;
+        }
+        let replicas = self.local.load().replicas;
+        self.local.store(Arc::new(Local::new(requests_per_minute, replicas)));
+        if let Some(shared) = &self.shared {
+            shared.set_rate(requests_per_minute, super::burst(requests_per_minute));
         }
     }
 

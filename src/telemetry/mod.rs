@@ -40,7 +40,7 @@ use tracing::Metadata;
 use tracing_subscriber::filter::{filter_fn, FilterExt};
 use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
-use tracing_subscriber::{EnvFilter, Layer};
+use tracing_subscriber::Layer;
 
 /// The target of every span exported over OTLP.
 pub(crate) const SPANS: &str = "permit_gateway::spans";
@@ -83,7 +83,11 @@ impl Telemetry {
 /// that cannot be built is an error; the logs are installed anyway so it
 /// can be reported.
 pub fn init(log: &LogConfig, tracing: &TracingConfig) -> Result<Telemetry, (Telemetry, String)> {
-    let filter = log.level.filter();
+    // Reloadable: `log.level` changes with a reload (`set_level`).
+    let (filter, handle) = tracing_subscriber::reload::Layer::new(log.level.filter());
+    let _ = LEVEL.set(Box::new(move |level: &crate::config::LogLevel| {
+        handle.reload(level.filter()).is_ok()
+    }));
     let (sink, guard) = sink::Sink::start(std::io::stderr(), log.queue_lines);
     let terminal = std::io::stderr().is_terminal();
     let json = log.format == LogFormat::Json;
@@ -127,6 +131,17 @@ pub fn init(log: &LogConfig, tracing: &TracingConfig) -> Result<Telemetry, (Tele
     }
 }
 
+/// Sets the installed log layer's level, when [`init`] installed one (the
+/// binary; in-process gateways of tests share whatever the test set).
+type SetLevel = Box<dyn Fn(&crate::config::LogLevel) -> bool + Send + Sync>;
+static LEVEL: std::sync::OnceLock<SetLevel> = std::sync::OnceLock::new();
+
+/// A reload's `log.level`, applied to every log line (access lines
+/// included) from now on; `false` when this process installed no log layer.
+pub(crate) fn set_level(level: &crate::config::LogLevel) -> bool {
+    LEVEL.get().is_some_and(|set| set(level))
+}
+
 /// The log layer: `tracing-subscriber`'s full text format, or its JSON
 /// with the event's fields flattened, through `filter`. The access line
 /// (`access`) is written in the same shape; its test formats through this.
@@ -154,7 +169,7 @@ where
 /// What the log layer takes: `log.level`, never an exported span, so the
 /// log lines (and the JSON lines' "span" fields) read the same with or
 /// without export.
-fn logged<S>(level: EnvFilter) -> impl tracing_subscriber::layer::Filter<S> {
+fn logged<S>(level: impl tracing_subscriber::layer::Filter<S>) -> impl tracing_subscriber::layer::Filter<S> {
     level.and(filter_fn(|m| !is_exported_span(m)))
 }
 
@@ -165,6 +180,7 @@ fn is_exported_span(m: &Metadata<'_>) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use tracing_subscriber::EnvFilter;
 
     #[test]
     fn a_bad_tracing_section_names_its_keys() {

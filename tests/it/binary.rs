@@ -183,11 +183,14 @@ async fn the_demo_serves_its_printed_curl_lines() {
     );
     let _ = gw.shutdown().await;
     sim.shutdown().await;
-    // Nothing left behind in the temp directory.
-    let ledger = std::env::temp_dir().join(format!("permit-gateway-demo-{}", std::process::id()));
-    assert!(ledger.exists(), "the demo's ledger is where clean_up looks");
+    // Everything it wrote in a folder of its own (not a disk-tier file in
+    // the temp directory, which the next demo would read back), and
+    // nothing left behind.
+    let dir = permit_gateway::demo::demo_dir();
+    assert!(dir.join("ledger").exists(), "the demo's ledger is where clean_up looks");
+    assert!(dir.join("cache.redb").exists(), "so is its disk-tier file");
     permit_gateway::demo::clean_up();
-    assert!(!ledger.exists(), "the demo left {} behind", ledger.display());
+    assert!(!dir.exists(), "the demo left {} behind", dir.display());
 }
 
 #[tokio::test]

@@ -92,17 +92,27 @@ async fn a_reload_names_the_settings_that_wait_for_a_restart_and_every_admin_cal
     assert_eq!(reload.status, StatusCode::OK, "{}", reload.text());
     assert_eq!(
         reload.json(),
-        json!({"reloaded": true, "teams": 2, "restart_required": []})
+        json!({"reloaded": true, "teams": 2, "applied": [], "restart_required": []})
     );
-    // A setting a reload cannot apply, and a team change it does.
+    // A setting a reload cannot apply, one it applies, and a team change.
     // (The same setup, so the ledger's folder stays the same.)
-    let changed = setup.with(|c| c.upstream.requests_per_minute = 77).teams(&[ALPHA]);
+    let changed = setup
+        .with(|c| {
+            c.upstream.requests_per_minute = 77;
+            c.server.max_connections += 1;
+        })
+        .teams(&[ALPHA]);
     gw.rewrite(&changed, &sim.base_url(), sim.api_key());
     let reload = admin.post("/admin/reload").await;
     assert_eq!(reload.status, StatusCode::OK, "{}", reload.text());
     assert_eq!(
         reload.json(),
-        json!({"reloaded": true, "teams": 1, "restart_required": ["upstream.requests_per_minute"]})
+        json!({
+            "reloaded": true,
+            "teams": 1,
+            "applied": ["upstream.requests_per_minute"],
+            "restart_required": ["server.max_connections"]
+        })
     );
     let refused = Client::bearer(gw.admin_url(), "not-the-admin-token")
         .post("/admin/reload")
@@ -135,7 +145,7 @@ async fn a_reload_names_the_settings_that_wait_for_a_restart_and_every_admin_cal
     let logs = gw.log_text();
     assert!(
         logs.lines()
-            .any(|l| l.contains("restart_required") && l.contains("upstream.requests_per_minute")),
+            .any(|l| l.contains("restart_required") && l.contains("server.max_connections")),
         "the reload's log line names the key: {logs}"
     );
     assert!(!logs.contains("not-the-admin-token"), "a refused token was logged");
@@ -284,4 +294,99 @@ async fn serve_from_another_directory_uses_the_ledger_next_to_the_config() {
         "a ledger was made in the working directory"
     );
     stop(gw);
+}
+
+#[tokio::test]
+async fn a_reload_of_an_empty_or_team_less_file_is_refused_and_the_teams_keep_working() {
+    let sim = start_sim(unlimited()).await;
+    let setup = Setup::new();
+    let gw = ChildGateway::spawn(&setup, &sim.base_url(), sim.api_key());
+    let alpha = Client::new(gw.base_url(), ALPHA.1);
+    let admin = Client::admin(gw.admin_url());
+    let full = std::fs::read_to_string(gw.config_path()).expect("read config");
+    let mut table: toml::Table = toml::from_str(&full).expect("the config is TOML");
+    assert!(table.remove("teams").is_some(), "the file had teams");
+    let without_teams = toml::to_string(&table).expect("TOML");
+    for (what, text) in [
+        ("an empty file", String::new()),
+        ("a file cut before its teams", without_teams),
+    ] {
+        std::fs::write(gw.config_path(), &text).expect("write");
+        let reload = admin.post("/admin/reload").await;
+        assert_eq!(
+            reload.status,
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "{what}: {}",
+            reload.text()
+        );
+        // The cut file still has its upstream key: refused for its teams
+        // alone, saying how to mean it.
+        if !text.is_empty() {
+            assert!(reload.text().contains("teams = []"), "{what}: {}", reload.text());
+        }
+        gw.signal("HUP");
+        assert_eq!(
+            alpha.get(Query::meta_release()).await.status,
+            StatusCode::OK,
+            "{what}: alpha still in"
+        );
+    }
+    // Written on purpose: every team goes.
+    table.insert("teams".into(), toml::Value::Array(Vec::new()));
+    std::fs::write(gw.config_path(), toml::to_string(&table).expect("TOML")).expect("write");
+    let reload = admin.post("/admin/reload").await;
+    assert_eq!(reload.status, StatusCode::OK, "{}", reload.text());
+    assert_eq!(reload.json()["teams"], 0);
+    assert_eq!(alpha.get(Query::meta_release()).await.status, StatusCode::UNAUTHORIZED);
+    crate::support::wait::eventually("the SIGHUPs' refusals are logged", Duration::from_secs(10), || async {
+        gw.log_text().contains("SIGHUP: reload refused").then_some(())
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn check_config_warns_when_no_team_is_configured_and_says_where_the_config_came_from() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let path = dir.path().join("gateway.toml");
+    std::fs::write(&path, "").expect("write");
+    let out = check_config(&["--no-secrets"], &path);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let err = stderr(&out);
+    assert!(err.contains("warning: teams: no team is configured"), "{err}");
+    assert!(err.contains(&format!("config: --config {}", path.display())), "{err}");
+}
+
+#[tokio::test]
+async fn a_reload_applies_a_route_ttl_and_the_upstream_rate_without_a_restart() {
+    let sim = start_sim(unlimited()).await;
+    let setup = Setup::new().route_ttl("meta_release", 300);
+    let gw = ChildGateway::spawn(&setup, &sim.base_url(), sim.api_key());
+    let alpha = Client::new(gw.base_url(), ALPHA.1);
+    // A one-second TTL, and a rate of one call a minute (burst one).
+    let changed = setup
+        .route_ttl("meta_release", 1)
+        .with(|c| c.upstream.requests_per_minute = 1);
+    gw.rewrite(&changed, &sim.base_url(), sim.api_key());
+    let reload = Client::admin(gw.admin_url()).post("/admin/reload").await;
+    assert_eq!(reload.status, StatusCode::OK, "{}", reload.text());
+    assert_eq!(reload.json()["restart_required"], json!([]), "{}", reload.text());
+    let release = Query::meta_release();
+    assert_eq!(alpha.get(&release).await.x_cache(), Some("MISS"));
+    // Stored for a second, not five minutes: it goes stale.
+    crate::support::wait::eventually(
+        "the answer expires after its new TTL",
+        Duration::from_secs(10),
+        || async {
+            let r = alpha.get(&release).await;
+            (r.x_cache() != Some("HIT")).then_some(())
+        },
+    )
+    .await;
+    // The rate: that call and the refresh took the minute's one call; the
+    // next distinct call would wait a minute, past the queue's bound.
+    let search = Query::permit_search(sim.samples().state.clone())
+        .param("permit_from", &sim.samples().permit_from)
+        .param("permit_to", &sim.samples().permit_to);
+    let r = alpha.get(&search).await;
+    assert_eq!(r.status, StatusCode::TOO_MANY_REQUESTS, "{}", r.text());
 }

@@ -28,6 +28,19 @@ app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
 app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- end }}
 
+{{/* The check-config hook's Job and ConfigMap (63 characters at most). */}}
+{{- define "permit-gateway.checkConfigName" -}}
+{{- printf "%s-check-config" (include "permit-gateway.fullname" . | trunc 50 | trimSuffix "-") }}
+{{- end }}
+
+{{/* The hook pod's labels: not the Deployment's selector, so no Service
+or PDB of the release selects it. */}}
+{{- define "permit-gateway.checkConfigSelectorLabels" -}}
+app.kubernetes.io/name: {{ printf "%s-check-config" (include "permit-gateway.name" .) | trunc 63 | trimSuffix "-" }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: check-config
+{{- end }}
+
 {{- define "permit-gateway.serviceAccountName" -}}
 {{- if .Values.serviceAccount.create }}
 {{- default (include "permit-gateway.fullname" .) .Values.serviceAccount.name }}

@@ -2,9 +2,10 @@
 //! settle to what the upstream charged, release on failure (docs/design.md §2,
 //! `reserve` and `settle`). Two stores behind one type:
 //!
-//! - [`file`]: redb on local disk, for one replica. Chosen over SQLite: pure
-//!   Rust (no C toolchain in the image), ACID with fsync'd commits, and a
-//!   single-writer model that fits one replica; writes are group-committed
+//! - [`file`]: redb on local disk, for one replica. Chosen over SQLite (not
+//!   for want of a C toolchain: the build needs one for ring and mimalloc)
+//!   for ACID with fsync'd commits, a single-writer model that fits one
+//!   replica, and one engine shared with the disk tier; writes are group-committed
 //!   so concurrent misses share a commit, and a settle covered by its
 //!   durable reservation rides the next one (`file`'s module doc).
 //! - [`redis`]: Lua scripts on a shared Redis, so N replicas share one budget

@@ -7,11 +7,18 @@
 //! And every repository path a doc or a comment cites exists
 //! ([`cited_paths`]); imports between the modules of `src/` run one way, as
 //! the crate doc says ([`imports`]); the phases design §2 names are the
-//! proxy's functions, in the code's order ([`phases`]).
+//! proxy's functions, in the code's order ([`phases`]); docs/metrics.md's
+//! size of a scrape and its families missing from the first scrape are
+//! measured ([`series`]); no dashboard query uses a recording rule
+//! ([`dashboards`]). The key table is one Markdown table (no blank or other
+//! line inside it), the README's workspace list names every workspace
+//! member, and design §3.2 names every section of `config/defaults.toml`.
 
 mod cited_paths;
+mod dashboards;
 mod imports;
 mod phases;
+mod series;
 
 use permit_gateway::config::{Config, Source, DEFAULTS_TOML};
 use std::collections::BTreeSet;
@@ -92,19 +99,48 @@ struct Row {
     default: String,
 }
 
-fn doc_rows() -> Vec<Row> {
-    let doc = std::fs::read_to_string(root().join("docs/operations.md")).expect("docs/operations.md");
+/// The lines strictly between the key table's markers.
+fn key_table_lines(doc: &str) -> Vec<&str> {
+    let begin = "<!-- config-keys:begin -->";
     let start = doc
-        .find("<!-- config-keys:begin -->")
-        .expect("docs/operations.md has <!-- config-keys:begin -->");
+        .find(begin)
+        .expect("docs/operations.md has <!-- config-keys:begin -->")
+        + begin.len();
     let end = doc
         .find("<!-- config-keys:end -->")
         .expect("docs/operations.md has <!-- config-keys:end -->");
+    assert!(
+        start <= end,
+        "<!-- config-keys:begin --> comes before <!-- config-keys:end -->"
+    );
+    // The rest of the begin marker's line, and the end marker's line up to it.
+    let inner = &doc[start..end];
+    let inner = inner.strip_prefix('\n').unwrap_or(inner);
+    let inner = inner.strip_suffix('\n').unwrap_or(inner);
+    inner.lines().collect()
+}
+
+/// The lines between the markers that are not rows of one Markdown table:
+/// a blank line ends a table, and the rows after it render as text.
+fn table_breaks(lines: &[&str]) -> Vec<String> {
+    lines
+        .iter()
+        .enumerate()
+        .filter(|(_, line)| {
+            let line = line.trim_end();
+            !(line.starts_with('|') && line.ends_with('|') && line.len() > 1)
+        })
+        .map(|(i, line)| format!("line {} of the table: {line:?}", i + 1))
+        .collect()
+}
+
+fn doc_rows() -> Vec<Row> {
+    let doc = std::fs::read_to_string(root().join("docs/operations.md")).expect("docs/operations.md");
     let mut rows = Vec::new();
-    for line in doc[start..end].lines() {
+    for line in key_table_lines(&doc) {
         let cells: Vec<&str> = line.trim().trim_matches('|').split('|').map(str::trim).collect();
         if cells.len() < 3 || !cells[0].starts_with('`') {
-            continue; // header, separator, markers
+            continue; // header, separator
         }
         rows.push(Row {
             key: cells[0].trim_matches('`').to_string(),
@@ -133,6 +169,42 @@ fn every_documented_config_key_is_real_and_every_real_key_is_documented() {
         "docs/operations.md's key table is out of date:\n  documented but not a config key: {not_real:?}\n  \
          config keys not documented: {undocumented:?}"
     );
+}
+
+#[test]
+fn the_key_table_is_one_markdown_table() {
+    let doc = std::fs::read_to_string(root().join("docs/operations.md")).expect("docs/operations.md");
+    let lines = key_table_lines(&doc);
+    assert!(lines.len() > 50, "the key table has {} lines", lines.len());
+    assert!(
+        lines[1].trim().starts_with("|---") || lines[1].trim().starts_with("| ---"),
+        "the key table opens with a header and its separator: {:?}",
+        &lines[..2]
+    );
+    let breaks = table_breaks(&lines);
+    assert!(
+        breaks.is_empty(),
+        "docs/operations.md's key table has lines that are not table rows (a blank line ends the table: the \
+         rows after it render as text):\n  {}",
+        breaks.join("\n  ")
+    );
+}
+
+#[test]
+fn the_table_reader_finds_what_it_should() {
+    let doc = "x\n<!-- config-keys:begin -->\n| key | default |\n|---|---|\n| `a` | `1` |\n\n| `b` | `2` |\n\
+               <!-- config-keys:end -->\n";
+    let lines = key_table_lines(doc);
+    assert_eq!(
+        lines,
+        ["| key | default |", "|---|---|", "| `a` | `1` |", "", "| `b` | `2` |"]
+    );
+    assert_eq!(table_breaks(&lines), ["line 4 of the table: \"\""]);
+    assert_eq!(
+        table_breaks(&["| `a` | `1` |", "some text", "  "]),
+        ["line 2 of the table: \"some text\"", "line 3 of the table: \"  \""]
+    );
+    assert!(table_breaks(&["| `a` | `1` |", "|---|---|"]).is_empty());
 }
 
 #[test]
@@ -354,4 +426,105 @@ fn the_metrics_reference_lists_every_route_name() {
             route.as_str()
         );
     }
+}
+
+/// The README's workspace list: the Layout line `Cargo.toml  workspace: ...`.
+fn readme_workspace_line(readme: &str) -> Option<&str> {
+    readme
+        .lines()
+        .find(|l| l.starts_with("Cargo.toml") && l.contains("workspace:"))
+}
+
+/// Whether the workspace list names `member`: as a word `path/` (or
+/// `path`), the root package as `name (root package)`.
+fn workspace_lists(line: &str, member: &str, root_package: &str) -> bool {
+    let list = line.split_once("workspace:").map_or(line, |(_, list)| list);
+    match member.trim_end_matches('/') {
+        "." | "" => list.contains(&format!("{root_package} (root package)")),
+        path => list
+            .split(|c: char| c.is_whitespace() || c == '+' || c == ',')
+            .any(|word| word.trim_end_matches('/') == path),
+    }
+}
+
+#[test]
+fn the_readmes_workspace_list_names_every_workspace_member() {
+    let cargo: toml::Table = std::fs::read_to_string(root().join("Cargo.toml"))
+        .expect("Cargo.toml")
+        .parse()
+        .expect("Cargo.toml parses");
+    let members: Vec<&str> = cargo["workspace"]["members"]
+        .as_array()
+        .expect("[workspace] members")
+        .iter()
+        .map(|m| m.as_str().expect("a member is a path"))
+        .collect();
+    assert!(members.len() >= 3, "workspace members: {members:?}");
+    let root_package = cargo["package"]["name"].as_str().expect("[package] name");
+    let readme = std::fs::read_to_string(root().join("README.md")).expect("README.md");
+    let line = readme_workspace_line(&readme).expect("README's Layout has a `Cargo.toml  workspace: ...` line");
+    let missing: Vec<&str> = members
+        .iter()
+        .copied()
+        .filter(|m| !workspace_lists(line, m, root_package))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "README's workspace list ({line:?}) lacks workspace members of Cargo.toml: {missing:?}"
+    );
+}
+
+/// The sections docs/design.md §3.2 lists: the `[name]`s after "Sections".
+fn design_sections(design: &str) -> BTreeSet<String> {
+    let start = design.find("\n### 3.2 ").expect("docs/design.md has §3.2");
+    let end = start + 1 + design[start + 1..].find("\n#").expect("a heading after §3.2");
+    let text = &design[start..end];
+    let list = &text[text.find("Sections").expect("§3.2 lists the sections")..];
+    list.split('`')
+        .skip(1)
+        .step_by(2)
+        .filter_map(|code| code.strip_prefix('[')?.strip_suffix(']'))
+        .filter(|name| !name.is_empty() && name.bytes().all(|b| b.is_ascii_lowercase() || b == b'_'))
+        .map(str::to_string)
+        .collect()
+}
+
+#[test]
+fn design_lists_every_section_of_the_compiled_in_defaults() {
+    let defaults: toml::Table = DEFAULTS_TOML.parse().expect("defaults.toml parses");
+    let sections: BTreeSet<String> = defaults
+        .iter()
+        .filter(|(_, v)| v.is_table())
+        .map(|(k, _)| k.clone())
+        .collect();
+    assert!(sections.len() >= 8, "sections of defaults.toml: {sections:?}");
+    let design = std::fs::read_to_string(root().join("docs/design.md")).expect("docs/design.md");
+    let listed = design_sections(&design);
+    let missing: Vec<_> = sections.difference(&listed).collect();
+    let unknown: Vec<_> = listed.difference(&sections).collect();
+    assert!(
+        missing.is_empty() && unknown.is_empty(),
+        "docs/design.md §3.2's list of sections differs from config/defaults.toml's top-level tables:\n  \
+         not listed: {missing:?}\n  listed but not a section: {unknown:?}"
+    );
+}
+
+#[test]
+fn the_workspace_and_section_readers_find_what_they_should() {
+    let readme = "```\nCargo.toml          workspace: gw (root package) + sim/ + bench/ceiling/\nsrc/ x\n```\n";
+    let line = readme_workspace_line(readme).expect("the line");
+    for member in [".", "sim", "bench/ceiling", "bench/ceiling/"] {
+        assert!(workspace_lists(line, member, "gw"), "{member}");
+    }
+    assert!(!workspace_lists(line, "bench", "gw"));
+    assert!(!workspace_lists(line, ".", "other"));
+    assert!(!workspace_lists(
+        "Cargo.toml  workspace: gw (root package) + sim/",
+        "bench/ceiling",
+        "gw"
+    ));
+    let design = "## 3\n### 3.2 Configuration\nLayers: `[x]`. Sections: `[server]` (a `[a-z0-9_-]` label),\n\
+                  `[log]`, and `[[teams]]`.\n### 3.3 Next\n`[cache]`\n";
+    let names: BTreeSet<String> = ["server", "log"].map(String::from).into();
+    assert_eq!(design_sections(design), names);
 }

@@ -26,7 +26,7 @@ use crate::clock::now_ms;
 use crate::error::GatewayError;
 use crate::ledger::Reservation;
 use crate::telemetry::SPANS;
-use crate::upstream::{retry_after, Failed, UpstreamResponse};
+use crate::upstream::{retry_after, Failed, Head, UpstreamResponse};
 use http::{HeaderMap, HeaderValue, StatusCode};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -281,17 +281,7 @@ pub(super) async fn checked(app: &App, job: &Job, resp: UpstreamResponse, charge
 /// accounting, but settled by its caller, who shares its bill out.
 pub(super) async fn call_unsettled(app: &App, job: &Job) -> Result<UpstreamResponse, Failed> {
     let (heads, _seen) = watch::channel(None);
-    let result = app
-        .upstream
-        .fetch_with_heads(
-            &job.target,
-            &job.request_id,
-            &job.trace,
-            job.accept.as_ref(),
-            &app.metrics,
-            &heads,
-        )
-        .await;
+    let result = upstream_call(app, job, &heads).await;
     match &result {
         Ok(resp) => app.org.observe(resp.status, &resp.headers, &resp.body, &app.metrics),
         Err(Failed { head: Some(head), .. }) => {
@@ -342,14 +332,7 @@ async fn forward(
     let reserved = credits::reserved(job, reservation.as_ref());
     let mut reservation = Some(reservation);
     let (heads, mut seen) = watch::channel(None);
-    let call = app.upstream.fetch_with_heads(
-        &job.target,
-        &job.request_id,
-        &job.trace,
-        job.accept.as_ref(),
-        &app.metrics,
-        &heads,
-    );
+    let call = upstream_call(app, job, &heads);
     tokio::pin!(call);
     let mut early: Option<(Charge, credits::Settling)> = None;
     let result = loop {
@@ -384,6 +367,23 @@ async fn forward(
         }
         (Err(failed), None) => Err(settle_failure(app, job, reservation.take().flatten(), failed).await),
     }
+}
+
+/// The upstream call of `job`, each answer's head shown on `heads` as it
+/// arrives (before its body).
+fn upstream_call<'a>(
+    app: &'a App,
+    job: &'a Job,
+    heads: &'a watch::Sender<Option<Head>>,
+) -> impl std::future::Future<Output = Result<UpstreamResponse, Failed>> + 'a {
+    app.upstream.fetch_with_heads(
+        &job.target,
+        &job.request_id,
+        &job.trace,
+        job.accept.as_ref(),
+        &app.metrics,
+        heads,
+    )
 }
 
 /// The settle of a call without an answer: when the upstream sent a 200 head

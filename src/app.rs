@@ -110,8 +110,11 @@ impl App {
         // A lease covers its owner's whole path, like a reservation.
         let lease_ttl = Duration::from_secs(config.reservation_path_secs());
         let leases = Leases::new(cache_redis.clone(), &config.cache.redis_key_prefix, lease_ttl);
-        let cache = Cache::new(&config.cache, cache_redis, metrics.clone())
-            .with_disk(config.cache.disk_file(&config.quota.path), config.cache.disk_max_bytes);
+        let cache = Cache::new(&config.cache, cache_redis, metrics.clone()).with_disk(
+            config.cache.disk_file(&config.quota.path),
+            config.cache.disk_max_bytes,
+            config.cache.disk_reserve_bytes,
+        );
         let scheduler = Scheduler::start(
             config.upstream.requests_per_minute,
             Duration::from_secs(config.upstream.max_queue_wait_secs),

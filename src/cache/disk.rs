@@ -18,10 +18,26 @@
 //!   whole [`Entry::encode`] (which checks its body once more): a torn or
 //!   damaged value is dropped and counted, never served. A file redb cannot
 //!   open is moved aside (`.corrupt`) and a new one started.
+//! - **A damaged file never stops a start or a request.** The open checks
+//!   the file's integrity (redb's check at open: a file cut or scribbled on
+//!   outside redb is reported, not trusted, and moved aside), and every
+//!   open, read and commit runs [`guarded`]: a panic inside redb (its
+//!   assertions on pages it does not recognise) is caught, counted as
+//!   corruption, logged once, and the tier stops reading (and writing) the
+//!   file until the next start, whose check then moves it aside.
+//! - **A purge answered 200 is durable.** A batch holding a purge commits
+//!   with fsync; a purge that cannot be committed (a full volume) moves the
+//!   file aside (`.unpurged`): nothing of it is read again, before or
+//!   after a restart.
 //! - **Bounded.** Each entry costs its key, its value and [`OVERHEAD`];
 //!   past `disk_max_bytes` the least recently written or read are evicted
 //!   in the same transaction. An entry larger than the whole budget is not
 //!   written.
+//! - **The ledger keeps its room.** Before a commit that writes, the
+//!   writer reads the volume's free space; at `cache.disk_reserve_bytes` or
+//!   below it writes nothing (purges and removals still run), counted under
+//!   `reason="reserve"`, one log line each way. The ledger usually shares
+//!   the volume, and a cache is never worth refusing a team for want of room.
 //! - **Degrades, never fails a request.** An unwritable path at start, or
 //!   a failed commit (a full disk), leaves the tier off for writes
 //!   (`gateway_cache_disk_degraded` 1, one log line; a failed commit is
@@ -123,8 +139,13 @@ impl Disk {
     /// Opens (or creates) the file and starts its writer. `None` when the
     /// path cannot be used: the gateway then serves from memory, with the
     /// degraded gauge at 1 and one warning.
-    pub(crate) fn open(path: &Path, max_bytes: u64, grace: Duration, metrics: Arc<Metrics>) -> Option<Disk> {
-        let db = match open_db(path) {
+    pub(crate) fn open(path: &Path, limits: Limits, metrics: Arc<Metrics>) -> Option<Disk> {
+        let Limits {
+            max_bytes,
+            reserve,
+            grace,
+        } = limits;
+        let db = match open_db(path, &metrics) {
             Ok(db) => Arc::new(db),
             Err(e) => {
                 tracing::warn!(path = %path.display(), error = %e, "cache disk tier unusable: serving from memory only");
@@ -140,11 +161,15 @@ impl Disk {
         let (tx, rx) = sync_channel(QUEUE);
         let writer = Writer {
             db: db.clone(),
+            path: path.to_path_buf(),
             shared: shared.clone(),
             metrics: metrics.clone(),
             max_bytes,
+            reserve,
+            short_of_room: false,
             broken_until: None,
         };
+        warn_if_it_cannot_fit(path, max_bytes, reserve);
         let thread = match std::thread::Builder::new()
             .name("cache-disk".into())
             .spawn(move || writer.run(rx))
@@ -194,6 +219,27 @@ impl Disk {
     /// grace) and intact, else `None`. Blocking: call it off the async
     /// workers ([`Disk::get_many`]).
     fn read(&self, keys: &[String]) -> Vec<Option<Entry>> {
+        match guarded(|| self.read_unguarded(keys)) {
+            Some(found) => found,
+            None => {
+                self.damaged("a read");
+                keys.iter().map(|_| None).collect()
+            }
+        }
+    }
+
+    /// The file is damaged (redb panicked in `what`): counted, logged once,
+    /// and neither read nor written again by this process; the next start's
+    /// check moves it aside.
+    fn damaged(&self, what: &str) {
+        self.metrics.disk_dropped(DiskDrop::Corrupt, 1);
+        self.shared.degraded.store(true, Ordering::Relaxed);
+        if !self.shared.unreadable.swap(true, Ordering::Relaxed) {
+            tracing::error!(path = %self.path.display(), during = what, "cache disk tier: the file is damaged (redb panicked); not used until a restart, which moves it aside");
+        }
+    }
+
+    fn read_unguarded(&self, keys: &[String]) -> Vec<Option<Entry>> {
         let mut out: Vec<Option<Entry>> = keys.iter().map(|_| None).collect();
         if self.shared.unreadable.load(Ordering::Relaxed) {
             return out;
@@ -285,22 +331,72 @@ impl Disk {
 
 /// Opens the file, creating its folder; a file redb refuses as damaged or
 /// of another format is moved aside and a new one started.
-fn open_db(path: &Path) -> Result<Database, String> {
+fn open_db(path: &Path, metrics: &Metrics) -> Result<Database, String> {
     if let Some(folder) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
         std::fs::create_dir_all(folder).map_err(|e| format!("cannot create {}: {e}", folder.display()))?;
     }
-    let open = || Database::builder().set_cache_size(PAGE_CACHE_BYTES).create(path);
+    let open = || {
+        guarded(|| {
+            Database::builder()
+                .set_cache_size(PAGE_CACHE_BYTES)
+                .set_check_integrity_on_open(true)
+                .create(path)
+        })
+    };
+    // Bytes that are no redb file read as invalid data or a short file:
+    // damage, like a page that fails its check; any other I/O error is the
+    // path's (a permission, a missing volume), and the tier stays off.
+    let damage = |e: &std::io::Error| {
+        matches!(
+            e.kind(),
+            std::io::ErrorKind::InvalidData | std::io::ErrorKind::UnexpectedEof
+        )
+    };
     match open() {
-        Ok(db) => Ok(db),
-        Err(redb::DatabaseError::Storage(redb::StorageError::Io(e))) => Err(e.to_string()),
-        Err(e @ redb::DatabaseError::DatabaseAlreadyOpen) => Err(e.to_string()),
-        Err(e) => {
+        Some(Ok(db)) => Ok(db),
+        Some(Err(redb::DatabaseError::Storage(redb::StorageError::Io(e)))) if !damage(&e) => Err(e.to_string()),
+        Some(Err(e @ redb::DatabaseError::DatabaseAlreadyOpen)) => Err(e.to_string()),
+        damaged => {
+            let why = match damaged {
+                Some(Err(e)) => e.to_string(),
+                _ => "redb panicked reading it".to_string(),
+            };
             let aside = path.with_extension("redb.corrupt");
-            tracing::warn!(path = %path.display(), error = %e, aside = %aside.display(), "cache disk tier: file unreadable; moved aside, starting empty");
+            tracing::warn!(path = %path.display(), error = %why, aside = %aside.display(), "cache disk tier: file damaged or unreadable; moved aside, starting empty");
+            metrics.disk_dropped(DiskDrop::Corrupt, 1);
             std::fs::rename(path, &aside).map_err(|e| format!("cannot move {} aside: {e}", path.display()))?;
-            open().map_err(|e| e.to_string())
+            match open() {
+                Some(result) => result.map_err(|e| e.to_string()),
+                None => Err("redb panicked creating a new file".into()),
+            }
         }
     }
+}
+
+thread_local! {
+    /// Set while [`guarded`] runs on this thread: the panic hook keeps
+    /// quiet about a panic that is caught and reported as corruption.
+    static GUARDED: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Runs `f`, a call into redb, catching a panic: `None` when it panicked.
+/// redb asserts on pages it does not recognise (a file changed outside it);
+/// the disk tier is a cache, so that is a damaged file to move aside, never
+/// a reason to stop the gateway or to print a panic into its log.
+fn guarded<T>(f: impl FnOnce() -> T) -> Option<T> {
+    static HOOK: std::sync::Once = std::sync::Once::new();
+    HOOK.call_once(|| {
+        let previous = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            if !GUARDED.with(std::cell::Cell::get) {
+                previous(info);
+            }
+        }));
+    });
+    let was = GUARDED.with(|g| g.replace(true));
+    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).ok();
+    GUARDED.with(|g| g.set(was));
+    result
 }
 
 /// Entries and bytes as last committed.
@@ -366,11 +462,33 @@ struct Applied {
     evicted: u64,
 }
 
+/// What bounds the tier: its own size, the room it leaves on its volume,
+/// and how long past their TTL its entries stay (the stale grace).
+pub(crate) struct Limits {
+    pub(crate) max_bytes: u64,
+    pub(crate) reserve: u64,
+    pub(crate) grace: Duration,
+}
+
+/// One warning when the tier's budget cannot fit beside the reserve on its
+/// volume: it will stop writing at the reserve, not at `disk_max_bytes`.
+fn warn_if_it_cannot_fit(path: &Path, max_bytes: u64, reserve: u64) {
+    if let Some(warning) = crate::config::disk_room_warning(path, max_bytes, reserve) {
+        tracing::warn!("{warning}");
+    }
+}
+
 struct Writer {
     db: Arc<Database>,
+    /// The file, moved aside when a purge cannot be committed.
+    path: PathBuf,
     shared: Arc<Shared>,
     metrics: Arc<Metrics>,
     max_bytes: u64,
+    /// `cache.disk_reserve_bytes`: the free space it leaves on the volume.
+    reserve: u64,
+    /// The volume's free space was at the reserve at the last look.
+    short_of_room: bool,
     /// Set by a failed commit: writes are dropped until then.
     broken_until: Option<Instant>,
 }
@@ -397,7 +515,10 @@ impl Writer {
                 }
             }
             let flush = batch.iter().any(|op| matches!(op, Op::Flush { .. }));
-            let durable = flush || last_durable.elapsed() >= DURABLE_EVERY;
+            // A purge answered 200 must not come back after a crash: the
+            // batch holding one commits with fsync.
+            let purging = batch.iter().any(|op| matches!(op, Op::Purge(..)));
+            let durable = flush || purging || last_durable.elapsed() >= DURABLE_EVERY;
             if batch.is_empty() && (unsynced == 0 || !durable) {
                 continue;
             }
@@ -419,6 +540,12 @@ impl Writer {
                     op => ops.push(op),
                 }
             }
+            if puts > 0 && self.short_of_room() {
+                let dropped = ops.iter().filter(|op| matches!(op, Op::Put(..))).count() as u64;
+                self.metrics.disk_dropped(DiskDrop::Reserve, dropped);
+                ops.retain(|op| !matches!(op, Op::Put(..) | Op::Touch(_)));
+                self.shared.pending.fetch_sub(dropped, Ordering::Relaxed);
+            }
             let broken = self.broken_until.is_some_and(|t| Instant::now() < t);
             if broken {
                 // Degraded: writes dropped, purges still tried (a purge of a
@@ -428,7 +555,28 @@ impl Writer {
                 ops.retain(|op| !matches!(op, Op::Put(..) | Op::Touch(_)));
                 self.shared.pending.fetch_sub(dropped, Ordering::Relaxed);
             }
-            let removed = match self.commit(ops, durable) {
+            if self.shared.unreadable.load(Ordering::Relaxed) && !purging {
+                // The file is damaged or moved aside: nothing more goes in.
+                let dropped = ops.iter().filter(|op| matches!(op, Op::Put(..))).count() as u64;
+                self.metrics.disk_dropped(DiskDrop::Degraded, dropped);
+                self.shared.pending.fetch_sub(dropped + unsynced, Ordering::Relaxed);
+                unsynced = 0;
+                for done in waiters {
+                    let _ = done.send(());
+                }
+                if close {
+                    return;
+                }
+                continue;
+            }
+            let outcome = guarded(|| self.commit(ops, durable)).unwrap_or_else(|| {
+                self.metrics.disk_dropped(DiskDrop::Corrupt, 1);
+                if !self.shared.unreadable.swap(true, Ordering::Relaxed) {
+                    tracing::error!(path = %self.path.display(), "cache disk tier: the file is damaged (redb panicked in a commit); not used until a restart, which moves it aside");
+                }
+                Err(redb::Error::Corrupted("redb panicked in a commit".into()))
+            });
+            let removed = match outcome {
                 Ok((applied, removed)) => {
                     if self.broken_until.take().is_some() {
                         tracing::info!("cache disk tier writes again");
@@ -454,10 +602,7 @@ impl Writer {
                         unsynced = 0;
                     }
                     if !purges.is_empty() {
-                        tracing::error!(
-                            "cache disk tier: a purge could not be written; the tier is not read until a restart"
-                        );
-                        self.shared.unreadable.store(true, Ordering::Relaxed);
+                        self.unpurged();
                     }
                     self.shared.degraded.store(true, Ordering::Relaxed);
                     self.broken_until = Some(Instant::now() + RETRY_AFTER_ERROR);
@@ -472,6 +617,43 @@ impl Writer {
             }
             if close {
                 return;
+            }
+        }
+    }
+
+    /// Whether the volume's free space is at the reserve (then nothing is
+    /// written); logs the change each way.
+    fn short_of_room(&mut self) -> bool {
+        if self.reserve == 0 {
+            return false;
+        }
+        let short = crate::config::free_space(&self.path).is_some_and(|free| free <= self.reserve);
+        if short != self.short_of_room {
+            self.short_of_room = short;
+            match short {
+                true => {
+                    tracing::warn!(path = %self.path.display(), reserve = self.reserve, "cache disk tier: the volume is down to cache.disk_reserve_bytes; writing nothing until room comes back")
+                }
+                false => {
+                    tracing::info!(path = %self.path.display(), "cache disk tier: room again on the volume; writing")
+                }
+            }
+        }
+        short
+    }
+
+    /// A purge could not be committed (a full volume): what it was to remove
+    /// may still be in the file, so the file goes aside, where neither this
+    /// process nor the next start reads it (the next start begins empty).
+    fn unpurged(&self) {
+        self.shared.unreadable.store(true, Ordering::Relaxed);
+        let aside = self.path.with_extension("redb.unpurged");
+        match std::fs::rename(&self.path, &aside) {
+            Ok(()) => {
+                tracing::error!(path = %self.path.display(), aside = %aside.display(), "cache disk tier: a purge could not be written; the file is moved aside and not read again")
+            }
+            Err(e) => {
+                tracing::error!(path = %self.path.display(), error = %e, "cache disk tier: a purge could not be written, nor the file moved aside; not read until a restart")
             }
         }
     }
@@ -607,8 +789,11 @@ mod tests {
         Arc::new(
             Disk::open(
                 &dir.join("c.redb"),
-                max,
-                Duration::from_secs(60),
+                Limits {
+                    max_bytes: max,
+                    reserve: 0,
+                    grace: Duration::from_secs(60),
+                },
                 Arc::new(Metrics::new()),
             )
             .expect("opens"),

@@ -122,8 +122,15 @@ impl Cache {
 
     /// Adds the disk tier at `path` (`CacheConfig::disk_file`), bounded by
     /// `cache.disk_max_bytes`; an unusable path leaves it off ([`disk`]).
-    pub(crate) fn with_disk(mut self, path: Option<std::path::PathBuf>, max_bytes: u64) -> Cache {
-        self.disk = path.and_then(|p| disk::Disk::open(&p, max_bytes, self.grace, self.metrics.clone()).map(Arc::new));
+    pub(crate) fn with_disk(mut self, path: Option<std::path::PathBuf>, max_bytes: u64, reserve: u64) -> Cache {
+        self.disk = path.and_then(|p| {
+            let limits = disk::Limits {
+                max_bytes,
+                reserve,
+                grace: self.grace,
+            };
+            disk::Disk::open(&p, limits, self.metrics.clone()).map(Arc::new)
+        });
         self
     }
 

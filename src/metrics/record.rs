@@ -107,16 +107,20 @@ pub(crate) enum DiskDrop {
     Corrupt,
     /// Found past its TTL and stale grace when read: removed.
     Expired,
+    /// Not written: the volume's free space is at `cache.disk_reserve_bytes`,
+    /// kept for the ledger beside the file.
+    Reserve,
 }
 
 impl DiskDrop {
-    pub(crate) const ALL: [DiskDrop; 6] = [
+    pub(crate) const ALL: [DiskDrop; 7] = [
         DiskDrop::TooLarge,
         DiskDrop::QueueFull,
         DiskDrop::Degraded,
         DiskDrop::Evicted,
         DiskDrop::Corrupt,
         DiskDrop::Expired,
+        DiskDrop::Reserve,
     ];
 
     pub(super) const fn as_str(self) -> &'static str {
@@ -127,6 +131,7 @@ impl DiskDrop {
             DiskDrop::Evicted => "evicted",
             DiskDrop::Corrupt => "corrupt",
             DiskDrop::Expired => "expired",
+            DiskDrop::Reserve => "reserve",
         }
     }
 }

@@ -127,6 +127,10 @@ async fn serve(path: Option<PathBuf>) -> ExitCode {
     for warning in config.warnings() {
         tracing::warn!("{warning}");
     }
+    // Before anything serves (see `shutdown_signal`); SIGHUP's too, whose
+    // default would end the process.
+    let shutdown = shutdown_signal();
+    let hangup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()).ok();
     let listeners = match Listeners::bind(&config.server).await {
         Ok(l) => l,
         Err(e) => {
@@ -152,8 +156,8 @@ async fn serve(path: Option<PathBuf>) -> ExitCode {
         version = env!("CARGO_PKG_VERSION"),
         "permit-gateway serving"
     );
-    tokio::spawn(reload_on_sighup(app.clone()));
-    let code = match permit_gateway::run(app, listeners, shutdown_signal()).await {
+    tokio::spawn(reload_on_sighup(app.clone(), hangup));
+    let code = match permit_gateway::run(app, listeners, shutdown).await {
         Ok(()) => {
             tracing::info!("stopped");
             ExitCode::SUCCESS
@@ -194,10 +198,11 @@ async fn run_demo(listen: String, admin_listen: String) -> ExitCode {
     let Ok(_telemetry) = telemetry::init(&log, &no_export) else {
         return ExitCode::FAILURE;
     };
+    let shutdown = shutdown_signal();
     match demo::start(&listen, &admin_listen).await {
         Ok((sim, running)) => {
             println!("{}", demo::banner(&sim, &running));
-            shutdown_signal().await;
+            shutdown.await;
             let _ = running.shutdown().await;
             sim.shutdown().await;
             demo::clean_up();
@@ -211,20 +216,25 @@ async fn run_demo(listen: String, admin_listen: String) -> ExitCode {
     }
 }
 
-/// SIGTERM (Kubernetes) or SIGINT (Ctrl-C).
-async fn shutdown_signal() {
+/// SIGTERM (Kubernetes) or SIGINT (Ctrl-C). The handlers are installed
+/// when this is called, not when the future is first polled: a SIGTERM that
+/// comes once the listeners serve (the per-core loops answer on threads of
+/// their own before the main task polls its shutdown) must drain, not kill.
+fn shutdown_signal() -> impl std::future::Future<Output = ()> {
     use tokio::signal::unix::{signal, SignalKind};
     let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler installs");
-    tokio::select! {
-        _ = term.recv() => tracing::info!("SIGTERM: draining"),
-        _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT: draining"),
+    let mut int = signal(SignalKind::interrupt()).expect("SIGINT handler installs");
+    async move {
+        tokio::select! {
+            _ = term.recv() => tracing::info!("SIGTERM: draining"),
+            _ = int.recv() => tracing::info!("SIGINT: draining"),
+        }
     }
 }
 
 /// SIGHUP re-reads the teams, like `POST /admin/reload`.
-async fn reload_on_sighup(app: std::sync::Arc<App>) {
-    use tokio::signal::unix::{signal, SignalKind};
-    let Ok(mut hup) = signal(SignalKind::hangup()) else {
+async fn reload_on_sighup(app: std::sync::Arc<App>, hangup: Option<tokio::signal::unix::Signal>) {
+    let Some(mut hup) = hangup else {
         return;
     };
     while hup.recv().await.is_some() {

@@ -25,15 +25,17 @@ impl Held {
             .into_iter()
             .enumerate()
             .map(|(i, f)| match f {
-                Some(f) if !kind.holds(i) => {
-                    drop(f);
-                    (None, None)
-                }
+                Some(_) if !kind.holds(i) => (None, None),
                 Some(f) if f.0.is_fresh(now) && young(&f.0) => (Some(f), None),
                 other => (None, other),
             })
             .unzip();
         Held { fresh, stale }
+    }
+
+    /// Every piece held fresh: nothing to buy.
+    pub(super) fn complete(&self) -> bool {
+        self.fresh.iter().all(Option::is_some)
     }
 
     pub(super) fn missing(&self) -> Vec<usize> {

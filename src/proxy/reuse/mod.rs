@@ -101,7 +101,7 @@ async fn engine<B, K: Kind>(
         return None;
     }
     let mut held = Held::look(app, ask, kind).await;
-    if held.missing().is_empty() {
+    if held.complete() {
         return assemble::answer(&held, app, ask, ctx, kind, Bought::nothing());
     }
     // Like only-if-cached, a HEAD never buys: the page path says so.
@@ -117,7 +117,7 @@ async fn engine<B, K: Kind>(
             let turn = turn::take(app, &buyers.turns, &name).await;
             // Read again in our turn: what the last buyer filed is held now.
             held = Held::look(app, ask, kind).await;
-            let bought = if held.missing().is_empty() {
+            let bought = if held.complete() {
                 Some((Bought::nothing(), 0))
             } else {
                 turn::buy(app, flights, job, kind, &held).await

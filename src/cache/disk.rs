@@ -383,7 +383,7 @@ thread_local! {
 /// redb asserts on pages it does not recognise (a file changed outside it);
 /// the disk tier is a cache, so that is a damaged file to move aside, never
 /// a reason to stop the gateway or to print a panic into its log.
-fn guarded<T>(f: impl FnOnce() -> T) -> Option<T> {
+pub(crate) fn guarded<T>(f: impl FnOnce() -> T) -> Option<T> {
     static HOOK: std::sync::Once = std::sync::Once::new();
     HOOK.call_once(|| {
         let previous = std::panic::take_hook();

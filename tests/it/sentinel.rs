@@ -6,13 +6,15 @@
 //! that cannot name a primary.
 
 use crate::support::client::Client;
-use crate::support::gateway::{Setup, ALPHA};
+use crate::support::gateway::{ChildGateway, Setup, ALPHA};
 use crate::support::probe::readyz;
 use crate::support::query::Query;
 use crate::support::redis_sentinel::{RedisSentinel, DOWN_AFTER_MS};
 use crate::support::sim::{start_sim, unlimited};
 use crate::support::traffic::{assert_only_503s_within, start_load, wait_all_served_after, wait_load_served, Log};
-use crate::support::traffic::{assert_settled_spend_survived, charged_to, distinct_searches, ledger_used};
+use crate::support::traffic::{
+    assert_settled_spend_survived, charged_to, distinct_searches, ledger_used, ledger_used_now,
+};
 use crate::support::wait::eventually;
 use http::StatusCode;
 use permit_gateway::Running;
@@ -170,6 +172,123 @@ async fn settles_a_stalled_replica_never_got_survive_the_failover() {
     .await;
     eprintln!("stalled replication: ledger {used} after the failover, upstream charged {charged}");
     assert_eq!(ledger_used(&gw.admin_url(), "alpha").await, charged);
+}
+
+/// The shortest reservation term validation allows with one 1 s attempt
+/// and a 1 s queue: `1 + 1 + 5`.
+const SHORT_TERM_SECS: u64 = 7;
+
+/// Issue 46, point 4: a replication stall three times as long as twice a
+/// reservation's term, under steady 2-credit misses (a primary and its
+/// replica, no Sentinel: one would end the stall). Every settle waits
+/// for a replica that never acknowledges, so each is kept and applied
+/// again every second; a settle's mark used to be forgotten twice the term
+/// after it was written, and the next replay counted it again (measured:
+/// ledger 95 against 67 billed). A mark that may be applied again is now
+/// pinned until a replica has it: the ledger equals the bill throughout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_stall_three_times_the_term_counts_every_settle_once() {
+    let (redis, _) = sentinels(RedisSentinel::pair_behind_relay).await;
+    let url = redis.lock().expect("setup").primary_url();
+    let sim = start_sim(unlimited()).await;
+    let gw = on_sentinel(&url)
+        .one_attempt(1)
+        .with(|c| {
+            c.upstream.max_queue_wait_secs = 1;
+            c.quota.reservation_lease_secs = SHORT_TERM_SECS;
+        })
+        .start(&sim)
+        .await;
+    let s = sim.samples();
+    let alpha = Client::new(gw.base_url(), ALPHA.1);
+    let warm = alpha.get(Query::distinct(&s, 0).size(2)).request_id("alpha-warm").await;
+    assert_eq!(warm.status, StatusCode::OK, "{}", warm.text());
+    redis.lock().expect("setup").stall_replication();
+    let stall = Duration::from_secs(3 * 2 * SHORT_TERM_SECS);
+    let started = Instant::now();
+    let (mut i, mut billed) = (1, 0);
+    while started.elapsed() < stall {
+        let r = alpha
+            .get(Query::distinct(&s, i).size(2))
+            .request_id(&format!("alpha-stalled-{i}"))
+            .await;
+        assert_eq!(r.status, StatusCode::OK, "miss {i}: {}", r.text());
+        // Some are answered from records already held (0 credits).
+        billed += u32::from(r.credits_request() > Some(0));
+        i += 1;
+    }
+    let charged = charged_to(&sim, "alpha-");
+    let used = ledger_used(&gw.admin_url(), "alpha").await;
+    eprintln!(
+        "a stall of {stall:?} (term {SHORT_TERM_SECS} s): {} requests, {billed} billed, ledger {used} against {charged} billed",
+        i - 1
+    );
+    assert_eq!(used, charged, "every settle counted once");
+    assert!(billed > 20, "steady billed misses through the stall: {billed}");
+}
+
+/// Issue 46, point 5: the gateway that keeps the unacknowledged settles
+/// dies with them. Three billed misses (41 credits) are settled on a
+/// primary whose replica's link stopped forwarding; the gateway is
+/// SIGKILLed, the primary killed and the replica promoted: the new primary
+/// lacks the 41 credits. The gateway, restarted on the same data volume,
+/// finds them in its journal (`settles.redb`) and applies them: the ledger
+/// equals the bill (before: 41 of 41 lost).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn settles_of_a_gateway_killed_in_a_stall_are_applied_after_its_restart() {
+    let (redis, url) = sentinels(RedisSentinel::start_behind_relay).await;
+    let sim = start_sim(unlimited()).await;
+    let setup = on_sentinel(&url);
+    let mut gw = ChildGateway::spawn(&setup, &sim.base_url(), sim.api_key());
+    let s = sim.samples();
+    let alpha = Client::new(gw.base_url(), ALPHA.1);
+    let search = |i: u32, size: u32| Query::distinct(&s, i).size(size);
+    let warm = alpha.get(search(0, 6)).request_id("alpha-warm").await;
+    assert_eq!(warm.status, StatusCode::OK, "{}", warm.text());
+    redis.lock().expect("setup").stall_replication();
+    for (i, size) in [(1, 10), (2, 15), (3, 16)] {
+        let r = alpha
+            .get(search(i, size))
+            .request_id(&format!("alpha-stalled-{i}"))
+            .await;
+        assert_eq!(r.status, StatusCode::OK, "{}", r.text());
+        assert_eq!(r.credits_request(), Some(u64::from(size)));
+    }
+    let charged = charged_to(&sim, "alpha-");
+    assert_eq!(charged, 47);
+    gw.signal("KILL");
+    gw.wait_exit(Duration::from_secs(10));
+    fail_over(&redis).await;
+    // Another gateway (its own data volume) reads the new primary: the
+    // settles no replica had are missing there.
+    let probe = on_sentinel(&url).start(&sim).await;
+    let before = eventually("the new primary answers", Duration::from_secs(20), || async {
+        ledger_used_now(&probe.admin_url(), "alpha").await
+    })
+    .await;
+    assert_eq!(
+        before, 6,
+        "only the settle a replica acknowledged survived the failover"
+    );
+    let restarted = ChildGateway::spawn(&setup, &sim.base_url(), sim.api_key());
+    let used = eventually(
+        "the restarted gateway applies its journal's settles",
+        Duration::from_secs(20),
+        || async {
+            match ledger_used_now(&probe.admin_url(), "alpha").await {
+                Some(used) if used == charged => Some(used),
+                _ => None,
+            }
+        },
+    )
+    .await;
+    eprintln!("gateway killed in a stall, then a failover: ledger {before} before its restart, {used} after, upstream charged {charged}");
+    assert!(
+        restarted.log_text().contains("from its journal"),
+        "the restart says it applies settles from its journal"
+    );
+    // Through the restarted gateway too: applied once.
+    assert_eq!(ledger_used(&restarted.admin_url(), "alpha").await, charged);
 }
 
 /// Issue 39, point 3: a Sentinel failover under load, five times over

@@ -9,7 +9,8 @@
 //! - `<prefix>l:{team}:settled` reservation id → when it ended (ms), kept
 //!   for twice a reservation's term: what makes a settle idempotent;
 //! - `<prefix>l:{team}:settled_at` the same marks as a sorted set scored by
-//!   that time, so that a settle forgets the few oldest past the window
+//!   that time (or by a time a day ahead while the settle may be applied
+//!   again: `unacked`, pinned), so that a settle forgets the few oldest past the window
 //!   (`ZRANGEBYSCORE … LIMIT`, O(log n)) instead of reading every mark
 //!   (before it, an `HGETALL` per settle made each settle O(marks));
 //! - `<prefix>l:{team}:settled_scan` where the walk over unindexed marks
@@ -42,6 +43,7 @@
 //! index to go stale, missing at most the marks of twice a reservation's
 //! term, which the next upgrade prunes.
 
+mod journal;
 mod scripts;
 mod unacked;
 
@@ -163,18 +165,43 @@ impl RedisLedger {
         self
     }
 
-    /// The settler, started at the first settle (its replay task needs the
-    /// runtime); settles mark their time on the same clock as reserves.
+    /// Keeps the settles no replica acknowledged in the journal at `path`
+    /// as well as in memory, and applies again at once those a previous
+    /// run of this gateway left there. Called last of the builder calls
+    /// (the settler starts here, on their connection and clock). A journal
+    /// that cannot be opened (another gateway holds the file, a read-only
+    /// volume) is logged: settles are then kept in memory only.
+    pub fn with_journal(self, path: &std::path::Path) -> RedisLedger {
+        let journal = match journal::Journal::open(path) {
+            Ok(j) => {
+                tracing::info!(path = %path.display(), "ledger settle journal: settles no replica acknowledged survive a restart");
+                Some(j)
+            }
+            Err(e) => {
+                tracing::warn!(path = %path.display(), error = %e, "ledger settle journal unusable: settles no replica acknowledged are kept in memory only, and lost if this gateway dies before a replica has them");
+                None
+            }
+        };
+        let _ = self.settler.set(self.new_settler(journal));
+        self
+    }
+
+    /// The settler, started at the first settle when no journal started it
+    /// (its replay task needs the runtime); settles mark their time on the
+    /// same clock as reserves.
     fn settler(&self) -> &Arc<unacked::Settler> {
-        self.settler.get_or_init(|| {
-            unacked::Settler::new(
-                self.settle_redis.clone(),
-                self.keys.clone(),
-                Script::new(SETTLE),
-                self.clock,
-                self.term,
-            )
-        })
+        self.settler.get_or_init(|| self.new_settler(None))
+    }
+
+    fn new_settler(&self, journal: Option<journal::Journal>) -> Arc<unacked::Settler> {
+        unacked::Settler::new(
+            self.settle_redis.clone(),
+            self.keys.clone(),
+            Script::new(SETTLE),
+            self.clock,
+            self.term,
+            journal,
+        )
     }
 
     /// Holds `amount` for `team` unless that passes `limit`. The reserve
@@ -356,8 +383,9 @@ impl RedisLedger {
             id: r.id,
             team: r.team.clone(),
             actual,
-            route: route.as_str(),
+            route,
             day: today,
+            at: self.clock.now_ms(),
         };
         let once = || self.settler().apply(&pending);
         let settled = once.retry(until(r.settle_by)).await;
@@ -366,7 +394,7 @@ impl RedisLedger {
             Ok(true) => Ok(()),
             // On the primary, not yet on a replica: applied again until it is.
             Ok(false) => {
-                self.settler().keep(pending);
+                self.settler().keep(pending).await;
                 Ok(())
             }
             Err(e) => Err(LedgerError(format!("ledger settle: {e}"))),
@@ -560,6 +588,13 @@ impl Ender {
             tracing::warn!(team = %self.team, error = %e, "ledger: a reservation could not be ended; it lapses into spend");
         }
     }
+}
+
+/// The settle journal of a gateway whose `quota.path` is `quota_path`:
+/// `settles.redb` in its folder (the data volume), absolute.
+pub fn journal_path(quota_path: &std::path::Path) -> std::path::PathBuf {
+    let path = journal::Journal::path_for(quota_path);
+    std::path::absolute(&path).unwrap_or(path)
 }
 
 /// Backoff from 50 ms to 1 s for as long as `deadline` allows.

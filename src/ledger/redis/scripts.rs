@@ -64,16 +64,23 @@ return {1, spent, held + amount, clock}
 
 /// KEYS: days, held, routes, settled, settled_at, settled_scan, lapsed.
 /// ARGV: id, actual, today, route, prune days before, now, forget marks
-/// before, most marks to forget, hash buckets to walk. 0: already
-/// ended (a lapsed reservation's charge above what its lapse counted is
-/// added then, once).
+/// before, most marks to forget, hash buckets to walk, pin (0: none; else
+/// the mark's score, a time ahead: it is not forgotten before that plus
+/// the window, whoever settles meanwhile). Returns 0: already ended (a
+/// lapsed reservation's charge above what its lapse counted is added
+/// then, once; a pin moves the mark's score, never back).
 ///
 /// Each step is O(1) or O(log marks), on at most ARGV[8] (forgotten) and
 /// about ARGV[9] (walked) marks, plus the days hash (at most ~63 days): a
 /// settle costs the same with a hundred marks as with a million.
 pub(super) const SETTLE: &str = r#"
 local now = ARGV[6]
+local pin = tonumber(ARGV[10])
 if redis.call('HSETNX', KEYS[4], ARGV[1], now) == 0 then
+  if pin > 0 then
+    local score = redis.call('ZSCORE', KEYS[5], ARGV[1])
+    if not score or tonumber(score) < pin then redis.call('ZADD', KEYS[5], pin, ARGV[1]) end
+  end
   local counted = tonumber(redis.call('HGET', KEYS[7], ARGV[1]) or '')
   local actual = tonumber(ARGV[2])
   if counted ~= nil and actual > counted then
@@ -83,7 +90,7 @@ if redis.call('HSETNX', KEYS[4], ARGV[1], now) == 0 then
   end
   return 0
 end
-redis.call('ZADD', KEYS[5], now, ARGV[1])
+if pin > 0 then redis.call('ZADD', KEYS[5], pin, ARGV[1]) else redis.call('ZADD', KEYS[5], now, ARGV[1]) end
 redis.call('HDEL', KEYS[2], ARGV[1])
 local actual = tonumber(ARGV[2])
 if actual > 0 then

@@ -1,6 +1,7 @@
 //! Settles no replica has acknowledged yet: a queue in this process's
-//! memory, lost with the process. It is what lets a settle survive a
-//! Redis failover.
+//! memory, written through to a durable journal ([`super::journal`],
+//! `settles.redb` beside `quota.path`). It is what lets a settle survive a
+//! Redis failover, and this gateway's crash during one.
 //!
 //! Replication is asynchronous: a settle the primary acknowledged and then
 //! lost with it (killed before its replica received the write) is spend the
@@ -8,27 +9,36 @@
 //! is followed on the same connection by `WAIT 1 <ms>`: once a replica has
 //! it, a failover keeps it. A settle no replica acknowledged in time (a
 //! stalled replication link whose ACKs still flow, so
-//! `min-replicas-max-lag` does not trip) is kept here, in memory, and
-//! applied again every [`REPLAY_EVERY`] to whatever primary the Sentinels
-//! name then — idempotently, by reservation id (the `settled` mark) — until
-//! a replica acknowledges it or the primary it lands on has none (then its
-//! AOF is all there is to wait for).
+//! `min-replicas-max-lag` does not trip) is written to the journal (one
+//! fsync'd commit, before its caller moves on) and kept here, and applied
+//! again every [`REPLAY_EVERY`] to whatever primary the Sentinels name then
+//! until a replica acknowledges it (or the primary it lands on has none:
+//! then its AOF is all there is to wait for). A gateway that restarts
+//! loads the journal and goes on.
+//!
+//! **Exactly once, however long the stall.** Applying a settle again is
+//! idempotent by reservation id (the `settled` mark). Marks are forgotten
+//! twice a reservation's term after they were written, which a stall (or a
+//! crashed gateway's downtime) can outlast; so a settle applied on a
+//! primary that has replicas **pins** its mark for [`PIN`] (its score in
+//! `settled_at` is set that far ahead) and unpins it once a replica
+//! acknowledged it. A settle that may be applied again keeps its mark for
+//! a day; one applied again after that (a gateway down for more than a day
+//! with its journal) may count twice: over-, never under-charged.
 //!
 //! Settles run on a connection of their own (`with_settle_connection`):
 //! a `WAIT` no replica answers blocks its connection for `WAIT_MS`, and
 //! reserves must not queue behind it. Reserves are not waited for.
-//!
-//! Nothing here is written to disk: the queue is lost with the process.
-//! Each settle in it was applied once already, so a gateway replica that
-//! dies with settles in it loses them only if the Redis primary dies too
-//! before its replica caught up.
+//! A replay applies up to [`REPLAY_CHUNK`] settles, then waits once.
 //! On a Redis Cluster settles are not waited for (docs/operations.md).
 
+use super::journal::Journal;
 use super::{millis, FORGET_PER_SETTLE, WALK_PER_SETTLE};
 use crate::clock::Clock;
 use crate::metrics::RedisOp;
 use crate::redis_backend::keys::{Keys, LedgerKey};
 use crate::redis_backend::{BackendError, RedisBackend};
+use crate::route::Route;
 use redis::Script;
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex, Weak};
@@ -40,6 +50,14 @@ const REPLAY_EVERY: Duration = Duration::from_secs(1);
 /// The longest a settle waits for a replica's acknowledgement (bounded
 /// by a quarter of the ledger's Redis timeout).
 const WAIT_MS: u64 = 200;
+
+/// How long the mark of a settle that may be applied again is kept
+/// (the mark makes applying it again count nothing).
+pub(super) const PIN: Duration = Duration::from_secs(24 * 3600);
+
+/// Settles one replay applies before its one `WAIT`: a call stays well
+/// inside the Redis timeout however long the queue.
+const REPLAY_CHUNK: usize = 256;
 
 /// How long a primary's replica count is trusted.
 const REPLICAS_FRESH: Duration = Duration::from_secs(2);
@@ -55,8 +73,10 @@ pub(super) struct Pending {
     pub(super) id: u64,
     pub(super) team: String,
     pub(super) actual: u64,
-    pub(super) route: &'static str,
+    pub(super) route: Route,
     pub(super) day: u32,
+    /// When it was first applied (ms, the ledger's clock).
+    pub(super) at: u64,
 }
 
 pub(super) struct Settler {
@@ -69,6 +89,8 @@ pub(super) struct Settler {
     term: Duration,
     /// Applied, not yet acknowledged by a replica.
     unacked: Mutex<VecDeque<Pending>>,
+    /// Where `unacked` is written through; `None`: memory only.
+    journal: Option<Arc<Journal>>,
     /// The primary's connected replicas as last read, and when.
     replicas: Mutex<Option<(i64, Instant)>>,
 }
@@ -81,14 +103,32 @@ impl Settler {
         script: Script,
         clock: Clock,
         term: Duration,
+        journal: Option<Journal>,
     ) -> Arc<Settler> {
+        let loaded = journal.as_ref().map(|j| match j.load() {
+            Ok(loaded) => loaded,
+            Err(e) => {
+                tracing::error!(path = %j.path().display(), error = %e, "ledger settle journal unreadable: its settles are not applied again");
+                Vec::new()
+            }
+        });
+        let loaded = loaded.unwrap_or_default();
+        if !loaded.is_empty() {
+            let credits: u64 = loaded.iter().map(|p| p.actual).sum();
+            tracing::warn!(
+                settles = loaded.len(),
+                credits,
+                "ledger: settles no replica acknowledged before this gateway stopped, from its journal: applied again"
+            );
+        }
         let settler = Arc::new(Settler {
             redis,
             keys,
             script,
             clock,
             term,
-            unacked: Mutex::default(),
+            unacked: Mutex::new(loaded.into()),
+            journal: journal.map(Arc::new),
             replicas: Mutex::default(),
         });
         tokio::spawn(replay(Arc::downgrade(&settler)));
@@ -96,37 +136,80 @@ impl Settler {
     }
 
     /// Applies one settle; `Ok(true)` once it is durable: a replica
-    /// acknowledged it, or the primary has none to wait for.
+    /// acknowledged it, or the primary has none to wait for. While earlier
+    /// settles wait for a replica (a stalled link) it is not waited for
+    /// either: `Ok(false)`, kept with them, and the replay's one `WAIT`
+    /// covers it (a stall costs each settle a journal commit, not `WAIT_MS`).
     pub(super) async fn apply(&self, p: &Pending) -> Result<bool, BackendError> {
+        let wait = self.lock().is_empty();
+        self.apply_all(std::slice::from_ref(p), wait).await
+    }
+
+    /// Applies `settles` on one connection, then (`wait`) waits once for a
+    /// replica: `Ok(true)` once all are durable. On a primary with replicas
+    /// each mark is pinned for [`PIN`] until a replica acknowledged it.
+    async fn apply_all(&self, settles: &[Pending], wait: bool) -> Result<bool, BackendError> {
         let replicas = self.replicas(true).await;
-        let keys = LedgerKey::ALL.map(|k| self.keys.ledger(&p.team, k));
         let now = self.clock.now_ms();
+        let pin = if replicas == 0 {
+            0
+        } else {
+            now.saturating_add(millis(PIN))
+        };
+        let invocations: Vec<_> = settles.iter().map(|p| self.invocation(p, now, pin)).collect();
+        let marks: Vec<(String, u64)> = settles
+            .iter()
+            .map(|p| (self.keys.ledger(&p.team, LedgerKey::SettledAt), p.id))
+            .collect();
+        let wait_ms = self.wait_ms();
+        self.redis
+            .call(RedisOp::LedgerSettle, |mut c| async move {
+                for inv in &invocations {
+                    inv.invoke_async::<u64>(&mut c).await?;
+                }
+                if replicas == 0 {
+                    return Ok(true);
+                }
+                if !wait {
+                    return Ok(false);
+                }
+                // The same connection: WAIT counts the replicas that have
+                // every write it made, the settles' included.
+                let acked: i64 = redis::cmd("WAIT").arg(1).arg(wait_ms).query_async(&mut c).await?;
+                if acked < 1 {
+                    return Ok(false);
+                }
+                // A replica has them: their marks age like any other. Not
+                // unpinned (an error, a crash): kept a day, harmless.
+                let mut unpin = redis::pipe();
+                for (key, id) in &marks {
+                    unpin.cmd("ZADD").arg(key).arg("XX").arg(now).arg(*id).ignore();
+                }
+                if let Err(e) = unpin.query_async::<()>(&mut c).await {
+                    tracing::debug!(error = %e, "ledger: settle marks left pinned");
+                }
+                Ok(true)
+            })
+            .await
+    }
+
+    /// The settle script's call for `p` (`scripts::SETTLE`).
+    fn invocation(&self, p: &Pending, now: u64, pin: u64) -> redis::ScriptInvocation<'_> {
         let mut inv = self.script.prepare_invoke();
-        for k in &keys {
-            inv.key(k);
+        for k in LedgerKey::ALL {
+            inv.key(self.keys.ledger(&p.team, k));
         }
         inv.arg(p.id)
             .arg(p.actual)
             .arg(p.day)
-            .arg(p.route)
+            .arg(p.route.as_str())
             .arg(p.day.saturating_sub(crate::ledger::ROLLING_DAYS + 32))
             .arg(now)
             .arg(now.saturating_sub(millis(self.term).saturating_mul(2)))
             .arg(FORGET_PER_SETTLE)
-            .arg(WALK_PER_SETTLE);
-        let wait_ms = self.wait_ms();
-        self.redis
-            .call(RedisOp::LedgerSettle, |mut c| async move {
-                inv.invoke_async::<u64>(&mut c).await?;
-                if replicas == 0 {
-                    return Ok(true);
-                }
-                // The same connection: WAIT counts the replicas that have
-                // every write it made, the settle's included.
-                let acked: i64 = redis::cmd("WAIT").arg(1).arg(wait_ms).query_async(&mut c).await?;
-                Ok(acked >= 1)
-            })
-            .await
+            .arg(WALK_PER_SETTLE)
+            .arg(pin);
+        inv
     }
 
     /// How long a write waits for a replica's acknowledgement: [`WAIT_MS`],
@@ -135,16 +218,43 @@ impl Settler {
         WAIT_MS.min(millis(self.redis.timeout()) / 4).max(1)
     }
 
-    /// Keeps a settle no replica acknowledged, to be applied again.
-    pub(super) fn keep(&self, p: Pending) {
-        tracing::warn!(team = %p.team, credits = p.actual, "ledger settle not acknowledged by a replica: kept to be applied again");
+    /// Keeps a settle no replica acknowledged, to be applied again: in
+    /// the journal (durable when this returns, unless the journal is
+    /// unusable: then logged) and in memory.
+    pub(super) async fn keep(&self, p: Pending) {
+        // Once per stall: the settles after the first are kept without
+        // waiting (`apply`).
+        if self.lock().is_empty() {
+            tracing::warn!(team = %p.team, credits = p.actual, "ledger settle not acknowledged by a replica: kept (journal and memory) and applied again until one does");
+        }
+        if let Some(journal) = self.journal.clone() {
+            let row = p.clone();
+            let written = tokio::task::spawn_blocking(move || journal.put(&[row]))
+                .await
+                .unwrap_or_else(|e| Err(e.to_string()));
+            if let Err(e) = written {
+                tracing::error!(team = %p.team, credits = p.actual, error = %e, "ledger settle journal: not written; the settle is kept in memory only");
+            }
+        }
         let mut unacked = self.lock();
         if unacked.len() >= MAX_PENDING {
             if let Some(dropped) = unacked.pop_front() {
-                tracing::error!(team = %dropped.team, credits = dropped.actual, "ledger journal full: the oldest unacknowledged settle is no longer re-applied");
+                tracing::error!(team = %dropped.team, credits = dropped.actual, "ledger: queue of unacknowledged settles full: the oldest is applied again only from the journal, after a restart");
             }
         }
         unacked.push_back(p);
+    }
+
+    /// Deletes acknowledged settles from the journal.
+    async fn forget(&self, ids: Vec<u64>) {
+        let Some(journal) = self.journal.clone() else { return };
+        let deleted = tokio::task::spawn_blocking(move || journal.delete(&ids))
+            .await
+            .unwrap_or_else(|e| Err(e.to_string()));
+        if let Err(e) = deleted {
+            // Applied again after a restart: its pinned mark counts it once.
+            tracing::warn!(error = %e, "ledger settle journal: acknowledged settles not deleted");
+        }
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, VecDeque<Pending>> {
@@ -176,8 +286,9 @@ impl Settler {
     }
 }
 
-/// Applies the unacknowledged settles again every [`REPLAY_EVERY`] until
-/// each is acknowledged. Ends with the ledger.
+/// Applies the unacknowledged settles again every [`REPLAY_EVERY`], a
+/// chunk at a time with one `WAIT` each, until each is acknowledged. Ends
+/// with the ledger.
 async fn replay(settler: Weak<Settler>) {
     loop {
         tokio::time::sleep(REPLAY_EVERY).await;
@@ -189,12 +300,17 @@ async fn replay(settler: Weak<Settler>) {
         // The primary may be another one now.
         s.forget_replicas();
         let mut kept = Vec::new();
-        for p in pending {
-            match s.apply(&p).await {
-                Ok(true) => {
-                    tracing::info!(team = %p.team, credits = p.actual, "ledger settle re-applied and acknowledged")
-                }
-                _ => kept.push(p),
+        for chunk in pending.chunks(REPLAY_CHUNK) {
+            if let Ok(true) = s.apply_all(chunk, true).await {
+                let credits: u64 = chunk.iter().map(|p| p.actual).sum();
+                tracing::info!(
+                    settles = chunk.len(),
+                    credits,
+                    "ledger settles re-applied and acknowledged"
+                );
+                s.forget(chunk.iter().map(|p| p.id).collect()).await;
+            } else {
+                kept.extend_from_slice(chunk);
             }
         }
         let mut unacked = s.lock();

@@ -54,6 +54,19 @@ impl RedisSentinel {
         RedisSentinel::start_with(true, FAILOVER_TIMEOUT_MS)
     }
 
+    /// A primary and its replica behind a [`StallRelay`], and no Sentinel:
+    /// a stall that lasts (a Sentinel would point the replica at the
+    /// primary itself within seconds, ending the stall).
+    pub fn pair_behind_relay() -> RedisSentinel {
+        RedisSentinel::start_with(true, 0)
+    }
+
+    /// The primary's own URL (node 0).
+    pub fn primary_url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.nodes[0].port)
+    }
+
+    /// `failover_timeout_ms` 0: no Sentinels.
     fn start_with(relayed: bool, failover_timeout_ms: u64) -> RedisSentinel {
         let root = tempfile::tempdir().expect("temp dir");
         let proc = |name: &str| {
@@ -62,7 +75,10 @@ impl RedisSentinel {
             RedisProc::new(free_port(), dir)
         };
         let mut nodes = vec![proc("primary"), proc("replica")];
-        let sentinels = vec![proc("s0"), proc("s1"), proc("s2")];
+        let sentinels = match failover_timeout_ms {
+            0 => Vec::new(),
+            _ => vec![proc("s0"), proc("s1"), proc("s2")],
+        };
         let primary = nodes[0].port;
         nodes[0].start(node_command(primary, None));
         let replica = nodes[1].port;

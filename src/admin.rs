@@ -5,6 +5,7 @@
 //! same one mapping as the team port's.
 
 use crate::app::App;
+use crate::cache::disk::DiskPurged;
 use crate::error::{GatewayError, Violation};
 use crate::http_util::{bytes_response, json_response, Body};
 use crate::ledger;
@@ -188,12 +189,28 @@ async fn purge(app: &App, query: Option<&str>) -> Result<Response<Body>, Gateway
             )]))?,
         ),
     };
-    let redis_keys = app.cache.purge(route).await;
-    tracing::info!(route = route.map_or("all", Route::as_str), redis_keys, "cache purged");
-    Ok(json_response(
-        StatusCode::OK,
-        &json!({"purged": route.map_or("all", Route::as_str), "redis_keys": redis_keys}),
-    ))
+    let (redis_keys, disk) = app.cache.purge(route).await;
+    let purged = route.map_or("all", Route::as_str);
+    tracing::info!(
+        route = purged,
+        redis_keys,
+        disk = disk.map(DiskPurged::as_str),
+        "cache purged"
+    );
+    // 200 only for a purge that cannot come back: the disk tier's file
+    // committed it, or was moved aside (the answer says which).
+    let status = match disk {
+        Some(DiskPurged::Failed) => StatusCode::SERVICE_UNAVAILABLE,
+        _ => StatusCode::OK,
+    };
+    let mut body = json!({"purged": purged, "redis_keys": redis_keys});
+    if let Some(disk) = disk {
+        body["disk"] = json!(disk.as_str());
+    }
+    if status != StatusCode::OK {
+        body["detail"] = json!("the disk tier could not record the purge nor move its file aside: a restart would serve the purged answers again; free the volume and purge again");
+    }
+    Ok(json_response(status, &body))
 }
 
 /// Every team's spend in its window, refreshed at scrape time so the gauge

@@ -88,6 +88,30 @@ pub(crate) const OVERHEAD: u64 = 96;
 /// `Entry::encode`'s version, credits, stored-at and TTL.
 const ROUTE_AT: usize = 8 + 25;
 
+/// What a purge did to the disk tier's file, as the purge's answer says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum DiskPurged {
+    /// Committed with fsync: these many entries went.
+    Committed(u64),
+    /// The purge could not be committed (a full volume): the file was moved
+    /// aside (`.unpurged`) or deleted, so nothing of it is read again,
+    /// before or after a restart; the tier starts empty at the next start.
+    MovedAside,
+    /// Neither committed nor the file moved aside or deleted: this process
+    /// reads nothing more from it, but a restart would. Not durable.
+    Failed,
+}
+
+impl DiskPurged {
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            DiskPurged::Committed(_) => "purged",
+            DiskPurged::MovedAside => "moved_aside",
+            DiskPurged::Failed => "failed",
+        }
+    }
+}
+
 enum Op {
     Put(String, Arc<Entry>),
     /// Moves a key to the recent end (a read found it).
@@ -95,8 +119,8 @@ enum Op {
     /// Removes a key if its value still carries this frame checksum (a
     /// read found it expired or damaged; a newer write stays).
     Remove(String, u64),
-    /// Every entry, or those of these routes; answers how many went.
-    Purge(Option<Vec<Route>>, oneshot::Sender<u64>),
+    /// Every entry, or those of these routes; answers what it did.
+    Purge(Option<Vec<Route>>, oneshot::Sender<DiskPurged>),
     /// A durable commit now; with `close`, the writer then ends.
     Flush {
         close: bool,
@@ -283,13 +307,14 @@ impl Disk {
     }
 
     /// Removes every entry, or those of `routes`, before it returns (writes
-    /// queued before it are removed too). How many went.
-    pub(crate) async fn purge(&self, routes: Option<Vec<Route>>) -> u64 {
+    /// queued before it are removed too): what it did.
+    pub(crate) async fn purge(&self, routes: Option<Vec<Route>>) -> DiskPurged {
         let (done, rx) = oneshot::channel();
         if !self.send_blocking(Op::Purge(routes, done)).await {
-            return 0;
+            // The writer is gone (the tier closed): nothing is read any more.
+            return DiskPurged::Committed(0);
         }
-        rx.await.unwrap_or(0)
+        rx.await.unwrap_or(DiskPurged::Failed)
     }
 
     /// A durable commit of everything queued; with `close`, the writer
@@ -576,7 +601,7 @@ impl Writer {
                 }
                 Err(redb::Error::Corrupted("redb panicked in a commit".into()))
             });
-            let removed = match outcome {
+            let purged = match outcome {
                 Ok((applied, removed)) => {
                     if self.broken_until.take().is_some() {
                         tracing::info!("cache disk tier writes again");
@@ -592,7 +617,7 @@ impl Writer {
                         unsynced = 0;
                         last_durable = Instant::now();
                     }
-                    removed
+                    DiskPurged::Committed(removed)
                 }
                 Err(e) => {
                     if !broken {
@@ -601,16 +626,17 @@ impl Writer {
                         self.shared.pending.fetch_sub(puts + unsynced, Ordering::Relaxed);
                         unsynced = 0;
                     }
-                    if !purges.is_empty() {
-                        self.unpurged();
-                    }
+                    let purged = match purges.is_empty() {
+                        true => DiskPurged::Failed,
+                        false => self.unpurged(),
+                    };
                     self.shared.degraded.store(true, Ordering::Relaxed);
                     self.broken_until = Some(Instant::now() + RETRY_AFTER_ERROR);
-                    0
+                    purged
                 }
             };
             for done in purges {
-                let _ = done.send(removed);
+                let _ = done.send(purged);
             }
             for done in waiters {
                 let _ = done.send(());
@@ -644,17 +670,26 @@ impl Writer {
 
     /// A purge could not be committed (a full volume): what it was to remove
     /// may still be in the file, so the file goes aside, where neither this
-    /// process nor the next start reads it (the next start begins empty).
-    fn unpurged(&self) {
+    /// process nor the next start reads it (the next start begins empty);
+    /// where it cannot be renamed, it is deleted (neither needs free space).
+    fn unpurged(&self) -> DiskPurged {
         self.shared.unreadable.store(true, Ordering::Relaxed);
         let aside = self.path.with_extension("redb.unpurged");
         match std::fs::rename(&self.path, &aside) {
             Ok(()) => {
-                tracing::error!(path = %self.path.display(), aside = %aside.display(), "cache disk tier: a purge could not be written; the file is moved aside and not read again")
+                tracing::error!(path = %self.path.display(), aside = %aside.display(), "cache disk tier: a purge could not be written; the file is moved aside and not read again");
+                DiskPurged::MovedAside
             }
-            Err(e) => {
-                tracing::error!(path = %self.path.display(), error = %e, "cache disk tier: a purge could not be written, nor the file moved aside; not read until a restart")
-            }
+            Err(e) => match std::fs::remove_file(&self.path) {
+                Ok(()) => {
+                    tracing::error!(path = %self.path.display(), error = %e, "cache disk tier: a purge could not be written nor the file moved aside; the file is deleted");
+                    DiskPurged::MovedAside
+                }
+                Err(e) => {
+                    tracing::error!(path = %self.path.display(), error = %e, "cache disk tier: a purge could not be written, nor the file moved aside or deleted; not read by this process, but a restart would read it: the purge answers 503");
+                    DiskPurged::Failed
+                }
+            },
         }
     }
 
@@ -813,7 +848,10 @@ mod tests {
         assert_eq!(&got[0].as_ref().unwrap().body[..], br#"{"items":[1]}"#);
         assert_eq!(got[0].as_ref().unwrap().credits, 3);
         assert!(got[1].is_some() && got[2].is_none());
-        assert_eq!(d.purge(Some(vec![Route::PermitsSearch])).await, 1);
+        assert_eq!(
+            d.purge(Some(vec![Route::PermitsSearch])).await,
+            DiskPurged::Committed(1)
+        );
         assert!(d.get("a").await.is_none(), "purged");
         assert!(d.get("b").await.is_some(), "another route's stays");
         d.flush(true).await;

@@ -17,6 +17,7 @@
 //! ([`super::disk`]) is emptied the same way, before the purge answers, on
 //! the purging replica and on each replica that follows it.
 
+use super::disk::DiskPurged;
 use super::{records, Cache};
 use crate::metrics::RedisOp;
 use crate::route::Route;
@@ -38,34 +39,37 @@ pub(crate) struct Seen(Mutex<Option<HashMap<String, String>>>);
 
 impl Cache {
     /// Drops every entry, or one route's (and the records its pages filed),
-    /// from both tiers, then tells the other replicas. Returns how many
-    /// Redis keys went.
-    pub(crate) async fn purge(&self, route: Option<Route>) -> u64 {
+    /// from every tier, then tells the other replicas. Returns how many
+    /// Redis keys went, and what the disk tier did (`None`: no disk tier).
+    pub(crate) async fn purge(&self, route: Option<Route>) -> (u64, Option<DiskPurged>) {
         let records = route.and_then(records_filed_by).filter(|r| Some(*r) != route);
         self.refusals.clear();
         self.purge_memory(route).await;
-        self.purge_disk(route).await;
+        let disk = self.purge_disk(route).await;
         let mut removed = self.purge_redis(route).await;
         if let Some(lookup) = records {
             removed += self.purge_redis(Some(lookup)).await;
         }
         self.stamp_purge(route).await;
-        removed
+        (removed, disk)
     }
 
     /// The disk tier's copies: the route's entries and the records its
     /// pages filed, or everything; then this replica's L1 once more, for
     /// what a request promoted from disk while the disk purge ran.
-    async fn purge_disk(&self, route: Option<Route>) {
-        let Some(disk) = &self.disk else { return };
+    async fn purge_disk(&self, route: Option<Route>) -> Option<DiskPurged> {
+        let disk = self.disk.as_ref()?;
         let routes = route.map(|r| std::iter::once(r).chain(records_filed_by(r)).collect());
-        let removed = disk.purge(routes).await;
-        tracing::info!(
-            route = route.map_or(ALL, Route::as_str),
-            disk_entries = removed,
-            "cache purged from the disk tier"
-        );
+        let purged = disk.purge(routes).await;
+        if let DiskPurged::Committed(removed) = purged {
+            tracing::info!(
+                route = route.map_or(ALL, Route::as_str),
+                disk_entries = removed,
+                "cache purged from the disk tier"
+            );
+        }
         self.purge_memory(route).await;
+        Some(purged)
     }
 
     /// Whether this replica has copies in memory of a shared tier, which

@@ -10,6 +10,7 @@ use crate::support::gateway::{ChildGateway, Setup, ALPHA};
 use crate::support::prometheus::Exposition;
 use crate::support::query::Query;
 use crate::support::sim::{start_sim, unlimited, Sim};
+use crate::support::volume::SmallVolume;
 use crate::support::wait::eventually;
 use http::StatusCode;
 use std::path::{Path, PathBuf};
@@ -445,4 +446,105 @@ async fn the_disk_tier_leaves_the_ledger_its_room_and_no_metered_call_is_refused
         "nothing written"
     );
     assert!(gw.log_text().contains("disk_reserve_bytes"), "the start-up says so");
+}
+
+/// The ledger and the disk tier on one small volume (a 32 MiB tmpfs):
+/// distinct 100-record misses fill it until the tier stops at its reserve
+/// (8 MiB here), and then go on: every metered call is bought and answered
+/// 200, the ledger equals the bill, the volume keeps its reserve. Before
+/// the reserve: 28 × 200 then 42 × 503 ("ledger commit failed: No space
+/// left on device").
+#[tokio::test]
+async fn on_a_small_volume_the_cache_stops_at_its_reserve_and_no_metered_call_is_refused() {
+    const RESERVE: u64 = 8 << 20;
+    let Some(volume) = SmallVolume::mount(32 << 20) else {
+        return;
+    };
+    let sim = start_sim(unlimited()).await;
+    let ledger = volume.path().join("ledger");
+    let setup = Setup::new().with(move |c| {
+        c.quota.path = ledger.clone();
+        c.cache.disk_reserve_bytes = RESERVE;
+        c.cache.memory_max_bytes = 8 << 20;
+    });
+    let dir = tempfile::tempdir().expect("tmp");
+    let config = config_file(dir.path(), &setup, &sim);
+    let gw = ChildGateway::spawn_file(&config, None);
+    let alpha = Client::new(gw.base_url(), ALPHA.1);
+    let s = sim.samples();
+    let reserve_reached = || async {
+        let m = metrics(&gw.admin_url()).await;
+        m.sum("gateway_cache_disk_drops_total", &[("reason", "reserve")]) > 0.0
+    };
+    let (mut misses, mut after) = (0u32, 0u32);
+    while after < 20 {
+        assert!(
+            misses < 2000,
+            "the reserve was never reached: {} bytes free",
+            volume.free()
+        );
+        let r = alpha
+            .get(Query::distinct(&s, misses).size(100))
+            .request_id(&format!("alpha-{misses}"))
+            .await;
+        assert_eq!(r.status, StatusCode::OK, "miss {misses}: {}", r.text());
+        misses += 1;
+        if after > 0 || reserve_reached().await {
+            after += 1;
+        }
+    }
+    crate::support::traffic::assert_ledger_matches(&sim, &gw.admin_url(), &["alpha"]).await;
+    let free = volume.free();
+    eprintln!(
+        "a 32 MiB volume: {misses} misses answered 200, {after} of them after the tier reached its reserve; {free} bytes free"
+    );
+    assert!(free >= RESERVE / 2, "the ledger's room is kept: {free} bytes free");
+}
+
+/// A purge on a volume filled to the last block: the disk tier cannot
+/// commit it, so it moves its file aside (or commits it in pages it
+/// already had); either way the answer is 200 and says which, and after a
+/// SIGKILL and a restart (room made again) the purged answer is bought
+/// again, never served from disk. Before: answered 200, logged, and undone
+/// by the restart.
+#[tokio::test]
+async fn a_purge_on_a_full_volume_is_not_undone_by_a_restart() {
+    let Some(volume) = SmallVolume::mount(16 << 20) else {
+        return;
+    };
+    let sim = start_sim(unlimited()).await;
+    let ledger = volume.path().join("ledger");
+    let setup = Setup::new().with(move |c| {
+        c.quota.path = ledger.clone();
+        c.cache.disk_reserve_bytes = 0;
+    });
+    let dir = tempfile::tempdir().expect("tmp");
+    let config = config_file(dir.path(), &setup, &sim);
+    let page = Query::state_permits(&sim.samples()).size(3);
+    let mut gw = ChildGateway::spawn_file(&config, None);
+    let alpha = Client::new(gw.base_url(), ALPHA.1);
+    alpha.get(&page).await.expect_status(StatusCode::OK);
+    durable(&gw.admin_url(), 1.0).await;
+    let filler = volume.fill();
+    let purged = Client::admin(gw.admin_url())
+        .post("/admin/cache/purge?route=permits_search")
+        .await;
+    assert_eq!(purged.status, StatusCode::OK, "{}", purged.text());
+    let disk = purged.json()["disk"].as_str().map(str::to_string);
+    assert!(
+        matches!(disk.as_deref(), Some("moved_aside" | "purged")),
+        "{}",
+        purged.text()
+    );
+    eprintln!("a purge on a full volume: the disk tier answered {disk:?}");
+    gw.signal("KILL");
+    gw.wait_exit(Duration::from_secs(30));
+    std::fs::remove_file(filler).expect("room again");
+    let gw = ChildGateway::spawn_file(&config, None);
+    let again = Client::new(gw.base_url(), ALPHA.1).get(&page).await;
+    assert_eq!(
+        (again.x_cache(), again.credits_request()),
+        (Some("MISS"), Some(3)),
+        "the purged answer is bought again, not served from disk"
+    );
 }

@@ -138,6 +138,12 @@ impl Journal {
         })
     }
 
+    /// One durable commit. Called on a blocking thread (`spawn_blocking`),
+    /// never an async worker; concurrent ones queue inside redb.
+    #[expect(
+        clippy::disallowed_methods,
+        reason = "the journal's own file, written from blocking threads only: no batch to race"
+    )]
     fn commit(
         &self,
         change: impl FnOnce(&mut redb::Table<'_, u64, (&str, u64, &str, u32, u64)>) -> Result<(), redb::StorageError>,

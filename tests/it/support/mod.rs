@@ -43,6 +43,7 @@ pub mod stall_relay;
 pub mod threads;
 pub mod tls;
 pub mod traffic;
+pub mod volume;
 pub mod wait;
 
 /// A loopback port free now, for a child process that must be told its

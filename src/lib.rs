@@ -106,6 +106,7 @@ pub mod config;
 #[cfg(feature = "demo")]
 pub mod demo;
 pub mod error;
+mod guarded;
 mod http_util;
 pub mod ledger;
 pub mod metrics;

@@ -49,6 +49,7 @@
 
 use super::Entry;
 use crate::clock::now_ms;
+use crate::guarded::guarded;
 use crate::metrics::{DiskDrop, Metrics, Tier};
 use crate::route::Route;
 use bytes::Bytes;
@@ -396,32 +397,6 @@ fn open_db(path: &Path, metrics: &Metrics) -> Result<Database, String> {
             }
         }
     }
-}
-
-thread_local! {
-    /// Set while [`guarded`] runs on this thread: the panic hook keeps
-    /// quiet about a panic that is caught and reported as corruption.
-    static GUARDED: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
-}
-
-/// Runs `f`, a call into redb, catching a panic: `None` when it panicked.
-/// redb asserts on pages it does not recognise (a file changed outside it);
-/// the disk tier is a cache, so that is a damaged file to move aside, never
-/// a reason to stop the gateway or to print a panic into its log.
-pub(crate) fn guarded<T>(f: impl FnOnce() -> T) -> Option<T> {
-    static HOOK: std::sync::Once = std::sync::Once::new();
-    HOOK.call_once(|| {
-        let previous = std::panic::take_hook();
-        std::panic::set_hook(Box::new(move |info| {
-            if !GUARDED.with(std::cell::Cell::get) {
-                previous(info);
-            }
-        }));
-    });
-    let was = GUARDED.with(|g| g.replace(true));
-    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).ok();
-    GUARDED.with(|g| g.set(was));
-    result
 }
 
 /// Entries and bytes as last committed.

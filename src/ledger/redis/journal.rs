@@ -17,11 +17,22 @@
 //! settles were applied once already, and are lost only if their primary
 //! failed over before a replica had them.
 
-use super::unacked::Pending;
-use crate::cache::disk::guarded;
+use crate::guarded::guarded;
 use crate::route::Route;
 use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
 use std::path::{Path, PathBuf};
+
+/// One settle, as it is applied (again) and journaled.
+#[derive(Debug, Clone)]
+pub(super) struct Pending {
+    pub(super) id: u64,
+    pub(super) team: String,
+    pub(super) actual: u64,
+    pub(super) route: Route,
+    pub(super) day: u32,
+    /// When it was first applied (ms, the ledger's clock).
+    pub(super) at: u64,
+}
 
 /// Reservation id → (team, credits, route, day, when first applied, ms).
 const SETTLES: TableDefinition<u64, (&str, u64, &str, u32, u64)> = TableDefinition::new("unacked_settles");

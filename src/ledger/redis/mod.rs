@@ -379,7 +379,7 @@ impl RedisLedger {
     /// reservation lapses into spend at its full amount.
     pub async fn settle(&self, r: Reservation, actual: u64, route: Route, today: u32) -> Result<(), LedgerError> {
         self.recent_lock().remove(&r.team);
-        let pending = unacked::Pending {
+        let pending = journal::Pending {
             id: r.id,
             team: r.team.clone(),
             actual,

@@ -32,13 +32,12 @@
 //! A replay applies up to [`REPLAY_CHUNK`] settles, then waits once.
 //! On a Redis Cluster settles are not waited for (docs/operations.md).
 
-use super::journal::Journal;
+use super::journal::{Journal, Pending};
 use super::{millis, FORGET_PER_SETTLE, WALK_PER_SETTLE};
 use crate::clock::Clock;
 use crate::metrics::RedisOp;
 use crate::redis_backend::keys::{Keys, LedgerKey};
 use crate::redis_backend::{BackendError, RedisBackend};
-use crate::route::Route;
 use redis::Script;
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex, Weak};
@@ -66,18 +65,6 @@ const REPLICAS_FRESH: Duration = Duration::from_secs(2);
 /// queue that grows this far means no replica has acknowledged
 /// anything for a long while, which `/readyz` and the alerts show.
 const MAX_PENDING: usize = 100_000;
-
-/// One settle, as it is applied (again).
-#[derive(Debug, Clone)]
-pub(super) struct Pending {
-    pub(super) id: u64,
-    pub(super) team: String,
-    pub(super) actual: u64,
-    pub(super) route: Route,
-    pub(super) day: u32,
-    /// When it was first applied (ms, the ledger's clock).
-    pub(super) at: u64,
-}
 
 pub(super) struct Settler {
     redis: Arc<RedisBackend>,

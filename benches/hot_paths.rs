@@ -52,7 +52,8 @@ fn token_lookup(c: &mut Criterion) {
     let configs: Vec<TeamConfig> = (0..50)
         .map(|i| TeamConfig {
             name: format!("team-{i:02}"),
-            token_sha256: TokenHash::of(&format!("pgw_token_of_team_{i:02}")),
+            token_sha256: Some(TokenHash::of(&format!("pgw_token_of_team_{i:02}"))),
+            tokens: Vec::new(),
             credit_limit: Some(100_000),
             requests_per_minute: None,
             clamp_to_budget: false,

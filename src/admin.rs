@@ -229,9 +229,26 @@ async fn observe_budgets(app: &App) {
 /// `GET /admin/teams`: each team's budget and use in its window.
 async fn teams(app: &App) -> Response<Body> {
     let window = app.ledger.window();
+    let at = |secs: Option<i64>| {
+        secs.and_then(|t| chrono::DateTime::from_timestamp(t, 0))
+            .map(|t| t.to_rfc3339())
+    };
     let mut out = Vec::new();
     for team in app.teams.load().iter() {
         let used = app.ledger.usage(&team.name).await.map(|u| u.used).ok();
+        let mut tokens = Vec::new();
+        for member in &team.apps {
+            let mut token = json!({
+                "name": member.name,
+                "not_after": at(member.not_after()),
+                "last_used": at(member.last_used()),
+                "credit_limit": member.credit_limit,
+            });
+            if let Some(account) = &member.account {
+                token["used"] = json!(app.ledger.usage(account).await.map(|u| u.used).ok());
+            }
+            tokens.push(token);
+        }
         out.push(json!({
             "name": team.name,
             "credit_limit": team.credit_limit,
@@ -240,9 +257,17 @@ async fn teams(app: &App) -> Response<Body> {
             "window": window.as_str(),
             "requests_per_minute": team.requests_per_minute,
             "requests": team.requests.load(std::sync::atomic::Ordering::Relaxed),
+            "tokens": tokens,
         }));
     }
-    json_response(StatusCode::OK, &json!({ "teams": out }))
+    let org_limit = app.config.quota.org_credit_limit;
+    let org_used = app.ledger.usage(ledger::ORG_ACCOUNT).await.map(|u| u.used).ok();
+    let org = json!({
+        "credit_limit": org_limit,
+        "used": org_used,
+        "remaining": org_limit.zip(org_used).map(|(l, u)| l.saturating_sub(u)),
+    });
+    json_response(StatusCode::OK, &json!({ "teams": out, "org": org }))
 }
 
 /// `GET /admin/usage.csv?from=YYYY-MM-DD&to=YYYY-MM-DD` (default: the last
@@ -261,16 +286,23 @@ async fn usage_csv(app: &App, query: Option<&str>) -> Result<Response<Body>, Gat
         }
     };
     let (from, to) = (day("from", today.saturating_sub(29))?, day("to", today)?);
-    let names: Vec<String> = app.teams.load().iter().map(|t| t.name.clone()).collect();
-    let rows = app.ledger.rows(&names, from, to).await.map_err(|e| {
+    // The teams' accounts, and their apps' where a team names its apps.
+    let accounts: Vec<String> = app
+        .teams
+        .load()
+        .iter()
+        .flat_map(|t| std::iter::once(t.name.clone()).chain(t.apps.iter().filter_map(|a| a.account.clone())))
+        .collect();
+    let rows = app.ledger.rows(&accounts, from, to).await.map_err(|e| {
         tracing::error!(error = %e, "usage.csv: ledger read failed");
         GatewayError::Unavailable("Credit ledger unavailable")
     })?;
-    let mut csv = String::from("team,date,route,credits_spent,credits_saved\n");
-    for r in rows {
+    let mut csv = String::from("team,app,date,route,credits_spent,credits_saved\n");
+    for r in by_app(rows) {
         csv.push_str(&format!(
-            "{},{},{},{},{}\n",
+            "{},{},{},{},{},{}\n",
             r.team,
+            r.app,
             ledger::date_of(r.day),
             r.route,
             r.spent,
@@ -278,6 +310,87 @@ async fn usage_csv(app: &App, query: Option<&str>) -> Result<Response<Body>, Gat
         ));
     }
     Ok(bytes_response(StatusCode::OK, "text/csv; charset=utf-8", csv.into()))
+}
+
+/// One row of usage.csv: a team's app's spend and savings on a day and route.
+#[derive(Debug, PartialEq, Eq)]
+struct AppRow {
+    team: String,
+    app: String,
+    day: u32,
+    route: String,
+    spent: u64,
+    saved: u64,
+}
+
+/// The ledger's rows by team and app: each app account's (`team/app`)
+/// under its app; what the team's own row holds beyond its apps' (spend
+/// from before the team named its apps, or a team of one token) under
+/// `default`. The company's account is no team's. Sorted by team, day,
+/// route and app.
+fn by_app(rows: Vec<ledger::UsageRow>) -> Vec<AppRow> {
+    use std::collections::BTreeMap;
+    let mut teams: BTreeMap<(String, u32, String), (u64, u64)> = BTreeMap::new();
+    let mut apps: BTreeMap<(String, u32, String, String), (u64, u64)> = BTreeMap::new();
+    for r in rows {
+        if r.team == ledger::ORG_ACCOUNT {
+            continue;
+        }
+        match r.team.split_once('/') {
+            Some((team, app)) => {
+                let e = apps
+                    .entry((team.to_string(), r.day, r.route, app.to_string()))
+                    .or_default();
+                *e = (e.0 + r.spent, e.1 + r.saved);
+            }
+            None => {
+                let e = teams.entry((r.team, r.day, r.route)).or_default();
+                *e = (e.0 + r.spent, e.1 + r.saved);
+            }
+        }
+    }
+    let mut out = Vec::new();
+    for ((team, day, route), (spent, saved)) in teams {
+        let mine: Vec<_> = apps
+            .range((team.clone(), day, route.clone(), String::new())..)
+            .take_while(|((t, d, r, _), _)| *t == team && *d == day && *r == route)
+            .map(|((_, _, _, app), figures)| (app.clone(), *figures))
+            .collect();
+        let (apps_spent, apps_saved) = mine.iter().fold((0, 0), |(s, v), (_, f)| (s + f.0, v + f.1));
+        let mut rest = Some((spent.saturating_sub(apps_spent), saved.saturating_sub(apps_saved)))
+            .filter(|(s, v)| *s > 0 || *v > 0);
+        let mut rows: Vec<AppRow> = mine
+            .into_iter()
+            .map(|(app, (mut spent, mut saved))| {
+                if app == crate::config::DEFAULT_APP {
+                    if let Some((s, v)) = rest.take() {
+                        (spent, saved) = (spent + s, saved + v);
+                    }
+                }
+                AppRow {
+                    team: team.clone(),
+                    app,
+                    day,
+                    route: route.clone(),
+                    spent,
+                    saved,
+                }
+            })
+            .collect();
+        if let Some((spent, saved)) = rest {
+            rows.push(AppRow {
+                team: team.clone(),
+                app: crate::config::DEFAULT_APP.to_string(),
+                day,
+                route: route.clone(),
+                spent,
+                saved,
+            });
+        }
+        rows.sort_by(|a, b| a.app.cmp(&b.app));
+        out.extend(rows);
+    }
+    out
 }
 
 /// The first value of a query parameter, decoded.

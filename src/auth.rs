@@ -6,7 +6,7 @@
 //! it (SipHash, the std hasher, under two random 64-bit key pairs drawn at
 //! start: a 128-bit pseudo-random function of the token), not by SHA-256
 //! again: a few dozen instructions against thousands. The memo holds only
-//! tokens that matched (one per team at most; a reload starts an empty
+//! tokens that matched (one per app at most; a reload starts an empty
 //! one) and never a token's text; its lookup's timing depends only on the
 //! keyed hash, which tells nobody without the keys anything of the token.
 //!
@@ -22,14 +22,72 @@ use sha2::{Digest, Sha256};
 use std::collections::HashMap;
 use std::hash::{BuildHasher, RandomState};
 use std::num::NonZeroU32;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicUsize, Ordering};
 use std::sync::{Arc, RwLock};
+
+/// One app of a team, by its token: what a request is attributed to.
+pub struct Member {
+    /// The app's name (`default` for a team's `token_sha256`).
+    pub(crate) name: String,
+    token_sha256: TokenHash,
+    /// Unix seconds from which the token is refused.
+    not_after: Option<i64>,
+    /// The app's own credits per window, within its team's.
+    pub(crate) credit_limit: Option<u64>,
+    /// The ledger account of the app's spend: set when its team names its
+    /// apps (`tokens`); a team of one token keeps one account, as before.
+    pub(crate) account: Option<String>,
+    /// Unix seconds of this token's last request here (0: none since this
+    /// process started); carried over a reload.
+    last_used: Arc<AtomicI64>,
+    /// The day (since the epoch) the token's coming end was last logged.
+    warned_day: Arc<AtomicI64>,
+}
+
+/// How long before its `not_after` a token still in use is reported.
+pub(crate) const EXPIRY_NOTICE_SECS: i64 = 7 * 86_400;
+
+impl Member {
+    /// Unix seconds of the last request with this token (`None`: none
+    /// since start).
+    pub(crate) fn last_used(&self) -> Option<i64> {
+        Some(self.last_used.load(Ordering::Relaxed)).filter(|t| *t > 0)
+    }
+
+    pub(crate) fn not_after(&self) -> Option<i64> {
+        self.not_after
+    }
+
+    /// Whether the token ends within [`EXPIRY_NOTICE_SECS`] of `now`, and
+    /// whether this is the first such use today (to log once a day).
+    pub(crate) fn ending_soon(&self, now: i64) -> Option<bool> {
+        let end = self.not_after?;
+        if end - now > EXPIRY_NOTICE_SECS {
+            return None;
+        }
+        let today = now.div_euclid(86_400);
+        Some(self.warned_day.swap(today, Ordering::Relaxed) != today)
+    }
+}
+
+impl PartialEq for Member {
+    fn eq(&self, other: &Member) -> bool {
+        self.name == other.name && self.token_sha256 == other.token_sha256
+    }
+}
+
+impl std::fmt::Debug for Member {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Member").field("name", &self.name).finish()
+    }
+}
 
 /// One team as the request path sees it.
 pub struct Team {
     /// A metric label, from the config's bounded set.
     pub(crate) name: String,
-    token_sha256: TokenHash,
+    /// Its apps, one per token.
+    pub(crate) apps: Vec<Arc<Member>>,
     /// Credits per window; `None` is unlimited.
     pub(crate) credit_limit: Option<u64>,
     /// `X-Credits-Limit` of the team's answers, formatted once per config.
@@ -73,6 +131,11 @@ impl PartialEq for Team {
 }
 
 impl Team {
+    /// The app of that name, in this (the live) table.
+    pub(crate) fn app(&self, name: &str) -> Option<&Arc<Member>> {
+        self.apps.iter().find(|a| a.name == name)
+    }
+
     /// Counts one more request in flight, unless `limit` are already.
     pub(crate) fn enter(&self, limit: usize) -> Option<TeamInFlight> {
         // A compare-and-swap loop (`fetch_update` is deprecated on newer
@@ -104,12 +167,15 @@ impl Team {
     }
 }
 
+/// Who a token is: its team and its app.
+pub type Caller = (Arc<Team>, Arc<Member>);
+
 /// Every configured team; replaced whole on reload.
 #[derive(Default)]
 pub struct Teams {
     teams: Vec<Arc<Team>>,
     /// Tokens that matched, by their keyed hash (see the module doc).
-    memo: RwLock<HashMap<u128, Arc<Team>>>,
+    memo: RwLock<HashMap<u128, Caller>>,
     /// The two SipHash keys of the memo, random per table.
     keys: (RandomState, RandomState),
 }
@@ -130,9 +196,25 @@ impl Teams {
                     .requests_per_minute
                     .and_then(NonZeroU32::new)
                     .map(|rpm| DefaultDirectRateLimiter::direct(Quota::per_minute(rpm)));
+                let old = self.by_name(&t.name);
+                let apps = t
+                    .apps()
+                    .map(|a| {
+                        let before = old.and_then(|o| o.app(&a.name));
+                        Arc::new(Member {
+                            account: t.has_apps().then(|| crate::ledger::app_account(&t.name, &a.name)),
+                            token_sha256: a.token_sha256,
+                            not_after: a.not_after.map(|at| at.timestamp()),
+                            credit_limit: a.credit_limit,
+                            last_used: before.map(|b| b.last_used.clone()).unwrap_or_default(),
+                            warned_day: before.map(|b| b.warned_day.clone()).unwrap_or_default(),
+                            name: a.name,
+                        })
+                    })
+                    .collect();
                 Arc::new(Team {
                     name: t.name.clone(),
-                    token_sha256: t.token_sha256,
+                    apps,
                     credit_limit: t.credit_limit,
                     limit_header: t.credit_limit.map(http::HeaderValue::from),
                     requests_per_minute: t.requests_per_minute,
@@ -163,30 +245,38 @@ impl Teams {
         self.teams.iter().find(|t| t.name == name)
     }
 
-    /// The team whose token the request carries.
-    pub(crate) fn authenticate(&self, headers: &HeaderMap) -> Result<Arc<Team>, GatewayError> {
+    /// The team and app whose token the request carries; a token past
+    /// its `not_after` is refused (401, "Token expired").
+    pub(crate) fn authenticate(&self, headers: &HeaderMap) -> Result<Caller, GatewayError> {
         let token = credential(headers)?;
-        let team = self.find_token(token).ok_or(GatewayError::InvalidCredential)?;
-        team.requests.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        Ok(team)
+        let (team, app) = self.find_token(token).ok_or(GatewayError::InvalidCredential)?;
+        let now = chrono::Utc::now().timestamp();
+        if app.not_after.is_some_and(|end| now >= end) {
+            return Err(GatewayError::ExpiredCredential);
+        }
+        team.requests.fetch_add(1, Ordering::Relaxed);
+        app.last_used.store(now, Ordering::Relaxed);
+        Ok((team, app))
     }
 
-    /// Looks a plaintext token up. Every team's hash is compared, matching or
+    /// Looks a plaintext token up. Every app's hash is compared, matching or
     /// not, so the time taken does not depend on which team (if any) matched.
     /// A token seen to match before is found by its keyed hash.
-    pub fn find_token(&self, token: &str) -> Option<Arc<Team>> {
+    pub fn find_token(&self, token: &str) -> Option<Caller> {
         let mac = self.keyed_hash(token);
-        if let Some(team) = self.memo.read().unwrap_or_else(|p| p.into_inner()).get(&mac) {
-            return Some(team.clone());
+        if let Some(caller) = self.memo.read().unwrap_or_else(|p| p.into_inner()).get(&mac) {
+            return Some(caller.clone());
         }
         let digest: [u8; 32] = Sha256::digest(token.as_bytes()).into();
         let mut found = None;
         for team in &self.teams {
-            if bool::from(team.token_sha256.matches(&digest)) {
-                found = Some(team);
+            for app in &team.apps {
+                if bool::from(app.token_sha256.matches(&digest)) {
+                    found = Some((team, app));
+                }
             }
         }
-        let found = found.cloned()?;
+        let found = found.map(|(t, a)| (t.clone(), a.clone()))?;
         // Only a token that matched is remembered: the memo's size is
         // bounded by the table's, whatever unknown tokens are tried.
         self.memo
@@ -260,14 +350,16 @@ mod tests {
         Teams::from_config(&[
             TeamConfig {
                 name: "growth".into(),
-                token_sha256: TokenHash::of("tok-growth"),
+                token_sha256: Some(TokenHash::of("tok-growth")),
+                tokens: Vec::new(),
                 credit_limit: Some(10),
                 requests_per_minute: None,
                 clamp_to_budget: false,
             },
             TeamConfig {
                 name: "ops".into(),
-                token_sha256: TokenHash::of("tok-ops"),
+                token_sha256: Some(TokenHash::of("tok-ops")),
+                tokens: Vec::new(),
                 credit_limit: None,
                 requests_per_minute: None,
                 clamp_to_budget: false,
@@ -287,13 +379,13 @@ mod tests {
     fn both_token_styles_find_the_team() {
         let t = teams();
         assert_eq!(
-            t.authenticate(&headers(&[("x-api-key", "tok-ops")])).unwrap().name,
+            t.authenticate(&headers(&[("x-api-key", "tok-ops")])).unwrap().0.name,
             "ops"
         );
         let bearer = headers(&[("authorization", "Bearer tok-growth")]);
-        assert_eq!(t.authenticate(&bearer).unwrap().name, "growth");
+        assert_eq!(t.authenticate(&bearer).unwrap().0.name, "growth");
         let lower = headers(&[("authorization", "bearer tok-growth")]);
-        assert_eq!(t.authenticate(&lower).unwrap().name, "growth");
+        assert_eq!(t.authenticate(&lower).unwrap().0.name, "growth");
     }
 
     #[test]
@@ -324,32 +416,81 @@ mod tests {
             Err(GatewayError::ConflictingCredentials)
         );
         let same = headers(&[("x-api-key", "tok-ops"), ("authorization", "Bearer tok-ops")]);
-        assert_eq!(t.authenticate(&same).unwrap().name, "ops");
+        assert_eq!(t.authenticate(&same).unwrap().0.name, "ops");
     }
 
     #[test]
     fn the_memo_holds_only_tokens_that_matched() {
         let t = teams();
         for _ in 0..3 {
-            assert_eq!(t.find_token("tok-ops").map(|t| t.name.clone()).as_deref(), Some("ops"));
+            assert_eq!(
+                t.find_token("tok-ops").map(|t| t.0.name.clone()).as_deref(),
+                Some("ops")
+            );
             assert!(t.find_token("tok-nope").is_none());
             // A prefix or extension of a known token is another token.
             assert!(t.find_token("tok-op").is_none());
             assert!(t.find_token("tok-opss").is_none());
         }
         assert_eq!(t.memo.read().unwrap().len(), 1, "unknown tokens are not remembered");
-        assert_eq!(t.find_token("tok-growth").unwrap().name, "growth");
+        assert_eq!(t.find_token("tok-growth").unwrap().0.name, "growth");
         assert_eq!(t.memo.read().unwrap().len(), 2);
         // A reload starts empty: a token the new table no longer has is refused.
         let only_growth = t.reloaded(&[TeamConfig {
             name: "growth".into(),
-            token_sha256: TokenHash::of("tok-growth"),
+            token_sha256: Some(TokenHash::of("tok-growth")),
+            tokens: Vec::new(),
             credit_limit: Some(10),
             requests_per_minute: None,
             clamp_to_budget: false,
         }]);
         assert!(only_growth.find_token("tok-ops").is_none());
-        assert_eq!(only_growth.find_token("tok-growth").unwrap().name, "growth");
+        assert_eq!(only_growth.find_token("tok-growth").unwrap().0.name, "growth");
+    }
+
+    #[test]
+    fn each_app_token_finds_its_team_and_app_and_an_ended_one_is_refused() {
+        use crate::config::TokenConfig;
+        let app = |name: &str, token: &str, not_after: Option<&str>| TokenConfig {
+            name: name.into(),
+            token_sha256: TokenHash::of(token),
+            not_after: not_after.map(|t| t.parse().expect("RFC 3339")),
+            credit_limit: None,
+        };
+        let t = Teams::from_config(&[TeamConfig {
+            name: "growth".into(),
+            token_sha256: Some(TokenHash::of("tok-old")),
+            tokens: vec![
+                app("web", "tok-web", Some("2999-01-01T00:00:00Z")),
+                app("batch", "tok-batch", Some("2001-01-01T00:00:00Z")),
+            ],
+            credit_limit: Some(10),
+            requests_per_minute: None,
+            clamp_to_budget: false,
+        }]);
+        let who = |token: &'static str| t.authenticate(&headers(&[("x-api-key", token)]));
+        let (team, web) = who("tok-web").expect("web");
+        assert_eq!((team.name.as_str(), web.name.as_str()), ("growth", "web"));
+        assert_eq!(web.account.as_deref(), Some("growth/web"));
+        assert!(web.last_used().is_some(), "its use is recorded");
+        let (_, old) = who("tok-old").expect("the team's token_sha256");
+        assert_eq!(old.name, "default");
+        for _ in 0..2 {
+            // Refused at every use, memoized or not.
+            assert_eq!(who("tok-batch").err(), Some(GatewayError::ExpiredCredential));
+        }
+        assert_eq!(web.ending_soon(chrono::Utc::now().timestamp()), None, "ends in 2999");
+        assert_eq!(
+            web.ending_soon(web.not_after().unwrap() - 3600),
+            Some(true),
+            "first today"
+        );
+        assert_eq!(
+            web.ending_soon(web.not_after().unwrap() - 3000),
+            Some(false),
+            "once a day"
+        );
+        assert_eq!(team.requests.load(Ordering::Relaxed), 2, "refused uses are not counted");
     }
 
     #[test]

@@ -38,6 +38,8 @@ pub enum GatewayError {
     MissingCredential,
     /// A credential that matches no team.
     InvalidCredential,
+    /// An app's token past its `not_after` (a rotation's old token).
+    ExpiredCredential,
     /// Two credentials that disagree (X-API-Key vs Bearer, or repeated).
     ConflictingCredentials,
     /// The team's own request rate is exceeded.
@@ -51,6 +53,8 @@ pub enum GatewayError {
         needed: u64,
         remaining: u64,
         upgrade_url: String,
+        /// Whose budget ran out: the team's, its app's, or the company's.
+        budget: Spent,
     },
     /// `Cache-Control: only-if-cached` and nothing cached.
     NotCached,
@@ -79,6 +83,17 @@ pub enum GatewayError {
     /// this error) and its access log say. Never nested; a follower takes
     /// the `error` alone ([`GatewayError::unbilled`]).
     Billed { credits: u64, error: Box<GatewayError> },
+}
+
+/// The budget a 402 names (`detail.budget`).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum Spent {
+    #[default]
+    Team,
+    /// The app's own `credit_limit` (its name).
+    App(String),
+    /// `quota.org_credit_limit`: every team's spend together.
+    Org,
 }
 
 /// One finding of the gateway's own query validation, rendered as one item
@@ -161,6 +176,7 @@ impl GatewayError {
             | HeadersTooLarge
             | MissingCredential
             | InvalidCredential
+            | ExpiredCredential
             | ConflictingCredentials
             | TeamRateLimited { .. }
             | QuotaExceeded { .. }
@@ -226,7 +242,7 @@ impl GatewayError {
             UriTooLong => StatusCode::URI_TOO_LONG,
             HeadersTooLarge => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
             MissingCredential | InvalidQuery(_) | ReloadRefused(_) => StatusCode::UNPROCESSABLE_ENTITY,
-            InvalidCredential | ConflictingCredentials => StatusCode::UNAUTHORIZED,
+            InvalidCredential | ExpiredCredential | ConflictingCredentials => StatusCode::UNAUTHORIZED,
             TeamRateLimited { .. } | UpstreamRateLimited { .. } => StatusCode::TOO_MANY_REQUESTS,
             QuotaExceeded { .. } => StatusCode::PAYMENT_REQUIRED,
             NotCached | UpstreamTimeout => StatusCode::GATEWAY_TIMEOUT,
@@ -257,6 +273,7 @@ impl GatewayError {
                 }]})
             }
             InvalidCredential => "Not authenticated",
+            ExpiredCredential => "Token expired: this app's token is past its not_after; use its new token",
             ConflictingCredentials => "Conflicting credentials: send one team token",
             TeamRateLimited { .. } => "Rate limit exceeded for this team",
             UpstreamRateLimited { .. } => "Rate limit exceeded: the shared upstream rate is busy",
@@ -265,17 +282,29 @@ impl GatewayError {
                 needed,
                 remaining,
                 upgrade_url,
+                budget,
             } => {
                 // The upstream's three keys first (clients read them), then
                 // what this call would have held and what is left, so a
-                // client can ask for fewer records instead of giving up.
-                return json!({"detail": {
-                    "error": "Team credit limit exceeded.",
+                // client can ask for fewer records instead of giving up;
+                // then whose budget it was.
+                let (error, which) = match budget {
+                    Spent::Team => ("Team credit limit exceeded.", "team"),
+                    Spent::App(_) => ("App credit limit exceeded.", "app"),
+                    Spent::Org => ("Company credit limit exceeded.", "org"),
+                };
+                let mut detail = json!({
+                    "error": error,
                     "limit": limit,
                     "upgrade_url": upgrade_url,
                     "needed": needed,
                     "remaining": remaining,
-                }});
+                    "budget": which,
+                });
+                if let Spent::App(app) = budget {
+                    detail["app"] = json!(app);
+                }
+                return json!({ "detail": detail });
             }
             NotCached => "Not cached: only-if-cached and HEAD are answered from the cache only",
             UpstreamTimeout => "Upstream timed out",
@@ -310,7 +339,9 @@ impl GatewayError {
             GatewayError::AnswersBusy => {
                 headers.insert(header::RETRY_AFTER, HeaderValue::from(1u32));
             }
-            GatewayError::InvalidCredential | GatewayError::ConflictingCredentials => {
+            GatewayError::InvalidCredential
+            | GatewayError::ExpiredCredential
+            | GatewayError::ConflictingCredentials => {
                 headers.insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
             }
             _ => {}
@@ -352,6 +383,7 @@ mod tests {
             (HeadersTooLarge, 431),
             (MissingCredential, 422),
             (InvalidCredential, 401),
+            (ExpiredCredential, 401),
             (ConflictingCredentials, 401),
             (TeamRateLimited { retry_after_secs: 3 }, 429),
             (UpstreamRateLimited { retry_after_secs: 3 }, 429),
@@ -361,6 +393,7 @@ mod tests {
                     needed: 50,
                     remaining: 2,
                     upgrade_url: "u".into(),
+                    budget: Spent::Team,
                 },
                 402,
             ),
@@ -406,12 +439,15 @@ mod tests {
             needed: 50,
             remaining: 7,
             upgrade_url: "https://w".into(),
+            budget: Spent::App("web".into()),
         })
         .await;
         assert_eq!(body["detail"]["limit"], 100);
         assert_eq!(body["detail"]["needed"], 50);
         assert_eq!(body["detail"]["remaining"], 7);
         assert_eq!(body["detail"]["upgrade_url"], "https://w");
+        assert_eq!(body["detail"]["budget"], "app");
+        assert_eq!(body["detail"]["app"], "web");
         assert!(body["detail"]["error"].is_string());
     }
 

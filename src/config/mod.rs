@@ -278,6 +278,10 @@ pub struct QuotaConfig {
     pub upgrade_url: String,
     pub redis_timeout_ms: u64,
     pub reservation_lease_secs: u64,
+    /// The company's credits per window, over every team (`None`: no cap):
+    /// past it every metered call is refused (402) before anything is bought.
+    #[serde(default)]
+    pub org_credit_limit: Option<u64>,
     pub fail_open: bool,
     /// Tests only: shifts the ledger's clock (its days and reservation
     /// expiries) by this many seconds; 0 in production.
@@ -356,13 +360,56 @@ fn socket_addr<'de, D: serde::Deserializer<'de>>(d: D) -> Result<SocketAddr, D::
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
 pub struct TeamConfig {
     pub name: String,
-    pub token_sha256: TokenHash,
+    /// The team's one token: an app named [`DEFAULT_APP`]. Besides or
+    /// instead of it, `tokens` names one token per app.
+    #[serde(default)]
+    pub token_sha256: Option<TokenHash>,
+    /// One token per app of the team (`[[teams.tokens]]`).
+    #[serde(default)]
+    pub tokens: Vec<TokenConfig>,
     pub credit_limit: Option<u64>,
     pub requests_per_minute: Option<u32>,
     /// A page its remaining credits cannot cover is asked with the size
     /// they cover instead of refused (docs/design.md, "Spending less").
     #[serde(default)]
     pub clamp_to_budget: bool,
+}
+
+/// The app of a team's `token_sha256` (its one token of old).
+pub const DEFAULT_APP: &str = "default";
+
+/// One app's token (`[[teams.tokens]]`): attributed by its name, retired at
+/// `not_after`, optionally with a budget of its own within the team's.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct TokenConfig {
+    /// The app: 1-64 of `[a-z0-9_-]`, unique in the team.
+    pub name: String,
+    pub token_sha256: TokenHash,
+    /// Refused (401) from then on; the overlap of a rotation.
+    #[serde(default)]
+    pub not_after: Option<chrono::DateTime<chrono::Utc>>,
+    /// This app's credits per window, within the team's.
+    #[serde(default)]
+    pub credit_limit: Option<u64>,
+}
+
+impl TeamConfig {
+    /// The team's apps: its `token_sha256` as [`DEFAULT_APP`], then `tokens`.
+    pub fn apps(&self) -> impl Iterator<Item = TokenConfig> + '_ {
+        let default = self.token_sha256.map(|token_sha256| TokenConfig {
+            name: DEFAULT_APP.to_string(),
+            token_sha256,
+            not_after: None,
+            credit_limit: None,
+        });
+        default.into_iter().chain(self.tokens.iter().cloned())
+    }
+
+    /// Whether the team names its apps (`tokens`): then each app's spend is
+    /// kept apart (a ledger account of its own) and can be limited.
+    pub fn has_apps(&self) -> bool {
+        !self.tokens.is_empty()
+    }
 }
 
 /// A value that must never be printed: Debug and Serialize redact it.

@@ -427,7 +427,7 @@ fn token_hashes_are_read_as_their_bytes_and_printed_back_as_hex() {
         TokenHash::of("admin-token")
     ))
     .expect("valid");
-    assert_eq!(c.teams[0].token_sha256, TokenHash::of("a-token"));
+    assert_eq!(c.teams[0].token_sha256, Some(TokenHash::of("a-token")));
     assert_eq!(c.admin.token_sha256, Some(TokenHash::of("admin-token")));
     let printed = c.redacted_toml();
     assert!(
@@ -460,7 +460,7 @@ fn a_bad_or_missing_team_hash_does_not_hide_the_teams_other_problems() {
     let mut want = vec![
         "teams[0].token_sha256: must be 64 hex characters (the SHA-256 of the token, see `permit-gateway token`)",
         "teams[1].token_sha256: must be 64 hex characters (the SHA-256 of the token, see `permit-gateway token`)",
-        "teams[2].token_sha256: required, and not set",
+        "teams[2].token_sha256: team \"Bad\": has no token: set token_sha256 or give it [[teams.tokens]]",
         "teams[2].name: team \"Bad\": must be 1-64 of [a-z0-9_-]",
         "teams[2].requests_per_minute: team \"Bad\": must be positive (omit for no limit)",
     ];
@@ -654,4 +654,38 @@ fn a_redis_url_is_shown_without_its_password() {
     let shown = load(&text).expect("valid").redacted_toml();
     assert!(shown.contains("redis://:<redacted>@cache:6379/1"), "{shown}");
     assert!(!shown.contains("hunter2"), "{shown}");
+}
+
+#[test]
+fn app_tokens_are_checked_naming_the_team_and_the_app() {
+    let (a, b, c) = ("a".repeat(64), "b".repeat(64), "c".repeat(64));
+    let ok = format!(
+        "{KEY}[quota]\norg_credit_limit = 900\n\
+         [[teams]]\nname = \"growth\"\ncredit_limit = 100\n\
+         [[teams.tokens]]\nname = \"web\"\ntoken_sha256 = \"{a}\"\nnot_after = \"2026-12-31T00:00:00Z\"\ncredit_limit = 40\n\
+         [[teams.tokens]]\nname = \"batch\"\ntoken_sha256 = \"{b}\"\n"
+    );
+    let config = load(&ok).expect("a team of two apps, no token_sha256");
+    let apps: Vec<String> = config.teams[0].apps().map(|a| a.name).collect();
+    assert_eq!(apps, ["web", "batch"]);
+    assert_eq!(config.quota.org_credit_limit, Some(900));
+    assert!(config.teams[0].tokens[0].not_after.is_some());
+    let bad = format!(
+        "{KEY}[[teams]]\nname = \"growth\"\ntoken_sha256 = \"{a}\"\ncredit_limit = 10\n\
+         [[teams.tokens]]\nname = \"default\"\ntoken_sha256 = \"{b}\"\n\
+         [[teams.tokens]]\nname = \"Web\"\ntoken_sha256 = \"{c}\"\ncredit_limit = 11\n\
+         [[teams.tokens]]\nname = \"api\"\ntoken_sha256 = \"{c}\"\nnot_afer = \"2026-12-31T00:00:00Z\"\n\
+         [[teams]]\nname = \"ops\"\n"
+    );
+    let errs = load(&bad).expect_err("invalid").0;
+    for want in [
+        "teams[0].tokens[0].name: team \"growth\", app \"default\": the team's token_sha256 is its app \"default\" already",
+        "teams[0].tokens[1].name: team \"growth\", app \"Web\": must be 1-64 of [a-z0-9_-]",
+        "teams[0].tokens[1].credit_limit: team \"growth\", app \"Web\": 11 is above the team's credit_limit (10)",
+        "teams[0].tokens[2].token_sha256: team \"growth\", app \"api\": the same token is given to teams[0] \"growth\", app \"Web\"",
+        "teams[0].tokens[2].not_afer: unknown key (did you mean `not_after`?)",
+        "teams[1].token_sha256: team \"ops\": has no token",
+    ] {
+        assert!(errs.iter().any(|e| e.starts_with(want)), "{want}: {errs:#?}");
+    }
 }

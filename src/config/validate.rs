@@ -189,16 +189,72 @@ pub(super) fn validate_teams(teams: &[TeamConfig], p: &mut Vec<String>) {
                 "{at}.name: team {team_name:?}: teams[{first}] has the same name"
             ));
         }
-        if let Some((j, other)) = hashes.insert(team.token_sha256, (i, team_name.as_str())) {
+        if team.token_sha256.is_none() && team.tokens.is_empty() {
             p.push(format!(
-                "{at}.token_sha256: team {team_name:?}: the same token is given to teams[{j}] {other:?}"
+                "{at}.token_sha256: team {team_name:?}: has no token: set token_sha256 or give it [[teams.tokens]]"
             ));
+        }
+        let mut apps = std::collections::HashMap::new();
+        for (k, app) in team.apps().enumerate() {
+            let key = app_key(team, i, k);
+            let who = who(team, &app.name);
+            let app_name = &app.name;
+            if !is_label(app_name) {
+                p.push(format!("{key}.name: {who}: must be 1-64 of [a-z0-9_-]"));
+            } else if apps.insert(app_name.clone(), k).is_some() {
+                let why = if app_name == crate::config::DEFAULT_APP && team.token_sha256.is_some() {
+                    "the team's token_sha256 is its app \"default\" already"
+                } else {
+                    "another token of the team has the same name"
+                };
+                p.push(format!("{key}.name: {who}: {why}"));
+            }
+            let field = match key.ends_with("token_sha256") {
+                true => key.clone(),
+                false => format!("{key}.token_sha256"),
+            };
+            if let Some(other) = hashes.insert(app.token_sha256, who_at(team, i, &app.name)) {
+                p.push(format!("{field}: {who}: the same token is given to {other}"));
+            }
+            if let (Some(app_limit), Some(team_limit)) = (app.credit_limit, team.credit_limit) {
+                if app_limit > team_limit {
+                    p.push(format!(
+                        "{key}.credit_limit: {who}: {app_limit} is above the team's credit_limit ({team_limit}); an app's limit is its share of the team's"
+                    ));
+                }
+            }
         }
         if team.requests_per_minute == Some(0) {
             p.push(format!(
                 "{at}.requests_per_minute: team {team_name:?}: must be positive (omit for no limit)"
             ));
         }
+    }
+}
+
+/// The key of a team's `k`th app ([`TeamConfig::apps`]): its
+/// `token_sha256`, or its `tokens` entry.
+fn app_key(team: &TeamConfig, i: usize, k: usize) -> String {
+    match (team.token_sha256.is_some(), k) {
+        (true, 0) => format!("teams[{i}].token_sha256"),
+        (true, k) => format!("teams[{i}].tokens[{}]", k - 1),
+        (false, k) => format!("teams[{i}].tokens[{k}]"),
+    }
+}
+
+/// The team (and the app, where the team names its apps) a problem is of.
+fn who(team: &TeamConfig, app: &str) -> String {
+    match team.has_apps() {
+        true => format!("team {:?}, app {app:?}", team.name),
+        false => format!("team {:?}", team.name),
+    }
+}
+
+/// [`who`] with the team's place: `teams[0] "growth"`.
+fn who_at(team: &TeamConfig, i: usize, app: &str) -> String {
+    match team.has_apps() {
+        true => format!("teams[{i}] {:?}, app {app:?}", team.name),
+        false => format!("teams[{i}] {:?}", team.name),
     }
 }
 
@@ -257,12 +313,19 @@ pub(super) fn refuse_demo_tokens(teams: &[TeamConfig], admin: Option<&TokenHash>
             .find(|token| TokenHash::of(token) == *hash)
     };
     for (i, team) in teams.iter().enumerate() {
-        if let Some(token) = demo_token(&team.token_sha256) {
-            p.push(format!(
-                "teams[{i}].token_sha256: team {:?} would accept the public demo token {token:?}; \
-                 give it its own token (`permit-gateway token`)",
-                team.name
-            ));
+        for (k, app) in team.apps().enumerate() {
+            if let Some(token) = demo_token(&app.token_sha256) {
+                let key = app_key(team, i, k);
+                let field = match key.ends_with("token_sha256") {
+                    true => key,
+                    false => format!("{key}.token_sha256"),
+                };
+                p.push(format!(
+                    "{field}: {} would accept the public demo token {token:?}; \
+                     give it its own token (`permit-gateway token`)",
+                    who(team, &app.name)
+                ));
+            }
         }
     }
     if let Some(token) = admin.and_then(demo_token) {
@@ -280,7 +343,10 @@ pub(super) fn placeholder_warnings(teams: &[TeamConfig]) -> Vec<String> {
     teams
         .iter()
         .enumerate()
-        .filter(|(_, team)| team.token_sha256.to_string().bytes().filter(|b| *b != b'0').count() <= 1)
+        .filter(|(_, team)| {
+            team.token_sha256
+                .is_some_and(|h| h.to_string().bytes().filter(|b| *b != b'0').count() <= 1)
+        })
         .map(|(i, team)| {
             format!(
                 "teams[{i}].token_sha256: team {:?} has a placeholder hash that no token matches; \

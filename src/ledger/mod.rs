@@ -126,6 +126,37 @@ pub struct Reservation {
     /// Until when a settle may still be retried: shortly before the
     /// reservation's term runs out and the reservation counts as spent.
     pub settle_by: std::time::Instant,
+    /// The same call's holds in its other budgets' accounts
+    /// ([`Ledger::reserve_all`]): settled and released with it.
+    pub linked: Vec<Reservation>,
+}
+
+/// A budget a call is held against: a ledger account and its limit. The
+/// accounts are the team's (its name), an app's ([`app_account`]) and the
+/// company's ([`ORG_ACCOUNT`]).
+#[derive(Debug, Clone, Copy)]
+pub struct Budget<'a> {
+    pub account: &'a str,
+    pub limit: Option<u64>,
+}
+
+/// Which budget of a [`Ledger::reserve_all`] refused, and its figures
+/// (`used` includes the holds in flight).
+#[derive(Debug, PartialEq, Eq)]
+pub struct Refusal {
+    pub budget: usize,
+    pub used: u64,
+    pub limit: u64,
+}
+
+/// The company's account: every metered call of every team is held and
+/// settled in it too, so `quota.org_credit_limit` binds their sum. No team
+/// can be named so (`[a-z0-9_-]`).
+pub const ORG_ACCOUNT: &str = "*org";
+
+/// The account of a team's app (`team/app`: no team name has a `/`).
+pub fn app_account(team: &str, app: &str) -> String {
+    format!("{team}/{app}")
 }
 
 /// A new reservation id.
@@ -185,23 +216,76 @@ impl Ledger {
         }
     }
 
-    /// Turns a reservation into spend of `actual` credits (durable when
-    /// this returns Ok), recorded under `route` for chargeback. Idempotent
-    /// by reservation id; the Redis store retries until `settle_by`.
-    pub async fn settle(&self, r: Reservation, actual: u64, route: Route) -> Result<(), LedgerError> {
+    /// Holds `amount` in every budget's account, or in none: the first
+    /// budget that cannot cover it refuses (`Err(Refusal)`) and nothing
+    /// stays held. The file store checks and holds them all under one lock
+    /// and one commit; the Redis store reserves them in order, each atomic
+    /// in its own account, and ends the ones held before a refusal — so
+    /// give the narrowest budget (an app's) first: a refused app never
+    /// holds its team's credits even for a moment. The reservation is the
+    /// first budget's, the others linked to it.
+    pub async fn reserve_all(
+        &self,
+        budgets: &[Budget<'_>],
+        amount: u64,
+    ) -> Result<Result<Reservation, Refusal>, LedgerError> {
+        let today = self.today();
         match self {
-            Ledger::File(l) => l.settle(r, actual, route, self.today()).await,
-            Ledger::Redis(l) => l.settle(r, actual, route, self.today()).await,
+            Ledger::File(l) => l.reserve_all(budgets, amount, today).await,
+            Ledger::Redis(l) => {
+                let mut held: Vec<Reservation> = Vec::new();
+                for (i, b) in budgets.iter().enumerate() {
+                    let refused = match l.reserve(b.account, b.limit, amount, today).await {
+                        Ok(Reserved::Granted(r)) => {
+                            held.push(r);
+                            continue;
+                        }
+                        Ok(Reserved::Rejected { used, limit }) => Ok(Err(Refusal { budget: i, used, limit })),
+                        Err(e) => Err(e),
+                    };
+                    for r in held {
+                        l.release(r).await;
+                    }
+                    return refused;
+                }
+                let mut held = held.into_iter();
+                let Some(mut first) = held.next() else {
+                    return Err(LedgerError("no budget to reserve in".into()));
+                };
+                first.linked = held.collect();
+                Ok(Ok(first))
+            }
         }
     }
 
-    /// Gives the credits back: the call failed and the upstream charged
-    /// nothing. Best effort: a release that is lost leaves the reservation
-    /// to lapse into spend (over-, never under-charged).
-    pub(crate) async fn release(&self, r: Reservation) {
-        match self {
-            Ledger::File(l) => l.release(r),
-            Ledger::Redis(l) => l.release(r).await,
+    /// Turns a reservation (and its linked ones) into spend of `actual`
+    /// credits (durable when this returns Ok), recorded under `route` for
+    /// chargeback. Idempotent by reservation id; the Redis store retries
+    /// until `settle_by`.
+    pub async fn settle(&self, mut r: Reservation, actual: u64, route: Route) -> Result<(), LedgerError> {
+        let mut result = Ok(());
+        for linked in std::mem::take(&mut r.linked).into_iter().chain([r]) {
+            let settled = match self {
+                Ledger::File(l) => l.settle(linked, actual, route, self.today()).await,
+                Ledger::Redis(l) => l.settle(linked, actual, route, self.today()).await,
+            };
+            if settled.is_err() {
+                result = settled;
+            }
+        }
+        result
+    }
+
+    /// Gives the credits back (the reservation's and its linked ones'):
+    /// the call failed and the upstream charged nothing. Best effort: a
+    /// release that is lost leaves the reservation to lapse into spend
+    /// (over-, never under-charged).
+    pub(crate) async fn release(&self, mut r: Reservation) {
+        for linked in std::mem::take(&mut r.linked).into_iter().chain([r]) {
+            match self {
+                Ledger::File(l) => l.release(linked),
+                Ledger::Redis(l) => l.release(linked).await,
+            }
         }
     }
 

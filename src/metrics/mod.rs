@@ -70,6 +70,10 @@ pub struct Metrics {
     pub(crate) upstream_credits_remaining: IntGauge,
     pub(crate) upstream_credit_limit: IntGauge,
     quota_rejections_total: IntCounterVec,
+    /// Requests with a token within 7 days of its `not_after`: by team and
+    /// app (app names come from the config; a series only for an app whose
+    /// ending token is still used).
+    token_expiring_requests_total: IntCounterVec,
     rate_limited_total: IntCounterVec,
     coalesced_requests_total: IntCounterVec,
     cache_entries: IntGaugeVec,
@@ -222,6 +226,12 @@ impl Metrics {
                 "gateway_quota_rejections_total",
                 "Requests refused with 402 by a team budget.",
                 &["team"],
+            ),
+            token_expiring_requests_total: counter(
+                &r,
+                "gateway_token_expiring_requests_total",
+                "Requests made with an app's token within 7 days of its not_after (a rotation not finished).",
+                &["team", "app"],
             ),
             rate_limited_total: counter(
                 &r,

@@ -322,6 +322,11 @@ impl Metrics {
         self.quota_rejections_total.with_label_values(&[team]).inc();
     }
 
+    /// A request with a token that ends within 7 days.
+    pub(crate) fn token_expiring(&self, team: &str, app: &str) {
+        self.token_expiring_requests_total.with_label_values(&[team, app]).inc();
+    }
+
     pub(crate) fn cache_hit(&self, route: Route, tier: Tier) {
         self.children.routes[route.index()].hits[tier as usize].inc();
     }

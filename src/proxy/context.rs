@@ -9,7 +9,7 @@
 //! Every file of `proxy/` may use these; this one uses none of them, so
 //! the arrows between the phases' files run one way.
 
-use crate::auth::Team;
+use crate::auth::{Member, Team};
 use crate::cache::control::Directives;
 use crate::cache::months::Window;
 use crate::cache::records::IdList;
@@ -54,6 +54,8 @@ pub(super) struct Ask<'r, B> {
     pub(super) trace: Trace,
     pub(super) directives: Directives,
     pub(super) team: Arc<Team>,
+    /// The team's app whose token asks.
+    pub(super) app: Arc<Member>,
     /// The target, its cache key and tag: on a repeated target the memo's
     /// own entry, shared, so a hit copies neither the key (an allocation)
     /// nor the target (two reference counts every core would write).
@@ -65,6 +67,7 @@ impl<B> Ask<'_, B> {
     pub(super) fn job(&self, request_id: &str) -> Job {
         Job {
             team: self.team.clone(),
+            app: self.app.clone(),
             target: self.parsed.target.clone(),
             key: self.parsed.key.clone(),
             // A client that bounds the age it accepts must not be answered
@@ -82,6 +85,8 @@ impl<B> Ask<'_, B> {
 #[derive(Clone)]
 pub(super) struct Job {
     pub(super) team: Arc<Team>,
+    /// The app that asked: its budget and account, when its team names apps.
+    pub(super) app: Arc<Member>,
     pub(super) target: Target,
     /// `None`: not cacheable, no coalescing.
     pub(super) key: Option<String>,
@@ -136,6 +141,8 @@ pub(crate) struct RequestContext {
     /// The W3C trace: its id goes in the access-log line.
     pub(super) trace: Trace,
     pub(super) team: Option<Arc<Team>>,
+    /// The team's app, once authenticated.
+    pub(super) app: Option<Arc<Member>>,
     pub(super) route: Option<Route>,
     pub(super) cache: CacheState,
     /// Credits charged to the team for this answer: the sum of what every
@@ -154,6 +161,7 @@ impl RequestContext {
             request_id,
             trace,
             team: None,
+            app: None,
             route: None,
             cache: CacheState::Bypass,
             credits: 0,
@@ -200,6 +208,11 @@ impl RequestContext {
             request_id: &self.request_id,
             trace_id: self.trace.trace_id().to_bytes(),
             team: self.team_name(),
+            app: self
+                .app
+                .as_deref()
+                .filter(|a| a.account.is_some())
+                .map(|a| a.name.as_str()),
             method,
             route: self.route.unwrap_or(Route::Other).as_str(),
             status: status.as_u16(),

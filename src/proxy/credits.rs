@@ -13,9 +13,9 @@
 
 use super::context::Job;
 use crate::app::App;
-use crate::error::GatewayError;
+use crate::error::{GatewayError, Spent};
 use crate::http_util::number_header;
-use crate::ledger::{Reservation, Reserved};
+use crate::ledger::{Budget, Reservation, ORG_ACCOUNT};
 use crate::metrics::LedgerOp;
 use crate::route;
 use http::header::{HeaderMap, HeaderName};
@@ -81,30 +81,58 @@ pub(super) fn billed(headers: &HeaderMap) -> Option<u64> {
         .filter(|n| *n <= MAX_BILL)
 }
 
-/// Holds the worst case of this call in the team's ledger, or
-/// refuses (402) before anything is spent. `Ok(None)`: nothing to hold
-/// (the ledger is down and the operator chose to fail open).
+/// Holds the worst case of this call in every budget it counts against —
+/// its app's (when the team names its apps), its team's, and the
+/// company's — or refuses (402, naming the budget) before anything is
+/// spent. `Ok(None)`: nothing to hold (the ledger is down and the operator
+/// chose to fail open).
 ///
-/// The team is the one in the live table now, not the one the request was
-/// admitted as: a reserve may run up to `cache.coalesce_wait_ms` after
-/// admission (a lease wait, a follower's retry), and a reload meanwhile
-/// that lowered the team's limit binds it; one that removed the team
-/// refuses it as the upstream refuses an unknown key (401).
+/// The team and app are the ones in the live table now, not the ones the
+/// request was admitted as: a reserve may run up to `cache.coalesce_wait_ms`
+/// after admission (a lease wait, a follower's retry), and a reload
+/// meanwhile that lowered a limit binds it; one that removed the team or
+/// the app's token refuses it as the upstream refuses an unknown key (401).
 #[tracing::instrument(target = "permit_gateway::spans", name = "reserve", skip_all)]
 pub(super) async fn reserve(app: &App, job: &Job) -> Result<Option<Reservation>, GatewayError> {
-    let Some(team) = app.teams.load().by_name(&job.team.name).cloned() else {
+    let teams = app.teams.load();
+    let Some(team) = teams.by_name(&job.team.name).cloned() else {
         return Err(GatewayError::InvalidCredential);
     };
+    let Some(member) = team.app(&job.app.name).cloned() else {
+        return Err(GatewayError::InvalidCredential);
+    };
+    drop(teams);
     let amount = route::credit_estimate(&job.target);
     // Free calls cannot overspend: they are recorded, never refused.
-    let limit = if amount == 0 { None } else { team.credit_limit };
-    match app.ledger.reserve(&team.name, limit, amount).await {
-        Ok(Reserved::Granted(r)) => Ok(Some(r)),
-        Ok(Reserved::Rejected { used, limit }) => Err(GatewayError::QuotaExceeded {
-            limit,
+    let limit = |l: Option<u64>| if amount == 0 { None } else { l };
+    // The narrowest first: an app refused never holds its team's credits.
+    let mut budgets = Vec::with_capacity(3);
+    let mut whose = Vec::with_capacity(3);
+    if let Some(account) = &member.account {
+        budgets.push(Budget {
+            account,
+            limit: limit(member.credit_limit),
+        });
+        whose.push(Spent::App(member.name.clone()));
+    }
+    budgets.push(Budget {
+        account: &team.name,
+        limit: limit(team.credit_limit),
+    });
+    whose.push(Spent::Team);
+    budgets.push(Budget {
+        account: ORG_ACCOUNT,
+        limit: limit(app.config.quota.org_credit_limit),
+    });
+    whose.push(Spent::Org);
+    match app.ledger.reserve_all(&budgets, amount).await {
+        Ok(Ok(r)) => Ok(Some(r)),
+        Ok(Err(refusal)) => Err(GatewayError::QuotaExceeded {
+            limit: refusal.limit,
             needed: amount,
-            remaining: limit.saturating_sub(used),
+            remaining: refusal.limit.saturating_sub(refusal.used),
             upgrade_url: app.config.quota.upgrade_url.clone(),
+            budget: whose.swap_remove(refusal.budget),
         }),
         Err(e) => {
             app.metrics.ledger_error(LedgerOp::Reserve);

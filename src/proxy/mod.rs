@@ -54,7 +54,7 @@ pub use context::CacheState;
 pub use state::State;
 
 use crate::app::App;
-use crate::auth::{Team, TeamInFlight};
+use crate::auth::{Caller, Member, Team, TeamInFlight};
 use crate::cache::control::Directives;
 use crate::cache::{key, Entry};
 use crate::cache::{months::Window, records::IdList};
@@ -168,9 +168,9 @@ async fn pipeline<B>(
 ) -> Answer {
     admit(app, req)?;
     let resolved = resolve(app, state, req, ctx)?;
-    let team = authenticate(app, req, mark, ctx)?;
+    let caller = authenticate(app, req, mark, ctx)?;
     let span = request_span(req, ctx);
-    crate::telemetry::in_span!(span, as_team(app, state, req, team, resolved, ctx))
+    crate::telemetry::in_span!(span, as_team(app, state, req, caller, resolved, ctx))
 }
 
 /// What a known team asks, inside the request's span.
@@ -178,17 +178,17 @@ async fn as_team<B>(
     app: &Arc<App>,
     state: &Arc<State>,
     req: &Request<B>,
-    team: Arc<Team>,
+    caller: Caller,
     resolved: Resolved,
     ctx: &mut RequestContext,
 ) -> Answer {
-    let _in_flight = limit_team(app, &team)?;
+    let _in_flight = limit_team(app, &caller.0)?;
     validate(&resolved)?;
     if resolved.target().route == Route::Usage {
         ctx.cache = CacheState::Bypass;
-        return usage::usage(app, &team).await;
+        return usage::usage(app, &caller.0, &caller.1).await;
     }
-    let ask = cache_key(app, state, req, team, resolved, ctx);
+    let ask = cache_key(app, state, req, caller, resolved, ctx);
     answer(app, state, &ask, ctx).await
 }
 
@@ -214,6 +214,7 @@ async fn answer<B>(app: &Arc<App>, state: &Arc<State>, ask: &Ask<'_, B>, ctx: &m
             trace: ask.trace.clone(),
             directives: ask.directives,
             team: ask.team.clone(),
+            app: ask.app.clone(),
             parsed: Arc::new(Parsed {
                 target: clamped.target,
                 key: clamped.key,
@@ -297,9 +298,10 @@ fn resolve<B>(app: &App, state: &State, req: &Request<B>, ctx: &mut RequestConte
         // GatewayUnknownVendorOperation; the query stays out) only for a
         // valid token: a token-less peer's paths are no news of the
         // vendor's, and its lines must not crowd the log queue (telemetry).
-        if let Ok(team) = app.teams.load().authenticate(req.headers()) {
+        if let Ok((team, member)) = app.teams.load().authenticate(req.headers()) {
             tracing::info!(request_id = %ctx.request_id, team = %team.name, path = %target.path, "unknown /v2 path (route other): 404");
             ctx.team = Some(team);
+            ctx.app = Some(member);
         }
         return Err(GatewayError::NotFound);
     }
@@ -316,15 +318,35 @@ fn authenticate<B>(
     req: &Request<B>,
     mark: Option<&ConnectionMark>,
     ctx: &mut RequestContext,
-) -> Result<Arc<Team>, GatewayError> {
-    let team = app.teams.load().authenticate(req.headers())?;
+) -> Result<Caller, GatewayError> {
+    let (team, member) = app.teams.load().authenticate(req.headers())?;
     ctx.team = Some(team.clone());
+    ctx.app = Some(member.clone());
     if let Some(mark) = mark {
         if !mark.team_seen(&team.name) {
             return Err(GatewayError::AnswersBusy);
         }
     }
-    Ok(team)
+    notice_expiring(app, &team, &member);
+    Ok((team, member))
+}
+
+/// A token within `auth::EXPIRY_NOTICE_SECS` of its `not_after` that is
+/// still used: counted each time, logged once a day (its app has not
+/// moved to the new token yet).
+fn notice_expiring(app: &App, team: &Team, member: &Member) {
+    let now = chrono::Utc::now().timestamp();
+    let Some(first_today) = member.ending_soon(now) else {
+        return;
+    };
+    app.metrics.token_expiring(&team.name, &member.name);
+    if first_today {
+        let not_after = member
+            .not_after()
+            .and_then(|t| chrono::DateTime::from_timestamp(t, 0))
+            .map(|t| t.to_rfc3339());
+        tracing::warn!(team = %team.name, app = %member.name, not_after, "a token that ends within 7 days is still used: move the app to its new token");
+    }
 }
 
 /// The request's span, only now that its team is known: an anonymous
@@ -338,7 +360,12 @@ fn request_span<B>(req: &Request<B>, ctx: &mut RequestContext) -> tracing::Span 
         http.request.method = %req.method(),
         http.route = tracing::field::Empty,
         http.response.status_code = tracing::field::Empty,
+        team = ctx.team_name(),
+        app = tracing::field::Empty,
     );
+    if let Some(member) = ctx.app.as_deref().filter(|m| m.account.is_some()) {
+        span.record("app", member.name.as_str());
+    }
     ctx.trace.attach(&span);
     ctx.span = span.clone();
     span
@@ -377,7 +404,7 @@ fn cache_key<'r, B>(
     app: &App,
     state: &State,
     req: &'r Request<B>,
-    team: Arc<Team>,
+    (team, member): Caller,
     resolved: Resolved,
     ctx: &RequestContext,
 ) -> Ask<'r, B> {
@@ -404,6 +431,7 @@ fn cache_key<'r, B>(
         trace: ctx.trace.clone(),
         directives: Directives::from_headers(req.headers()),
         team,
+        app: member,
         parsed,
     }
 }

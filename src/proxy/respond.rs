@@ -16,7 +16,7 @@ use super::context::{CacheState, RequestContext};
 use super::fetch::Role;
 use super::flight::Fetched;
 use crate::app::App;
-use crate::auth::Team;
+use crate::auth::{Member, Team};
 use crate::cache::Entry;
 use crate::clock::now_ms;
 use crate::error::GatewayError;
@@ -86,7 +86,13 @@ pub(super) fn from_held<B>(
     ctx: &mut RequestContext,
 ) -> Response<Body> {
     ctx.cache = state;
-    saved_because(app, team, target, entry.credits, SavedReason::of_tier(tier));
+    saved_because(
+        app,
+        (team, ctx.app.as_deref()),
+        target,
+        entry.credits,
+        SavedReason::of_tier(tier),
+    );
     from_entry(entry, state, req.headers())
 }
 
@@ -109,7 +115,7 @@ pub(super) fn from_fetched(
     };
     if role == Role::Follower || fetched.from_cache {
         app.metrics.coalesced(target.route);
-        saved(app, team, target, fetched.worth);
+        saved(app, (team, ctx.app.as_deref()), target, fetched.worth);
     }
     ctx.cache = state;
     ctx.charge(charged);
@@ -118,17 +124,23 @@ pub(super) fn from_fetched(
 }
 
 /// Credits a team did not spend because an answer was held: its metrics
-/// and its chargeback rows.
-pub(super) fn saved(app: &App, team: &Team, target: &Target, credits: u64) {
-    saved_because(app, team, target, credits, SavedReason::Cache);
+/// and its chargeback rows (its app's too, when the team names its apps).
+pub(super) fn saved(app: &App, who: Who<'_>, target: &Target, credits: u64) {
+    saved_because(app, who, target, credits, SavedReason::Cache);
 }
 
+/// The team, and the app when known, a saving is counted for.
+pub(super) type Who<'a> = (&'a Team, Option<&'a Member>);
+
 /// [`saved`], by why ([`SavedReason`]: a disk-tier copy, a monthly window).
-pub(super) fn saved_because(app: &App, team: &Team, target: &Target, credits: u64, reason: SavedReason) {
+pub(super) fn saved_because(app: &App, (team, member): Who<'_>, target: &Target, credits: u64, reason: SavedReason) {
     if credits > 0 {
         app.metrics
             .credits_saved_because(&team.name, target.route, credits, reason);
         app.ledger.record_saved(&team.name, target.route, credits);
+        if let Some(account) = member.and_then(|m| m.account.as_deref()) {
+            app.ledger.record_saved(account, target.route, credits);
+        }
     }
 }
 

@@ -4,15 +4,17 @@
 //! the whole org's.
 
 use crate::app::App;
-use crate::auth::Team;
+use crate::auth::{Member, Team};
 use crate::error::GatewayError;
 use crate::http_util::{json_response, Body};
 use crate::ledger::date_of;
 use http::{Response, StatusCode};
 use serde_json::json;
 
-/// `GET /v2/usage` for one team, in the upstream's usage shape.
-pub(super) async fn usage(app: &App, team: &Team) -> Result<Response<Body>, GatewayError> {
+/// `GET /v2/usage` for one team, in the upstream's usage shape; for a team
+/// that names its apps, the asking app's own spend and limit besides
+/// (`app`).
+pub(super) async fn usage(app: &App, team: &Team, member: &Member) -> Result<Response<Body>, GatewayError> {
     let usage = app.ledger.usage(&team.name).await.map_err(|e| {
         app.metrics.ledger_error(crate::metrics::LedgerOp::Usage);
         tracing::error!(team = %team.name, error = %e, "ledger usage failed");
@@ -40,15 +42,26 @@ pub(super) async fn usage(app: &App, team: &Team) -> Result<Response<Body>, Gate
                 .map(|(d, _)| date_of(window.expires(*d)).to_string())
         })
         .flatten();
-    Ok(json_response(
-        StatusCode::OK,
-        &json!({
-            "credits_used": usage.used,
-            "credit_limit": team.credit_limit,
-            "is_over_limit": over,
-            "available_at": available_at,
-            "daily_usage": daily,
-            "window": window.as_str(),
-        }),
-    ))
+    let mut body = json!({
+        "credits_used": usage.used,
+        "credit_limit": team.credit_limit,
+        "is_over_limit": over,
+        "available_at": available_at,
+        "daily_usage": daily,
+        "window": window.as_str(),
+    });
+    if let Some(account) = &member.account {
+        let used = app.ledger.usage(account).await.map_err(|e| {
+            app.metrics.ledger_error(crate::metrics::LedgerOp::Usage);
+            tracing::error!(team = %team.name, app = %member.name, error = %e, "ledger usage failed");
+            GatewayError::Unavailable("Credit ledger unavailable")
+        })?;
+        body["app"] = json!({
+            "name": member.name,
+            "credits_used": used.used,
+            "credit_limit": member.credit_limit,
+            "is_over_limit": member.credit_limit.is_some_and(|l| used.used >= l),
+        });
+    }
+    Ok(json_response(StatusCode::OK, &body))
 }

@@ -49,6 +49,9 @@ pub(crate) struct Line<'a> {
     /// The W3C trace id's 16 bytes, written as 32 lowercase hex digits.
     pub(crate) trace_id: [u8; 16],
     pub(crate) team: &'a str,
+    /// The team's app, by its token's name; only for a team that names
+    /// its apps (`tokens`).
+    pub(crate) app: Option<&'a str>,
     pub(crate) method: &'a str,
     pub(crate) route: &'a str,
     pub(crate) status: u16,
@@ -83,11 +86,12 @@ enum Value<'a> {
 impl Line<'_> {
     /// The line's fields, in the order they are written: the one list of
     /// them. `refresh` only on a background refresh's line.
-    fn fields(&self) -> [Option<(&'static str, Value<'_>)>; 10] {
+    fn fields(&self) -> [Option<(&'static str, Value<'_>)>; 11] {
         [
             Some(("request_id", Value::Shown(self.request_id))),
             Some(("trace_id", Value::Hex(&self.trace_id))),
             Some(("team", Value::Str(self.team))),
+            self.app.map(|app| ("app", Value::Str(app))),
             Some(("method", Value::Shown(self.method))),
             Some(("route", Value::Str(self.route))),
             Some(("status", Value::Int(u64::from(self.status)))),
@@ -334,6 +338,7 @@ mod tests {
             request_id: "r-1",
             trace_id: 0x4bf92f3577b34da6a3ce929d0e0e4736_u128.to_be_bytes(),
             team: "al\"pha",
+            app: None,
             method: "GET",
             route: "permits_search",
             status: 200,

@@ -3,6 +3,7 @@
 mod support;
 
 mod admin;
+mod apps;
 mod binary;
 mod budget;
 mod cache;

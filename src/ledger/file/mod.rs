@@ -30,7 +30,7 @@ mod disk;
 mod tests;
 
 use super::saved::SavedTally;
-use super::{new_id, LedgerError, Reservation, Reserved, TeamUsage, UsageRow, Window, UNSETTLED};
+use super::{new_id, Budget, LedgerError, Refusal, Reservation, Reserved, TeamUsage, UsageRow, Window, UNSETTLED};
 use crate::clock::Clock;
 use crate::route::Route;
 use disk::{Op, Write};
@@ -132,49 +132,93 @@ impl FileLedger {
         amount: u64,
         today: u32,
     ) -> Result<Reserved, LedgerError> {
-        let id = new_id();
+        let budget = [Budget { account: team, limit }];
+        Ok(match self.reserve_all(&budget, amount, today).await? {
+            Ok(r) => Reserved::Granted(r),
+            Err(refusal) => Reserved::Rejected {
+                used: refusal.used,
+                limit: refusal.limit,
+            },
+        })
+    }
+
+    /// Holds `amount` in every budget's account, or in none: checked and
+    /// held under one lock, so no other reserve sees some of the holds and
+    /// not the others; the metered holds are durable (one group commit)
+    /// before this returns. The reservation is the first budget's, the
+    /// others linked to it.
+    pub(super) async fn reserve_all(
+        &self,
+        budgets: &[Budget<'_>],
+        amount: u64,
+        today: u32,
+    ) -> Result<Result<Reservation, Refusal>, LedgerError> {
         let now = Instant::now();
+        let ids: Vec<u64> = budgets.iter().map(|_| new_id()).collect();
         {
             let mut s = self.lock();
             self.lapse_expired(&mut s, now, today);
-            let spent = window_sum(s.days.get(team), self.window.first_day(today));
-            let held = s
-                .held
-                .values()
-                .filter(|h| h.team == team)
-                .fold(0u64, |sum, h| sum.saturating_add(h.amount));
-            let used = spent.saturating_add(held);
-            if let Some(limit) = limit {
-                if used.saturating_add(amount) > limit {
-                    return Ok(Reserved::Rejected { used, limit });
+            for (i, b) in budgets.iter().enumerate() {
+                let spent = window_sum(s.days.get(b.account), self.window.first_day(today));
+                let held = s
+                    .held
+                    .values()
+                    .filter(|h| h.team == b.account)
+                    .fold(0u64, |sum, h| sum.saturating_add(h.amount));
+                let used = spent.saturating_add(held);
+                if let Some(limit) = b.limit {
+                    if used.saturating_add(amount) > limit {
+                        return Ok(Err(Refusal { budget: i, used, limit }));
+                    }
                 }
             }
-            let hold = Hold {
-                team: team.to_string(),
-                amount,
-                day: today,
-                expires: now + self.term,
-            };
-            s.held.insert(id, hold);
-        }
-        if amount > 0 {
-            let op = Op::Hold {
-                id,
-                team: team.to_string(),
-                amount,
-                day: today,
-            };
-            if let Err(e) = self.write(op).await {
-                self.lock().held.remove(&id);
-                return Err(LedgerError(e));
+            for (b, id) in budgets.iter().zip(&ids) {
+                let hold = Hold {
+                    team: b.account.to_string(),
+                    amount,
+                    day: today,
+                    expires: now + self.term,
+                };
+                s.held.insert(*id, hold);
             }
         }
-        Ok(Reserved::Granted(Reservation {
+        if amount > 0 {
+            // Queued together: one group commit makes them all durable.
+            let waits: Vec<_> = budgets
+                .iter()
+                .zip(&ids)
+                .map(|(b, id)| {
+                    self.queue(Op::Hold {
+                        id: *id,
+                        team: b.account.to_string(),
+                        amount,
+                        day: today,
+                    })
+                })
+                .collect();
+            for wait in waits {
+                if let Err(e) = wait.await {
+                    let mut s = self.lock();
+                    for id in &ids {
+                        s.held.remove(id);
+                    }
+                    return Err(LedgerError(e));
+                }
+            }
+        }
+        let settle_by = now + self.term.saturating_sub(Duration::from_secs(1));
+        let mut reservations = budgets.iter().zip(ids).map(|(b, id)| Reservation {
             id,
-            team: team.to_string(),
+            team: b.account.to_string(),
             amount,
-            settle_by: now + self.term.saturating_sub(Duration::from_secs(1)),
-        }))
+            settle_by,
+            linked: Vec::new(),
+        });
+        let mut first = reservations
+            .next()
+            .ok_or_else(|| LedgerError("no budget to reserve in".into()))?;
+        first.linked = reservations.collect();
+        Ok(Ok(first))
     }
 
     /// Reservations past their term count as spent: their owner is gone.
@@ -209,10 +253,18 @@ impl FileLedger {
 
     /// Queues a write and waits until it is durable.
     async fn write(&self, op: Op) -> Result<(), String> {
+        self.queue(op).await
+    }
+
+    /// Queues a write now; the future answers once it is durable.
+    fn queue(&self, op: Op) -> impl std::future::Future<Output = Result<(), String>> {
         let (tx, rx) = oneshot::channel();
-        match self.writes.send(Write { op, done: Some(tx) }) {
-            Ok(()) => rx.await.unwrap_or_else(|_| Err("ledger writer stopped".into())),
-            Err(_) => Err("ledger writer stopped".into()),
+        let sent = self.writes.send(Write { op, done: Some(tx) });
+        async move {
+            match sent {
+                Ok(()) => rx.await.unwrap_or_else(|_| Err("ledger writer stopped".into())),
+                Err(_) => Err("ledger writer stopped".into()),
+            }
         }
     }
 

@@ -255,6 +255,7 @@ impl RedisLedger {
                         team: team.to_string(),
                         amount,
                         settle_by,
+                        linked: Vec::new(),
                     }),
                 })
             }

@@ -180,11 +180,12 @@ impl Assembly {
         ] {
             app.metrics.cache_records(route, source, n);
         }
-        saved_because(app, team, target, disk, SavedReason::Disk);
-        saved_because(app, team, target, held, kind.reason());
+        let who = (&**team, Some(&*ask.app));
+        saved_because(app, who, target, disk, SavedReason::Disk);
+        saved_because(app, who, target, held, kind.reason());
         if free > 0 {
             app.metrics.coalesced(route);
-            saved(app, team, target, free);
+            saved(app, who, target, free);
         }
     }
 }

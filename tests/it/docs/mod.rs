@@ -34,13 +34,17 @@ fn root() -> PathBuf {
 
 /// Every key the code knows, as dotted paths (`teams[].name` for the list).
 fn real_keys() -> BTreeSet<String> {
-    // One team, so the team keys show; the upstream key, so it validates.
+    // One team with an app token, so the team and token keys show; the
+    // upstream key, so it validates.
     let text = r#"
         [upstream]
         api_key = "k"
         [[teams]]
         name = "t"
         token_sha256 = "0000000000000000000000000000000000000000000000000000000000000000"
+        [[teams.tokens]]
+        name = "app"
+        token_sha256 = "1111111111111111111111111111111111111111111111111111111111111111"
     "#;
     let config = Config::load(Source::Text(text)).expect("defaults plus a key and a team are valid");
     // JSON keeps `None` fields (as null), so optional keys that are unset by

@@ -121,6 +121,7 @@ fn again(r: &Reservation) -> Reservation {
         team: r.team.clone(),
         amount: r.amount,
         settle_by: r.settle_by,
+        linked: Vec::new(),
     }
 }
 

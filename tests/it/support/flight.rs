@@ -31,5 +31,6 @@ pub fn fail<T>(held: Leader<Result<T, GatewayError>>) {
         needed: 1,
         remaining: 0,
         upgrade_url: String::new(),
+        budget: permit_gateway::error::Spent::Team,
     }));
 }

@@ -22,8 +22,23 @@ pub const BETA: Team = ("beta", "tok-beta-0a9b8c7d6e5f4321");
 pub const ADMIN_TOKEN: &str = "tok-admin-5e6f7a8b9c0d1e2f";
 pub const SMALL: Team = ("small", "tok-small-1c2d3e4f5a6b7c8d");
 
+/// App tokens (`[[teams.tokens]]`) of the apps tests: `(app, token)`.
+pub const WEB: Team = ("web", "tok-app-web-3a4b5c6d7e8f9012");
+pub const BATCH: Team = ("batch", "tok-app-batch-9e8d7c6b5a4f3210");
+pub const NEXT: Team = ("next", "tok-app-next-1357924680acebdf");
+
 /// Every token the harness hands out: the secret scan looks for each.
-pub const ALL_TOKENS: [&str; 4] = [ALPHA.1, BETA.1, ADMIN_TOKEN, SMALL.1];
+pub const ALL_TOKENS: [&str; 7] = [ALPHA.1, BETA.1, ADMIN_TOKEN, SMALL.1, WEB.1, BATCH.1, NEXT.1];
+
+/// An app's token of a team (`[[teams.tokens]]`), no limit, no end.
+pub fn app_token((name, token): Team) -> permit_gateway::config::TokenConfig {
+    permit_gateway::config::TokenConfig {
+        name: name.into(),
+        token_sha256: permit_gateway::config::TokenHash::of(token),
+        not_after: None,
+        credit_limit: None,
+    }
+}
 
 /// One edit of the config value.
 type Edit = Arc<dyn Fn(&mut Config) + Send + Sync>;
@@ -67,7 +82,8 @@ pub struct Setup {
 fn team_config((name, token): Team) -> TeamConfig {
     TeamConfig {
         name: name.into(),
-        token_sha256: permit_gateway::config::TokenHash::of(token),
+        token_sha256: Some(permit_gateway::config::TokenHash::of(token)),
+        tokens: Vec::new(),
         credit_limit: None,
         requests_per_minute: None,
         clamp_to_budget: false,

@@ -1,0 +1,404 @@
+//! Issue 48: many apps per team. A team's apps each have a token
+//! (`[[teams.tokens]]`): each is attributed (usage.csv's `app` column, the
+//! access line, `/v2/usage`), may have a budget of its own inside the
+//! team's, and can be rotated with an overlap (`not_after`); the company's
+//! cap (`quota.org_credit_limit`) binds the sum of every team's spend.
+//! Each test starts the real gateway and the simulator, and compares what
+//! the ledger says with what reached the upstream.
+
+use crate::support::client::Client;
+use crate::support::gateway::{
+    app_token, replicas, ChildGateway, FromFile, Setup, ALPHA, BATCH, BETA, NEXT, SMALL, WEB,
+};
+use crate::support::query::Query;
+use crate::support::redis::RedisServer;
+use crate::support::sim::{start_sim, unlimited, Sim};
+use crate::support::traffic::{charged_to, ledger_used};
+use crate::support::wait::eventually;
+use http::StatusCode;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+/// Team alpha with apps web and batch (and its own token as `default`).
+fn alpha_with_apps(setup: Setup) -> Setup {
+    setup.team(ALPHA, |t| t.tokens = vec![app_token(WEB), app_token(BATCH)])
+}
+
+/// The rows of usage.csv, without its header.
+async fn usage_rows(admin: &str) -> Vec<String> {
+    let csv = Client::admin(admin)
+        .get("/admin/usage.csv")
+        .expect_status(StatusCode::OK)
+        .await;
+    let text = csv.text();
+    let mut lines = text.lines();
+    assert_eq!(lines.next(), Some("team,app,date,route,credits_spent,credits_saved"));
+    lines.map(str::to_string).collect()
+}
+
+/// The credits usage.csv gives `team`'s `app` on `route` today.
+fn spent_of(rows: &[String], team: &str, app: &str) -> u64 {
+    rows.iter()
+        .filter(|r| r.starts_with(&format!("{team},{app},")))
+        .filter_map(|r| r.split(',').nth(4)?.parse::<u64>().ok())
+        .sum()
+}
+
+#[tokio::test]
+async fn two_apps_of_a_team_buy_with_their_own_tokens_and_their_spend_is_attributed() {
+    let sim = start_sim(unlimited()).await;
+    let setup = alpha_with_apps(Setup::new());
+    let gw = ChildGateway::spawn(&setup, &sim.base_url(), sim.api_key());
+    let s = sim.samples();
+    for (who, i, size) in [(WEB, 0u32, 4u32), (BATCH, 1, 6), (ALPHA, 2, 3), (WEB, 3, 2)] {
+        let r = Client::new(gw.base_url(), who.1)
+            .get(Query::distinct(&s, i).size(size))
+            .request_id(&format!("alpha-{}-{i}", who.0))
+            .await;
+        assert_eq!(
+            (r.status, r.credits_request()),
+            (StatusCode::OK, Some(u64::from(size))),
+            "{}",
+            r.text()
+        );
+    }
+    // Beta, a team of one token, as before.
+    let b = Client::new(gw.base_url(), BETA.1)
+        .get(Query::distinct(&s, 4).size(5))
+        .request_id("beta-0")
+        .await;
+    assert_eq!(b.status, StatusCode::OK);
+    let (web, batch, default) = (
+        charged_to(&sim, "alpha-web-"),
+        charged_to(&sim, "alpha-batch-"),
+        charged_to(&sim, "alpha-alpha-"),
+    );
+    assert_eq!((web, batch, default), (6, 6, 3), "what the upstream billed each app");
+    let rows = usage_rows(&gw.admin_url()).await;
+    assert_eq!(spent_of(&rows, "alpha", "web"), web, "{rows:#?}");
+    assert_eq!(spent_of(&rows, "alpha", "batch"), batch, "{rows:#?}");
+    assert_eq!(spent_of(&rows, "alpha", "default"), default, "{rows:#?}");
+    assert_eq!(spent_of(&rows, "beta", "default"), 5, "{rows:#?}");
+    assert_eq!(ledger_used(&gw.admin_url(), "alpha").await, web + batch + default);
+    // The access line names the app; a team of one token's names none.
+    assert_eq!(gw.access_line("alpha-batch-1").await["app"], "batch");
+    assert_eq!(gw.access_line("alpha-web-3").await["app"], "web");
+    assert!(gw.access_line("beta-0").await.get("app").is_none());
+    // /v2/usage with an app's token: the team's view and the app's own.
+    let usage = Client::new(gw.base_url(), WEB.1).get(Query::usage()).await;
+    assert_eq!(usage.json()["credits_used"], web + batch + default);
+    assert_eq!(usage.json()["app"]["name"], "web");
+    assert_eq!(usage.json()["app"]["credits_used"], web);
+    // /admin/teams: each token, when last used.
+    let teams = Client::admin(gw.admin_url()).get("/admin/teams").await.json();
+    let alpha = teams["teams"]
+        .as_array()
+        .expect("teams")
+        .iter()
+        .find(|t| t["name"] == "alpha")
+        .cloned();
+    let tokens = alpha.expect("alpha")["tokens"].clone();
+    let names: Vec<&str> = tokens
+        .as_array()
+        .expect("tokens")
+        .iter()
+        .filter_map(|t| t["name"].as_str())
+        .collect();
+    assert_eq!(names, ["default", "web", "batch"]);
+    for t in tokens.as_array().expect("tokens") {
+        assert!(t["last_used"].is_string(), "{t}");
+    }
+    assert_eq!(tokens[1]["used"], web);
+}
+
+#[tokio::test]
+async fn an_app_at_its_own_limit_gets_402_while_another_app_of_the_team_still_buys() {
+    let sim = start_sim(unlimited()).await;
+    let setup = Setup::new().team(ALPHA, |t| {
+        t.credit_limit = Some(100);
+        let mut web = app_token(WEB);
+        web.credit_limit = Some(10);
+        t.tokens = vec![web, app_token(BATCH)];
+    });
+    let gw = setup.start(&sim).await;
+    let s = sim.samples();
+    let (web, batch) = (Client::new(gw.base_url(), WEB.1), Client::new(gw.base_url(), BATCH.1));
+    let spent = web.get(Query::distinct(&s, 0).size(10)).request_id("alpha-web-0").await;
+    assert_eq!(spent.status, StatusCode::OK, "{}", spent.text());
+    let calls = sim.stats().requests_total;
+    let refused = web.get(Query::distinct(&s, 1).size(1)).request_id("alpha-web-1").await;
+    assert_eq!(refused.status, StatusCode::PAYMENT_REQUIRED, "{}", refused.text());
+    let detail = &refused.json()["detail"];
+    assert_eq!(
+        (detail["budget"].as_str(), detail["app"].as_str()),
+        (Some("app"), Some("web")),
+        "{detail}"
+    );
+    assert_eq!(
+        (detail["limit"].as_u64(), detail["remaining"].as_u64()),
+        (Some(10), Some(0))
+    );
+    assert_eq!(sim.stats().requests_total, calls, "nothing bought for the refused app");
+    let other = batch
+        .get(Query::distinct(&s, 2).size(30))
+        .request_id("alpha-batch-2")
+        .await;
+    assert_eq!(
+        (other.status, other.credits_request()),
+        (StatusCode::OK, Some(30)),
+        "{}",
+        other.text()
+    );
+    // The team's own token is the team's app `default`: no limit of its own.
+    let own = Client::new(gw.base_url(), ALPHA.1)
+        .get(Query::distinct(&s, 3).size(5))
+        .await;
+    assert_eq!(own.status, StatusCode::OK);
+    assert_eq!(
+        ledger_used(&gw.admin_url(), "alpha").await,
+        charged_to(&sim, "alpha-") + 5
+    );
+}
+
+/// Starts `n` misses with `token` on `gw`, `size` credits each, at once.
+fn spawn_misses(
+    gw: &str,
+    token: &'static str,
+    sim: &Sim,
+    first: u32,
+    n: u32,
+    size: u32,
+    prefix: &str,
+) -> Vec<tokio::task::JoinHandle<crate::support::http::Reply>> {
+    let s = sim.samples();
+    (first..first + n)
+        .map(|i| {
+            Client::new(gw, token)
+                .get(Query::distinct(&s, i).size(size))
+                .request_id(&format!("{prefix}{i}"))
+                .spawn()
+        })
+        .collect()
+}
+
+/// The statuses of misses started by [`spawn_misses`].
+async fn statuses(calls: Vec<tokio::task::JoinHandle<crate::support::http::Reply>>) -> Vec<StatusCode> {
+    let mut out = Vec::new();
+    for c in calls {
+        out.push(c.await.expect("a miss").status);
+    }
+    out
+}
+
+#[tokio::test]
+async fn concurrent_misses_of_two_apps_never_pass_the_team_limit_nor_either_apps() {
+    let sim = start_sim(unlimited()).await;
+    let setup = Setup::new().team(ALPHA, |t| {
+        t.credit_limit = Some(60);
+        let (mut web, mut batch) = (app_token(WEB), app_token(BATCH));
+        web.credit_limit = Some(40);
+        batch.credit_limit = Some(40);
+        t.tokens = vec![web, batch];
+    });
+    let gw = setup.start(&sim).await;
+    let base = gw.base_url();
+    let web_calls = spawn_misses(&base, WEB.1, &sim, 0, 16, 5, "alpha-web-");
+    let batch_calls = spawn_misses(&base, BATCH.1, &sim, 100, 16, 5, "alpha-batch-");
+    let (w, b) = (statuses(web_calls).await, statuses(batch_calls).await);
+    for s in w.iter().chain(&b) {
+        assert!(matches!(*s, StatusCode::OK | StatusCode::PAYMENT_REQUIRED), "{s}");
+    }
+    let (web, batch) = (charged_to(&sim, "alpha-web-"), charged_to(&sim, "alpha-batch-"));
+    eprintln!(
+        "two apps at once: web {web} (limit 40), batch {batch} (limit 40), team {} (limit 60)",
+        web + batch
+    );
+    assert!(
+        web <= 40 && batch <= 40,
+        "an app passed its limit: web {web}, batch {batch}"
+    );
+    assert!(web + batch <= 60, "the team passed its limit: {}", web + batch);
+    assert_eq!(web + batch, 60, "the team's budget is spent to the credit");
+    assert_eq!(ledger_used(&gw.admin_url(), "alpha").await, web + batch);
+    let rows = usage_rows(&gw.admin_url()).await;
+    assert_eq!(
+        (spent_of(&rows, "alpha", "web"), spent_of(&rows, "alpha", "batch")),
+        (web, batch)
+    );
+}
+
+/// The app `next`'s token ends `secs` from now.
+fn ending_in(secs: i64) -> permit_gateway::config::TokenConfig {
+    let mut next = app_token(NEXT);
+    next.not_after = Some(chrono::Utc::now() + chrono::Duration::seconds(secs));
+    next
+}
+
+#[tokio::test]
+async fn a_rotation_with_an_overlap_drops_no_request_and_the_old_token_is_refused_after_not_after() {
+    let sim = start_sim(unlimited()).await;
+    // The app `next` runs on its old token; its replacement `web` comes in
+    // a reload, and the old one is given an end 4 s ahead.
+    let before = Setup::new().team(ALPHA, |t| t.tokens = vec![app_token(NEXT)]);
+    let file = FromFile::start(&before, &sim).await;
+    let gw = &file.gw;
+    let s = sim.samples();
+    let query = Query::distinct(&s, 0).size(2);
+    let old = Client::new(gw.base_url(), NEXT.1);
+    assert_eq!(old.get(&query).await.status, StatusCode::OK);
+    let not_after = chrono::Utc::now() + chrono::Duration::seconds(4);
+    let after = Setup::new().team(ALPHA, |t| {
+        let mut next = app_token(NEXT);
+        next.not_after = Some(not_after);
+        t.tokens = vec![next, app_token(WEB)];
+    });
+    file.rewrite(&after, &sim);
+    assert_eq!(file.reload().await.status, StatusCode::OK);
+    let new = Client::new(gw.base_url(), WEB.1);
+    // Both tokens work until `not_after`; from then on the old one gets 401.
+    let (old_ok, new_ok) = (AtomicUsize::new(0), AtomicUsize::new(0));
+    let refused = eventually(
+        "the old token is refused after its not_after",
+        Duration::from_secs(20),
+        || async {
+            let sent = chrono::Utc::now();
+            let (o, n) = (old.get(&query).await, new.get(&query).await);
+            assert_eq!(n.status, StatusCode::OK, "the new token always works: {}", n.text());
+            new_ok.fetch_add(1, Ordering::Relaxed);
+            match o.status {
+                StatusCode::OK => {
+                    assert!(
+                        sent < not_after + chrono::Duration::milliseconds(500),
+                        "served after its not_after"
+                    );
+                    old_ok.fetch_add(1, Ordering::Relaxed);
+                    None
+                }
+                StatusCode::UNAUTHORIZED => {
+                    assert!(
+                        sent > not_after - chrono::Duration::milliseconds(500),
+                        "refused before its not_after"
+                    );
+                    Some(o)
+                }
+                other => panic!("the old token got {other}: {}", o.text()),
+            }
+        },
+    )
+    .await;
+    assert!(refused.text().contains("Token expired"), "{}", refused.text());
+    let (old_ok, new_ok) = (old_ok.into_inner(), new_ok.into_inner());
+    eprintln!("rotation: the old token answered {old_ok} times before its not_after, the new one {new_ok}");
+    assert!(old_ok > 0, "the overlap served the old token");
+    // The ending token was used within 7 days of its end: counted, per app.
+    let m = crate::support::probe::scrape(&gw.admin_url()).await;
+    let counted = m.get(
+        "gateway_token_expiring_requests_total",
+        &[("team", "alpha"), ("app", "next")],
+    );
+    assert!(counted.is_some_and(|n| n >= old_ok as f64), "{counted:?}");
+    let teams = Client::admin(gw.admin_url()).get("/admin/teams").await.json();
+    let tokens = teams["teams"][0]["tokens"].as_array().cloned().unwrap_or_default();
+    let next = tokens
+        .iter()
+        .find(|t| t["name"] == "next")
+        .expect("the old token is listed");
+    assert!(next["not_after"].is_string() && next["last_used"].is_string(), "{next}");
+}
+
+#[tokio::test]
+async fn an_ending_token_still_used_is_logged_once_a_day() {
+    let sim = start_sim(unlimited()).await;
+    let setup = Setup::new().team(ALPHA, |t| t.tokens = vec![ending_in(3 * 86_400)]);
+    let gw = ChildGateway::spawn(&setup, &sim.base_url(), sim.api_key());
+    let next = Client::new(gw.base_url(), NEXT.1);
+    for _ in 0..3 {
+        assert_eq!(next.get(Query::usage()).await.status, StatusCode::OK);
+    }
+    let logged = || {
+        gw.log_text()
+            .matches("a token that ends within 7 days is still used")
+            .count()
+    };
+    eventually("the warning is logged", Duration::from_secs(10), || async {
+        (logged() > 0).then_some(())
+    })
+    .await;
+    assert_eq!(logged(), 1, "once a day, not once a request");
+}
+
+/// Three teams' misses at once against a company cap of 50.
+async fn three_teams_against_the_company_cap(gws: &[permit_gateway::Running], sim: &Sim) {
+    let tokens = [ALPHA, BETA, SMALL];
+    let calls: Vec<_> = tokens
+        .iter()
+        .enumerate()
+        .map(|(t, who)| {
+            let gw = gws[t % gws.len()].base_url();
+            spawn_misses(&gw, who.1, sim, 200 * t as u32, 8, 5, &format!("{}-", who.0))
+        })
+        .collect();
+    let mut refused = 0;
+    for team in calls {
+        for s in statuses(team).await {
+            assert!(matches!(s, StatusCode::OK | StatusCode::PAYMENT_REQUIRED), "{s}");
+            refused += usize::from(s == StatusCode::PAYMENT_REQUIRED);
+        }
+    }
+    let charged: u64 = tokens.iter().map(|t| charged_to(sim, &format!("{}-", t.0))).sum();
+    let mut ledgers = 0;
+    for t in tokens {
+        ledgers += ledger_used(&gws[0].admin_url(), t.0).await;
+    }
+    eprintln!("company cap 50: three teams charged {charged} in all, {refused} misses refused");
+    assert_eq!(
+        charged, 50,
+        "the company's budget is spent to the credit, never past it"
+    );
+    assert_eq!(ledgers, charged, "the team ledgers = the upstream's bill");
+    // Past the cap: a 402 naming the company; a hit and a free call still work.
+    let s = sim.samples();
+    let more = Client::new(gws[0].base_url(), BETA.1)
+        .get(Query::distinct(&s, 999).size(1))
+        .await;
+    assert_eq!(more.status, StatusCode::PAYMENT_REQUIRED);
+    assert_eq!(more.json()["detail"]["budget"], "org", "{}", more.text());
+    assert_eq!(more.json()["detail"]["error"], "Company credit limit exceeded.");
+    let hit = Client::new(gws[0].base_url(), ALPHA.1)
+        .get(Query::distinct(&s, 0).size(5))
+        .await;
+    assert_eq!(
+        (hit.status, hit.x_cache()),
+        (StatusCode::OK, Some("HIT")),
+        "a hit is unaffected"
+    );
+    let free = Client::new(gws[0].base_url(), BETA.1).get(Query::usage()).await;
+    assert_eq!(free.status, StatusCode::OK);
+    let org = Client::admin(gws[0].admin_url()).get("/admin/teams").await.json()["org"].clone();
+    assert_eq!(
+        (org["credit_limit"].as_u64(), org["used"].as_u64()),
+        (Some(50), Some(50)),
+        "{org}"
+    );
+}
+
+fn capped(setup: Setup) -> Setup {
+    setup
+        .teams(&[ALPHA, BETA, SMALL])
+        .with(|c| c.quota.org_credit_limit = Some(50))
+}
+
+#[tokio::test]
+async fn the_company_cap_binds_the_sum_of_three_teams_under_concurrent_misses() {
+    let sim = start_sim(unlimited()).await;
+    let gw = capped(Setup::new()).start(&sim).await;
+    three_teams_against_the_company_cap(&[gw], &sim).await;
+}
+
+#[tokio::test]
+async fn the_company_cap_binds_two_replicas_on_the_redis_ledger() {
+    let redis = RedisServer::start();
+    let sim = start_sim(unlimited()).await;
+    let gws = replicas(2, &sim, Some(&redis), capped(Setup::new())).await;
+    three_teams_against_the_company_cap(&gws, &sim).await;
+}

@@ -1,5 +1,6 @@
 //! [`clamp`] (teams with `clamp_to_budget = true`, before [`fetch`]): a page
-//! the team's remaining credits cannot cover is asked of the upstream with
+//! the remaining credits (the least its team, its app and the company have
+//! left, of those with a limit) cannot cover is asked of the upstream with
 //! `size` = what they can cover, so the team gets those records and the
 //! upstream's cursor instead of a 402. The reservation is that smaller
 //! worst case, so the budget guarantee is unchanged; a team left with less
@@ -33,13 +34,26 @@ pub(super) async fn clamp<B>(app: &App, ask: &Ask<'_, B>) -> Option<Clamped> {
     if !team.clamp_to_budget || !ask.parsed.target.route.is_metered() {
         return None;
     }
-    let limit = team.credit_limit?;
     let asked = route::page_size_asked(&ask.parsed.target)?;
-    // Read fresh (not `used`'s one-second memo, which a peer replica's
-    // spend may have outdated). A ledger that cannot answer: no clamp; the
-    // reservation decides.
-    let used = app.ledger.usage(&team.name).await.ok()?.used;
-    let remaining = limit.saturating_sub(used);
+    // What every budget the call is held in can still cover: the team's,
+    // its app's and the company's, whichever has a limit. Read fresh (not
+    // `used`'s one-second memo, which a peer replica's spend may have
+    // outdated). A ledger that cannot answer: no clamp; the reservation
+    // decides.
+    let budgets = [
+        (team.name.as_str(), team.credit_limit),
+        (ask.app.account.as_deref().unwrap_or_default(), ask.app.credit_limit),
+        (crate::ledger::ORG_ACCOUNT, app.config.quota.org_credit_limit),
+    ];
+    let mut remaining: Option<u64> = None;
+    for (account, limit) in budgets {
+        let (Some(limit), false) = (limit, account.is_empty()) else {
+            continue;
+        };
+        let left = limit.saturating_sub(app.ledger.usage(account).await.ok()?.used);
+        remaining = Some(remaining.map_or(left, |r| r.min(left)));
+    }
+    let remaining = remaining?;
     if remaining == 0 || remaining >= asked {
         return None;
     }

@@ -402,3 +402,29 @@ async fn the_company_cap_binds_two_replicas_on_the_redis_ledger() {
     let gws = replicas(2, &sim, Some(&redis), capped(Setup::new())).await;
     three_teams_against_the_company_cap(&gws, &sim).await;
 }
+
+#[tokio::test]
+async fn a_clamped_team_clamps_an_app_to_the_apps_own_remaining_credits() {
+    let sim = start_sim(unlimited()).await;
+    let setup = Setup::new().team(ALPHA, |t| {
+        t.credit_limit = Some(100);
+        t.clamp_to_budget = true;
+        let mut web = app_token(WEB);
+        web.credit_limit = Some(12);
+        t.tokens = vec![web];
+    });
+    let gw = setup.start(&sim).await;
+    let s = sim.samples();
+    let web = Client::new(gw.base_url(), WEB.1);
+    let first = web.get(Query::distinct(&s, 0).size(5)).request_id("alpha-web-0").await;
+    assert_eq!(first.status, StatusCode::OK);
+    let clamped = web.get(Query::distinct(&s, 1).size(30)).request_id("alpha-web-1").await;
+    assert_eq!(clamped.status, StatusCode::OK, "{}", clamped.text());
+    assert_eq!(clamped.header("x-gateway-clamped"), Some("30"));
+    assert_eq!(
+        clamped.credits_request(),
+        Some(7),
+        "the app's 7 left, not the team's 95"
+    );
+    assert_eq!(charged_to(&sim, "alpha-web-"), 12);
+}

@@ -132,12 +132,41 @@ start. Every message says what to set.
 {{- if not (and $team.name (regexMatch "^[a-z0-9_-]{1,64}$" (toString $team.name))) }}
 {{- fail (printf "permit-gateway: teams[%d].name must be 1-64 of [a-z0-9_-] (it is a metric label)" $i) }}
 {{- end }}
-{{- if not (regexMatch "^[0-9a-fA-F]{64}$" (toString (default "" $team.token_sha256))) }}
+{{- range $k, $_ := $team }}
+{{- if not (has $k (list "name" "token_sha256" "tokens" "credit_limit" "requests_per_minute" "clamp_to_budget")) }}
+{{- fail (printf "permit-gateway: teams[%d].%s is not a team key (name, token_sha256, tokens, credit_limit, requests_per_minute, clamp_to_budget)" $i $k) }}
+{{- end }}
+{{- end }}
+{{- /* A team's token is its token_sha256 (the app `default`), the apps of
+     its tokens, or both: a team without one could never be used. */}}
+{{- $tokens := default list $team.tokens }}
+{{- if not (kindIs "slice" $tokens) }}
+{{- fail (printf "permit-gateway: teams[%d] (%s): tokens must be a list of apps, each with name and token_sha256" $i (toString $team.name)) }}
+{{- end }}
+{{- if not (kindIs "invalid" $team.token_sha256) }}
+{{- if not (regexMatch "^[0-9a-fA-F]{64}$" (toString $team.token_sha256)) }}
 {{- fail (printf "permit-gateway: teams[%d] (%s): token_sha256 must be the 64-hex SHA-256 of the team's token (`permit-gateway token` prints it); plaintext tokens are never accepted" $i (toString $team.name)) }}
 {{- end }}
-{{- range $k, $_ := $team }}
-{{- if not (has $k (list "name" "token_sha256" "credit_limit" "requests_per_minute" "clamp_to_budget")) }}
-{{- fail (printf "permit-gateway: teams[%d].%s is not a team key (name, token_sha256, credit_limit, requests_per_minute, clamp_to_budget)" $i $k) }}
+{{- else if not $tokens }}
+{{- fail (printf "permit-gateway: teams[%d] (%s) has no token: set token_sha256 (the 64-hex SHA-256 of the team's token; `permit-gateway token` prints it) or give it tokens (one per app, each with name and token_sha256)" $i (toString $team.name)) }}
+{{- end }}
+{{- range $j, $app := $tokens }}
+{{- $at := printf "permit-gateway: teams[%d] (%s) tokens[%d]" $i (toString $team.name) $j }}
+{{- if not (kindIs "map" $app) }}
+{{- fail (printf "%s: must be an app: name, token_sha256 and optionally not_after, credit_limit" $at) }}
+{{- end }}
+{{- range $k, $_ := $app }}
+{{- if not (has $k (list "name" "token_sha256" "not_after" "credit_limit")) }}
+{{- fail (printf "%s.%s is not a token key (name, token_sha256, not_after, credit_limit)" $at $k) }}
+{{- end }}
+{{- end }}
+{{- /* The app's name is attributed in the ledger, the access log and one
+     metric's label, like a team's name. */}}
+{{- if not (and $app.name (regexMatch "^[a-z0-9_-]{1,64}$" (toString $app.name))) }}
+{{- fail (printf "%s: name must be 1-64 of [a-z0-9_-], unique in the team (it names the app in usage, logs and metrics)" $at) }}
+{{- end }}
+{{- if not (regexMatch "^[0-9a-fA-F]{64}$" (toString (default "" $app.token_sha256))) }}
+{{- fail (printf "%s (%s): token_sha256 must be the 64-hex SHA-256 of the app's token (`permit-gateway token` prints it); plaintext tokens are never accepted" $at (toString $app.name)) }}
 {{- end }}
 {{- end }}
 {{- end }}
@@ -231,7 +260,9 @@ start. Every message says what to set.
 
 [[teams]]
 name = {{ toJson .name }}
+{{- if not (kindIs "invalid" .token_sha256) }}
 token_sha256 = {{ toJson (lower .token_sha256) }}
+{{- end }}
 {{- if not (kindIs "invalid" .credit_limit) }}
 credit_limit = {{ include "permit-gateway.tomlValue" .credit_limit }}
 {{- end }}
@@ -240,6 +271,22 @@ requests_per_minute = {{ include "permit-gateway.tomlValue" .requests_per_minute
 {{- end }}
 {{- if not (kindIs "invalid" .clamp_to_budget) }}
 clamp_to_budget = {{ include "permit-gateway.tomlValue" .clamp_to_budget }}
+{{- end }}
+{{- /* After the team's own keys: in TOML every key below [[teams.tokens]]
+     belongs to the app. */}}
+{{- range (default list .tokens) }}
+
+[[teams.tokens]]
+name = {{ toJson .name }}
+token_sha256 = {{ toJson (lower .token_sha256) }}
+{{- if not (kindIs "invalid" .not_after) }}
+{{- /* Quoted: the gateway reads an RFC 3339 string and refuses an
+       unquoted TOML date-time. */}}
+not_after = {{ toJson (toString .not_after) }}
+{{- end }}
+{{- if not (kindIs "invalid" .credit_limit) }}
+credit_limit = {{ include "permit-gateway.tomlValue" .credit_limit }}
+{{- end }}
 {{- end }}
 {{- end }}
 {{- end }}

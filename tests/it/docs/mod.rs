@@ -344,6 +344,9 @@ fn the_helm_charts_rendered_configs_validate() {
     let multi = rendered_chart_config(&helm, &["-f", "ci/multi-replica-redis-values.yaml"]);
     assert!(multi.contains("store = \"redis\""), "{multi}");
     validate_deployed("the chart's config (ci/multi-replica-redis-values.yaml)", &multi);
+    let apps = rendered_chart_config(&helm, &["-f", "ci/team-apps-values.yaml"]);
+    assert!(apps.contains("[[teams.tokens]]"), "{apps}");
+    validate_deployed("the chart's config (ci/team-apps-values.yaml)", &apps);
 }
 
 #[test]

@@ -240,7 +240,7 @@ async fn teams(app: &App) -> Response<Body> {
         for member in &team.apps {
             let mut token = json!({
                 "name": member.name,
-                "not_after": at(member.not_after()),
+                "not_after": member.not_after().and_then(chrono::DateTime::from_timestamp_millis).map(|t| t.to_rfc3339()),
                 "last_used": at(member.last_used()),
                 "credit_limit": member.credit_limit,
             });

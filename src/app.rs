@@ -305,6 +305,11 @@ impl App {
         let teams = self.teams.load();
         let redis = self.config.cache.redis_url.is_some() || self.config.quota.store == QuotaStore::Redis;
         self.metrics.preset(teams.iter().map(|t| t.name.as_str()), redis);
+        self.metrics.preset_apps(
+            teams
+                .iter()
+                .flat_map(|t| t.apps.iter().map(|a| (t.name.as_str(), a.name.as_str()))),
+        );
         self.metrics
             .publish_teams(teams.iter().map(|t| (t.name.as_str(), t.credit_limit)));
     }

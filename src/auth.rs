@@ -30,7 +30,7 @@ pub struct Member {
     /// The app's name (`default` for a team's `token_sha256`).
     pub(crate) name: String,
     token_sha256: TokenHash,
-    /// Unix seconds from which the token is refused.
+    /// Unix milliseconds from which the token is refused.
     not_after: Option<i64>,
     /// The app's own credits per window, within its team's.
     pub(crate) credit_limit: Option<u64>,
@@ -44,8 +44,8 @@ pub struct Member {
     warned_day: Arc<AtomicI64>,
 }
 
-/// How long before its `not_after` a token still in use is reported.
-pub(crate) const EXPIRY_NOTICE_SECS: i64 = 7 * 86_400;
+/// How long before its `not_after` a token still in use is reported (ms).
+pub(crate) const EXPIRY_NOTICE_MS: i64 = 7 * 86_400_000;
 
 impl Member {
     /// Unix seconds of the last request with this token (`None`: none
@@ -54,18 +54,19 @@ impl Member {
         Some(self.last_used.load(Ordering::Relaxed)).filter(|t| *t > 0)
     }
 
+    /// Unix milliseconds from which the token is refused.
     pub(crate) fn not_after(&self) -> Option<i64> {
         self.not_after
     }
 
-    /// Whether the token ends within [`EXPIRY_NOTICE_SECS`] of `now`, and
+    /// Whether the token ends within [`EXPIRY_NOTICE_MS`] of `now_ms`, and
     /// whether this is the first such use today (to log once a day).
-    pub(crate) fn ending_soon(&self, now: i64) -> Option<bool> {
+    pub(crate) fn ending_soon(&self, now_ms: i64) -> Option<bool> {
         let end = self.not_after?;
-        if end - now > EXPIRY_NOTICE_SECS {
+        if end - now_ms > EXPIRY_NOTICE_MS {
             return None;
         }
-        let today = now.div_euclid(86_400);
+        let today = now_ms.div_euclid(86_400_000);
         Some(self.warned_day.swap(today, Ordering::Relaxed) != today)
     }
 }
@@ -204,7 +205,7 @@ impl Teams {
                         Arc::new(Member {
                             account: t.has_apps().then(|| crate::ledger::app_account(&t.name, &a.name)),
                             token_sha256: a.token_sha256,
-                            not_after: a.not_after.map(|at| at.timestamp()),
+                            not_after: a.not_after.map(|at| at.timestamp_millis()),
                             credit_limit: a.credit_limit,
                             last_used: before.map(|b| b.last_used.clone()).unwrap_or_default(),
                             warned_day: before.map(|b| b.warned_day.clone()).unwrap_or_default(),
@@ -250,12 +251,12 @@ impl Teams {
     pub(crate) fn authenticate(&self, headers: &HeaderMap) -> Result<Caller, GatewayError> {
         let token = credential(headers)?;
         let (team, app) = self.find_token(token).ok_or(GatewayError::InvalidCredential)?;
-        let now = chrono::Utc::now().timestamp();
-        if app.not_after.is_some_and(|end| now >= end) {
+        let now = chrono::Utc::now();
+        if app.not_after.is_some_and(|end| now.timestamp_millis() >= end) {
             return Err(GatewayError::ExpiredCredential);
         }
         team.requests.fetch_add(1, Ordering::Relaxed);
-        app.last_used.store(now, Ordering::Relaxed);
+        app.last_used.store(now.timestamp(), Ordering::Relaxed);
         Ok((team, app))
     }
 

@@ -57,6 +57,29 @@ pub(crate) fn log_line_dropped(kind: LogLine) {
     log_lines_dropped_total().with_label_values(&[kind.as_str()]).inc();
 }
 
+/// Not in the contract table: a team's access lines the log sink dropped,
+/// by team (`telemetry::sink`: the team holding the most of the queue loses
+/// its own first). One per process, like the sink; a series per team that
+/// lost a line.
+fn team_log_lines_dropped_total() -> &'static IntCounterVec {
+    static DROPPED: OnceLock<IntCounterVec> = OnceLock::new();
+    DROPPED.get_or_init(|| {
+        IntCounterVec::new(
+            Opts::new(
+                "gateway_log_team_lines_dropped_total",
+                "A team's access lines dropped because the log queue was full and the team held the most of it.",
+            ),
+            &["team"],
+        )
+        .expect("valid counter")
+    })
+}
+
+/// Counts one of `team`'s access lines the log sink dropped.
+pub(crate) fn team_log_line_dropped(team: &str) {
+    team_log_lines_dropped_total().with_label_values(&[team]).inc();
+}
+
 pub struct Metrics {
     registry: Registry,
     requests_total: IntCounterVec,
@@ -366,6 +389,7 @@ impl Metrics {
         // The same counter in every registry (a second gateway in one
         // process, in tests, shares the process's one log sink).
         let _ = m.registry.register(Box::new(log_lines_dropped_total().clone()));
+        let _ = m.registry.register(Box::new(team_log_lines_dropped_total().clone()));
         #[cfg(target_os = "linux")]
         {
             let pc = prometheus::process_collector::ProcessCollector::for_self();
@@ -436,6 +460,15 @@ impl Metrics {
     /// them a family is missing until its first event, dashboards show "No
     /// data" and the first increment is invisible to `rate()`. Bounded by
     /// the config; called at start-up and on reload (new teams get theirs).
+    /// Each app's `gateway_token_expiring_requests_total` at 0 (team × app:
+    /// bounded by the config, one series per token), so its alert rule sees
+    /// the first increment.
+    pub(crate) fn preset_apps<'a>(&self, apps: impl IntoIterator<Item = (&'a str, &'a str)>) {
+        for (team, app) in apps {
+            self.token_expiring_requests_total.with_label_values(&[team, app]);
+        }
+    }
+
     pub fn preset<'a>(&self, teams: impl IntoIterator<Item = &'a str>, redis: bool) {
         use crate::route::Route;
         use labels::*;

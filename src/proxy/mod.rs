@@ -331,11 +331,11 @@ fn authenticate<B>(
     Ok((team, member))
 }
 
-/// A token within `auth::EXPIRY_NOTICE_SECS` of its `not_after` that is
+/// A token within `auth::EXPIRY_NOTICE_MS` of its `not_after` that is
 /// still used: counted each time, logged once a day (its app has not
 /// moved to the new token yet).
 fn notice_expiring(app: &App, team: &Team, member: &Member) {
-    let now = chrono::Utc::now().timestamp();
+    let now = chrono::Utc::now().timestamp_millis();
     let Some(first_today) = member.ending_soon(now) else {
         return;
     };
@@ -343,7 +343,7 @@ fn notice_expiring(app: &App, team: &Team, member: &Member) {
     if first_today {
         let not_after = member
             .not_after()
-            .and_then(|t| chrono::DateTime::from_timestamp(t, 0))
+            .and_then(chrono::DateTime::from_timestamp_millis)
             .map(|t| t.to_rfc3339());
         tracing::warn!(team = %team.name, app = %member.name, not_after, "a token that ends within 7 days is still used: move the app to its new token");
     }

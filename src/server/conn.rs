@@ -22,6 +22,9 @@
 //!   and costs nothing): an anonymous one here, a team's once its token is
 //!   checked (`ConnectionMark::team_seen`), each against its tenant's share
 //!   (`overload.rs`).
+//! - HTTP/2 control frames (PING, SETTINGS, WINDOW_UPDATE, RST_STREAM,
+//!   PRIORITY) past an allowance that grows with the connection's requests
+//!   and answer bytes: GOAWAY (ENHANCE_YOUR_CALM) and closed (`frames.rs`).
 //! - The registry's orders (`conns/mod.rs`): drain on shutdown; close at once
 //!   when the overload manager closes it (anonymous, stalled, silent) or
 //!   the grace ran out; an evicted idle team connection gets
@@ -29,6 +32,7 @@
 
 use super::body::Outgoing;
 use super::conns::{Conn, Order, Slot};
+use super::frames::Metered;
 use super::overload::{self, Occupant};
 use super::ConnectionMark;
 use crate::error::GatewayError;
@@ -72,7 +76,10 @@ pub(super) async fn serve<H, F>(
 {
     let head_by = Instant::now() + timeouts.header_read;
     let conn = slot.conn().clone();
-    let mut io = TimeoutStream::new(stream);
+    let mut io = TimeoutStream::new(Early {
+        inner: stream,
+        conn: conn.clone(),
+    });
     io.set_write_timeout(Some(timeouts.write));
     let io = Box::pin(io);
     let service = {
@@ -103,8 +110,10 @@ pub(super) async fn serve<H, F>(
             }
         })
     };
+    let flood = || slot.counter("control_frames", "close");
     match tls {
         None => {
+            let io = Metered::new(io, flood());
             let http = builder.serve_connection(TokioIo::new(io), service);
             drive(http, &conn, head_by, timeouts).await;
         }
@@ -118,11 +127,65 @@ pub(super) async fn serve<H, F>(
                 },
                 () = told_to_leave(&conn) => return,
             };
+            let stream = Metered::new(stream, flood());
             let http = builder.serve_connection(TokioIo::new(stream), service);
             drive(http, &conn, head_by, timeouts).await;
         }
     }
     drop(slot);
+}
+
+/// The socket, its bytes counted until the first head arrives (below TLS:
+/// a handshake that makes progress is told from a half-open one, see
+/// `overload::Class::Silent`).
+struct Early {
+    inner: TcpStream,
+    conn: Arc<Conn>,
+}
+
+impl tokio::io::AsyncRead for Early {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        let before = buf.filled().len();
+        let polled = Pin::new(&mut self.inner).poll_read(cx, buf);
+        if let Poll::Ready(Ok(())) = polled {
+            self.conn.read(buf.filled().len() - before);
+        }
+        polled
+    }
+}
+
+impl tokio::io::AsyncWrite for Early {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        data: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write(cx, data)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
 }
 
 /// What woke the driver.

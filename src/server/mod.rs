@@ -14,6 +14,7 @@ mod body;
 mod budget;
 mod conn;
 mod conns;
+mod frames;
 mod overload;
 mod per_core;
 

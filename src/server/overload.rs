@@ -12,7 +12,7 @@
 //!
 //! | pool | share | action under pressure |
 //! |---|---|---|
-//! | connection slots (`server.max_connections`, per listener; the admin listener has its own `server.admin_max_connections`) | a team: `max / tenants holding connections` (teams, plus one for all connections of no known team) before its idle ones go first; a peer address: `max_connections_per_peer` | close, in [`Class`] order: anonymous, stalled, a team over its share, still in its first head, other teams' idle |
+//! | connection slots (`server.max_connections`, per listener; the admin listener has its own `server.admin_max_connections`) | a team: `max / tenants holding connections` (teams, plus one for all connections of no known team), busy or idle; a peer address: `max_connections_per_peer` | close, in [`Class`] order: anonymous, stalled, a team's idle over its share, silent before a first head (of the address holding the most such first), a team's busy over its share (newest first), still in its first head but making progress, other teams' idle |
 //! | HTTP/2 answer bytes (`server.http2_max_buffered_bytes`, per listener) | anonymous peers together: half; a team: `max / teams holding bytes` | refuse the stream before the handler buys anything (503 + `Retry-After`); close the connection holding the most stalled bytes, anonymous first, then the team most over its share |
 //! | file descriptors (`RLIMIT_NOFILE`) | [`RESERVED_DESCRIPTORS`] for the upstream pool, Redis, the ledger and the logs | at start: soft limit raised to the hard one, connection caps clamped to what remains (a warning), or refusal to start; at run time an `EMFILE` makes room like the connection cap |
 //! | the access-log queue (`telemetry::access`) | anonymous lines only while team lines have room | drop the line, anonymous first (`gateway_log_lines_dropped_total`) |
@@ -49,6 +49,11 @@ pub(super) const EVICT_GRACE: Duration = Duration::from_secs(1);
 /// a descriptor turns every hit of its tier into a paid miss.
 pub const RESERVED_DESCRIPTORS: u64 = 64;
 
+/// Bytes a connection must have sent before its first head to count as
+/// making progress: a TLS ClientHello or an HTTP head is more; the 5 bytes
+/// of a record header a half-open handshake sends are not.
+pub(crate) const PROGRESS_BYTES: u64 = 64;
+
 /// Why a connection makes room for a newcomer, in the order they go.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub(super) enum Class {
@@ -59,7 +64,15 @@ pub(super) enum Class {
     Stalled,
     /// Idle, of a team holding more than its share of the slots.
     TeamOverShare,
-    /// Still reading its first head (a newcomer, or a silent socket).
+    /// Still before its first head, having sent less than
+    /// [`PROGRESS_BYTES`] (a half-open handshake, a silent socket): of the
+    /// peer holding the most such, first.
+    Silent,
+    /// Busy (a request being handled, or answers moving), of a team holding
+    /// more than its share of the slots: its newest first. A team's busy
+    /// connections count against its share like its idle ones.
+    TeamOverShareBusy,
+    /// Still before its first head, its handshake or head making progress.
     Unstarted,
     /// Idle, of a team within its share.
     TeamIdle,
@@ -71,6 +84,8 @@ impl Class {
             Class::Anonymous => "anonymous",
             Class::Stalled => "stalled",
             Class::TeamOverShare => "team_over_share",
+            Class::Silent => "silent",
+            Class::TeamOverShareBusy => "team_over_share_busy",
             Class::Unstarted => "unstarted",
             Class::TeamIdle => "team_idle",
         }
@@ -98,39 +113,58 @@ pub(super) trait Occupant {
     fn stalled_for(&self) -> Option<Duration>;
     /// When it last finished a request (or was accepted).
     fn quiet_since(&self) -> Instant;
+    /// The peer's address.
+    fn peer(&self) -> std::net::IpAddr;
+    /// Bytes read before its first head (capped at [`PROGRESS_BYTES`]).
+    fn read_early(&self) -> u64;
 }
 
 /// The connection that makes room first among `conns` (one listener's, or
-/// one peer's), with the order to send it; `None` when every one is busy.
-/// `max` is the slots they share.
+/// one peer's), with the order to send it; `None` when every one is busy
+/// and no team is over its share. `max` is the slots they share.
 pub(super) fn victim<'a, C, I>(conns: I, max: usize) -> Option<(&'a Arc<C>, Class)>
 where
     C: Occupant + 'a,
     I: Iterator<Item = &'a Arc<C>> + Clone,
 {
     let mut per_team: HashMap<u64, usize> = HashMap::new();
+    let mut silent_per_peer: HashMap<std::net::IpAddr, usize> = HashMap::new();
     let mut unknown = 0;
     for c in conns.clone() {
         match c.team() {
             Some(team) => *per_team.entry(team).or_default() += 1,
             None => unknown = 1,
         }
+        if is_silent(Arc::as_ref(c)) {
+            *silent_per_peer.entry(c.peer()).or_default() += 1;
+        }
     }
     // Connections of no known team count as one more tenant: a team alone
     // with a newcomer is not entitled to every slot.
     let share = max / (per_team.len() + unknown).max(1);
+    let now = Instant::now();
     conns
         .filter_map(|c| class_of(Arc::as_ref(c), &per_team, share).map(|class| (c, class)))
         .min_by_key(|(c, class)| {
             let team_conns = c.team().and_then(|t| per_team.get(&t)).copied().unwrap_or(0);
+            let peer_silent = match class {
+                Class::Silent => silent_per_peer.get(&c.peer()).copied().unwrap_or(0),
+                _ => 0,
+            };
             (
                 *class,
                 Reverse(c.held()),
                 Reverse(team_conns),
-                since(Arc::as_ref(c), *class),
+                Reverse(peer_silent),
+                age_key(Arc::as_ref(c), *class, now),
                 c.id(),
             )
         })
+}
+
+/// Before its first head and without [`PROGRESS_BYTES`] sent.
+fn is_silent(c: &impl Occupant) -> bool {
+    c.team().is_none() && !c.started() && c.read_early() < PROGRESS_BYTES && !c.leaving()
 }
 
 fn class_of(c: &impl Occupant, per_team: &HashMap<u64, usize>, share: usize) -> Option<Class> {
@@ -138,25 +172,40 @@ fn class_of(c: &impl Occupant, per_team: &HashMap<u64, usize>, share: usize) -> 
         return None;
     }
     match c.team() {
+        None if !c.started() && c.read_early() < PROGRESS_BYTES => Some(Class::Silent),
         None if !c.started() => Some(Class::Unstarted),
         // A head being handled may be a team's first on this connection,
         // its token not checked yet: kept for the instant that takes.
         None if c.handling() > 0 => None,
         None => Some(Class::Anonymous),
-        Some(_) if c.handling() > 0 => None,
-        Some(_) if c.stalled_for().is_some_and(|d| d >= STALL_GRACE) => Some(Class::Stalled),
-        // Sending and moving: a download is never cut.
-        Some(_) if c.stalled_for().is_some() => None,
-        Some(team) if per_team.get(&team).copied().unwrap_or(0) > share => Some(Class::TeamOverShare),
-        Some(_) => Some(Class::TeamIdle),
+        Some(team) => {
+            let over = per_team.get(&team).copied().unwrap_or(0) > share;
+            let stalled = c.stalled_for();
+            if c.handling() == 0 && stalled.is_some_and(|d| d >= STALL_GRACE) {
+                return Some(Class::Stalled);
+            }
+            // Handling a request, or sending and moving: busy.
+            let busy = c.handling() > 0 || stalled.is_some();
+            match (busy, over) {
+                (true, true) => Some(Class::TeamOverShareBusy),
+                // A download within its team's share is never cut.
+                (true, false) => None,
+                (false, true) => Some(Class::TeamOverShare),
+                (false, false) => Some(Class::TeamIdle),
+            }
+        }
     }
 }
 
-/// Within a class: idle connections quiet the longest first, others oldest.
-fn since(c: &impl Occupant, class: Class) -> Instant {
+/// Within a class: idle connections quiet the longest first, a busy one
+/// over its team's share newest first (the least work lost), others
+/// oldest first. Smaller goes first.
+fn age_key(c: &impl Occupant, class: Class, now: Instant) -> i128 {
+    let age = |t: Instant| i128::try_from(now.saturating_duration_since(t).as_nanos()).unwrap_or(i128::MAX);
     match class {
-        Class::TeamOverShare | Class::TeamIdle => c.quiet_since(),
-        _ => c.born(),
+        Class::TeamOverShare | Class::TeamIdle => -age(c.quiet_since()),
+        Class::TeamOverShareBusy => age(c.born()),
+        _ => -age(c.born()),
     }
 }
 

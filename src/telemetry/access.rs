@@ -144,7 +144,7 @@ pub(crate) fn write(line: &Line<'_>) {
         } else {
             LogLine::Team
         };
-        sink.sink.push(kind, buf.as_bytes().to_vec());
+        sink.sink.push(kind, Some(line.team), buf.as_bytes().to_vec());
     });
 }
 

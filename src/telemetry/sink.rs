@@ -6,17 +6,25 @@
 //! 1. an anonymous access line (a request with no authenticated team) is
 //!    dropped when the queue is full;
 //! 2. a team's access line or an event takes the place of the oldest
-//!    anonymous line queued, and is dropped itself only when none is left.
+//!    anonymous line queued;
+//! 3. with none left, **the team holding the most lines of the queue loses
+//!    its own oldest one**: a team's line takes the place of the oldest
+//!    line of a team that holds more than it does, and is dropped itself
+//!    when it is that team (an event evicts from the team holding the
+//!    most, and is dropped only when the queue holds no team's line).
 //!
-//! So a team's lines are lost only after every anonymous one, and a flood
-//! of token-less requests cannot cost a team its audit trail. Each drop
-//! counts in `gateway_log_lines_dropped_total{kind}` (see `metrics`).
+//! So each team keeps its share of the queue: a team flooding hits while
+//! stderr is slow loses its own lines, not another team's audit trail, and
+//! a flood of token-less requests costs no team anything. Each drop counts
+//! in `gateway_log_lines_dropped_total{kind}`, and a team's lines also in
+//! `gateway_log_team_lines_dropped_total{team}` (see `metrics`): which team
+//! is dropping.
 //!
 //! Lines keep the order they were queued in: each has a sequence number,
 //! and the writer merges the two queues by it.
 
-use crate::metrics::{log_line_dropped, LogLine};
-use std::collections::VecDeque;
+use crate::metrics::{log_line_dropped, team_log_line_dropped, LogLine};
+use std::collections::{HashMap, VecDeque};
 use std::io::Write;
 use std::sync::{mpsc, Arc, Condvar, Mutex, MutexGuard};
 use std::time::Duration;
@@ -29,12 +37,26 @@ const BATCH: usize = 256;
 /// How long an exiting process waits for the queued lines to be written.
 const FLUSH_AT_EXIT: Duration = Duration::from_secs(1);
 
+/// A team, as the queue counts its lines: a hash of its name (no
+/// allocation per line; two teams of one hash share a share).
+type Tenant = u64;
+
+fn tenant_of(team: &str) -> Tenant {
+    use std::hash::{BuildHasher, BuildHasherDefault, DefaultHasher};
+    BuildHasherDefault::<DefaultHasher>::default().hash_one(team)
+}
+
 /// The queue: lines not yet written, by who may lose them first.
 struct Lines {
     /// Anonymous access lines, oldest first: the first to go.
     anonymous: VecDeque<(u64, Vec<u8>)>,
-    /// Every other line (team access lines, events), oldest first.
-    kept: VecDeque<(u64, Vec<u8>)>,
+    /// Every other line (team access lines, events), oldest first, with
+    /// its team (`None`: an event).
+    kept: VecDeque<(u64, Option<Tenant>, Vec<u8>)>,
+    /// Lines each team holds in `kept`, by its tenant.
+    held: HashMap<Tenant, usize>,
+    /// The name of each tenant seen (the teams of the config: bounded).
+    names: HashMap<Tenant, Box<str>>,
     /// The next line's sequence number (the order they are written in).
     next: u64,
     /// The writer sleeps on the condvar: only then is a push's wake-up (a
@@ -59,11 +81,48 @@ impl Lines {
                 (None, None) => return,
             };
             let line = if from_anonymous {
-                self.anonymous.pop_front()
+                self.anonymous.pop_front().map(|(_, l)| l)
             } else {
-                self.kept.pop_front()
+                self.kept.pop_front().map(|(_, tenant, l)| {
+                    if let Some(t) = tenant {
+                        self.release(t);
+                    }
+                    l
+                })
             };
-            out.extend(line.map(|(_, l)| l));
+            out.extend(line);
+        }
+    }
+
+    /// One line of `tenant` left the queue.
+    fn release(&mut self, tenant: Tenant) {
+        if let Some(n) = self.held.get_mut(&tenant) {
+            *n -= 1;
+            if *n == 0 {
+                self.held.remove(&tenant);
+            }
+        }
+    }
+
+    /// The team holding the most lines, and how many.
+    fn hog(&self) -> Option<(Tenant, usize)> {
+        self.held.iter().max_by_key(|(_, n)| **n).map(|(t, n)| (*t, *n))
+    }
+
+    /// Removes `tenant`'s oldest line (counted as dropped for it).
+    fn evict_oldest_of(&mut self, tenant: Tenant) {
+        if let Some(at) = self.kept.iter().position(|(_, t, _)| *t == Some(tenant)) {
+            self.kept.remove(at);
+            self.release(tenant);
+            self.dropped(tenant);
+        }
+    }
+
+    /// Counts a line of `tenant` dropped.
+    fn dropped(&self, tenant: Tenant) {
+        log_line_dropped(LogLine::Team);
+        if let Some(name) = self.names.get(&tenant) {
+            team_log_line_dropped(name);
         }
     }
 }
@@ -104,6 +163,8 @@ impl Sink {
                 lines: Mutex::new(Lines {
                     anonymous: VecDeque::new(),
                     kept: VecDeque::new(),
+                    held: HashMap::new(),
+                    names: HashMap::new(),
                     next: 0,
                     writer_idle: false,
                     closed: false,
@@ -130,26 +191,50 @@ impl Sink {
     }
 
     /// Queues one line (or drops one, see the module doc); never waits for
-    /// the writer.
-    pub(crate) fn push(&self, kind: LogLine, line: Vec<u8>) {
+    /// the writer. `team`: the team of a [`LogLine::Team`] line.
+    pub(crate) fn push(&self, kind: LogLine, team: Option<&str>, line: Vec<u8>) {
+        let tenant = match kind {
+            LogLine::Team => team.map(tenant_of),
+            _ => None,
+        };
         let mut lines = self.lock();
+        if let (Some(t), Some(name)) = (tenant, team) {
+            lines.names.entry(t).or_insert_with(|| name.into());
+        }
         if lines.len() >= self.inner.capacity {
-            let evicted = match kind {
-                LogLine::Anonymous => false,
-                LogLine::Team | LogLine::Other => lines.anonymous.pop_front().is_some(),
-            };
-            if !evicted {
+            if kind == LogLine::Anonymous {
                 drop(lines);
                 log_line_dropped(kind);
                 return;
             }
-            log_line_dropped(LogLine::Anonymous);
+            if lines.anonymous.pop_front().is_some() {
+                log_line_dropped(LogLine::Anonymous);
+            } else {
+                // The team holding the most loses its oldest line, unless
+                // the newcomer's team holds as many: then it loses this one.
+                let mine = tenant.and_then(|t| lines.held.get(&t).copied()).unwrap_or(0);
+                match lines.hog() {
+                    Some((hog, most)) if most > mine || tenant.is_none() => lines.evict_oldest_of(hog),
+                    _ => {
+                        match tenant {
+                            Some(t) => lines.dropped(t),
+                            None => log_line_dropped(kind),
+                        }
+                        return;
+                    }
+                }
+            }
         }
         let seq = lines.next;
         lines.next += 1;
         match kind {
             LogLine::Anonymous => lines.anonymous.push_back((seq, line)),
-            LogLine::Team | LogLine::Other => lines.kept.push_back((seq, line)),
+            LogLine::Team | LogLine::Other => {
+                if let Some(t) = tenant {
+                    *lines.held.entry(t).or_insert(0) += 1;
+                }
+                lines.kept.push_back((seq, tenant, line));
+            }
         }
         let wake = std::mem::take(&mut lines.writer_idle);
         drop(lines);
@@ -225,7 +310,7 @@ impl Write for EventWriter<'_> {
 impl Drop for EventWriter<'_> {
     fn drop(&mut self) {
         if !self.buf.is_empty() {
-            self.sink.push(LogLine::Other, std::mem::take(&mut self.buf));
+            self.sink.push(LogLine::Other, None, std::mem::take(&mut self.buf));
         }
     }
 }
@@ -263,20 +348,20 @@ mod tests {
         let (sink, guard) = Sink::start(Held { open, out: out.clone() }, 4);
         // The writer takes the first line and blocks on it; wait until it
         // has, so the queue below is what stays.
-        sink.push(LogLine::Team, line("first"));
+        sink.push(LogLine::Team, Some("t"), line("first"));
         while sink.lock().len() > 0 {
             std::thread::yield_now();
         }
         for i in 0..4 {
-            sink.push(LogLine::Anonymous, line(&format!("a{i}")));
+            sink.push(LogLine::Anonymous, None, line(&format!("a{i}")));
         }
-        sink.push(LogLine::Anonymous, line("a-dropped"));
-        sink.push(LogLine::Team, line("t0"));
-        sink.push(LogLine::Other, line("e0"));
-        sink.push(LogLine::Team, line("t1"));
-        sink.push(LogLine::Team, line("t2"));
+        sink.push(LogLine::Anonymous, None, line("a-dropped"));
+        sink.push(LogLine::Team, Some("t"), line("t0"));
+        sink.push(LogLine::Other, None, line("e0"));
+        sink.push(LogLine::Team, Some("t"), line("t1"));
+        sink.push(LogLine::Team, Some("t"), line("t2"));
         // Full of kept lines now: the next team line is the one dropped.
-        sink.push(LogLine::Team, line("t-dropped"));
+        sink.push(LogLine::Team, Some("t"), line("t-dropped"));
         for _ in 0..8 {
             let _ = open_tx.send(());
         }
@@ -284,5 +369,33 @@ mod tests {
         drop(guard);
         let written = String::from_utf8(out.lock().expect("lock").clone()).expect("utf8");
         assert_eq!(written, "first\nt0\ne0\nt1\nt2\n");
+    }
+
+    #[test]
+    fn a_team_past_its_share_loses_its_own_lines_not_another_teams() {
+        let (open_tx, open) = mpsc::channel();
+        let out = Arc::new(Mutex::new(Vec::new()));
+        let (sink, guard) = Sink::start(Held { open, out: out.clone() }, 4);
+        sink.push(LogLine::Other, None, line("first"));
+        while sink.lock().len() > 0 {
+            std::thread::yield_now();
+        }
+        for i in 0..4 {
+            sink.push(LogLine::Team, Some("alpha"), line(&format!("a{i}")));
+        }
+        // Beta's lines take the places of alpha's oldest ...
+        sink.push(LogLine::Team, Some("beta"), line("b0"));
+        sink.push(LogLine::Team, Some("beta"), line("b1"));
+        // ... and with two each, alpha's next ones are its own loss.
+        sink.push(LogLine::Team, Some("alpha"), line("a-dropped"));
+        sink.push(LogLine::Team, Some("alpha"), line("a-dropped-too"));
+        assert_eq!(sink.lock().held.values().copied().collect::<Vec<_>>(), [2, 2]);
+        for _ in 0..8 {
+            let _ = open_tx.send(());
+        }
+        drop(open_tx);
+        drop(guard);
+        let written = String::from_utf8(out.lock().expect("lock").clone()).expect("utf8");
+        assert_eq!(written, "first\na2\na3\nb0\nb1\n");
     }
 }

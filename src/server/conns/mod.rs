@@ -57,7 +57,9 @@ impl Order {
     /// head.
     fn for_class(class: Class) -> Order {
         match class {
-            Class::Anonymous | Class::Stalled | Class::Unstarted => Order::Close,
+            Class::Anonymous | Class::Stalled | Class::Silent | Class::TeamOverShareBusy | Class::Unstarted => {
+                Order::Close
+            }
             Class::TeamOverShare | Class::TeamIdle => Order::Evict,
         }
     }
@@ -146,6 +148,9 @@ pub(crate) struct Conn {
     progress_ms: AtomicU64,
     /// Answer bytes its HTTP/2 streams hold in `budget`.
     held: AtomicUsize,
+    /// Bytes read from the socket while no head had arrived (below TLS:
+    /// a handshake's progress), capped at [`overload::PROGRESS_BYTES`].
+    read_early: AtomicU64,
     /// The listener's answer-bytes budget (checked before a stream is handled).
     budget: Arc<Budget>,
     /// The registry, for the slow paths that must see every connection
@@ -349,6 +354,7 @@ impl Conn {
             idle_since_ms: AtomicU64::new(0),
             progress_ms: AtomicU64::new(0),
             held: AtomicUsize::new(0),
+            read_early: AtomicU64::new(0),
             budget: conns.budget.clone(),
             registry: Arc::downgrade(conns),
             order: AtomicU8::new(Order::Serve as u8),
@@ -440,6 +446,13 @@ impl Conn {
         self.budget.give(n);
     }
 
+    /// `n` bytes were read from the socket; counted until a head arrives.
+    pub(super) fn read(&self, n: usize) {
+        if !self.started.load(Ordering::Relaxed) && self.read_early.load(Ordering::Relaxed) < overload::PROGRESS_BYTES {
+            self.read_early.fetch_add(n as u64, Ordering::Relaxed);
+        }
+    }
+
     /// Marks a request as started (its head arrived) until the guard drops.
     pub(super) fn begin(self: &Arc<Self>, http2: bool) -> InFlight {
         self.in_flight.fetch_add(1, Ordering::AcqRel);
@@ -505,6 +518,14 @@ impl Occupant for Conn {
         self.started.load(Ordering::Acquire)
     }
 
+    fn peer(&self) -> IpAddr {
+        self.peer
+    }
+
+    fn read_early(&self) -> u64 {
+        self.read_early.load(Ordering::Relaxed)
+    }
+
     fn handling(&self) -> usize {
         self.in_flight
             .load(Ordering::Acquire)
@@ -531,6 +552,13 @@ impl Occupant for Conn {
 impl Slot {
     pub(super) fn conn(&self) -> &Arc<Conn> {
         &self.conn
+    }
+
+    /// Counts, when called, one action of the overload manager's on this
+    /// connection (`gateway_overload_actions_total{pool,action}`).
+    pub(super) fn counter(&self, pool: &'static str, action: &'static str) -> impl FnOnce() + Send + 'static {
+        let conns = self.conns.clone();
+        move || conns.actions.count(pool, action)
     }
 }
 

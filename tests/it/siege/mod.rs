@@ -5,6 +5,7 @@
 //! memory ([`zero_window`]), and one team cannot pin every slot
 //! ([`pinning`], [`a_team_past_its_requests_in_flight_gets_429_while_another_is_served`]).
 
+mod control_frames;
 mod overload;
 mod pinning;
 mod zero_window;

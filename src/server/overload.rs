@@ -49,6 +49,11 @@ pub(super) const EVICT_GRACE: Duration = Duration::from_secs(1);
 /// a descriptor turns every hit of its tier into a paid miss.
 pub const RESERVED_DESCRIPTORS: u64 = 64;
 
+/// How long a connection just accepted is not held to [`PROGRESS_BYTES`]:
+/// its first bytes may be in the socket, not yet read (a busy server, a
+/// client a round trip away).
+pub(super) const SILENT_GRACE: Duration = Duration::from_millis(100);
+
 /// Bytes a connection must have sent before its first head to count as
 /// making progress: a TLS ClientHello or an HTTP head is more; the 5 bytes
 /// of a record header a half-open handshake sends are not.
@@ -65,14 +70,17 @@ pub(super) enum Class {
     /// Idle, of a team holding more than its share of the slots.
     TeamOverShare,
     /// Still before its first head, having sent less than
-    /// [`PROGRESS_BYTES`] (a half-open handshake, a silent socket): of the
-    /// peer holding the most such, first.
+    /// [`PROGRESS_BYTES`] in [`SILENT_GRACE`] (a half-open handshake, a
+    /// silent socket): of the address holding the most such first, then
+    /// oldest first.
     Silent,
     /// Busy (a request being handled, or answers moving), of a team holding
     /// more than its share of the slots: its newest first. A team's busy
     /// connections count against its share like its idle ones.
     TeamOverShareBusy,
-    /// Still before its first head, its handshake or head making progress.
+    /// Still before its first head: just accepted (within
+    /// [`SILENT_GRACE`]), or its handshake or head making progress (those
+    /// last); oldest first.
     Unstarted,
     /// Idle, of a team within its share.
     TeamIdle,
@@ -130,41 +138,50 @@ where
     let mut per_team: HashMap<u64, usize> = HashMap::new();
     let mut silent_per_peer: HashMap<std::net::IpAddr, usize> = HashMap::new();
     let mut unknown = 0;
+    let now = Instant::now();
     for c in conns.clone() {
         match c.team() {
             Some(team) => *per_team.entry(team).or_default() += 1,
             None => unknown = 1,
         }
-        if is_silent(Arc::as_ref(c)) {
+        if is_silent(Arc::as_ref(c), now) {
             *silent_per_peer.entry(c.peer()).or_default() += 1;
         }
     }
     // Connections of no known team count as one more tenant: a team alone
     // with a newcomer is not entitled to every slot.
     let share = max / (per_team.len() + unknown).max(1);
-    let now = Instant::now();
     conns
         .filter_map(|c| class_of(Arc::as_ref(c), &per_team, share).map(|class| (c, class)))
         .min_by_key(|(c, class)| {
             let team_conns = c.team().and_then(|t| per_team.get(&t)).copied().unwrap_or(0);
+            // Silent: of the address holding the most such first.
             let peer_silent = match class {
                 Class::Silent => silent_per_peer.get(&c.peer()).copied().unwrap_or(0),
                 _ => 0,
             };
+            // Unstarted: one whose handshake or head makes progress last.
+            let progressing = *class == Class::Unstarted && c.read_early() >= PROGRESS_BYTES;
             (
                 *class,
                 Reverse(c.held()),
                 Reverse(team_conns),
                 Reverse(peer_silent),
+                progressing,
                 age_key(Arc::as_ref(c), *class, now),
                 c.id(),
             )
         })
 }
 
-/// Before its first head and without [`PROGRESS_BYTES`] sent.
-fn is_silent(c: &impl Occupant) -> bool {
-    c.team().is_none() && !c.started() && c.read_early() < PROGRESS_BYTES && !c.leaving()
+/// Before its first head, without [`PROGRESS_BYTES`] sent in
+/// [`SILENT_GRACE`].
+fn is_silent(c: &impl Occupant, now: Instant) -> bool {
+    c.team().is_none()
+        && !c.started()
+        && c.read_early() < PROGRESS_BYTES
+        && !c.leaving()
+        && c.born() + SILENT_GRACE <= now
 }
 
 fn class_of(c: &impl Occupant, per_team: &HashMap<u64, usize>, share: usize) -> Option<Class> {
@@ -172,7 +189,9 @@ fn class_of(c: &impl Occupant, per_team: &HashMap<u64, usize>, share: usize) -> 
         return None;
     }
     match c.team() {
-        None if !c.started() && c.read_early() < PROGRESS_BYTES => Some(Class::Silent),
+        None if !c.started() && c.read_early() < PROGRESS_BYTES && c.born().elapsed() >= SILENT_GRACE => {
+            Some(Class::Silent)
+        }
         None if !c.started() => Some(Class::Unstarted),
         // A head being handled may be a team's first on this connection,
         // its token not checked yet: kept for the instant that takes.

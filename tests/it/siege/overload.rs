@@ -422,3 +422,305 @@ async fn silent_sockets_under_a_low_descriptor_limit_cost_no_upstream_call_its_d
     let slowest = statuses.iter().map(|(_, t)| *t).max().unwrap_or_default();
     assert!(slowest <= Duration::from_secs(2), "a call waited {slowest:?}");
 }
+
+/// One HTTP/2 connection of `token` that keeps an answer always moving
+/// but slow: it asks for `path`, reads a chunk, gives the window back 16 KB
+/// at a time every half second, and asks again when an answer ends; until
+/// `stop` or the gateway closes it (then it opens another). `open` counts
+/// its connections open now.
+async fn trickle(addr: SocketAddr, token: &'static str, path: String, stop: Arc<AtomicBool>, open: Arc<AtomicUsize>) {
+    while !stop.load(Ordering::Relaxed) {
+        let Ok(tcp) = TcpStream::connect(addr).await else {
+            continue;
+        };
+        let Ok((send, conn)) = h2::client::Builder::new()
+            .initial_window_size(16 * 1024)
+            .handshake::<_, Bytes>(tcp)
+            .await
+        else {
+            continue;
+        };
+        let conn = tokio::spawn(conn);
+        open.fetch_add(1, Ordering::Relaxed);
+        'streams: while !stop.load(Ordering::Relaxed) && !conn.is_finished() {
+            let req = Request::get(format!("http://{addr}{path}"))
+                .header("x-api-key", token)
+                .body(())
+                .expect("request");
+            let Ok(mut ready) = send.clone().ready().await else {
+                break;
+            };
+            let Ok((resp, _)) = ready.send_request(req, true) else {
+                break;
+            };
+            let Ok(resp) = resp.await else { break };
+            let mut body = resp.into_body();
+            while let Some(chunk) = body.data().await {
+                let Ok(chunk) = chunk else { break 'streams };
+                // The client's pace (not a test's synchronisation): a
+                // window of 16 KB every half second.
+                tokio::time::sleep(Duration::from_millis(500)).await;
+                let _ = body.flow_control().release_capacity(chunk.len());
+                if stop.load(Ordering::Relaxed) {
+                    break 'streams;
+                }
+            }
+        }
+        open.fetch_sub(1, Ordering::Relaxed);
+        conn.abort();
+    }
+}
+
+/// Issue 50, point 1: team alpha holds every slot with HTTP/2 answers that
+/// always move (slow readers, 16 KB every half second). A connection whose
+/// answers move was never a victim, so beta's newcomers evicted beta's own
+/// kept-alive connection (measured: 52 of 177 reset, the kept connection
+/// dropped 26 times in 20 s). Busy connections now count against their
+/// team's share: past it, alpha's newest busy one makes room.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_team_trickling_answers_on_every_slot_leaves_another_team_its_connections() {
+    let sim = start_sim(unlimited()).await;
+    let gw = ChildGateway::spawn(&at_the_cap(), &sim.base_url(), sim.api_key());
+    let s = sim.samples();
+    let big = Query::distinct(&s, 7).size(100);
+    Client::new(gw.base_url(), ALPHA.1)
+        .get(&big)
+        .await
+        .expect_status(StatusCode::OK);
+    let release = Query::meta_release();
+    let mut kept = KeptAlive::open(gw.addr).await.expect("beta connects");
+    assert_eq!(kept.get(&release, BETA.1).await.expect("answered").0, StatusCode::OK);
+    let stop = Arc::new(AtomicBool::new(false));
+    let open = Arc::new(AtomicUsize::new(0));
+    let alpha: Vec<_> = (0..CAP)
+        .map(|_| tokio::spawn(trickle(gw.addr, ALPHA.1, big.to_string(), stop.clone(), open.clone())))
+        .collect();
+    crate::support::wait::eventually("alpha's slow answers fill the cap", Duration::from_secs(20), || {
+        let n = open.load(Ordering::Relaxed);
+        async move { (n + 1 >= CAP).then_some(()).ok_or(n) }
+    })
+    .await;
+    let (mut answered, mut slow, mut failures) = (0, Vec::new(), Vec::new());
+    for i in 0..100 {
+        let started = Instant::now();
+        match tokio::time::timeout(Duration::from_secs(2), on_new_connection(gw.addr, &release, BETA.1)).await {
+            Ok(Ok((StatusCode::OK, _))) => answered += 1,
+            Ok(other) => failures.push(format!("{i}: {other:?}")),
+            Err(_) => slow.push(i),
+        }
+        if started.elapsed() > Duration::from_secs(2) {
+            slow.push(i);
+        }
+        // Beta's kept-alive connection is still there, every time.
+        assert_eq!(
+            kept.get(&release, BETA.1).await.map(|r| r.0),
+            Ok(StatusCode::OK),
+            "beta's kept-alive connection was dropped after new connection {i}"
+        );
+    }
+    stop.store(true, Ordering::Relaxed);
+    for a in alpha {
+        a.abort();
+    }
+    let busy = overload_actions(&gw, "action=\"team_over_share_busy\"").await;
+    eprintln!(
+        "alpha trickling on {CAP} slots: beta's new connections {answered} of 100 answered within 2 s ({failures:?}, slow {slow:?}); {busy} of alpha's busy connections made room"
+    );
+    assert!(
+        answered >= 99,
+        "beta's new connections: {answered} of 100; {failures:?}; slow {slow:?}"
+    );
+    assert!(busy > 0, "alpha's busy connections were never the ones to go");
+}
+
+/// Half-open TLS handshakes: from source addresses `sources` (loopback),
+/// each connection sends the 5 bytes of a TLS record header and stops; the
+/// last 16 of each task are kept (eight tasks: twice the cap), the rest
+/// dropped; until `stop`.
+async fn half_open_tls(
+    addr: SocketAddr,
+    sources: Vec<std::net::Ipv4Addr>,
+    stop: Arc<AtomicBool>,
+    opened: Arc<AtomicUsize>,
+) {
+    let mut kept = std::collections::VecDeque::new();
+    for source in sources.iter().cycle() {
+        if stop.load(Ordering::Relaxed) {
+            return;
+        }
+        let Ok(socket) = tokio::net::TcpSocket::new_v4() else {
+            continue;
+        };
+        if socket.bind(SocketAddr::from((*source, 0))).is_err() {
+            continue;
+        }
+        let Ok(mut s) = socket.connect(addr).await else {
+            tokio::task::yield_now().await;
+            continue;
+        };
+        let _ = s.write_all(&[0x16, 0x03, 0x01, 0x02, 0x00]).await;
+        opened.fetch_add(1, Ordering::Relaxed);
+        kept.push_back(s);
+        if kept.len() > 16 {
+            kept.pop_front();
+        }
+    }
+}
+
+/// Issue 50, point 2: churn of TCP connections that send 5 bytes of a TLS
+/// record and stop, from 200 loopback addresses, at the cap. The oldest
+/// connection still in its handshake went first, real handshakes
+/// included (measured: 9.8 % of another team's new TLS connections
+/// failed). A connection that sent less than a ClientHello now goes before
+/// one whose handshake makes progress.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn half_open_tls_churn_from_many_addresses_fails_no_teams_new_tls_connection() {
+    let pki = crate::support::tls::TestPki::new();
+    let sim = start_sim(unlimited()).await;
+    let (cert, key) = (pki.cert_path(), pki.key_path());
+    let setup = at_the_cap().with(move |c| {
+        c.server.tls_cert_file = Some(cert.clone());
+        c.server.tls_key_file = Some(key.clone());
+    });
+    let gw = setup.start(&sim).await;
+    let release = Query::meta_release().to_string();
+    let client = Arc::new(pki.client_config());
+    let gw_addr = gw.addr;
+    assert_eq!(far_tls_get(gw_addr, &client, &release).await, Ok(200), "warm");
+    let stop = Arc::new(AtomicBool::new(false));
+    let opened = Arc::new(AtomicUsize::new(0));
+    let attackers: Vec<_> = (0..8u8)
+        .map(|t| {
+            let sources = (0..25u8).map(|i| std::net::Ipv4Addr::new(127, 1, t, i + 1)).collect();
+            tokio::spawn(half_open_tls(gw.addr, sources, stop.clone(), opened.clone()))
+        })
+        .collect();
+    crate::support::wait::eventually("the half-open churn passes the cap", Duration::from_secs(20), || {
+        let n = opened.load(Ordering::Relaxed);
+        async move { (n > 4 * CAP).then_some(()).ok_or(n) }
+    })
+    .await;
+    let before = opened.load(Ordering::Relaxed);
+    let started = Instant::now();
+    let mut failures = Vec::new();
+    for round in 0..10 {
+        // New connections, new handshakes, from clients 100 ms away: ten at once.
+        let calls: Vec<_> = (0..10)
+            .map(|_| {
+                let (client, release) = (client.clone(), release.clone());
+                tokio::spawn(async move {
+                    tokio::time::timeout(Duration::from_secs(5), far_tls_get(gw_addr, &client, &release)).await
+                })
+            })
+            .collect();
+        for (i, call) in calls.into_iter().enumerate() {
+            match call.await.expect("a client") {
+                Ok(Ok(200)) => {}
+                Ok(other) => failures.push(format!("{round}.{i}: {other:?}")),
+                Err(_) => failures.push(format!("{round}.{i}: no answer within 5 s")),
+            }
+        }
+    }
+    let rate = (opened.load(Ordering::Relaxed) - before) as f64 / started.elapsed().as_secs_f64();
+    stop.store(true, Ordering::Relaxed);
+    for a in attackers {
+        let _ = a.await;
+    }
+    let metrics = metrics_text(&gw.admin_url()).await;
+    let silent: u64 = metrics
+        .lines()
+        .filter(|l| l.starts_with("gateway_overload_actions_total") && l.contains("action=\"silent\""))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .map(|v| v as u64)
+        .sum();
+    eprintln!(
+        "half-open TLS churn from 200 addresses at {rate:.0}/s: beta's new TLS connections {} of 100 failed ({failures:?}); {silent} half-open connections closed",
+        failures.len()
+    );
+    assert!(failures.len() <= 1, "beta's new TLS connections failed: {failures:?}");
+    assert!(silent > 0, "the churn never reached the cap");
+}
+
+/// A client's round trip in [`far_tls_get`].
+const FAR: Duration = Duration::from_millis(100);
+
+/// A socket whose writes after the first wait [`FAR`]: a client far away
+/// (its ClientHello leaves at once; its next flight comes a round trip
+/// later), so its handshake is in progress for a while.
+struct Far {
+    inner: TcpStream,
+    writes: usize,
+    delay: Option<std::pin::Pin<Box<tokio::time::Sleep>>>,
+}
+
+impl tokio::io::AsyncRead for Far {
+    fn poll_read(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.inner).poll_read(cx, buf)
+    }
+}
+
+impl tokio::io::AsyncWrite for Far {
+    fn poll_write(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        data: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        use std::future::Future;
+        if self.writes > 0 {
+            let delay = self.delay.get_or_insert_with(|| Box::pin(tokio::time::sleep(FAR)));
+            std::task::ready!(delay.as_mut().poll(cx));
+        }
+        let written = std::task::ready!(std::pin::Pin::new(&mut self.inner).poll_write(cx, data));
+        self.delay = None;
+        self.writes += 1;
+        std::task::Poll::Ready(written)
+    }
+
+    fn poll_flush(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
+
+/// `GET path` as team beta over a new TLS connection from a [`Far`]
+/// client: the answer's status.
+async fn far_tls_get(addr: SocketAddr, config: &Arc<rustls::ClientConfig>, path: &str) -> Result<u16, String> {
+    let tcp = TcpStream::connect(addr).await.map_err(|e| e.to_string())?;
+    let far = Far {
+        inner: tcp,
+        writes: 0,
+        delay: None,
+    };
+    let name = rustls::pki_types::ServerName::try_from("localhost").expect("name");
+    let mut tls = tokio_rustls::TlsConnector::from(config.clone())
+        .connect(name, far)
+        .await
+        .map_err(|e| format!("handshake: {e}"))?;
+    let head = format!(
+        "GET {path} HTTP/1.1\r\nHost: localhost\r\nX-API-Key: {}\r\nConnection: close\r\n\r\n",
+        BETA.1
+    );
+    tls.write_all(head.as_bytes())
+        .await
+        .map_err(|e| format!("write: {e}"))?;
+    tls.flush().await.map_err(|e| format!("flush: {e}"))?;
+    let mut answer = Vec::new();
+    let _ = tls.read_to_end(&mut answer).await;
+    let status = String::from_utf8_lossy(answer.get(9..12).unwrap_or_default()).to_string();
+    status
+        .parse()
+        .map_err(|_| format!("no status: {:?}", String::from_utf8_lossy(&answer)))
+}

@@ -109,6 +109,7 @@ pub mod error;
 mod guarded;
 mod http_util;
 pub mod ledger;
+pub mod memory;
 pub mod metrics;
 mod org;
 mod page;
@@ -187,6 +188,8 @@ async fn serve(
     }
     team_limits.clamp(fit.team_max);
     admin_limits.clamp(fit.admin_max);
+    // Freed memory back to the system once a burst is over (`memory`).
+    let trimmer = tokio::spawn(memory::trim_periodically());
     let (stop_tx, stop_rx) = watch::channel(false);
     let team_app = app.clone();
     let actions = app.metrics.overload_actions_total.clone();
@@ -237,6 +240,7 @@ async fn serve(
         let _ = stop_tx.send(true);
     });
     let (team, (), ()) = tokio::join!(team, admin, detached);
+    trimmer.abort();
     // The disk tier's last writes, durable before the process ends.
     app.cache.close().await;
     team

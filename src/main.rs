@@ -65,6 +65,7 @@ fn main() -> ExitCode {
 fn runtime() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_multi_thread()
         .enable_all()
+        .on_thread_park(permit_gateway::memory::trim_when_idle)
         .build()
         .expect("tokio runtime starts")
 }

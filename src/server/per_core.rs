@@ -81,6 +81,7 @@ impl PerCore {
         for i in 0..loops.max(1) {
             let runtime = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
+                .on_thread_park(crate::memory::trim_when_idle)
                 .build()
                 .map_err(|e| format!("server.runtime: per-core runtime {i}: {e}"))?;
             let runtime = Unstarted(Some(runtime));
@@ -153,8 +154,11 @@ fn serve_loop<H, F>(
 {
     let _watch = PanicWatch(i);
     runtime.run(async {
+        // This loop's thread gives back what a burst freed (`memory`).
+        let trimmer = tokio::spawn(crate::memory::trim_periodically());
         shared.accept(socket, handler, super::stopped(shutdown)).await;
         shared.drain().await;
+        trimmer.abort();
     });
 }
 

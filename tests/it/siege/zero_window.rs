@@ -258,3 +258,86 @@ async fn zero_window_http2_readers_at_the_default_limits_stay_within_the_documen
     assert!(siege.growth <= 32.0, "RSS grew past 32 MiB while stalled: {siege}");
     assert!(siege.peak_growth <= 32.0, "RSS peaked past 32 MiB: {siege}");
 }
+
+/// Issue 50, point 5: memory after attacks. Three rounds of zero-window
+/// HTTP/2 connections (100 streams each of held-record lookups), each
+/// round closed by the stall deadline; then the attack is over. RSS used
+/// to level at 5–6 times its start and stay there ("returned only by
+/// chance"); it must come back within 1.5× of its start within a minute.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn memory_taken_by_zero_window_rounds_is_returned_within_a_minute() {
+    const CONNS: usize = 150;
+    const ROUNDS: usize = 3;
+    let sim = start_sim(SimConfig {
+        credit_limit: Some(100_000_000),
+        ..unlimited()
+    })
+    .await;
+    let setup = Setup::new().with(|c| c.server.write_timeout_secs = 2);
+    let gw = ChildGateway::spawn(&setup, &sim.base_url(), sim.api_key());
+    let alpha = Client::new(gw.base_url(), ALPHA.1);
+    let found = alpha.get(Query::state_permits(&sim.samples()).size(50)).await;
+    assert_eq!(found.status, StatusCode::OK, "{}", found.text());
+    let ids: Vec<String> = found.json()["items"]
+        .as_array()
+        .expect("items")
+        .iter()
+        .map(|i| i["id"].as_str().expect("id").to_string())
+        .collect();
+    let lookup = |n: usize| {
+        let mut ids = ids.clone();
+        ids.rotate_left(n % 50);
+        Query::permits_by_id(&ids[..50 - (n / 50) % 10]).to_string()
+    };
+    // Every lookup once, so the rounds measure connections, not the cache.
+    for n in 0..500 {
+        assert_eq!(alpha.get(lookup(n)).await.status, StatusCode::OK);
+    }
+    let pid = gw.child.id();
+    let (start, _) = rss_of(pid);
+    let addr = gw.addr;
+    let mut peak = 0;
+    for _ in 0..ROUNDS {
+        let conns: Vec<_> = (0..CONNS)
+            .map(|c| tokio::spawn(zero_window(addr, (0..100).map(|s| lookup(c * 100 + s)).collect())))
+            .collect();
+        let mut closing = Vec::new();
+        for c in conns {
+            let (_, _, closed, kept) = c.await.expect("connection task");
+            closing.push((closed, kept));
+        }
+        peak = peak.max(rss_of(pid).0);
+        for (closed, kept) in closing {
+            let _ = tokio::time::timeout(Duration::from_secs(30), closed).await;
+            drop(kept);
+        }
+    }
+    let mib = |b: u64| b as f64 / 1048576.0;
+    let after = crate::support::wait::eventually(
+        "RSS back within 1.5 times its start",
+        Duration::from_secs(60),
+        || async move {
+            let now = rss_of(pid).0;
+            match now as f64 <= start as f64 * 1.5 {
+                true => Ok(now),
+                false => Err(format!(
+                    "{:.1} MiB (start {:.1} MiB, peak {:.1} MiB)",
+                    mib(now),
+                    mib(start),
+                    mib(peak)
+                )),
+            }
+        },
+    )
+    .await;
+    eprintln!(
+        "zero-window rounds: RSS {:.1} MiB at start, {:.1} MiB at the peak, {:.1} MiB after",
+        mib(start),
+        mib(peak),
+        mib(after)
+    );
+    assert!(
+        peak as f64 > start as f64 * 1.5,
+        "the rounds took memory: the test measures something"
+    );
+}

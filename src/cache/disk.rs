@@ -356,47 +356,13 @@ impl Disk {
 }
 
 /// Opens the file, creating its folder; a file redb refuses as damaged or
-/// of another format is moved aside and a new one started.
+/// of another format is moved aside and a new one started (counted, one
+/// warning); any other error is the path's, and the tier stays off.
 fn open_db(path: &Path, metrics: &Metrics) -> Result<Database, String> {
-    if let Some(folder) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
-        std::fs::create_dir_all(folder).map_err(|e| format!("cannot create {}: {e}", folder.display()))?;
-    }
-    let open = || {
-        guarded(|| {
-            Database::builder()
-                .set_cache_size(PAGE_CACHE_BYTES)
-                .set_check_integrity_on_open(true)
-                .create(path)
-        })
-    };
-    // Bytes that are no redb file read as invalid data or a short file:
-    // damage, like a page that fails its check; any other I/O error is the
-    // path's (a permission, a missing volume), and the tier stays off.
-    let damage = |e: &std::io::Error| {
-        matches!(
-            e.kind(),
-            std::io::ErrorKind::InvalidData | std::io::ErrorKind::UnexpectedEof
-        )
-    };
-    match open() {
-        Some(Ok(db)) => Ok(db),
-        Some(Err(redb::DatabaseError::Storage(redb::StorageError::Io(e)))) if !damage(&e) => Err(e.to_string()),
-        Some(Err(e @ redb::DatabaseError::DatabaseAlreadyOpen)) => Err(e.to_string()),
-        damaged => {
-            let why = match damaged {
-                Some(Err(e)) => e.to_string(),
-                _ => "redb panicked reading it".to_string(),
-            };
-            let aside = path.with_extension("redb.corrupt");
-            tracing::warn!(path = %path.display(), error = %why, aside = %aside.display(), "cache disk tier: file damaged or unreadable; moved aside, starting empty");
-            metrics.disk_dropped(DiskDrop::Corrupt, 1);
-            std::fs::rename(path, &aside).map_err(|e| format!("cannot move {} aside: {e}", path.display()))?;
-            match open() {
-                Some(result) => result.map_err(|e| e.to_string()),
-                None => Err("redb panicked creating a new file".into()),
-            }
-        }
-    }
+    crate::guarded::open_or_move_aside(path, Some(PAGE_CACHE_BYTES), |why, aside| {
+        tracing::warn!(path = %path.display(), error = %why, aside = %aside.display(), "cache disk tier: file damaged or unreadable; moved aside, starting empty");
+        metrics.disk_dropped(DiskDrop::Corrupt, 1);
+    })
 }
 
 /// Entries and bytes as last committed.

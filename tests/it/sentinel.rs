@@ -10,7 +10,7 @@ use crate::support::gateway::{ChildGateway, Setup, ALPHA};
 use crate::support::probe::readyz;
 use crate::support::query::Query;
 use crate::support::redis_sentinel::{RedisSentinel, DOWN_AFTER_MS};
-use crate::support::sim::{start_sim, unlimited};
+use crate::support::sim::{start_sim, unlimited, Sim};
 use crate::support::traffic::{assert_only_503s_within, start_load, wait_all_served_after, wait_load_served, Log};
 use crate::support::traffic::{
     assert_settled_spend_survived, charged_to, distinct_searches, ledger_used, ledger_used_now,
@@ -129,6 +129,29 @@ async fn usage(gw: &Running) -> (StatusCode, Option<u64>) {
     (r.status, r.json()["credits_used"].as_u64())
 }
 
+/// A warm 6-credit miss that a replica acknowledges, then the replica's
+/// link stalled and three billed misses (10 + 15 + 16) through the gateway
+/// at `base`: what the upstream charged (47).
+async fn billed_during_a_stall(redis: &Arc<Mutex<RedisSentinel>>, sim: &Sim, base: &str) -> u64 {
+    let s = sim.samples();
+    let alpha = Client::new(base, ALPHA.1);
+    let search = |i: u32, size: u32| Query::distinct(&s, i).size(size);
+    let warm = alpha.get(search(0, 6)).request_id("alpha-warm").await;
+    assert_eq!(warm.status, StatusCode::OK, "{}", warm.text());
+    redis.lock().expect("setup").stall_replication();
+    for (i, size) in [(1, 10), (2, 15), (3, 16)] {
+        let r = alpha
+            .get(search(i, size))
+            .request_id(&format!("alpha-stalled-{i}"))
+            .await;
+        assert_eq!(r.status, StatusCode::OK, "{}", r.text());
+        assert_eq!(r.credits_request(), Some(u64::from(size)));
+    }
+    let charged = charged_to(sim, "alpha-");
+    assert_eq!(charged, 47);
+    charged
+}
+
 /// The replica sits behind a link that stops forwarding (its ACKs still
 /// flow, so `min-replicas-max-lag` does not trip). Three billed misses
 /// (41 credits) are settled on the primary; no replica acknowledges them
@@ -142,22 +165,7 @@ async fn settles_a_stalled_replica_never_got_survive_the_failover() {
     let (redis, url) = sentinels(RedisSentinel::start_behind_relay).await;
     let sim = start_sim(unlimited()).await;
     let gw = on_sentinel(&url).start(&sim).await;
-    let s = sim.samples();
-    let alpha = Client::new(gw.base_url(), ALPHA.1);
-    let search = |i: u32, size: u32| Query::distinct(&s, i).size(size);
-    let warm = alpha.get(search(0, 6)).request_id("alpha-warm").await;
-    assert_eq!(warm.status, StatusCode::OK, "{}", warm.text());
-    redis.lock().expect("setup").stall_replication();
-    for (i, size) in [(1, 10), (2, 15), (3, 16)] {
-        let r = alpha
-            .get(search(i, size))
-            .request_id(&format!("alpha-stalled-{i}"))
-            .await;
-        assert_eq!(r.status, StatusCode::OK, "{}", r.text());
-        assert_eq!(r.credits_request(), Some(u64::from(size)));
-    }
-    let charged = charged_to(&sim, "alpha-");
-    assert_eq!(charged, 47);
+    let charged = billed_during_a_stall(&redis, &sim, &gw.base_url()).await;
     fail_over(&redis).await;
     let used = eventually(
         "the ledger on the new primary equals the upstream",
@@ -240,22 +248,7 @@ async fn settles_of_a_gateway_killed_in_a_stall_are_applied_after_its_restart() 
     let sim = start_sim(unlimited()).await;
     let setup = on_sentinel(&url);
     let mut gw = ChildGateway::spawn(&setup, &sim.base_url(), sim.api_key());
-    let s = sim.samples();
-    let alpha = Client::new(gw.base_url(), ALPHA.1);
-    let search = |i: u32, size: u32| Query::distinct(&s, i).size(size);
-    let warm = alpha.get(search(0, 6)).request_id("alpha-warm").await;
-    assert_eq!(warm.status, StatusCode::OK, "{}", warm.text());
-    redis.lock().expect("setup").stall_replication();
-    for (i, size) in [(1, 10), (2, 15), (3, 16)] {
-        let r = alpha
-            .get(search(i, size))
-            .request_id(&format!("alpha-stalled-{i}"))
-            .await;
-        assert_eq!(r.status, StatusCode::OK, "{}", r.text());
-        assert_eq!(r.credits_request(), Some(u64::from(size)));
-    }
-    let charged = charged_to(&sim, "alpha-");
-    assert_eq!(charged, 47);
+    let charged = billed_during_a_stall(&redis, &sim, &gw.base_url()).await;
     gw.signal("KILL");
     gw.wait_exit(Duration::from_secs(10));
     fail_over(&redis).await;

@@ -55,38 +55,9 @@ impl Journal {
     /// aside and a new one started; `Err` when the path cannot be used (a
     /// permission, a read-only volume, another gateway holding it).
     pub(super) fn open(path: &Path) -> Result<Journal, String> {
-        if let Some(folder) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
-            std::fs::create_dir_all(folder).map_err(|e| format!("cannot create {}: {e}", folder.display()))?;
-        }
-        let open = || guarded(|| Database::builder().set_check_integrity_on_open(true).create(path));
-        let damage = |e: &std::io::Error| {
-            matches!(
-                e.kind(),
-                std::io::ErrorKind::InvalidData | std::io::ErrorKind::UnexpectedEof
-            )
-        };
-        let db = match open() {
-            Some(Ok(db)) => db,
-            Some(Err(redb::DatabaseError::Storage(redb::StorageError::Io(e)))) if !damage(&e) => {
-                return Err(e.to_string())
-            }
-            Some(Err(e @ redb::DatabaseError::DatabaseAlreadyOpen)) => {
-                return Err(format!("{e} (another gateway uses this folder)"))
-            }
-            damaged => {
-                let why = match damaged {
-                    Some(Err(e)) => e.to_string(),
-                    _ => "redb panicked reading it".to_string(),
-                };
-                let aside = path.with_extension("redb.corrupt");
-                tracing::error!(path = %path.display(), error = %why, aside = %aside.display(), "ledger settle journal damaged: moved aside, starting empty (its settles were applied once; they are lost only if their primary failed over before a replica had them)");
-                std::fs::rename(path, &aside).map_err(|e| format!("cannot move {} aside: {e}", path.display()))?;
-                match open() {
-                    Some(result) => result.map_err(|e| e.to_string())?,
-                    None => return Err("redb panicked creating a new file".into()),
-                }
-            }
-        };
+        let db = crate::guarded::open_or_move_aside(path, None, |why, aside| {
+            tracing::error!(path = %path.display(), error = %why, aside = %aside.display(), "ledger settle journal damaged: moved aside, starting empty (its settles were applied once; they are lost only if their primary failed over before a replica had them)");
+        })?;
         Ok(Journal {
             db,
             path: path.to_path_buf(),
@@ -214,7 +185,7 @@ mod tests {
         let path = dir.path().join(FILE);
         let first = Journal::open(&path).expect("opens");
         let err = Journal::open(&path).err().expect("held by the first");
-        assert!(err.contains("another gateway"), "{err}");
+        assert!(err.contains("another process"), "{err}");
         drop(first);
         std::fs::write(&path, vec![0x5a; 9000]).expect("garbage");
         let j = Journal::open(&path).expect("a new file");

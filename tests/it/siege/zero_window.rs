@@ -79,6 +79,28 @@ async fn zero_window(
     (statuses, Instant::now(), closed, kept)
 }
 
+/// The 50 ids of a search page `alpha` buys: records held from then on.
+async fn held_ids(alpha: &Client, sim: &permit_api_sim::Sim) -> Vec<String> {
+    let found = alpha.get(Query::state_permits(&sim.samples()).size(50)).await;
+    assert_eq!(found.status, StatusCode::OK, "{}", found.text());
+    let ids: Vec<String> = found.json()["items"]
+        .as_array()
+        .expect("items")
+        .iter()
+        .map(|i| i["id"].as_str().expect("id").to_string())
+        .collect();
+    assert_eq!(ids.len(), 50);
+    ids
+}
+
+/// The `n`th of 500 distinct lookups of held records (0 credits): each
+/// answer is assembled on its own, none shares another's bytes.
+fn lookup_of(ids: &[String], n: usize) -> Query {
+    let mut ids = ids.to_vec();
+    ids.rotate_left(n % 50);
+    Query::permits_by_id(&ids[..50 - (n / 50) % 10])
+}
+
 /// What ten zero-window HTTP/2 connections did to a gateway.
 struct Siege {
     /// RSS growth while they were stalled, and its peak (VmHWM), in MiB.
@@ -141,22 +163,8 @@ async fn zero_window_siege(setup: Setup) -> Siege {
     let gw = ChildGateway::spawn(&setup, &sim.base_url(), sim.api_key());
     let base = gw.base_url();
     let alpha = Client::new(&base, ALPHA.1);
-    let found = alpha.get(Query::state_permits(&sim.samples()).size(50)).await;
-    assert_eq!(found.status, StatusCode::OK, "{}", found.text());
-    let ids: Vec<String> = found.json()["items"]
-        .as_array()
-        .expect("items")
-        .iter()
-        .map(|i| i["id"].as_str().expect("id").to_string())
-        .collect();
-    assert_eq!(ids.len(), 50);
-    // Distinct lookups of the held records (0 credits): each answer is
-    // assembled on its own, none shares another's bytes.
-    let lookup = |n: usize| {
-        let mut ids = ids.clone();
-        ids.rotate_left(n % 50);
-        Query::permits_by_id(&ids[..50 - (n / 50) % 10])
-    };
+    let ids = held_ids(&alpha, &sim).await;
+    let lookup = |n: usize| lookup_of(&ids, n);
     let one = alpha.get(lookup(0)).await;
     assert_eq!(one.status, StatusCode::OK, "{}", one.text());
     let upstream_before = sim.stats().requests_total;
@@ -276,19 +284,8 @@ async fn memory_taken_by_zero_window_rounds_is_returned_within_a_minute() {
     let setup = Setup::new().with(|c| c.server.write_timeout_secs = 2);
     let gw = ChildGateway::spawn(&setup, &sim.base_url(), sim.api_key());
     let alpha = Client::new(gw.base_url(), ALPHA.1);
-    let found = alpha.get(Query::state_permits(&sim.samples()).size(50)).await;
-    assert_eq!(found.status, StatusCode::OK, "{}", found.text());
-    let ids: Vec<String> = found.json()["items"]
-        .as_array()
-        .expect("items")
-        .iter()
-        .map(|i| i["id"].as_str().expect("id").to_string())
-        .collect();
-    let lookup = |n: usize| {
-        let mut ids = ids.clone();
-        ids.rotate_left(n % 50);
-        Query::permits_by_id(&ids[..50 - (n / 50) % 10]).to_string()
-    };
+    let ids = held_ids(&alpha, &sim).await;
+    let lookup = |n: usize| lookup_of(&ids, n).to_string();
     // Every lookup once, so the rounds measure connections, not the cache.
     for n in 0..500 {
         assert_eq!(alpha.get(lookup(n)).await.status, StatusCode::OK);

@@ -44,7 +44,7 @@ type Tenant = u64;
 fn tenant_of(team: &str) -> Tenant {
     use std::hash::BuildHasher;
     // A fast hash of a short name: this runs for every access line.
-    foldhash::fast::FixedState::with_seed(0x7e4a_17).hash_one(team)
+    foldhash::fast::FixedState::with_seed(0x007e_4a17).hash_one(team)
 }
 
 /// A map keyed by [`Tenant`]s, which are hashes already: not hashed again.

@@ -310,15 +310,19 @@ http {{
 
 
 class Nginx:
-    def __init__(self, tmp, name, sim, workers=2, server_lines=()):
+    def __init__(self, tmp, name, sim, workers=2, server_lines=(), access_log=False):
         """`server_lines`: extra directives in the `server` block (more
-        `listen`s, certificates)."""
+        `listen`s, certificates). `access_log`: nginx's default access log
+        (one line a request, to a file) instead of none."""
         self.port = free_port()
         conf = os.path.join(tmp, f"nginx-{name}.conf")
+        text = NGINX_CONF.format(tmp=tmp, name=name, sim=sim.addr, api_key=sim.api_key,
+                                 port=self.port, workers=workers,
+                                 server_lines="\n        ".join(server_lines))
+        if access_log:
+            text = text.replace("access_log off;", f"access_log {tmp}/nginx-{name}.access.log;")
         with open(conf, "w") as f:
-            f.write(NGINX_CONF.format(tmp=tmp, name=name, sim=sim.addr, api_key=sim.api_key,
-                                      port=self.port, workers=workers,
-                                      server_lines="\n        ".join(server_lines)))
+            f.write(text)
         self.proc = spawn(["nginx", "-c", conf, "-p", tmp], os.path.join(tmp, f"nginx-{name}.log"))
         self.base = f"http://127.0.0.1:{self.port}"
         wait_port(self.port)

@@ -4,7 +4,7 @@ generator no longer takes the server's CPU. Several gateway builds side by
 side with nginx `proxy_cache`, in interleaved rounds:
 
     python3 bench/pinned.py [--secs 5] [--rounds 3] [--conns 128] [--l1-only] \
-        [--server-core 0] [--aux-core 1] before=DIR after=DIR[,KEY=VALUE...] [...]
+        [--server-core 0] [--aux-core 1] [--logs] before=DIR after=DIR[,KEY=VALUE...] [...]
 
 Each DIR holds `permit-gateway` and `permit-api-sim` (copied out of
 target/ per build); KEY=VALUEs are environment for that build's gateways
@@ -78,6 +78,8 @@ def main():
     ap.add_argument("--server-core", type=int, default=0)
     ap.add_argument("--aux-core", type=int, default=1)
     ap.add_argument("--l1-only", action="store_true", help="no Redis-tier targets")
+    ap.add_argument("--logs", action="store_true",
+                    help="access logs on at both ends: the gateways at log.level info (JSON to a file), nginx's default access log")
     ap.add_argument("builds", nargs="+", help="name=DIR")
     args = ap.parse_args()
     builds = lib.builds(args.builds)
@@ -99,7 +101,8 @@ def main():
     targets = []
     for name, bin_dir, env in builds:
         pin = pinned_bin_dir(bin_dir, tmp, name, args.server_core)
-        gw = lib.Gateway(pin, tmp, f"{name}-l1", sim, {"bench": run.TOKEN}, env=env)
+        level = "info" if args.logs else "warn"
+        gw = lib.Gateway(pin, tmp, f"{name}-l1", sim, {"bench": run.TOKEN}, env=env, level=level)
         targets.append((f"{name} L1 hit", gw.proc, gw.base, headers))
         if args.l1_only:
             continue
@@ -110,7 +113,7 @@ def main():
             gw = lib.Gateway(pin, tmp, f"{tag}-redis", sim, {"bench": run.TOKEN}, memory_max_bytes=0,
                              redis_url=redis.url, cache_lines=lines, env=env)
             targets.append((f"{label} Redis-tier hit", gw.proc, gw.base, headers))
-    ng = lib.Nginx(tmp, "pinned", sim, workers=1)
+    ng = lib.Nginx(tmp, "pinned", sim, workers=1, access_log=args.logs)
     targets.append(("nginx proxy_cache", ng.proc, ng.base, {}))
     for name, _, base, h in targets:
         for _ in range(3):

@@ -34,6 +34,10 @@ use tracing_subscriber::fmt::MakeWriter;
 /// the queue (lines no team line can evict) while stderr blocks.
 const BATCH: usize = 256;
 
+/// How long the writer, woken by a line after a quiet spell, lets more
+/// lines gather before it writes: the most a line waits for its write.
+const LINGER: Duration = Duration::from_millis(2);
+
 /// How long an exiting process waits for the queued lines to be written.
 const FLUSH_AT_EXIT: Duration = Duration::from_secs(1);
 
@@ -275,11 +279,25 @@ impl Sink {
         loop {
             {
                 let mut lines = self.lock();
+                let mut waited = false;
                 while lines.len() == 0 && !lines.closed {
                     lines.writer_idle = true;
+                    waited = true;
                     lines = self.inner.wake.wait(lines).unwrap_or_else(|p| p.into_inner());
                 }
                 lines.writer_idle = false;
+                // Woken by the first line after a quiet spell: let the lines
+                // behind it gather for [`LINGER`] (pushes make no wake-up
+                // meanwhile), so that a steady trickle is one write per
+                // batch, not a wake-up, a context switch and a write per
+                // line (measured pinned on one core: 6 µs of CPU a request).
+                if waited && !lines.closed && lines.len() < BATCH {
+                    lines = self
+                        .inner
+                        .wake
+                        .wait_timeout(lines, LINGER)
+                        .map_or_else(|p| p.into_inner().0, |(l, _)| l);
+                }
                 if lines.len() == 0 {
                     return;
                 }

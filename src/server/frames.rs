@@ -9,10 +9,12 @@
 //! through [`Metered`], which follows the HTTP/2 frame headers (after the
 //! client preface; any other protocol passes through untouched) and
 //! counts PING, SETTINGS (not their ACKs), WINDOW_UPDATE, RST_STREAM and
-//! PRIORITY frames against an allowance that grows with useful work:
-//! [`BASE`], plus [`PER_REQUEST`] per request (a HEADERS frame) and one per
-//! [`BYTES_PER_CONTROL`] of answer written (a client's WINDOW_UPDATEs keep
-//! pace with what it receives). Past the allowance the connection is sent
+//! PRIORITY frames against an allowance that grows with useful work and
+//! with time: [`BASE`], plus [`PER_REQUEST`] per request (a HEADERS frame),
+//! one per [`BYTES_PER_CONTROL`] of answer written (a client's
+//! WINDOW_UPDATEs keep pace with what it receives) and one per second the
+//! connection has been open (a client's keep-alive PINGs, at any sane
+//! interval, never run out). Past the allowance the connection is sent
 //! a GOAWAY with ENHANCE_YOUR_CALM (when the write side is between frames)
 //! and closed, and the close is counted
 //! (`gateway_overload_actions_total{pool="control_frames",action="close"}`).
@@ -111,13 +113,15 @@ pub(crate) struct Tally {
 }
 
 impl Tally {
-    fn allowance(&self) -> u64 {
+    /// The control frames allowed to a connection open `secs` seconds.
+    fn allowance(&self, secs: u64) -> u64 {
         BASE.saturating_add(self.requests.saturating_mul(PER_REQUEST))
             .saturating_add(self.written / BYTES_PER_CONTROL)
+            .saturating_add(secs)
     }
 
-    fn over(&self) -> bool {
-        self.control > self.allowance()
+    fn over(&self, secs: u64) -> bool {
+        self.control > self.allowance(secs)
     }
 }
 
@@ -127,6 +131,11 @@ pub(crate) struct Metered<S> {
     read: Framing,
     write: Framing,
     tally: Tally,
+    /// When the connection was opened: its allowance grows with its age.
+    opened: std::time::Instant,
+    /// Control frames counted when the allowance was last looked at: it
+    /// is looked at again only when a read brought more.
+    seen: u64,
     /// Called once when the allowance is passed (counts the close).
     on_close: Option<Box<dyn FnOnce() + Send>>,
     /// Past the allowance: every read fails from then on.
@@ -140,6 +149,8 @@ impl<S> Metered<S> {
             read: Framing::Preface(0),
             write: Framing::Off,
             tally: Tally::default(),
+            opened: std::time::Instant::now(),
+            seen: 0,
             on_close: Some(Box::new(on_close)),
             closed: false,
         }
@@ -170,7 +181,9 @@ impl<S: AsyncRead + AsyncWrite + Unpin> AsyncRead for Metered<S> {
                 // The server's side starts with its SETTINGS frame.
                 this.write = Framing::frames();
             }
-            if this.tally.over() {
+            let more = this.tally.control > this.seen;
+            this.seen = this.tally.control;
+            if more && this.tally.over(this.opened.elapsed().as_secs()) {
                 this.closed = true;
                 if let Some(count) = this.on_close.take() {
                     count();
@@ -295,13 +308,14 @@ mod tests {
         let mut flood = vec![PREFACE.to_vec()];
         flood.extend((0..=BASE).map(|_| frame(0x6, 0, 8)));
         let (t, _) = tally_of(&flood, 4096);
-        assert!(t.over(), "{} PINGs and nothing else", t.control);
+        assert!(t.over(0), "{} PINGs and nothing else", t.control);
+        assert!(!t.over(60), "a PING a second for a minute is keep-alive, not a flood");
         let mut busy = vec![PREFACE.to_vec()];
         for _ in 0..100 {
             busy.push(frame(0x1, 0x4, 30));
             busy.extend((0..PER_REQUEST).map(|_| frame(0x8, 0, 4)));
         }
         let (t, _) = tally_of(&busy, 4096);
-        assert!(!t.over(), "window updates in step with requests are not a flood");
+        assert!(!t.over(0), "window updates in step with requests are not a flood");
     }
 }

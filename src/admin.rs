@@ -229,10 +229,6 @@ async fn observe_budgets(app: &App) {
 /// `GET /admin/teams`: each team's budget and use in its window.
 async fn teams(app: &App) -> Response<Body> {
     let window = app.ledger.window();
-    let at = |secs: Option<i64>| {
-        secs.and_then(|t| chrono::DateTime::from_timestamp(t, 0))
-            .map(|t| t.to_rfc3339())
-    };
     let mut out = Vec::new();
     for team in app.teams.load().iter() {
         let used = app.ledger.usage(&team.name).await.map(|u| u.used).ok();
@@ -240,8 +236,8 @@ async fn teams(app: &App) -> Response<Body> {
         for member in &team.apps {
             let mut token = json!({
                 "name": member.name,
-                "not_after": member.not_after().and_then(chrono::DateTime::from_timestamp_millis).map(|t| t.to_rfc3339()),
-                "last_used": at(member.last_used()),
+                "not_after": member.not_after().and_then(crate::clock::rfc3339),
+                "last_used": member.last_used().and_then(crate::clock::rfc3339),
                 "credit_limit": member.credit_limit,
             });
             if let Some(account) = &member.account {

@@ -22,7 +22,7 @@ use sha2::{Digest, Sha256};
 use std::collections::HashMap;
 use std::hash::{BuildHasher, RandomState};
 use std::num::NonZeroU32;
-use std::sync::atomic::{AtomicI64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, RwLock};
 
 /// One app of a team, by its token: what a request is attributed to.
@@ -31,42 +31,52 @@ pub struct Member {
     pub(crate) name: String,
     token_sha256: TokenHash,
     /// Unix milliseconds from which the token is refused.
-    not_after: Option<i64>,
+    not_after: Option<u64>,
     /// The app's own credits per window, within its team's.
     pub(crate) credit_limit: Option<u64>,
     /// The ledger account of the app's spend: set when its team names its
     /// apps (`tokens`); a team of one token keeps one account, as before.
     pub(crate) account: Option<String>,
-    /// Unix seconds of this token's last request here (0: none since this
-    /// process started); carried over a reload.
-    last_used: Arc<AtomicI64>,
+    /// Unix milliseconds of this token's last request here, to the second
+    /// (0: none since this process started); carried over a reload.
+    last_used: Arc<AtomicU64>,
     /// The day (since the epoch) the token's coming end was last logged.
-    warned_day: Arc<AtomicI64>,
+    warned_day: Arc<AtomicU64>,
 }
 
 /// How long before its `not_after` a token still in use is reported (ms).
-pub(crate) const EXPIRY_NOTICE_MS: i64 = 7 * 86_400_000;
+pub(crate) const EXPIRY_NOTICE_MS: u64 = 7 * 86_400_000;
 
 impl Member {
-    /// Unix seconds of the last request with this token (`None`: none
+    /// Unix milliseconds of the last request with this token (`None`: none
     /// since start).
-    pub(crate) fn last_used(&self) -> Option<i64> {
+    pub(crate) fn last_used(&self) -> Option<u64> {
         Some(self.last_used.load(Ordering::Relaxed)).filter(|t| *t > 0)
     }
 
+    /// A request with this token at `now_ms`: written only when the second
+    /// changed, so that the apps' requests on every core do not all write
+    /// one shared word.
+    fn used_at(&self, now_ms: u64) {
+        let second = now_ms - now_ms % 1000;
+        if self.last_used.load(Ordering::Relaxed) != second {
+            self.last_used.store(second, Ordering::Relaxed);
+        }
+    }
+
     /// Unix milliseconds from which the token is refused.
-    pub(crate) fn not_after(&self) -> Option<i64> {
+    pub(crate) fn not_after(&self) -> Option<u64> {
         self.not_after
     }
 
     /// Whether the token ends within [`EXPIRY_NOTICE_MS`] of `now_ms`, and
     /// whether this is the first such use today (to log once a day).
-    pub(crate) fn ending_soon(&self, now_ms: i64) -> Option<bool> {
+    pub(crate) fn ending_soon(&self, now_ms: u64) -> Option<bool> {
         let end = self.not_after?;
-        if end - now_ms > EXPIRY_NOTICE_MS {
+        if end.saturating_sub(now_ms) > EXPIRY_NOTICE_MS {
             return None;
         }
-        let today = now_ms.div_euclid(86_400_000);
+        let today = now_ms / 86_400_000;
         Some(self.warned_day.swap(today, Ordering::Relaxed) != today)
     }
 }
@@ -205,7 +215,7 @@ impl Teams {
                         Arc::new(Member {
                             account: t.has_apps().then(|| crate::ledger::app_account(&t.name, &a.name)),
                             token_sha256: a.token_sha256,
-                            not_after: a.not_after.map(|at| at.timestamp_millis()),
+                            not_after: a.not_after.map(|at| u64::try_from(at.timestamp_millis()).unwrap_or(0)),
                             credit_limit: a.credit_limit,
                             last_used: before.map(|b| b.last_used.clone()).unwrap_or_default(),
                             warned_day: before.map(|b| b.warned_day.clone()).unwrap_or_default(),
@@ -251,12 +261,12 @@ impl Teams {
     pub(crate) fn authenticate(&self, headers: &HeaderMap) -> Result<Caller, GatewayError> {
         let token = credential(headers)?;
         let (team, app) = self.find_token(token).ok_or(GatewayError::InvalidCredential)?;
-        let now = chrono::Utc::now();
-        if app.not_after.is_some_and(|end| now.timestamp_millis() >= end) {
+        let now = crate::clock::now_ms();
+        if app.not_after.is_some_and(|end| now >= end) {
             return Err(GatewayError::ExpiredCredential);
         }
         team.requests.fetch_add(1, Ordering::Relaxed);
-        app.last_used.store(now.timestamp(), Ordering::Relaxed);
+        app.used_at(now);
         Ok((team, app))
     }
 
@@ -480,14 +490,14 @@ mod tests {
             // Refused at every use, memoized or not.
             assert_eq!(who("tok-batch").err(), Some(GatewayError::ExpiredCredential));
         }
-        assert_eq!(web.ending_soon(chrono::Utc::now().timestamp()), None, "ends in 2999");
+        assert_eq!(web.ending_soon(crate::clock::now_ms()), None, "ends in 2999");
         assert_eq!(
-            web.ending_soon(web.not_after().unwrap() - 3600),
+            web.ending_soon(web.not_after().unwrap() - 3_600_000),
             Some(true),
             "first today"
         );
         assert_eq!(
-            web.ending_soon(web.not_after().unwrap() - 3000),
+            web.ending_soon(web.not_after().unwrap() - 3_000_000),
             Some(false),
             "once a day"
         );

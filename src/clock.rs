@@ -12,6 +12,13 @@ pub fn now_ms() -> u64 {
         .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
 
+/// A Unix time in milliseconds as RFC 3339 (`2026-12-31T00:00:00+00:00`),
+/// as the admin API and the logs show times.
+pub(crate) fn rfc3339(ms: u64) -> Option<String> {
+    let ms = i64::try_from(ms).ok()?;
+    chrono::DateTime::from_timestamp_millis(ms).map(|t| t.to_rfc3339())
+}
+
 /// The ledger's clock: wall-clock time shifted by `quota.clock_offset_secs`
 /// (0 in production). A shift exists only so that tests can make a
 /// reservation on one day and see it turned into spend on another (across

@@ -229,32 +229,9 @@ impl Ledger {
         budgets: &[Budget<'_>],
         amount: u64,
     ) -> Result<Result<Reservation, Refusal>, LedgerError> {
-        let today = self.today();
         match self {
-            Ledger::File(l) => l.reserve_all(budgets, amount, today).await,
-            Ledger::Redis(l) => {
-                let mut held: Vec<Reservation> = Vec::new();
-                for (i, b) in budgets.iter().enumerate() {
-                    let refused = match l.reserve(b.account, b.limit, amount, today).await {
-                        Ok(Reserved::Granted(r)) => {
-                            held.push(r);
-                            continue;
-                        }
-                        Ok(Reserved::Rejected { used, limit }) => Ok(Err(Refusal { budget: i, used, limit })),
-                        Err(e) => Err(e),
-                    };
-                    for r in held {
-                        l.release(r).await;
-                    }
-                    return refused;
-                }
-                let mut held = held.into_iter();
-                let Some(mut first) = held.next() else {
-                    return Err(LedgerError("no budget to reserve in".into()));
-                };
-                first.linked = held.collect();
-                Ok(Ok(first))
-            }
+            Ledger::File(l) => l.reserve_all(budgets, amount, self.today()).await,
+            Ledger::Redis(l) => l.reserve_all(budgets, amount, self.today()).await,
         }
     }
 
@@ -263,11 +240,12 @@ impl Ledger {
     /// chargeback. Idempotent by reservation id; the Redis store retries
     /// until `settle_by`.
     pub async fn settle(&self, mut r: Reservation, actual: u64, route: Route) -> Result<(), LedgerError> {
+        let today = self.today();
         let mut result = Ok(());
         for linked in std::mem::take(&mut r.linked).into_iter().chain([r]) {
             let settled = match self {
-                Ledger::File(l) => l.settle(linked, actual, route, self.today()).await,
-                Ledger::Redis(l) => l.settle(linked, actual, route, self.today()).await,
+                Ledger::File(l) => l.settle(linked, actual, route, today).await,
+                Ledger::Redis(l) => l.settle(linked, actual, route, today).await,
             };
             if settled.is_err() {
                 result = settled;

@@ -9,6 +9,7 @@
 //! [`fetch`]: fn@super::fetch
 
 use super::context::Ask;
+use super::credits;
 use crate::app::App;
 use crate::cache::key;
 use crate::http_util::Body;
@@ -40,17 +41,10 @@ pub(super) async fn clamp<B>(app: &App, ask: &Ask<'_, B>) -> Option<Clamped> {
     // `used`'s one-second memo, which a peer replica's spend may have
     // outdated). A ledger that cannot answer: no clamp; the reservation
     // decides.
-    let budgets = [
-        (team.name.as_str(), team.credit_limit),
-        (ask.app.account.as_deref().unwrap_or_default(), ask.app.credit_limit),
-        (crate::ledger::ORG_ACCOUNT, app.config.quota.org_credit_limit),
-    ];
     let mut remaining: Option<u64> = None;
-    for (account, limit) in budgets {
-        let (Some(limit), false) = (limit, account.is_empty()) else {
-            continue;
-        };
-        let left = limit.saturating_sub(app.ledger.usage(account).await.ok()?.used);
+    for (budget, _) in credits::budgets_of(app, team, &ask.app) {
+        let Some(limit) = budget.limit else { continue };
+        let left = limit.saturating_sub(app.ledger.usage(budget.account).await.ok()?.used);
         remaining = Some(remaining.map_or(left, |r| r.min(left)));
     }
     let remaining = remaining?;

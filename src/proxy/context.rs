@@ -180,6 +180,15 @@ impl RequestContext {
         self.team.as_deref().map_or(NO_TEAM, |t| t.name.as_str())
     }
 
+    /// The app's name, for a team that names its apps (a team of one token
+    /// has none to tell: its access line and span carry none).
+    pub(super) fn app_name(&self) -> Option<&str> {
+        self.app
+            .as_deref()
+            .filter(|a| a.account.is_some())
+            .map(|a| a.name.as_str())
+    }
+
     /// Records the request's metrics and writes its access-log line.
     pub(super) fn finish(&self, metrics: &Metrics, method: &Method, status: StatusCode, took: Duration) {
         // Refused before routing (a 405, a path outside /v2): "other", so the
@@ -208,11 +217,7 @@ impl RequestContext {
             request_id: &self.request_id,
             trace_id: self.trace.trace_id().to_bytes(),
             team: self.team_name(),
-            app: self
-                .app
-                .as_deref()
-                .filter(|a| a.account.is_some())
-                .map(|a| a.name.as_str()),
+            app: self.app_name(),
             method,
             route: self.route.unwrap_or(Route::Other).as_str(),
             status: status.as_u16(),

@@ -13,6 +13,7 @@
 
 use super::context::Job;
 use crate::app::App;
+use crate::auth::{Member, Team};
 use crate::error::{GatewayError, Spent};
 use crate::http_util::number_header;
 use crate::ledger::{Budget, Reservation, ORG_ACCOUNT};
@@ -103,28 +104,13 @@ pub(super) async fn reserve(app: &App, job: &Job) -> Result<Option<Reservation>,
     };
     drop(teams);
     let amount = route::credit_estimate(&job.target);
+    let (mut budgets, mut whose): (Vec<Budget<'_>>, Vec<Spent>) = budgets_of(app, &team, &member).into_iter().unzip();
     // Free calls cannot overspend: they are recorded, never refused.
-    let limit = |l: Option<u64>| if amount == 0 { None } else { l };
-    // The narrowest first: an app refused never holds its team's credits.
-    let mut budgets = Vec::with_capacity(3);
-    let mut whose = Vec::with_capacity(3);
-    if let Some(account) = &member.account {
-        budgets.push(Budget {
-            account,
-            limit: limit(member.credit_limit),
-        });
-        whose.push(Spent::App(member.name.clone()));
+    if amount == 0 {
+        for b in &mut budgets {
+            b.limit = None;
+        }
     }
-    budgets.push(Budget {
-        account: &team.name,
-        limit: limit(team.credit_limit),
-    });
-    whose.push(Spent::Team);
-    budgets.push(Budget {
-        account: ORG_ACCOUNT,
-        limit: limit(app.config.quota.org_credit_limit),
-    });
-    whose.push(Spent::Org);
     match app.ledger.reserve_all(&budgets, amount).await {
         Ok(Ok(r)) => Ok(Some(r)),
         Ok(Err(refusal)) => Err(GatewayError::QuotaExceeded {
@@ -146,6 +132,32 @@ pub(super) async fn reserve(app: &App, job: &Job) -> Result<Option<Reservation>,
             }
         }
     }
+}
+
+/// The budgets a call of `member`, an app of `team`, is held in, narrowest
+/// first (an app refused never holds its team's credits): its app's when
+/// the team names its apps, its team's, the company's; each with whose it
+/// is, for a 402. The limits are the live table's and config's.
+pub(super) fn budgets_of<'a>(app: &'a App, team: &'a Team, member: &'a Member) -> Vec<(Budget<'a>, Spent)> {
+    let mut budgets = Vec::with_capacity(3);
+    if let Some(account) = &member.account {
+        let budget = Budget {
+            account,
+            limit: member.credit_limit,
+        };
+        budgets.push((budget, Spent::App(member.name.clone())));
+    }
+    let team_budget = Budget {
+        account: &team.name,
+        limit: team.credit_limit,
+    };
+    budgets.push((team_budget, Spent::Team));
+    let org = Budget {
+        account: ORG_ACCOUNT,
+        limit: app.config.quota.org_credit_limit,
+    };
+    budgets.push((org, Spent::Org));
+    budgets
 }
 
 /// The reservation's amount, or the route's estimate when there is none:

@@ -7,7 +7,7 @@ use crate::app::App;
 use crate::auth::{Member, Team};
 use crate::error::GatewayError;
 use crate::http_util::{json_response, Body};
-use crate::ledger::date_of;
+use crate::ledger::{date_of, TeamUsage};
 use http::{Response, StatusCode};
 use serde_json::json;
 
@@ -15,11 +15,7 @@ use serde_json::json;
 /// that names its apps, the asking app's own spend and limit besides
 /// (`app`).
 pub(super) async fn usage(app: &App, team: &Team, member: &Member) -> Result<Response<Body>, GatewayError> {
-    let usage = app.ledger.usage(&team.name).await.map_err(|e| {
-        app.metrics.ledger_error(crate::metrics::LedgerOp::Usage);
-        tracing::error!(team = %team.name, error = %e, "ledger usage failed");
-        GatewayError::Unavailable("Credit ledger unavailable")
-    })?;
+    let usage = read(app, team, &team.name).await?;
     let window = app.ledger.window();
     let over = team.credit_limit.is_some_and(|l| usage.used >= l);
     let daily: Vec<_> = usage
@@ -51,11 +47,7 @@ pub(super) async fn usage(app: &App, team: &Team, member: &Member) -> Result<Res
         "window": window.as_str(),
     });
     if let Some(account) = &member.account {
-        let used = app.ledger.usage(account).await.map_err(|e| {
-            app.metrics.ledger_error(crate::metrics::LedgerOp::Usage);
-            tracing::error!(team = %team.name, app = %member.name, error = %e, "ledger usage failed");
-            GatewayError::Unavailable("Credit ledger unavailable")
-        })?;
+        let used = read(app, team, account).await?;
         body["app"] = json!({
             "name": member.name,
             "credits_used": used.used,
@@ -64,4 +56,14 @@ pub(super) async fn usage(app: &App, team: &Team, member: &Member) -> Result<Res
         });
     }
     Ok(json_response(StatusCode::OK, &body))
+}
+
+/// The spend of `account` (the team's, or one of its apps'), or the 503 of
+/// a ledger that cannot answer (counted and logged).
+async fn read(app: &App, team: &Team, account: &str) -> Result<TeamUsage, GatewayError> {
+    app.ledger.usage(account).await.map_err(|e| {
+        app.metrics.ledger_error(crate::metrics::LedgerOp::Usage);
+        tracing::error!(team = %team.name, account, error = %e, "ledger usage failed");
+        GatewayError::Unavailable("Credit ledger unavailable")
+    })
 }

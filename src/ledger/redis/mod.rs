@@ -48,7 +48,7 @@ mod scripts;
 mod unacked;
 
 use super::saved::{SavedTally, FLUSH_EVERY};
-use super::{new_id, LedgerError, Reservation, Reserved, TeamUsage, UsageRow, Window, UNSETTLED};
+use super::{new_id, Budget, LedgerError, Refusal, Reservation, Reserved, TeamUsage, UsageRow, Window, UNSETTLED};
 use crate::clock::Clock;
 use crate::metrics::RedisOp;
 use crate::redis_backend::keys::{Keys, LedgerKey};
@@ -260,6 +260,39 @@ impl RedisLedger {
                 })
             }
         }
+    }
+
+    /// Holds `amount` in each budget's account in turn, each atomic in its
+    /// own account; at the first refusal (or error) the holds made before
+    /// it are ended. The reservation is the first budget's, the others
+    /// linked to it (`Ledger::reserve_all`).
+    pub(super) async fn reserve_all(
+        &self,
+        budgets: &[Budget<'_>],
+        amount: u64,
+        today: u32,
+    ) -> Result<Result<Reservation, Refusal>, LedgerError> {
+        let mut held: Vec<Reservation> = Vec::new();
+        for (i, b) in budgets.iter().enumerate() {
+            let refused = match self.reserve(b.account, b.limit, amount, today).await {
+                Ok(Reserved::Granted(r)) => {
+                    held.push(r);
+                    continue;
+                }
+                Ok(Reserved::Rejected { used, limit }) => Ok(Err(Refusal { budget: i, used, limit })),
+                Err(e) => Err(e),
+            };
+            for r in held {
+                self.release(r).await;
+            }
+            return refused;
+        }
+        let mut held = held.into_iter();
+        let Some(mut first) = held.next() else {
+            return Err(LedgerError("no budget to reserve in".into()));
+        };
+        first.linked = held.collect();
+        Ok(Ok(first))
     }
 
     /// One reserve script call (tried once more on a fresh connection

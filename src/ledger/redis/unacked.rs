@@ -214,14 +214,9 @@ impl Settler {
         if self.lock().is_empty() {
             tracing::warn!(team = %p.team, credits = p.actual, "ledger settle not acknowledged by a replica: kept (journal and memory) and applied again until one does");
         }
-        if let Some(journal) = self.journal.clone() {
-            let row = p.clone();
-            let written = tokio::task::spawn_blocking(move || journal.put(&[row]))
-                .await
-                .unwrap_or_else(|e| Err(e.to_string()));
-            if let Err(e) = written {
-                tracing::error!(team = %p.team, credits = p.actual, error = %e, "ledger settle journal: not written; the settle is kept in memory only");
-            }
+        let row = p.clone();
+        if let Some(Err(e)) = self.on_journal(move |j| j.put(&[row])).await {
+            tracing::error!(team = %p.team, credits = p.actual, error = %e, "ledger settle journal: not written; the settle is kept in memory only");
         }
         let mut unacked = self.lock();
         if unacked.len() >= MAX_PENDING {
@@ -234,14 +229,21 @@ impl Settler {
 
     /// Deletes acknowledged settles from the journal.
     async fn forget(&self, ids: Vec<u64>) {
-        let Some(journal) = self.journal.clone() else { return };
-        let deleted = tokio::task::spawn_blocking(move || journal.delete(&ids))
-            .await
-            .unwrap_or_else(|e| Err(e.to_string()));
-        if let Err(e) = deleted {
+        if let Some(Err(e)) = self.on_journal(move |j| j.delete(&ids)).await {
             // Applied again after a restart: its pinned mark counts it once.
             tracing::warn!(error = %e, "ledger settle journal: acknowledged settles not deleted");
         }
+    }
+
+    /// Runs `write` on the journal on a blocking thread (a commit is an
+    /// fsync); `None` without a journal.
+    async fn on_journal(
+        &self,
+        write: impl FnOnce(&Journal) -> Result<(), String> + Send + 'static,
+    ) -> Option<Result<(), String>> {
+        let journal = self.journal.clone()?;
+        let done = tokio::task::spawn_blocking(move || write(&journal)).await;
+        Some(done.unwrap_or_else(|e| Err(e.to_string())))
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, VecDeque<Pending>> {

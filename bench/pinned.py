@@ -52,10 +52,10 @@ def pinned_bin_dir(bin_dir, tmp, name, core):
     return out
 
 
-def group_cpu_secs(pgid):
+def group_cpu_secs(pgid, split=False):
     """User + system seconds of every process in process group `pgid`
-    (their threads included)."""
-    total = 0
+    (their threads included); with `split`, the two apart."""
+    user = system = 0
     for pid in os.listdir("/proc"):
         if not pid.isdigit():
             continue
@@ -66,8 +66,9 @@ def group_cpu_secs(pgid):
             continue
         # fields[0] is field 3 (state): pgrp is field 5, utime 14, stime 15.
         if int(fields[2]) == pgid:
-            total += int(fields[11]) + int(fields[12])
-    return total / TICK
+            user += int(fields[11])
+            system += int(fields[12])
+    return (user / TICK, system / TICK) if split else (user + system) / TICK
 
 
 def main():
@@ -123,26 +124,29 @@ def main():
     rows = {}
     for rnd in range(args.rounds):
         for name, proc, base, h in targets:
-            cpu0, r0, t0 = group_cpu_secs(proc.pid), group_cpu_secs(redis.proc.pid), time.time()
+            (u0, s0), r0, t0 = group_cpu_secs(proc.pid, True), group_cpu_secs(redis.proc.pid), time.time()
             res = lib.wrk(base + url, args.conns, args.secs, h, threads=1)
             took = time.time() - t0
-            cpu, rcpu = group_cpu_secs(proc.pid) - cpu0, group_cpu_secs(redis.proc.pid) - r0
+            (u1, s1), rcpu = group_cpu_secs(proc.pid, True), group_cpu_secs(redis.proc.pid) - r0
+            cpu = (u1 - u0) + (s1 - s0)
             n = max(res["rps"] * args.secs, 1)
             row = dict(rps=res["rps"], p50=res["p50"], p99=res["p99"], cores=cpu / took, us=cpu / n * 1e6,
+                       user=(u1 - u0) / n * 1e6, sys=(s1 - s0) / n * 1e6,
                        redis=rcpu / took, bad=res["non2xx"] + res["errors"])
             rows.setdefault(name, []).append(row)
             print(f"round {rnd} {name}: {row['rps']:.0f} req/s p50 {row['p50']:.2f} ms p99 {row['p99']:.2f} ms "
-                  f"server {row['cores']:.2f} cores {row['us']:.1f} us/req redis {row['redis']:.2f} "
+                  f"server {row['cores']:.2f} cores {row['us']:.1f} us/req (user {row['user']:.1f}, sys {row['sys']:.1f}) redis {row['redis']:.2f} "
                   f"errors {row['bad']}", flush=True)
 
     med = lambda name, k: statistics.median(r[k] for r in rows[name])
     ref = med("nginx proxy_cache", "rps")
     print(f"\nuptime after: {open('/proc/loadavg').read().strip()}")
-    print("| target | req/s | vs nginx | p50 ms | p99 ms | server cores busy | server CPU us/req | redis cores |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("| target | req/s | vs nginx | p50 ms | p99 ms | server cores busy | server CPU us/req | user | sys | redis cores |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for name, _, _, _ in targets:
         print(f"| {name} | {med(name, 'rps'):.0f} | {med(name, 'rps') / ref:.2f}x | {med(name, 'p50'):.2f} | "
-              f"{med(name, 'p99'):.2f} | {med(name, 'cores'):.2f} | {med(name, 'us'):.1f} | {med(name, 'redis'):.2f} |")
+              f"{med(name, 'p99'):.2f} | {med(name, 'cores'):.2f} | {med(name, 'us'):.1f} | {med(name, 'user'):.1f} | "
+              f"{med(name, 'sys'):.1f} | {med(name, 'redis'):.2f} |")
     for name, proc, _, _ in targets:
         lib.stop(proc)
 

@@ -7,9 +7,10 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 /// mimalloc: fewer cycles per allocation on the request path and less
-/// memory per cached entry than the system allocator (see BENCHMARKS.md).
+/// memory per cached entry than the system allocator (see BENCHMARKS.md),
+/// asked through its plain calls where a layout allows (`memory.rs`).
 #[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static ALLOCATOR: permit_gateway::memory::Allocator = permit_gateway::memory::Allocator;
 
 #[derive(Parser)]
 #[command(

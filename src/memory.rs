@@ -10,8 +10,81 @@
 //! worker whose last park came less than [`TRIM_EVERY`] after its last
 //! collection would otherwise sleep on with its freed pages.
 
+use std::alloc::{GlobalAlloc, Layout};
 use std::cell::Cell;
+use std::ffi::c_void;
 use std::time::{Duration, Instant};
+
+/// The process's allocator: mimalloc, asked the way the C programs that
+/// use it ask. The `mimalloc` crate's allocator passes every request's
+/// alignment to `mi_malloc_aligned`, whose fast path takes only blocks of
+/// at most 1 KiB; each larger block (a request's handler future, its
+/// access line, hyper's head buffer: about four an L1 hit) went through
+/// mimalloc's over-allocating aligned path, ~200 instructions each, and
+/// every small one through the aligned path's extra checks (callgrind,
+/// BENCHMARKS.md, issue 50). Every mimalloc block is aligned to a
+/// pointer's size, so a layout asking no more than that is served by
+/// `mi_malloc` / `mi_realloc` / `mi_zalloc`; larger alignments (rare: the
+/// cache-padded structures of tokio and crossbeam) still take the aligned
+/// calls.
+pub struct Allocator;
+
+/// What every mimalloc block is aligned to (`MI_INTPTR_SIZE`).
+const PLAIN_ALIGN: usize = std::mem::size_of::<usize>();
+
+#[expect(
+    unsafe_code,
+    reason = "a global allocator is unsafe by contract: FFI calls into mimalloc with the pointers Rust gave back"
+)]
+// SAFETY: each method hands mimalloc a size and alignment Rust's
+// `Layout` vouches for (a power-of-two alignment; a size that does not
+// overflow when rounded up to it), and `dealloc`/`realloc` only pointers
+// this allocator returned; mimalloc's blocks are at least `PLAIN_ALIGN`
+// aligned, so the plain calls meet every layout they serve.
+unsafe impl GlobalAlloc for Allocator {
+    #[inline]
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        // SAFETY: see the impl's note.
+        unsafe {
+            match layout.align() <= PLAIN_ALIGN {
+                true => libmimalloc_sys::mi_malloc(layout.size()),
+                false => libmimalloc_sys::mi_malloc_aligned(layout.size(), layout.align()),
+            }
+        }
+        .cast()
+    }
+
+    #[inline]
+    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        // SAFETY: see the impl's note.
+        unsafe {
+            match layout.align() <= PLAIN_ALIGN {
+                true => libmimalloc_sys::mi_zalloc(layout.size()),
+                false => libmimalloc_sys::mi_zalloc_aligned(layout.size(), layout.align()),
+            }
+        }
+        .cast()
+    }
+
+    #[inline]
+    unsafe fn dealloc(&self, ptr: *mut u8, _layout: Layout) {
+        // SAFETY: see the impl's note.
+        unsafe { libmimalloc_sys::mi_free(ptr.cast::<c_void>()) }
+    }
+
+    #[inline]
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        let ptr = ptr.cast::<c_void>();
+        // SAFETY: see the impl's note.
+        unsafe {
+            match layout.align() <= PLAIN_ALIGN {
+                true => libmimalloc_sys::mi_realloc(ptr, new_size),
+                false => libmimalloc_sys::mi_realloc_aligned(ptr, new_size, layout.align()),
+            }
+        }
+        .cast()
+    }
+}
 
 /// The least time between two collections on one thread: a worker parks
 /// between bursts of a busy gateway too, and a collection walks its heap.

@@ -5,9 +5,11 @@
 //!   hyper's own header timer starts only once its HTTP/1 parser runs, after
 //!   the auto builder has sniffed the first bytes for the HTTP/2 preface (a
 //!   socket that sends nothing, or half a preface, would otherwise stay open
-//!   for ever), and the TLS handshake comes before both. HTTP/1.1 keep-alive
-//!   after the first request is hyper's: the next head within
-//!   `header_read_timeout` of the last response.
+//!   for ever), and the TLS handshake comes before both. After the first
+//!   request, the next head within `header_read_timeout` of the last
+//!   answer's end (the keep-alive idle limit, and the slowloris guard of
+//!   kept-alive connections): ours too, where hyper's timer cost a timer
+//!   made and dropped per request.
 //! - HTTP/2 with nothing in flight for `idle_timeout`: GOAWAY, then closed
 //!   if it has not finished within `write_timeout`.
 //! - A write that makes no progress for `write_timeout` fails the
@@ -164,7 +166,9 @@ impl tokio::io::AsyncWrite for Early {
         cx: &mut std::task::Context<'_>,
         data: &[u8],
     ) -> Poll<std::io::Result<usize>> {
-        Pin::new(&mut self.inner).poll_write(cx, data)
+        let polled = Pin::new(&mut self.inner).poll_write(cx, data);
+        self.conn.wrote(polled.is_pending());
+        polled
     }
 
     fn poll_write_vectored(
@@ -172,7 +176,9 @@ impl tokio::io::AsyncWrite for Early {
         cx: &mut std::task::Context<'_>,
         bufs: &[std::io::IoSlice<'_>],
     ) -> Poll<std::io::Result<usize>> {
-        Pin::new(&mut self.inner).poll_write_vectored(cx, bufs)
+        let polled = Pin::new(&mut self.inner).poll_write_vectored(cx, bufs);
+        self.conn.wrote(polled.is_pending());
+        polled
     }
 
     fn is_write_vectored(&self) -> bool {
@@ -215,6 +221,15 @@ where
     // Set once an idle HTTP/2 connection was sent GOAWAY: when it must be gone.
     let mut gone_by: Option<Instant> = None;
     let mut draining = false;
+    // One timer for the connection's life, moved only to an earlier
+    // deadline: a later one is looked at when the timer comes (and finds
+    // nothing due yet). A busy connection's deadlines move on with every
+    // request; a new timer each time cost a registration in tokio's wheel
+    // and its removal per request.
+    let check = tokio::time::sleep_until(head_by.into());
+    tokio::pin!(check);
+    let mut armed = head_by;
+    let mut fired = false;
     loop {
         // Read, not received: an order given before the first poll counts too.
         match conn.current_order() {
@@ -229,8 +244,11 @@ where
             Order::Evict => {}
             Order::Close => return,
         }
-        let check = tokio::time::sleep_until(next_check(conn, head_by, gone_by, t).into());
-        tokio::pin!(check);
+        let next = next_check(conn, head_by, gone_by, t);
+        if fired || next < armed {
+            check.as_mut().reset(next.into());
+            (armed, fired) = (next, false);
+        }
         let event = std::future::poll_fn(|cx| {
             if let Poll::Ready(result) = http.as_mut().poll(cx) {
                 return Poll::Ready(Event::Ended(result));
@@ -252,9 +270,14 @@ where
             // sending moves the next check (its stall deadline).
             Event::Signal => {}
             Event::Check => {
+                fired = true;
                 let now = Instant::now();
                 if !conn.started() && now >= head_by {
                     tracing::debug!("no request head in time: closing");
+                    return;
+                }
+                if next_head_late(conn, t) {
+                    tracing::debug!("no next request head in time: closing");
                     return;
                 }
                 if gone_by.is_some_and(|by| now >= by) {
@@ -304,9 +327,22 @@ fn other_check(conn: &Conn, head_by: Instant, gone_by: Option<Instant>, t: Timeo
         (true, Some(idle)) => now + t.idle.saturating_sub(idle),
         // The end of a request is not signalled here: look again soon.
         (true, None) => now + t.idle.min(Duration::from_secs(1)),
-        // HTTP/1.1 after its first head: hyper's keep-alive timer rules.
-        (false, _) => now + t.idle,
+        // HTTP/1.1 after its first head: the next head's deadline.
+        (false, Some(idle)) => now + t.header_read.saturating_sub(idle),
+        // A request in flight: its head's deadline starts at its end at
+        // the soonest.
+        (false, None) => now + t.header_read,
     }
+}
+
+/// HTTP/1.1 after its first head: the next head did not come within
+/// `header_read_timeout` of the last answer's end (or was still arriving:
+/// a slowloris on a kept-alive connection), and no answer is still
+/// leaving the socket (a slow reader is the write deadline's). hyper's own
+/// header timer is off (`server::builder`): it made, polled and dropped a
+/// timer per request.
+fn next_head_late(conn: &Conn, t: Timeouts) -> bool {
+    !conn.http2() && conn.started() && !conn.flushing() && conn.idle_for().is_some_and(|idle| idle >= t.header_read)
 }
 
 /// Resolves when the connection is ordered closed or evicted (during the

@@ -162,12 +162,11 @@ pub(crate) fn tls_acceptor(cert: &std::path::Path, key: &std::path::Path) -> Res
 fn builder(limits: &Limits) -> auto::Builder<TokioExecutor> {
     let mut b = auto::Builder::new(TokioExecutor::new());
     b.http1()
-        .timer(TokioTimer::new())
-        // Slowloris guard, and the keep-alive idle limit: hyper restarts
-        // this timer after each response, and closes the connection when the
-        // next head is not complete in time (the first head's deadline runs
-        // from accept, in conn.rs).
-        .header_read_timeout(limits.timeouts.header_read)
+        // The slowloris guard and the keep-alive idle limit are the
+        // connection driver's (`conn.rs`: the first head from accept, each
+        // next one from the last answer's end): hyper's timer (30 s by
+        // default) would make, poll and drop a timer per request.
+        .header_read_timeout(None)
         // Room above the limit, so that most oversized heads still reach the
         // handler and get a JSON 431 instead of hyper's bare one.
         // hyper's default of 100 headers is kept: it parses into an array on

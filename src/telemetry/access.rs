@@ -77,29 +77,53 @@ enum Value<'a> {
     Hex(&'a [u8; 16]),
     /// Quoted and escaped as Rust's `Debug` in text; a JSON string.
     Str(&'a str),
+    /// A string of the gateway's own (a route's name, a cache state): plain
+    /// characters, so quoted as it is in both forms.
+    Known(&'a str),
     Int(u64),
     /// Milliseconds with three decimals: `12.345`, a number in both.
     Millis(Duration),
     Bool(bool),
 }
 
+/// A field's name with what comes before its value: `,"name":` in JSON,
+/// ` name=` in text (one copy each, made at compile time).
+#[derive(Clone, Copy)]
+struct Name {
+    json: &'static str,
+    text: &'static str,
+}
+
+macro_rules! name {
+    ($name:literal) => {
+        Name {
+            json: concat!(",\"", $name, "\":"),
+            text: concat!(" ", $name, "="),
+        }
+    };
+}
+
 impl Line<'_> {
     /// The line's fields, in the order they are written: the one list of
-    /// them. `refresh` only on a background refresh's line.
-    fn fields(&self) -> [Option<(&'static str, Value<'_>)>; 11] {
-        [
-            Some(("request_id", Value::Shown(self.request_id))),
-            Some(("trace_id", Value::Hex(&self.trace_id))),
-            Some(("team", Value::Str(self.team))),
-            self.app.map(|app| ("app", Value::Str(app))),
-            Some(("method", Value::Shown(self.method))),
-            Some(("route", Value::Str(self.route))),
-            Some(("status", Value::Int(u64::from(self.status)))),
-            Some(("cache", Value::Str(self.cache))),
-            Some(("credits", Value::Int(self.credits))),
-            Some(("duration_ms", Value::Millis(self.took))),
-            self.refresh.then_some(("refresh", Value::Bool(true))),
-        ]
+    /// them, handed to `field` one by one (no array of them built per
+    /// line). `refresh` only on a background refresh's line.
+    fn each_field<E>(&self, mut field: impl FnMut(Name, Value<'_>) -> Result<(), E>) -> Result<(), E> {
+        field(name!("request_id"), Value::Shown(self.request_id))?;
+        field(name!("trace_id"), Value::Hex(&self.trace_id))?;
+        field(name!("team"), Value::Str(self.team))?;
+        if let Some(app) = self.app {
+            field(name!("app"), Value::Str(app))?;
+        }
+        field(name!("method"), Value::Shown(self.method))?;
+        field(name!("route"), Value::Known(self.route))?;
+        field(name!("status"), Value::Int(u64::from(self.status)))?;
+        field(name!("cache"), Value::Known(self.cache))?;
+        field(name!("credits"), Value::Int(self.credits))?;
+        field(name!("duration_ms"), Value::Millis(self.took))?;
+        if self.refresh {
+            field(name!("refresh"), Value::Bool(true))?;
+        }
+        Ok(())
     }
 }
 
@@ -234,34 +258,55 @@ fn format(out: &mut String, line: &Line<'_>, now: Duration, json: bool) {
 /// `,"name":value` in JSON.
 fn fields(out: &mut impl fmt::Write, line: &Line<'_>, json: bool) -> fmt::Result {
     let mut n = itoa::Buffer::new();
-    for (name, value) in line.fields().into_iter().flatten() {
-        if json {
-            out.write_str(",\"")?;
-            out.write_str(name)?;
-            out.write_str("\":")?;
-        } else {
-            out.write_char(' ')?;
-            out.write_str(name)?;
-            out.write_char('=')?;
-        }
+    line.each_field(|name, value| {
+        out.write_str(if json { name.json } else { name.text })?;
         match value {
-            Value::Shown(s) if json => string(out, |e| e.write_str(s))?,
-            Value::Shown(s) => out.write_str(s)?,
+            Value::Shown(s) if json => string(out, |e| e.write_str(s)),
+            Value::Shown(s) => out.write_str(s),
+            Value::Known(s) => {
+                debug_assert!(plain(s), "{s:?} needs escaping");
+                out.write_char('"')?;
+                out.write_str(s)?;
+                out.write_char('"')
+            }
             // Hex digits need no escaping.
             Value::Hex(bytes) if json => {
                 out.write_char('"')?;
                 hex(out, bytes)?;
-                out.write_char('"')?;
+                out.write_char('"')
             }
-            Value::Hex(bytes) => hex(out, bytes)?,
-            Value::Str(s) if json => string(out, |e| e.write_str(s))?,
-            Value::Str(s) => write!(out, "{s:?}")?,
-            Value::Int(i) => out.write_str(n.format(i))?,
-            Value::Millis(took) => millis(out, took)?,
-            Value::Bool(b) => out.write_str(if b { "true" } else { "false" })?,
+            Value::Hex(bytes) => hex(out, bytes),
+            Value::Str(s) if json => string(out, |e| e.write_str(s)),
+            // What `{s:?}` writes: a string of plain characters (every
+            // name and route the gateway logs) quoted as it is.
+            Value::Str(s) if plain(s) => {
+                out.write_char('"')?;
+                out.write_str(s)?;
+                out.write_char('"')
+            }
+            Value::Str(s) => write!(out, "{s:?}"),
+            Value::Int(i) => out.write_str(n.format(i)),
+            Value::Millis(took) => millis(out, took),
+            Value::Bool(b) => out.write_str(if b { "true" } else { "false" }),
         }
+    })
+}
+
+/// Printable ASCII but `"` and `\`: the bytes that both Rust's `Debug`
+/// of a string and a JSON string write as they are.
+const PLAIN: [bool; 256] = {
+    let mut table = [false; 256];
+    let mut b = 0x20;
+    while b < 0x7f {
+        table[b] = b != b'"' as usize && b != b'\\' as usize;
+        b += 1;
     }
-    Ok(())
+    table
+};
+
+/// Whether every byte of `s` is [`PLAIN`]: then it is written as it is.
+fn plain(s: &str) -> bool {
+    s.bytes().all(|b| PLAIN[usize::from(b)])
 }
 
 /// `bytes` as 32 lowercase hex digits, as a `u128`'s `{:032x}` writes
@@ -301,6 +346,10 @@ struct Escaped<'a, W>(&'a mut W);
 impl<W: fmt::Write> fmt::Write for Escaped<'_, W> {
     fn write_str(&mut self, s: &str) -> fmt::Result {
         let out = &mut *self.0;
+        // Names, routes and request ids: nothing to escape.
+        if plain(s) {
+            return out.write_str(s);
+        }
         let mut plain = 0;
         for (i, b) in s.bytes().enumerate() {
             let escape = match b {

@@ -176,6 +176,92 @@ async fn slowloris_clients_are_cut_off_while_others_are_served() {
     );
 }
 
+/// Reads one answer off a raw HTTP/1.1 connection: its head, then as many
+/// body bytes as its `Content-Length` says. The status.
+async fn read_answer(stream: &mut TcpStream) -> u16 {
+    let mut got = Vec::new();
+    let mut buf = [0u8; 16 * 1024];
+    loop {
+        let n = stream.read(&mut buf).await.expect("read");
+        assert!(n > 0, "closed before its answer: {}", String::from_utf8_lossy(&got));
+        got.extend_from_slice(&buf[..n]);
+        let Some(end) = got.windows(4).position(|w| w == b"\r\n\r\n") else {
+            continue;
+        };
+        let head = String::from_utf8_lossy(&got[..end]).to_ascii_lowercase();
+        let length: usize = head
+            .lines()
+            .find_map(|l| l.strip_prefix("content-length:"))
+            .and_then(|v| v.trim().parse().ok())
+            .expect("a content-length");
+        if got.len() >= end + 4 + length {
+            return status_of(&head);
+        }
+    }
+}
+
+/// After an answer, a kept-alive connection has `header_read_timeout` for
+/// its next head: one that drips it is closed on time (the connection
+/// driver's deadline, not hyper's per-request timer), and one that sends
+/// it within the time is answered.
+#[tokio::test]
+async fn a_kept_alive_connection_dripping_its_next_head_is_cut_off() {
+    let sim = start_sim(unlimited()).await;
+    let gw = Setup::new()
+        .with(|c| c.server.header_read_timeout_secs = 1)
+        .start(&sim)
+        .await;
+    let request = format!(
+        "GET /v2/meta/release HTTP/1.1\r\nHost: x\r\nX-API-Key: {}\r\n\r\n",
+        ALPHA.1
+    );
+    let mut prompt = TcpStream::connect(gw.addr).await.expect("connect");
+    let mut slow = TcpStream::connect(gw.addr).await.expect("connect");
+    for stream in [&mut prompt, &mut slow] {
+        stream.write_all(request.as_bytes()).await.expect("write");
+        assert_eq!(read_answer(stream).await, 200);
+    }
+    let answered = Instant::now();
+    let (mut slow_read, mut slow_write) = slow.into_split();
+    slow_write
+        .write_all(b"GET /v2/meta/release HTTP/1.1\r\nHost: x\r\n")
+        .await
+        .expect("write");
+    let dripping = async {
+        for _ in 0..40 {
+            if slow_write.write_all(b"X-Drip: 1\r\n").await.is_err() {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    };
+    // The moment the gateway closes the dripping connection.
+    let mut rest = Vec::new();
+    let closing = async {
+        let read = tokio::time::timeout(Duration::from_secs(6), slow_read.read_to_end(&mut rest)).await;
+        assert!(read.is_ok(), "the dripping kept-alive connection was never cut off");
+        answered.elapsed()
+    };
+    // Meanwhile the prompt connection asks again within its time, twice.
+    let prompt_asks = async {
+        for _ in 0..2 {
+            tokio::time::sleep(Duration::from_millis(400)).await;
+            prompt.write_all(request.as_bytes()).await.expect("write");
+            assert_eq!(read_answer(&mut prompt).await, 200, "a prompt next head was answered");
+        }
+    };
+    let ((), took, ()) = tokio::join!(dripping, closing, prompt_asks);
+    assert!(
+        took >= Duration::from_millis(900) && took < Duration::from_secs(3),
+        "cut off {took:?} after its answer (header_read_timeout 1 s)"
+    );
+    assert!(
+        rest.is_empty(),
+        "the dripped head was answered: {}",
+        String::from_utf8_lossy(&rest)
+    );
+}
+
 #[tokio::test]
 async fn http2_header_lists_beyond_the_limit_are_refused() {
     use http_body_util::Empty;

@@ -55,7 +55,9 @@ struct Hold {
 #[derive(Default)]
 struct State {
     /// team → day → credits spent.
-    days: HashMap<String, BTreeMap<u32, u64>>,
+    /// By account (a team's, an app's, the company's): names from the
+    /// config, so foldhash (a hit reads it for `X-Credits-Remaining`).
+    days: Days,
     held: HashMap<u64, Hold>,
 }
 
@@ -431,7 +433,9 @@ fn window_sum(days: Option<&BTreeMap<u32, u64>>, first: u32) -> u64 {
     days.map_or(0, |d| d.range(first..).fold(0u64, |sum, (_, c)| sum.saturating_add(*c)))
 }
 
-fn add(days: &mut HashMap<String, BTreeMap<u32, u64>>, team: &str, day: u32, credits: u64) {
+type Days = HashMap<String, BTreeMap<u32, u64>, foldhash::fast::RandomState>;
+
+fn add(days: &mut Days, team: &str, day: u32, credits: u64) {
     let slot = days.entry(team.to_string()).or_default().entry(day).or_insert(0);
     *slot = slot.saturating_add(credits);
 }

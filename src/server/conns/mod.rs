@@ -151,6 +151,9 @@ pub(crate) struct Conn {
     /// Bytes read from the socket while no head had arrived (below TLS:
     /// a handshake's progress), capped at [`overload::PROGRESS_BYTES`].
     read_early: AtomicU64,
+    /// The socket's last write found no room (the client is not reading
+    /// what was sent): an HTTP/1.1 answer is still on its way out.
+    flushing: AtomicBool,
     /// The listener's answer-bytes budget (checked before a stream is handled).
     budget: Arc<Budget>,
     /// The registry, for the slow paths that must see every connection
@@ -355,6 +358,7 @@ impl Conn {
             progress_ms: AtomicU64::new(0),
             held: AtomicUsize::new(0),
             read_early: AtomicU64::new(0),
+            flushing: AtomicBool::new(false),
             budget: conns.budget.clone(),
             registry: Arc::downgrade(conns),
             order: AtomicU8::new(Order::Serve as u8),
@@ -451,6 +455,20 @@ impl Conn {
         if !self.started.load(Ordering::Relaxed) && self.read_early.load(Ordering::Relaxed) < overload::PROGRESS_BYTES {
             self.read_early.fetch_add(n as u64, Ordering::Relaxed);
         }
+    }
+
+    /// The socket took a write (`false`) or had no room for it (`true`).
+    pub(super) fn wrote(&self, blocked: bool) {
+        // Read first: a store per write would make the line bounce between
+        // the cores that write and the one that looks.
+        if self.flushing.load(Ordering::Relaxed) != blocked {
+            self.flushing.store(blocked, Ordering::Relaxed);
+        }
+    }
+
+    /// An answer's bytes still wait for room in the socket.
+    pub(super) fn flushing(&self) -> bool {
+        self.flushing.load(Ordering::Relaxed)
     }
 
     /// Marks a request as started (its head arrived) until the guard drops.

@@ -20,6 +20,11 @@ whole process group used (from /proc, user + system) and Redis's, as
 cores busy and as microseconds per request. Prints a Markdown table of
 medians. Pinning is by `taskset` wrappers put first on PATH (nginx,
 redis-server, wrk) or in a bin dir of their own (the gateway).
+
+`--spread`: nothing pinned, the shape of `bench/run.sh`'s hit phase (the
+gateway with its default worker threads, nginx with 2 workers, wrk
+`-t2`, all sharing both cores), for the same builds in the same
+interleaved rounds.
 """
 import argparse
 import os
@@ -81,6 +86,8 @@ def main():
     ap.add_argument("--l1-only", action="store_true", help="no Redis-tier targets")
     ap.add_argument("--logs", action="store_true",
                     help="access logs on at both ends: the gateways at log.level info (JSON to a file), nginx's default access log")
+    ap.add_argument("--spread", action="store_true",
+                    help="nothing pinned: default worker threads, nginx 2 workers, wrk -t2 (bench/run.sh's shape)")
     ap.add_argument("builds", nargs="+", help="name=DIR")
     args = ap.parse_args()
     builds = lib.builds(args.builds)
@@ -88,11 +95,12 @@ def main():
     # nginx, redis-server and wrk found first on PATH: pinned wrappers.
     wraps = os.path.join(tmp, "path")
     os.makedirs(wraps)
-    wrapper(os.path.join(wraps, "nginx"), args.server_core, shutil.which("nginx"))
-    wrapper(os.path.join(wraps, "redis-server"), args.aux_core, shutil.which("redis-server"))
-    wrapper(os.path.join(wraps, "wrk"), args.aux_core, shutil.which("wrk"))
-    os.environ["PATH"] = wraps + os.pathsep + os.environ["PATH"]
-    os.sched_setaffinity(0, {args.aux_core})  # this script and the simulator
+    if not args.spread:
+        wrapper(os.path.join(wraps, "nginx"), args.server_core, shutil.which("nginx"))
+        wrapper(os.path.join(wraps, "redis-server"), args.aux_core, shutil.which("redis-server"))
+        wrapper(os.path.join(wraps, "wrk"), args.aux_core, shutil.which("wrk"))
+        os.environ["PATH"] = wraps + os.pathsep + os.environ["PATH"]
+        os.sched_setaffinity(0, {args.aux_core})  # this script and the simulator
     sim = lib.Sim(builds[0][1], tmp, "sim", run.SIM_KEY, 0, 0)
     redis = lib.Redis(tmp)
     url, _ = run.pick_page(sim)
@@ -101,7 +109,7 @@ def main():
 
     targets = []
     for name, bin_dir, env in builds:
-        pin = pinned_bin_dir(bin_dir, tmp, name, args.server_core)
+        pin = bin_dir if args.spread else pinned_bin_dir(bin_dir, tmp, name, args.server_core)
         level = "info" if args.logs else "warn"
         gw = lib.Gateway(pin, tmp, f"{name}-l1", sim, {"bench": run.TOKEN}, env=env, level=level)
         targets.append((f"{name} L1 hit", gw.proc, gw.base, headers))
@@ -114,7 +122,7 @@ def main():
             gw = lib.Gateway(pin, tmp, f"{tag}-redis", sim, {"bench": run.TOKEN}, memory_max_bytes=0,
                              redis_url=redis.url, cache_lines=lines, env=env)
             targets.append((f"{label} Redis-tier hit", gw.proc, gw.base, headers))
-    ng = lib.Nginx(tmp, "pinned", sim, workers=1, access_log=args.logs)
+    ng = lib.Nginx(tmp, "pinned", sim, workers=2 if args.spread else 1, access_log=args.logs)
     targets.append(("nginx proxy_cache", ng.proc, ng.base, {}))
     for name, _, base, h in targets:
         for _ in range(3):
@@ -125,7 +133,7 @@ def main():
     for rnd in range(args.rounds):
         for name, proc, base, h in targets:
             (u0, s0), r0, t0 = group_cpu_secs(proc.pid, True), group_cpu_secs(redis.proc.pid), time.time()
-            res = lib.wrk(base + url, args.conns, args.secs, h, threads=1)
+            res = lib.wrk(base + url, args.conns, args.secs, h, threads=2 if args.spread else 1)
             took = time.time() - t0
             (u1, s1), rcpu = group_cpu_secs(proc.pid, True), group_cpu_secs(redis.proc.pid) - r0
             cpu = (u1 - u0) + (s1 - s0)

@@ -130,6 +130,8 @@ pub(crate) struct Conn {
     /// The origin of the millisecond clocks below (one `std` clock here;
     /// the driver's timers are tokio's, which is the same clock).
     born: Instant,
+    /// [`crate::clock::coarse_ms`] at `born`: the base of the `_ms` clocks.
+    born_ms: u64,
     /// Requests being handled plus answers still being sent.
     in_flight: AtomicUsize,
     /// Answers still being sent (their bodies not finished).
@@ -348,6 +350,7 @@ impl Conn {
             id,
             peer,
             born: Instant::now(),
+            born_ms: crate::clock::coarse_ms(),
             in_flight: AtomicUsize::new(0),
             sending: AtomicUsize::new(0),
             started: AtomicBool::new(false),
@@ -481,10 +484,16 @@ impl Conn {
         InFlight(self.clone())
     }
 
-    /// Marks an answer as being sent until the guard drops.
+    /// Marks an answer as being sent until the guard drops. On HTTP/2 the
+    /// driver is told, to arm the answer's stall deadline (flow control can
+    /// hold an answer back with no write pending). An HTTP/1.1 answer
+    /// stalls only in a write, which the write deadline watches
+    /// (`tokio-io-timeout`), and the driver's timer is never further than
+    /// `write_timeout` once a request started: no wake-up of the
+    /// connection's task per answer (it cost a whole extra poll of it).
     pub(super) fn sending(self: &Arc<Self>) -> Sending {
         self.progressed();
-        if self.sending.fetch_add(1, Ordering::AcqRel) == 0 {
+        if self.sending.fetch_add(1, Ordering::AcqRel) == 0 && self.http2() {
             self.signal();
         }
         Sending(self.clone())
@@ -496,7 +505,7 @@ impl Conn {
     }
 
     fn now_ms(&self) -> u64 {
-        u64::try_from(self.born.elapsed().as_millis()).unwrap_or(u64::MAX)
+        crate::clock::coarse_ms().saturating_sub(self.born_ms)
     }
 
     pub(super) fn http2(&self) -> bool {
@@ -509,7 +518,7 @@ impl Conn {
             return None;
         }
         let since = Duration::from_millis(self.idle_since_ms.load(Ordering::Acquire));
-        Some(self.born.elapsed().saturating_sub(since))
+        Some(Duration::from_millis(self.now_ms()).saturating_sub(since))
     }
 }
 
@@ -559,7 +568,7 @@ impl Occupant for Conn {
             return None;
         }
         let since = Duration::from_millis(self.progress_ms.load(Ordering::Acquire));
-        Some(self.born.elapsed().saturating_sub(since))
+        Some(Duration::from_millis(self.now_ms()).saturating_sub(since))
     }
 
     fn quiet_since(&self) -> Instant {

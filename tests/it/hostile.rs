@@ -143,6 +143,24 @@ async fn methods_other_than_get_and_head_get_405() {
     assert_eq!(sim.stats().requests_total, 0);
 }
 
+/// A slowloris: the start of a head, then a header line every 100 ms
+/// (for at most 4 s) until the gateway stops taking them.
+async fn drip_a_head<W: AsyncWriteExt + Unpin>(slow: &mut W) {
+    if slow
+        .write_all(b"GET /v2/meta/release HTTP/1.1\r\nHost: x\r\n")
+        .await
+        .is_err()
+    {
+        return;
+    }
+    for _ in 0..40 {
+        if slow.write_all(b"X-Drip: 1\r\n").await.is_err() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 #[tokio::test]
 async fn slowloris_clients_are_cut_off_while_others_are_served() {
     let sim = start_sim(unlimited()).await;
@@ -151,18 +169,8 @@ async fn slowloris_clients_are_cut_off_while_others_are_served() {
         .start(&sim)
         .await;
     let mut slow = TcpStream::connect(gw.addr).await.expect("connect");
-    slow.write_all(b"GET /v2/meta/release HTTP/1.1\r\nHost: x\r\n")
-        .await
-        .expect("write");
     let started = Instant::now();
-    let dripping = async {
-        for _ in 0..40 {
-            if slow.write_all(b"X-Drip: 1\r\n").await.is_err() {
-                return;
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-    };
+    let dripping = drip_a_head(&mut slow);
     // Meanwhile a normal client is served.
     let base = gw.base_url();
     tokio::join!(dripping, still_serving(&base));
@@ -223,18 +231,7 @@ async fn a_kept_alive_connection_dripping_its_next_head_is_cut_off() {
     }
     let answered = Instant::now();
     let (mut slow_read, mut slow_write) = slow.into_split();
-    slow_write
-        .write_all(b"GET /v2/meta/release HTTP/1.1\r\nHost: x\r\n")
-        .await
-        .expect("write");
-    let dripping = async {
-        for _ in 0..40 {
-            if slow_write.write_all(b"X-Drip: 1\r\n").await.is_err() {
-                return;
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-    };
+    let dripping = drip_a_head(&mut slow_write);
     // The moment the gateway closes the dripping connection.
     let mut rest = Vec::new();
     let closing = async {

@@ -133,7 +133,7 @@ async fn stop_all(stop: Arc<AtomicBool>, tasks: Vec<tokio::task::JoinHandle<()>>
 
 /// `gateway_overload_actions_total` children of the gateway, summed by
 /// `pool`/`action` substring.
-async fn overload_actions(gw: &ChildGateway, needle: &str) -> u64 {
+pub(super) async fn overload_actions(gw: &ChildGateway, needle: &str) -> u64 {
     let text = metrics_text(&gw.admin_url()).await;
     text.lines()
         .filter(|l| l.starts_with("gateway_overload_actions_total{") && l.contains(needle))

@@ -1,15 +1,15 @@
 //! One accepted connection, from accept to close: the deadlines hyper has
 //! no knob for, around hyper-util's auto (HTTP/1.1 + HTTP/2) connection.
 //!
-//! - From accept, a complete request head within `header_read_timeout`:
-//!   hyper's own header timer starts only once its HTTP/1 parser runs, after
-//!   the auto builder has sniffed the first bytes for the HTTP/2 preface (a
-//!   socket that sends nothing, or half a preface, would otherwise stay open
-//!   for ever), and the TLS handshake comes before both. After the first
-//!   request, the next head within `header_read_timeout` of the last
-//!   answer's end (the keep-alive idle limit, and the slowloris guard of
-//!   kept-alive connections): ours too, where hyper's timer cost a timer
-//!   made and dropped per request.
+//! - From accept, a complete request head within `header_read_timeout`
+//!   (hyper's own header timer would start only once its HTTP/1 parser
+//!   runs, after the auto builder has sniffed the first bytes for the
+//!   HTTP/2 preface: a socket that sends nothing, or half a preface, would
+//!   stay open for ever; and the TLS handshake comes before both). After
+//!   the first request, the next head within `header_read_timeout` of the
+//!   last answer's end (the keep-alive idle limit, and the slowloris guard
+//!   of kept-alive connections): ours too, with hyper's timer off, which
+//!   made, polled and dropped a timer per request.
 //! - HTTP/2 with nothing in flight for `idle_timeout`: GOAWAY, then closed
 //!   if it has not finished within `write_timeout`.
 //! - A write that makes no progress for `write_timeout` fails the

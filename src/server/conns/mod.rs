@@ -127,10 +127,11 @@ pub(crate) struct Conn {
     id: u64,
     /// Its tenant until a team token comes, and its per-peer count.
     peer: IpAddr,
-    /// The origin of the millisecond clocks below (one `std` clock here;
-    /// the driver's timers are tokio's, which is the same clock).
+    /// When it was accepted (the overload manager's age order; tokio's
+    /// timers are the same clock).
     born: Instant,
-    /// [`crate::clock::coarse_ms`] at `born`: the base of the `_ms` clocks.
+    /// [`crate::clock::coarse_ms`] at `born`: the origin of the `_ms`
+    /// clocks below, read on the coarse clock (several times a request).
     born_ms: u64,
     /// Requests being handled plus answers still being sent.
     in_flight: AtomicUsize,
@@ -144,9 +145,9 @@ pub(crate) struct Conn {
     team: AtomicU64,
     /// Speaks HTTP/2 (answers counted in the budget, idle deadline ours).
     http2: AtomicBool,
-    /// Milliseconds after `born` when the last request finished.
+    /// Milliseconds after `born_ms` when the last request finished.
     idle_since_ms: AtomicU64,
-    /// Milliseconds after `born` when an answer last made progress.
+    /// Milliseconds after `born_ms` when an answer last made progress.
     progress_ms: AtomicU64,
     /// Answer bytes its HTTP/2 streams hold in `budget`.
     held: AtomicUsize,

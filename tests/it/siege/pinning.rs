@@ -6,7 +6,7 @@ use crate::support::client::Client;
 use crate::support::conn::{header, on_new_connection, KeptAlive};
 use crate::support::gateway::{ChildGateway, Setup, Team, ALPHA, BETA, SMALL};
 use crate::support::query::Query;
-use crate::support::sim::{start_sim, unlimited, SimConfig};
+use crate::support::sim::{start_sim, unlimited, Sim, SimConfig};
 use http::StatusCode;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -54,16 +54,21 @@ async fn pin(addr: SocketAddr, token: &'static str, n: usize, stop: Arc<AtomicBo
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn one_team_pinning_with_free_calls_and_followers_leaves_another_teams_hits_fast() {
-    const CAP: usize = 64;
+/// The listener's connections in these sieges.
+const CAP: usize = 64;
+
+/// A slow upstream (300 ms a call, 60 calls a minute) behind a gateway of
+/// `setup` taking [`CAP`] connections, in a process of its own (the
+/// pinning clients' work is not the gateway's); beta's hit is cached. The
+/// simulator (held for the test's length), the gateway, its address and
+/// the hit.
+async fn slow_upstream_siege(setup: Setup) -> (Sim, ChildGateway, SocketAddr, Query) {
     let sim = start_sim(SimConfig {
         latency_ms: 300,
         ..unlimited()
     })
     .await;
-    // A process of its own: the pinning clients' work is not the gateway's.
-    let setup = Setup::new().with(|c| {
+    let setup = setup.with(|c| {
         c.server.max_connections = CAP;
         c.upstream.requests_per_minute = 60;
     });
@@ -72,6 +77,12 @@ async fn one_team_pinning_with_free_calls_and_followers_leaves_another_teams_hit
     let hit = Query::meta_release();
     let warm = Client::new(gw.base_url(), BETA.1).get(&hit).await;
     assert_eq!(warm.status, StatusCode::OK);
+    (sim, gw, addr, hit)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_team_pinning_with_free_calls_and_followers_leaves_another_teams_hits_fast() {
+    let (_sim, gw, addr, hit) = slow_upstream_siege(Setup::new()).await;
     let quiet = measured_hits(addr, hit.clone()).await;
     let stop = Arc::new(AtomicBool::new(false));
     let pinned = Arc::new(Pinned::default());
@@ -131,21 +142,8 @@ const DELTA: Team = ("delta", "tok-delta-fedcba9876543210");
 /// newcomer of another team takes the place of a team's past its share.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn four_teams_waiting_on_a_slow_upstream_leave_another_teams_hits_fast() {
-    const CAP: usize = 64;
-    let sim = start_sim(SimConfig {
-        latency_ms: 300,
-        ..unlimited()
-    })
-    .await;
-    let setup = Setup::new().teams(&[ALPHA, BETA, SMALL, GAMMA, DELTA]).with(|c| {
-        c.server.max_connections = CAP;
-        c.upstream.requests_per_minute = 60;
-    });
-    let gw = ChildGateway::spawn(&setup, &sim.base_url(), sim.api_key());
-    let addr: SocketAddr = gw.base_url().trim_start_matches("http://").parse().expect("addr");
-    let hit = Query::meta_release();
-    let warm = Client::new(gw.base_url(), BETA.1).get(&hit).await;
-    assert_eq!(warm.status, StatusCode::OK);
+    let setup = Setup::new().teams(&[ALPHA, BETA, SMALL, GAMMA, DELTA]);
+    let (_sim, gw, addr, hit) = slow_upstream_siege(setup).await;
     let stop = Arc::new(AtomicBool::new(false));
     let pinned = Arc::new(Pinned::default());
     let waiting: Vec<_> = [ALPHA, SMALL, GAMMA, DELTA]

@@ -82,7 +82,7 @@ async fn slow_upstream_siege(setup: Setup) -> (Sim, ChildGateway, SocketAddr, Qu
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_team_pinning_with_free_calls_and_followers_leaves_another_teams_hits_fast() {
-    let (_sim, gw, addr, hit) = slow_upstream_siege(Setup::new()).await;
+    let (_sim, _gw, addr, hit) = slow_upstream_siege(Setup::new()).await;
     let quiet = measured_hits(addr, hit.clone()).await;
     let stop = Arc::new(AtomicBool::new(false));
     let pinned = Arc::new(Pinned::default());

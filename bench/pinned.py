@@ -48,12 +48,13 @@ def wrapper(path, core, real, env=""):
     os.chmod(path, os.stat(path).st_mode | stat.S_IEXEC)
 
 
-def pinned_bin_dir(bin_dir, tmp, name, core):
-    """A bin dir whose gateway runs on `core` with one worker thread."""
+def pinned_bin_dir(bin_dir, tmp, name, core, binary="permit-gateway"):
+    """A bin dir whose `binary` (the gateway, or the hyper ceiling) runs
+    on `core` with one worker thread."""
     out = os.path.join(tmp, f"pin-{name}")
     os.makedirs(out, exist_ok=True)
-    wrapper(os.path.join(out, "permit-gateway"), core,
-            os.path.abspath(os.path.join(bin_dir, "permit-gateway")), env="export TOKIO_WORKER_THREADS=1\n")
+    wrapper(os.path.join(out, binary), core,
+            os.path.abspath(os.path.join(bin_dir, binary)), env="export TOKIO_WORKER_THREADS=1\n")
     return out
 
 
@@ -128,10 +129,8 @@ def main():
         body_file = os.path.join(tmp, "ceiling-page.json")
         with open(body_file, "wb") as f:
             f.write(body)
-        ceiling_dir = builds[0][1] if args.spread else pinned_bin_dir(builds[0][1], tmp, "ceiling", args.server_core)
-        if not args.spread:
-            wrapper(os.path.join(ceiling_dir, "bench-ceiling"), args.server_core,
-                    os.path.abspath(os.path.join(builds[0][1], "bench-ceiling")), env="export TOKIO_WORKER_THREADS=1\n")
+        ceiling_dir = builds[0][1] if args.spread else pinned_bin_dir(
+            builds[0][1], tmp, "ceiling", args.server_core, binary="bench-ceiling")
         c = lib.Ceiling(ceiling_dir, tmp, body_file)
         targets.append(("hyper ceiling", c.proc, c.base, headers))
     ng = lib.Nginx(tmp, "pinned", sim, workers=2 if args.spread else 1, access_log=args.logs)

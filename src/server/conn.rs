@@ -228,8 +228,6 @@ where
     // and its removal per request.
     let check = tokio::time::sleep_until(head_by.into());
     tokio::pin!(check);
-    let mut armed = head_by;
-    let mut fired = false;
     loop {
         // Read, not received: an order given before the first poll counts too.
         match conn.current_order() {
@@ -245,9 +243,8 @@ where
             Order::Close => return,
         }
         let next = next_check(conn, head_by, gone_by, t);
-        if fired || next < armed {
+        if check.is_elapsed() || next < check.deadline().into_std() {
             check.as_mut().reset(next.into());
-            (armed, fired) = (next, false);
         }
         let event = std::future::poll_fn(|cx| {
             if let Poll::Ready(result) = http.as_mut().poll(cx) {
@@ -270,7 +267,6 @@ where
             // sending moves the next check (its stall deadline).
             Event::Signal => {}
             Event::Check => {
-                fired = true;
                 let now = Instant::now();
                 if !conn.started() && now >= head_by {
                     tracing::debug!("no request head in time: closing");

@@ -17,10 +17,10 @@
 use crate::config::{TeamConfig, TokenHash};
 use crate::error::GatewayError;
 use governor::{DefaultDirectRateLimiter, Quota};
-use http::header::{HeaderMap, HeaderName, AUTHORIZATION};
+use http::header::{HeaderMap, HeaderName, HeaderValue, AUTHORIZATION};
 use sha2::{Digest, Sha256};
 use std::collections::HashMap;
-use std::hash::{BuildHasher, RandomState};
+use std::hash::{BuildHasher, BuildHasherDefault, Hasher, RandomState};
 use std::num::NonZeroU32;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, RwLock};
@@ -181,12 +181,34 @@ impl Team {
 /// Who a token is: its team and its app.
 pub type Caller = (Arc<Team>, Arc<Member>);
 
+/// The memo's hasher: its keys are keyed hashes already, so their low 64
+/// bits serve as the hash (not hashed a third time).
+#[derive(Default)]
+struct MacBits(u64);
+
+impl Hasher for MacBits {
+    fn write(&mut self, bytes: &[u8]) {
+        // Only `u128` keys are hashed with it; fold anything else.
+        for b in bytes {
+            self.0 = self.0.rotate_left(8) ^ u64::from(*b);
+        }
+    }
+
+    fn write_u128(&mut self, n: u128) {
+        self.0 = n as u64;
+    }
+
+    fn finish(&self) -> u64 {
+        self.0
+    }
+}
+
 /// Every configured team; replaced whole on reload.
 #[derive(Default)]
 pub struct Teams {
     teams: Vec<Arc<Team>>,
     /// Tokens that matched, by their keyed hash (see the module doc).
-    memo: RwLock<HashMap<u128, Caller>>,
+    memo: RwLock<HashMap<u128, Caller, BuildHasherDefault<MacBits>>>,
     /// The two SipHash keys of the memo, random per table.
     keys: (RandomState, RandomState),
 }
@@ -257,11 +279,20 @@ impl Teams {
     }
 
     /// The team and app whose token the request carries; a token past
-    /// its `not_after` is refused (401, "Token expired").
+    /// its `not_after` is refused (401, "Token expired"). (The pipeline
+    /// picks the credentials out of its one pass over the headers.)
+    #[cfg(test)]
     pub(crate) fn authenticate(&self, headers: &HeaderMap) -> Result<Caller, GatewayError> {
-        let token = credential(headers)?;
+        self.authenticate_with(Credentials::of(headers))
+    }
+
+    /// [`authenticate`](Self::authenticate) by the credential headers
+    /// already picked out of the request.
+    pub(crate) fn authenticate_with(&self, credentials: Credentials<'_>) -> Result<Caller, GatewayError> {
+        let token = credentials.token()?;
         let (team, app) = self.find_token(token).ok_or(GatewayError::InvalidCredential)?;
-        let now = crate::clock::now_ms();
+        // A token's end and its last use are seconds-grained: the coarse clock.
+        let now = crate::clock::coarse_now_ms();
         if app.not_after.is_some_and(|end| now >= end) {
             return Err(GatewayError::ExpiredCredential);
         }
@@ -311,35 +342,77 @@ pub(crate) fn has_credential(headers: &HeaderMap) -> bool {
     headers.contains_key(&X_API_KEY) || headers.contains_key(AUTHORIZATION)
 }
 
-/// The one credential of a request. Repeated or disagreeing credentials are
-/// refused rather than guessed at: a proxy in front might have added one.
-fn credential(headers: &HeaderMap) -> Result<&str, GatewayError> {
-    let api_key = single(headers, &X_API_KEY)?;
-    let bearer = match single(headers, &AUTHORIZATION)? {
-        Some(value) => bearer_token(value),
-        None => None,
-    };
-    match (api_key, bearer) {
-        (Some(a), Some(b)) if a != b => Err(GatewayError::ConflictingCredentials),
-        (Some(token), _) | (None, Some(token)) if !token.is_empty() => Ok(token),
-        _ => Err(GatewayError::MissingCredential),
+/// The headers that may carry a team's credential, each seen at most once
+/// (a repeated one is refused, not guessed at).
+#[derive(Clone, Copy, Default)]
+pub(crate) struct Credentials<'a> {
+    pub(crate) api_key: Once<'a>,
+    pub(crate) authorization: Once<'a>,
+}
+
+/// A header that may appear once: absent, its one value, or repeated.
+#[derive(Clone, Copy, Default)]
+pub(crate) enum Once<'a> {
+    #[default]
+    Absent,
+    One(&'a HeaderValue),
+    Repeated,
+}
+
+impl<'a> Once<'a> {
+    /// One more value of the header seen.
+    pub(crate) fn see(&mut self, value: &'a HeaderValue) {
+        *self = match self {
+            Once::Absent => Once::One(value),
+            _ => Once::Repeated,
+        };
+    }
+
+    fn text(self) -> Result<Option<&'a str>, GatewayError> {
+        match self {
+            Once::Absent => Ok(None),
+            Once::Repeated => Err(GatewayError::ConflictingCredentials),
+            Once::One(value) => {
+                let text = value.to_str().map_err(|_| GatewayError::InvalidCredential)?;
+                Ok(Some(text.trim()))
+            }
+        }
+    }
+}
+
+impl<'a> Credentials<'a> {
+    /// The credential headers of `headers`.
+    #[cfg(test)]
+    pub(crate) fn of(headers: &'a HeaderMap) -> Credentials<'a> {
+        let mut credentials = Credentials::default();
+        for value in headers.get_all(&X_API_KEY) {
+            credentials.api_key.see(value);
+        }
+        for value in headers.get_all(AUTHORIZATION) {
+            credentials.authorization.see(value);
+        }
+        credentials
+    }
+
+    /// The one credential of a request. Repeated or disagreeing
+    /// credentials are refused rather than guessed at: a proxy in front
+    /// might have added one.
+    fn token(self) -> Result<&'a str, GatewayError> {
+        let api_key = self.api_key.text()?;
+        let bearer = match self.authorization.text()? {
+            Some(value) => bearer_token(value),
+            None => None,
+        };
+        match (api_key, bearer) {
+            (Some(a), Some(b)) if a != b => Err(GatewayError::ConflictingCredentials),
+            (Some(token), _) | (None, Some(token)) if !token.is_empty() => Ok(token),
+            _ => Err(GatewayError::MissingCredential),
+        }
     }
 }
 
 /// A typed name: a `&str` name is parsed again on every lookup.
-const X_API_KEY: HeaderName = HeaderName::from_static("x-api-key");
-
-fn single<'a>(headers: &'a HeaderMap, name: &HeaderName) -> Result<Option<&'a str>, GatewayError> {
-    let mut values = headers.get_all(name).iter();
-    let Some(first) = values.next() else {
-        return Ok(None);
-    };
-    if values.next().is_some() {
-        return Err(GatewayError::ConflictingCredentials);
-    }
-    let text = first.to_str().map_err(|_| GatewayError::InvalidCredential)?;
-    Ok(Some(text.trim()))
-}
+pub(crate) const X_API_KEY: HeaderName = HeaderName::from_static("x-api-key");
 
 /// The token of an `Authorization: Bearer <token>` value.
 pub(crate) fn bearer_token(value: &str) -> Option<&str> {

@@ -55,14 +55,19 @@ pub(crate) fn strip_hop_by_hop(headers: &mut HeaderMap) {
 /// `X-Request-Id`, typed once: a `&str` name is parsed on every use.
 pub(crate) const X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 
-/// The client's `X-Request-Id` when it is a sane token, else a new one.
+/// [`request_id_of`] a header map's first `X-Request-Id`.
+#[cfg(test)]
+pub(crate) fn request_id(headers: &HeaderMap) -> String {
+    request_id_of(headers.get(X_REQUEST_ID))
+}
+
+/// The client's `X-Request-Id` (its first, as the pipeline's one pass over
+/// the headers picks it) when it is a sane token, else a new one.
 ///
 /// A client-chosen id is echoed and forwarded, so it must not carry header
 /// injection or unbounded size.
-pub(crate) fn request_id(headers: &HeaderMap) -> String {
-    headers
-        .get(X_REQUEST_ID)
-        .and_then(|v| v.to_str().ok())
+pub(crate) fn request_id_of(sent: Option<&HeaderValue>) -> String {
+    sent.and_then(|v| v.to_str().ok())
         .filter(|v| {
             !v.is_empty() && v.len() <= 128 && v.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_.:".contains(&b))
         })

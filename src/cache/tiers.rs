@@ -35,7 +35,9 @@ impl Cache {
             }
         }
         let mut found = [memory.map(|e| (e, Tier::Memory))];
-        self.below_memory(route, &[key], &mut found, tag, now).await;
+        // Boxed: a memory hit's future does not carry the lower tiers'
+        // state (the request's future is moved whole into its box).
+        Box::pin(self.below_memory(route, &[key], &mut found, tag, now)).await;
         let [found] = found;
         found
     }

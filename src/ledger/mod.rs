@@ -294,7 +294,10 @@ impl Ledger {
     pub(crate) async fn committed(&self, team: &str) -> Result<u64, LedgerError> {
         match self {
             Ledger::File(l) => Ok(l.committed(team, self.today())),
-            Ledger::Redis(l) => l.committed(team, self.today()).await,
+            // Boxed: a hit's future (which reads this for its budget
+            // headers) does not carry a Redis call's state when the file
+            // ledger answers it.
+            Ledger::Redis(l) => Box::pin(l.committed(team, self.today())).await,
         }
     }
 

@@ -153,13 +153,16 @@ pub(crate) struct RequestContext {
     /// The request's span: built once the team is known, and only when
     /// spans are exported (`Span::none()` until then, and without export).
     pub(super) span: tracing::Span,
+    /// The request sent `If-None-Match`: a held answer may be a 304.
+    pub(super) conditional: bool,
 }
 
 impl RequestContext {
-    pub(super) fn new(request_id: String, trace: Trace) -> RequestContext {
+    pub(super) fn new(request_id: String, trace: Trace, conditional: bool) -> RequestContext {
         RequestContext {
             request_id,
             trace,
+            conditional,
             team: None,
             app: None,
             route: None,

@@ -41,6 +41,7 @@ mod covered;
 mod credits;
 mod fetch;
 pub mod flight;
+mod heads;
 mod org_probe;
 mod parsed;
 mod refresh;
@@ -59,7 +60,7 @@ use crate::cache::control::Directives;
 use crate::cache::{key, Entry};
 use crate::cache::{months::Window, records::IdList};
 use crate::error::GatewayError;
-use crate::http_util::{number_header, request_id, Body, X_REQUEST_ID};
+use crate::http_util::{number_header, request_id_of, Body, X_REQUEST_ID};
 use crate::metrics::Scope;
 use crate::redis_backend::keys::Tag;
 use crate::route::{self, Route, Target};
@@ -68,6 +69,7 @@ use crate::telemetry::{trace::Trace, SPANS};
 use context::{Ask, Parsed, Pieces, RequestContext};
 use fetch::Role;
 use flight::Outcome;
+use heads::Heads;
 use http::{HeaderValue, Method, Request, Response};
 use std::sync::Arc;
 use std::time::Instant;
@@ -82,10 +84,11 @@ pub(crate) async fn handle<B>(
     mark: Option<ConnectionMark>,
 ) -> Response<Body> {
     let started = Instant::now();
+    let heads = Heads::of(req.headers());
     // The request's span is built in `pipeline`, after authentication.
-    let trace = Trace::from_headers(req.headers());
-    let mut ctx = RequestContext::new(request_id(req.headers()), trace);
-    let resp = match pipeline(&app, &state, &req, mark.as_ref(), &mut ctx).await {
+    let trace = Trace::of(heads.traceparent, req.headers());
+    let mut ctx = RequestContext::new(request_id_of(heads.request_id), trace, heads.if_none_match);
+    let resp = match pipeline(&app, &state, &req, &heads, mark.as_ref(), &mut ctx).await {
         Ok(resp) => resp,
         Err(e) => rescue(&app, &mut ctx, e),
     };
@@ -163,14 +166,15 @@ async fn pipeline<B>(
     app: &Arc<App>,
     state: &Arc<State>,
     req: &Request<B>,
+    heads: &Heads<'_>,
     mark: Option<&ConnectionMark>,
     ctx: &mut RequestContext,
 ) -> Answer {
-    admit(app, req)?;
-    let resolved = resolve(app, state, req, ctx)?;
-    let caller = authenticate(app, req, mark, ctx)?;
+    admit(app, req, heads)?;
+    let resolved = resolve(app, state, req, heads, ctx)?;
+    let caller = authenticate(app, heads, mark, ctx)?;
     let span = request_span(req, ctx);
-    crate::telemetry::in_span!(span, as_team(app, state, req, caller, resolved, ctx))
+    crate::telemetry::in_span!(span, as_team(app, state, req, heads.directives, caller, resolved, ctx))
 }
 
 /// What a known team asks, inside the request's span.
@@ -178,6 +182,7 @@ async fn as_team<B>(
     app: &Arc<App>,
     state: &Arc<State>,
     req: &Request<B>,
+    directives: bool,
     caller: Caller,
     resolved: Resolved,
     ctx: &mut RequestContext,
@@ -186,9 +191,9 @@ async fn as_team<B>(
     validate(&resolved)?;
     if resolved.target().route == Route::Usage {
         ctx.cache = CacheState::Bypass;
-        return usage::usage(app, &caller.0, &caller.1).await;
+        return Box::pin(usage::usage(app, &caller.0, &caller.1)).await;
     }
-    let ask = cache_key(app, state, req, caller, resolved, ctx);
+    let ask = cache_key(app, state, req, directives, caller, resolved, ctx);
     answer(app, state, &ask, ctx).await
 }
 
@@ -196,7 +201,11 @@ async fn as_team<B>(
 /// both; run again for the narrower request of a [`clamp`](clamp::clamp).
 async fn answer<B>(app: &Arc<App>, state: &Arc<State>, ask: &Ask<'_, B>, ctx: &mut RequestContext) -> Answer {
     if ask.parsed.pieces.is_some() {
-        if let Some(answer) = reuse::lookup_pieces(app, &state.buyers, &state.flights, ask, ctx).await {
+        // Each phase past the cache lookup is boxed: the request's future
+        // then holds a pointer for it, not its state, so a hit's future
+        // (moved whole into its box when the connection calls the handler)
+        // stays small.
+        if let Some(answer) = Box::pin(reuse::lookup_pieces(app, &state.buyers, &state.flights, ask, ctx)).await {
             return answer;
         }
     }
@@ -204,11 +213,11 @@ async fn answer<B>(app: &Arc<App>, state: &Arc<State>, ask: &Ask<'_, B>, ctx: &m
         Found::Answer(resp) => return Ok(resp),
         Found::Kept(cached) => cached,
     };
-    if let Some(resp) = covered::covered_answer(app, ask, ctx).await {
+    if let Some(resp) = Box::pin(covered::covered_answer(app, ask, ctx)).await {
         return Ok(resp);
     }
     may_buy(ask)?;
-    if let Some(clamped) = clamp::clamp(app, ask).await {
+    if let Some(clamped) = Box::pin(clamp::clamp(app, ask)).await {
         let narrowed = Ask {
             req: ask.req,
             trace: ask.trace.clone(),
@@ -226,8 +235,8 @@ async fn answer<B>(app: &Arc<App>, state: &Arc<State>, ask: &Ask<'_, B>, ctx: &m
         clamp::mark(&mut resp, clamped.asked);
         return Ok(resp);
     }
-    let (outcome, role) = fetch(app, state, ask, ctx).await;
-    if let Some(resp) = stale_on_failure(app, ask, &outcome, cached, ctx).await {
+    let (outcome, role) = Box::pin(fetch(app, state, ask, ctx)).await;
+    if let Some(resp) = Box::pin(stale_on_failure(app, ask, &outcome, cached, ctx)).await {
         return Ok(resp);
     }
     respond(app, ask, outcome, role, ctx)
@@ -235,26 +244,21 @@ async fn answer<B>(app: &Arc<App>, state: &Arc<State>, ask: &Ask<'_, B>, ctx: &m
 
 /// Refuses what is not a plain GET or HEAD of a bounded size: free, and
 /// needs nothing.
-fn admit<B>(app: &App, req: &Request<B>) -> Result<(), GatewayError> {
+fn admit<B>(app: &App, req: &Request<B>, heads: &Heads<'_>) -> Result<(), GatewayError> {
     if req.method() != Method::GET && req.method() != Method::HEAD {
         return Err(GatewayError::MethodNotAllowed);
     }
     // A GET has no body: chunked framing here is a smuggling attempt (a
     // proxy in front may have framed it differently), so it is refused.
-    if req.headers().contains_key(http::header::TRANSFER_ENCODING) {
+    if heads.transfer_encoding {
         return Err(GatewayError::BadRequest(
             "Transfer-Encoding is not accepted on GET or HEAD",
         ));
     }
-    if header_bytes(req.headers()) > app.config.server.max_header_bytes {
+    if heads.bytes > app.config.server.max_header_bytes {
         return Err(GatewayError::HeadersTooLarge);
     }
     Ok(())
-}
-
-/// Size of the header section as sent (names, values, ": " and CRLF).
-fn header_bytes(headers: &http::HeaderMap) -> usize {
-    headers.iter().map(|(k, v)| k.as_str().len() + v.len() + 4).sum()
 }
 
 /// The request target as sent: what the memo of parsed targets is keyed by.
@@ -282,7 +286,13 @@ impl Resolved {
 /// The target's route, from its memo when it was seen before. Before
 /// authentication only so that a wrong path is a 404 without a token, like
 /// upstream.
-fn resolve<B>(app: &App, state: &State, req: &Request<B>, ctx: &mut RequestContext) -> Result<Resolved, GatewayError> {
+fn resolve<B>(
+    app: &App,
+    state: &State,
+    req: &Request<B>,
+    heads: &Heads<'_>,
+    ctx: &mut RequestContext,
+) -> Result<Resolved, GatewayError> {
     let resolved = match state.parsed.get(raw_target(req)) {
         Some(parsed) => Resolved::Memo(parsed),
         None => Resolved::Fresh(route::classify(req.uri(), app.config.server.max_uri_bytes)?),
@@ -298,7 +308,7 @@ fn resolve<B>(app: &App, state: &State, req: &Request<B>, ctx: &mut RequestConte
         // GatewayUnknownVendorOperation; the query stays out) only for a
         // valid token: a token-less peer's paths are no news of the
         // vendor's, and its lines must not crowd the log queue (telemetry).
-        if let Ok((team, member)) = app.teams.load().authenticate(req.headers()) {
+        if let Ok((team, member)) = app.teams.load().authenticate_with(heads.credentials) {
             tracing::info!(request_id = %ctx.request_id, team = %team.name, path = %target.path, "unknown /v2 path (route other): 404");
             ctx.team = Some(team);
             ctx.app = Some(member);
@@ -313,13 +323,13 @@ fn resolve<B>(app: &App, state: &State, req: &Request<B>, ctx: &mut RequestConte
 /// (`server::overload`): an HTTP/2 stream past its team's share of the
 /// answer bytes held for slow readers is refused here, before anything is
 /// looked up, reserved or bought.
-fn authenticate<B>(
+fn authenticate(
     app: &App,
-    req: &Request<B>,
+    heads: &Heads<'_>,
     mark: Option<&ConnectionMark>,
     ctx: &mut RequestContext,
 ) -> Result<Caller, GatewayError> {
-    let (team, member) = app.teams.load().authenticate(req.headers())?;
+    let (team, member) = app.teams.load().authenticate_with(heads.credentials)?;
     ctx.team = Some(team.clone());
     ctx.app = Some(member.clone());
     if let Some(mark) = mark {
@@ -404,6 +414,7 @@ fn cache_key<'r, B>(
     app: &App,
     state: &State,
     req: &'r Request<B>,
+    directives: bool,
     (team, member): Caller,
     resolved: Resolved,
     ctx: &RequestContext,
@@ -429,7 +440,12 @@ fn cache_key<'r, B>(
     Ask {
         req,
         trace: ctx.trace.clone(),
-        directives: Directives::from_headers(req.headers()),
+        // Most requests send no directive: nothing to parse.
+        directives: if directives {
+            Directives::from_headers(req.headers())
+        } else {
+            Directives::default()
+        },
         team,
         app: member,
         parsed,

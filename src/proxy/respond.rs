@@ -18,7 +18,7 @@ use super::flight::Fetched;
 use crate::app::App;
 use crate::auth::{Member, Team};
 use crate::cache::Entry;
-use crate::clock::now_ms;
+use crate::clock::coarse_now_ms;
 use crate::error::GatewayError;
 use crate::http_util::{number_header, Body};
 use crate::metrics::{SavedReason, Tier};
@@ -93,7 +93,7 @@ pub(super) fn from_held<B>(
         entry.credits,
         SavedReason::of_tier(tier),
     );
-    from_entry(entry, state, req.headers())
+    from_entry(entry, state, ctx.conditional.then(|| req.headers()))
 }
 
 /// The response for a fetch: the leader pays what the upstream charged;
@@ -145,10 +145,12 @@ pub(super) fn saved_because(app: &App, (team, member): Who<'_>, target: &Target,
 }
 
 /// The answer from a cached entry (HIT or STALE): 0 credits for the team,
-/// and 304 when the client already has this body.
-pub(super) fn from_entry(entry: &Entry, state: CacheState, request_headers: &HeaderMap) -> Response<Body> {
-    let age = entry.age(now_ms()).as_secs();
-    if !client_has(request_headers, entry.etag.as_bytes()) {
+/// and 304 when the client already has this body. `conditional`: the
+/// request's headers when it sent `If-None-Match` (`None`: it did not).
+pub(super) fn from_entry(entry: &Entry, state: CacheState, conditional: Option<&HeaderMap>) -> Response<Body> {
+    // Whole seconds: the coarse clock is close enough.
+    let age = entry.age(coarse_now_ms()).as_secs();
+    if !conditional.is_some_and(|h| client_has(h, entry.etag.as_bytes())) {
         return ok(entry.body.clone(), Some(&entry.etag), age, state);
     }
     let mut resp = Response::new(Full::default());
@@ -216,9 +218,12 @@ mod tests {
         let e = entry();
         let mut h = HeaderMap::new();
         h.insert(IF_NONE_MATCH, e.etag.clone());
-        assert_eq!(from_entry(&e, CacheState::Hit, &h).status(), StatusCode::NOT_MODIFIED);
+        assert_eq!(
+            from_entry(&e, CacheState::Hit, Some(&h)).status(),
+            StatusCode::NOT_MODIFIED
+        );
         h.insert(IF_NONE_MATCH, HeaderValue::from_static("\"other\""));
-        assert_eq!(from_entry(&e, CacheState::Hit, &h).status(), StatusCode::OK);
+        assert_eq!(from_entry(&e, CacheState::Hit, Some(&h)).status(), StatusCode::OK);
     }
 
     #[test]
@@ -245,7 +250,7 @@ mod tests {
             etag: Some(entry().etag),
         };
         let miss = fetched_answer(&fetched, CacheState::Miss, Duration::from_secs(120)).unwrap();
-        let hit = from_entry(&entry(), CacheState::Hit, &HeaderMap::new());
+        let hit = from_entry(&entry(), CacheState::Hit, None);
         let names = |h: &HeaderMap| {
             let mut n: Vec<String> = h.keys().map(|k| k.to_string()).collect();
             n.sort();

@@ -71,22 +71,36 @@ pub(super) async fn accept(
         Use::Hit => Some(CacheState::Hit),
         Use::StaleAccepted => Some(CacheState::Stale),
         Use::Revalidate => {
-            // only-if-cached never reaches the upstream, not even so.
-            if let (Some(job), false) = (job(), d.only_if_cached) {
-                if state.refreshes.claim(key).await {
-                    app.detach(refresh(app.clone(), state.clone(), job));
-                }
-            }
+            // Boxed: a fresh hit's future does not carry a refresh's start
+            // (the request's future is moved whole into its box).
+            Box::pin(start_refresh(app, state, d, key, job)).await;
             Some(CacheState::Stale)
         }
         Use::FallbackOnly => None,
     }
 }
 
+/// Starts `key`'s background refresh unless one started within
+/// [`REFRESH_EVERY`](super::refresh::REFRESH_EVERY).
+async fn start_refresh(
+    app: &Arc<App>,
+    state: &Arc<State>,
+    d: &Directives,
+    key: &str,
+    job: impl FnOnce() -> Option<Job>,
+) {
+    // only-if-cached never reaches the upstream, not even so.
+    if let (Some(job), false) = (job(), d.only_if_cached) {
+        if state.refreshes.claim(key).await {
+            app.detach(refresh(app.clone(), state.clone(), job));
+        }
+    }
+}
+
 /// A stale-while-revalidate refresh: a miss of its own, logged as one.
 async fn refresh(app: Arc<App>, state: Arc<State>, job: Job) {
     let started = Instant::now();
-    let mut ctx = RequestContext::new(job.request_id.clone(), job.trace.clone());
+    let mut ctx = RequestContext::new(job.request_id.clone(), job.trace.clone(), false);
     ctx.team = Some(job.team.clone());
     ctx.route = Some(job.target.route);
     let (outcome, role) = fetch::coalesce(&app, &state.flights, job).await;

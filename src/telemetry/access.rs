@@ -24,6 +24,7 @@ use super::sink::Sink;
 use crate::metrics::LogLine;
 use std::cell::RefCell;
 use std::fmt::{self, Write as _};
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::OnceLock;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use tracing::Level;
@@ -43,6 +44,7 @@ pub(super) fn install(sink: Sink, json: bool) {
 }
 
 /// One access line: its level, and what its fields say.
+#[derive(Debug)]
 pub(crate) struct Line<'a> {
     pub(crate) level: Level,
     pub(crate) request_id: &'a str,
@@ -86,28 +88,22 @@ enum Value<'a> {
     Bool(bool),
 }
 
-/// A field's name with what comes before its value: `,"name":` in JSON,
-/// ` name=` in text (one copy each, made at compile time).
-#[derive(Clone, Copy)]
-struct Name {
-    json: &'static str,
-    text: &'static str,
-}
-
+/// A field's name with what comes before its value in text: ` name=`
+/// (one string, made at compile time).
 macro_rules! name {
     ($name:literal) => {
-        Name {
-            json: concat!(",\"", $name, "\":"),
-            text: concat!(" ", $name, "="),
-        }
+        concat!(" ", $name, "=")
     };
 }
 
 impl Line<'_> {
-    /// The line's fields, in the order they are written: the one list of
-    /// them, handed to `field` one by one (no array of them built per
-    /// line). `refresh` only on a background refresh's line.
-    fn each_field<E>(&self, mut field: impl FnMut(Name, Value<'_>) -> Result<(), E>) -> Result<(), E> {
+    /// The line's fields, in the order they are written, handed to
+    /// `field` one by one (no array of them built per line); `refresh`
+    /// only on a background refresh's line. The text form and `tracing`'s
+    /// fallback write them from here; [`json_fields`] writes the same
+    /// fields in the same order by hand, held to it by the byte-for-byte
+    /// test.
+    fn each_field<E>(&self, mut field: impl FnMut(&'static str, Value<'_>) -> Result<(), E>) -> Result<(), E> {
         field(name!("request_id"), Value::Shown(self.request_id))?;
         field(name!("trace_id"), Value::Hex(&self.trace_id))?;
         field(name!("team"), Value::Str(self.team))?;
@@ -130,15 +126,40 @@ impl Line<'_> {
 /// The access line's message, as `tracing` writes an event's.
 const MESSAGE: &str = "request";
 
+/// The levels `log.level` lets the access target through at, one bit
+/// each ([`bit`]): asked of the subscriber once the log layer is installed
+/// and after each reload ([`levels_changed`]), not on every request (the
+/// question went through the dispatcher: ~200 instructions a line).
+static ENABLED: AtomicU8 = AtomicU8::new(0);
+
+fn bit(level: Level) -> u8 {
+    match level {
+        Level::ERROR => 1,
+        Level::WARN => 2,
+        _ => 4,
+    }
+}
+
+/// Asks the installed subscriber again which levels of the access target
+/// it takes: after the log layer is installed, and after `log.level` is
+/// reloaded.
+pub(super) fn levels_changed() {
+    let mut bits = 0;
+    if tracing::enabled!(target: "access", Level::ERROR) {
+        bits |= bit(Level::ERROR);
+    }
+    if tracing::enabled!(target: "access", Level::WARN) {
+        bits |= bit(Level::WARN);
+    }
+    if tracing::enabled!(target: "access", Level::INFO) {
+        bits |= bit(Level::INFO);
+    }
+    ENABLED.store(bits, Ordering::Relaxed);
+}
+
 /// Whether `log.level` lets the access target through at `level`.
 fn enabled(level: Level) -> bool {
-    // Each arm is its own call site, whose interest the subscriber caches:
-    // one relaxed load per request once the filter has answered.
-    match level {
-        Level::ERROR => tracing::enabled!(target: "access", Level::ERROR),
-        Level::WARN => tracing::enabled!(target: "access", Level::WARN),
-        _ => tracing::enabled!(target: "access", Level::INFO),
-    }
+    ENABLED.load(Ordering::Relaxed) & bit(level) != 0
 }
 
 /// Writes `line` into the log queue, or, when no sink is installed (a
@@ -157,23 +178,24 @@ pub(crate) fn write(line: &Line<'_>) {
     if !enabled(line.level) {
         return;
     }
-    BUFFER.with(|buf| {
-        let mut buf = buf.borrow_mut();
-        buf.clear();
-        let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default();
-        format(&mut buf, line, now, sink.json);
-        // One line, one entry of the queue: lines never interleave.
-        let kind = if line.anonymous {
-            LogLine::Anonymous
-        } else {
-            LogLine::Team
-        };
-        sink.sink.push(kind, Some(line.team), buf.as_bytes().to_vec());
-    });
+    let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default();
+    // Formatted into the buffer the queue keeps: no copy of the line.
+    let mut out = String::with_capacity(LINE_CAPACITY);
+    format(&mut out, line, now, sink.json);
+    // One line, one entry of the queue: lines never interleave.
+    let kind = if line.anonymous {
+        LogLine::Anonymous
+    } else {
+        LogLine::Team
+    };
+    sink.sink.push(kind, Some(line.team), out.into_bytes());
 }
 
+/// Room for a whole access line (a hit's JSON line is about 300 bytes):
+/// one allocation per line.
+const LINE_CAPACITY: usize = 384;
+
 thread_local! {
-    static BUFFER: RefCell<String> = RefCell::new(String::with_capacity(384));
     /// The last second formatted, and its text (`2026-11-26T03:52:45`).
     static SECOND: RefCell<(u64, String)> = const { RefCell::new((u64::MAX, String::new())) };
 }
@@ -247,21 +269,76 @@ fn format(out: &mut String, line: &Line<'_>, now: Duration, json: bool) {
         out.push_str(" access: ");
         out.push_str(MESSAGE);
     }
-    let _ = fields(out, line, json);
     if json {
+        json_fields(out, line);
         out.push_str(",\"target\":\"access\"}");
+    } else {
+        let _ = fields(out, line);
     }
     out.push('\n');
 }
 
-/// The fields, each after a separator: ` name=value` in text,
-/// `,"name":value` in JSON.
-fn fields(out: &mut impl fmt::Write, line: &Line<'_>, json: bool) -> fmt::Result {
+/// [`fields`] in JSON, written out field by field: each name a literal,
+/// so that its copy is a few moves rather than a call (the JSON line is
+/// the default, written for every request). The byte-for-byte test holds
+/// it to `tracing`'s JSON, like the text form; the fields and their order
+/// are [`Line::each_field`]'s.
+fn json_fields(out: &mut String, line: &Line<'_>) {
+    let mut n = itoa::Buffer::new();
+    // Plain by construction: a request id is checked to be (or made of)
+    // letters, digits and `-_.:`, a method is an HTTP token, a route and a
+    // cache state are the gateway's own names.
+    debug_assert!(
+        [line.request_id, line.method, line.route, line.cache]
+            .into_iter()
+            .all(plain),
+        "{line:?} needs escaping"
+    );
+    out.push_str(",\"request_id\":\"");
+    out.push_str(line.request_id);
+    out.push_str("\",\"trace_id\":\"");
+    let _ = hex(out, &line.trace_id);
+    out.push_str("\",\"team\":");
+    json_string(out, line.team);
+    if let Some(app) = line.app {
+        out.push_str(",\"app\":");
+        json_string(out, app);
+    }
+    out.push_str(",\"method\":\"");
+    out.push_str(line.method);
+    out.push_str("\",\"route\":\"");
+    out.push_str(line.route);
+    out.push_str("\",\"status\":");
+    out.push_str(n.format(line.status));
+    out.push_str(",\"cache\":\"");
+    out.push_str(line.cache);
+    out.push_str("\",\"credits\":");
+    out.push_str(n.format(line.credits));
+    out.push_str(",\"duration_ms\":");
+    let _ = millis(out, line.took);
+    if line.refresh {
+        out.push_str(",\"refresh\":true");
+    }
+}
+
+/// A JSON string: plain text quoted as it is, anything else escaped.
+fn json_string(out: &mut String, s: &str) {
+    if plain(s) {
+        out.push('"');
+        out.push_str(s);
+        out.push('"');
+    } else {
+        let _ = string(out, |e| e.write_str(s));
+    }
+}
+
+/// The fields as text, each after its separator: ` name=value` (the JSON
+/// form is [`json_fields`]).
+fn fields(out: &mut impl fmt::Write, line: &Line<'_>) -> fmt::Result {
     let mut n = itoa::Buffer::new();
     line.each_field(|name, value| {
-        out.write_str(if json { name.json } else { name.text })?;
+        out.write_str(name)?;
         match value {
-            Value::Shown(s) if json => string(out, |e| e.write_str(s)),
             Value::Shown(s) => out.write_str(s),
             Value::Known(s) => {
                 debug_assert!(plain(s), "{s:?} needs escaping");
@@ -269,14 +346,7 @@ fn fields(out: &mut impl fmt::Write, line: &Line<'_>, json: bool) -> fmt::Result
                 out.write_str(s)?;
                 out.write_char('"')
             }
-            // Hex digits need no escaping.
-            Value::Hex(bytes) if json => {
-                out.write_char('"')?;
-                hex(out, bytes)?;
-                out.write_char('"')
-            }
             Value::Hex(bytes) => hex(out, bytes),
-            Value::Str(s) if json => string(out, |e| e.write_str(s)),
             // What `{s:?}` writes: a string of plain characters (every
             // name and route the gateway logs) quoted as it is.
             Value::Str(s) if plain(s) => {
@@ -328,7 +398,7 @@ struct Fields<'a>(&'a Line<'a>);
 impl fmt::Display for Fields<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(MESSAGE)?;
-        fields(f, self.0, false)
+        fields(f, self.0)
     }
 }
 
@@ -483,7 +553,8 @@ mod tests {
         let mut lines = vec![sample(false), sample(true)];
         for (level, team, request_id, trace_id) in [
             (Level::WARN, awkward, "id with spaces", u128::MAX),
-            (Level::ERROR, "unauthenticated", awkward, 0xabc),
+            // A request id is plain by construction (`request_id_of`).
+            (Level::ERROR, "unauthenticated", "a.b:c-d_e", 0xabc),
         ] {
             lines.push(Line {
                 level,

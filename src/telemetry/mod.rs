@@ -86,7 +86,9 @@ pub fn init(log: &LogConfig, tracing: &TracingConfig) -> Result<Telemetry, (Tele
     // Reloadable: `log.level` changes with a reload (`set_level`).
     let (filter, handle) = tracing_subscriber::reload::Layer::new(log.level.filter());
     let _ = LEVEL.set(Box::new(move |level: &crate::config::LogLevel| {
-        handle.reload(level.filter()).is_ok()
+        let reloaded = handle.reload(level.filter()).is_ok();
+        access::levels_changed();
+        reloaded
     }));
     let (sink, guard) = sink::Sink::start(std::io::stderr(), log.queue_lines);
     let terminal = std::io::stderr().is_terminal();
@@ -121,6 +123,7 @@ pub fn init(log: &LogConfig, tracing: &TracingConfig) -> Result<Telemetry, (Tele
         Some(otel) => logs.with(otel).try_init(),
         None => logs.try_init(),
     };
+    access::levels_changed();
     let telemetry = Telemetry {
         _log_writer: guard,
         spans: provider,

@@ -24,7 +24,7 @@ use opentelemetry_sdk::propagation::TraceContextPropagator;
 use tracing_opentelemetry::OpenTelemetrySpanExt;
 
 /// A name known at compile time: looked up without parsing a `&str`.
-const TRACEPARENT: http::HeaderName = http::HeaderName::from_static("traceparent");
+pub(crate) const TRACEPARENT: http::HeaderName = http::HeaderName::from_static("traceparent");
 const TRACESTATE: http::HeaderName = http::HeaderName::from_static("tracestate");
 
 /// The longest `tracestate` passed on, its values joined by commas: the
@@ -72,8 +72,15 @@ pub(crate) struct Trace {
 impl Trace {
     /// The client's context, or a new trace when it sent none or an invalid
     /// one (the W3C rule: an invalid `traceparent` is ignored).
+    #[cfg(test)]
     pub(crate) fn from_headers(headers: &http::HeaderMap) -> Trace {
-        if !headers.contains_key(TRACEPARENT) {
+        Trace::of(headers.contains_key(TRACEPARENT), headers)
+    }
+
+    /// [`from_headers`](Trace::from_headers) when whether the request has a
+    /// `traceparent` is known already.
+    pub(crate) fn of(traceparent: bool, headers: &http::HeaderMap) -> Trace {
+        if !traceparent {
             return Trace::start();
         }
         let cx = TraceContextPropagator::new().extract(&Bounded(headers));

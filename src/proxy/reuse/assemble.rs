@@ -142,7 +142,7 @@ impl Assembly {
             page.stored_at_ms = page.stored_at_ms.min(oldest);
         }
         ctx.cache = state;
-        respond::from_entry(&page, state, ask.req.headers())
+        respond::from_entry(&page, state, ctx.conditional.then(|| ask.req.headers()))
     }
 
     /// Counts each piece by where it came from; the held ones and those

@@ -36,7 +36,12 @@ const BATCH: usize = 256;
 
 /// How long the writer, woken by a line after a quiet spell, lets more
 /// lines gather before it writes: the most a line waits for its write.
-const LINGER: Duration = Duration::from_millis(2);
+/// Each gathering costs the writer two wake-ups, each a context switch off
+/// a core that serves requests: at 2 ms, ~850 a second under a steady
+/// load, 10 ms ~190 (pinned on one core: +8 % hits a second, BENCHMARKS.md
+/// "Round three"); a queue of `log.queue_lines` (16,384) holds 10 ms of
+/// lines at 1.6 M lines a second.
+const LINGER: Duration = Duration::from_millis(10);
 
 /// How long an exiting process waits for the queued lines to be written.
 const FLUSH_AT_EXIT: Duration = Duration::from_secs(1);

@@ -66,24 +66,24 @@ pub(crate) struct Line<'a> {
     pub(crate) anonymous: bool,
 }
 
-/// A field's value, and so how it is written. Each kind is what `tracing`
-/// records for the same value: a `%` field ([`Value::Shown`],
+/// A field's value, and so how the text form writes it. Each kind is what
+/// `tracing` records for the same value: a `%` field ([`Value::Shown`],
 /// [`Value::Hex`]), a `&str`, an integer, a bool; `duration_ms` is written
 /// with three decimals where an `f64` would print as few as it needs
-/// (`12.5`, not `12.500`).
+/// (`12.5`, not `12.500`). (In JSON, [`json_fields`]: every string a JSON
+/// string, the numbers as they are.)
 enum Value<'a> {
-    /// As is in text (`tracing`'s `%`); a JSON string.
+    /// As is (`tracing`'s `%`).
     Shown(&'a str),
-    /// Bytes as lowercase hex digits (a trace id's `%`): as is in text, a
-    /// JSON string.
+    /// Bytes as lowercase hex digits (a trace id's `%`).
     Hex(&'a [u8; 16]),
-    /// Quoted and escaped as Rust's `Debug` in text; a JSON string.
+    /// Quoted and escaped as Rust's `Debug`.
     Str(&'a str),
     /// A string of the gateway's own (a route's name, a cache state): plain
-    /// characters, so quoted as it is in both forms.
+    /// characters, so quoted as it is.
     Known(&'a str),
     Int(u64),
-    /// Milliseconds with three decimals: `12.345`, a number in both.
+    /// Milliseconds with three decimals: `12.345`.
     Millis(Duration),
     Bool(bool),
 }

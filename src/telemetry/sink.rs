@@ -34,8 +34,9 @@ use tracing_subscriber::fmt::MakeWriter;
 /// the queue (lines no team line can evict) while stderr blocks.
 const BATCH: usize = 256;
 
-/// How long the writer, woken by a line after a quiet spell, lets more
-/// lines gather before it writes: the most a line waits for its write.
+/// How long the writer, woken by an access line after a quiet spell, lets
+/// more lines gather before it writes: the most an access line waits for
+/// its write (an event is written at once).
 /// Each gathering costs the writer two wake-ups, each a context switch off
 /// a core that serves requests: at 2 ms, ~850 a second under a steady
 /// load, 10 ms ~190 (pinned on one core: +8 % hits a second, BENCHMARKS.md
@@ -91,6 +92,9 @@ struct Lines {
     held: ByTenant<usize>,
     /// The name of each tenant seen (the teams of the config: bounded).
     names: ByTenant<Box<str>>,
+    /// Lines in `kept` that no team holds (events: start-up lines,
+    /// warnings): while one is queued the writer does not linger.
+    events: usize,
     /// The next line's sequence number (the order they are written in).
     next: u64,
     /// The writer sleeps on the condvar: only then is a push's wake-up (a
@@ -118,8 +122,9 @@ impl Lines {
                 self.anonymous.pop_front().map(|(_, l)| l)
             } else {
                 self.kept.pop_front().map(|(_, tenant, l)| {
-                    if let Some(t) = tenant {
-                        self.release(t);
+                    match tenant {
+                        Some(t) => self.release(t),
+                        None => self.events -= 1,
                     }
                     l
                 })
@@ -199,6 +204,7 @@ impl Sink {
                     kept: VecDeque::new(),
                     held: ByTenant::default(),
                     names: ByTenant::default(),
+                    events: 0,
                     next: 0,
                     writer_idle: false,
                     closed: false,
@@ -261,16 +267,22 @@ impl Sink {
         }
         let seq = lines.next;
         lines.next += 1;
+        let mut event = false;
         match kind {
             LogLine::Anonymous => lines.anonymous.push_back((seq, line)),
             LogLine::Team | LogLine::Other => {
-                if let Some(t) = tenant {
-                    *lines.held.entry(t).or_insert(0) += 1;
+                match tenant {
+                    Some(t) => *lines.held.entry(t).or_insert(0) += 1,
+                    None => {
+                        lines.events += 1;
+                        event = true;
+                    }
                 }
                 lines.kept.push_back((seq, tenant, line));
             }
         }
-        let wake = std::mem::take(&mut lines.writer_idle);
+        // An event also ends a linger under way (see `drain`).
+        let wake = std::mem::take(&mut lines.writer_idle) || event;
         drop(lines);
         if wake {
             self.inner.wake.notify_one();
@@ -296,7 +308,9 @@ impl Sink {
                 // meanwhile), so that a steady trickle is one write per
                 // batch, not a wake-up, a context switch and a write per
                 // line (measured pinned on one core: 6 µs of CPU a request).
-                if waited && !lines.closed && lines.len() < BATCH {
+                // Only access lines wait: an event (a start-up line, a
+                // warning) is written at once, with what is queued before it.
+                if waited && !lines.closed && lines.len() < BATCH && lines.events == 0 {
                     lines = self
                         .inner
                         .wake

@@ -201,10 +201,10 @@ async fn as_team<B>(
 /// both; run again for the narrower request of a [`clamp`](clamp::clamp).
 async fn answer<B>(app: &Arc<App>, state: &Arc<State>, ask: &Ask<'_, B>, ctx: &mut RequestContext) -> Answer {
     if ask.parsed.pieces.is_some() {
-        // Each phase past the cache lookup is boxed: the request's future
-        // then holds a pointer for it, not its state, so a hit's future
-        // (moved whole into its box when the connection calls the handler)
-        // stays small.
+        // Every phase but the page's cache lookup is boxed: the request's
+        // future then holds a pointer for it, not its state, so a hit's
+        // future (moved whole into its box when the connection calls the
+        // handler) stays small.
         if let Some(answer) = Box::pin(reuse::lookup_pieces(app, &state.buyers, &state.flights, ask, ctx)).await {
             return answer;
         }

@@ -321,15 +321,38 @@ fn json_fields(out: &mut String, line: &Line<'_>) {
     }
 }
 
-/// A JSON string: plain text quoted as it is, anything else escaped.
+/// A JSON string: quoted, escaped as serde_json escapes
+/// (`tracing-subscriber`'s JSON is serde_json's); plain text (names,
+/// routes, request ids) as it is.
 fn json_string(out: &mut String, s: &str) {
+    out.push('"');
     if plain(s) {
-        out.push('"');
         out.push_str(s);
-        out.push('"');
     } else {
-        let _ = string(out, |e| e.write_str(s));
+        let mut plain = 0;
+        for (i, b) in s.bytes().enumerate() {
+            let escape = match b {
+                b'"' => "\\\"",
+                b'\\' => "\\\\",
+                b'\n' => "\\n",
+                b'\r' => "\\r",
+                b'\t' => "\\t",
+                0x08 => "\\b",
+                0x0c => "\\f",
+                0..0x20 => "",
+                _ => continue,
+            };
+            out.push_str(&s[plain..i]);
+            if escape.is_empty() {
+                let _ = write!(out, "\\u{b:04x}");
+            } else {
+                out.push_str(escape);
+            }
+            plain = i + 1;
+        }
+        out.push_str(&s[plain..]);
     }
+    out.push('"');
 }
 
 /// The fields as text, each after its separator: ` name=value` (the JSON
@@ -399,49 +422,6 @@ impl fmt::Display for Fields<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(MESSAGE)?;
         fields(f, self.0)
-    }
-}
-
-/// A JSON string of what `text` writes: quoted, escaped as serde_json
-/// escapes (`tracing-subscriber`'s JSON is serde_json's).
-fn string<W: fmt::Write>(out: &mut W, text: impl FnOnce(&mut Escaped<'_, W>) -> fmt::Result) -> fmt::Result {
-    out.write_char('"')?;
-    text(&mut Escaped(out))?;
-    out.write_char('"')
-}
-
-/// Escapes what is written through it into a JSON string's body.
-struct Escaped<'a, W>(&'a mut W);
-
-impl<W: fmt::Write> fmt::Write for Escaped<'_, W> {
-    fn write_str(&mut self, s: &str) -> fmt::Result {
-        let out = &mut *self.0;
-        // Names, routes and request ids: nothing to escape.
-        if plain(s) {
-            return out.write_str(s);
-        }
-        let mut plain = 0;
-        for (i, b) in s.bytes().enumerate() {
-            let escape = match b {
-                b'"' => "\\\"",
-                b'\\' => "\\\\",
-                b'\n' => "\\n",
-                b'\r' => "\\r",
-                b'\t' => "\\t",
-                0x08 => "\\b",
-                0x0c => "\\f",
-                0..0x20 => "",
-                _ => continue,
-            };
-            out.write_str(&s[plain..i])?;
-            if escape.is_empty() {
-                write!(out, "\\u{b:04x}")?;
-            } else {
-                out.write_str(escape)?;
-            }
-            plain = i + 1;
-        }
-        out.write_str(&s[plain..])
     }
 }
 

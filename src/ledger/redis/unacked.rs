@@ -6,7 +6,7 @@
 //! Replication is asynchronous: a settle the primary acknowledged and then
 //! lost with it (killed before its replica received the write) is spend the
 //! team could spend again. So each settle, on a primary that has replicas,
-//! is followed on the same connection by `WAIT 1 <ms>`: once a replica has
+//! is followed by `WAIT 1 <ms>` in the same pipeline (one socket): once a replica has
 //! it, a failover keeps it. A settle no replica acknowledged in time (a
 //! stalled replication link whose ACKs still flow, so
 //! `min-replicas-max-lag` does not trip) is written to the journal (one
@@ -151,18 +151,28 @@ impl Settler {
         let wait_ms = self.wait_ms();
         self.redis
             .call(RedisOp::LedgerSettle, |mut c| async move {
+                if replicas == 0 || !wait {
+                    for inv in &invocations {
+                        inv.invoke_async::<u64>(&mut c).await?;
+                    }
+                    // None to wait for, or kept and waited for by the replay.
+                    return Ok(replicas == 0);
+                }
+                // One pipeline, so one socket: `WAIT` counts the replicas
+                // that have every write *its connection* made. Sent apart,
+                // a `WAIT` that went out on a socket reconnected after the
+                // settle (another call's error or timeout dropped the old
+                // one) has no writes to wait for and counts every replica
+                // at once: a settle the primary may lose, taken as safe.
+                // The script is loaded in front (a primary just promoted
+                // has no script cache; settles are few, the load is cheap).
+                let mut pipe = redis::pipe();
+                pipe.load_script(&self.script).ignore();
                 for inv in &invocations {
-                    inv.invoke_async::<u64>(&mut c).await?;
+                    pipe.invoke_script(inv).ignore();
                 }
-                if replicas == 0 {
-                    return Ok(true);
-                }
-                if !wait {
-                    return Ok(false);
-                }
-                // The same connection: WAIT counts the replicas that have
-                // every write it made, the settles' included.
-                let acked: i64 = redis::cmd("WAIT").arg(1).arg(wait_ms).query_async(&mut c).await?;
+                pipe.cmd("WAIT").arg(1).arg(wait_ms);
+                let (acked,): (i64,) = pipe.query_async(&mut c).await?;
                 if acked < 1 {
                     return Ok(false);
                 }

@@ -48,7 +48,36 @@ pub mod wait;
 
 /// A loopback port free now, for a child process that must be told its
 /// port (it is released again before the child binds it).
+///
+/// Taken below the kernel's ephemeral range (`ip_local_port_range`,
+/// 32768–60999 by default), never from it: a port of that range, released,
+/// can be handed to any outgoing connection before the child binds it, and
+/// a client that retries a port nobody listens on yet (a gateway started
+/// before its Redis) can connect to itself on it (TCP self-connect),
+/// holding the port: `redis-server` then failed to start, once a few CI
+/// runs. Each port is handed out once per test run (a counter, from an
+/// offset of this process's id), and checked free by binding it.
 pub fn free_port() -> u16 {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind loopback");
-    l.local_addr().expect("local addr").port()
+    use std::sync::atomic::{AtomicU32, Ordering};
+    const LOW: u32 = 10_000;
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let ephemeral_from = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|r| r.split_whitespace().next()?.parse::<u32>().ok())
+        .unwrap_or(32_768);
+    if ephemeral_from <= LOW + 1_000 {
+        // No room below the range: the kernel's pick.
+        let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind loopback");
+        return l.local_addr().expect("local addr").port();
+    }
+    let span = ephemeral_from - LOW;
+    let offset = std::process::id().wrapping_mul(7_919) % span;
+    for _ in 0..span {
+        let port = LOW + (offset + NEXT.fetch_add(1, Ordering::Relaxed)) % span;
+        let port = u16::try_from(port).expect("below the ephemeral range");
+        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
+    panic!("no free loopback port below {ephemeral_from}");
 }

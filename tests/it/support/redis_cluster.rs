@@ -49,12 +49,8 @@ impl RedisCluster {
     /// gateway that starts before its cluster.
     pub fn reserve() -> RedisCluster {
         let root = tempfile::tempdir().expect("temp dir for the cluster");
-        // Hold every port until all are chosen, so none is handed out twice.
-        let held: Vec<_> = (0..NODES * 2)
-            .map(|_| std::net::TcpListener::bind("127.0.0.1:0").expect("bind loopback"))
-            .collect();
-        let ports: Vec<u16> = held.iter().map(|l| l.local_addr().expect("addr").port()).collect();
-        drop(held);
+        // Each handed out once: none twice.
+        let ports: Vec<u16> = (0..NODES * 2).map(|_| super::free_port()).collect();
         let nodes: Vec<Node> = (0..NODES)
             .map(|i| {
                 let dir = root.path().join(format!("node{i}"));

@@ -100,6 +100,9 @@ struct Lines {
     /// The writer sleeps on the condvar: only then is a push's wake-up (a
     /// futex syscall) worth making.
     writer_idle: bool,
+    /// The writer lets access lines gather ([`LINGER`]): an event pushed
+    /// meanwhile wakes it (once), so that it is written at once.
+    lingering: bool,
     /// The process exits: write what is left and stop.
     closed: bool,
 }
@@ -207,6 +210,7 @@ impl Sink {
                     events: 0,
                     next: 0,
                     writer_idle: false,
+                    lingering: false,
                     closed: false,
                 }),
                 wake: Condvar::new(),
@@ -281,8 +285,9 @@ impl Sink {
                 lines.kept.push_back((seq, tenant, line));
             }
         }
-        // An event also ends a linger under way (see `drain`).
-        let wake = std::mem::take(&mut lines.writer_idle) || event;
+        // An event also ends a linger under way (see `drain`); a writer
+        // busy writing takes it on its next round, unwoken.
+        let wake = std::mem::take(&mut lines.writer_idle) || (event && std::mem::take(&mut lines.lingering));
         drop(lines);
         if wake {
             self.inner.wake.notify_one();
@@ -311,11 +316,13 @@ impl Sink {
                 // Only access lines wait: an event (a start-up line, a
                 // warning) is written at once, with what is queued before it.
                 if waited && !lines.closed && lines.len() < BATCH && lines.events == 0 {
+                    lines.lingering = true;
                     lines = self
                         .inner
                         .wake
                         .wait_timeout(lines, LINGER)
                         .map_or_else(|p| p.into_inner().0, |(l, _)| l);
+                    lines.lingering = false;
                 }
                 if lines.len() == 0 {
                     return;

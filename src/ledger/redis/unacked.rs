@@ -6,9 +6,9 @@
 //! Replication is asynchronous: a settle the primary acknowledged and then
 //! lost with it (killed before its replica received the write) is spend the
 //! team could spend again. So each settle, on a primary that has replicas,
-//! is followed by `WAIT 1 <ms>` in the same pipeline (one socket): once a replica has
-//! it, a failover keeps it. A settle no replica acknowledged in time (a
-//! stalled replication link whose ACKs still flow, so
+//! is followed by `WAIT 1 <ms>` in the same pipeline (one socket): once a
+//! replica has it, a failover keeps it. A settle no replica acknowledged in
+//! time (a stalled replication link whose ACKs still flow, so
 //! `min-replicas-max-lag` does not trip) is written to the journal (one
 //! fsync'd commit, before its caller moves on) and kept here, and applied
 //! again every [`REPLAY_EVERY`] to whatever primary the Sentinels name then

@@ -361,7 +361,7 @@ pub(crate) enum Once<'a> {
 
 impl<'a> Once<'a> {
     /// One more value of the header seen.
-    pub(crate) fn see(&mut self, value: &'a HeaderValue) {
+    fn see(&mut self, value: &'a HeaderValue) {
         *self = match self {
             Once::Absent => Once::One(value),
             _ => Once::Repeated,
@@ -385,13 +385,24 @@ impl<'a> Credentials<'a> {
     #[cfg(test)]
     pub(crate) fn of(headers: &'a HeaderMap) -> Credentials<'a> {
         let mut credentials = Credentials::default();
-        for value in headers.get_all(&X_API_KEY) {
-            credentials.api_key.see(value);
-        }
-        for value in headers.get_all(AUTHORIZATION) {
-            credentials.authorization.see(value);
+        for (name, value) in headers {
+            credentials.see(name, value);
         }
         credentials
+    }
+
+    /// Takes one header of a pass over the request's: `true` when it is
+    /// a credential header (the one list of them).
+    pub(crate) fn see(&mut self, name: &HeaderName, value: &'a HeaderValue) -> bool {
+        let header = if *name == X_API_KEY {
+            &mut self.api_key
+        } else if *name == AUTHORIZATION {
+            &mut self.authorization
+        } else {
+            return false;
+        };
+        header.see(value);
+        true
     }
 
     /// The one credential of a request. Repeated or disagreeing
@@ -412,7 +423,7 @@ impl<'a> Credentials<'a> {
 }
 
 /// A typed name: a `&str` name is parsed again on every lookup.
-pub(crate) const X_API_KEY: HeaderName = HeaderName::from_static("x-api-key");
+const X_API_KEY: HeaderName = HeaderName::from_static("x-api-key");
 
 /// The token of an `Authorization: Bearer <token>` value.
 pub(crate) fn bearer_token(value: &str) -> Option<&str> {

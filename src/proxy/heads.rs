@@ -6,10 +6,10 @@
 //! headers most requests do not send. A phase whose header is absent
 //! skips its parse.
 
-use crate::auth::{Credentials, X_API_KEY};
+use crate::auth::Credentials;
 use crate::http_util::X_REQUEST_ID;
 use crate::telemetry::trace::TRACEPARENT;
-use http::header::{HeaderMap, HeaderValue, AUTHORIZATION, CACHE_CONTROL, IF_NONE_MATCH, PRAGMA, TRANSFER_ENCODING};
+use http::header::{HeaderMap, HeaderValue, CACHE_CONTROL, IF_NONE_MATCH, PRAGMA, TRANSFER_ENCODING};
 
 /// What the pipeline needs of a request's headers (see the module doc).
 #[derive(Default)]
@@ -32,11 +32,10 @@ impl<'a> Heads<'a> {
         let mut heads = Heads::default();
         for (name, value) in headers {
             heads.bytes += name.as_str().len() + value.len() + 4;
-            if *name == X_API_KEY {
-                heads.credentials.api_key.see(value);
-            } else if *name == AUTHORIZATION {
-                heads.credentials.authorization.see(value);
-            } else if *name == X_REQUEST_ID {
+            if heads.credentials.see(name, value) {
+                continue;
+            }
+            if *name == X_REQUEST_ID {
                 heads.request_id = heads.request_id.or(Some(value));
             } else if *name == TRACEPARENT {
                 heads.traceparent = true;

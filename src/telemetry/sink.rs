@@ -97,14 +97,23 @@ struct Lines {
     events: usize,
     /// The next line's sequence number (the order they are written in).
     next: u64,
-    /// The writer sleeps on the condvar: only then is a push's wake-up (a
-    /// futex syscall) worth making.
-    writer_idle: bool,
-    /// The writer lets access lines gather ([`LINGER`]): an event pushed
-    /// meanwhile wakes it (once), so that it is written at once.
-    lingering: bool,
+    /// What the writer does: a push's wake-up (a futex syscall) is worth
+    /// making only while it waits.
+    writer: Writer,
     /// The process exits: write what is left and stop.
     closed: bool,
+}
+
+/// The writer thread's state, as pushes see it.
+enum Writer {
+    /// Sleeps until a line comes: any push wakes it.
+    Idle,
+    /// Lets access lines gather ([`LINGER`]): only an event wakes it, so
+    /// that an event is written at once.
+    Lingering,
+    /// Writing, or about to take a batch: takes what is queued on its next
+    /// round, unwoken.
+    Busy,
 }
 
 impl Lines {
@@ -209,8 +218,7 @@ impl Sink {
                     names: ByTenant::default(),
                     events: 0,
                     next: 0,
-                    writer_idle: false,
-                    lingering: false,
+                    writer: Writer::Busy,
                     closed: false,
                 }),
                 wake: Condvar::new(),
@@ -287,7 +295,14 @@ impl Sink {
         }
         // An event also ends a linger under way (see `drain`); a writer
         // busy writing takes it on its next round, unwoken.
-        let wake = std::mem::take(&mut lines.writer_idle) || (event && std::mem::take(&mut lines.lingering));
+        let wake = match lines.writer {
+            Writer::Idle => true,
+            Writer::Lingering => event,
+            Writer::Busy => false,
+        };
+        if wake {
+            lines.writer = Writer::Busy;
+        }
         drop(lines);
         if wake {
             self.inner.wake.notify_one();
@@ -303,11 +318,11 @@ impl Sink {
                 let mut lines = self.lock();
                 let mut waited = false;
                 while lines.len() == 0 && !lines.closed {
-                    lines.writer_idle = true;
+                    lines.writer = Writer::Idle;
                     waited = true;
                     lines = self.inner.wake.wait(lines).unwrap_or_else(|p| p.into_inner());
                 }
-                lines.writer_idle = false;
+                lines.writer = Writer::Busy;
                 // Woken by the first line after a quiet spell: let the lines
                 // behind it gather for [`LINGER`] (pushes make no wake-up
                 // meanwhile), so that a steady trickle is one write per
@@ -316,13 +331,13 @@ impl Sink {
                 // Only access lines wait: an event (a start-up line, a
                 // warning) is written at once, with what is queued before it.
                 if waited && !lines.closed && lines.len() < BATCH && lines.events == 0 {
-                    lines.lingering = true;
+                    lines.writer = Writer::Lingering;
                     lines = self
                         .inner
                         .wake
                         .wait_timeout(lines, LINGER)
                         .map_or_else(|p| p.into_inner().0, |(l, _)| l);
-                    lines.lingering = false;
+                    lines.writer = Writer::Busy;
                 }
                 if lines.len() == 0 {
                     return;

@@ -330,13 +330,13 @@ async fn an_ending_token_still_used_is_logged_once_a_day() {
 /// Three teams' misses at once against a company cap of 50.
 async fn three_teams_against_the_company_cap(gws: &[permit_gateway::Running], sim: &Sim) {
     let tokens = [ALPHA, BETA, SMALL];
+    // Team `t` asks through this replica, its searches from this index on.
+    let replica = |t: usize| gws[t % gws.len()].base_url();
+    let first = |t: usize| 200 * t as u32;
     let calls: Vec<_> = tokens
         .iter()
         .enumerate()
-        .map(|(t, who)| {
-            let gw = gws[t % gws.len()].base_url();
-            spawn_misses(&gw, who.1, sim, 200 * t as u32, 8, 5, &format!("{}-", who.0))
-        })
+        .map(|(t, who)| spawn_misses(&replica(t), who.1, sim, first(t), 8, 5, &format!("{}-", who.0)))
         .collect();
     let mut refused = 0;
     // A miss that was answered (which ones are is the race's to decide):
@@ -347,7 +347,7 @@ async fn three_teams_against_the_company_cap(gws: &[permit_gateway::Running], si
             assert!(matches!(s, StatusCode::OK | StatusCode::PAYMENT_REQUIRED), "{s}");
             refused += usize::from(s == StatusCode::PAYMENT_REQUIRED);
             if s == StatusCode::OK {
-                answered = answered.or(Some((t, 200 * t as u32 + i as u32)));
+                answered = answered.or(Some((t, first(t) + i as u32)));
             }
         }
     }
@@ -372,7 +372,7 @@ async fn three_teams_against_the_company_cap(gws: &[permit_gateway::Running], si
     assert_eq!(more.json()["detail"]["error"], "Company credit limit exceeded.");
     // Asked of the replica that bought it, by the team that did.
     let (t, i) = answered.expect("some misses were answered");
-    let hit = Client::new(gws[t % gws.len()].base_url(), tokens[t].1)
+    let hit = Client::new(replica(t), tokens[t].1)
         .get(Query::distinct(&s, i).size(5))
         .await;
     assert_eq!(

@@ -233,7 +233,7 @@ async fn teams(app: &App) -> Response<Body> {
     for team in app.teams.load().iter() {
         let used = app.ledger.usage(&team.name).await.map(|u| u.used).ok();
         let mut tokens = Vec::new();
-        for member in &team.apps {
+        for member in &team.members {
             let mut token = json!({
                 "name": member.name,
                 "not_after": member.not_after().and_then(crate::clock::rfc3339),
@@ -287,7 +287,7 @@ async fn usage_csv(app: &App, query: Option<&str>) -> Result<Response<Body>, Gat
         .teams
         .load()
         .iter()
-        .flat_map(|t| std::iter::once(t.name.clone()).chain(t.apps.iter().filter_map(|a| a.account.clone())))
+        .flat_map(|t| std::iter::once(t.name.clone()).chain(t.members.iter().filter_map(|a| a.account.clone())))
         .collect();
     let rows = app.ledger.rows(&accounts, from, to).await.map_err(|e| {
         tracing::error!(error = %e, "usage.csv: ledger read failed");

@@ -308,7 +308,7 @@ impl App {
         self.metrics.preset_apps(
             teams
                 .iter()
-                .flat_map(|t| t.apps.iter().map(|a| (t.name.as_str(), a.name.as_str()))),
+                .flat_map(|t| t.members.iter().map(|a| (t.name.as_str(), a.name.as_str()))),
         );
         self.metrics
             .publish_teams(teams.iter().map(|t| (t.name.as_str(), t.credit_limit)));

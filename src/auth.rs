@@ -98,7 +98,7 @@ pub struct Team {
     /// A metric label, from the config's bounded set.
     pub(crate) name: String,
     /// Its apps, one per token.
-    pub(crate) apps: Vec<Arc<Member>>,
+    pub(crate) members: Vec<Arc<Member>>,
     /// Credits per window; `None` is unlimited.
     pub(crate) credit_limit: Option<u64>,
     /// `X-Credits-Limit` of the team's answers, formatted once per config.
@@ -143,8 +143,8 @@ impl PartialEq for Team {
 
 impl Team {
     /// The app of that name, in this (the live) table.
-    pub(crate) fn app(&self, name: &str) -> Option<&Arc<Member>> {
-        self.apps.iter().find(|a| a.name == name)
+    pub(crate) fn member(&self, name: &str) -> Option<&Arc<Member>> {
+        self.members.iter().find(|a| a.name == name)
     }
 
     /// Counts one more request in flight, unless `limit` are already.
@@ -233,7 +233,7 @@ impl Teams {
                 let apps = t
                     .apps()
                     .map(|a| {
-                        let before = old.and_then(|o| o.app(&a.name));
+                        let before = old.and_then(|o| o.member(&a.name));
                         Arc::new(Member {
                             account: t.has_apps().then(|| crate::ledger::app_account(&t.name, &a.name)),
                             token_sha256: a.token_sha256,
@@ -247,7 +247,7 @@ impl Teams {
                     .collect();
                 Arc::new(Team {
                     name: t.name.clone(),
-                    apps,
+                    members: apps,
                     credit_limit: t.credit_limit,
                     limit_header: t.credit_limit.map(http::HeaderValue::from),
                     requests_per_minute: t.requests_per_minute,
@@ -312,7 +312,7 @@ impl Teams {
         let digest: [u8; 32] = Sha256::digest(token.as_bytes()).into();
         let mut found = None;
         for team in &self.teams {
-            for app in &team.apps {
+            for app in &team.members {
                 if bool::from(app.token_sha256.matches(&digest)) {
                     found = Some((team, app));
                 }

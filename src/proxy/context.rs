@@ -55,7 +55,7 @@ pub(super) struct Ask<'r, B> {
     pub(super) directives: Directives,
     pub(super) team: Arc<Team>,
     /// The team's app whose token asks.
-    pub(super) app: Arc<Member>,
+    pub(super) member: Arc<Member>,
     /// The target, its cache key and tag: on a repeated target the memo's
     /// own entry, shared, so a hit copies neither the key (an allocation)
     /// nor the target (two reference counts every core would write).
@@ -67,7 +67,7 @@ impl<B> Ask<'_, B> {
     pub(super) fn job(&self, request_id: &str) -> Job {
         Job {
             team: self.team.clone(),
-            app: self.app.clone(),
+            member: self.member.clone(),
             target: self.parsed.target.clone(),
             key: self.parsed.key.clone(),
             // A client that bounds the age it accepts must not be answered
@@ -86,7 +86,7 @@ impl<B> Ask<'_, B> {
 pub(super) struct Job {
     pub(super) team: Arc<Team>,
     /// The app that asked: its budget and account, when its team names apps.
-    pub(super) app: Arc<Member>,
+    pub(super) member: Arc<Member>,
     pub(super) target: Target,
     /// `None`: not cacheable, no coalescing.
     pub(super) key: Option<String>,
@@ -142,7 +142,7 @@ pub(crate) struct RequestContext {
     pub(super) trace: Trace,
     pub(super) team: Option<Arc<Team>>,
     /// The team's app, once authenticated.
-    pub(super) app: Option<Arc<Member>>,
+    pub(super) member: Option<Arc<Member>>,
     pub(super) route: Option<Route>,
     pub(super) cache: CacheState,
     /// Credits charged to the team for this answer: the sum of what every
@@ -164,7 +164,7 @@ impl RequestContext {
             trace,
             conditional,
             team: None,
-            app: None,
+            member: None,
             route: None,
             cache: CacheState::Bypass,
             credits: 0,
@@ -186,7 +186,7 @@ impl RequestContext {
     /// The app's name, for a team that names its apps (a team of one token
     /// has none to tell: its access line and span carry none).
     pub(super) fn app_name(&self) -> Option<&str> {
-        self.app
+        self.member
             .as_deref()
             .filter(|a| a.account.is_some())
             .map(|a| a.name.as_str())

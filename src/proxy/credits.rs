@@ -99,7 +99,7 @@ pub(super) async fn reserve(app: &App, job: &Job) -> Result<Option<Reservation>,
     let Some(team) = teams.by_name(&job.team.name).cloned() else {
         return Err(GatewayError::InvalidCredential);
     };
-    let Some(member) = team.app(&job.app.name).cloned() else {
+    let Some(member) = team.member(&job.member.name).cloned() else {
         return Err(GatewayError::InvalidCredential);
     };
     drop(teams);

@@ -223,7 +223,7 @@ async fn answer<B>(app: &Arc<App>, state: &Arc<State>, ask: &Ask<'_, B>, ctx: &m
             trace: ask.trace.clone(),
             directives: ask.directives,
             team: ask.team.clone(),
-            app: ask.app.clone(),
+            member: ask.member.clone(),
             parsed: Arc::new(Parsed {
                 target: clamped.target,
                 key: clamped.key,
@@ -311,7 +311,7 @@ fn resolve<B>(
         if let Ok((team, member)) = app.teams.load().authenticate_with(heads.credentials) {
             tracing::info!(request_id = %ctx.request_id, team = %team.name, path = %target.path, "unknown /v2 path (route other): 404");
             ctx.team = Some(team);
-            ctx.app = Some(member);
+            ctx.member = Some(member);
         }
         return Err(GatewayError::NotFound);
     }
@@ -331,7 +331,7 @@ fn authenticate(
 ) -> Result<Caller, GatewayError> {
     let (team, member) = app.teams.load().authenticate_with(heads.credentials)?;
     ctx.team = Some(team.clone());
-    ctx.app = Some(member.clone());
+    ctx.member = Some(member.clone());
     if let Some(mark) = mark {
         if !mark.team_seen(&team.name) {
             return Err(GatewayError::AnswersBusy);
@@ -447,7 +447,7 @@ fn cache_key<'r, B>(
             Directives::default()
         },
         team,
-        app: member,
+        member,
         parsed,
     }
 }

@@ -88,7 +88,7 @@ pub(super) fn from_held<B>(
     ctx.cache = state;
     saved_because(
         app,
-        (team, ctx.app.as_deref()),
+        (team, ctx.member.as_deref()),
         target,
         entry.credits,
         SavedReason::of_tier(tier),
@@ -115,7 +115,7 @@ pub(super) fn from_fetched(
     };
     if role == Role::Follower || fetched.from_cache {
         app.metrics.coalesced(target.route);
-        saved(app, (team, ctx.app.as_deref()), target, fetched.worth);
+        saved(app, (team, ctx.member.as_deref()), target, fetched.worth);
     }
     ctx.cache = state;
     ctx.charge(charged);

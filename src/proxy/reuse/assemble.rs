@@ -180,7 +180,7 @@ impl Assembly {
         ] {
             app.metrics.cache_records(route, source, n);
         }
-        let who = (&**team, Some(&*ask.app));
+        let who = (&**team, Some(&*ask.member));
         saved_because(app, who, target, disk, SavedReason::Disk);
         saved_because(app, who, target, held, kind.reason());
         if free > 0 {

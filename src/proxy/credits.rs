@@ -6,10 +6,10 @@
 //!
 //! The upstream's numbers are distrusted: a charge that does not parse as a
 //! number (or is beyond any real bill) is replaced by the records counted in
-//! the page, and a charge above the reservation (which is the worst case of
-//! the call) is settled — the upstream billed it — but counted as an
-//! anomaly and never trusted for the future: what a later hit "saves" stays
-//! bounded by the reservation.
+//! the page, and a bill above the reservations (the worst case of the
+//! call) is charged only up to them (`purchase::shares`): the rest is an
+//! anomaly, counted, logged and left to the reconciliation of untracked
+//! credits. Who pays which part of a call is the purchase's one rule.
 
 use super::context::Job;
 use crate::app::App;
@@ -179,18 +179,6 @@ pub(super) async fn release(app: &App, reservation: Option<Reservation>) {
 async fn settle(app: &App, job: &Job, reservation: Option<Reservation>, charge: Charge) {
     let route = job.target.route;
     let team = &job.team.name;
-    let reserved = reserved(job, reservation.as_ref());
-    if charge.credits > reserved {
-        app.metrics.credit_anomaly(team);
-        tracing::warn!(
-            team = %team,
-            route = route.as_str(),
-            request_id = %job.request_id,
-            reserved,
-            charged = charge.credits,
-            "anomaly: the upstream charged more than the worst case reserved; settled as charged"
-        );
-    }
     if charge.credits > 0 {
         app.metrics.credits_spent(team, route, charge.credits);
     }
@@ -249,28 +237,112 @@ async fn reconcile(app: &App) {
     app.metrics.untracked_credits.set(untracked);
 }
 
-/// `X-Credits-Limit` and `X-Credits-Remaining` from the team's budget:
-/// remaining = limit − spent − held (the holds of calls in flight
-/// are budget nobody can spend, as a reserve counts them). A ledger that
-/// cannot answer just leaves them out. The limit is the one in force now
-/// (a reload during the request counts).
-pub(super) async fn team_budget_headers(app: &App, team: &str, headers: &mut HeaderMap) {
-    let (limit, limit_header) = {
-        let teams = app.teams.load();
-        let Some(t) = teams.by_name(team) else { return };
-        match (t.credit_limit, &t.limit_header) {
-            (Some(limit), Some(header)) => (limit, header.clone()),
-            _ => return,
+/// The budget that binds a member now: of its app's (when its team names
+/// its apps), its team's and the company's, the one with least left —
+/// what `X-Credits-Limit` / `X-Credits-Remaining` and `/v2/usage`'s
+/// `is_over_limit` tell. Remaining = limit − spent − held (the holds of
+/// calls in flight are budget nobody can spend, as a reserve counts them).
+/// `None`: no budget limits it (an unlimited team, no company cap), or the
+/// ledger cannot answer (counted). The limits are the ones in force now (a
+/// reload during the request counts).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Binding {
+    pub(super) limit: u64,
+    pub(super) remaining: u64,
+    pub(super) budget: BudgetKind,
+}
+
+/// Whose budget binds, without the app's name (`Spent` carries it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum BudgetKind {
+    App,
+    Team,
+    Org,
+}
+
+impl BudgetKind {
+    pub(super) fn as_str(self) -> &'static str {
+        match self {
+            BudgetKind::App => "app",
+            BudgetKind::Team => "team",
+            BudgetKind::Org => "org",
         }
+    }
+}
+
+/// [`Binding`] of `member` (by name) of `team` (by name), in the live table.
+pub(super) async fn binding(app: &App, team: &str, member: Option<&str>) -> Option<Binding> {
+    let (team, member) = {
+        let teams = app.teams.load();
+        let team = teams.by_name(team)?.clone();
+        let member = member.and_then(|m| team.member(m).cloned());
+        (team, member)
     };
-    let Ok(committed) = app.ledger.committed(team).await else {
-        app.metrics.ledger_error(LedgerOp::Usage);
+    let mut binding: Option<Binding> = None;
+    let member_budget = member.as_deref().and_then(|m| m.account.as_deref().zip(m.credit_limit));
+    let budgets = [
+        (BudgetKind::App, member_budget),
+        (BudgetKind::Team, team.credit_limit.map(|l| (team.name.as_str(), l))),
+        (BudgetKind::Org, app.config.quota.org_credit_limit.map(|l| (ORG_ACCOUNT, l))),
+    ];
+    for (budget, limited) in budgets {
+        let Some((account, limit)) = limited else { continue };
+        let Ok(committed) = app.ledger.committed(account).await else {
+            app.metrics.ledger_error(LedgerOp::Usage);
+            return None;
+        };
+        let remaining = limit.saturating_sub(committed);
+        if binding.is_none_or(|b| remaining < b.remaining) {
+            binding = Some(Binding {
+                limit,
+                remaining,
+                budget,
+            });
+        }
+    }
+    binding
+}
+
+/// `X-Credits-Limit` and `X-Credits-Remaining` of the budget that binds
+/// ([`binding`]); left out when none does or the ledger cannot answer.
+pub(super) async fn budget_headers(app: &App, team: &Team, member: Option<&Member>, headers: &mut HeaderMap) {
+    // The common case, one team budget and nothing else: the team's header
+    // formatted once per config, one ledger read.
+    let alone = app.config.quota.org_credit_limit.is_none()
+        && member.is_none_or(|m| m.account.is_none() || m.credit_limit.is_none());
+    if alone {
+        let limit_header = {
+            let teams = app.teams.load();
+            let Some(t) = teams.by_name(&team.name) else { return };
+            match (t.credit_limit, &t.limit_header) {
+                (Some(limit), Some(header)) => Some((limit, header.clone())),
+                _ => None,
+            }
+        };
+        let Some((limit, header)) = limit_header else { return };
+        let Ok(committed) = app.ledger.committed(&team.name).await else {
+            app.metrics.ledger_error(LedgerOp::Usage);
+            return;
+        };
+        headers.insert(X_CREDITS_LIMIT, header);
+        headers.insert(X_CREDITS_REMAINING, number_header(limit.saturating_sub(committed)));
         return;
-    };
-    // The `gateway_team_credits_used` gauge is set at scrape time (admin),
-    // not here on every answer.
-    headers.insert(X_CREDITS_LIMIT, limit_header);
-    headers.insert(X_CREDITS_REMAINING, number_header(limit.saturating_sub(committed)));
+    }
+    if let Some(b) = binding(app, &team.name, member.map(|m| m.name.as_str())).await {
+        set_budget_headers(headers, b.limit, b.remaining);
+    }
+}
+
+/// Writes the two budget headers.
+pub(super) fn set_budget_headers(headers: &mut HeaderMap, limit: u64, remaining: u64) {
+    headers.insert(X_CREDITS_LIMIT, number_header(limit));
+    headers.insert(X_CREDITS_REMAINING, number_header(remaining));
+}
+
+/// Whether an answer already carries the budget headers (a 402 names the
+/// budget that refused it).
+pub(super) fn has_budget_headers(headers: &HeaderMap) -> bool {
+    headers.contains_key(X_CREDITS_LIMIT)
 }
 
 #[cfg(test)]

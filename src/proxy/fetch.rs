@@ -1,10 +1,8 @@
 //! The miss path, [`fetch`](fn@super::fetch) of the pipeline, in the order
 //! it runs: [`coalesce`] (one call per key in this process), [`take_turn`]
-//! (one across replicas), then [`fetch_upstream`]: the org probe
-//! ([`org_probe::exhausted`], while the org is out of credits),
-//! [`credits::reserve`], [`fair_turn`], [`forward`] (with the settle,
-//! [`credits::settle_beside`]) and [`store`]. Credits are counted in
-//! `credits`.
+//! (one across replicas), then [`fetch_upstream`]: the purchase
+//! (`purchase`: org probe, reserve, fair turn, call, settle or release)
+//! and [`store`].
 //!
 //! **A reservation has one owner and one end.** Every upstream call runs in
 //! a task of its own ([`owned`]) that holds the coalescing flight, the
@@ -15,22 +13,20 @@
 //! for a key whose call is still running.
 
 use super::context::Job;
-use super::credits::{self, Charge};
+use super::credits;
 use super::flight::{follow, Fetched, Flights, Join, Leader, Outcome};
-use super::org_probe;
+use super::purchase::{self, Opened};
 use crate::app::App;
 use crate::cache::entry::etag_of;
 use crate::cache::lease::{Acquired, Lease, Peer};
 use crate::cache::{control, Entry};
 use crate::clock::now_ms;
 use crate::error::GatewayError;
-use crate::ledger::Reservation;
 use crate::telemetry::SPANS;
-use crate::upstream::{retry_after, Failed, Head, UpstreamResponse};
+use crate::upstream::{retry_after, UpstreamResponse};
 use http::{HeaderMap, HeaderValue, StatusCode};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use tokio::sync::watch;
 use tracing::Instrument;
 
 /// How this request took part in the fetch.
@@ -215,20 +211,23 @@ fn cached(entry: &Entry) -> Fetched {
     }
 }
 
+/// The miss's purchase (`purchase`): one hold, one call; the answer
+/// stored, a refusal kept.
 async fn fetch_upstream(app: &Arc<App>, job: &Job) -> Outcome {
-    if job.target.route.is_metered() {
-        if let Some(refusal) = org_probe::exhausted(app, job) {
-            return Ok(refusal);
-        }
+    let hold = match purchase::open(app, job, 1).await? {
+        Opened::Held(hold) => hold,
+        Opened::OrgExhausted(refusal) => return Ok(refusal),
+    };
+    if let Err(e) = purchase::turn(app, &job.team.name).await {
+        hold.release(app).await;
+        return Err(e);
     }
-    // The worst case held, or refused before anything is spent.
-    let reservation = credits::reserve(app, job).await?;
-    let reservation = fair_turn(app, job, reservation).await?;
-    // Forward, and settle what the upstream charged.
-    let (resp, charge) = forward(app, job, reservation).await?;
-    let fetched = checked(app, job, resp, charge).await?;
+    let called = purchase::call(app, job, vec![hold]).await;
+    let outcome = called.outcome.clone();
+    called.settle(app, None).await;
+    let fetched = outcome?;
     if let (Some(key), Some(etag)) = (&job.key, &fetched.etag) {
-        store(app, job, key, &fetched, etag, charge).await;
+        store(app, job, key, &fetched, etag).await;
     }
     if let (Some(key), StatusCode::UNPROCESSABLE_ENTITY) = (&job.key, fetched.status) {
         let content_type = fetched.headers.get(http::header::CONTENT_TYPE).cloned();
@@ -237,11 +236,11 @@ async fn fetch_upstream(app: &Arc<App>, job: &Job) -> Outcome {
     Ok(fetched)
 }
 
-/// An answer as every path takes it, once its charge is known: an upstream
-/// 429 pauses the scheduler, an error status becomes the error (here, once,
-/// for every path), and a 200 that is not JSON is refused with what it
-/// billed.
-pub(super) async fn checked(app: &App, job: &Job, resp: UpstreamResponse, charge: Charge) -> Outcome {
+/// An answer as every path takes it, once its charge is known (`credits`:
+/// what its request pays, or a batch's whole bill): an upstream 429 pauses
+/// the scheduler, an error status becomes the error (here, once, for every
+/// path), and a 200 that is not JSON is refused with what it billed.
+pub(super) async fn checked(app: &App, job: &Job, resp: UpstreamResponse, credits: u64) -> Outcome {
     let max = Duration::from_secs(app.config.upstream.max_retry_after_secs);
     if resp.status == StatusCode::TOO_MANY_REQUESTS {
         let wait = retry_after(&resp.headers, max).unwrap_or(Duration::from_secs(1));
@@ -261,7 +260,7 @@ pub(super) async fn checked(app: &App, job: &Job, resp: UpstreamResponse, charge
         // Settled at what its head billed (a cut body is still a bill): the
         // error carries it to the answer and the access line.
         let invalid = GatewayError::UpstreamInvalid("Upstream sent a malformed answer");
-        return Err(invalid.billed_at(charge.credits));
+        return Err(invalid.billed_at(credits));
     }
     let etag = (resp.status == StatusCode::OK).then(|| etag_of(&resp.body));
     Ok(Arc::new(Fetched {
@@ -269,164 +268,11 @@ pub(super) async fn checked(app: &App, job: &Job, resp: UpstreamResponse, charge
         bill: credits::billed(&resp.headers),
         headers: resp.headers,
         body: resp.body,
-        credits: charge.credits,
-        worth: charge.worth,
+        credits,
+        worth: credits,
         from_cache: false,
         etag,
     }))
-}
-
-/// One call whose credits its buyers reserved and whose fair turn was taken
-/// (a batch of pieces: `reuse::batch`), forwarded and seen by the org's
-/// accounting, but settled by its caller, who shares its bill out.
-pub(super) async fn call_unsettled(app: &App, job: &Job) -> Result<UpstreamResponse, Failed> {
-    let (heads, _seen) = watch::channel(None);
-    let result = upstream_call(app, job, &heads).await;
-    match &result {
-        Ok(resp) => app.org.observe(resp.status, &resp.headers, &resp.body, &app.metrics),
-        Err(Failed { head: Some(head), .. }) => {
-            app.org
-                .observe(head.status, &head.headers, &bytes::Bytes::new(), &app.metrics)
-        }
-        Err(_) => {}
-    }
-    result
-}
-
-/// Waits for this team's fair turn at the upstream rate (bounded; after
-/// the reservation, so a team out of budget never holds a place in the
-/// queue). Refused, the reservation is released.
-async fn fair_turn(
-    app: &App,
-    job: &Job,
-    reservation: Option<Reservation>,
-) -> Result<Option<Reservation>, GatewayError> {
-    match app.scheduler.acquire(&job.team.name).await {
-        Ok(()) => Ok(reservation),
-        Err(e) => {
-            credits::release(app, reservation).await;
-            Err(e)
-        }
-    }
-}
-
-/// Forwards, and settles what the upstream billed as soon
-/// as an answer's head shows the bill — before its body, so neither a body
-/// that fails nor a crash while it streams loses the charge. An answer
-/// without a bill in its head is settled from its records once the body is
-/// in; one the upstream cannot pass on is settled all the same: the
-/// upstream billed it.
-///
-/// **The settle never stalls the call.** It runs in a task of its own
-/// beside the call, which is polled to its end whatever the ledger does;
-/// once the call has ended its answer waits at most [`credits::SETTLE_WAIT`] for the
-/// settle, which then goes on alone within its own retry bound (the Redis
-/// ledger's `settle_by`; the file ledger's durable hold). A paid answer is
-/// delivered and stored even while the ledger is slow.
-async fn forward(
-    app: &Arc<App>,
-    job: &Job,
-    reservation: Option<Reservation>,
-) -> Result<(UpstreamResponse, Charge), GatewayError> {
-    let metered = job.target.route.is_metered();
-    let reserved = credits::reserved(job, reservation.as_ref());
-    let mut reservation = Some(reservation);
-    let (heads, mut seen) = watch::channel(None);
-    let call = upstream_call(app, job, &heads);
-    tokio::pin!(call);
-    let mut early: Option<(Charge, credits::Settling)> = None;
-    let result = loop {
-        tokio::select! {
-            result = &mut call => break result,
-            Ok(()) = seen.changed(), if early.is_none() => {
-                let head = seen.borrow_and_update().clone();
-                let Some(head) = head.filter(|h| h.status == StatusCode::OK) else { continue };
-                if credits::billed(&head.headers).is_some() {
-                    app.org.observe(head.status, &head.headers, &bytes::Bytes::new(), &app.metrics);
-                    let charge = credits::charge(head.status, &head.headers, None, metered, reserved);
-                    early = Some((charge, credits::settle_beside(app, job, reservation.take().flatten(), charge)));
-                }
-            }
-        }
-    };
-    match (result, early) {
-        (Ok(resp), Some((charge, settling))) => {
-            app.org.observe(resp.status, &resp.headers, &resp.body, &app.metrics);
-            credits::settled_or_late(settling).await;
-            Ok((resp, charge))
-        }
-        (Ok(resp), None) => {
-            app.org.observe(resp.status, &resp.headers, &resp.body, &app.metrics);
-            let charge = credits::charge(resp.status, &resp.headers, Some(&resp.body), metered, reserved);
-            credits::settled_or_late(credits::settle_beside(app, job, reservation.take().flatten(), charge)).await;
-            Ok((resp, charge))
-        }
-        (Err(failed), Some((charge, settling))) => {
-            credits::settled_or_late(settling).await;
-            Err(failed.error.billed_at(charge.credits))
-        }
-        (Err(failed), None) => Err(settle_failure(app, job, reservation.take().flatten(), failed).await),
-    }
-}
-
-/// The upstream call of `job`, each answer's head shown on `heads` as it
-/// arrives (before its body).
-fn upstream_call<'a>(
-    app: &'a App,
-    job: &'a Job,
-    heads: &'a watch::Sender<Option<Head>>,
-) -> impl std::future::Future<Output = Result<UpstreamResponse, Failed>> + 'a {
-    app.upstream.fetch_with_heads(
-        &job.target,
-        &job.request_id,
-        &job.trace,
-        job.accept.as_ref(),
-        &app.metrics,
-        heads,
-    )
-}
-
-/// The settle of a call without an answer: when the upstream sent a 200 head
-/// before the body failed (cut, too large, the deadline), the call may have
-/// been billed. A head that carries its bill is settled at it; one that
-/// does not (the upstream bills every metered 200 in `X-Credits-Request`)
-/// is settled at its reservation and counted as an anomaly: erring towards
-/// counting, since the upstream may have billed it. Never cached.
-/// Otherwise nothing was charged and the reservation is released. The
-/// error carries the charge ([`GatewayError::Billed`]) to the answer.
-async fn settle_failure(app: &Arc<App>, job: &Job, reservation: Option<Reservation>, failed: Failed) -> GatewayError {
-    match failed.head {
-        Some(head) if head.status == StatusCode::OK => {
-            app.org
-                .observe(head.status, &head.headers, &bytes::Bytes::new(), &app.metrics);
-            let metered = job.target.route.is_metered();
-            let reserved = credits::reserved(job, reservation.as_ref());
-            let mut charge = credits::charge(head.status, &head.headers, None, metered, reserved);
-            if metered && credits::billed(&head.headers).is_none() {
-                app.metrics.credit_anomaly(&job.team.name);
-                tracing::warn!(
-                    team = %job.team.name,
-                    request_id = %job.request_id,
-                    reserved,
-                    "anomaly: a 200 head without X-Credits-Request whose body failed; settled at the reservation"
-                );
-                charge = Charge {
-                    credits: reserved,
-                    worth: reserved,
-                };
-            }
-            if charge.credits > 0 {
-                credits::settled_or_late(credits::settle_beside(app, job, reservation, charge)).await;
-            } else {
-                credits::release(app, reservation).await;
-            }
-            failed.error.billed_at(charge.credits)
-        }
-        _ => {
-            credits::release(app, reservation).await;
-            failed.error
-        }
-    }
 }
 
 /// A JSON content type and a body that parses: what every 200 of the
@@ -442,8 +288,8 @@ fn is_json(resp: &UpstreamResponse) -> bool {
 
 /// Stores 200 answers (already checked to be JSON) under the size cap,
 /// unless the client said `no-store` or the upstream `no-store`/`private`.
-/// The entry is worth what was charged, bounded by the reservation.
-async fn store(app: &App, job: &Job, key: &str, resp: &Fetched, etag: &HeaderValue, charge: Charge) {
+/// The entry is worth what was charged (never above the reservation).
+async fn store(app: &App, job: &Job, key: &str, resp: &Fetched, etag: &HeaderValue) {
     let Some(ttl) = app.cache.ttl(job.target.route) else {
         return;
     };
@@ -452,7 +298,7 @@ async fn store(app: &App, job: &Job, key: &str, resp: &Fetched, etag: &HeaderVal
         && !control::forbids_storing(&resp.headers)
         && resp.body.len() <= app.cache.max_entry_bytes;
     if storable {
-        let entry = Entry::with_etag(resp.body.clone(), etag.clone(), charge.worth, ttl, job.target.route);
+        let entry = Entry::with_etag(resp.body.clone(), etag.clone(), resp.worth, ttl, job.target.route);
         app.cache.store(key, Arc::new(entry)).await;
     }
 }

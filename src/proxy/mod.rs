@@ -44,6 +44,7 @@ pub mod flight;
 mod heads;
 mod org_probe;
 mod parsed;
+mod purchase;
 mod refresh;
 mod respond;
 mod reuse;
@@ -112,7 +113,16 @@ fn rescue(app: &App, ctx: &mut RequestContext, e: GatewayError) -> Response<Body
             _ => {}
         }
     }
-    e.into_response()
+    // A budget's 402 tells that budget in its headers, as its body does.
+    let refused_by = match &e {
+        GatewayError::QuotaExceeded { limit, remaining, .. } => Some((*limit, *remaining)),
+        _ => None,
+    };
+    let mut resp = e.into_response();
+    if let Some((limit, remaining)) = refused_by {
+        credits::set_budget_headers(resp.headers_mut(), limit, remaining);
+    }
+    resp
 }
 
 /// What every answer gets, refused or not: the team's budget headers, the
@@ -140,8 +150,8 @@ async fn finish<B>(
     // routes carry none, for any team: the upstream sends none there, and
     // `/v2/usage` says it in its body.
     if let Some(team) = ctx.team.as_deref() {
-        if answered || status == 402 {
-            credits::team_budget_headers(app, &team.name, resp.headers_mut()).await;
+        if (answered || status == 402) && !credits::has_budget_headers(resp.headers()) {
+            credits::budget_headers(app, team, ctx.member.as_deref(), resp.headers_mut()).await;
         }
     }
     if let Ok(mut v) = HeaderValue::from_str(&ctx.request_id) {

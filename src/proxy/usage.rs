@@ -3,6 +3,7 @@
 //! shape. Never forwarded and never cached: the upstream's answer would be
 //! the whole org's.
 
+use super::credits;
 use crate::app::App;
 use crate::auth::{Member, Team};
 use crate::error::GatewayError;
@@ -13,11 +14,17 @@ use serde_json::json;
 
 /// `GET /v2/usage` for one team, in the upstream's usage shape; for a team
 /// that names its apps, the asking app's own spend and limit besides
-/// (`app`).
+/// (`app`). `is_over_limit` is the token's: true when the budget that binds
+/// it (its app's, its team's or the company's, whichever has least left:
+/// the one its `X-Credits-Remaining` tells, named in `budget`) has nothing
+/// left, so a client that checks it before a metered call is not surprised
+/// by a 402.
 pub(super) async fn usage(app: &App, team: &Team, member: &Member) -> Result<Response<Body>, GatewayError> {
     let usage = read(app, team, &team.name).await?;
     let window = app.ledger.window();
-    let over = team.credit_limit.is_some_and(|l| usage.used >= l);
+    let team_over = team.credit_limit.is_some_and(|l| usage.used >= l);
+    let binding = credits::binding(app, &team.name, Some(&member.name)).await;
+    let over = team_over || binding.is_some_and(|b| b.remaining == 0);
     let daily: Vec<_> = usage
         .daily
         .iter()
@@ -29,8 +36,9 @@ pub(super) async fn usage(app: &App, team: &Team, member: &Member) -> Result<Res
             })
         })
         .collect();
-    // When over the limit: the day the oldest spend leaves the window.
-    let available_at = over
+    // When the team is over its limit: the day its oldest spend leaves the
+    // window.
+    let available_at = team_over
         .then(|| {
             usage
                 .daily
@@ -45,6 +53,7 @@ pub(super) async fn usage(app: &App, team: &Team, member: &Member) -> Result<Res
         "available_at": available_at,
         "daily_usage": daily,
         "window": window.as_str(),
+        "budget": binding.map(|b| b.budget.as_str()),
     });
     if let Some(account) = &member.account {
         let used = read(app, team, account).await?;

@@ -15,13 +15,13 @@
 //! ids that did not fit wait for the next turn, which the driver takes at
 //! once. While a turn is waited for, every id that arrives joins.
 //!
-//! **Money.** Each buyer is charged the records of its own ids, settled on
-//! its own reservation; an id the upstream does not return costs nothing.
-//! The charges sum to the upstream's bill: a bill above the records (the
-//! upstream billed what it did not send) is left to the reconciliation of
-//! untracked credits (`gateway_untracked_credits`) and logged, a bill below
-//! them is shared out in the order the buyers joined. A failed call that
-//! was still billed is shared out the same way, up to each reservation.
+//! **Money.** A buyer is a purchase's hold (`purchase`): its ids' credits
+//! reserved in its own budgets before it joins. The batch's call settles
+//! every hold by the purchase's one rule: each buyer pays the records of
+//! its own ids, and what the bill holds beyond the records (or a bill with
+//! no records to count) is split by the ids each asked, up to each
+//! reservation; so a lookup costs the same alone and in a batch, and only
+//! what no reservation covers is left untracked.
 //!
 //! **Failure.** A refused turn or a failed call reaches every buyer of the
 //! batch as the error a lone lookup would have got; an answer is read and
@@ -36,12 +36,10 @@ use crate::app::App;
 use crate::auth::Team;
 use crate::cache::records::IdList;
 use crate::error::GatewayError;
-use crate::ledger::Reservation;
 use crate::proxy::context::Job;
-use crate::proxy::credits::{self, Charge};
 use crate::proxy::fetch;
 use crate::proxy::flight::Outcome;
-use crate::proxy::org_probe;
+use crate::proxy::purchase::{self, Hold, Opened};
 use crate::route::Route;
 use http::StatusCode;
 use std::collections::{HashMap, VecDeque};
@@ -75,10 +73,10 @@ struct Queue {
 
 /// One request's ids, waiting for a call.
 struct Buyer {
-    job: Job,
+    /// Its ids' credits, held in its own budgets (`purchase`).
+    hold: Hold,
     list: IdList,
     wanted: Vec<usize>,
-    reservation: Option<Reservation>,
     done: oneshot::Sender<Share>,
 }
 
@@ -107,7 +105,7 @@ impl Batches {
     fn join(&self, route: Route, buyer: Buyer) -> bool {
         let mut queues = self.lock();
         let q = queues.entry(route).or_default();
-        let team = buyer.job.team.name.clone();
+        let team = buyer.hold.job.team.name.clone();
         if !q.waiting.contains_key(&team) {
             q.turn.push_back(team.clone());
         }
@@ -141,7 +139,7 @@ impl Batches {
             .front()
             .and_then(|t| q.waiting.get(t))
             .and_then(|w| w.front())
-            .map(|b| b.job.team.clone());
+            .map(|b| b.hold.job.team.clone());
         if team.is_none() {
             q.driven = false;
         }
@@ -194,26 +192,23 @@ pub(super) async fn buy(app: &Arc<App>, batches: &Batches, job: &Job, list: &IdL
     job.target = target;
     // Not a page key: the answer is filed piece by piece.
     job.key = None;
-    if job.target.route.is_metered() {
-        if let Some(refusal) = org_probe::exhausted(app, &job) {
+    // Its own ids, in its own budget, before it joins anyone.
+    let hold = match purchase::open(app, &job, n as u64).await {
+        Ok(Opened::Held(hold)) => hold,
+        Ok(Opened::OrgExhausted(refusal)) => {
             return Share {
                 got: vec![Ok(Got::Refused(refusal)); n],
                 charged: 0,
-            };
+            }
         }
-    }
-    // Its own ids, in its own budget, before it joins anyone.
-    let reservation = match credits::reserve(app, &job).await {
-        Ok(r) => r,
         Err(e) => return Share::failed(n, e),
     };
     let route = job.target.route;
     let (done, share) = oneshot::channel();
     let buyer = Buyer {
-        job,
+        hold,
         list: list.clone(),
         wanted: wanted.to_vec(),
-        reservation,
         done,
     };
     if batches.join(route, buyer) {
@@ -235,7 +230,7 @@ async fn drive(app: Arc<App>, batches: Batches, route: Route) {
             tokio::time::sleep(gather).await;
         }
         let Some(team) = batches.head(route) else { return };
-        let turn = app.scheduler.acquire(&team.name).await;
+        let turn = purchase::turn(&app, &team.name).await;
         let taken = batches.take(route);
         if taken.is_empty() {
             continue;
@@ -246,7 +241,7 @@ async fn drive(app: Arc<App>, batches: Batches, route: Route) {
             }
             Err(e) => {
                 for buyer in taken {
-                    credits::release(&app, buyer.reservation).await;
+                    buyer.hold.release(&app).await;
                     let _ = buyer.done.send(Share::failed(buyer.wanted.len(), e.clone()));
                 }
             }
@@ -254,86 +249,63 @@ async fn drive(app: Arc<App>, batches: Batches, route: Route) {
     }
 }
 
-/// One call for the buyers' ids; each buyer's share of what it said and
-/// of its bill.
+/// One call for the buyers' ids (their holds' purchase); each buyer's
+/// share of what it said and of its bill (`purchase::shares`: its records,
+/// then the rest by the ids it asked).
 async fn send(app: Arc<App>, buyers: Vec<Buyer>) {
     let (list, at) = union(&buyers);
     app.metrics
-        .upstream_batch(buyers[0].job.target.route, list.ids.len(), buyers.len());
+        .upstream_batch(buyers[0].hold.job.target.route, list.ids.len(), buyers.len());
     let all: Vec<usize> = (0..list.ids.len()).collect();
-    let mut job = buyers[0].job.clone();
+    let mut job = buyers[0].hold.job.clone();
     let Some(target) = list.call(&all, 0) else { return };
     job.target = target;
-    let reserved: u64 = buyers
-        .iter()
-        .map(|b| credits::reserved(&b.job, b.reservation.as_ref()))
-        .sum();
-    let metered = job.target.route.is_metered();
-    let (outcome, bill) = match fetch::call_unsettled(&app, &job).await {
-        Ok(resp) => {
-            let charge = credits::charge(resp.status, &resp.headers, Some(&resp.body), metered, reserved);
-            (fetch::checked(&app, &job, resp, charge).await, charge.credits)
-        }
-        Err(failed) => {
-            let bill = failed.head.as_ref().map_or(0, |h| {
-                credits::charge(h.status, &h.headers, None, metered, reserved).credits
-            });
-            (Err(failed.error.billed_at(bill)), bill)
-        }
-    };
-    if buyers.len() > 1 && refused_id(&outcome) {
-        // One buyer's id refused the whole list: each asks alone.
-        for buyer in buyers {
-            app.detach(alone(app.clone(), buyer));
+    let mut holds = Vec::with_capacity(buyers.len());
+    let mut waiting = Vec::with_capacity(buyers.len());
+    for b in buyers {
+        waiting.push((b.hold.job.clone(), b.list, b.wanted, b.done));
+        holds.push(b.hold);
+    }
+    let called = purchase::call(&app, &job, holds).await;
+    if waiting.len() > 1 && refused_id(&called.outcome) {
+        // One buyer's id refused the whole list (billed nothing): each asks
+        // alone.
+        called.settle(&app, None).await;
+        for (job, list, wanted, done) in waiting {
+            app.detach(alone(app.clone(), job, list, wanted, done));
         }
         return;
     }
-    let got = learn(&app, &list, &all, &job, outcome.clone()).await;
+    let got = learn(&app, &list, &all, &job, called.outcome.clone()).await;
     let records: Vec<u64> = at
         .iter()
         .map(|idx| idx.iter().filter(|i| is_record(&got[**i])).count() as u64)
         .collect();
-    let charges = share_out(bill, &records, &buyers);
-    if bill > charges.iter().sum::<u64>() {
-        tracing::warn!(
-            request_id = %job.request_id,
-            route = job.target.route.as_str(),
-            billed = bill,
-            records = records.iter().sum::<u64>(),
-            "upstream anomaly: a batch was billed above its records; the rest is untracked"
-        );
-    }
-    for ((buyer, idx), charged) in buyers.into_iter().zip(at).zip(charges) {
-        let charge = Charge {
-            credits: charged,
-            worth: charged,
-        };
-        let settling = credits::settle_beside(&app, &buyer.job, buyer.reservation, charge);
-        credits::settled_or_late(settling).await;
+    let counted = records.iter().any(|r| *r > 0);
+    let charges = called.settle(&app, counted.then_some(records.as_slice())).await;
+    for (((_, _, _, done), idx), charged) in waiting.into_iter().zip(at).zip(charges) {
         let got = idx.iter().map(|i| got[*i].clone()).collect();
-        let _ = buyer.done.send(Share { got, charged });
+        let _ = done.send(Share { got, charged });
     }
 }
 
 /// A buyer's ids asked alone, after a batch they shared was refused for
-/// someone's id: its reservation handed back, its own call.
-async fn alone(app: Arc<App>, buyer: Buyer) {
-    credits::release(&app, buyer.reservation).await;
-    let all: Vec<usize> = (0..buyer.wanted.len()).collect();
-    let Some(target) = buyer.list.call(&buyer.wanted, 0) else {
+/// someone's id: a purchase of its own, in its own call.
+async fn alone(app: Arc<App>, mut job: Job, list: IdList, wanted: Vec<usize>, done: oneshot::Sender<Share>) {
+    let all: Vec<usize> = (0..wanted.len()).collect();
+    let Some(target) = list.call(&wanted, 0) else {
         return;
     };
-    let mut job = buyer.job;
     job.target = target;
     let outcome = fetch::uncoalesced(&app, job.clone()).await;
     let charged = charged_of(&outcome);
     let list = IdList {
-        ids: buyer.wanted.iter().map(|i| buyer.list.ids[*i].clone()).collect(),
-        keys: buyer.wanted.iter().map(|i| buyer.list.keys[*i].clone()).collect(),
-        ..buyer.list
+        ids: wanted.iter().map(|i| list.ids[*i].clone()).collect(),
+        keys: wanted.iter().map(|i| list.keys[*i].clone()).collect(),
+        ..list
     };
     let got = learn(&app, &list, &all, &job, outcome).await;
-    let _ = buyer.done.send(Share { got, charged });
+    let _ = done.send(Share { got, charged });
 }
 
 /// What a lone call's outcome cost its buyer.
@@ -377,36 +349,6 @@ fn is_record(got: &PieceOutcome) -> bool {
 /// Whether the call's answer is the upstream's 422 for an id of the list.
 fn refused_id(outcome: &Outcome) -> bool {
     matches!(outcome, Ok(f) if f.status == StatusCode::UNPROCESSABLE_ENTITY)
-}
-
-/// Each buyer's charge: a lone buyer pays the bill, as any call's buyer
-/// does; buyers of a batch pay their records, while the bill lasts, in the
-/// order they joined; a bill without records to follow (a failed call
-/// still billed) is shared out up to each reservation.
-fn share_out(bill: u64, records: &[u64], buyers: &[Buyer]) -> Vec<u64> {
-    if buyers.len() == 1 {
-        return vec![bill];
-    }
-    let counted: u64 = records.iter().sum();
-    let mut left = bill;
-    if counted > 0 || bill == 0 {
-        return records
-            .iter()
-            .map(|r| {
-                let c = (*r).min(left);
-                left -= c;
-                c
-            })
-            .collect();
-    }
-    buyers
-        .iter()
-        .map(|b| {
-            let c = credits::reserved(&b.job, b.reservation.as_ref()).min(left);
-            left -= c;
-            c
-        })
-        .collect()
 }
 
 #[cfg(test)]

@@ -9,6 +9,7 @@
 //! Every file of `proxy/` may use these; this one uses none of them, so
 //! the arrows between the phases' files run one way.
 
+use super::answered::Answered;
 use crate::auth::{Member, Team};
 use crate::cache::control::Directives;
 use crate::cache::months::Window;
@@ -100,37 +101,6 @@ pub(super) struct Job {
     pub(super) accept: Option<http::HeaderValue>,
 }
 
-/// How the cache took part in an answer (the `X-Cache` header and the
-/// `cache` metric label).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum CacheState {
-    Hit,
-    Miss,
-    Stale,
-    Bypass,
-}
-
-impl CacheState {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            CacheState::Hit => "hit",
-            CacheState::Miss => "miss",
-            CacheState::Stale => "stale",
-            CacheState::Bypass => "bypass",
-        }
-    }
-
-    /// The `X-Cache` header value.
-    pub(super) fn header(self) -> &'static str {
-        match self {
-            CacheState::Hit => "HIT",
-            CacheState::Miss => "MISS",
-            CacheState::Stale => "STALE",
-            CacheState::Bypass => "BYPASS",
-        }
-    }
-}
-
 /// Label used for requests that never reached authentication.
 const NO_TEAM: &str = "unauthenticated";
 
@@ -144,7 +114,9 @@ pub(crate) struct RequestContext {
     /// The team's app, once authenticated.
     pub(super) member: Option<Arc<Member>>,
     pub(super) route: Option<Route>,
-    pub(super) cache: CacheState,
+    /// How it was answered ([`Answered`]): `X-Cache`, the `cache` label,
+    /// the access line's `answered`.
+    pub(super) answered: Answered,
     /// Credits charged to the team for this answer: the sum of what every
     /// call it paid for billed ([`RequestContext::charge`]); its
     /// `X-Credits-Request` and its access line.
@@ -166,7 +138,7 @@ impl RequestContext {
             team: None,
             member: None,
             route: None,
-            cache: CacheState::Bypass,
+            answered: Answered::Gateway,
             credits: 0,
             fault: None,
             span: tracing::Span::none(),
@@ -197,7 +169,7 @@ impl RequestContext {
         // Refused before routing (a 405, a path outside /v2): "other", so the
         // label stays inside the contract's route names.
         let route = self.route.unwrap_or(Route::Other);
-        metrics.request(self.team_name(), route, status, self.cache.as_str(), took);
+        metrics.request(self.team_name(), route, status, self.answered.cache().as_str(), took);
         let level = match self.fault {
             Some(Fault::Internal) => Level::ERROR,
             Some(Fault::Upstream) => Level::WARN,
@@ -224,7 +196,8 @@ impl RequestContext {
             method,
             route: self.route.unwrap_or(Route::Other).as_str(),
             status: status.as_u16(),
-            cache: self.cache.as_str(),
+            cache: self.answered.cache().as_str(),
+            answered: self.answered.as_str(),
             credits: self.credits,
             took,
             refresh,

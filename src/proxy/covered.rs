@@ -3,7 +3,8 @@
 //! counted first page (`cache::covered` proves which) — served as a
 //! hit at 0 credits.
 
-use super::context::{Ask, CacheState, RequestContext};
+use super::answered::Answered;
+use super::context::{Ask, RequestContext};
 use super::respond;
 use super::revalidate::{self, Use};
 use crate::app::App;
@@ -29,7 +30,7 @@ pub(super) async fn covered_answer<B>(app: &App, ask: &Ask<'_, B>, ctx: &mut Req
         &ask.team,
         &ask.parsed.target,
         &entry,
-        CacheState::Hit,
+        Answered::Covered,
         ask.req,
         ctx,
     ))

@@ -38,6 +38,19 @@ pub(super) enum Role {
     Follower,
 }
 
+/// What a request pays for a fetch's outcome, the one rule on every path
+/// (a page, pieces bought in a turn, a background refresh): the leader of
+/// a call that reached the upstream pays what the purchase charged it,
+/// billed failures included; a follower, or an answer found in the cache
+/// by the fetch, pays nothing.
+pub(super) fn charged(outcome: &Outcome, role: Role) -> u64 {
+    match (outcome, role) {
+        (Ok(f), Role::Leader) if !f.from_cache => f.credits,
+        (Err(e), Role::Leader) => e.billed(),
+        _ => 0,
+    }
+}
+
 /// The one rule for "the upstream failed" on every path (pages, id
 /// lookups, refreshes, followers): an upstream error (its error statuses
 /// became [`GatewayError`]s where the fetch returned), or the org's 402

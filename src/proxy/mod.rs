@@ -35,6 +35,7 @@
 //! - [`respond`](mod@respond): answers from the cache or from a fetch.
 //! - [`usage`](mod@usage): `/v2/usage`.
 
+pub(crate) mod answered;
 mod clamp;
 mod context;
 mod covered;
@@ -52,7 +53,7 @@ mod revalidate;
 mod state;
 mod usage;
 
-pub use context::CacheState;
+pub use answered::{Answered, CacheState};
 pub use state::State;
 
 use crate::app::App;
@@ -115,7 +116,10 @@ fn rescue(app: &App, ctx: &mut RequestContext, e: GatewayError) -> Response<Body
     }
     // A budget's 402 tells that budget in its headers, as its body does.
     let refused_by = match &e {
-        GatewayError::QuotaExceeded { limit, remaining, .. } => Some((*limit, *remaining)),
+        GatewayError::QuotaExceeded { limit, remaining, .. } => {
+            ctx.answered = Answered::BudgetRefused;
+            Some((*limit, *remaining))
+        }
         _ => None,
     };
     let mut resp = e.into_response();
@@ -200,7 +204,6 @@ async fn as_team<B>(
     let _in_flight = limit_team(app, &caller.0)?;
     validate(&resolved)?;
     if resolved.target().route == Route::Usage {
-        ctx.cache = CacheState::Bypass;
         return Box::pin(usage::usage(app, &caller.0, &caller.1)).await;
     }
     let ask = cache_key(app, state, req, directives, caller, resolved, ctx);
@@ -242,6 +245,9 @@ async fn answer<B>(app: &Arc<App>, state: &Arc<State>, ask: &Ask<'_, B>, ctx: &m
             }),
         };
         let mut resp = Box::pin(answer(app, state, &narrowed, ctx)).await?;
+        if ctx.answered == Answered::Bought {
+            ctx.answered = Answered::Clamped;
+        }
         clamp::mark(&mut resp, clamped.asked);
         return Ok(resp);
     }
@@ -501,11 +507,10 @@ async fn lookup<B>(app: &Arc<App>, state: &Arc<State>, ask: &Ask<'_, B>, ctx: &m
     // one starts: the hit path allocates no job).
     let buys = ask.req.method() != Method::HEAD;
     let job = || buys.then(|| ask.job(&ctx.request_id));
-    match revalidate::accept(app, state, &entry, &ask.directives, k, job).await {
-        Some(cache) => {
+    match revalidate::accept(app, state, &entry, &ask.directives, (k, tier), job).await {
+        Some(answered) => {
             app.metrics.cache_hit(target.route, tier);
-            let held = (&*entry, tier);
-            Found::Answer(respond::from_held(app, &ask.team, target, held, cache, ask.req, ctx))
+            Found::Answer(respond::from_held(app, &ask.team, target, &entry, answered, ask.req, ctx))
         }
         None => Found::Kept(Some(entry)),
     }
@@ -551,7 +556,7 @@ async fn stale_on_failure<B>(
         &ask.team,
         &ask.parsed.target,
         &entry,
-        CacheState::Stale,
+        Answered::Stale,
         ask.req,
         ctx,
     );

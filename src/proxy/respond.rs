@@ -12,7 +12,8 @@
 //! adds (`Set-Cookie`, `Location`, CORS, HSTS, its own credit headers, a
 //! header that might echo a secret) reaches a team.
 
-use super::context::{CacheState, RequestContext};
+use super::answered::{Answered, CacheState};
+use super::context::RequestContext;
 use super::fetch::Role;
 use super::flight::Fetched;
 use crate::app::App;
@@ -21,7 +22,7 @@ use crate::cache::Entry;
 use crate::clock::coarse_now_ms;
 use crate::error::GatewayError;
 use crate::http_util::{number_header, Body};
-use crate::metrics::{SavedReason, Tier};
+use crate::metrics::SavedReason;
 use crate::route::Target;
 use crate::upstream::retry_after;
 use bytes::Bytes;
@@ -67,33 +68,34 @@ pub(super) fn from_cache<B>(
     team: &Team,
     target: &Target,
     entry: &Entry,
-    state: CacheState,
+    answered: Answered,
     req: &Request<B>,
     ctx: &mut RequestContext,
 ) -> Response<Body> {
-    from_held(app, team, target, (entry, Tier::Memory), state, req, ctx)
+    from_held(app, team, target, entry, answered, req, ctx)
 }
 
-/// [`from_cache`] for an entry found in `tier`: one the disk tier held and
-/// memory did not saves under `reason="disk"`.
+/// [`from_cache`] as `lookup` calls it: `answered` says from which tier
+/// (one the disk tier held and memory did not saves under
+/// `reason="disk"`).
 pub(super) fn from_held<B>(
     app: &App,
     team: &Team,
     target: &Target,
-    (entry, tier): (&Entry, Tier),
-    state: CacheState,
+    entry: &Entry,
+    answered: Answered,
     req: &Request<B>,
     ctx: &mut RequestContext,
 ) -> Response<Body> {
-    ctx.cache = state;
+    ctx.answered = answered;
     saved_because(
         app,
         (team, ctx.member.as_deref()),
         target,
         entry.credits,
-        SavedReason::of_tier(tier),
+        answered.saved_reason(),
     );
-    from_entry(entry, state, ctx.conditional.then(|| req.headers()))
+    from_entry(entry, answered.cache(), ctx.conditional.then(|| req.headers()))
 }
 
 /// The response for a fetch: the leader pays what the upstream charged;
@@ -107,20 +109,22 @@ pub(super) fn from_fetched(
     no_cache: bool,
     ctx: &mut RequestContext,
 ) -> Result<Response<Body>, GatewayError> {
-    let (state, charged) = match role {
-        Role::Leader if fetched.from_cache => (CacheState::Hit, 0),
-        Role::Leader if no_cache => (CacheState::Bypass, fetched.credits),
-        Role::Leader => (CacheState::Miss, fetched.credits),
-        Role::Follower => (CacheState::Hit, 0),
+    let answered = match role {
+        // The only answer from no call that is not a 200: a kept refusal.
+        _ if fetched.from_cache && fetched.status != StatusCode::OK => Answered::KeptRefusal,
+        Role::Leader if fetched.from_cache => Answered::Follower,
+        Role::Leader if no_cache => Answered::Refetched,
+        Role::Leader => Answered::Bought,
+        Role::Follower => Answered::Follower,
     };
     if role == Role::Follower || fetched.from_cache {
         app.metrics.coalesced(target.route);
         saved(app, (team, ctx.member.as_deref()), target, fetched.worth);
     }
-    ctx.cache = state;
-    ctx.charge(charged);
+    ctx.answered = answered;
+    ctx.charge(super::fetch::charged(&Ok(fetched.clone()), role));
     let max_retry_after = Duration::from_secs(app.config.upstream.max_retry_after_secs);
-    fetched_answer(&fetched, state, max_retry_after)
+    fetched_answer(&fetched, answered.cache(), max_retry_after)
 }
 
 /// Credits a team did not spend because an answer was held: its metrics

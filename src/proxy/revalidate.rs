@@ -9,13 +9,15 @@
 //! shaped in `respond`; the keys refreshed in the background lately are in
 //! [`super::refresh`].
 
-use super::context::{CacheState, Job, RequestContext};
+use super::answered::Answered;
+use super::context::{Job, RequestContext};
 use super::fetch::{self, Role};
 use super::State;
 use crate::app::App;
 use crate::cache::control::Directives;
 use crate::cache::Entry;
 use crate::clock::now_ms;
+use crate::metrics::Tier;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -64,17 +66,17 @@ pub(super) async fn accept(
     state: &Arc<State>,
     entry: &Entry,
     d: &Directives,
-    key: &str,
+    (key, tier): (&str, Tier),
     job: impl FnOnce() -> Option<Job>,
-) -> Option<CacheState> {
+) -> Option<Answered> {
     match usable(entry, d, app.config.cache.stale_while_revalidate_secs, now_ms()) {
-        Use::Hit => Some(CacheState::Hit),
-        Use::StaleAccepted => Some(CacheState::Stale),
+        Use::Hit => Some(Answered::Held(tier)),
+        Use::StaleAccepted => Some(Answered::Stale),
         Use::Revalidate => {
             // Boxed: a fresh hit's future does not carry a refresh's start
             // (the request's future is moved whole into its box).
             Box::pin(start_refresh(app, state, d, key, job)).await;
-            Some(CacheState::Stale)
+            Some(Answered::Stale)
         }
         Use::FallbackOnly => None,
     }
@@ -104,20 +106,13 @@ async fn refresh(app: Arc<App>, state: Arc<State>, job: Job) {
     ctx.team = Some(job.team.clone());
     ctx.route = Some(job.target.route);
     let (outcome, role) = fetch::coalesce(&app, &state.flights, job).await;
+    ctx.charge(fetch::charged(&outcome, role));
+    if role == Role::Leader && outcome.as_ref().is_ok_and(|f| !f.from_cache) {
+        ctx.answered = Answered::Bought;
+    }
     let status = match &outcome {
-        Ok(f) => {
-            if role == Role::Leader && !f.from_cache {
-                ctx.cache = CacheState::Miss;
-                ctx.credits = f.credits;
-            }
-            f.status
-        }
-        Err(e) => {
-            if role == Role::Leader {
-                ctx.credits = e.billed();
-            }
-            e.status()
-        }
+        Ok(f) => f.status,
+        Err(e) => e.status(),
     };
     ctx.log_refresh(status, started.elapsed());
 }

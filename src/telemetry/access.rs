@@ -58,6 +58,8 @@ pub(crate) struct Line<'a> {
     pub(crate) route: &'a str,
     pub(crate) status: u16,
     pub(crate) cache: &'a str,
+    /// How it was answered (`proxy::Answered`): finer than `cache`.
+    pub(crate) answered: &'a str,
     pub(crate) credits: u64,
     pub(crate) took: Duration,
     /// A background refresh's line (no client waited for it).
@@ -114,6 +116,7 @@ impl Line<'_> {
         field(name!("route"), Value::Known(self.route))?;
         field(name!("status"), Value::Int(u64::from(self.status)))?;
         field(name!("cache"), Value::Known(self.cache))?;
+        field(name!("answered"), Value::Known(self.answered))?;
         field(name!("credits"), Value::Int(self.credits))?;
         field(name!("duration_ms"), Value::Millis(self.took))?;
         if self.refresh {
@@ -289,7 +292,7 @@ fn json_fields(out: &mut String, line: &Line<'_>) {
     // letters, digits and `-_.:`, a method is an HTTP token, a route and a
     // cache state are the gateway's own names.
     debug_assert!(
-        [line.request_id, line.method, line.route, line.cache]
+        [line.request_id, line.method, line.route, line.cache, line.answered]
             .into_iter()
             .all(plain),
         "{line:?} needs escaping"
@@ -312,6 +315,8 @@ fn json_fields(out: &mut String, line: &Line<'_>) {
     out.push_str(n.format(line.status));
     out.push_str(",\"cache\":\"");
     out.push_str(line.cache);
+    out.push_str("\",\"answered\":\"");
+    out.push_str(line.answered);
     out.push_str("\",\"credits\":");
     out.push_str(n.format(line.credits));
     out.push_str(",\"duration_ms\":");
@@ -442,6 +447,7 @@ mod tests {
             route: "permits_search",
             status: 200,
             cache: "hit",
+            answered: "held_memory",
             credits: 7,
             took: Duration::from_micros(12_045),
             refresh,
@@ -486,6 +492,7 @@ mod tests {
         let trace_id = opentelemetry::trace::TraceId::from_bytes(line.trace_id);
         let (request_id, team, method) = (line.request_id, line.team, line.method);
         let (route, status, cache, credits) = (line.route, line.status, line.cache, line.credits);
+        let answered = line.answered;
         macro_rules! event {
             ($level:ident $(, $refresh:ident)?) => {
                 tracing::$level!(
@@ -497,6 +504,7 @@ mod tests {
                     route,
                     status,
                     cache,
+                    answered,
                     credits,
                     duration_ms,
                     $($refresh = true,)?
@@ -543,6 +551,7 @@ mod tests {
                 trace_id: trace_id.to_be_bytes(),
                 status: 502,
                 cache: "bypass",
+                answered: "gateway",
                 credits: 0,
                 took: Duration::from_micros(1_234_567),
                 ..sample(false)

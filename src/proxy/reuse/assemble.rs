@@ -10,7 +10,8 @@ use crate::cache::{Entry, Found, Tier};
 use crate::error::GatewayError;
 use crate::http_util::Body;
 use crate::metrics::{RecordSource, SavedReason};
-use crate::proxy::context::{Ask, CacheState, RequestContext};
+use crate::proxy::answered::Answered;
+use crate::proxy::context::{Ask, RequestContext};
 use crate::proxy::fetch::Role;
 use crate::proxy::flight::Fetched;
 use crate::proxy::respond::{self, saved, saved_because};
@@ -40,7 +41,7 @@ pub(super) fn answer<B, K: Kind>(
             .map(|(f, s)| f.clone().or_else(|| s.clone()))
             .collect();
         let pieces = Assembly::of_held(&merged);
-        return Some(Ok(pieces.respond(app, ask, ctx, kind, CacheState::Stale)));
+        return Some(Ok(pieces.respond(app, ask, ctx, kind, Answered::Stale)));
     }
     let mut assembly = Assembly::of_held(&held.fresh);
     let mut refused: Option<(Arc<Fetched>, bool)> = None;
@@ -64,12 +65,12 @@ pub(super) fn answer<B, K: Kind>(
     if !kind.answers(assembly.count()) {
         return None;
     }
-    let state = if bought.called {
-        CacheState::Miss
+    let answered = if bought.called {
+        Answered::PiecesBought
     } else {
-        CacheState::Hit
+        Answered::Pieces
     };
-    Some(Ok(assembly.respond(app, ask, ctx, kind, state)))
+    Some(Ok(assembly.respond(app, ask, ctx, kind, answered)))
 }
 
 /// One piece of an answer being assembled.
@@ -125,7 +126,7 @@ impl Assembly {
         ask: &Ask<'_, B>,
         ctx: &mut RequestContext,
         kind: &K,
-        state: CacheState,
+        answered: Answered,
     ) -> Response<Body> {
         self.tally(app, ask, kind);
         let used: Vec<&Piece> = self.pieces.iter().flatten().filter(|p| !is_absent(&p.entry)).collect();
@@ -141,8 +142,8 @@ impl Assembly {
         if let Some(oldest) = oldest {
             page.stored_at_ms = page.stored_at_ms.min(oldest);
         }
-        ctx.cache = state;
-        respond::from_entry(&page, state, ctx.conditional.then(|| ask.req.headers()))
+        ctx.answered = answered;
+        respond::from_entry(&page, answered.cache(), ctx.conditional.then(|| ask.req.headers()))
     }
 
     /// Counts each piece by where it came from; the held ones and those

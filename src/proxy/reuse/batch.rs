@@ -38,7 +38,6 @@ use crate::cache::records::IdList;
 use crate::error::GatewayError;
 use crate::proxy::context::Job;
 use crate::proxy::fetch;
-use crate::proxy::flight::Outcome;
 use crate::proxy::purchase::{self, Hold, Opened};
 use crate::route::Route;
 use http::StatusCode;
@@ -298,7 +297,7 @@ async fn alone(app: Arc<App>, mut job: Job, list: IdList, wanted: Vec<usize>, do
     };
     job.target = target;
     let outcome = fetch::uncoalesced(&app, job.clone()).await;
-    let charged = charged_of(&outcome);
+    let charged = fetch::charged(&outcome, fetch::Role::Leader);
     let list = IdList {
         ids: wanted.iter().map(|i| list.ids[*i].clone()).collect(),
         keys: wanted.iter().map(|i| list.keys[*i].clone()).collect(),
@@ -306,14 +305,6 @@ async fn alone(app: Arc<App>, mut job: Job, list: IdList, wanted: Vec<usize>, do
     };
     let got = learn(&app, &list, &all, &job, outcome).await;
     let _ = done.send(Share { got, charged });
-}
-
-/// What a lone call's outcome cost its buyer.
-pub(super) fn charged_of(outcome: &Outcome) -> u64 {
-    match outcome {
-        Ok(f) => f.credits,
-        Err(e) => e.billed(),
-    }
 }
 
 /// The buyers' ids as one list, and where each buyer's ids are in it.
@@ -347,7 +338,7 @@ fn is_record(got: &PieceOutcome) -> bool {
 }
 
 /// Whether the call's answer is the upstream's 422 for an id of the list.
-fn refused_id(outcome: &Outcome) -> bool {
+fn refused_id(outcome: &crate::proxy::flight::Outcome) -> bool {
     matches!(outcome, Ok(f) if f.status == StatusCode::UNPROCESSABLE_ENTITY)
 }
 

@@ -248,7 +248,7 @@ async fn buy_now<K: Kind>(app: &Arc<App>, batches: &Batches, job: &Job, kind: &K
             job.key = None;
             let outcome = fetch::uncoalesced(app, job.clone()).await;
             (
-                batch::charged_of(&outcome),
+                fetch::charged(&outcome, fetch::Role::Leader),
                 learn(app, kind, &wanted, &job, outcome).await,
             )
         }

@@ -105,11 +105,7 @@ pub(super) async fn buy<K: Kind>(
     job.key = Some(key::cache_key(&job.target));
     let (outcome, role) = fetch::coalesce(app, flights, job.clone()).await;
     let paid = role == Role::Leader && outcome.as_ref().is_ok_and(|f| !f.from_cache);
-    let charged = match &outcome {
-        Ok(f) if paid => f.credits,
-        Ok(_) => 0,
-        Err(e) => e.billed(),
-    };
+    let charged = fetch::charged(&outcome, role);
     let called = role == Role::Leader && outcome.as_ref().map_or(true, |f| !f.from_cache);
     let got = learn(app, kind, &wanted, &job, outcome).await;
     let got = wanted.into_iter().zip(got).map(|(i, o)| (i, o, paid)).collect();

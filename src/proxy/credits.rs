@@ -283,7 +283,10 @@ pub(super) async fn binding(app: &App, team: &str, member: Option<&str>) -> Opti
     let budgets = [
         (BudgetKind::App, member_budget),
         (BudgetKind::Team, team.credit_limit.map(|l| (team.name.as_str(), l))),
-        (BudgetKind::Org, app.config.quota.org_credit_limit.map(|l| (ORG_ACCOUNT, l))),
+        (
+            BudgetKind::Org,
+            app.config.quota.org_credit_limit.map(|l| (ORG_ACCOUNT, l)),
+        ),
     ];
     for (budget, limited) in budgets {
         let Some((account, limit)) = limited else { continue };

@@ -1,11 +1,11 @@
 //! The miss path, [`fetch`](fn@super::fetch) of the pipeline, in the order
-//! it runs: [`coalesce`] (one call per key in this process), [`take_turn`]
+//! it runs: [`coalesce`] (one call per key in this process), [`take_lease`]
 //! (one across replicas), then [`fetch_upstream`]: the purchase
 //! (`purchase`: org probe, reserve, fair turn, call, settle or release)
 //! and [`store`].
 //!
 //! **A reservation has one owner and one end.** Every upstream call runs in
-//! a task of its own ([`owned`]) that holds the coalescing flight, the
+//! a task of its own ([`owned`]) that stakes the coalescing flight, the
 //! cross-replica lease and the reservation. No request owns them: a client
 //! that hangs up drops only its wait, while the task settles what the
 //! upstream charged (or releases what it did not), stores the answer and
@@ -132,10 +132,10 @@ async fn run(app: &Arc<App>, job: Job) -> Outcome {
     let Some(key) = &job.key else {
         return fetch_upstream(app, &job).await;
     };
-    let turn = take_turn(app, &job, key).instrument(tracing::info_span!(target: SPANS, "lease_wait"));
+    let turn = take_lease(app, &job, key).instrument(tracing::info_span!(target: SPANS, "lease_wait"));
     let lease = match turn.await {
-        Turn::Stored(entry) => return Ok(Arc::new(cached(&entry))),
-        Turn::Buy(lease) => lease,
+        Leased::Stored(entry) => return Ok(Arc::new(cached(&entry))),
+        Leased::Buy(lease) => lease,
     };
     let outcome = fetch_upstream(app, &job).await;
     if let Some(lease) = lease {
@@ -145,7 +145,7 @@ async fn run(app: &Arc<App>, job: Job) -> Outcome {
 }
 
 /// Where the cross-replica lease leaves the owner.
-enum Turn {
+enum Leased {
     /// A peer bought the key meanwhile: its entry answers.
     Stored(Entry),
     /// Ours to buy: under the lease, or without one when Redis cannot give
@@ -153,11 +153,11 @@ enum Turn {
     Buy(Option<Lease>),
 }
 
-/// Takes the key's lease, or waits for the peer that holds it, until one of
+/// Takes the key's lease, or waits for the peer that stakes it, until one of
 /// the two has the entry or ours is the turn to buy. A lease that went
 /// without an entry is taken in turn, never bypassed: two replicas that
 /// both saw it go would otherwise both buy.
-async fn take_turn(app: &App, job: &Job, key: &str) -> Turn {
+async fn take_lease(app: &App, job: &Job, key: &str) -> Leased {
     let deadline = Instant::now() + Duration::from_millis(app.config.cache.coalesce_wait_ms);
     // `no-cache`: only an answer the peer is buying now, not its old entry.
     let since_ms = if job.no_cache { now_ms() } else { 0 };
@@ -170,10 +170,10 @@ async fn take_turn(app: &App, job: &Job, key: &str) -> Turn {
                 if !job.no_cache {
                     if let Some(entry) = app.cache.fresh_in_redis(job.target.route, key).await {
                         lease.release().await;
-                        return Turn::Stored(entry);
+                        return Leased::Stored(entry);
                     }
                 }
-                return Turn::Buy(Some(lease));
+                return Leased::Buy(Some(lease));
             }
             Acquired::Held => {
                 let left = deadline.saturating_duration_since(Instant::now());
@@ -182,12 +182,12 @@ async fn take_turn(app: &App, job: &Job, key: &str) -> Turn {
                     .wait_for_peer(&app.cache, job.target.route, key, left, since_ms)
                     .await
                 {
-                    Peer::Stored(entry) => return Turn::Stored(entry),
+                    Peer::Stored(entry) => return Leased::Stored(entry),
                     Peer::Gone => continue,
-                    Peer::GaveUp => return Turn::Buy(None),
+                    Peer::GaveUp => return Leased::Buy(None),
                 }
             }
-            Acquired::Unavailable => return Turn::Buy(None),
+            Acquired::Unavailable => return Leased::Buy(None),
         }
     }
 }
@@ -224,18 +224,18 @@ fn cached(entry: &Entry) -> Fetched {
     }
 }
 
-/// The miss's purchase (`purchase`): one hold, one call; the answer
+/// The miss's purchase (`purchase`): one stake, one call; the answer
 /// stored, a refusal kept.
 async fn fetch_upstream(app: &Arc<App>, job: &Job) -> Outcome {
-    let hold = match purchase::open(app, job, 1).await? {
-        Opened::Held(hold) => hold,
+    let stake = match purchase::open(app, job, 1).await? {
+        Opened::Staked(stake) => stake,
         Opened::OrgExhausted(refusal) => return Ok(refusal),
     };
     if let Err(e) = purchase::turn(app, &job.team.name).await {
-        hold.release(app).await;
+        stake.release(app).await;
         return Err(e);
     }
-    let called = purchase::call(app, job, vec![hold]).await;
+    let called = purchase::call(app, job, vec![stake]).await;
     let outcome = called.outcome.clone();
     called.settle(app, None).await;
     let fetched = outcome?;

@@ -7,16 +7,16 @@
 //!  turn     a fair turn at the upstream rate        refused ─► release
 //!  call     forward; the bill from the head (or the records)
 //!    │      check      error statuses become errors, a 200 must be JSON
-//!  settle   each hold at its share of the bill      nothing billed ─► release
+//!  settle   each stake at its share of the bill      nothing billed ─► release
 //! ```
 //!
-//! Its two callers are the single miss (`fetch`: one hold, one call) and
-//! the batch of id lookups (`reuse::batch`: one hold per request, one call
-//! for all). A [`Hold`] ends in [`Hold::release`] or in [`Called::settle`],
+//! Its two callers are the single miss (`fetch`: one stake, one call) and
+//! the batch of id lookups (`reuse::batch`: one stake per request, one call
+//! for all). A [`Stake`] ends in [`Stake::release`] or in [`Called::settle`],
 //! nowhere else.
 //!
 //! **Who pays what, one rule** ([`shares`]). The charges of one call sum to
-//! its bill as far as the holds' reservations cover it:
+//! its bill as far as the stakes' reservations cover it:
 //! 1. the records each request gets are its own (a bill below the records
 //!    is split in proportion to them);
 //! 2. what the bill holds above the records (the upstream billed what it
@@ -28,9 +28,9 @@
 //!    as an anomaly.
 //!
 //! So a lookup alone and the same lookup in a batch cost the same, and a
-//! team never pays beyond the worst case it reserved. A lone hold is
+//! team never pays beyond the worst case it reserved. A lone stake is
 //! settled as soon as the answer's head shows its bill (before its body: a
-//! crash while the body streams loses no charge); a call of several holds
+//! crash while the body streams loses no charge); a call of several stakes
 //! is settled once its records are counted.
 
 use super::context::Job;
@@ -46,9 +46,10 @@ use http::StatusCode;
 use std::sync::Arc;
 use tokio::sync::watch;
 
-/// One request's credits held for a call: its job (team, member, target),
-/// its reservation, and how much of the call it asked for.
-pub(super) struct Hold {
+/// One request's stake in a call: its job (team, member, target), its
+/// reservation (credits reserved, not yet spent), and how much of the call
+/// it asked for.
+pub(super) struct Stake {
     pub(super) job: Job,
     reservation: Option<Reservation>,
     /// Its part of the call: ids for a lookup, 1 for a page.
@@ -57,8 +58,8 @@ pub(super) struct Hold {
 
 /// What [`open`] leads to.
 pub(super) enum Opened {
-    /// Credits held: the purchase may go on.
-    Held(Hold),
+    /// Credits reserved: the purchase may go on.
+    Staked(Stake),
     /// The company is out of upstream credits: its last 402, no call.
     OrgExhausted(Arc<Fetched>),
 }
@@ -72,15 +73,15 @@ pub(super) async fn open(app: &Arc<App>, job: &Job, asked: u64) -> Result<Opened
         }
     }
     let reservation = credits::reserve(app, job).await?;
-    Ok(Opened::Held(Hold {
+    Ok(Opened::Staked(Stake {
         job: job.clone(),
         reservation,
         asked: asked.max(1),
     }))
 }
 
-impl Hold {
-    /// The most this hold may be charged: its reservation, or the route's
+impl Stake {
+    /// The most this stake may be charged: its reservation, or the route's
     /// estimate when the ledger was down and the operator chose to fail open.
     fn reserved(&self) -> u64 {
         credits::reserved(&self.job, self.reservation.as_ref())
@@ -103,31 +104,31 @@ impl Hold {
 
 /// A fair turn for `team` at the upstream rate, bounded by
 /// `upstream.max_queue_wait_secs` (taken after the reservation, so a team
-/// out of budget never holds a place in the queue). Refused, the caller
-/// releases its holds.
+/// out of budget never takes a place in the queue). Refused, the caller
+/// releases its stakes.
 pub(super) async fn turn(app: &App, team: &str) -> Result<(), GatewayError> {
     app.scheduler.acquire(team).await
 }
 
-/// One call's result, its holds still to settle.
+/// One call's result, its stakes still to settle.
 pub(super) struct Called {
     /// The answer as every path takes it ([`fetch::checked`]): an error
     /// status became its error; a 200's `credits` are its bill.
     pub(super) outcome: Outcome,
     /// What the upstream billed for the call.
     pub(super) bill: u64,
-    holds: Vec<Hold>,
-    /// A lone hold settled from the head: its charge and the settle.
+    stakes: Vec<Stake>,
+    /// A lone stake settled from the head: its charge and the settle.
     early: Option<(u64, credits::Settling)>,
 }
 
-/// The call of `job`, carrying `holds` (one for a miss, several for a
+/// The call of `job`, carrying `stakes` (one for a miss, several for a
 /// batch): forwarded, seen by the org's accounting, charged from its head
-/// (or its records when the head has no bill) and checked. A lone hold is
+/// (or its records when the head has no bill) and checked. A lone stake is
 /// settled from the head as soon as it shows a bill.
-pub(super) async fn call(app: &Arc<App>, job: &Job, mut holds: Vec<Hold>) -> Called {
+pub(super) async fn call(app: &Arc<App>, job: &Job, mut stakes: Vec<Stake>) -> Called {
     let metered = job.target.route.is_metered();
-    let reserved: u64 = holds.iter().map(Hold::reserved).sum();
+    let reserved: u64 = stakes.iter().map(Stake::reserved).sum();
     let (heads, mut seen) = watch::channel(None);
     let call = upstream_call(app, job, &heads);
     tokio::pin!(call);
@@ -135,12 +136,12 @@ pub(super) async fn call(app: &Arc<App>, job: &Job, mut holds: Vec<Hold>) -> Cal
     let result = loop {
         tokio::select! {
             result = &mut call => break result,
-            Ok(()) = seen.changed(), if early.is_none() && holds.len() == 1 => {
+            Ok(()) = seen.changed(), if early.is_none() && stakes.len() == 1 => {
                 let head = seen.borrow_and_update().clone();
                 let Some(head) = head.filter(|h| h.status == StatusCode::OK) else { continue };
                 if let Some(bill) = credits::billed(&head.headers) {
                     app.org.observe(head.status, &head.headers, &bytes::Bytes::new(), &app.metrics);
-                    early = settle_all(app, job, bill, &mut holds, None).pop();
+                    early = settle_all(app, job, bill, &mut stakes, None).pop();
                 }
             }
         }
@@ -149,8 +150,8 @@ pub(super) async fn call(app: &Arc<App>, job: &Job, mut holds: Vec<Hold>) -> Cal
         Ok(resp) => {
             app.org.observe(resp.status, &resp.headers, &resp.body, &app.metrics);
             let bill = credits::charge(resp.status, &resp.headers, Some(&resp.body), metered, reserved).credits;
-            // A lone hold's answer carries its own charge; a batch's, the bill.
-            let credits = match (&early, holds.as_slice()) {
+            // A lone stake's answer carries its own charge; a batch's, the bill.
+            let credits = match (&early, stakes.as_slice()) {
                 (Some((charged, _)), _) => *charged,
                 (None, [one]) => bill.min(one.reserved()),
                 _ => bill,
@@ -159,11 +160,11 @@ pub(super) async fn call(app: &Arc<App>, job: &Job, mut holds: Vec<Hold>) -> Cal
             Called {
                 outcome,
                 bill,
-                holds,
+                stakes,
                 early,
             }
         }
-        Err(failed) => failure(app, job, holds, early, failed),
+        Err(failed) => failure(app, job, stakes, early, failed),
     }
 }
 
@@ -173,8 +174,14 @@ pub(super) async fn call(app: &Arc<App>, job: &Job, mut holds: Vec<Hold>) -> Cal
 /// not (the upstream bills every metered 200 in `X-Credits-Request`) is
 /// settled at the reservations and counted as an anomaly: erring towards
 /// counting, since the upstream may have billed it. Otherwise nothing was
-/// billed and the holds are released.
-fn failure(app: &App, job: &Job, holds: Vec<Hold>, early: Option<(u64, credits::Settling)>, failed: Failed) -> Called {
+/// billed and the stakes are released.
+fn failure(
+    app: &App,
+    job: &Job,
+    stakes: Vec<Stake>,
+    early: Option<(u64, credits::Settling)>,
+    failed: Failed,
+) -> Called {
     let bill = match (&early, &failed.head) {
         (Some(_), Some(head)) => credits::billed(&head.headers).unwrap_or(0),
         (None, Some(head)) if head.status == StatusCode::OK => {
@@ -183,7 +190,7 @@ fn failure(app: &App, job: &Job, holds: Vec<Hold>, early: Option<(u64, credits::
             match credits::billed(&head.headers) {
                 Some(bill) => bill,
                 None if job.target.route.is_metered() => {
-                    let reserved: u64 = holds.iter().map(Hold::reserved).sum();
+                    let reserved: u64 = stakes.iter().map(Stake::reserved).sum();
                     app.metrics.credit_anomaly(&job.team.name);
                     tracing::warn!(
                         team = %job.team.name,
@@ -198,7 +205,7 @@ fn failure(app: &App, job: &Job, holds: Vec<Hold>, early: Option<(u64, credits::
         }
         _ => 0,
     };
-    let credits = match (&early, holds.as_slice()) {
+    let credits = match (&early, stakes.as_slice()) {
         (Some((charged, _)), _) => *charged,
         (None, [one]) => bill.min(one.reserved()),
         _ => bill,
@@ -206,27 +213,27 @@ fn failure(app: &App, job: &Job, holds: Vec<Hold>, early: Option<(u64, credits::
     Called {
         outcome: Err(failed.error.billed_at(credits)),
         bill,
-        holds,
+        stakes,
         early,
     }
 }
 
 impl Called {
-    /// Settles every hold at its share of the bill ([`shares`]; `records`:
-    /// the records each hold got, when they can be counted) or releases
-    /// those charged nothing; each hold's charge, in order.
+    /// Settles every stake at its share of the bill ([`shares`]; `records`:
+    /// the records each stake got, when they can be counted) or releases
+    /// those charged nothing; each stake's charge, in order.
     pub(super) async fn settle(mut self, app: &Arc<App>, records: Option<&[u64]>) -> Vec<u64> {
         if let Some((charged, settling)) = self.early.take() {
             credits::settled_or_late(settling).await;
             return vec![charged];
         }
-        let job = match self.holds.first() {
-            Some(hold) => hold.job.clone(),
+        let job = match self.stakes.first() {
+            Some(stake) => stake.job.clone(),
             None => return Vec::new(),
         };
-        let mut charges = Vec::with_capacity(self.holds.len());
-        let mut settling = Vec::with_capacity(self.holds.len());
-        for (charged, task) in settle_all(app, &job, self.bill, &mut self.holds, records) {
+        let mut charges = Vec::with_capacity(self.stakes.len());
+        let mut settling = Vec::with_capacity(self.stakes.len());
+        for (charged, task) in settle_all(app, &job, self.bill, &mut self.stakes, records) {
             charges.push(charged);
             settling.push(task);
         }
@@ -237,17 +244,17 @@ impl Called {
     }
 }
 
-/// Each hold's share of `bill` ([`shares`]), settled in a task of its own
+/// Each stake's share of `bill` ([`shares`]), settled in a task of its own
 /// beside the call; what the reservations do not cover logged as an
-/// anomaly. Empties `holds`.
+/// anomaly. Empties `stakes`.
 fn settle_all(
     app: &Arc<App>,
     job: &Job,
     bill: u64,
-    holds: &mut Vec<Hold>,
+    stakes: &mut Vec<Stake>,
     records: Option<&[u64]>,
 ) -> Vec<(u64, credits::Settling)> {
-    let parts: Vec<Part> = holds
+    let parts: Vec<Part> = stakes
         .iter()
         .enumerate()
         .map(|(i, h)| h.part(records.and_then(|r| r.get(i).copied())))
@@ -265,15 +272,18 @@ fn settle_all(
             "anomaly: the upstream billed more than the worst case reserved; the rest is untracked"
         );
     }
-    holds
+    stakes
         .drain(..)
         .zip(charges)
-        .map(|(hold, charged)| {
+        .map(|(stake, charged)| {
             let charge = credits::Charge {
                 credits: charged,
                 worth: charged,
             };
-            (charged, credits::settle_beside(app, &hold.job, hold.reservation, charge))
+            (
+                charged,
+                credits::settle_beside(app, &stake.job, stake.reservation, charge),
+            )
         })
         .collect()
 }
@@ -331,7 +341,9 @@ pub(super) fn shares(bill: u64, parts: &[Part]) -> Vec<u64> {
 /// `min(amount, Σ cap)`.
 fn fill(amount: u64, parts: &[(u64, u64)]) -> Vec<u64> {
     let mut out = vec![0u64; parts.len()];
-    let mut open: Vec<usize> = (0..parts.len()).filter(|i| parts[*i].0 > 0 && parts[*i].1 > 0).collect();
+    let mut open: Vec<usize> = (0..parts.len())
+        .filter(|i| parts[*i].0 > 0 && parts[*i].1 > 0)
+        .collect();
     let mut left = amount;
     while left > 0 && !open.is_empty() {
         let weight: u128 = open.iter().map(|i| u128::from(parts[*i].0)).sum();
@@ -361,7 +373,10 @@ fn fill(amount: u64, parts: &[(u64, u64)]) -> Vec<u64> {
             fractions.push((exact % weight, parts[*i].0, *i));
         }
         fractions.sort_by(|a, b| b.0.cmp(&a.0).then(b.1.cmp(&a.1)).then(a.2.cmp(&b.2)));
-        for (_, _, i) in fractions.into_iter().take(usize::try_from(left - given).unwrap_or(usize::MAX)) {
+        for (_, _, i) in fractions
+            .into_iter()
+            .take(usize::try_from(left - given).unwrap_or(usize::MAX))
+        {
             out[i] += 1;
         }
         left = 0;

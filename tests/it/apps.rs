@@ -436,3 +436,84 @@ async fn a_clamped_team_clamps_an_app_to_the_apps_own_remaining_credits() {
     );
     assert_eq!(charged_to(&sim, "alpha-web-"), 12);
 }
+
+/// The two budget headers of an answer.
+fn budget_heads(r: &crate::support::http::Reply) -> (Option<u64>, Option<u64>) {
+    (r.header_u64("x-credits-limit"), r.header_u64("x-credits-remaining"))
+}
+
+/// Issue 57: the budget headers tell the budget that binds the token — the
+/// app's, the team's or the company's, whichever has least left — on a
+/// 200 and on a 402 alike, and `/v2/usage`'s `is_over_limit` says what
+/// every metered call would meet.
+#[tokio::test]
+async fn the_budget_headers_and_usage_tell_the_app_budget_that_binds() {
+    let sim = start_sim(unlimited()).await;
+    let setup = Setup::new().team(ALPHA, |t| {
+        t.credit_limit = Some(100);
+        let mut web = app_token(WEB);
+        web.credit_limit = Some(5);
+        t.tokens = vec![web, app_token(BATCH)];
+    });
+    let gw = setup.start(&sim).await;
+    let s = sim.samples();
+    let (web, batch) = (Client::new(gw.base_url(), WEB.1), Client::new(gw.base_url(), BATCH.1));
+    let first = web.get(Query::distinct(&s, 0).size(4)).await;
+    assert_eq!(first.status, StatusCode::OK, "{}", first.text());
+    assert_eq!(budget_heads(&first), (Some(5), Some(1)), "the app's: 1 left of 5");
+    let refused = web.get(Query::distinct(&s, 1).size(3)).await;
+    assert_eq!(refused.status, StatusCode::PAYMENT_REQUIRED, "{}", refused.text());
+    let detail = &refused.json()["detail"];
+    assert_eq!(
+        (detail["limit"].as_u64(), detail["remaining"].as_u64()),
+        (Some(5), Some(1))
+    );
+    assert_eq!(
+        budget_heads(&refused),
+        (Some(5), Some(1)),
+        "the headers say what the body says"
+    );
+    // The team's other app is bound by the team's budget: 96 left of 100.
+    let other = batch.get(Query::distinct(&s, 2).size(1)).await;
+    assert_eq!(budget_heads(&other), (Some(100), Some(95)));
+    // The app spends its last credit; then every metered call is refused,
+    // and its usage says so.
+    let last = web.get(Query::distinct(&s, 3).size(1)).await;
+    assert_eq!((last.status, budget_heads(&last)), (StatusCode::OK, (Some(5), Some(0))));
+    let usage = web.get(Query::usage()).await.json();
+    assert_eq!(usage["is_over_limit"], true, "{usage}");
+    assert_eq!(usage["budget"], "app", "{usage}");
+    assert_eq!(usage["app"]["is_over_limit"], true, "{usage}");
+    let batch_usage = batch.get(Query::usage()).await.json();
+    assert_eq!(batch_usage["is_over_limit"], false, "{batch_usage}");
+    assert_eq!(batch_usage["budget"], "team", "{batch_usage}");
+}
+
+/// Issue 57: a 402 of the company's cap tells the company's budget in its
+/// headers (it used to show the team's 94 left while its body said 0), and
+/// every team's `/v2/usage` says it is over.
+#[tokio::test]
+async fn a_company_cap_402_tells_the_company_budget() {
+    let sim = start_sim(unlimited()).await;
+    let gw = Setup::new()
+        .credit_limit(BETA, 100)
+        .with(|c| c.quota.org_credit_limit = Some(10))
+        .start(&sim)
+        .await;
+    let s = sim.samples();
+    let (alpha, beta) = (Client::new(gw.base_url(), ALPHA.1), Client::new(gw.base_url(), BETA.1));
+    let spent = alpha.get(Query::distinct(&s, 0).size(10)).await;
+    assert_eq!(spent.status, StatusCode::OK, "{}", spent.text());
+    assert_eq!(budget_heads(&spent), (Some(10), Some(0)), "the company's binds alpha");
+    let refused = beta.get(Query::distinct(&s, 1).size(5)).await;
+    assert_eq!(refused.status, StatusCode::PAYMENT_REQUIRED, "{}", refused.text());
+    assert_eq!(refused.json()["detail"]["budget"], "org", "{}", refused.text());
+    assert_eq!(budget_heads(&refused), (Some(10), Some(0)));
+    let usage = beta.get(Query::usage()).await.json();
+    assert_eq!(
+        (usage["is_over_limit"].as_bool(), usage["budget"].as_str()),
+        (Some(true), Some("org")),
+        "{usage}"
+    );
+    assert_eq!(usage["credits_used"], 0, "beta's own spend is still its own");
+}

@@ -71,3 +71,26 @@ async fn a_value_the_upstream_refuses_costs_one_call_however_often_it_is_retried
     assert_eq!(admin.status, StatusCode::OK, "{}", admin.text());
     assert_eq!(five_times(&sim, &gw, &bad).await, 1);
 }
+
+/// Issue 57: a refusal kept from an earlier call answers without a call,
+/// but it is no hit of any data: `X-Cache: BYPASS`, counted under
+/// `cache="bypass"`, never `HIT`.
+#[tokio::test]
+async fn a_kept_refusal_is_not_reported_as_a_hit() {
+    let sim = start_sim(unlimited()).await;
+    let gw = Setup::new().start(&sim).await;
+    let q = search(&sim, Some("ZZ"));
+    let alpha = Client::new(gw.base_url(), ALPHA.1);
+    let first = alpha.get(&q).await;
+    assert_eq!(first.status, StatusCode::UNPROCESSABLE_ENTITY, "{}", first.text());
+    assert_eq!(first.header("x-cache"), Some("MISS"), "the upstream's own refusal");
+    let calls = sim.stats().requests_total;
+    let again = alpha.get(&q).await;
+    assert_eq!(again.status, StatusCode::UNPROCESSABLE_ENTITY);
+    assert_eq!(again.json(), first.json());
+    assert_eq!(sim.stats().requests_total, calls, "kept: no call");
+    assert_eq!(again.header("x-cache"), Some("BYPASS"), "a kept refusal is no hit");
+    let m = crate::support::probe::scrape(&gw.admin_url()).await;
+    let hits = m.sum("gateway_requests_total", &[("team", "alpha"), ("cache", "hit")]);
+    assert_eq!(hits, 0.0, "no hit counted");
+}

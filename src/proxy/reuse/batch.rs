@@ -15,10 +15,10 @@
 //! ids that did not fit wait for the next turn, which the driver takes at
 //! once. While a turn is waited for, every id that arrives joins.
 //!
-//! **Money.** A buyer is a purchase's hold (`purchase`): its ids' credits
+//! **Money.** A buyer is a purchase's stake (`purchase`): its ids' credits
 //! reserved in its own budgets before it joins. The batch's call settles
-//! every hold by the purchase's one rule: each buyer pays the records of
-//! its own ids, and what the bill holds beyond the records (or a bill with
+//! every stake by the purchase's one rule: each buyer pays the records of
+//! its own ids, and what the bill stakes beyond the records (or a bill with
 //! no records to count) is split by the ids each asked, up to each
 //! reservation; so a lookup costs the same alone and in a batch, and only
 //! what no reservation covers is left untracked.
@@ -38,7 +38,7 @@ use crate::cache::records::IdList;
 use crate::error::GatewayError;
 use crate::proxy::context::Job;
 use crate::proxy::fetch;
-use crate::proxy::purchase::{self, Hold, Opened};
+use crate::proxy::purchase::{self, Opened, Stake};
 use crate::route::Route;
 use http::StatusCode;
 use std::collections::{HashMap, VecDeque};
@@ -72,8 +72,9 @@ struct Queue {
 
 /// One request's ids, waiting for a call.
 struct Buyer {
-    /// Its ids' credits, held in its own budgets (`purchase`).
-    hold: Hold,
+    /// Its stake in the call: its ids' credits reserved in its own budgets
+    /// (`purchase`).
+    stake: Stake,
     list: IdList,
     wanted: Vec<usize>,
     done: oneshot::Sender<Share>,
@@ -104,7 +105,7 @@ impl Batches {
     fn join(&self, route: Route, buyer: Buyer) -> bool {
         let mut queues = self.lock();
         let q = queues.entry(route).or_default();
-        let team = buyer.hold.job.team.name.clone();
+        let team = buyer.stake.job.team.name.clone();
         if !q.waiting.contains_key(&team) {
             q.turn.push_back(team.clone());
         }
@@ -138,7 +139,7 @@ impl Batches {
             .front()
             .and_then(|t| q.waiting.get(t))
             .and_then(|w| w.front())
-            .map(|b| b.hold.job.team.clone());
+            .map(|b| b.stake.job.team.clone());
         if team.is_none() {
             q.driven = false;
         }
@@ -192,8 +193,8 @@ pub(super) async fn buy(app: &Arc<App>, batches: &Batches, job: &Job, list: &IdL
     // Not a page key: the answer is filed piece by piece.
     job.key = None;
     // Its own ids, in its own budget, before it joins anyone.
-    let hold = match purchase::open(app, &job, n as u64).await {
-        Ok(Opened::Held(hold)) => hold,
+    let stake = match purchase::open(app, &job, n as u64).await {
+        Ok(Opened::Staked(stake)) => stake,
         Ok(Opened::OrgExhausted(refusal)) => {
             return Share {
                 got: vec![Ok(Got::Refused(refusal)); n],
@@ -205,7 +206,7 @@ pub(super) async fn buy(app: &Arc<App>, batches: &Batches, job: &Job, list: &IdL
     let route = job.target.route;
     let (done, share) = oneshot::channel();
     let buyer = Buyer {
-        hold,
+        stake,
         list: list.clone(),
         wanted: wanted.to_vec(),
         done,
@@ -240,7 +241,7 @@ async fn drive(app: Arc<App>, batches: Batches, route: Route) {
             }
             Err(e) => {
                 for buyer in taken {
-                    buyer.hold.release(&app).await;
+                    buyer.stake.release(&app).await;
                     let _ = buyer.done.send(Share::failed(buyer.wanted.len(), e.clone()));
                 }
             }
@@ -248,24 +249,24 @@ async fn drive(app: Arc<App>, batches: Batches, route: Route) {
     }
 }
 
-/// One call for the buyers' ids (their holds' purchase); each buyer's
+/// One call for the buyers' ids (their stakes' purchase); each buyer's
 /// share of what it said and of its bill (`purchase::shares`: its records,
 /// then the rest by the ids it asked).
 async fn send(app: Arc<App>, buyers: Vec<Buyer>) {
     let (list, at) = union(&buyers);
     app.metrics
-        .upstream_batch(buyers[0].hold.job.target.route, list.ids.len(), buyers.len());
+        .upstream_batch(buyers[0].stake.job.target.route, list.ids.len(), buyers.len());
     let all: Vec<usize> = (0..list.ids.len()).collect();
-    let mut job = buyers[0].hold.job.clone();
+    let mut job = buyers[0].stake.job.clone();
     let Some(target) = list.call(&all, 0) else { return };
     job.target = target;
-    let mut holds = Vec::with_capacity(buyers.len());
+    let mut stakes = Vec::with_capacity(buyers.len());
     let mut waiting = Vec::with_capacity(buyers.len());
     for b in buyers {
-        waiting.push((b.hold.job.clone(), b.list, b.wanted, b.done));
-        holds.push(b.hold);
+        waiting.push((b.stake.job.clone(), b.list, b.wanted, b.done));
+        stakes.push(b.stake);
     }
-    let called = purchase::call(&app, &job, holds).await;
+    let called = purchase::call(&app, &job, stakes).await;
     if waiting.len() > 1 && refused_id(&called.outcome) {
         // One buyer's id refused the whole list (billed nothing): each asks
         // alone.

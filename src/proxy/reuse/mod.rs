@@ -69,7 +69,7 @@ pub(crate) struct Buyers {
     /// Ids waiting for a call, by route (`batch`).
     batches: batch::Batches,
     /// Turns at buying a series (`turn`).
-    turns: turn::Turns,
+    turns: turn::SeriesTurns,
 }
 
 /// The `lookup_pieces` phase: the answer of a request made of held pieces,

@@ -1,5 +1,5 @@
 //! [`Buying::Turn`](super::kind::Buying): one buyer at a time per name (a
-//! monthly series), in this process ([`Turns`]) and across replicas (the
+//! monthly series), in this process ([`SeriesTurns`]) and across replicas (the
 //! name's lease), so that the next buyer reads what the last one filed
 //! instead of buying it again; then one call for the smallest cover of the
 //! pieces still missing, coalesced on its page key like any page.
@@ -24,17 +24,17 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::{Duration, Instant};
 
-/// Turns by name: a live turn per name being bought, so the map stays small.
+/// Turns at buying a series, by name: a live turn per name being bought, so the map stays small.
 #[derive(Default)]
-pub(crate) struct Turns(Mutex<HashMap<String, Weak<tokio::sync::Mutex<()>>>>);
+pub(crate) struct SeriesTurns(Mutex<HashMap<String, Weak<tokio::sync::Mutex<()>>>>);
 
 /// A turn held: in this process and, when Redis gave it, across replicas.
-pub(super) struct Turn {
+pub(super) struct SeriesTurn {
     _local: tokio::sync::OwnedMutexGuard<()>,
     lease: Option<Lease>,
 }
 
-impl Turn {
+impl SeriesTurn {
     /// Ends the turn: the lease released, then the next buyer here goes.
     pub(super) async fn end(self) {
         if let Some(lease) = self.lease {
@@ -44,7 +44,7 @@ impl Turn {
 }
 
 /// Waits for `name`'s turn, here and across replicas.
-pub(super) async fn take(app: &App, turns: &Turns, name: &str) -> Turn {
+pub(super) async fn take(app: &App, turns: &SeriesTurns, name: &str) -> SeriesTurn {
     let local = {
         let mut map = turns.0.lock().unwrap_or_else(PoisonError::into_inner);
         map.retain(|_, t| t.strong_count() > 0);
@@ -58,7 +58,7 @@ pub(super) async fn take(app: &App, turns: &Turns, name: &str) -> Turn {
         }
     };
     let local = local.lock_owned().await;
-    Turn {
+    SeriesTurn {
         _local: local,
         lease: lease(app, &keys::series_key(name)).await,
     }

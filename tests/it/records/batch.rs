@@ -8,7 +8,7 @@ use crate::support::gateway::{replicas, Setup, Team, ALPHA, BETA, SMALL};
 use crate::support::http::Reply;
 use crate::support::redis::RedisServer;
 use crate::support::sim::{fault, start_sim, FaultKind, Sim, SimConfig};
-use crate::support::traffic::{charged_to, ledger_used};
+use crate::support::traffic::{charged_for, charged_to, ledger_used};
 use http::StatusCode;
 use permit_gateway::Running;
 use std::time::{Duration, Instant};
@@ -262,4 +262,112 @@ async fn what_a_batch_bought_answers_any_later_list() {
     assert_eq!((r.x_cache(), credits(&r)), (Some("HIT"), 0));
     assert_eq!(ids_of(&r), ids.iter().rev().cloned().collect::<Vec<_>>());
     assert_eq!(sim.stats().requests_total, calls);
+}
+
+/// `gateway_untracked_credits` now: the org's spend the upstream reports
+/// minus the team ledgers.
+async fn untracked(gw: &Running) -> f64 {
+    crate::support::probe::scrape(&gw.admin_url())
+        .await
+        .sum("gateway_untracked_credits", &[])
+}
+
+/// Three teams' lookups fired together after a call on the route (so they
+/// gather into one call): `lists[t]` is team `t`'s list; the upstream calls
+/// it took and each reply.
+async fn three_teams_in_one_call(
+    gw: &Running,
+    sim: &Sim,
+    (warm, faulty): (&str, FaultKind),
+    lists: [&[String]; 3],
+) -> (u64, Vec<Reply>) {
+    // A call on the route a moment ago: the next lookups gather company.
+    let r = Client::new(gw.base_url(), ALPHA.1)
+        .get(lookup("permits", &[warm]))
+        .await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text());
+    sim.set_faults(fault(faulty));
+    let calls = sim.stats().requests_total;
+    let teams = [ALPHA, BETA, SMALL];
+    let spawned: Vec<_> = lists
+        .iter()
+        .zip(teams)
+        .map(|(ids, (team, token))| {
+            let ids: Vec<&str> = ids.iter().map(String::as_str).collect();
+            Client::new(gw.base_url(), token)
+                .get(lookup("permits", &ids))
+                .request_id(&format!("{team}-batch"))
+                .spawn()
+        })
+        .collect();
+    let mut replies = Vec::new();
+    for call in spawned {
+        replies.push(call.await.expect("lookup task"));
+    }
+    sim.clear_faults();
+    (sim.stats().requests_total - calls, replies)
+}
+
+/// Issue 57: the upstream returns one record of three and bills all three
+/// (`partial_records`). A lookup alone pays the bill, its reservation
+/// covering it; the same lookups of three teams sharing one call pay the
+/// same: the call's charges sum to its bill, and the untracked credits do
+/// not move (the batch used to charge 1 of 9 and leave 8 untracked).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_over_billed_lookup_costs_the_same_alone_and_in_a_batch() {
+    let sim = start_sim(SimConfig::default()).await;
+    let gw = at_company_rate().teams(&[ALPHA, BETA, SMALL]).start(&sim).await;
+    let ids = known_ids(&sim, 14).await;
+    sim.set_faults(fault(FaultKind::PartialRecords));
+    let alone = Client::new(gw.base_url(), ALPHA.1)
+        .get(lookup("permits", &[&ids[0], &ids[1], &ids[2]]))
+        .request_id("alpha-alone")
+        .await;
+    assert_eq!(alone.status, StatusCode::OK, "{}", alone.text());
+    assert_eq!(ids_of(&alone).len(), 1, "one record of three");
+    assert_eq!(credits(&alone), 3, "billed 3: the bill, within its reservation");
+    assert_eq!(charged_for(&sim, "alpha-alone"), 3);
+    assert_eq!(ledger_used(&gw.admin_url(), "alpha").await, 3);
+    sim.clear_faults();
+    let before = untracked(&gw).await;
+    let faulty = (ids[13].as_str(), FaultKind::PartialRecords);
+    let (calls, replies) = three_teams_in_one_call(&gw, &sim, faulty, [&ids[3..6], &ids[6..9], &ids[9..12]]).await;
+    assert_eq!(calls, 1, "the three lookups shared one call");
+    let charged: Vec<u64> = replies.iter().map(credits).collect();
+    let bill = charged_to(&sim, "alpha-batch") + charged_to(&sim, "beta-batch") + charged_to(&sim, "small-batch");
+    assert_eq!(bill, 9, "one record, billed as the whole answer");
+    assert_eq!(charged, vec![3, 3, 3], "each pays as it would alone");
+    for (team, paid) in [("alpha", 3 + 3 + 1), ("beta", 3), ("small", 3)] {
+        // alpha: its lone lookup, its share of the batch, the warm-up's record
+        // (which counts in the org's spend and alpha's alike).
+        assert_eq!(ledger_used(&gw.admin_url(), team).await, paid, "{team}");
+    }
+    assert_eq!(untracked(&gw).await, before, "every billed credit has its team");
+}
+
+/// Issue 57: a batch billed with no records to count (the upstream sent
+/// records of other ids, `foreign_records`, and billed its real answer) is
+/// split by what each request asked, whatever order they joined in: of
+/// 3 + 4 + 2 ids asked, one unknown, the 8 billed go 3 / 3 / 2, each
+/// within its reservation (the rule used to fill the reservations in the
+/// order the buyers joined).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_billed_without_countable_records_is_split_by_what_each_asked() {
+    let sim = start_sim(SimConfig::default()).await;
+    let gw = at_company_rate().teams(&[ALPHA, BETA, SMALL]).start(&sim).await;
+    let mut ids = known_ids(&sim, 9).await;
+    let warm = ids.pop().expect("nine");
+    // Alpha's third id does not exist: the upstream bills 8.
+    let alpha = vec![ids[0].clone(), ids[1].clone(), "P-DOES-NOT-EXIST-57".to_string()];
+    let faulty = (warm.as_str(), FaultKind::ForeignRecords);
+    let (calls, replies) = three_teams_in_one_call(&gw, &sim, faulty, [&alpha, &ids[2..6], &ids[6..8]]).await;
+    assert_eq!(calls, 1, "the three lookups shared one call");
+    let bill = charged_to(&sim, "alpha-batch") + charged_to(&sim, "beta-batch") + charged_to(&sim, "small-batch");
+    assert_eq!(bill, 8);
+    let charged: Vec<u64> = replies.iter().map(credits).collect();
+    // 8 × 3/9, 8 × 4/9, 8 × 2/9 = 2.67, 3.56, 1.78: whole credits 2, 3, 1,
+    // the two left to the largest fractions (1.78, 2.67).
+    assert_eq!(charged, vec![3, 3, 2]);
+    assert_eq!(ledger_used(&gw.admin_url(), "beta").await, 3);
+    assert_eq!(ledger_used(&gw.admin_url(), "small").await, 2);
 }

@@ -228,7 +228,7 @@ fn cached(entry: &Entry) -> Fetched {
 /// stored, a refusal kept.
 async fn fetch_upstream(app: &Arc<App>, job: &Job) -> Outcome {
     let stake = match purchase::open(app, job, 1).await? {
-        Opened::Staked(stake) => stake,
+        Opened::Staked(stake) => *stake,
         Opened::OrgExhausted(refusal) => return Ok(refusal),
     };
     if let Err(e) = purchase::turn(app, &job.team.name).await {

@@ -58,8 +58,9 @@ pub(super) struct Stake {
 
 /// What [`open`] leads to.
 pub(super) enum Opened {
-    /// Credits reserved: the purchase may go on.
-    Staked(Stake),
+    /// Credits reserved: the purchase may go on (boxed: a stake carries its
+    /// job, the refusal only a pointer).
+    Staked(Box<Stake>),
     /// The company is out of upstream credits: its last 402, no call.
     OrgExhausted(Arc<Fetched>),
 }
@@ -73,11 +74,11 @@ pub(super) async fn open(app: &Arc<App>, job: &Job, asked: u64) -> Result<Opened
         }
     }
     let reservation = credits::reserve(app, job).await?;
-    Ok(Opened::Staked(Stake {
+    Ok(Opened::Staked(Box::new(Stake {
         job: job.clone(),
         reservation,
         asked: asked.max(1),
-    }))
+    })))
 }
 
 impl Stake {

@@ -194,7 +194,7 @@ pub(super) async fn buy(app: &Arc<App>, batches: &Batches, job: &Job, list: &IdL
     job.key = None;
     // Its own ids, in its own budget, before it joins anyone.
     let stake = match purchase::open(app, &job, n as u64).await {
-        Ok(Opened::Staked(stake)) => stake,
+        Ok(Opened::Staked(stake)) => *stake,
         Ok(Opened::OrgExhausted(refusal)) => {
             return Share {
                 got: vec![Ok(Got::Refused(refusal)); n],

@@ -49,8 +49,9 @@ pub struct Leases {
 pub enum Acquired {
     /// Ours: fetch, then [`Lease::release`].
     Owned(Lease),
-    /// Another replica holds it: [`Leases::wait_for_peer`], then ask again.
-    Held,
+    /// Another replica (or request) has taken it: [`Leases::wait_for_peer`],
+    /// then ask again.
+    Taken,
     /// No Redis, or Redis did not answer: fetch without a lease rather than
     /// wait on a store that is not there.
     Unavailable,
@@ -118,7 +119,7 @@ impl Leases {
                     renewer,
                 })
             }
-            Ok(None) => Acquired::Held,
+            Ok(None) => Acquired::Taken,
             Err(_) => Acquired::Unavailable,
         }
     }

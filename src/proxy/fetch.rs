@@ -13,17 +13,14 @@
 //! for a key whose call is still running.
 
 use super::context::Job;
-use super::credits;
 use super::flight::{follow, Fetched, Flights, Join, Leader, Outcome};
 use super::purchase::{self, Opened};
 use crate::app::App;
-use crate::cache::entry::etag_of;
 use crate::cache::lease::{Acquired, Lease, Peer};
 use crate::cache::{control, Entry};
 use crate::clock::now_ms;
 use crate::error::GatewayError;
 use crate::telemetry::SPANS;
-use crate::upstream::{retry_after, UpstreamResponse};
 use http::{HeaderMap, HeaderValue, StatusCode};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -175,7 +172,7 @@ async fn take_lease(app: &App, job: &Job, key: &str) -> Leased {
                 }
                 return Leased::Buy(Some(lease));
             }
-            Acquired::Held => {
+            Acquired::Taken => {
                 let left = deadline.saturating_duration_since(Instant::now());
                 match app
                     .leases
@@ -247,56 +244,6 @@ async fn fetch_upstream(app: &Arc<App>, job: &Job) -> Outcome {
         app.cache.refusals.keep(key, fetched.body.clone(), content_type);
     }
     Ok(fetched)
-}
-
-/// An answer as every path takes it, once its charge is known (`credits`:
-/// what its request pays, or a batch's whole bill): an upstream 429 pauses
-/// the scheduler, an error status becomes the error (here, once, for every
-/// path), and a 200 that is not JSON is refused with what it billed.
-pub(super) async fn checked(app: &App, job: &Job, resp: UpstreamResponse, credits: u64) -> Outcome {
-    let max = Duration::from_secs(app.config.upstream.max_retry_after_secs);
-    if resp.status == StatusCode::TOO_MANY_REQUESTS {
-        let wait = retry_after(&resp.headers, max).unwrap_or(Duration::from_secs(1));
-        app.scheduler.pause(wait).await;
-    }
-    if let Some(e) = GatewayError::of_upstream_status(resp.status, &resp.headers, max) {
-        if e == GatewayError::UpstreamKeyRefused {
-            tracing::error!(
-                request_id = %job.request_id,
-                status = resp.status.as_u16(),
-                "upstream refused the gateway's key (upstream.api_key): an upstream failure, not the team's"
-            );
-        }
-        return Err(e);
-    }
-    if resp.status == StatusCode::OK && !is_json(&resp) {
-        // Settled at what its head billed (a cut body is still a bill): the
-        // error carries it to the answer and the access line.
-        let invalid = GatewayError::UpstreamInvalid("Upstream sent a malformed answer");
-        return Err(invalid.billed_at(credits));
-    }
-    let etag = (resp.status == StatusCode::OK).then(|| etag_of(&resp.body));
-    Ok(Arc::new(Fetched {
-        status: resp.status,
-        bill: credits::billed(&resp.headers),
-        headers: resp.headers,
-        body: resp.body,
-        credits,
-        worth: credits,
-        from_cache: false,
-        etag,
-    }))
-}
-
-/// A JSON content type and a body that parses: what every 200 of the
-/// upstream is. Anything else (a cut body, an HTML error page) is refused.
-fn is_json(resp: &UpstreamResponse) -> bool {
-    let json_type = resp
-        .headers
-        .get(http::header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|ct| ct.trim_start().starts_with("application/json"));
-    json_type && serde_json::from_slice::<serde::de::IgnoredAny>(&resp.body).is_ok()
 }
 
 /// Stores 200 answers (already checked to be JSON) under the size cap,

@@ -29,9 +29,14 @@
 //! - [`reuse`]: `lookup_pieces`, an answer built from held pieces (an id
 //!   lookup record by record, a monthly-metrics window month by month),
 //!   buying only the missing ones.
-//! - [`fetch`](mod@fetch): the miss path, `fetch` (coalesce, lease, reserve, fair
-//!   turn, forward, settle, store); [`org_probe`] before the reservation
-//!   while the org is out of credits; [`credits`]: reserve, charge, settle.
+//! - [`fetch`](mod@fetch): the miss path, `fetch` (coalesce, lease, the
+//!   purchase, store).
+//! - [`purchase`]: the money sequence every paid call runs, once (open:
+//!   [`org_probe`] and [`credits`]' reserve; the fair turn; the call; settle
+//!   or release), and the one rule of who pays which part of a bill; the
+//!   miss and the batch (`reuse::batch`) are its callers.
+//! - [`answered`]: how a request was answered, one value read for `X-Cache`,
+//!   the `cache` label, the access line and the saved reason.
 //! - [`respond`](mod@respond): answers from the cache or from a fetch.
 //! - [`usage`](mod@usage): `/v2/usage`.
 

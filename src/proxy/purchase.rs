@@ -17,15 +17,15 @@
 //!
 //! **Who pays what, one rule** ([`shares`]). The charges of one call sum to
 //! its bill as far as the stakes' reservations cover it:
-//! 1. the records each request gets are its own (a bill below the records
-//!    is split in proportion to them);
-//! 2. what the bill holds above the records (the upstream billed what it
-//!    did not send, or sent nothing to count: foreign records, a cut body)
-//!    is split in proportion to what each request asked (its ids; a page's
-//!    one request asks the whole bill), each up to its reservation;
-//! 3. only what no reservation covers is left to the reconciliation of
-//!    untracked credits (`gateway_untracked_credits`), logged and counted
-//!    as an anomaly.
+//! - first, the records each request gets are its own (a bill below the
+//!   records is split in proportion to them);
+//! - then what the bill holds above the records (the upstream billed what
+//!   it did not send, or sent nothing to count: foreign records, a cut
+//!   body) is split in proportion to what each request asked (its ids; a
+//!   page's one request asks the whole bill), each up to its reservation;
+//! - only what no reservation covers is left to the reconciliation of
+//!   untracked credits (`gateway_untracked_credits`), logged and counted
+//!   as an anomaly.
 //!
 //! So a lookup alone and the same lookup in a batch cost the same, and a
 //! team never pays beyond the worst case it reserved. A lone stake is
@@ -35,15 +35,16 @@
 
 use super::context::Job;
 use super::credits;
-use super::fetch;
 use super::flight::{Fetched, Outcome};
 use super::org_probe;
 use crate::app::App;
+use crate::cache::entry::etag_of;
 use crate::error::GatewayError;
 use crate::ledger::Reservation;
-use crate::upstream::{Failed, Head, UpstreamResponse};
+use crate::upstream::{retry_after, Failed, Head, UpstreamResponse};
 use http::StatusCode;
 use std::sync::Arc;
+use std::time::Duration;
 use tokio::sync::watch;
 
 /// One request's stake in a call: its job (team, member, target), its
@@ -113,7 +114,7 @@ pub(super) async fn turn(app: &App, team: &str) -> Result<(), GatewayError> {
 
 /// One call's result, its stakes still to settle.
 pub(super) struct Called {
-    /// The answer as every path takes it ([`fetch::checked`]): an error
+    /// The answer as every path takes it ([`checked`]): an error
     /// status became its error; a 200's `credits` are its bill.
     pub(super) outcome: Outcome,
     /// What the upstream billed for the call.
@@ -157,7 +158,7 @@ pub(super) async fn call(app: &Arc<App>, job: &Job, mut stakes: Vec<Stake>) -> C
                 (None, [one]) => bill.min(one.reserved()),
                 _ => bill,
             };
-            let outcome = fetch::checked(app, job, resp, credits).await;
+            let outcome = checked(app, job, resp, credits).await;
             Called {
                 outcome,
                 bill,
@@ -304,6 +305,56 @@ fn upstream_call<'a>(
         &app.metrics,
         heads,
     )
+}
+
+/// An answer as every path takes it, once its charge is known (`credits`:
+/// what its request pays, or a batch's whole bill): an upstream 429 pauses
+/// the scheduler, an error status becomes the error (here, once, for every
+/// path), and a 200 that is not JSON is refused with what it billed.
+async fn checked(app: &App, job: &Job, resp: UpstreamResponse, credits: u64) -> Outcome {
+    let max = Duration::from_secs(app.config.upstream.max_retry_after_secs);
+    if resp.status == StatusCode::TOO_MANY_REQUESTS {
+        let wait = retry_after(&resp.headers, max).unwrap_or(Duration::from_secs(1));
+        app.scheduler.pause(wait).await;
+    }
+    if let Some(e) = GatewayError::of_upstream_status(resp.status, &resp.headers, max) {
+        if e == GatewayError::UpstreamKeyRefused {
+            tracing::error!(
+                request_id = %job.request_id,
+                status = resp.status.as_u16(),
+                "upstream refused the gateway's key (upstream.api_key): an upstream failure, not the team's"
+            );
+        }
+        return Err(e);
+    }
+    if resp.status == StatusCode::OK && !is_json(&resp) {
+        // Settled at what its head billed (a cut body is still a bill): the
+        // error carries it to the answer and the access line.
+        let invalid = GatewayError::UpstreamInvalid("Upstream sent a malformed answer");
+        return Err(invalid.billed_at(credits));
+    }
+    let etag = (resp.status == StatusCode::OK).then(|| etag_of(&resp.body));
+    Ok(Arc::new(Fetched {
+        status: resp.status,
+        bill: credits::billed(&resp.headers),
+        headers: resp.headers,
+        body: resp.body,
+        credits,
+        worth: credits,
+        from_cache: false,
+        etag,
+    }))
+}
+
+/// A JSON content type and a body that parses: what every 200 of the
+/// upstream is. Anything else (a cut body, an HTML error page) is refused.
+fn is_json(resp: &UpstreamResponse) -> bool {
+    let json_type = resp
+        .headers
+        .get(http::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|ct| ct.trim_start().starts_with("application/json"));
+    json_type && serde_json::from_slice::<serde::de::IgnoredAny>(&resp.body).is_ok()
 }
 
 /// One request's part of a call, for [`shares`].

@@ -141,7 +141,7 @@ async fn buy<K: Kind>(app: Arc<App>, batches: Batches, job: Job, kind: K, leadin
 }
 
 /// Each piece's lease, all asked at once: owned (or no Redis to ask) is
-/// ours to buy, held is a peer's.
+/// ours to buy, taken is a peer's.
 async fn take_leases<K: Kind>(app: &Arc<App>, kind: &K, todo: Vec<Todo>) -> (Vec<Ours>, Vec<Todo>) {
     let keys = todo
         .iter()
@@ -162,7 +162,7 @@ async fn take_leases<K: Kind>(app: &Arc<App>, kind: &K, todo: Vec<Todo>) -> (Vec
         }
         match acquired.next().flatten() {
             Some(Acquired::Owned(lease)) => ours.push((t.i, t.leader, Some(lease))),
-            Some(Acquired::Held) => theirs.push(t),
+            Some(Acquired::Taken) => theirs.push(t),
             Some(Acquired::Unavailable) | None => ours.push((t.i, t.leader, None)),
         }
     }

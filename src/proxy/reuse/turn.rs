@@ -74,7 +74,7 @@ async fn lease(app: &App, key: &str) -> Option<Lease> {
         match app.leases.acquire(key).await {
             Acquired::Owned(lease) => return Some(lease),
             Acquired::Unavailable => return None,
-            Acquired::Held => {
+            Acquired::Taken => {
                 let left = deadline.saturating_duration_since(Instant::now());
                 if !app.leases.wait_released(key, left).await {
                     return None;

@@ -16,6 +16,7 @@
 
 mod cited_paths;
 mod dashboards;
+mod glossary;
 mod imports;
 mod phases;
 mod series;

@@ -9,8 +9,8 @@
 //!   rebuilt whole on reload.
 //! - `admission`: a team's requests in flight and its own request rate.
 //!
-//! This file holds what they share: a [`Team`], its [`Member`]s and the
-//! [`Caller`] a token resolves to.
+//! This file holds what they share: a [`Team`], its [`Member`]s, the
+//! [`Caller`] a token resolves to, and the team's [`Tenant`].
 
 mod admission;
 mod credentials;
@@ -96,10 +96,26 @@ impl std::fmt::Debug for Member {
     }
 }
 
+/// A team as the pools it shares with others count it (the overload
+/// manager's connection slots and answer bytes, the log queue): a hash of
+/// its name, made once per team table. The same name gives the same
+/// tenant in every table, so a reload changes nobody's share; two teams of
+/// one hash share a share.
+pub(crate) type Tenant = u64;
+
+/// The tenant of the team named `name` (a fixed seed: the same in every
+/// table and on every thread).
+pub(crate) fn tenant_of(name: &str) -> Tenant {
+    use std::hash::BuildHasher;
+    foldhash::fast::FixedState::with_seed(0x007e_4a17).hash_one(name)
+}
+
 /// One team as the request path sees it.
 pub struct Team {
     /// A metric label, from the config's bounded set.
     pub(crate) name: String,
+    /// Its tenant in the shared pools, from `name`.
+    pub(crate) tenant: Tenant,
     /// Its members, one per token.
     pub(crate) members: Vec<Arc<Member>>,
     /// Credits per window; `None` is unlimited.

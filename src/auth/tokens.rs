@@ -12,7 +12,7 @@
 //! keyed hash, which tells nobody without the keys anything of the token.
 
 use super::admission::rate_limiter;
-use super::{Caller, Credentials, Member, Team};
+use super::{tenant_of, Caller, Credentials, Member, Team};
 use crate::config::{TeamConfig, TokenHash};
 use crate::error::GatewayError;
 #[cfg(test)]
@@ -96,6 +96,7 @@ impl Teams {
             .collect();
         Team {
             name: config.name.clone(),
+            tenant: tenant_of(&config.name),
             members,
             credit_limit: config.credit_limit,
             limit_header: config.credit_limit.map(http::HeaderValue::from),
@@ -278,6 +279,22 @@ pub(super) mod tests {
             "once a day"
         );
         assert_eq!(team.requests.load(Ordering::Relaxed), 2, "refused uses are not counted");
+    }
+
+    #[test]
+    fn a_team_keeps_its_tenant_across_a_reload() {
+        let t = growth_and_ops();
+        let growth = t.by_name("growth").expect("growth").tenant;
+        assert_ne!(growth, t.by_name("ops").expect("ops").tenant);
+        let reloaded = t.reloaded(&[TeamConfig {
+            name: "growth".into(),
+            token_sha256: Some(TokenHash::of("tok-new")),
+            tokens: Vec::new(),
+            credit_limit: None,
+            requests_per_minute: None,
+            clamp_to_budget: false,
+        }]);
+        assert_eq!(reloaded.by_name("growth").expect("growth").tenant, growth);
     }
 
     #[test]

@@ -21,6 +21,7 @@
 //! `tracing`'s text formatter prints the same line.
 
 use super::sink::Sink;
+use crate::auth::Tenant;
 use crate::metrics::LogLine;
 use std::cell::RefCell;
 use std::fmt::{self, Write as _};
@@ -62,8 +63,9 @@ pub(crate) struct Line<'a> {
     pub(crate) took: Duration,
     /// A background refresh's line (no client waited for it).
     pub(crate) refresh: bool,
-    /// No team was authenticated: the line the log sink drops first.
-    pub(crate) anonymous: bool,
+    /// The team's tenant; `None`: no team was authenticated, the line the
+    /// log sink drops first.
+    pub(crate) tenant: Option<Tenant>,
 }
 
 /// A field's value, and so how the text form writes it. Each kind is what
@@ -183,12 +185,13 @@ pub(crate) fn write(line: &Line<'_>) {
     let mut out = String::with_capacity(LINE_CAPACITY);
     format(&mut out, line, now, sink.json);
     // One line, one entry of the queue: lines never interleave.
-    let kind = if line.anonymous {
-        LogLine::Anonymous
-    } else {
+    let team = line.tenant.map(|tenant| (tenant, line.team));
+    let kind = if team.is_some() {
         LogLine::Team
+    } else {
+        LogLine::Anonymous
     };
-    sink.sink.push(kind, Some(line.team), out.into_bytes());
+    sink.sink.push(kind, team, out.into_bytes());
 }
 
 /// Room for a whole access line (a hit's JSON line is about 300 bytes):
@@ -445,7 +448,7 @@ mod tests {
             credits: 7,
             took: Duration::from_micros(12_045),
             refresh,
-            anonymous: false,
+            tenant: Some(crate::auth::tenant_of("al\"pha")),
         }
     }
 

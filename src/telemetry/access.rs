@@ -227,8 +227,8 @@ fn timestamp(out: &mut String, now: Duration) {
     out.push('Z');
 }
 
-/// Milliseconds with three decimals: `12.345`.
-fn millis(out: &mut impl fmt::Write, took: Duration) -> fmt::Result {
+/// Writes `took` as milliseconds with three decimals: `12.345`.
+fn write_millis(out: &mut impl fmt::Write, took: Duration) -> fmt::Result {
     let micros = took.as_micros();
     let mut digits = itoa::Buffer::new();
     out.write_str(digits.format(micros / 1000))?;
@@ -318,7 +318,7 @@ fn json_fields(out: &mut String, line: &Line<'_>) {
     out.push_str("\",\"credits\":");
     out.push_str(n.format(line.credits));
     out.push_str(",\"duration_ms\":");
-    let _ = millis(out, line.took);
+    let _ = write_millis(out, line.took);
     if line.refresh {
         out.push_str(",\"refresh\":true");
     }
@@ -382,7 +382,7 @@ fn fields(out: &mut impl fmt::Write, line: &Line<'_>) -> fmt::Result {
             }
             Value::Str(s) => write!(out, "{s:?}"),
             Value::Int(i) => out.write_str(n.format(i)),
-            Value::Millis(took) => millis(out, took),
+            Value::Millis(took) => write_millis(out, took),
             Value::Bool(b) => out.write_str(if b { "true" } else { "false" }),
         }
     })
@@ -592,7 +592,7 @@ mod tests {
     fn milliseconds_keep_three_decimals() {
         for (micros, want) in [(0, "0.000"), (5, "0.005"), (10_435, "10.435"), (1_000_000, "1000.000")] {
             let mut out = String::new();
-            millis(&mut out, Duration::from_micros(micros)).unwrap();
+            write_millis(&mut out, Duration::from_micros(micros)).unwrap();
             assert_eq!(out, want);
         }
     }

@@ -2,9 +2,10 @@
 //! entries, the Redis breaker, the org's back-off and the Redis ledger's
 //! reservation expiries agree on. A module of its own so that none of them
 //! has to import another for it. And [`coarse_ms`], a cheap monotonic
-//! reading for clocks that count seconds.
+//! reading for clocks that count seconds, and [`millis`], a duration in
+//! the milliseconds Redis takes.
 
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 /// Milliseconds on the system's coarse monotonic clock
 /// (`CLOCK_MONOTONIC_COARSE`: the time of the last tick, a few
@@ -44,6 +45,12 @@ pub fn now_ms() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+/// `d` in whole milliseconds, as Redis takes times (`PX`, a script's
+/// deadlines); saturating, not wrapping, past `u64::MAX`.
+pub(crate) fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
 
 /// A Unix time in milliseconds as RFC 3339 (`2026-12-31T00:00:00+00:00`),

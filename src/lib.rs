@@ -31,7 +31,7 @@
 //! - [`route`]: path → canonical path and route; the route table (every
 //!   vendor operation: name, cost, TTL class, parameters); `size`/`id` checks
 //!   and the credit estimate.
-//! - [`auth`]: token → team.
+//! - [`auth`]: token → team and member; a team's in-flight and rate limits.
 //! - [`cache`]: normalized keys, L1 moka + L2 Redis, staleness;
 //!   coalescing across replicas (`cache::lease`; in process it is the
 //!   proxy's, `proxy::flight`); the one tier chain, memory → disk → Redis
@@ -42,6 +42,7 @@
 //!   disk tier (`cache::disk`) that keeps what was bought across restarts.
 //! - `page`: the vendor's page envelope, read and written in one place.
 //! - [`clock`]: wall-clock milliseconds, the one clock the modules share.
+//! - [`memory`]: the process's allocator, and memory given back when idle.
 //! - [`redis_backend`]: a Redis connection (standalone, Cluster or the
 //!   primary Sentinel names; plain or TLS) with
 //!   timeouts and a breaker (one each for the cache, the ledger and the
@@ -64,6 +65,7 @@
 //! - `admin`: `/metrics`, `/healthz`, `/readyz`, `/admin/*`.
 //! - `http_util`: the body type, JSON responses, hop-by-hop header
 //!   stripping and request ids, shared by the team and admin listeners.
+//! - `guarded`: redb calls whose panic means a damaged file, caught.
 //!
 //! Imports run one way: [`run`] hands [`server`] the handlers of [`proxy`]
 //! and `admin`; those two use [`app`]; [`app`] holds only state defined

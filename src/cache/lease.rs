@@ -16,6 +16,7 @@
 //! without one (without that, replicas herding on one search bought it twice).
 
 use super::{Cache, Entry};
+use crate::clock::millis;
 use crate::metrics::RedisOp;
 use crate::redis_backend::keys::Keys;
 use crate::redis_backend::RedisBackend;
@@ -244,10 +245,6 @@ async fn renew(redis: Arc<RedisBackend>, key: String, token: String, ttl: Durati
             return;
         }
     }
-}
-
-fn millis(d: Duration) -> u64 {
-    u64::try_from(d.as_millis()).unwrap_or(u64::MAX).max(1)
 }
 
 /// The peer's fetch is still running.

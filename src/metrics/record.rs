@@ -297,7 +297,8 @@ impl Metrics {
             _ => None,
         };
         if counted.is_none() {
-            self.requests_total
+            self.requests
+                .requests_total
                 .with_label_values(&[team, route.as_str(), status.as_str(), cache])
                 .inc();
         }
@@ -305,6 +306,7 @@ impl Metrics {
         match c {
             Some(c) => self.children.routes[r].durations[c].observe(took),
             None => self
+                .requests
                 .request_duration_seconds
                 .with_label_values(&[route.as_str(), cache])
                 .observe(took),
@@ -314,17 +316,23 @@ impl Metrics {
     /// A request refused with 429: counted once, where the error becomes
     /// the response, so a refusal rescued by a stale copy is not counted.
     pub(crate) fn rate_limited(&self, team: &str, scope: Scope) {
-        self.rate_limited_total.with_label_values(&[team, scope.as_str()]).inc();
+        self.requests
+            .rate_limited_total
+            .with_label_values(&[team, scope.as_str()])
+            .inc();
     }
 
     /// A request refused with 402 by the team's budget.
     pub(crate) fn quota_rejection(&self, team: &str) {
-        self.quota_rejections_total.with_label_values(&[team]).inc();
+        self.requests.quota_rejections_total.with_label_values(&[team]).inc();
     }
 
     /// A request with a token that ends within 7 days.
     pub(crate) fn token_expiring(&self, team: &str, app: &str) {
-        self.token_expiring_requests_total.with_label_values(&[team, app]).inc();
+        self.requests
+            .token_expiring_requests_total
+            .with_label_values(&[team, app])
+            .inc();
     }
 
     pub(crate) fn cache_hit(&self, route: Route, tier: Tier) {
@@ -334,8 +342,8 @@ impl Metrics {
     /// A tier's size as last observed.
     pub(crate) fn cache_size(&self, tier: Tier, entries: u64, bytes: u64) {
         let tier = tier.as_str();
-        self.cache_entries.with_label_values(&[tier]).set(clamp(entries));
-        self.cache_size_bytes.with_label_values(&[tier]).set(clamp(bytes));
+        self.cache.cache_entries.with_label_values(&[tier]).set(clamp(entries));
+        self.cache.cache_size_bytes.with_label_values(&[tier]).set(clamp(bytes));
     }
 
     /// A request answered by another request's upstream fetch.
@@ -343,27 +351,36 @@ impl Metrics {
     /// (requests) whose ids it carried, all but one a call saved.
     pub(crate) fn upstream_batch(&self, route: Route, ids: usize, buyers: usize) {
         let route = route.as_str();
-        self.upstream_batch_ids.with_label_values(&[route]).observe(ids as f64);
+        self.upstream
+            .upstream_batch_ids
+            .with_label_values(&[route])
+            .observe(ids as f64);
         if buyers > 1 {
-            self.upstream_calls_saved_total
+            self.upstream
+                .upstream_calls_saved_total
                 .with_label_values(&[route])
                 .inc_by(buyers as u64 - 1);
         }
     }
 
     pub(crate) fn coalesced(&self, route: Route) {
-        self.coalesced_requests_total.with_label_values(&[route.as_str()]).inc();
+        self.requests
+            .coalesced_requests_total
+            .with_label_values(&[route.as_str()])
+            .inc();
     }
 
     /// `ids` ids of an id lookup answered from `source`.
     pub(crate) fn cache_records(&self, route: Route, source: RecordSource, ids: u64) {
-        self.cache_records_total
+        self.cache
+            .cache_records_total
             .with_label_values(&[route.as_str(), source.as_str()])
             .inc_by(ids);
     }
 
     pub(crate) fn credits_spent(&self, team: &str, route: Route, credits: u64) {
-        self.credits_spent_total
+        self.credits
+            .credits_spent_total
             .with_label_values(&[team, route.as_str()])
             .inc_by(credits);
     }
@@ -375,7 +392,8 @@ impl Metrics {
             .then(|| self.children.with_team(team, |t| t.saved[r].inc_by(credits)))
             .flatten();
         if child.is_none() {
-            self.credits_saved_total
+            self.credits
+                .credits_saved_total
                 .with_label_values(&[team, route.as_str(), reason.as_str()])
                 .inc_by(credits);
         }
@@ -384,46 +402,54 @@ impl Metrics {
     /// Entries or writes the disk tier dropped, by why.
     pub(crate) fn disk_dropped(&self, why: DiskDrop, n: u64) {
         if n > 0 {
-            self.cache_disk_drops_total.with_label_values(&[why.as_str()]).inc_by(n);
+            self.cache
+                .cache_disk_drops_total
+                .with_label_values(&[why.as_str()])
+                .inc_by(n);
         }
     }
 
     /// Whether the disk tier is off for writes (an unusable path, a failed
     /// commit).
     pub(crate) fn disk_degraded(&self, degraded: bool) {
-        self.cache_disk_degraded.set(i64::from(degraded));
+        self.cache.cache_disk_degraded.set(i64::from(degraded));
     }
 
     /// Writes the disk tier accepted that a SIGKILL would still lose.
     pub(crate) fn disk_pending(&self, writes: u64) {
-        self.cache_disk_pending_writes.set(clamp(writes));
+        self.cache.cache_disk_pending_writes.set(clamp(writes));
     }
 
     /// An upstream charge above the call's reservation.
     pub(crate) fn credit_anomaly(&self, team: &str) {
-        self.credit_anomalies_total.with_label_values(&[team]).inc();
+        self.credits.credit_anomalies_total.with_label_values(&[team]).inc();
     }
 
     /// A metered call answered 402 while the org is out of credits.
     pub(crate) fn upstream_exhausted(&self, team: &str) {
-        self.upstream_exhausted_total.with_label_values(&[team]).inc();
+        self.credits.upstream_exhausted_total.with_label_values(&[team]).inc();
     }
 
     pub(crate) fn upstream_answer(&self, route: Route, answer: UpstreamAnswer) {
-        self.upstream_requests_total
+        self.upstream
+            .upstream_requests_total
             .with_label_values(&[route.as_str(), answer.as_str()])
             .inc();
     }
 
     /// An upstream call's whole duration, retries included.
     pub(crate) fn upstream_duration(&self, route: Route, took: Duration) {
-        self.upstream_request_duration_seconds
+        self.upstream
+            .upstream_request_duration_seconds
             .with_label_values(&[route.as_str()])
             .observe(took.as_secs_f64());
     }
 
     pub(crate) fn upstream_retry(&self, route: Route) {
-        self.upstream_retries_total.with_label_values(&[route.as_str()]).inc();
+        self.upstream
+            .upstream_retries_total
+            .with_label_values(&[route.as_str()])
+            .inc();
     }
 
     pub(crate) fn redis_error(&self, op: RedisOp) {
@@ -439,18 +465,24 @@ impl Metrics {
     }
 
     pub(crate) fn team_credits_used(&self, team: &str, used: u64) {
-        self.team_credits_used.with_label_values(&[team]).set(clamp(used));
+        self.credits
+            .team_credits_used
+            .with_label_values(&[team])
+            .set(clamp(used));
     }
 
     /// Publishes the configured teams: their limits (teams removed by a
     /// reload disappear), and their anomaly counters at 0 from the start,
     /// so an alert on its increase sees the first.
     pub(crate) fn publish_teams<'t>(&self, teams: impl Iterator<Item = (&'t str, Option<u64>)>) {
-        self.team_credit_limit.reset();
+        self.credits.team_credit_limit.reset();
         for (team, limit) in teams {
-            self.credit_anomalies_total.with_label_values(&[team]);
+            self.credits.credit_anomalies_total.with_label_values(&[team]);
             if let Some(limit) = limit {
-                self.team_credit_limit.with_label_values(&[team]).set(clamp(limit));
+                self.credits
+                    .team_credit_limit
+                    .with_label_values(&[team])
+                    .set(clamp(limit));
             }
         }
     }
@@ -458,6 +490,6 @@ impl Metrics {
     /// Forgets the used-credits gauge of every team, before a scrape sets
     /// the current teams' again (a removed team must not linger).
     pub(crate) fn reset_team_credits_used(&self) {
-        self.team_credits_used.reset();
+        self.credits.team_credits_used.reset();
     }
 }

@@ -201,7 +201,7 @@ impl RequestContext {
             credits: self.credits,
             took,
             refresh,
-            anonymous: self.team.is_none(),
+            tenant: self.team.as_ref().map(|t| t.tenant),
         });
     }
 }

@@ -354,7 +354,7 @@ fn authenticate(
     ctx.team = Some(team.clone());
     ctx.member = Some(member.clone());
     if let Some(mark) = mark {
-        if !mark.team_seen(&team.name) {
+        if !mark.team_seen(team.tenant) {
             return Err(GatewayError::AnswersBusy);
         }
     }

@@ -22,6 +22,7 @@ pub(crate) use conns::Actions;
 pub use overload::{fit_descriptors, Descriptors, RESERVED_DESCRIPTORS};
 pub use per_core::bind_reuseport;
 
+use crate::auth::Tenant;
 use crate::config::{Runtime, ServerConfig};
 use crate::http_util::Body;
 use conn::Timeouts;
@@ -131,13 +132,14 @@ pub fn worst_case_bytes(limits: &Limits, connections: usize, max_response_bytes:
 pub(crate) struct ConnectionMark(Arc<conns::Conn>);
 
 impl ConnectionMark {
-    /// A valid token of `team` came on this connection. `false`: this
+    /// A valid token of the team of `tenant` came on this connection
+    /// (`Team::tenant`). `false`: this
     /// HTTP/2 stream must be refused before anything is bought for it
     /// (`GatewayError::AnswersBusy`), the listener's answer bytes being
     /// spent and the team holding its share of them.
     #[must_use]
-    pub(crate) fn team_seen(&self, team: &str) -> bool {
-        self.0.mark_teamed(team);
+    pub(crate) fn team_seen(&self, tenant: Tenant) -> bool {
+        self.0.mark_teamed(tenant);
         self.0.may_answer()
     }
 }

@@ -21,6 +21,7 @@
 //! `tracing`'s text formatter prints the same line.
 
 use super::sink::Sink;
+use crate::auth::Tenant;
 use crate::metrics::LogLine;
 use std::cell::RefCell;
 use std::fmt::{self, Write as _};
@@ -64,8 +65,9 @@ pub(crate) struct Line<'a> {
     pub(crate) took: Duration,
     /// A background refresh's line (no client waited for it).
     pub(crate) refresh: bool,
-    /// No team was authenticated: the line the log sink drops first.
-    pub(crate) anonymous: bool,
+    /// The team's tenant; `None`: no team was authenticated, the line the
+    /// log sink drops first.
+    pub(crate) tenant: Option<Tenant>,
 }
 
 /// A field's value, and so how the text form writes it. Each kind is what
@@ -186,12 +188,13 @@ pub(crate) fn write(line: &Line<'_>) {
     let mut out = String::with_capacity(LINE_CAPACITY);
     format(&mut out, line, now, sink.json);
     // One line, one entry of the queue: lines never interleave.
-    let kind = if line.anonymous {
-        LogLine::Anonymous
-    } else {
+    let team = line.tenant.map(|tenant| (tenant, line.team));
+    let kind = if team.is_some() {
         LogLine::Team
+    } else {
+        LogLine::Anonymous
     };
-    sink.sink.push(kind, Some(line.team), out.into_bytes());
+    sink.sink.push(kind, team, out.into_bytes());
 }
 
 /// Room for a whole access line (a hit's JSON line is about 300 bytes):
@@ -227,8 +230,8 @@ fn timestamp(out: &mut String, now: Duration) {
     out.push('Z');
 }
 
-/// Milliseconds with three decimals: `12.345`.
-fn millis(out: &mut impl fmt::Write, took: Duration) -> fmt::Result {
+/// Writes `took` as milliseconds with three decimals: `12.345`.
+fn write_millis(out: &mut impl fmt::Write, took: Duration) -> fmt::Result {
     let micros = took.as_micros();
     let mut digits = itoa::Buffer::new();
     out.write_str(digits.format(micros / 1000))?;
@@ -320,7 +323,7 @@ fn json_fields(out: &mut String, line: &Line<'_>) {
     out.push_str("\",\"credits\":");
     out.push_str(n.format(line.credits));
     out.push_str(",\"duration_ms\":");
-    let _ = millis(out, line.took);
+    let _ = write_millis(out, line.took);
     if line.refresh {
         out.push_str(",\"refresh\":true");
     }
@@ -384,7 +387,7 @@ fn fields(out: &mut impl fmt::Write, line: &Line<'_>) -> fmt::Result {
             }
             Value::Str(s) => write!(out, "{s:?}"),
             Value::Int(i) => out.write_str(n.format(i)),
-            Value::Millis(took) => millis(out, took),
+            Value::Millis(took) => write_millis(out, took),
             Value::Bool(b) => out.write_str(if b { "true" } else { "false" }),
         }
     })
@@ -451,7 +454,7 @@ mod tests {
             credits: 7,
             took: Duration::from_micros(12_045),
             refresh,
-            anonymous: false,
+            tenant: Some(crate::auth::tenant_of("al\"pha")),
         }
     }
 
@@ -598,7 +601,7 @@ mod tests {
     fn milliseconds_keep_three_decimals() {
         for (micros, want) in [(0, "0.000"), (5, "0.005"), (10_435, "10.435"), (1_000_000, "1000.000")] {
             let mut out = String::new();
-            millis(&mut out, Duration::from_micros(micros)).unwrap();
+            write_millis(&mut out, Duration::from_micros(micros)).unwrap();
             assert_eq!(out, want);
         }
     }

@@ -23,6 +23,7 @@
 //! Lines keep the order they were queued in: each has a sequence number,
 //! and the writer merges the two queues by it.
 
+use crate::auth::Tenant;
 use crate::metrics::{log_line_dropped, team_log_line_dropped, LogLine};
 use std::collections::{HashMap, VecDeque};
 use std::io::Write;
@@ -46,16 +47,6 @@ const LINGER: Duration = Duration::from_millis(10);
 
 /// How long an exiting process waits for the queued lines to be written.
 const FLUSH_AT_EXIT: Duration = Duration::from_secs(1);
-
-/// A team, as the queue counts its lines: a hash of its name (no
-/// allocation per line; two teams of one hash share a share).
-type Tenant = u64;
-
-fn tenant_of(team: &str) -> Tenant {
-    use std::hash::BuildHasher;
-    // A fast hash of a short name: this runs for every access line.
-    foldhash::fast::FixedState::with_seed(0x007e_4a17).hash_one(team)
-}
 
 /// A map keyed by [`Tenant`]s, which are hashes already: not hashed again.
 type ByTenant<V> = HashMap<Tenant, V, std::hash::BuildHasherDefault<Identity>>;
@@ -243,14 +234,14 @@ impl Sink {
     }
 
     /// Queues one line (or drops one, see the module doc); never waits for
-    /// the writer. `team`: the team of a [`LogLine::Team`] line.
-    pub(crate) fn push(&self, kind: LogLine, team: Option<&str>, line: Vec<u8>) {
-        let tenant = match kind {
-            LogLine::Team => team.map(tenant_of),
-            _ => None,
-        };
+    /// the writer. `team`: a [`LogLine::Team`] line's team, by its tenant
+    /// (`Team::tenant`, which counts its lines) and its name (the label of
+    /// its dropped lines).
+    pub(crate) fn push(&self, kind: LogLine, team: Option<(Tenant, &str)>, line: Vec<u8>) {
+        let team = team.filter(|_| kind == LogLine::Team);
+        let tenant = team.map(|(tenant, _)| tenant);
         let mut lines = self.lock();
-        if let (Some(t), Some(name)) = (tenant, team) {
+        if let Some((t, name)) = team {
             lines.names.entry(t).or_insert_with(|| name.into());
         }
         if lines.len() >= self.inner.capacity {
@@ -425,6 +416,11 @@ mod tests {
         format!("{s}\n").into_bytes()
     }
 
+    /// The team `name`, as an access line hands it over.
+    fn team(name: &str) -> Option<(Tenant, &str)> {
+        Some((crate::auth::tenant_of(name), name))
+    }
+
     #[test]
     fn a_full_queue_drops_anonymous_lines_before_team_lines_and_keeps_order() {
         let (open_tx, open) = mpsc::channel();
@@ -432,7 +428,7 @@ mod tests {
         let (sink, guard) = Sink::start(Held { open, out: out.clone() }, 4);
         // The writer takes the first line and blocks on it; wait until it
         // has, so the queue below is what stays.
-        sink.push(LogLine::Team, Some("t"), line("first"));
+        sink.push(LogLine::Team, team("t"), line("first"));
         while sink.lock().len() > 0 {
             std::thread::yield_now();
         }
@@ -440,12 +436,12 @@ mod tests {
             sink.push(LogLine::Anonymous, None, line(&format!("a{i}")));
         }
         sink.push(LogLine::Anonymous, None, line("a-dropped"));
-        sink.push(LogLine::Team, Some("t"), line("t0"));
+        sink.push(LogLine::Team, team("t"), line("t0"));
         sink.push(LogLine::Other, None, line("e0"));
-        sink.push(LogLine::Team, Some("t"), line("t1"));
-        sink.push(LogLine::Team, Some("t"), line("t2"));
+        sink.push(LogLine::Team, team("t"), line("t1"));
+        sink.push(LogLine::Team, team("t"), line("t2"));
         // Full of kept lines now: the next team line is the one dropped.
-        sink.push(LogLine::Team, Some("t"), line("t-dropped"));
+        sink.push(LogLine::Team, team("t"), line("t-dropped"));
         for _ in 0..8 {
             let _ = open_tx.send(());
         }
@@ -465,14 +461,14 @@ mod tests {
             std::thread::yield_now();
         }
         for i in 0..4 {
-            sink.push(LogLine::Team, Some("alpha"), line(&format!("a{i}")));
+            sink.push(LogLine::Team, team("alpha"), line(&format!("a{i}")));
         }
         // Beta's lines take the places of alpha's oldest ...
-        sink.push(LogLine::Team, Some("beta"), line("b0"));
-        sink.push(LogLine::Team, Some("beta"), line("b1"));
+        sink.push(LogLine::Team, team("beta"), line("b0"));
+        sink.push(LogLine::Team, team("beta"), line("b1"));
         // ... and with two each, alpha's next ones are its own loss.
-        sink.push(LogLine::Team, Some("alpha"), line("a-dropped"));
-        sink.push(LogLine::Team, Some("alpha"), line("a-dropped-too"));
+        sink.push(LogLine::Team, team("alpha"), line("a-dropped"));
+        sink.push(LogLine::Team, team("alpha"), line("a-dropped-too"));
         assert_eq!(sink.lock().held.values().copied().collect::<Vec<_>>(), [2, 2]);
         for _ in 0..8 {
             let _ = open_tx.send(());

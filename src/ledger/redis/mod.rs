@@ -49,7 +49,7 @@ mod unacked;
 
 use super::saved::{SavedTally, FLUSH_EVERY};
 use super::{new_id, Budget, LedgerError, Refusal, Reservation, Reserved, TeamUsage, UsageRow, Window, UNSETTLED};
-use crate::clock::Clock;
+use crate::clock::{millis, Clock};
 use crate::metrics::RedisOp;
 use crate::redis_backend::keys::{Keys, LedgerKey};
 use crate::redis_backend::{BackendError, RedisBackend};
@@ -638,10 +638,6 @@ fn until(deadline: Instant) -> ExponentialBuilder {
         .with_max_delay(Duration::from_secs(1))
         .with_max_times(usize::MAX)
         .with_total_delay(Some(deadline.saturating_duration_since(Instant::now())))
-}
-
-fn millis(d: Duration) -> u64 {
-    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
 
 /// Writes the saved-credits tally every `FLUSH_EVERY` (one pipeline of

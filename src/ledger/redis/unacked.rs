@@ -33,8 +33,8 @@
 //! On a Redis Cluster settles are not waited for (docs/operations.md).
 
 use super::journal::{Journal, Pending};
-use super::{millis, FORGET_PER_SETTLE, WALK_PER_SETTLE};
-use crate::clock::Clock;
+use super::{FORGET_PER_SETTLE, WALK_PER_SETTLE};
+use crate::clock::{millis, Clock};
 use crate::metrics::RedisOp;
 use crate::redis_backend::keys::{Keys, LedgerKey};
 use crate::redis_backend::{BackendError, RedisBackend};

@@ -22,6 +22,7 @@
 
 use super::budget::Budget;
 use super::overload::{self, Class, Occupant};
+use crate::auth::Tenant;
 use atomic_waker::AtomicWaker;
 use std::collections::{BTreeMap, HashMap};
 use std::net::IpAddr;
@@ -141,7 +142,7 @@ pub(crate) struct Conn {
     started: AtomicBool,
     /// A request with a valid team token came on this connection.
     teamed: AtomicBool,
-    /// Which team's (a hash of its name), once `teamed`: its tenant.
+    /// Which team's, once `teamed`: its tenant (`auth::Tenant`).
     team: AtomicU64,
     /// Speaks HTTP/2 (answers counted in the budget, idle deadline ours).
     http2: AtomicBool,
@@ -402,12 +403,10 @@ impl Conn {
         self.signal.swap(false, Ordering::AcqRel)
     }
 
-    /// A request with a valid token of `team` came on this connection.
-    pub(super) fn mark_teamed(&self, team: &str) {
-        use std::hash::{Hash, Hasher};
-        let mut h = std::hash::DefaultHasher::new();
-        team.hash(&mut h);
-        self.team.store(h.finish(), Ordering::Release);
+    /// A request with a valid token of the team of `tenant` came on this
+    /// connection.
+    pub(super) fn mark_teamed(&self, tenant: Tenant) {
+        self.team.store(tenant, Ordering::Release);
         self.teamed.store(true, Ordering::Release);
     }
 

@@ -1,6 +1,7 @@
 //! The registry's choices: who makes room, who waits, who is refused.
 
 use super::*;
+use crate::auth::tenant_of;
 
 const LOCAL: IpAddr = IpAddr::V4(std::net::Ipv4Addr::LOCALHOST);
 
@@ -11,7 +12,7 @@ fn registry(max: usize, max_per_peer: usize) -> Arc<Conns> {
 /// A connection of `team` that answered one request and is idle.
 async fn idle_of(conns: &Arc<Conns>, team: &str) -> Slot {
     let slot = conns.admit(LOCAL).await.expect("admitted");
-    slot.conn().mark_teamed(team);
+    slot.conn().mark_teamed(tenant_of(team));
     drop(slot.conn().begin(false));
     slot
 }
@@ -179,7 +180,7 @@ async fn past_the_answer_bytes_a_team_within_its_share_is_answered_and_the_anony
     assert!(!anonymous.conn().may_answer_anonymous());
     let team = conns.admit(LOCAL).await.expect("admitted");
     let _request = team.conn().begin(true);
-    team.conn().mark_teamed("b");
+    team.conn().mark_teamed(tenant_of("b"));
     assert!(team.conn().may_answer(), "team b holds nothing: within its share");
     team.conn().hold(600);
     assert!(

@@ -180,13 +180,12 @@ pub fn token_sha256_hex(token: &str) -> String {
 }
 
 #[cfg(test)]
-pub(super) mod tests {
+mod tests {
     use super::*;
-    use crate::auth::credentials::tests::headers;
 
     /// Two teams of one token each: growth (`tok-growth`, 10 credits) and
     /// ops (`tok-ops`, unlimited).
-    pub(in crate::auth) fn growth_and_ops() -> Teams {
+    fn growth_and_ops() -> Teams {
         Teams::from_config(&[
             TeamConfig {
                 name: "growth".into(),
@@ -303,5 +302,58 @@ pub(super) mod tests {
             token_sha256_hex("pgw_demo_growth"),
             "a3e92f2d680ed5bb92cd6079860eb5f2cf999286d3e5209b28d201b24ea57bc4"
         );
+    }
+
+    /// A request's headers, in order (a name may repeat).
+    fn headers(pairs: &[(&'static str, &'static str)]) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        for (k, v) in pairs {
+            h.append(*k, http::HeaderValue::from_static(v));
+        }
+        h
+    }
+
+    #[test]
+    fn both_token_styles_find_the_team() {
+        let t = growth_and_ops();
+        assert_eq!(
+            t.authenticate(&headers(&[("x-api-key", "tok-ops")])).unwrap().0.name,
+            "ops"
+        );
+        let bearer = headers(&[("authorization", "Bearer tok-growth")]);
+        assert_eq!(t.authenticate(&bearer).unwrap().0.name, "growth");
+        let lower = headers(&[("authorization", "bearer tok-growth")]);
+        assert_eq!(t.authenticate(&lower).unwrap().0.name, "growth");
+    }
+
+    #[test]
+    fn missing_wrong_and_conflicting_credentials() {
+        let t = growth_and_ops();
+        assert_eq!(t.authenticate(&headers(&[])), Err(GatewayError::MissingCredential));
+        assert_eq!(
+            t.authenticate(&headers(&[("x-api-key", "")])),
+            Err(GatewayError::MissingCredential)
+        );
+        assert_eq!(
+            t.authenticate(&headers(&[("authorization", "Basic abc")])),
+            Err(GatewayError::MissingCredential)
+        );
+        assert_eq!(
+            t.authenticate(&headers(&[("x-api-key", "nope")])),
+            Err(GatewayError::InvalidCredential)
+        );
+        assert_eq!(
+            t.authenticate(&headers(&[
+                ("x-api-key", "tok-ops"),
+                ("authorization", "Bearer tok-growth")
+            ])),
+            Err(GatewayError::ConflictingCredentials)
+        );
+        assert_eq!(
+            t.authenticate(&headers(&[("x-api-key", "tok-ops"), ("x-api-key", "tok-ops")])),
+            Err(GatewayError::ConflictingCredentials)
+        );
+        let same = headers(&[("x-api-key", "tok-ops"), ("authorization", "Bearer tok-ops")]);
+        assert_eq!(t.authenticate(&same).unwrap().0.name, "ops");
     }
 }

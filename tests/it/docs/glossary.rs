@@ -9,7 +9,9 @@ use std::path::Path;
 /// §7's text: its cited names, and the names it retires.
 fn glossary() -> (Vec<String>, Vec<String>) {
     let design = std::fs::read_to_string(root().join("docs/design.md")).expect("docs/design.md");
-    let start = design.find("\n## 7. Glossary").expect("docs/design.md has §7, the glossary");
+    let start = design
+        .find("\n## 7. Glossary")
+        .expect("docs/design.md has §7, the glossary");
     let text = &design[start..];
     let (cited, retired) = text.split_once("Retired names").expect("§7 lists retired names");
     (code_names(cited), code_names(retired))
@@ -52,9 +54,7 @@ fn sources(dir: &Path, out: &mut Vec<String>) {
 fn declares(code: &str, kinds: &[&str], name: &str) -> bool {
     code.lines().any(|line| {
         let words: Vec<&str> = line.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_')).collect();
-        words
-            .windows(2)
-            .any(|w| kinds.contains(&w[0]) && w[1] == name)
+        words.windows(2).any(|w| kinds.contains(&w[0]) && w[1] == name)
     })
 }
 
@@ -69,9 +69,11 @@ fn has_member(code: &str, ty: &str, name: &str) -> bool {
     ];
     let lines: Vec<&str> = code.lines().collect();
     for (i, line) in lines.iter().enumerate() {
-        let opened = opens
-            .iter()
-            .any(|o| line.contains(o.as_str()) && !line[line.find(o.as_str()).unwrap_or(0) + o.len()..].starts_with(|c: char| c.is_ascii_alphanumeric() || c == '_'));
+        let opened = opens.iter().any(|o| {
+            line.contains(o.as_str())
+                && !line[line.find(o.as_str()).unwrap_or(0) + o.len()..]
+                    .starts_with(|c: char| c.is_ascii_alphanumeric() || c == '_')
+        });
         if !opened {
             continue;
         }
@@ -79,7 +81,10 @@ fn has_member(code: &str, ty: &str, name: &str) -> bool {
         for body in &lines[i..] {
             let t = body.trim_start();
             let named = t.starts_with(&format!("fn {name}"))
-                || t.split_whitespace().skip_while(|w| w.starts_with("pub") || *w == "async").next() == Some(&format!("fn"))
+                || t.split_whitespace()
+                    .skip_while(|w| w.starts_with("pub") || *w == "async")
+                    .next()
+                    == Some(&format!("fn"))
                     && t.contains(&format!("fn {name}("))
                 || t.starts_with(&format!("{name},"))
                 || t.starts_with(&format!("{name}("))
@@ -122,16 +127,28 @@ fn every_name_the_glossary_cites_is_the_codes_and_no_retired_name_is() {
     assert!(!retired.is_empty(), "the glossary lists retired names");
     let code = src();
     let missing: Vec<&String> = cited.iter().filter(|n| !defined(&code, n)).collect();
-    assert!(missing.is_empty(), "cited by the glossary, defined nowhere in src/: {missing:?}");
+    assert!(
+        missing.is_empty(),
+        "cited by the glossary, defined nowhere in src/: {missing:?}"
+    );
     let back: Vec<&String> = retired.iter().filter(|n| defined(&code, n)).collect();
-    assert!(back.is_empty(), "retired by the glossary, defined again in src/: {back:?}");
+    assert!(
+        back.is_empty(),
+        "retired by the glossary, defined again in src/: {back:?}"
+    );
 }
 
 #[test]
 fn the_glossary_readers_find_what_they_should() {
     let code = "pub struct Team {\n    pub(crate) members: Vec<u8>,\n}\nimpl Team {\n    pub(crate) fn member(&self) {}\n}\npub enum Acquired {\n    Owned(u8),\n    Taken,\n}\n".to_string();
     let code = vec![code];
-    for name in ["Team", "Team::member", "Team::members", "Acquired::Taken", "Acquired::Owned"] {
+    for name in [
+        "Team",
+        "Team::member",
+        "Team::members",
+        "Acquired::Taken",
+        "Acquired::Owned",
+    ] {
         assert!(defined(&code, name), "{name}");
     }
     for name in ["Team::app", "Acquired::Held", "Turn", "members_of"] {

@@ -80,17 +80,13 @@ fn has_member(code: &str, ty: &str, name: &str) -> bool {
         let mut depth = 0i32;
         for body in &lines[i..] {
             let t = body.trim_start();
-            let named = t.starts_with(&format!("fn {name}"))
-                || t.split_whitespace()
-                    .skip_while(|w| w.starts_with("pub") || *w == "async")
-                    .next()
-                    == Some(&format!("fn"))
-                    && t.contains(&format!("fn {name}("))
+            let named = t.contains(&format!("fn {name}("))
+                || t.contains(&format!("fn {name}<"))
                 || t.starts_with(&format!("{name},"))
                 || t.starts_with(&format!("{name}("))
                 || t.starts_with(&format!("{name} {{"))
-                || t.contains(&format!(" {name}:"))
-                || t.starts_with(&format!("{name}:"));
+                || t.starts_with(&format!("{name}:"))
+                || t.contains(&format!(" {name}:"));
             if depth == 1 && named {
                 return true;
             }

@@ -43,8 +43,10 @@ use crate::route::Route;
 use http::StatusCode;
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+// tokio's clock, so the window is tested on a paused one.
 use tokio::sync::oneshot;
+use tokio::time::Instant;
 
 /// The most ids one by-id call takes (the upstream's limit).
 const MAX_IDS: usize = 50;
@@ -347,6 +349,41 @@ fn refused_id(outcome: &crate::proxy::flight::Outcome) -> bool {
 mod tests {
     use super::*;
     use crate::proxy::flight::Fetched;
+
+    const WINDOW: Duration = Duration::from_millis(20);
+
+    /// The window on tokio's paused clock: an idle route's lookup goes at
+    /// once; within a second of the route's last call the next gathers for
+    /// the window; a second later it goes at once again.
+    #[tokio::test(start_paused = true)]
+    async fn a_route_called_within_the_last_second_gathers_for_the_window() {
+        let batches = Batches::default();
+        let route = Route::PermitsById;
+        assert_eq!(batches.gathering(route, WINDOW), Duration::ZERO, "never called");
+        // A call goes (an empty take marks it as the route's last).
+        batches.lock().entry(route).or_default();
+        assert!(batches.take(route).is_empty());
+        assert_eq!(batches.gathering(route, WINDOW), WINDOW, "just called");
+        tokio::time::advance(RECENT - Duration::from_millis(1)).await;
+        assert_eq!(batches.gathering(route, WINDOW), WINDOW, "still within the second");
+        tokio::time::advance(Duration::from_millis(1)).await;
+        assert_eq!(
+            batches.gathering(route, WINDOW),
+            Duration::ZERO,
+            "a second on: idle again"
+        );
+    }
+
+    /// A full batch never waits for company, however recent the last call.
+    #[tokio::test(start_paused = true)]
+    async fn a_full_batch_goes_at_once() {
+        let batches = Batches::default();
+        let route = Route::PermitsById;
+        batches.lock().entry(route).or_default();
+        batches.take(route);
+        batches.lock().get_mut(&route).expect("queued").ids = MAX_IDS;
+        assert_eq!(batches.gathering(route, WINDOW), Duration::ZERO);
+    }
 
     fn fetched_ok(body: &'static str) -> Fetched {
         Fetched {

@@ -3,8 +3,7 @@
 //! variant or a field of the type it is cited with), and every retired
 //! name is defined nowhere, so a word keeps one sense as the code moves.
 
-use super::root;
-use std::path::Path;
+use super::{root, sources};
 
 /// §7's text: its cited names, and the names it retires.
 fn glossary() -> (Vec<String>, Vec<String>) {
@@ -34,20 +33,6 @@ fn code_names(text: &str) -> Vec<String> {
 fn is_ident(s: &str) -> bool {
     s.chars().next().is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
         && s.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
-}
-
-/// Every `.rs` file below `dir`, with its text, comments dropped.
-fn sources(dir: &Path, out: &mut Vec<String>) {
-    for entry in std::fs::read_dir(dir).expect("readable").filter_map(Result::ok) {
-        let path = entry.path();
-        if path.is_dir() {
-            sources(&path, out);
-        } else if path.extension().is_some_and(|e| e == "rs") {
-            let text = std::fs::read_to_string(&path).expect("UTF-8");
-            let code: Vec<&str> = text.lines().map(|l| l.split("//").next().unwrap_or("")).collect();
-            out.push(code.join("\n"));
-        }
-    }
 }
 
 /// Whether `code` declares an item `name` of one of `kinds`.
@@ -111,9 +96,16 @@ fn defined(code: &[String], name: &str) -> bool {
 }
 
 fn src() -> Vec<String> {
-    let mut code = Vec::new();
-    sources(&root().join("src"), &mut code);
-    code
+    let mut files = Vec::new();
+    sources(&root().join("src"), &mut files);
+    // Comments dropped: a word in a comment defines nothing.
+    files
+        .into_iter()
+        .map(|(_, text)| {
+            let code: Vec<&str> = text.lines().map(|l| l.split("//").next().unwrap_or("")).collect();
+            code.join("\n")
+        })
+        .collect()
 }
 
 #[test]

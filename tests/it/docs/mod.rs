@@ -29,6 +29,19 @@ use std::process::Command;
 /// The table row standing for every `cache.route_ttl_secs` entry.
 const ROUTE_TTL_ROW: &str = "cache.route_ttl_secs.<route>";
 
+/// Every `.rs` file below `dir`, with its text.
+pub(super) fn sources(dir: &Path, out: &mut Vec<(String, String)>) {
+    for entry in std::fs::read_dir(dir).expect("readable").filter_map(Result::ok) {
+        let path = entry.path();
+        if path.is_dir() {
+            sources(&path, out);
+        } else if path.extension().is_some_and(|e| e == "rs") {
+            let text = std::fs::read_to_string(&path).expect("UTF-8");
+            out.push((path.display().to_string(), text));
+        }
+    }
+}
+
 fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }

@@ -5,8 +5,7 @@
 //! README list them in that order too. No comment or doc under
 //! `src/proxy/` numbers a phase.
 
-use super::root;
-use std::path::Path;
+use super::{root, sources};
 
 /// The phases §2 names: (name, whether it is a top-level phase of the
 /// pipeline rather than a step inside one).
@@ -30,19 +29,6 @@ fn cited_phases() -> Vec<(String, bool)> {
 
 fn is_ident(s: &str) -> bool {
     !s.is_empty() && s.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
-}
-
-/// Every `.rs` file below `dir`, with its text.
-fn sources(dir: &Path, out: &mut Vec<(String, String)>) {
-    for entry in std::fs::read_dir(dir).expect("readable").filter_map(Result::ok) {
-        let path = entry.path();
-        if path.is_dir() {
-            sources(&path, out);
-        } else if path.extension().is_some_and(|e| e == "rs") {
-            let text = std::fs::read_to_string(&path).expect("UTF-8");
-            out.push((path.display().to_string(), text));
-        }
-    }
 }
 
 /// Whether `text` defines a function `name` (any visibility, async or not).

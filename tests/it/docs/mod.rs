@@ -20,6 +20,7 @@ mod glossary;
 mod imports;
 mod phases;
 mod series;
+mod sizes;
 
 use permit_gateway::config::{Config, Source, DEFAULTS_TOML};
 use std::collections::BTreeSet;

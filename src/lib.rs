@@ -64,6 +64,7 @@
 //! - `admin`: `/metrics`, `/healthz`, `/readyz`, `/admin/*`.
 //! - `http_util`: the body type, JSON responses, hop-by-hop header
 //!   stripping and request ids, shared by the team and admin listeners.
+//! - `volume`: the free space on the data volume (the disk tier's reserve).
 //!
 //! Imports run one way: [`run`] hands [`server`] the handlers of [`proxy`]
 //! and `admin`; those two use [`app`]; [`app`] holds only state defined
@@ -121,6 +122,7 @@ pub mod server;
 mod shared_rate;
 pub mod telemetry;
 mod upstream;
+mod volume;
 
 use app::App;
 use std::future::Future;

@@ -296,7 +296,7 @@ pub(crate) struct Limits {
 /// One warning when the tier's budget cannot fit beside the reserve on its
 /// volume: it will stop writing at the reserve, not at `disk_max_bytes`.
 fn warn_if_it_cannot_fit(path: &Path, max_bytes: u64, reserve: u64) {
-    if let Some(warning) = crate::config::disk_room_warning(path, max_bytes, reserve) {
+    if let Some(warning) = crate::volume::disk_room_warning(path, max_bytes, reserve) {
         tracing::warn!("{warning}");
     }
 }

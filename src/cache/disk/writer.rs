@@ -288,7 +288,7 @@ impl Writer {
         if self.reserve == 0 {
             return false;
         }
-        let short = crate::config::free_space(&self.path).is_some_and(|free| free <= self.reserve);
+        let short = crate::volume::free_space(&self.path).is_some_and(|free| free <= self.reserve);
         if short != self.short_of_room {
             self.short_of_room = short;
             match short {

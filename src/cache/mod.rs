@@ -8,6 +8,24 @@
 //! Redis errors never fail a request: they count in
 //! `gateway_backend_errors_total`, read as misses, and the breaker in
 //! [`crate::redis_backend`] keeps a dead Redis from costing latency.
+//!
+//! # Layout
+//! One concept per file; this one holds [`Cache`] itself: building it and
+//! its memory tier (moka), storing an answer in every tier, the TTLs per
+//! route, the tier gauges.
+//! - [`key`]: the normalized cache key of a request.
+//! - [`entry`]: one cached answer, and its encoding for Redis.
+//! - [`control`]: `Cache-Control`, the client's directives and the
+//!   upstream's refusals to be stored.
+//! - [`tiers`]: the tier chain, memory → disk → Redis, for one key or many.
+//! - [`disk`]: the disk tier, one redb file on the data volume (a folder:
+//!   its handle, writer thread, reads and checksummed values).
+//! - [`lease`]: the cross-replica fetch lease, one buyer per key.
+//! - [`covered`]: answers another key's complete or counted page holds.
+//! - [`records`]: the records of stored pages, filed by id.
+//! - [`months`]: monthly-metrics rows, filed month by month.
+//! - [`refusals`]: the upstream's 422s, kept a while.
+//! - [`purge`]: purges of every tier that reach every replica.
 
 pub(crate) mod control;
 mod covered;

@@ -46,7 +46,7 @@ use crate::clock::now_ms;
 use crate::config::CacheConfig;
 use crate::metrics::Metrics;
 use crate::metrics::RedisOp;
-use crate::redis_backend::keys::Keys;
+use crate::redis_backend::keys::{set_px, EntryKey, Keys};
 use crate::redis_backend::RedisBackend;
 use crate::route::Route;
 use bytes::Bytes;
@@ -201,7 +201,7 @@ impl Cache {
 
     /// The Redis key of an entry, a record or a complete-page index
     /// ([`held`]); the index is a key space of its own in L2 too.
-    fn redis_key(&self, route: Route, key: &str) -> String {
+    fn redis_key(&self, route: Route, key: &str) -> EntryKey {
         if key::is_complete_index(key) {
             self.keys.complete_index(route, key)
         } else {
@@ -240,20 +240,14 @@ impl Cache {
             memory.insert(Arc::from(key), page).await;
         }
         if let Some(redis) = &self.redis {
-            let rkey = &self.redis_key(entry.route, key);
-            let value = &entry.encode();
             let px = life.as_millis() as u64;
+            let set = &set_px(&self.redis_key(entry.route, key), entry, px.max(1));
             // Idempotent (the same value): tried once more after a failover.
             let _ = redis
-                .call_reconnecting(RedisOp::CacheSet, |mut c| async move {
-                    redis::cmd("SET")
-                        .arg(rkey)
-                        .arg(value)
-                        .arg("PX")
-                        .arg(px.max(1))
-                        .query_async::<()>(&mut c)
-                        .await
-                })
+                .call_reconnecting(
+                    RedisOp::CacheSet,
+                    |mut c| async move { set.query_async::<()>(&mut c).await },
+                )
                 .await;
         }
     }

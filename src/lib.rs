@@ -66,6 +66,7 @@
 //! - `http_util`: the body type, JSON responses, hop-by-hop header
 //!   stripping and request ids, shared by the team and admin listeners.
 //! - `guarded`: redb calls whose panic means a damaged file, caught.
+//! - `volume`: the free space on the data volume (the disk tier's reserve).
 //!
 //! Imports run one way: [`run`] hands [`server`] the handlers of [`proxy`]
 //! and `admin`; those two use [`app`]; [`app`] holds only state defined
@@ -123,6 +124,7 @@ pub mod server;
 mod shared_rate;
 pub mod telemetry;
 mod upstream;
+mod volume;
 
 use app::App;
 use std::future::Future;

@@ -106,6 +106,7 @@ impl Cache {
         let asked = route::page_size_asked(target)?;
         let route = target.route;
         let counted = key::counted_key(route, key);
+        // In order of preference: the first that fits answers.
         let candidates = [
             (key::complete_key(route, key), CoveredBy::Complete),
             (counted.clone(), CoveredBy::Counted),
@@ -114,38 +115,48 @@ impl Cache {
                 CoveredBy::CompleteCounted,
             ),
         ];
-        for (k, how) in candidates {
-            let Some(k) = k else { continue };
-            let Some((page, tier)) = self.lookup(route, &k).await else {
-                continue;
-            };
-            // Checked again on the way out: an index an older replica filed
-            // may hold a page billed above its records.
-            let fits = page_facts(&page.body).is_some_and(|f| {
-                f.honest(&page)
-                    && match how {
-                        // Same size: the very page, counted.
-                        CoveredBy::Counted => true,
-                        _ => f.complete && f.records <= asked,
-                    }
-            });
-            if !fits {
-                continue;
-            }
-            let entry = match how {
-                CoveredBy::Complete => Entry::clone(&page),
-                _ => {
-                    let Some(body) = uncounted(&page.body) else { continue };
-                    Entry {
-                        etag: super::entry::etag_of(&body),
-                        body,
-                        ..Entry::clone(&page)
-                    }
-                }
-            };
-            return Some((entry, tier, how));
+        let (keys, hows): (Vec<String>, Vec<CoveredBy>) =
+            candidates.into_iter().filter_map(|(k, how)| Some((k?, how))).unzip();
+        if keys.is_empty() {
+            return None;
         }
-        None
+        // Every candidate in one trip through the tiers: one read of the
+        // disk tier on the blocking pool, Redis's reads in flight at once.
+        // Boxed, as `lookup_tagged` boxes the lower tiers: the request's
+        // future does not carry their state.
+        let found = Box::pin(self.get_many(route, &keys)).await;
+        hows.into_iter().zip(found).find_map(|(how, found)| {
+            let (page, tier) = found?;
+            answer_from(&page, how, asked).map(|entry| (entry, tier, how))
+        })
+    }
+}
+
+/// The answer `page` holds for a page of `asked` records, covered `how`;
+/// `None` when it does not provably hold it. Checked again on the way out:
+/// an index an older replica filed may hold a page billed above its records.
+fn answer_from(page: &Entry, how: CoveredBy, asked: u64) -> Option<Entry> {
+    let fits = page_facts(&page.body).is_some_and(|f| {
+        f.honest(page)
+            && match how {
+                // Same size: the very page, counted.
+                CoveredBy::Counted => true,
+                _ => f.complete && f.records <= asked,
+            }
+    });
+    if !fits {
+        return None;
+    }
+    match how {
+        CoveredBy::Complete => Some(page.clone()),
+        _ => {
+            let body = uncounted(&page.body)?;
+            Some(Entry {
+                etag: super::entry::etag_of(&body),
+                body,
+                ..page.clone()
+            })
+        }
     }
 }
 
@@ -190,5 +201,55 @@ mod tests {
             Bytes::from_static(b"{\"total_count\" : null , \"items\":[]}")
         );
         assert_eq!(uncounted(&Bytes::from_static(b"[1]")), None);
+    }
+
+    fn search(query: &str) -> Target {
+        Target {
+            route: route::Route::PermitsSearch,
+            path: Arc::from("/v2/permits/search"),
+            query: Some(Arc::from(query)),
+        }
+    }
+
+    fn page(body: &'static str) -> Arc<Entry> {
+        let ttl = std::time::Duration::from_secs(60);
+        Arc::new(Entry::new(
+            Bytes::from_static(body.as_bytes()),
+            2,
+            ttl,
+            route::Route::PermitsSearch,
+        ))
+    }
+
+    #[tokio::test]
+    async fn the_first_candidate_that_fits_answers_in_order_of_preference() {
+        let config =
+            crate::config::Config::load(crate::config::Source::Text("[upstream]\napi_key = \"k\"\n")).expect("valid");
+        let cache = Cache::new(&config.cache, None, Arc::new(crate::metrics::Metrics::new()));
+        let asked = search("geo_id=CA&size=5");
+        let key = key::cache_key(&asked);
+        assert!(cache.covering(&asked, &key).await.is_none(), "nothing held");
+        // The same first page, counted: filed under its own key and, being
+        // complete, under its size-free counted index too.
+        let counted = search("geo_id=CA&size=5&include_count=true");
+        let body = r#"{"items":[1,2],"size":2,"next_cursor":null,"total_count":{"value":2,"relation":"eq"}}"#;
+        cache.store(&key::cache_key(&counted), page(body)).await;
+        let (entry, tier, how) = cache.covering(&asked, &key).await.expect("covered");
+        assert_eq!((tier, how), (Tier::Memory, CoveredBy::Counted));
+        assert_eq!(
+            &entry.body[..],
+            br#"{"items":[1,2],"size":2,"next_cursor":null,"total_count":null}"#
+        );
+        // A complete plain page of another size comes first.
+        let larger = search("geo_id=CA&size=10");
+        cache
+            .store(
+                &key::cache_key(&larger),
+                page(r#"{"items":[1,2],"size":2,"next_cursor":null}"#),
+            )
+            .await;
+        let (entry, _, how) = cache.covering(&asked, &key).await.expect("covered");
+        assert_eq!(how, CoveredBy::Complete);
+        assert_eq!(&entry.body[..], br#"{"items":[1,2],"size":2,"next_cursor":null}"#);
     }
 }

@@ -2,9 +2,11 @@
 //! and its byte encoding for the Redis tier.
 
 use crate::clock::now_ms;
+use crate::redis_backend::keys::{EntryKey, RedisKey};
 use crate::route::Route;
 use bytes::Bytes;
 use http::HeaderValue;
+use redis::{RedisWrite, ToRedisArgs};
 use sha2::{Digest, Sha256};
 use std::time::Duration;
 use xxhash_rust::xxh3::xxh3_64;
@@ -147,6 +149,19 @@ impl Entry {
     }
 }
 
+/// An entry is stored in Redis under an [`EntryKey`] only, and an
+/// [`EntryKey`] holds nothing else (`redis_backend::keys`, "Typed keys").
+impl RedisKey for EntryKey {
+    type Value = Entry;
+}
+
+/// Sent to Redis as its encoding ([`Entry::encode`]).
+impl ToRedisArgs for Entry {
+    fn write_redis_args<W: ?Sized + RedisWrite>(&self, out: &mut W) {
+        out.write_arg(&self.encode());
+    }
+}
+
 /// The encoding [`Entry::encode`] writes.
 const VERSION: u8 = 2;
 /// Bytes before the ETag: version, three `u64`s, route, ETag length.
@@ -166,6 +181,7 @@ mod tests {
         );
         let bytes = Bytes::from(e.encode());
         assert_eq!(Entry::decode(bytes.clone()), Some(e.clone()));
+        assert_eq!(e.to_redis_args(), [e.encode()], "sent to Redis as its encoding");
         assert_eq!(
             Entry::decode(bytes.slice(..bytes.len() - 1)),
             None,

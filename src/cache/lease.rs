@@ -18,7 +18,7 @@
 use super::{Cache, Entry};
 use crate::clock::millis;
 use crate::metrics::RedisOp;
-use crate::redis_backend::keys::Keys;
+use crate::redis_backend::keys::{Keys, LeaseKey};
 use crate::redis_backend::RedisBackend;
 use crate::route::Route;
 use backon::{ExponentialBuilder, Retryable};
@@ -74,7 +74,7 @@ pub(crate) enum Peer {
 /// A lease this replica holds; renewed in the background until released.
 pub struct Lease {
     redis: Arc<RedisBackend>,
-    key: String,
+    key: LeaseKey,
     token: String,
     renewer: tokio::task::JoinHandle<()>,
 }
@@ -194,8 +194,8 @@ fn backoff(wait: Duration) -> ExponentialBuilder {
 }
 
 /// Whether the lease `lease_key` is held; `Err` when Redis did not answer.
-async fn lease_held(redis: &RedisBackend, lease_key: &str) -> Result<bool, ()> {
-    let lk = lease_key.to_string();
+async fn lease_held(redis: &RedisBackend, lease_key: &LeaseKey) -> Result<bool, ()> {
+    let lk = lease_key.clone();
     redis
         .call(RedisOp::Lease, |mut c| async move {
             redis::cmd("EXISTS").arg(&lk).query_async::<u64>(&mut c).await
@@ -230,7 +230,7 @@ impl Drop for Lease {
 
 /// Extends the lease every third of its TTL while the owner works; stops
 /// when the lease is no longer ours.
-async fn renew(redis: Arc<RedisBackend>, key: String, token: String, ttl: Duration) {
+async fn renew(redis: Arc<RedisBackend>, key: LeaseKey, token: String, ttl: Duration) {
     let script = Script::new(RENEW);
     loop {
         tokio::time::sleep(ttl / 3).await;

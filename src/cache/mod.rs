@@ -8,6 +8,24 @@
 //! Redis errors never fail a request: they count in
 //! `gateway_backend_errors_total`, read as misses, and the breaker in
 //! [`crate::redis_backend`] keeps a dead Redis from costing latency.
+//!
+//! # Layout
+//! One concept per file; this one holds [`Cache`] itself: building it and
+//! its memory tier (moka), storing an answer in every tier, the TTLs per
+//! route, the tier gauges.
+//! - [`key`]: the normalized cache key of a request.
+//! - [`entry`]: one cached answer, and its encoding for Redis.
+//! - [`control`]: `Cache-Control`, the client's directives and the
+//!   upstream's refusals to be stored.
+//! - [`tiers`]: the tier chain, memory → disk → Redis, for one key or many.
+//! - [`disk`]: the disk tier, one redb file on the data volume (a folder:
+//!   its handle, writer thread, reads and checksummed values).
+//! - [`lease`]: the cross-replica fetch lease, one buyer per key.
+//! - [`covered`]: answers another key's complete or counted page holds.
+//! - [`records`]: the records of stored pages, filed by id.
+//! - [`months`]: monthly-metrics rows, filed month by month.
+//! - [`refusals`]: the upstream's 422s, kept a while.
+//! - [`purge`]: purges of every tier that reach every replica.
 
 pub(crate) mod control;
 mod covered;
@@ -28,7 +46,7 @@ use crate::clock::now_ms;
 use crate::config::CacheConfig;
 use crate::metrics::Metrics;
 use crate::metrics::RedisOp;
-use crate::redis_backend::keys::Keys;
+use crate::redis_backend::keys::{set_px, EntryKey, Keys};
 use crate::redis_backend::RedisBackend;
 use crate::route::Route;
 use bytes::Bytes;
@@ -183,7 +201,7 @@ impl Cache {
 
     /// The Redis key of an entry, a record or a complete-page index
     /// ([`held`]); the index is a key space of its own in L2 too.
-    fn redis_key(&self, route: Route, key: &str) -> String {
+    fn redis_key(&self, route: Route, key: &str) -> EntryKey {
         if key::is_complete_index(key) {
             self.keys.complete_index(route, key)
         } else {
@@ -222,20 +240,14 @@ impl Cache {
             memory.insert(Arc::from(key), page).await;
         }
         if let Some(redis) = &self.redis {
-            let rkey = &self.redis_key(entry.route, key);
-            let value = &entry.encode();
             let px = life.as_millis() as u64;
+            let set = &set_px(&self.redis_key(entry.route, key), entry, px.max(1));
             // Idempotent (the same value): tried once more after a failover.
             let _ = redis
-                .call_reconnecting(RedisOp::CacheSet, |mut c| async move {
-                    redis::cmd("SET")
-                        .arg(rkey)
-                        .arg(value)
-                        .arg("PX")
-                        .arg(px.max(1))
-                        .query_async::<()>(&mut c)
-                        .await
-                })
+                .call_reconnecting(
+                    RedisOp::CacheSet,
+                    |mut c| async move { set.query_async::<()>(&mut c).await },
+                )
                 .await;
         }
     }

@@ -20,8 +20,8 @@
 use super::disk::DiskPurged;
 use super::{records, Cache};
 use crate::metrics::RedisOp;
+use crate::redis_backend::keys::PurgeTokens;
 use crate::route::Route;
-use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::Duration;
 
@@ -35,7 +35,7 @@ const ALL: &str = "all";
 /// Redis, which only takes them in (the replica's L1 has nothing older
 /// than its start).
 #[derive(Default)]
-pub(crate) struct Seen(Mutex<Option<HashMap<String, String>>>);
+pub(crate) struct Seen(Mutex<Option<PurgeTokens>>);
 
 impl Cache {
     /// Drops every entry, or one route's (and the records its pages filed),
@@ -88,10 +88,7 @@ impl Cache {
         let key = self.keys.purges();
         let Ok(now) = redis
             .call(RedisOp::CachePurge, |mut c| async move {
-                redis::cmd("HGETALL")
-                    .arg(&key)
-                    .query_async::<HashMap<String, String>>(&mut c)
-                    .await
+                redis::cmd("HGETALL").arg(&key).query_async::<PurgeTokens>(&mut c).await
             })
             .await
         else {

@@ -14,7 +14,7 @@
 use super::{Cache, Entry, Tier};
 use crate::clock::now_ms;
 use crate::metrics::RedisOp;
-use crate::redis_backend::keys::Tag;
+use crate::redis_backend::keys::{set_px, EntryKey, Tag};
 use crate::redis_backend::RedisBackend;
 use crate::route::Route;
 use bytes::Bytes;
@@ -146,9 +146,7 @@ impl Cache {
         if let Some(redis) = &self.redis {
             let sets = filed.iter().map(|(key, e)| {
                 let px = (e.remaining_life(now, self.grace).as_millis() as u64).max(1);
-                let mut set = redis::cmd("SET");
-                set.arg(self.redis_key(route, key)).arg(e.encode()).arg("PX").arg(px);
-                set
+                set_px(&self.redis_key(route, key), e, px)
             });
             each::<()>(redis, RedisOp::CacheSet, sets.collect()).await;
         }
@@ -168,7 +166,7 @@ impl Cache {
 /// not decode, or a command that failed. One key is read on this task (and
 /// tried once more after a failover: a page's lookup); several are read
 /// all at once ([`each`]).
-async fn redis_get(redis: &Arc<RedisBackend>, rkeys: Vec<String>) -> Vec<Option<Entry>> {
+async fn redis_get(redis: &Arc<RedisBackend>, rkeys: Vec<EntryKey>) -> Vec<Option<Entry>> {
     let decode = |bytes: Option<Vec<u8>>| bytes.and_then(|b| Entry::decode(Bytes::from(b)));
     if let [rkey] = &rkeys[..] {
         let got: Option<Vec<u8>> = redis

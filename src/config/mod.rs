@@ -562,7 +562,9 @@ impl Config {
         config.warnings.extend(placeholder_warnings(&config.teams));
         if let Some(file) = config.cache.disk_file(&config.quota.path) {
             let (max, reserve) = (config.cache.disk_max_bytes, config.cache.disk_reserve_bytes);
-            config.warnings.extend(disk_room_warning(&file, max, reserve));
+            config
+                .warnings
+                .extend(crate::volume::disk_room_warning(&file, max, reserve));
         }
         if config.teams.is_empty() {
             config.warnings.push(format!(
@@ -666,31 +668,6 @@ impl Config {
         }
         p
     }
-}
-
-/// Bytes free to this process on the volume that holds (or will hold)
-/// `path`: its nearest folder that exists.
-pub(crate) fn free_space(path: &Path) -> Option<u64> {
-    let folder = path
-        .ancestors()
-        .skip(1)
-        .find(|p| !p.as_os_str().is_empty() && p.is_dir())?;
-    let stat = rustix::fs::statvfs(folder).ok()?;
-    Some(stat.f_bavail.saturating_mul(stat.f_frsize))
-}
-
-/// A warning when the disk tier's file at `path` cannot grow to
-/// `max_bytes` and still leave `reserve` free on its volume (the ledger's
-/// room): it will stop writing at the reserve instead.
-pub(crate) fn disk_room_warning(path: &Path, max_bytes: u64, reserve: u64) -> Option<String> {
-    let free = free_space(path)?;
-    let held = std::fs::metadata(path).map_or(0, |m| m.len());
-    (free.saturating_add(held) < max_bytes.saturating_add(reserve)).then(|| {
-        format!(
-            "cache.disk_max_bytes: {max_bytes} bytes do not fit beside cache.disk_reserve_bytes ({reserve}) on the volume of {} ({free} bytes free): the disk tier will stop writing at the reserve",
-            path.display()
-        )
-    })
 }
 
 /// Time a reservation keeps beyond the fair queue's bound and the upstream

@@ -22,9 +22,95 @@
 //! What is hashed into an entry's tag is the normalized cache key of
 //! `cache::key` (its `k1` version re-keys every page when it changes) or a
 //! record's key ([`record_key`]).
+//!
+//! **Typed keys.** A key the cache reads or writes from Rust is a type of
+//! its own, tied to the type of value stored under it ([`RedisKey`], as
+//! svix's `kv_def!` ties a key type to its value): an [`EntryKey`] holds an
+//! encoded `cache::Entry`, a [`LeaseKey`] a lease's token, the
+//! [`PurgesKey`] the purges' tokens. Its [`Keys`] method is the only way to
+//! build one, so its bytes are formatted here alone. The ledger's and the
+//! shared rate's keys stay strings: the Lua scripts that own them
+//! (`ledger::redis::scripts`, `shared_rate`) read and write their values,
+//! one key holding a different kind of value from another.
 
 use crate::route::Route;
+use redis::{RedisWrite, ToRedisArgs};
 use sha2::{Digest, Sha256};
+use std::collections::HashMap;
+
+/// A Redis key of one kind, and the one type of value stored under it: a
+/// command that writes a value takes the key it goes under ([`set_px`]),
+/// so no value lands under another kind's key. Sent as its bytes.
+pub(crate) trait RedisKey: ToRedisArgs {
+    /// What is stored under a key of this kind.
+    type Value;
+}
+
+/// `SET key value PX ms`: a value written under its own kind of key only.
+pub(crate) fn set_px<K>(key: &K, value: &K::Value, px_ms: u64) -> redis::Cmd
+where
+    K: RedisKey,
+    K::Value: ToRedisArgs,
+{
+    let mut set = redis::cmd("SET");
+    set.arg(key).arg(value).arg("PX").arg(px_ms);
+    set
+}
+
+/// One kind of Redis key: a newtype over its bytes, built only by a method
+/// of [`Keys`], sent to Redis as those bytes; with `=> Value`, the value
+/// stored under it (else tied where the value's type is defined).
+macro_rules! key_kind {
+    ($(#[$doc:meta])* $name:ident) => {
+        $(#[$doc])*
+        #[derive(Debug, Clone, PartialEq, Eq)]
+        pub(crate) struct $name(String);
+
+        #[cfg(test)]
+        impl $name {
+            /// The key's bytes, as the tests pin them (elsewhere a key only
+            /// goes to Redis).
+            pub(crate) fn as_str(&self) -> &str {
+                &self.0
+            }
+        }
+
+        impl ToRedisArgs for $name {
+            fn write_redis_args<W: ?Sized + RedisWrite>(&self, out: &mut W) {
+                out.write_arg(self.0.as_bytes());
+            }
+        }
+    };
+    ($(#[$doc:meta])* $name:ident => $value:ty) => {
+        key_kind!($(#[$doc])* $name);
+
+        impl RedisKey for $name {
+            type Value = $value;
+        }
+    };
+}
+
+key_kind! {
+    /// A cached answer (page, record, monthly row) or a complete-page
+    /// index: its value is an encoded `cache::Entry`, tied to it in
+    /// `cache::entry` (this module sits below the cache).
+    EntryKey
+}
+
+key_kind! {
+    /// A key's cross-replica fetch lease: its value is the owner's random
+    /// token, compared before a renewal or a release.
+    LeaseKey => String
+}
+
+key_kind! {
+    /// The purges of every replica: a hash of route name or `all` to the
+    /// token of its last purge ([`PurgeTokens`]).
+    PurgesKey => PurgeTokens
+}
+
+/// The value of the [`PurgesKey`]: route name or `all` → its last token.
+pub(crate) type PurgeTokens = HashMap<String, String>;
 
 /// A team's ledger keys, one `{team}` tag for all: the reserve and settle
 /// scripts touch them together (`src/ledger/redis/mod.rs` says what each holds).
@@ -85,13 +171,13 @@ impl Keys {
     /// a route's keys ([`Keys::purge_pattern`]); the `{hash}` tag puts it
     /// in its lease's slot ([`Keys::lease`]), so one primary answers a
     /// waiter's poll of both and a failover moves both at once.
-    pub(crate) fn entry(&self, route: Route, cache_key: &str) -> String {
+    pub(crate) fn entry(&self, route: Route, cache_key: &str) -> EntryKey {
         self.cached(route, "", &Tag::of(cache_key))
     }
 
     /// [`Keys::entry`] with the key's [`Tag`] worked out before (a
     /// memoized request target carries it: `proxy::parsed`).
-    pub(crate) fn entry_tagged(&self, route: Route, tag: &Tag) -> String {
+    pub(crate) fn entry_tagged(&self, route: Route, tag: &Tag) -> EntryKey {
         self.cached(route, "", tag)
     }
 
@@ -99,7 +185,7 @@ impl Keys {
     /// (`cache::covered`). Marked `i:` so that it can be counted apart from
     /// the answers bought (`bench/run.py` counts the keys bought so); never leased: never
     /// fetched under this key.
-    pub(crate) fn complete_index(&self, route: Route, index_key: &str) -> String {
+    pub(crate) fn complete_index(&self, route: Route, index_key: &str) -> EntryKey {
         self.cached(route, "i:", &Tag::of(index_key))
     }
 
@@ -107,7 +193,7 @@ impl Keys {
     /// right size: it is formatted on every lookup (a Redis-tier hit), where
     /// `format!` and `hex::encode`'s string of chars were ~3.7k instructions
     /// (callgrind) against the few hundred of this.
-    fn cached(&self, route: Route, mark: &str, tag: &Tag) -> String {
+    fn cached(&self, route: Route, mark: &str, tag: &Tag) -> EntryKey {
         let route = route.as_str();
         let mut key = String::with_capacity(self.prefix.len() + route.len() + mark.len() + 64 + 5);
         key.push_str(&self.prefix);
@@ -118,13 +204,13 @@ impl Keys {
         key.push('{');
         key.push_str(tag.as_str());
         key.push('}');
-        key
+        EntryKey(key)
     }
 
     /// The cross-replica fetch lease of a cache key (`cache::lease`): the
     /// same `{hash}` tag as the entry it guards.
-    pub(crate) fn lease(&self, cache_key: &str) -> String {
-        format!("{}lease:{{{}}}", self.prefix, Tag::of(cache_key).as_str())
+    pub(crate) fn lease(&self, cache_key: &str) -> LeaseKey {
+        LeaseKey(format!("{}lease:{{{}}}", self.prefix, Tag::of(cache_key).as_str()))
     }
 
     /// What a purge `SCAN`s for: every entry, or one route's (its complete
@@ -138,8 +224,8 @@ impl Keys {
 
     /// The purges of every replica (`cache::purge`): route name or `all` →
     /// the token of its last purge. Untagged: read alone, by one command.
-    pub(crate) fn purges(&self) -> String {
-        format!("{}purges", self.prefix)
+    pub(crate) fn purges(&self) -> PurgesKey {
+        PurgesKey(format!("{}purges", self.prefix))
     }
 
     /// One of a team's ledger keys; the `{team}` tag keeps a script's keys
@@ -224,8 +310,7 @@ mod tests {
     const PAGE: &str = "k1 /v2/permits/search?geo_id=CA";
     const PAGE_HASH: &str = "ad5cb07a470f427746d3e3ea3462b7a246c69abf73d64bef5ac99f8d8ccf5061";
     const INDEX: &str = "k1c /v2/permits/search?geo_id=CA";
-    const INDEX_HASH: &str = "bd51f80e6ed548f92e95621ba673ac94c09eb3c4abd77a0a3b14b81c3890c648";
-    const RECORD_HASH: &str = "e63241dae22a10677c0ed286b4f646f99e067ad73b8e790dd8148dc8427d45b3";
+    const SERIES: &str = "county_metrics_monthly /v2/counties/abc/metrics/monthly tag=solar&property_type=vacant+land";
     const LEDGER: [LedgerKey; 7] = LedgerKey::ALL;
 
     fn keys() -> Keys {
@@ -239,25 +324,47 @@ mod tests {
     #[test]
     fn every_key_is_spelled_as_the_previous_release_spelled_it() {
         let k = keys();
+        // A page: its entry (from the key, or from its memoized tag) and its lease.
+        let page = "pgw:c:permits_search:{ad5cb07a470f427746d3e3ea3462b7a246c69abf73d64bef5ac99f8d8ccf5061}";
+        assert_eq!(k.entry(Route::PermitsSearch, PAGE).as_str(), page);
+        assert_eq!(k.entry_tagged(Route::PermitsSearch, &Tag::of(PAGE)).as_str(), page);
         assert_eq!(
-            k.entry(Route::PermitsSearch, PAGE),
-            format!("pgw:c:permits_search:{{{PAGE_HASH}}}")
+            k.lease(PAGE).as_str(),
+            "pgw:lease:{ad5cb07a470f427746d3e3ea3462b7a246c69abf73d64bef5ac99f8d8ccf5061}"
         );
-        assert_eq!(k.lease(PAGE), format!("pgw:lease:{{{PAGE_HASH}}}"));
         assert_eq!(
-            k.complete_index(Route::PermitsSearch, INDEX),
-            format!("pgw:c:permits_search:i:{{{INDEX_HASH}}}")
+            k.complete_index(Route::PermitsSearch, INDEX).as_str(),
+            "pgw:c:permits_search:i:{bd51f80e6ed548f92e95621ba673ac94c09eb3c4abd77a0a3b14b81c3890c648}"
         );
+        // A record: its cache key, its entry and its lease.
         let record = record_key(Route::PermitsById, "P1");
         assert_eq!(record, "rec permits_by_id P1");
         assert_eq!(
-            k.entry(Route::PermitsById, &record),
-            format!("pgw:c:permits_by_id:{{{RECORD_HASH}}}")
+            k.entry(Route::PermitsById, &record).as_str(),
+            "pgw:c:permits_by_id:{e63241dae22a10677c0ed286b4f646f99e067ad73b8e790dd8148dc8427d45b3}"
         );
-        assert_eq!(k.lease(&record), format!("pgw:lease:{{{RECORD_HASH}}}"));
+        assert_eq!(
+            k.lease(&record).as_str(),
+            "pgw:lease:{e63241dae22a10677c0ed286b4f646f99e067ad73b8e790dd8148dc8427d45b3}"
+        );
+        // A monthly series: a row's cache key and entry, the lease of its turn.
+        let row = row_key(SERIES, 2024, 3);
+        assert_eq!(row, format!("mon {SERIES} 2024-03"));
+        assert_eq!(
+            k.entry(Route::CountyMetricsMonthly, &row).as_str(),
+            "pgw:c:county_metrics_monthly:{cde527c76a57a82bbb95da3589d4a42f5c513ad0d5f89145fd9d6011e4915abc}"
+        );
+        let turn = series_key(SERIES);
+        assert_eq!(turn, format!("months {SERIES}"));
+        assert_eq!(
+            k.lease(&turn).as_str(),
+            "pgw:lease:{7895235fba2a209eb3e72293907baa281da61f2e141dc60e9da6545a30c12b94}"
+        );
+        // Purges.
         assert_eq!(k.purge_pattern(None), "pgw:c:*");
         assert_eq!(k.purge_pattern(Some(Route::PermitsById)), "pgw:c:permits_by_id:*");
-        assert_eq!(k.purges(), "pgw:purges");
+        assert_eq!(k.purges().as_str(), "pgw:purges");
+        // A team's ledger, the shared rate.
         let ledger: Vec<String> = LEDGER.iter().map(|l| k.ledger("alpha", *l)).collect();
         assert_eq!(
             ledger,
@@ -275,6 +382,23 @@ mod tests {
         assert_eq!(k.rate_pause(), "pgw:{rate}:upstream:pause");
         assert_eq!(k.rate_replicas(), "pgw:{rate}:upstream:replicas");
         assert_eq!(Keys::new("").rate(), "{rate}:upstream", "the prefix is all that varies");
+    }
+
+    #[test]
+    fn a_typed_key_is_sent_as_its_bytes() {
+        let k = keys();
+        let entry = k.entry(Route::PermitsSearch, PAGE);
+        assert_eq!(entry.to_redis_args(), [entry.as_str().as_bytes().to_vec()]);
+        let set = set_px(&k.lease(PAGE), &"token".to_string(), 1500);
+        assert_eq!(
+            redis::cmd("SET")
+                .arg(k.lease(PAGE).as_str())
+                .arg("token")
+                .arg("PX")
+                .arg(1500u64)
+                .get_packed_command(),
+            set.get_packed_command()
+        );
     }
 
     #[test]
@@ -299,13 +423,13 @@ mod tests {
     #[test]
     fn keys_used_together_share_a_cluster_slot() {
         let k = keys();
-        let page = slot(&k.entry(Route::PermitsSearch, PAGE));
-        assert_eq!(page, slot(&k.lease(PAGE)), "an entry and its lease");
+        let page = slot(k.entry(Route::PermitsSearch, PAGE).as_str());
+        assert_eq!(page, slot(k.lease(PAGE).as_str()), "an entry and its lease");
         assert_eq!(page, slot(PAGE_HASH), "the tag is the key's hash");
         let record = record_key(Route::PermitsById, "P1");
         assert_eq!(
-            slot(&k.entry(Route::PermitsById, &record)),
-            slot(&k.lease(&record)),
+            slot(k.entry(Route::PermitsById, &record).as_str()),
+            slot(k.lease(&record).as_str()),
             "a record and its lease"
         );
         for team in ["alpha", "beta gamma", "x:y"] {

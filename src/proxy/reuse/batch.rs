@@ -43,16 +43,21 @@ use crate::route::Route;
 use http::StatusCode;
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::Duration;
-// tokio's clock, so the window is tested on a paused one.
+use std::time::{Duration, Instant};
 use tokio::sync::oneshot;
-use tokio::time::Instant;
 
 /// The most ids one by-id call takes (the upstream's limit).
 const MAX_IDS: usize = 50;
 
 /// How long after a route's last call a new id still gathers company.
 const RECENT: Duration = Duration::from_secs(1);
+
+/// Now, on tokio's clock (converted at once to the one clock type): a
+/// test's paused clock moves the window.
+#[expect(clippy::disallowed_types, reason = "tokio's clock read, converted at once")]
+fn now() -> Instant {
+    tokio::time::Instant::now().into_std()
+}
 
 /// The queues of ids waiting for a call, by route.
 #[derive(Clone, Default)]
@@ -123,7 +128,7 @@ impl Batches {
         let Some(q) = queues.get(&route) else {
             return Duration::ZERO;
         };
-        let recent = q.last_call.is_some_and(|t| t.elapsed() < RECENT);
+        let recent = q.last_call.is_some_and(|t| now().saturating_duration_since(t) < RECENT);
         if recent && q.ids < MAX_IDS {
             window
         } else {
@@ -178,7 +183,7 @@ impl Batches {
             }
         }
         q.ids -= ids;
-        q.last_call = Some(Instant::now());
+        q.last_call = Some(now());
         taken
     }
 }

@@ -191,6 +191,9 @@ pub(super) struct Upstream {
     /// Not in the contract table: upstream calls saved by batching (the
     /// buyers of a call, less the one call).
     pub(super) upstream_calls_saved_total: IntCounterVec,
+    /// Not in the contract table: requests whose ids left a batch queue
+    /// before any call carried them, by why.
+    pub(super) upstream_withdrawn_total: IntCounterVec,
 }
 
 impl Upstream {
@@ -229,6 +232,12 @@ impl Upstream {
                 "gateway_upstream_calls_saved_total",
                 "Upstream calls saved by sending the ids of several requests in one call.",
                 &["route"],
+            ),
+            upstream_withdrawn_total: counter(
+                r,
+                "gateway_upstream_withdrawn_total",
+                "Requests whose ids left a batch queue before a call carried them: abandoned (no client waits for them any more) or deadline (a 429 when their wait at the gate reached upstream.max_queue_wait_secs).",
+                &["route", "reason"],
             ),
         }
     }

@@ -277,6 +277,11 @@ impl Metrics {
         for route in routes.iter().filter(|r| r.ends_with("_by_id")) {
             self.upstream.upstream_batch_ids.with_label_values(&[route]);
             self.upstream.upstream_calls_saved_total.with_label_values(&[route]);
+            for reason in ["abandoned", "deadline"] {
+                self.upstream
+                    .upstream_withdrawn_total
+                    .with_label_values(&[route, reason]);
+            }
         }
         // Durations and hits by route × cache state × tier exist since
         // `new`; each team's 200s by route × cache state and its saved

@@ -363,6 +363,15 @@ impl Metrics {
         }
     }
 
+    /// A request's ids left a batch queue before a call carried them:
+    /// `abandoned` (nobody waits for them) or `deadline` (refused, 429).
+    pub(crate) fn upstream_withdrawn(&self, route: Route, reason: &'static str) {
+        self.upstream
+            .upstream_withdrawn_total
+            .with_label_values(&[route.as_str(), reason])
+            .inc();
+    }
+
     pub(crate) fn coalesced(&self, route: Route) {
         self.requests
             .coalesced_requests_total

@@ -66,7 +66,9 @@ pub enum Join<T> {
 
 pub struct Leader<T> {
     key: String,
-    tx: watch::Sender<Option<T>>,
+    /// Shared only weakly ([`Leader::watch`]): when the leader goes, the
+    /// sender goes with it and the followers wake.
+    tx: Arc<watch::Sender<Option<T>>>,
     inflight: Arc<Mutex<HashMap<String, watch::Receiver<Option<T>>>>>,
 }
 
@@ -80,7 +82,7 @@ impl<T: Clone> Flights<T> {
         map.insert(key.to_string(), rx);
         Join::Leader(Leader {
             key: key.to_string(),
-            tx,
+            tx: Arc::new(tx),
             inflight: self.inflight.clone(),
         })
     }
@@ -107,6 +109,13 @@ impl<T> Leader<T> {
         self.tx.receiver_count().saturating_sub(1)
     }
 
+    /// A look at whether any request still waits on this flight, for work
+    /// done on its behalf elsewhere (an id waiting in a batch queue): it
+    /// holds no part of the flight.
+    pub(crate) fn watch(&self) -> Watch<T> {
+        Watch(Arc::downgrade(&self.tx))
+    }
+
     /// Hands the outcome to every follower and ends the flight.
     pub fn complete(self, outcome: T) {
         // Remove first: a caller arriving after this starts its own lookup,
@@ -131,6 +140,17 @@ impl<T> Drop for Leader<T> {
         // Without an outcome the sender drops here and followers wake with
         // an error; either way the key is free again.
         self.remove();
+    }
+}
+
+/// Whether a flight is still waited on ([`Leader::watch`]).
+pub(crate) struct Watch<T>(std::sync::Weak<watch::Sender<Option<T>>>);
+
+impl<T> Watch<T> {
+    /// A request (the leader's own wait, or a follower) still waits: more
+    /// receivers than the flight table's own.
+    pub(crate) fn waited(&self) -> bool {
+        self.0.upgrade().is_some_and(|tx| tx.receiver_count() > 1)
     }
 }
 

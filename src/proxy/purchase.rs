@@ -221,6 +221,17 @@ fn failure(
 }
 
 impl Called {
+    /// The stakes of a call billed nothing (a 422), handed back whole to
+    /// ride another call, with its outcome; `Err(self)` when it was billed
+    /// (it settles).
+    pub(super) fn unbilled(self) -> Result<(Outcome, Vec<Stake>), Called> {
+        if self.bill == 0 && self.early.is_none() {
+            Ok((self.outcome, self.stakes))
+        } else {
+            Err(self)
+        }
+    }
+
     /// Settles every stake at its share of the bill ([`shares`]; `records`:
     /// the records each stake got, when they can be counted) or releases
     /// those charged nothing; each stake's charge, in order.

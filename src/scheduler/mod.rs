@@ -165,6 +165,11 @@ impl Scheduler {
         }
     }
 
+    /// The wait a new call of `team` can expect now (a `Retry-After`).
+    pub(crate) fn predicted_wait(&self, team: &str) -> Duration {
+        self.expected_wait(&self.queues(), team)
+    }
+
     /// The wait a new call of `team` can expect: the pause left, then one
     /// call of every other waiting team per place ahead of it in its own
     /// queue (round-robin).

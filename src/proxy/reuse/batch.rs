@@ -38,10 +38,12 @@ use crate::cache::records::IdList;
 use crate::error::GatewayError;
 use crate::proxy::context::Job;
 use crate::proxy::fetch;
+use crate::proxy::flight::{Fetched, Outcome};
 use crate::proxy::purchase::{self, Opened, Stake};
 use crate::route::Route;
 use http::StatusCode;
 use std::collections::{HashMap, VecDeque};
+use std::future::Future;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 use tokio::sync::oneshot;
@@ -77,14 +79,62 @@ struct Queue {
     last_call: Option<Instant>,
 }
 
+/// Whether anyone still waits for a buyer's ids: its request, or another
+/// request that needs the same ids (their flights' [`Watch`]es).
+pub(super) type Waited = Box<dyn Fn() -> bool + Send + Sync>;
+
 /// One request's ids, waiting for a call.
 struct Buyer {
     /// Its stake in the call: its ids' credits reserved in its own budgets
     /// (`purchase`).
     stake: Stake,
+    order: Order,
+}
+
+/// What a buyer asked and how it is answered, apart from its stake (which
+/// a call takes).
+struct Order {
     list: IdList,
     wanted: Vec<usize>,
+    /// The request's own cache key: where the upstream's refusal of its ids
+    /// is kept, for the page path to answer it without a call.
+    request_key: Option<String>,
+    waited: Waited,
+    /// When its wait at the gate ends (`upstream.max_queue_wait_secs` after
+    /// it joined): no call has taken it by then, it leaves with a 429.
+    deadline: Instant,
     done: oneshot::Sender<Share>,
+}
+
+/// Why a buyer left its queue before a call took it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Left {
+    /// Nobody waits for its ids any more.
+    Abandoned,
+    /// Its deadline came.
+    Deadline,
+}
+
+impl Left {
+    fn as_str(self) -> &'static str {
+        match self {
+            Left::Abandoned => "abandoned",
+            Left::Deadline => "deadline",
+        }
+    }
+}
+
+impl Order {
+    /// Why it is to leave at `now`, if it is.
+    fn leaves(&self, now: Instant) -> Option<Left> {
+        if self.done.is_closed() || !(self.waited)() {
+            Some(Left::Abandoned)
+        } else if now >= self.deadline {
+            Some(Left::Deadline)
+        } else {
+            None
+        }
+    }
 }
 
 /// What a buyer gets back: what the call said of each of its ids, and what
@@ -116,8 +166,24 @@ impl Batches {
         if !q.waiting.contains_key(&team) {
             q.turn.push_back(team.clone());
         }
-        q.ids += buyer.wanted.len();
+        q.ids += buyer.order.wanted.len();
         q.waiting.entry(team).or_default().push_back(buyer);
+        !std::mem::replace(&mut q.driven, true)
+    }
+
+    /// Puts buyers back at the head of their teams' lines (their call was
+    /// refused for another's id): they go in the next call. `true` when
+    /// one is to drive the queue.
+    fn requeue(&self, route: Route, buyers: Vec<Buyer>) -> bool {
+        let mut queues = self.lock();
+        let q = queues.entry(route).or_default();
+        for buyer in buyers.into_iter().rev() {
+            let team = buyer.stake.job.team.name.clone();
+            q.turn.retain(|t| *t != team);
+            q.turn.push_front(team.clone());
+            q.ids += buyer.order.wanted.len();
+            q.waiting.entry(team).or_default().push_front(buyer);
+        }
         !std::mem::replace(&mut q.driven, true)
     }
 
@@ -136,9 +202,35 @@ impl Batches {
         }
     }
 
+    /// The buyers that are to leave at `now` (nobody waits for them, or
+    /// their deadline came), out of the queue, with why.
+    fn leaving(&self, route: Route, now: Instant) -> Vec<(Buyer, Left)> {
+        let mut queues = self.lock();
+        let Some(q) = queues.get_mut(&route) else {
+            return Vec::new();
+        };
+        let mut gone = Vec::new();
+        for line in q.waiting.values_mut() {
+            let mut kept = VecDeque::with_capacity(line.len());
+            for buyer in line.drain(..) {
+                match buyer.order.leaves(now) {
+                    Some(why) => gone.push((buyer, why)),
+                    None => kept.push_back(buyer),
+                }
+            }
+            *line = kept;
+        }
+        q.waiting.retain(|_, line| !line.is_empty());
+        let waiting = &q.waiting;
+        q.turn.retain(|t| waiting.contains_key(t));
+        q.ids -= gone.iter().map(|(b, _)| b.order.wanted.len()).sum::<usize>();
+        gone
+    }
+
     /// The team whose ids have waited longest (the round's head), for the
-    /// fair turn; `None` when nothing waits (the driver stops).
-    fn head(&self, route: Route) -> Option<Arc<Team>> {
+    /// fair turn, and the earliest deadline of any buyer waiting; `None`
+    /// when nothing waits (the driver stops).
+    fn head(&self, route: Route) -> Option<(Arc<Team>, Instant)> {
         let mut queues = self.lock();
         let q = queues.get_mut(&route)?;
         let team = q
@@ -147,10 +239,14 @@ impl Batches {
             .and_then(|t| q.waiting.get(t))
             .and_then(|w| w.front())
             .map(|b| b.stake.job.team.clone());
-        if team.is_none() {
-            q.driven = false;
+        let earliest = q.waiting.values().flatten().map(|b| b.order.deadline).min();
+        match team.zip(earliest) {
+            Some(head) => Some(head),
+            None => {
+                q.driven = false;
+                None
+            }
         }
-        team
     }
 
     /// Up to [`MAX_IDS`] ids, buyer by buyer, round-robin over teams; a
@@ -166,10 +262,10 @@ impl Batches {
         while skipped < q.turn.len() {
             let Some(team) = q.turn.pop_front() else { break };
             let Some(list) = q.waiting.get_mut(&team) else { continue };
-            let fits = list.front().is_some_and(|b| ids + b.wanted.len() <= MAX_IDS);
+            let fits = list.front().is_some_and(|b| ids + b.order.wanted.len() <= MAX_IDS);
             if fits {
                 if let Some(buyer) = list.pop_front() {
-                    ids += buyer.wanted.len();
+                    ids += buyer.order.wanted.len();
                     taken.push(buyer);
                 }
                 skipped = 0;
@@ -188,9 +284,16 @@ impl Batches {
     }
 }
 
-/// Buys `wanted` of `list` in its route's next call; what the call said of
-/// each and what it cost this request's team.
-pub(super) async fn buy(app: &Arc<App>, batches: &Batches, job: &Job, list: &IdList, wanted: &[usize]) -> Share {
+/// Buys `wanted` of `list` in its route's next call, while `waited` says
+/// someone waits for them; what the call said of each and what it cost
+/// this request's team.
+pub(super) async fn buy(
+    app: &Arc<App>,
+    batches: &Batches,
+    job: &Job,
+    (list, wanted): (&IdList, &[usize]),
+    waited: Waited,
+) -> Share {
     let n = wanted.len();
     let Some(target) = list.call(wanted, 0) else {
         return Share::failed(n, GatewayError::Internal);
@@ -198,7 +301,7 @@ pub(super) async fn buy(app: &Arc<App>, batches: &Batches, job: &Job, list: &IdL
     let mut job = job.clone();
     job.target = target;
     // Not a page key: the answer is filed piece by piece.
-    job.key = None;
+    let request_key = job.key.take();
     // Its own ids, in its own budget, before it joins anyone.
     let stake = match purchase::open(app, &job, n as u64).await {
         Ok(Opened::Staked(stake)) => *stake,
@@ -212,23 +315,37 @@ pub(super) async fn buy(app: &Arc<App>, batches: &Batches, job: &Job, list: &IdL
     };
     let route = job.target.route;
     let (done, share) = oneshot::channel();
+    let max_wait = Duration::from_secs(app.config.upstream.max_queue_wait_secs);
     let buyer = Buyer {
         stake,
-        list: list.clone(),
-        wanted: wanted.to_vec(),
-        done,
+        order: Order {
+            list: list.clone(),
+            wanted: wanted.to_vec(),
+            request_key,
+            waited,
+            deadline: now() + max_wait,
+            done,
+        },
     };
     if batches.join(route, buyer) {
-        app.detach(drive(app.clone(), batches.clone(), route));
+        app.detach(driver(app.clone(), batches.clone(), route));
     }
     // The driver runs detached: it only goes away without answering if it
     // panicked.
     share.await.unwrap_or_else(|_| Share::failed(n, GatewayError::Internal))
 }
 
+/// [`drive`], as a future of a type that can be named: a driver's call may
+/// start the next driver (a refused batch's buyers, queued again).
+fn driver(app: Arc<App>, batches: Batches, route: Route) -> std::pin::Pin<Box<dyn Future<Output = ()> + Send>> {
+    Box::pin(drive(app, batches, route))
+}
+
 /// Sends the route's batches while buyers wait: gather, a fair turn, take,
 /// send (each send in a task of its own, so the next batch's turn is
-/// waited for meanwhile).
+/// waited for meanwhile). Before a turn and once it comes, buyers nobody
+/// waits for leave without a call, and those whose deadline came leave
+/// with a 429; a turn is waited for only until the earliest deadline.
 async fn drive(app: Arc<App>, batches: Batches, route: Route) {
     let window = Duration::from_millis(app.config.upstream.batch_window_ms);
     loop {
@@ -236,22 +353,53 @@ async fn drive(app: Arc<App>, batches: Batches, route: Route) {
         if !gather.is_zero() {
             tokio::time::sleep(gather).await;
         }
-        let Some(team) = batches.head(route) else { return };
-        let turn = purchase::turn(&app, &team.name).await;
+        withdraw(&app, route, batches.leaving(route, now())).await;
+        let Some((team, earliest)) = batches.head(route) else {
+            return;
+        };
+        let turn = tokio::select! {
+            turn = purchase::turn(&app, &team.name) => turn,
+            // A deadline comes first: its buyer leaves, then a turn is
+            // asked again (the place given up goes to the next waiter).
+            () = tokio::time::sleep_until(earliest.into()) => continue,
+        };
+        // Who left while the turn was waited for goes without a call.
+        withdraw(&app, route, batches.leaving(route, now())).await;
         let taken = batches.take(route);
         if taken.is_empty() {
             continue;
         }
         match turn {
             Ok(()) => {
-                app.detach(send(app.clone(), taken));
+                app.detach(send(app.clone(), batches.clone(), taken));
             }
             Err(e) => {
                 for buyer in taken {
                     buyer.stake.release(&app).await;
-                    let _ = buyer.done.send(Share::failed(buyer.wanted.len(), e.clone()));
+                    let _ = buyer
+                        .order
+                        .done
+                        .send(Share::failed(buyer.order.wanted.len(), e.clone()));
                 }
             }
+        }
+    }
+}
+
+/// Buyers out of the queue before any call: their credits released, each
+/// counted; one whose deadline came is refused (429) with the wait the
+/// gate predicts for its team.
+async fn withdraw(app: &App, route: Route, gone: Vec<(Buyer, Left)>) {
+    for (buyer, why) in gone {
+        app.metrics.upstream_withdrawn(route, why.as_str());
+        let team = buyer.stake.job.team.name.clone();
+        buyer.stake.release(app).await;
+        if why == Left::Deadline {
+            let wait = app.scheduler.predicted_wait(&team);
+            let refused = GatewayError::UpstreamRateLimited {
+                retry_after_secs: wait.as_secs_f64().ceil().max(1.0) as u64,
+            };
+            let _ = buyer.order.done.send(Share::failed(buyer.order.wanted.len(), refused));
         }
     }
 }
@@ -259,30 +407,29 @@ async fn drive(app: Arc<App>, batches: Batches, route: Route) {
 /// One call for the buyers' ids (their stakes' purchase); each buyer's
 /// share of what it said and of its bill (`purchase::shares`: its records,
 /// then the rest by the ids it asked).
-async fn send(app: Arc<App>, buyers: Vec<Buyer>) {
+async fn send(app: Arc<App>, batches: Batches, buyers: Vec<Buyer>) {
+    let route = buyers[0].stake.job.target.route;
     let (list, at) = union(&buyers);
-    app.metrics
-        .upstream_batch(buyers[0].stake.job.target.route, list.ids.len(), buyers.len());
+    app.metrics.upstream_batch(route, list.ids.len(), buyers.len());
     let all: Vec<usize> = (0..list.ids.len()).collect();
     let mut job = buyers[0].stake.job.clone();
     let Some(target) = list.call(&all, 0) else { return };
     job.target = target;
     let mut stakes = Vec::with_capacity(buyers.len());
-    let mut waiting = Vec::with_capacity(buyers.len());
+    let mut orders = Vec::with_capacity(buyers.len());
     for b in buyers {
-        waiting.push((b.stake.job.clone(), b.list, b.wanted, b.done));
+        orders.push((b.stake.job.clone(), b.order));
         stakes.push(b.stake);
     }
     let called = purchase::call(&app, &job, stakes).await;
-    if waiting.len() > 1 && refused_id(&called.outcome) {
-        // One buyer's id refused the whole list (billed nothing): each asks
-        // alone.
-        called.settle(&app, None).await;
-        for (job, list, wanted, done) in waiting {
-            app.detach(alone(app.clone(), job, list, wanted, done));
+    let called = if orders.len() > 1 && refused_id(&called.outcome) {
+        match called.unbilled() {
+            Ok((outcome, stakes)) => return refused(&app, &batches, route, (outcome, &at), stakes, orders).await,
+            Err(billed) => billed,
         }
-        return;
-    }
+    } else {
+        called
+    };
     let got = learn(&app, &list, &all, &job, called.outcome.clone()).await;
     let records: Vec<u64> = at
         .iter()
@@ -290,15 +437,109 @@ async fn send(app: Arc<App>, buyers: Vec<Buyer>) {
         .collect();
     let counted = records.iter().any(|r| *r > 0);
     let charges = called.settle(&app, counted.then_some(records.as_slice())).await;
-    for (((_, _, _, done), idx), charged) in waiting.into_iter().zip(at).zip(charges) {
+    for (((_, order), idx), charged) in orders.into_iter().zip(at).zip(charges) {
         let got = idx.iter().map(|i| got[*i].clone()).collect();
-        let _ = done.send(Share { got, charged });
+        let _ = order.done.send(Share { got, charged });
     }
 }
 
-/// A buyer's ids asked alone, after a batch they shared was refused for
-/// someone's id: a purchase of its own, in its own call.
-async fn alone(app: Arc<App>, mut job: Job, list: IdList, wanted: Vec<usize>, done: oneshot::Sender<Share>) {
+/// A batch the upstream refused (422, billed nothing) for some buyers'
+/// ids: each of those gets the upstream's refusal of its own ids, at
+/// their places in its own request (kept, so the page path answers it
+/// without a call), and its credits back; the others go again together in
+/// the next call, their stakes whole. A refusal that names no id of the
+/// list (or names every buyer) leaves each buyer to ask alone.
+async fn refused(
+    app: &Arc<App>,
+    batches: &Batches,
+    route: Route,
+    (outcome, at): (Outcome, &[Vec<usize>]),
+    stakes: Vec<Stake>,
+    orders: Vec<(Job, Order)>,
+) {
+    let refusals = match &outcome {
+        Ok(f) => offenders(&f.body, at, &orders),
+        Err(_) => None,
+    };
+    let Some(refusals) = refusals.filter(|r| r.iter().any(Option::is_none)) else {
+        for (stake, (job, order)) in stakes.into_iter().zip(orders) {
+            stake.release(app).await;
+            app.detach(alone(app.clone(), job, order));
+        }
+        return;
+    };
+    let headers = outcome.as_ref().map(|f| f.headers.clone()).unwrap_or_default();
+    let mut again = Vec::new();
+    for ((stake, (_, order)), refusal) in stakes.into_iter().zip(orders).zip(refusals) {
+        let Some(body) = refusal else {
+            again.push(Buyer { stake, order });
+            continue;
+        };
+        stake.release(app).await;
+        let content_type = headers.get(http::header::CONTENT_TYPE).cloned();
+        if let Some(key) = &order.request_key {
+            app.cache.refusals.keep(key, body.clone(), content_type);
+        }
+        let refusal = Arc::new(Fetched {
+            status: StatusCode::UNPROCESSABLE_ENTITY,
+            headers: headers.clone(),
+            body,
+            credits: 0,
+            bill: Some(0),
+            worth: 0,
+            from_cache: false,
+            etag: None,
+        });
+        let n = order.wanted.len();
+        let _ = order.done.send(Share {
+            got: vec![Ok(Got::Refused(refusal)); n],
+            charged: 0,
+        });
+    }
+    if batches.requeue(route, again) {
+        app.detach(driver(app.clone(), batches.clone(), route));
+    }
+}
+
+/// Which buyers the upstream's 422 refuses: for each, the refusal of its
+/// own ids as the upstream would write it for its request as sent (each
+/// `loc` index moved from the batch's list to the request's), or `None`
+/// for a buyer it does not name. `None` when an error of the body is not
+/// about an id of the list.
+fn offenders(body: &[u8], at: &[Vec<usize>], orders: &[(Job, Order)]) -> Option<Vec<Option<bytes::Bytes>>> {
+    let v: serde_json::Value = serde_json::from_slice(body).ok()?;
+    let mut mine: Vec<Vec<serde_json::Value>> = vec![Vec::new(); orders.len()];
+    for error in v.get("detail")?.as_array()? {
+        let loc = error.get("loc")?.as_array()?;
+        let k = match loc.as_slice() {
+            [q, id, k] if q == "query" && id == "id" => usize::try_from(k.as_u64()?).ok()?,
+            _ => return None,
+        };
+        let (b, j) = at
+            .iter()
+            .enumerate()
+            .find_map(|(b, idx)| idx.iter().position(|i| *i == k).map(|j| (b, j)))?;
+        let mut error = error.clone();
+        error["loc"][2] = serde_json::json!(orders[b].1.wanted[j]);
+        mine[b].push(error);
+    }
+    Some(
+        mine.into_iter()
+            .map(|errors| {
+                (!errors.is_empty()).then(|| {
+                    let body = serde_json::json!({ "detail": errors });
+                    bytes::Bytes::from(serde_json::to_vec(&body).unwrap_or_default())
+                })
+            })
+            .collect(),
+    )
+}
+
+/// A buyer's ids asked alone, after a batch they shared was refused and
+/// the refusal could not be told apart: a purchase of its own, in its own
+/// call.
+async fn alone(app: Arc<App>, mut job: Job, order: Order) {
+    let Order { list, wanted, done, .. } = order;
     let all: Vec<usize> = (0..wanted.len()).collect();
     let Some(target) = list.call(&wanted, 0) else {
         return;
@@ -317,7 +558,7 @@ async fn alone(app: Arc<App>, mut job: Job, list: IdList, wanted: Vec<usize>, do
 
 /// The buyers' ids as one list, and where each buyer's ids are in it.
 fn union(buyers: &[Buyer]) -> (IdList, Vec<Vec<usize>>) {
-    let first = &buyers[0].list;
+    let first = &buyers[0].order.list;
     let mut list = IdList {
         resource: first.resource,
         path: first.path.clone(),
@@ -327,11 +568,12 @@ fn union(buyers: &[Buyer]) -> (IdList, Vec<Vec<usize>>) {
     let at = buyers
         .iter()
         .map(|b| {
-            b.wanted
+            b.order
+                .wanted
                 .iter()
                 .map(|i| {
-                    list.ids.push(b.list.ids[*i].clone());
-                    list.keys.push(b.list.keys[*i].clone());
+                    list.ids.push(b.order.list.ids[*i].clone());
+                    list.keys.push(b.order.list.keys[*i].clone());
                     list.ids.len() - 1
                 })
                 .collect()
@@ -346,7 +588,7 @@ fn is_record(got: &PieceOutcome) -> bool {
 }
 
 /// Whether the call's answer is the upstream's 422 for an id of the list.
-fn refused_id(outcome: &crate::proxy::flight::Outcome) -> bool {
+fn refused_id(outcome: &Outcome) -> bool {
     matches!(outcome, Ok(f) if f.status == StatusCode::UNPROCESSABLE_ENTITY)
 }
 

@@ -108,6 +108,16 @@ async fn engine<B, K: Kind>(
     if ask.directives.only_if_cached || ask.req.method() == Method::HEAD {
         return None;
     }
+    // The upstream refused this very request a moment ago: the page path
+    // answers with its kept refusal, and no piece is bought for it.
+    if ask
+        .parsed
+        .key
+        .as_deref()
+        .is_some_and(|k| app.cache.refusals.get(k).is_some())
+    {
+        return None;
+    }
     let job = ask.job(&ctx.request_id);
     let (bought, charged) = match kind.buying() {
         Buying::PerPiece => {

@@ -238,7 +238,11 @@ async fn buy_now<K: Kind>(app: &Arc<App>, batches: &Batches, job: &Job, kind: &K
     let wanted: Vec<usize> = ours.iter().map(|(i, _, _)| *i).collect();
     let (charged, got) = match (kind.ids(), kind.call(&wanted, 0)) {
         (Some(list), _) => {
-            let share = batch::buy(app, batches, job, list, &wanted).await;
+            // While a request waits for one of these ids (its own, or a
+            // follower): nobody waiting, they leave the batch uncalled.
+            let watches: Vec<_> = ours.iter().map(|(_, leader, _)| leader.watch()).collect();
+            let waited: batch::Waited = Box::new(move || watches.iter().any(|w| w.waited()));
+            let share = batch::buy(app, batches, job, (list, &wanted), waited).await;
             (share.charged, share.got)
         }
         (None, Some(target)) => {

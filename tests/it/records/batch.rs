@@ -11,6 +11,7 @@ use crate::support::sim::{fault, start_sim, FaultKind, Sim, SimConfig};
 use crate::support::traffic::{charged_for, charged_to, ledger_used};
 use http::StatusCode;
 use permit_gateway::Running;
+use std::future::IntoFuture;
 use std::time::{Duration, Instant};
 
 /// The company's rate on both sides; a gathering window long enough that
@@ -370,4 +371,205 @@ async fn a_batch_billed_without_countable_records_is_split_by_what_each_asked() 
     assert_eq!(charged, vec![3, 3, 2]);
     assert_eq!(ledger_used(&gw.admin_url(), "beta").await, 3);
     assert_eq!(ledger_used(&gw.admin_url(), "small").await, 2);
+}
+
+/// Issue 58: one team's lookup with an id the upstream refuses (a city is
+/// not an address) shares a call with two other teams' lookups. The batch's
+/// 422 names the id's place in the call: that lookup alone gets the
+/// upstream's refusal of its own list (its own index, and kept: asked again,
+/// no call), and the others go again together. One extra call for the
+/// batch, not one per member (the batch used to make every member ask alone).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_id_costs_one_extra_call_per_batch_not_one_per_member() {
+    let sim = start_sim(SimConfig::default()).await;
+    let gw = at_company_rate().teams(&[ALPHA, BETA, SMALL]).start(&sim).await;
+    let s = sim.samples();
+    let page = Client::upstream(&sim)
+        .get(crate::support::query::Query::property_search(&s.zip).size(4))
+        .await;
+    let props = ids_of(&page);
+    assert_eq!(props.len(), 4, "{}", page.text());
+    // A call on the route a moment ago: the lookups below gather company.
+    let warm = Client::new(gw.base_url(), ALPHA.1)
+        .get(lookup("properties", &[&props[3]]))
+        .await;
+    assert_eq!(warm.status, StatusCode::OK, "{}", warm.text());
+    let calls = sim.stats().requests_total;
+    let bad = lookup("properties", &[&props[0], &s.city_geo_id]);
+    let lists = [
+        bad.clone(),
+        lookup("properties", &[&props[1]]),
+        lookup("properties", &[&props[2]]),
+    ];
+    let spawned: Vec<_> = lists
+        .iter()
+        .zip([ALPHA, BETA, SMALL])
+        .map(|(q, (team, token))| {
+            Client::new(gw.base_url(), token)
+                .get(q)
+                .request_id(&format!("{team}-1"))
+                .spawn()
+        })
+        .collect();
+    let mut replies = Vec::new();
+    for call in spawned {
+        replies.push(call.await.expect("lookup task"));
+    }
+    let used = sim.stats().requests_total - calls;
+    assert_eq!(used, 2, "the refused batch and the others' call again");
+    let (refused, beta, small) = (&replies[0], &replies[1], &replies[2]);
+    assert_eq!(refused.status, StatusCode::UNPROCESSABLE_ENTITY, "{}", refused.text());
+    assert_eq!(
+        refused.json()["detail"][0]["loc"][2],
+        1,
+        "the city's place in alpha's own list"
+    );
+    for (r, id) in [(beta, &props[1]), (small, &props[2])] {
+        assert_eq!(r.status, StatusCode::OK, "{}", r.text());
+        assert_eq!(ids_of(r), std::slice::from_ref(id));
+        assert_eq!(credits(r), 1);
+    }
+    // Kept: asked again, the refusal costs no call.
+    let again = Client::new(gw.base_url(), ALPHA.1).get(&bad).await;
+    assert_eq!((again.status, again.json()), (refused.status, refused.json()));
+    assert_eq!(sim.stats().requests_total - calls, 2, "the refusal was kept");
+    // The upstream says the same of alpha's list as sent.
+    let direct = Client::upstream(&sim).get(&bad).await;
+    assert_eq!(refused.json(), direct.json(), "the upstream's own refusal");
+    assert_eq!(
+        ledger_used(&gw.admin_url(), "alpha").await,
+        1,
+        "its warm-up record only"
+    );
+    assert_eq!(ledger_used(&gw.admin_url(), "beta").await, 1);
+    assert_eq!(ledger_used(&gw.admin_url(), "small").await, 1);
+}
+
+/// Ids no upstream knows: the upstream omits them and bills nothing, so a
+/// test can queue as many as it likes.
+fn unknown_ids(tag: &str, n: usize) -> Vec<String> {
+    (0..n).map(|i| format!("P-UNKNOWN-{tag}-{i}")).collect()
+}
+
+/// Issue 58: ids waiting in a batch queue have a deadline. At 60 calls a
+/// minute (a burst of 6, then one a second), 600 ids at once need 12 calls;
+/// with `max_queue_wait_secs = 2` every request has its final status within
+/// 2 s + 1 s: those a call carried by then answered, the rest refused with
+/// a 429 and a `Retry-After`, and no call is made for them (the batch used
+/// to answer the last ones after 6 s, and would after minutes at 20× the rate).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ids_in_a_batch_queue_are_answered_or_refused_within_their_deadline() {
+    let sim = start_sim(SimConfig::default()).await;
+    let gw = Setup::new()
+        .with(|c| {
+            c.upstream.requests_per_minute = 60;
+            c.upstream.max_queue_wait_secs = 2;
+            c.upstream.batch_window_ms = 300;
+            c.server.team_max_in_flight = 400;
+        })
+        .start(&sim)
+        .await;
+    let calls = sim.stats().requests_total;
+    let ids = unknown_ids("deadline", 600);
+    let spawned: Vec<_> = ids
+        .chunks(10)
+        .enumerate()
+        .map(|(i, chunk)| {
+            let client = Client::new(gw.base_url(), half(i).1);
+            let q = crate::support::query::Query::by_id("permits", chunk);
+            tokio::spawn(async move {
+                let started = Instant::now();
+                let r = client.get(q).await;
+                (r, started.elapsed())
+            })
+        })
+        .collect();
+    let (mut answered, mut refused) = (0usize, 0usize);
+    for call in spawned {
+        let (r, took) = call.await.expect("lookup task");
+        assert!(
+            took < Duration::from_secs(3),
+            "a final status after {took:?}: {}",
+            r.status
+        );
+        match r.status {
+            StatusCode::OK => answered += 1,
+            StatusCode::TOO_MANY_REQUESTS => {
+                let wait = r.header_u64("retry-after").expect("a 429 says when to come back");
+                assert!(wait >= 1, "{wait}");
+                refused += 1;
+            }
+            other => panic!("{other}: {}", r.text()),
+        }
+    }
+    assert_eq!(answered + refused, 60);
+    assert!(refused > 0 && answered > 0, "{answered} answered, {refused} refused");
+    let used = sim.stats().requests_total - calls;
+    assert!(
+        used as usize <= answered.div_ceil(5) + 1,
+        "{used} calls for {answered} answered requests of 10 ids: none for the refused"
+    );
+    let m = crate::support::probe::scrape(&gw.admin_url()).await;
+    let withdrawn = m.sum(
+        "gateway_upstream_withdrawn_total",
+        &[("route", "permits_by_id"), ("reason", "deadline")],
+    );
+    // Each deadline's refusal counted; the others were refused at once by
+    // the gate, whose predicted wait passed the bound.
+    assert!(
+        withdrawn > 0.0 && withdrawn <= refused as f64,
+        "{withdrawn} of {refused}"
+    );
+}
+
+/// Issue 58: no call for a request nobody waits for. The gate's burst used
+/// up, lookups queue for the next turn; their clients hang up first. When
+/// the turn comes their ids leave the queue without a call, their credits
+/// released.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lookups_whose_clients_left_cost_no_call() {
+    let sim = start_sim(SimConfig::default()).await;
+    let gw = Setup::new()
+        .teams(&[ALPHA, SMALL])
+        .credit_limit(SMALL, 1_000)
+        .with(|c| {
+            c.upstream.requests_per_minute = 12;
+            c.upstream.batch_window_ms = 50;
+        })
+        .start(&sim)
+        .await;
+    // The burst of 12 a minute is 1: one call spends it, the next waits ~5 s.
+    let first = Client::new(gw.base_url(), ALPHA.1)
+        .get(crate::support::query::Query::by_id("permits", &unknown_ids("first", 1)))
+        .await;
+    assert_eq!(first.status, StatusCode::OK, "{}", first.text());
+    let calls = sim.stats().requests_total;
+    let left: Vec<_> = (0..5)
+        .map(|i| {
+            let q = crate::support::query::Query::by_id("permits", &unknown_ids(&format!("left{i}"), 10));
+            let call = Client::new(gw.base_url(), SMALL.1).get(q).into_future();
+            tokio::spawn(async move { tokio::time::timeout(Duration::from_millis(300), call).await.is_err() })
+        })
+        .collect();
+    for hung_up in left {
+        assert!(hung_up.await.expect("client task"), "the client gave up first");
+    }
+    // The turn comes (about 10 s on): the abandoned ids leave, uncalled.
+    crate::support::wait::eventually("the abandoned lookups withdrawn", Duration::from_secs(20), || async {
+        let m = crate::support::probe::scrape(&gw.admin_url()).await;
+        let n = m.sum(
+            "gateway_upstream_withdrawn_total",
+            &[("route", "permits_by_id"), ("reason", "abandoned")],
+        );
+        (n >= 5.0).then_some(())
+    })
+    .await;
+    assert_eq!(sim.stats().requests_total, calls, "no call for clients that left");
+    let teams = Client::admin(gw.admin_url()).get("/admin/teams").await.json();
+    let small = teams["teams"]
+        .as_array()
+        .and_then(|t| t.iter().find(|t| t["name"] == "small"))
+        .cloned()
+        .expect("small listed");
+    assert_eq!(small["remaining"], 1_000, "every reservation released: {small}");
 }

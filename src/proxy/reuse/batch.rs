@@ -47,6 +47,7 @@ use std::future::Future;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 use tokio::sync::oneshot;
+use tokio::task::{AbortHandle, JoinSet};
 
 /// The most ids one by-id call takes (the upstream's limit).
 const MAX_IDS: usize = 50;
@@ -227,35 +228,50 @@ impl Batches {
         gone
     }
 
-    /// The team whose ids have waited longest (the round's head), for the
-    /// fair turn, and the earliest deadline of any buyer waiting; `None`
-    /// when nothing waits (the driver stops).
-    fn head(&self, route: Route) -> Option<(Arc<Team>, Instant)> {
+    /// The teams with ids waiting, each to take its own fair turn, and
+    /// the earliest deadline of any buyer; `None` when nothing waits (the
+    /// driver stops).
+    fn teams(&self, route: Route) -> Option<(Vec<Arc<Team>>, Instant)> {
         let mut queues = self.lock();
         let q = queues.get_mut(&route)?;
-        let team = q
+        let teams: Vec<Arc<Team>> = q
             .turn
-            .front()
-            .and_then(|t| q.waiting.get(t))
-            .and_then(|w| w.front())
-            .map(|b| b.stake.job.team.clone());
+            .iter()
+            .filter_map(|t| q.waiting.get(t)?.front().map(|b| b.stake.job.team.clone()))
+            .collect();
         let earliest = q.waiting.values().flatten().map(|b| b.order.deadline).min();
-        match team.zip(earliest) {
-            Some(head) => Some(head),
-            None => {
+        match earliest {
+            Some(earliest) if !teams.is_empty() => Some((teams, earliest)),
+            _ => {
                 q.driven = false;
                 None
             }
         }
     }
 
-    /// Up to [`MAX_IDS`] ids, buyer by buyer, round-robin over teams; a
-    /// buyer is never split.
-    fn take(&self, route: Route) -> Vec<Buyer> {
+    /// Every buyer of `team` waiting, out of the queue (its turn was
+    /// refused).
+    fn take_team(&self, route: Route, team: &str) -> Vec<Buyer> {
         let mut queues = self.lock();
         let Some(q) = queues.get_mut(&route) else {
             return Vec::new();
         };
+        let taken: Vec<Buyer> = q.waiting.remove(team).map(Vec::from).unwrap_or_default();
+        q.turn.retain(|t| t != team);
+        q.ids -= taken.iter().map(|b| b.order.wanted.len()).sum::<usize>();
+        taken
+    }
+
+    /// Up to [`MAX_IDS`] ids, buyer by buyer, round-robin over teams from
+    /// `first` (whose turn it is); a buyer is never split.
+    fn take(&self, route: Route, first: &str) -> Vec<Buyer> {
+        let mut queues = self.lock();
+        let Some(q) = queues.get_mut(&route) else {
+            return Vec::new();
+        };
+        if let Some(at) = q.turn.iter().position(|t| t == first) {
+            q.turn.rotate_left(at);
+        }
         let mut taken: Vec<Buyer> = Vec::new();
         let mut ids = 0;
         let mut skipped = 0;
@@ -341,40 +357,69 @@ fn driver(app: Arc<App>, batches: Batches, route: Route) -> std::pin::Pin<Box<dy
     Box::pin(drive(app, batches, route))
 }
 
-/// Sends the route's batches while buyers wait: gather, a fair turn, take,
-/// send (each send in a task of its own, so the next batch's turn is
-/// waited for meanwhile). Before a turn and once it comes, buyers nobody
-/// waits for leave without a call, and those whose deadline came leave
-/// with a 429; a turn is waited for only until the earliest deadline.
+/// Sends the route's batches while buyers wait. Each team with ids
+/// waiting takes its own fair turn at the upstream rate (a light team's
+/// lookups wait what its own share implies, not the heaviest team's
+/// line); the first turn to come sends a call that carries that team's
+/// ids first, then the others' round-robin (each send in a task of its
+/// own). A team whose ids all left gives its place back. Before a call,
+/// buyers nobody waits for leave without one, and those whose deadline
+/// came leave with a 429; turns are waited for only until the earliest
+/// deadline. A fresh start gathers for the window first.
 async fn drive(app: Arc<App>, batches: Batches, route: Route) {
     let window = Duration::from_millis(app.config.upstream.batch_window_ms);
+    let mut turns: JoinSet<(String, Result<(), GatewayError>)> = JoinSet::new();
+    let mut pending: HashMap<String, AbortHandle> = HashMap::new();
     loop {
-        let gather = batches.gathering(route, window);
-        if !gather.is_zero() {
-            tokio::time::sleep(gather).await;
+        if pending.is_empty() {
+            let gather = batches.gathering(route, window);
+            if !gather.is_zero() {
+                tokio::time::sleep(gather).await;
+            }
         }
         withdraw(&app, route, batches.leaving(route, now())).await;
-        let Some((team, earliest)) = batches.head(route) else {
+        let Some((teams, earliest)) = batches.teams(route) else {
             return;
         };
-        let turn = tokio::select! {
-            turn = purchase::turn(&app, &team.name) => turn,
-            // A deadline comes first: its buyer leaves, then a turn is
-            // asked again (the place given up goes to the next waiter).
+        // A place in the gate for each team waiting, none for a team gone.
+        pending.retain(|name, turn| {
+            let waits = teams.iter().any(|t| t.name == *name);
+            if !waits {
+                turn.abort();
+            }
+            waits
+        });
+        for team in teams {
+            if !pending.contains_key(&team.name) {
+                let app = app.clone();
+                let name = team.name.clone();
+                let turn = turns.spawn(async move {
+                    let turn = purchase::turn(&app, &name).await;
+                    (name, turn)
+                });
+                pending.insert(team.name.clone(), turn);
+            }
+        }
+        let done = tokio::select! {
+            done = turns.join_next() => done,
+            // A deadline comes first: its buyer leaves, and the turns
+            // still waited for keep their places.
             () = tokio::time::sleep_until(earliest.into()) => continue,
         };
-        // Who left while the turn was waited for goes without a call.
-        withdraw(&app, route, batches.leaving(route, now())).await;
-        let taken = batches.take(route);
-        if taken.is_empty() {
-            continue;
-        }
+        // A turn given back (its team gone) ends as cancelled: look again.
+        let Some(Ok((team, turn))) = done else { continue };
+        pending.remove(&team);
         match turn {
             Ok(()) => {
-                app.detach(send(app.clone(), batches.clone(), taken));
+                // Who left while the turn was waited for goes without a call.
+                withdraw(&app, route, batches.leaving(route, now())).await;
+                let taken = batches.take(route, &team);
+                if !taken.is_empty() {
+                    app.detach(send(app.clone(), batches.clone(), taken));
+                }
             }
             Err(e) => {
-                for buyer in taken {
+                for buyer in batches.take_team(route, &team) {
                     buyer.stake.release(&app).await;
                     let _ = buyer
                         .order

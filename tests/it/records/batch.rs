@@ -573,3 +573,56 @@ async fn lookups_whose_clients_left_cost_no_call() {
         .expect("small listed");
     assert_eq!(small["remaining"], 1_000, "every reservation released: {small}");
 }
+
+/// Issue 58: each team's lookups hold that team's place at the gate. One
+/// team queues eight searches and a lookup at one call a second; a second
+/// team's lookup then takes its own turn, next in the round-robin, and is
+/// answered within about two calls' time (the batch used to queue as the
+/// team whose ids waited longest, behind its eight searches).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_light_teams_lookup_takes_its_own_turn_not_the_floods() {
+    let sim = start_sim(SimConfig::default()).await;
+    let gw = Setup::new()
+        .with(|c| {
+            c.upstream.requests_per_minute = 60;
+            c.upstream.batch_window_ms = 20;
+            c.server.team_max_in_flight = 400;
+        })
+        .start(&sim)
+        .await;
+    // The burst of 6 spent, then alpha's eight searches and one lookup wait.
+    let flood: Vec<_> = (0..14)
+        .map(|i| {
+            Client::new(gw.base_url(), ALPHA.1)
+                .get(crate::support::traffic::distinct_search(&sim, i, 1))
+                .spawn()
+        })
+        .collect();
+    crate::support::wait::eventually("alpha's searches queued", Duration::from_secs(10), || async {
+        let m = crate::support::probe::scrape(&gw.admin_url()).await;
+        (m.sum("gateway_upstream_queue_depth", &[]) >= 6.0).then_some(())
+    })
+    .await;
+    let alpha_lookup = Client::new(gw.base_url(), ALPHA.1)
+        .get(crate::support::query::Query::by_id(
+            "permits",
+            &unknown_ids("flood", 50),
+        ))
+        .spawn();
+    let started = Instant::now();
+    let beta = Client::new(gw.base_url(), BETA.1)
+        .get(crate::support::query::Query::by_id("permits", &unknown_ids("light", 1)))
+        .await;
+    let took = started.elapsed();
+    assert_eq!(beta.status, StatusCode::OK, "{}", beta.text());
+    assert!(
+        took < Duration::from_millis(3_500),
+        "beta's lookup waited {took:?} behind alpha's line"
+    );
+    for call in flood {
+        let r = call.await.expect("search");
+        assert!(matches!(r.status.as_u16(), 200 | 429), "{}", r.status);
+    }
+    let r = alpha_lookup.await.expect("lookup");
+    assert!(matches!(r.status.as_u16(), 200 | 429), "{}", r.status);
+}

@@ -654,7 +654,7 @@ mod tests {
         assert_eq!(batches.gathering(route, WINDOW), Duration::ZERO, "never called");
         // A call goes (an empty take marks it as the route's last).
         batches.lock().entry(route).or_default();
-        assert!(batches.take(route).is_empty());
+        assert!(batches.take(route, "alpha").is_empty());
         assert_eq!(batches.gathering(route, WINDOW), WINDOW, "just called");
         tokio::time::advance(RECENT - Duration::from_millis(1)).await;
         assert_eq!(batches.gathering(route, WINDOW), WINDOW, "still within the second");
@@ -672,7 +672,7 @@ mod tests {
         let batches = Batches::default();
         let route = Route::PermitsById;
         batches.lock().entry(route).or_default();
-        batches.take(route);
+        batches.take(route, "alpha");
         batches.lock().get_mut(&route).expect("queued").ids = MAX_IDS;
         assert_eq!(batches.gathering(route, WINDOW), Duration::ZERO);
     }

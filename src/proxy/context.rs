@@ -78,6 +78,7 @@ impl<B> Ask<'_, B> {
             request_id: request_id.to_string(),
             trace: self.trace.clone(),
             accept: self.req.headers().get(http::header::ACCEPT).cloned(),
+            wait: prefer_wait(self.req.headers()),
         }
     }
 }
@@ -99,6 +100,28 @@ pub(super) struct Job {
     /// The W3C trace the upstream call continues.
     pub(super) trace: Trace,
     pub(super) accept: Option<http::HeaderValue>,
+    /// The wait at the gate the client accepts (`Prefer: wait=N`, RFC
+    /// 7240), when it said one: its answer or its 429 comes within it.
+    pub(super) wait: Option<Duration>,
+}
+
+/// `Prefer: wait=N` (RFC 7240: preferences are comma-separated, a token
+/// `=` a value, parameters after `;`; names are case-insensitive): the
+/// seconds a client accepts to wait. Read on a miss only (a hit never
+/// waits), so the hit path scans no more headers.
+fn prefer_wait(headers: &http::HeaderMap) -> Option<Duration> {
+    headers
+        .get_all(http::header::HeaderName::from_static("prefer"))
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .filter_map(|pref| {
+            let pref = pref.split(';').next()?.trim();
+            let (name, value) = pref.split_once('=')?;
+            name.trim().eq_ignore_ascii_case("wait").then_some(value)
+        })
+        .find_map(|value| value.trim().trim_matches('"').parse::<u64>().ok())
+        .map(Duration::from_secs)
 }
 
 /// Label used for requests that never reached authentication.
@@ -203,5 +226,31 @@ impl RequestContext {
             refresh,
             tenant: self.team.as_ref().map(|t| t.tenant),
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn prefer(values: &[&'static str]) -> Option<Duration> {
+        let mut h = http::HeaderMap::new();
+        for v in values {
+            h.append("prefer", http::HeaderValue::from_static(v));
+        }
+        prefer_wait(&h)
+    }
+
+    #[test]
+    fn prefer_wait_is_read_as_rfc_7240_writes_it() {
+        assert_eq!(prefer(&["wait=5"]), Some(Duration::from_secs(5)));
+        assert_eq!(prefer(&["respond-async, Wait=2"]), Some(Duration::from_secs(2)));
+        assert_eq!(
+            prefer(&["handling=lenient", "wait=\"3\"; x=y"]),
+            Some(Duration::from_secs(3))
+        );
+        assert_eq!(prefer(&["wait=soon"]), None);
+        assert_eq!(prefer(&["return=minimal"]), None);
+        assert_eq!(prefer(&[]), None);
     }
 }

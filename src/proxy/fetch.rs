@@ -228,7 +228,7 @@ async fn fetch_upstream(app: &Arc<App>, job: &Job) -> Outcome {
         Opened::Staked(stake) => *stake,
         Opened::OrgExhausted(refusal) => return Ok(refusal),
     };
-    if let Err(e) = purchase::turn(app, &job.team.name).await {
+    if let Err(e) = purchase::turn(app, &job.team.name, job.wait).await {
         stake.release(app).await;
         return Err(e);
     }

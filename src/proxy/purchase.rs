@@ -105,11 +105,12 @@ impl Stake {
 }
 
 /// A fair turn for `team` at the upstream rate, bounded by
-/// `upstream.max_queue_wait_secs` (taken after the reservation, so a team
-/// out of budget never takes a place in the queue). Refused, the caller
-/// releases its stakes.
-pub(super) async fn turn(app: &App, team: &str) -> Result<(), GatewayError> {
-    app.scheduler.acquire(team).await
+/// `upstream.max_queue_wait_secs` or the client's shorter `wait`
+/// (`Prefer: wait`), and refused at once when the gate predicts a longer
+/// one (taken after the reservation, so a team out of budget never takes
+/// a place in the queue). Refused, the caller releases its stakes.
+pub(super) async fn turn(app: &App, team: &str, wait: Option<Duration>) -> Result<(), GatewayError> {
+    app.scheduler.acquire(team, wait).await
 }
 
 /// One call's result, its stakes still to settle.

@@ -118,9 +118,11 @@ impl Scheduler {
     }
 
     /// Waits for this team's turn at the upstream, or refuses at once when
-    /// the wait would pass the bound.
-    pub(crate) async fn acquire(&self, team: &str) -> Result<(), GatewayError> {
+    /// the wait would pass the bound: `upstream.max_queue_wait_secs`, or
+    /// `wait` when the client asked for a shorter one (`Prefer: wait`).
+    pub(crate) async fn acquire(&self, team: &str, wait: Option<Duration>) -> Result<(), GatewayError> {
         let started = Instant::now();
+        let bound = wait.map_or(self.max_wait(), |w| w.min(self.max_wait()));
         let idle = self.queues().len == 0 && self.pause_left().is_zero();
         if idle && self.pace.try_permit().await {
             self.metrics.upstream_queue_wait_seconds.observe(0.0);
@@ -129,7 +131,7 @@ impl Scheduler {
         let rx = {
             let mut q = self.queues();
             let expected = self.expected_wait(&q, team);
-            if expected > self.max_wait() {
+            if expected > bound {
                 return Err(GatewayError::UpstreamRateLimited {
                     retry_after_secs: expected.as_secs_f64().ceil() as u64,
                 });
@@ -146,7 +148,7 @@ impl Scheduler {
         self.wake.notify_one();
         // Dropping `rx` on timeout takes us out of the queue: the dispatcher
         // hands that permit to the next waiter.
-        let granted = tokio::time::timeout(self.max_wait() + QUEUE_SLACK, rx).await;
+        let granted = tokio::time::timeout(bound + QUEUE_SLACK, rx).await;
         self.metrics
             .upstream_queue_wait_seconds
             .observe(started.elapsed().as_secs_f64());
@@ -157,7 +159,7 @@ impl Scheduler {
                 // It waited the whole bound: come back after more than it,
                 // or after what is ahead of a new call now, if longer.
                 let ahead = self.expected_wait(&self.queues(), team);
-                let secs = ahead.max(self.max_wait()).as_secs_f64().ceil() as u64;
+                let secs = ahead.max(bound).as_secs_f64().ceil() as u64;
                 Err(GatewayError::UpstreamRateLimited {
                     retry_after_secs: secs.saturating_add(1),
                 })
@@ -252,7 +254,7 @@ mod tests {
     async fn busy(max_wait: Duration) -> Arc<Scheduler> {
         let s = Scheduler::start(60, max_wait, None, Arc::new(Metrics::new()));
         for _ in 0..6 {
-            s.acquire("a").await.expect("within burst");
+            s.acquire("a", None).await.expect("within burst");
         }
         s
     }
@@ -260,7 +262,7 @@ mod tests {
     /// One more call of team "a", queued in a task of its own.
     fn queue(s: &Arc<Scheduler>) -> tokio::task::JoinHandle<Result<(), GatewayError>> {
         let s = s.clone();
-        tokio::spawn(async move { s.acquire("a").await })
+        tokio::spawn(async move { s.acquire("a", None).await })
     }
 
     #[tokio::test]
@@ -271,7 +273,7 @@ mod tests {
         tokio::task::yield_now().await;
         let second = queue(&s);
         tokio::task::yield_now().await;
-        match s.acquire("a").await {
+        match s.acquire("a", None).await {
             Err(GatewayError::UpstreamRateLimited { retry_after_secs }) => {
                 assert!(retry_after_secs >= 2)
             }
@@ -326,7 +328,7 @@ mod tests {
         let flood: Vec<_> = (0..3).map(|_| queue(&s)).collect();
         tokio::task::yield_now().await;
         let started = Instant::now();
-        s.acquire("b").await.expect("served");
+        s.acquire("b", None).await.expect("served");
         let b_waited = started.elapsed();
         let flood_done = flood.iter().filter(|q| q.is_finished()).count();
         for q in flood {

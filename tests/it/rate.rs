@@ -250,3 +250,44 @@ async fn only_429s_that_reach_the_client_are_counted_as_rate_limited() {
     assert_eq!(refused.status, StatusCode::TOO_MANY_REQUESTS, "{}", refused.text());
     assert_eq!(limited().await, 2.0, "the queue's refusal, passed on");
 }
+
+/// Issue 58: `Prefer: wait=N` (RFC 7240) bounds a request's wait at the
+/// gate. Alpha's eight calls queue at one a second; beta asking with
+/// `Prefer: wait=1` when the gate predicts 2 s is refused at once (429,
+/// `Retry-After` the predicted wait), and the same request without it is
+/// answered in its turn.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn prefer_wait_is_refused_at_once_when_the_predicted_wait_is_longer() {
+    let sim = start_sim(unlimited()).await;
+    let gw = Setup::new()
+        .with(|c| c.upstream.requests_per_minute = 60)
+        .start(&sim)
+        .await;
+    let (alpha, beta) = (Client::new(gw.base_url(), ALPHA.1), Client::new(gw.base_url(), BETA.1));
+    let s = sim.samples();
+    let flood: Vec<_> = (0..14)
+        .map(|i| alpha.get(Query::distinct(&s, i).size(1)).spawn())
+        .collect();
+    eventually("alpha's calls queued", Duration::from_secs(10), || async {
+        (scrape(&gw.admin_url()).await.sum("gateway_upstream_queue_depth", &[]) >= 6.0).then_some(())
+    })
+    .await;
+    let calls = sim.stats().requests_total;
+    let started = Instant::now();
+    let hurried = beta
+        .get(Query::distinct(&s, 100).size(1))
+        .header("Prefer", "wait=1")
+        .await;
+    let took = started.elapsed();
+    assert_eq!(hurried.status, StatusCode::TOO_MANY_REQUESTS, "{}", hurried.text());
+    assert!(took < Duration::from_millis(1_500), "refused after {took:?}");
+    let retry = hurried.header_u64("retry-after").expect("Retry-After");
+    assert!(retry >= 2, "the predicted wait: {retry}");
+    let patient = beta.get(Query::distinct(&s, 100).size(1)).await;
+    assert_eq!(patient.status, StatusCode::OK, "{}", patient.text());
+    assert!(sim.stats().requests_total > calls);
+    for call in flood {
+        let r = call.await.expect("flood");
+        assert!(matches!(r.status.as_u16(), 200 | 429), "{}", r.status);
+    }
+}

@@ -46,7 +46,7 @@ use std::collections::{HashMap, VecDeque};
 use std::future::Future;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
-use tokio::sync::oneshot;
+use tokio::sync::{oneshot, Notify};
 use tokio::task::{AbortHandle, JoinSet};
 
 /// The most ids one by-id call takes (the upstream's limit).
@@ -78,6 +78,9 @@ struct Queue {
     driven: bool,
     /// When the route's last call went.
     last_call: Option<Instant>,
+    /// Told when a buyer joins, so the driver asks a turn for its team
+    /// at once rather than after the turns it waits for.
+    joined: Arc<Notify>,
 }
 
 /// Whether anyone still waits for a buyer's ids: its request, or another
@@ -169,7 +172,13 @@ impl Batches {
         }
         q.ids += buyer.order.wanted.len();
         q.waiting.entry(team).or_default().push_back(buyer);
+        q.joined.notify_one();
         !std::mem::replace(&mut q.driven, true)
+    }
+
+    /// What tells the route's driver that a buyer joined.
+    fn joined(&self, route: Route) -> Arc<Notify> {
+        self.lock().entry(route).or_default().joined.clone()
     }
 
     /// Puts buyers back at the head of their teams' lines (their call was
@@ -331,7 +340,9 @@ pub(super) async fn buy(
     };
     let route = job.target.route;
     let (done, share) = oneshot::channel();
+    // The gate's bound, or the client's shorter `Prefer: wait`.
     let max_wait = Duration::from_secs(app.config.upstream.max_queue_wait_secs);
+    let max_wait = job.wait.map_or(max_wait, |w| w.min(max_wait));
     let buyer = Buyer {
         stake,
         order: Order {
@@ -370,6 +381,7 @@ async fn drive(app: Arc<App>, batches: Batches, route: Route) {
     let window = Duration::from_millis(app.config.upstream.batch_window_ms);
     let mut turns: JoinSet<(String, Result<(), GatewayError>)> = JoinSet::new();
     let mut pending: HashMap<String, AbortHandle> = HashMap::new();
+    let joined = batches.joined(route);
     loop {
         if pending.is_empty() {
             let gather = batches.gathering(route, window);
@@ -394,7 +406,7 @@ async fn drive(app: Arc<App>, batches: Batches, route: Route) {
                 let app = app.clone();
                 let name = team.name.clone();
                 let turn = turns.spawn(async move {
-                    let turn = purchase::turn(&app, &name).await;
+                    let turn = purchase::turn(&app, &name, None).await;
                     (name, turn)
                 });
                 pending.insert(team.name.clone(), turn);
@@ -402,6 +414,8 @@ async fn drive(app: Arc<App>, batches: Batches, route: Route) {
         }
         let done = tokio::select! {
             done = turns.join_next() => done,
+            // A buyer joined: its team takes a turn of its own now.
+            () = joined.notified() => continue,
             // A deadline comes first: its buyer leaves, and the turns
             // still waited for keep their places.
             () = tokio::time::sleep_until(earliest.into()) => continue,

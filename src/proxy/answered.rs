@@ -107,6 +107,28 @@ impl Answered {
         }
     }
 
+    /// The access line's JSON from the `cache` value to the `answered`
+    /// value, both included (`hit","answered":"held_memory`): the line
+    /// writes the two fields in one copy (a hit's line is the hot path).
+    pub fn json(self) -> &'static str {
+        match self {
+            Answered::Gateway => "bypass\",\"answered\":\"gateway",
+            Answered::Held(Tier::Memory) => "hit\",\"answered\":\"held_memory",
+            Answered::Held(Tier::Redis) => "hit\",\"answered\":\"held_redis",
+            Answered::Held(Tier::Disk) => "hit\",\"answered\":\"held_disk",
+            Answered::Stale => "stale\",\"answered\":\"stale",
+            Answered::Covered => "hit\",\"answered\":\"covered",
+            Answered::Pieces => "hit\",\"answered\":\"pieces",
+            Answered::PiecesBought => "miss\",\"answered\":\"pieces_bought",
+            Answered::Follower => "hit\",\"answered\":\"follower",
+            Answered::Bought => "miss\",\"answered\":\"bought",
+            Answered::Refetched => "bypass\",\"answered\":\"refetched",
+            Answered::Clamped => "miss\",\"answered\":\"clamped",
+            Answered::KeptRefusal => "bypass\",\"answered\":\"kept_refusal",
+            Answered::BudgetRefused => "bypass\",\"answered\":\"budget_refused",
+        }
+    }
+
     /// Every value, for the docs' table and its test.
     pub const ALL: [Answered; 14] = [
         Answered::Gateway,
@@ -148,5 +170,15 @@ mod tests {
         names.sort_unstable();
         names.dedup();
         assert_eq!(names.len(), Answered::ALL.len());
+    }
+
+    #[test]
+    fn the_json_of_each_value_is_its_two_fields() {
+        for a in Answered::ALL {
+            assert_eq!(
+                a.json(),
+                format!("{}\",\"answered\":\"{}", a.cache().as_str(), a.as_str())
+            );
+        }
     }
 }

@@ -221,6 +221,7 @@ impl RequestContext {
             status: status.as_u16(),
             cache: self.answered.cache().as_str(),
             answered: self.answered.as_str(),
+            cache_answered_json: self.answered.json(),
             credits: self.credits,
             took,
             refresh,

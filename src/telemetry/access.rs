@@ -61,6 +61,9 @@ pub(crate) struct Line<'a> {
     pub(crate) cache: &'a str,
     /// How it was answered (`proxy::Answered`): finer than `cache`.
     pub(crate) answered: &'a str,
+    /// The JSON from `cache`'s value to `answered`'s, both included
+    /// (`hit","answered":"held_memory`): one copy for the two fields.
+    pub(crate) cache_answered_json: &'a str,
     pub(crate) credits: u64,
     pub(crate) took: Duration,
     /// A background refresh's line (no client waited for it).
@@ -317,9 +320,7 @@ fn json_fields(out: &mut String, line: &Line<'_>) {
     out.push_str("\",\"status\":");
     out.push_str(n.format(line.status));
     out.push_str(",\"cache\":\"");
-    out.push_str(line.cache);
-    out.push_str("\",\"answered\":\"");
-    out.push_str(line.answered);
+    out.push_str(line.cache_answered_json);
     out.push_str("\",\"credits\":");
     out.push_str(n.format(line.credits));
     out.push_str(",\"duration_ms\":");
@@ -451,6 +452,7 @@ mod tests {
             status: 200,
             cache: "hit",
             answered: "held_memory",
+            cache_answered_json: "hit\",\"answered\":\"held_memory",
             credits: 7,
             took: Duration::from_micros(12_045),
             refresh,
@@ -555,6 +557,7 @@ mod tests {
                 status: 502,
                 cache: "bypass",
                 answered: "gateway",
+                cache_answered_json: "bypass\",\"answered\":\"gateway",
                 credits: 0,
                 took: Duration::from_micros(1_234_567),
                 ..sample(false)

@@ -7,6 +7,7 @@
 //! the model: no path decides "was this a hit?" on its own.
 
 use crate::metrics::{SavedReason, Tier};
+use crate::telemetry::access::Answer;
 
 /// How the cache took part in an answer: the `X-Cache` header and the
 /// `cache` metric label (a contract: these four values only).
@@ -107,25 +108,34 @@ impl Answered {
         }
     }
 
-    /// The access line's JSON from the `cache` value to the `answered`
-    /// value, both included (`hit","answered":"held_memory`): the line
-    /// writes the two fields in one copy (a hit's line is the hot path).
-    pub fn json(self) -> &'static str {
+    /// Its two fields of the access line, and their JSON in one piece
+    /// (`hit","answered":"held_memory`): a static value each, so a line
+    /// carries one pointer (a hit's line is the hot path).
+    pub(crate) fn names(self) -> &'static Answer {
+        macro_rules! answer {
+            ($cache:literal, $answered:literal) => {
+                &Answer {
+                    cache: $cache,
+                    answered: $answered,
+                    json: concat!($cache, "\",\"answered\":\"", $answered),
+                }
+            };
+        }
         match self {
-            Answered::Gateway => "bypass\",\"answered\":\"gateway",
-            Answered::Held(Tier::Memory) => "hit\",\"answered\":\"held_memory",
-            Answered::Held(Tier::Redis) => "hit\",\"answered\":\"held_redis",
-            Answered::Held(Tier::Disk) => "hit\",\"answered\":\"held_disk",
-            Answered::Stale => "stale\",\"answered\":\"stale",
-            Answered::Covered => "hit\",\"answered\":\"covered",
-            Answered::Pieces => "hit\",\"answered\":\"pieces",
-            Answered::PiecesBought => "miss\",\"answered\":\"pieces_bought",
-            Answered::Follower => "hit\",\"answered\":\"follower",
-            Answered::Bought => "miss\",\"answered\":\"bought",
-            Answered::Refetched => "bypass\",\"answered\":\"refetched",
-            Answered::Clamped => "miss\",\"answered\":\"clamped",
-            Answered::KeptRefusal => "bypass\",\"answered\":\"kept_refusal",
-            Answered::BudgetRefused => "bypass\",\"answered\":\"budget_refused",
+            Answered::Gateway => answer!("bypass", "gateway"),
+            Answered::Held(Tier::Memory) => answer!("hit", "held_memory"),
+            Answered::Held(Tier::Redis) => answer!("hit", "held_redis"),
+            Answered::Held(Tier::Disk) => answer!("hit", "held_disk"),
+            Answered::Stale => answer!("stale", "stale"),
+            Answered::Covered => answer!("hit", "covered"),
+            Answered::Pieces => answer!("hit", "pieces"),
+            Answered::PiecesBought => answer!("miss", "pieces_bought"),
+            Answered::Follower => answer!("hit", "follower"),
+            Answered::Bought => answer!("miss", "bought"),
+            Answered::Refetched => answer!("bypass", "refetched"),
+            Answered::Clamped => answer!("miss", "clamped"),
+            Answered::KeptRefusal => answer!("bypass", "kept_refusal"),
+            Answered::BudgetRefused => answer!("bypass", "budget_refused"),
         }
     }
 
@@ -173,11 +183,13 @@ mod tests {
     }
 
     #[test]
-    fn the_json_of_each_value_is_its_two_fields() {
+    fn the_access_line_names_of_each_value_are_its_own() {
         for a in Answered::ALL {
+            let names = a.names();
+            assert_eq!((names.cache, names.answered), (a.cache().as_str(), a.as_str()));
             assert_eq!(
-                a.json(),
-                format!("{}\",\"answered\":\"{}", a.cache().as_str(), a.as_str())
+                names.json,
+                format!("{}\",\"answered\":\"{}", names.cache, names.answered)
             );
         }
     }

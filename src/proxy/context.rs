@@ -150,6 +150,9 @@ pub(crate) struct RequestContext {
     pub(super) span: tracing::Span,
     /// The request sent `If-None-Match`: a held answer may be a 304.
     pub(super) conditional: bool,
+    /// A budget refused it: that budget's limit and what it has left, for
+    /// its 402's budget headers.
+    pub(super) refused_by: Option<(u64, u64)>,
 }
 
 impl RequestContext {
@@ -165,6 +168,7 @@ impl RequestContext {
             credits: 0,
             fault: None,
             span: tracing::Span::none(),
+            refused_by: None,
         }
     }
 
@@ -219,9 +223,7 @@ impl RequestContext {
             method,
             route: self.route.unwrap_or(Route::Other).as_str(),
             status: status.as_u16(),
-            cache: self.answered.cache().as_str(),
-            answered: self.answered.as_str(),
-            cache_answered_json: self.answered.json(),
+            answer: self.answered.names(),
             credits: self.credits,
             took,
             refresh,

@@ -342,12 +342,6 @@ pub(super) fn set_budget_headers(headers: &mut HeaderMap, limit: u64, remaining:
     headers.insert(X_CREDITS_REMAINING, number_header(remaining));
 }
 
-/// Whether an answer already carries the budget headers (a 402 names the
-/// budget that refused it).
-pub(super) fn has_budget_headers(headers: &HeaderMap) -> bool {
-    headers.contains_key(X_CREDITS_LIMIT)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

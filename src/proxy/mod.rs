@@ -119,19 +119,13 @@ fn rescue(app: &App, ctx: &mut RequestContext, e: GatewayError) -> Response<Body
             _ => {}
         }
     }
-    // A budget's 402 tells that budget in its headers, as its body does.
-    let refused_by = match &e {
-        GatewayError::QuotaExceeded { limit, remaining, .. } => {
-            ctx.answered = Answered::BudgetRefused;
-            Some((*limit, *remaining))
-        }
-        _ => None,
-    };
-    let mut resp = e.into_response();
-    if let Some((limit, remaining)) = refused_by {
-        credits::set_budget_headers(resp.headers_mut(), limit, remaining);
+    // A budget's 402 tells that budget in its headers, as its body does
+    // (`finish` writes them).
+    if let GatewayError::QuotaExceeded { limit, remaining, .. } = &e {
+        ctx.answered = Answered::BudgetRefused;
+        ctx.refused_by = Some((*limit, *remaining));
     }
-    resp
+    e.into_response()
 }
 
 /// What every answer gets, refused or not: the team's budget headers, the
@@ -159,7 +153,9 @@ async fn finish<B>(
     // routes carry none, for any team: the upstream sends none there, and
     // `/v2/usage` says it in its body.
     if let Some(team) = ctx.team.as_deref() {
-        if (answered || status == 402) && !credits::has_budget_headers(resp.headers()) {
+        if let Some((limit, remaining)) = ctx.refused_by {
+            credits::set_budget_headers(resp.headers_mut(), limit, remaining);
+        } else if answered || status == 402 {
             credits::budget_headers(app, team, ctx.member.as_deref(), resp.headers_mut()).await;
         }
     }

@@ -58,12 +58,8 @@ pub(crate) struct Line<'a> {
     pub(crate) method: &'a str,
     pub(crate) route: &'a str,
     pub(crate) status: u16,
-    pub(crate) cache: &'a str,
-    /// How it was answered (`proxy::Answered`): finer than `cache`.
-    pub(crate) answered: &'a str,
-    /// The JSON from `cache`'s value to `answered`'s, both included
-    /// (`hit","answered":"held_memory`): one copy for the two fields.
-    pub(crate) cache_answered_json: &'a str,
+    /// How it was answered: its `cache` and `answered` fields.
+    pub(crate) answer: &'static Answer,
     pub(crate) credits: u64,
     pub(crate) took: Duration,
     /// A background refresh's line (no client waited for it).
@@ -71,6 +67,20 @@ pub(crate) struct Line<'a> {
     /// The team's tenant; `None`: no team was authenticated, the line the
     /// log sink drops first.
     pub(crate) tenant: Option<Tenant>,
+}
+
+/// How a request was answered, as the access line writes it
+/// (`proxy::Answered::names`): one static value per way of answering, so a
+/// line carries one pointer for its two fields.
+#[derive(Debug)]
+pub(crate) struct Answer {
+    /// The `cache` field (`X-Cache`, lower case).
+    pub(crate) cache: &'static str,
+    /// The `answered` field.
+    pub(crate) answered: &'static str,
+    /// The JSON from `cache`'s value to `answered`'s, both included
+    /// (`hit","answered":"held_memory`): one copy for the two fields.
+    pub(crate) json: &'static str,
 }
 
 /// A field's value, and so how the text form writes it. Each kind is what
@@ -120,8 +130,8 @@ impl Line<'_> {
         field(name!("method"), Value::Shown(self.method))?;
         field(name!("route"), Value::Known(self.route))?;
         field(name!("status"), Value::Int(u64::from(self.status)))?;
-        field(name!("cache"), Value::Known(self.cache))?;
-        field(name!("answered"), Value::Known(self.answered))?;
+        field(name!("cache"), Value::Known(self.answer.cache))?;
+        field(name!("answered"), Value::Known(self.answer.answered))?;
         field(name!("credits"), Value::Int(self.credits))?;
         field(name!("duration_ms"), Value::Millis(self.took))?;
         if self.refresh {
@@ -298,9 +308,15 @@ fn json_fields(out: &mut String, line: &Line<'_>) {
     // letters, digits and `-_.:`, a method is an HTTP token, a route and a
     // cache state are the gateway's own names.
     debug_assert!(
-        [line.request_id, line.method, line.route, line.cache, line.answered]
-            .into_iter()
-            .all(plain),
+        [
+            line.request_id,
+            line.method,
+            line.route,
+            line.answer.cache,
+            line.answer.answered
+        ]
+        .into_iter()
+        .all(plain),
         "{line:?} needs escaping"
     );
     out.push_str(",\"request_id\":\"");
@@ -320,7 +336,7 @@ fn json_fields(out: &mut String, line: &Line<'_>) {
     out.push_str("\",\"status\":");
     out.push_str(n.format(line.status));
     out.push_str(",\"cache\":\"");
-    out.push_str(line.cache_answered_json);
+    out.push_str(line.answer.json);
     out.push_str("\",\"credits\":");
     out.push_str(n.format(line.credits));
     out.push_str(",\"duration_ms\":");
@@ -450,9 +466,11 @@ mod tests {
             method: "GET",
             route: "permits_search",
             status: 200,
-            cache: "hit",
-            answered: "held_memory",
-            cache_answered_json: "hit\",\"answered\":\"held_memory",
+            answer: &Answer {
+                cache: "hit",
+                answered: "held_memory",
+                json: "hit\",\"answered\":\"held_memory",
+            },
             credits: 7,
             took: Duration::from_micros(12_045),
             refresh,
@@ -496,8 +514,8 @@ mod tests {
         // A trace id is recorded as the gateway's `Trace` shows it.
         let trace_id = opentelemetry::trace::TraceId::from_bytes(line.trace_id);
         let (request_id, team, method) = (line.request_id, line.team, line.method);
-        let (route, status, cache, credits) = (line.route, line.status, line.cache, line.credits);
-        let answered = line.answered;
+        let (route, status, credits) = (line.route, line.status, line.credits);
+        let (cache, answered) = (line.answer.cache, line.answer.answered);
         macro_rules! event {
             ($level:ident $(, $refresh:ident)?) => {
                 tracing::$level!(
@@ -555,9 +573,11 @@ mod tests {
                 request_id,
                 trace_id: trace_id.to_be_bytes(),
                 status: 502,
-                cache: "bypass",
-                answered: "gateway",
-                cache_answered_json: "bypass\",\"answered\":\"gateway",
+                answer: &Answer {
+                    cache: "bypass",
+                    answered: "gateway",
+                    json: "bypass\",\"answered\":\"gateway",
+                },
                 credits: 0,
                 took: Duration::from_micros(1_234_567),
                 ..sample(false)

@@ -40,7 +40,7 @@ pub(super) struct Outgoing {
     rest: Bytes,
     /// The largest frame handed out at once.
     chunk: usize,
-    /// HTTP/2: the connection `counted` bytes are held on (and, through it,
+    /// HTTP/2: the connection `counted` bytes are queued on (and, through it,
     /// the listener's budget).
     holder: Option<Arc<Conn>>,
     counted: usize,
@@ -49,7 +49,7 @@ pub(super) struct Outgoing {
 }
 
 impl Outgoing {
-    /// Wraps `body`; for HTTP/2 (`counted`), its bytes are held on the
+    /// Wraps `body`; for HTTP/2 (`counted`), its bytes are queued on the
     /// connection, in the listener's budget. Never refused: an answer that
     /// reached this point may have been bought.
     pub(super) fn new(body: Body, conn: &Arc<Conn>, in_flight: InFlight, counted: bool) -> Outgoing {
@@ -152,7 +152,7 @@ mod tests {
         let body = |n: usize| Body::new(Bytes::from(vec![b'x'; n]));
         let mut two = Outgoing::new(body(2 * CHUNK), conn, conn.begin(true), true);
         assert_eq!(budget.used(), 2 * CHUNK);
-        assert_eq!(conn.held(), 2 * CHUNK);
+        assert_eq!(conn.queued(), 2 * CHUNK);
         assert!(budget.has_room());
         let over = Outgoing::new(body(2 * CHUNK), conn, conn.begin(true), true);
         assert_eq!(budget.used(), 4 * CHUNK, "a bought answer is counted, never refused");
@@ -169,12 +169,12 @@ mod tests {
         }
         assert_eq!(taken, 2 * CHUNK);
         assert_eq!(budget.used(), 0);
-        assert_eq!(conn.held(), 0);
+        assert_eq!(conn.queued(), 0);
         assert!(two.is_end_stream());
         assert!(conn.stalled_for().is_none(), "sent: the connection is not sending");
-        let held = Outgoing::new(body(CHUNK), conn, conn.begin(true), true);
+        let queued = Outgoing::new(body(CHUNK), conn, conn.begin(true), true);
         assert!(conn.stalled_for().is_some());
-        drop(held);
+        drop(queued);
         assert_eq!(budget.used(), 0, "a dropped stream gives its bytes back");
     }
 }

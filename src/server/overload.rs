@@ -115,7 +115,7 @@ pub(super) trait Occupant {
     /// Requests whose handler is still running (not yet sending).
     fn handling(&self) -> usize;
     /// Answer bytes its HTTP/2 streams hold.
-    fn held(&self) -> usize;
+    fn queued(&self) -> usize;
     /// How long answers have been waiting to be sent without progress;
     /// `None` while none is being sent.
     fn stalled_for(&self) -> Option<Duration>;
@@ -164,7 +164,7 @@ where
             let progressing = *class == Class::Unstarted && c.read_early() >= PROGRESS_BYTES;
             (
                 *class,
-                Reverse(c.held()),
+                Reverse(c.queued()),
                 Reverse(team_conns),
                 Reverse(peer_silent),
                 progressing,
@@ -246,14 +246,14 @@ pub(super) fn team_within_share<'a, C: Occupant + 'a>(
 fn held_per_team<'a, C: Occupant + 'a>(conns: impl Iterator<Item = &'a Arc<C>>) -> HashMap<u64, usize> {
     let mut per_team: HashMap<u64, usize> = HashMap::new();
     for c in conns {
-        if let (Some(team), held @ 1..) = (c.team(), c.held()) {
-            *per_team.entry(team).or_default() += held;
+        if let (Some(team), queued @ 1..) = (c.team(), c.queued()) {
+            *per_team.entry(team).or_default() += queued;
         }
     }
     per_team
 }
 
-/// The connections to close so that the answer bytes held fall back under
+/// The connections to close so that the answer bytes queued fall back under
 /// `max`: anonymous ones holding the most first, then, of the team holding
 /// the most above its share, its stalled connection holding the most; until
 /// what the chosen ones hold covers the excess. Connections already leaving
@@ -263,22 +263,22 @@ pub(super) fn relieve<'a, C: Occupant + 'a>(
     used: usize,
     max: usize,
 ) -> Vec<&'a Arc<C>> {
-    let leaving: usize = conns.clone().filter(|c| c.leaving()).map(|c| c.held()).sum();
+    let leaving: usize = conns.clone().filter(|c| c.leaving()).map(|c| c.queued()).sum();
     let mut excess = used.saturating_sub(leaving).saturating_sub(max);
     let mut chosen = Vec::new();
     if excess == 0 {
         return chosen;
     }
-    let holding: Vec<&Arc<C>> = conns.filter(|c| !c.leaving() && c.held() > 0).collect();
+    let holding: Vec<&Arc<C>> = conns.filter(|c| !c.leaving() && c.queued() > 0).collect();
     let most_first = |mut these: Vec<&'a Arc<C>>| {
-        these.sort_by_key(|c| Reverse(c.held()));
+        these.sort_by_key(|c| Reverse(c.queued()));
         these
     };
     let mut candidates = most_first(holding.iter().copied().filter(|c| c.team().is_none()).collect());
     let per_team = held_per_team(holding.iter().copied());
     let share = max / per_team.len().max(1);
-    let mut over: Vec<(u64, usize)> = per_team.into_iter().filter(|(_, held)| *held > share).collect();
-    over.sort_by_key(|(_, held)| Reverse(*held));
+    let mut over: Vec<(u64, usize)> = per_team.into_iter().filter(|(_, queued)| *queued > share).collect();
+    over.sort_by_key(|(_, queued)| Reverse(*queued));
     for (team, _) in over {
         let stalled = |c: &&&Arc<C>| c.team() == Some(team) && c.stalled_for().is_some_and(|d| d >= STALL_GRACE);
         candidates.extend(most_first(holding.iter().filter(stalled).copied().collect()));
@@ -287,7 +287,7 @@ pub(super) fn relieve<'a, C: Occupant + 'a>(
         if excess == 0 {
             break;
         }
-        excess = excess.saturating_sub(c.held());
+        excess = excess.saturating_sub(c.queued());
         chosen.push(c);
     }
     chosen

@@ -80,7 +80,7 @@ struct Lines {
     /// its team (`None`: an event).
     kept: VecDeque<(u64, Option<Tenant>, Vec<u8>)>,
     /// Lines each team holds in `kept`, by its tenant.
-    held: ByTenant<usize>,
+    queued: ByTenant<usize>,
     /// The name of each tenant seen (the teams of the config: bounded).
     names: ByTenant<Box<str>>,
     /// Lines in `kept` that no team holds (events: start-up lines,
@@ -138,17 +138,17 @@ impl Lines {
 
     /// One line of `tenant` left the queue.
     fn release(&mut self, tenant: Tenant) {
-        if let Some(n) = self.held.get_mut(&tenant) {
+        if let Some(n) = self.queued.get_mut(&tenant) {
             *n -= 1;
             if *n == 0 {
-                self.held.remove(&tenant);
+                self.queued.remove(&tenant);
             }
         }
     }
 
     /// The team holding the most lines, and how many.
     fn hog(&self) -> Option<(Tenant, usize)> {
-        self.held.iter().max_by_key(|(_, n)| **n).map(|(t, n)| (*t, *n))
+        self.queued.iter().max_by_key(|(_, n)| **n).map(|(t, n)| (*t, *n))
     }
 
     /// Removes `tenant`'s oldest line (counted as dropped for it).
@@ -205,7 +205,7 @@ impl Sink {
                 lines: Mutex::new(Lines {
                     anonymous: VecDeque::new(),
                     kept: VecDeque::new(),
-                    held: ByTenant::default(),
+                    queued: ByTenant::default(),
                     names: ByTenant::default(),
                     events: 0,
                     next: 0,
@@ -255,7 +255,7 @@ impl Sink {
             } else {
                 // The team holding the most loses its oldest line, unless
                 // the newcomer's team holds as many: then it loses this one.
-                let mine = tenant.and_then(|t| lines.held.get(&t).copied()).unwrap_or(0);
+                let mine = tenant.and_then(|t| lines.queued.get(&t).copied()).unwrap_or(0);
                 match lines.hog() {
                     Some((hog, most)) if most > mine || tenant.is_none() => lines.evict_oldest_of(hog),
                     _ => {
@@ -275,7 +275,7 @@ impl Sink {
             LogLine::Anonymous => lines.anonymous.push_back((seq, line)),
             LogLine::Team | LogLine::Other => {
                 match tenant {
-                    Some(t) => *lines.held.entry(t).or_insert(0) += 1,
+                    Some(t) => *lines.queued.entry(t).or_insert(0) += 1,
                     None => {
                         lines.events += 1;
                         event = true;
@@ -396,12 +396,12 @@ mod tests {
 
     /// A writer that holds every write until `open` is sent, like a reader
     /// that stopped reading.
-    struct Held {
+    struct Blocking {
         open: mpsc::Receiver<()>,
         out: Arc<Mutex<Vec<u8>>>,
     }
 
-    impl Write for Held {
+    impl Write for Blocking {
         fn write(&mut self, data: &[u8]) -> std::io::Result<usize> {
             let _ = self.open.recv();
             self.out.lock().expect("lock").extend_from_slice(data);
@@ -425,7 +425,7 @@ mod tests {
     fn a_full_queue_drops_anonymous_lines_before_team_lines_and_keeps_order() {
         let (open_tx, open) = mpsc::channel();
         let out = Arc::new(Mutex::new(Vec::new()));
-        let (sink, guard) = Sink::start(Held { open, out: out.clone() }, 4);
+        let (sink, guard) = Sink::start(Blocking { open, out: out.clone() }, 4);
         // The writer takes the first line and blocks on it; wait until it
         // has, so the queue below is what stays.
         sink.push(LogLine::Team, team("t"), line("first"));
@@ -455,7 +455,7 @@ mod tests {
     fn a_team_past_its_share_loses_its_own_lines_not_another_teams() {
         let (open_tx, open) = mpsc::channel();
         let out = Arc::new(Mutex::new(Vec::new()));
-        let (sink, guard) = Sink::start(Held { open, out: out.clone() }, 4);
+        let (sink, guard) = Sink::start(Blocking { open, out: out.clone() }, 4);
         sink.push(LogLine::Other, None, line("first"));
         while sink.lock().len() > 0 {
             std::thread::yield_now();
@@ -469,7 +469,7 @@ mod tests {
         // ... and with two each, alpha's next ones are its own loss.
         sink.push(LogLine::Team, team("alpha"), line("a-dropped"));
         sink.push(LogLine::Team, team("alpha"), line("a-dropped-too"));
-        assert_eq!(sink.lock().held.values().copied().collect::<Vec<_>>(), [2, 2]);
+        assert_eq!(sink.lock().queued.values().copied().collect::<Vec<_>>(), [2, 2]);
         for _ in 0..8 {
             let _ = open_tx.send(());
         }

@@ -151,7 +151,7 @@ pub(crate) struct Conn {
     /// Milliseconds after `born_ms` when an answer last made progress.
     progress_ms: AtomicU64,
     /// Answer bytes its HTTP/2 streams hold in `budget`.
-    held: AtomicUsize,
+    queued: AtomicUsize,
     /// Bytes read from the socket while no head had arrived (below TLS:
     /// a handshake's progress), capped at [`overload::PROGRESS_BYTES`].
     read_early: AtomicU64,
@@ -286,7 +286,7 @@ impl Conns {
     }
 
     /// Whether `team` may start an HTTP/2 answer now the listener's answer
-    /// bytes are spent (its share not yet held); when it may, the
+    /// bytes are spent (its share not yet queued); when it may, the
     /// connections over theirs are told to close.
     fn team_may_answer(&self, team: u64) -> bool {
         let open = self.lock();
@@ -298,7 +298,7 @@ impl Conns {
         true
     }
 
-    /// Closes connections until the answer bytes held fit the budget again.
+    /// Closes connections until the answer bytes queued fit the budget again.
     fn relieve(&self) {
         let open = self.lock();
         self.relieve_locked(&open);
@@ -308,7 +308,7 @@ impl Conns {
         for victim in overload::relieve(open.by_id.values(), self.budget.used(), self.budget.max()) {
             tracing::debug!(
                 connection = victim.id,
-                held = victim.held(),
+                queued = victim.queued(),
                 "answer bytes spent: closing a connection"
             );
             victim.order(Order::Close);
@@ -361,7 +361,7 @@ impl Conn {
             http2: AtomicBool::new(false),
             idle_since_ms: AtomicU64::new(0),
             progress_ms: AtomicU64::new(0),
-            held: AtomicUsize::new(0),
+            queued: AtomicUsize::new(0),
             read_early: AtomicU64::new(0),
             flushing: AtomicBool::new(false),
             budget: conns.budget.clone(),
@@ -435,11 +435,11 @@ impl Conn {
         false
     }
 
-    /// Counts `n` more answer bytes held on this connection; past the
+    /// Counts `n` more answer bytes queued on this connection; past the
     /// listener's budget, the manager closes the connections holding the
     /// most over their share.
     pub(super) fn hold(&self, n: usize) {
-        self.held.fetch_add(n, Ordering::AcqRel);
+        self.queued.fetch_add(n, Ordering::AcqRel);
         if !self.budget.take(n) {
             if let Some(conns) = self.registry.upgrade() {
                 conns.relieve();
@@ -447,9 +447,9 @@ impl Conn {
         }
     }
 
-    /// Gives back `n` answer bytes held on this connection.
+    /// Gives back `n` answer bytes queued on this connection.
     pub(super) fn release(&self, n: usize) {
-        self.held.fetch_sub(n, Ordering::AcqRel);
+        self.queued.fetch_sub(n, Ordering::AcqRel);
         self.budget.give(n);
     }
 
@@ -559,8 +559,8 @@ impl Occupant for Conn {
             .saturating_sub(self.sending.load(Ordering::Acquire))
     }
 
-    fn held(&self) -> usize {
-        self.held.load(Ordering::Acquire)
+    fn queued(&self) -> usize {
+        self.queued.load(Ordering::Acquire)
     }
 
     fn stalled_for(&self) -> Option<Duration> {

@@ -58,12 +58,12 @@ async fn anonymous_connections_go_first_and_at_once_even_with_an_answer_held() {
     let anonymous = conns.admit(LOCAL).await.expect("admitted");
     // Its token-less request was answered; the answer is still held (a
     // zero-window HTTP/2 peer): before, that made it unevictable.
-    let held = (anonymous.conn().begin(true), anonymous.conn().sending());
+    let queued = (anonymous.conn().begin(true), anonymous.conn().sending());
     let _next = admitted(admitting(&conns, LOCAL)).await;
     assert_eq!(order_of(&anonymous), Order::Close, "closed at once, no graceful drain");
     assert_eq!(order_of(&fresh), Order::Serve, "still reading its first head");
     assert_eq!(order_of(&team), Order::Serve, "a team's");
-    drop(held);
+    drop(queued);
 }
 
 #[tokio::test]

@@ -183,27 +183,22 @@ pub fn token_sha256_hex(token: &str) -> String {
 mod tests {
     use super::*;
 
+    /// A team of one token.
+    fn team(name: &str, token: &str, credit_limit: Option<u64>) -> TeamConfig {
+        TeamConfig {
+            name: name.into(),
+            token_sha256: Some(TokenHash::of(token)),
+            tokens: Vec::new(),
+            credit_limit,
+            requests_per_minute: None,
+            clamp_to_budget: false,
+        }
+    }
+
     /// Two teams of one token each: growth (`tok-growth`, 10 credits) and
     /// ops (`tok-ops`, unlimited).
     fn growth_and_ops() -> Teams {
-        Teams::from_config(&[
-            TeamConfig {
-                name: "growth".into(),
-                token_sha256: Some(TokenHash::of("tok-growth")),
-                tokens: Vec::new(),
-                credit_limit: Some(10),
-                requests_per_minute: None,
-                clamp_to_budget: false,
-            },
-            TeamConfig {
-                name: "ops".into(),
-                token_sha256: Some(TokenHash::of("tok-ops")),
-                tokens: Vec::new(),
-                credit_limit: None,
-                requests_per_minute: None,
-                clamp_to_budget: false,
-            },
-        ])
+        Teams::from_config(&[team("growth", "tok-growth", Some(10)), team("ops", "tok-ops", None)])
     }
 
     #[test]
@@ -223,14 +218,7 @@ mod tests {
         assert_eq!(t.find_token("tok-growth").unwrap().0.name, "growth");
         assert_eq!(t.memo.read().unwrap().len(), 2);
         // A reload starts empty: a token the new table no longer has is refused.
-        let only_growth = t.reloaded(&[TeamConfig {
-            name: "growth".into(),
-            token_sha256: Some(TokenHash::of("tok-growth")),
-            tokens: Vec::new(),
-            credit_limit: Some(10),
-            requests_per_minute: None,
-            clamp_to_budget: false,
-        }]);
+        let only_growth = t.reloaded(&[team("growth", "tok-growth", Some(10))]);
         assert!(only_growth.find_token("tok-ops").is_none());
         assert_eq!(only_growth.find_token("tok-growth").unwrap().0.name, "growth");
     }

@@ -511,7 +511,7 @@ async fn lookup<B>(app: &Arc<App>, state: &Arc<State>, ask: &Ask<'_, B>, ctx: &m
     match revalidate::accept(app, state, &entry, &ask.directives, (k, tier), job).await {
         Some(answered) => {
             app.metrics.cache_hit(target.route, tier);
-            Found::Answer(respond::from_held(
+            Found::Answer(respond::from_cache(
                 app, &ask.team, target, &entry, answered, ask.req, ctx,
             ))
         }

@@ -62,23 +62,9 @@ fn common(h: &mut HeaderMap, etag: Option<&HeaderValue>, age_secs: u64, state: C
 }
 
 /// A response from a cached entry: the team pays nothing and saves what the
-/// entry cost.
+/// entry cost, for why `answered` says (one the disk tier held and memory
+/// did not saves under `reason="disk"`).
 pub(super) fn from_cache<B>(
-    app: &App,
-    team: &Team,
-    target: &Target,
-    entry: &Entry,
-    answered: Answered,
-    req: &Request<B>,
-    ctx: &mut RequestContext,
-) -> Response<Body> {
-    from_held(app, team, target, entry, answered, req, ctx)
-}
-
-/// [`from_cache`] as `lookup` calls it: `answered` says from which tier
-/// (one the disk tier held and memory did not saves under
-/// `reason="disk"`).
-pub(super) fn from_held<B>(
     app: &App,
     team: &Team,
     target: &Target,

@@ -236,7 +236,7 @@ impl Upstream {
             upstream_withdrawn_total: counter(
                 r,
                 "gateway_upstream_withdrawn_total",
-                "Requests whose ids left a batch queue before a call carried them: abandoned (no client waits for them any more) or deadline (a 429 when their wait at the gate reached upstream.max_queue_wait_secs).",
+                "Upstream calls withdrawn before they left: abandoned (no client waits for them any more: a miss whose client hung up while it waited, ids nobody needs in a batch queue) or deadline (ids refused 429 when their wait in a batch queue reached upstream.max_queue_wait_secs).",
                 &["route", "reason"],
             ),
         }

@@ -97,7 +97,10 @@ async fn owned(app: &Arc<App>, job: Job, leader: Option<Leader<Outcome>>) -> Out
     let task_app = app.clone();
     app.detach(
         async move {
-            let outcome = run(&task_app, job).await;
+            // Someone still waits for this call: the request that started
+            // it, or a follower of its flight.
+            let waited = || !done.is_closed() || leader.as_ref().is_some_and(|l| l.waiting() > 0);
+            let outcome = run(&task_app, job, &waited).await;
             if let Some(leader) = leader {
                 leader.complete(outcome.clone());
             }
@@ -111,7 +114,7 @@ async fn owned(app: &Arc<App>, job: Job, leader: Option<Leader<Outcome>>) -> Out
 }
 
 /// The owner's work: the cache again, the cross-replica lease, the call.
-async fn run(app: &Arc<App>, job: Job) -> Outcome {
+async fn run(app: &Arc<App>, job: Job, waited: &(dyn Fn() -> bool + Sync)) -> Outcome {
     // A flight that ended between our lookup and our join stored its answer:
     // take it instead of buying the key a second time.
     if let (Some(key), false) = (&job.key, job.no_cache) {
@@ -127,14 +130,14 @@ async fn run(app: &Arc<App>, job: Job) -> Outcome {
         }
     }
     let Some(key) = &job.key else {
-        return fetch_upstream(app, &job).await;
+        return fetch_upstream(app, &job, waited).await;
     };
     let turn = take_lease(app, &job, key).instrument(tracing::info_span!(target: SPANS, "lease_wait"));
     let lease = match turn.await {
         Leased::Stored(entry) => return Ok(Arc::new(cached(&entry))),
         Leased::Buy(lease) => lease,
     };
-    let outcome = fetch_upstream(app, &job).await;
+    let outcome = fetch_upstream(app, &job, waited).await;
     if let Some(lease) = lease {
         lease.release().await;
     }
@@ -222,8 +225,14 @@ fn cached(entry: &Entry) -> Fetched {
 }
 
 /// The miss's purchase (`purchase`): one stake, one call; the answer
-/// stored, a refusal kept.
-async fn fetch_upstream(app: &Arc<App>, job: &Job) -> Outcome {
+/// stored, a refusal kept. No call starts for nobody: when no client waits
+/// any more (the request hung up while it waited for its lease or its
+/// turn, and no other request follows it), the stake is released and the
+/// call never made (a follower arriving just then asks again itself).
+async fn fetch_upstream(app: &Arc<App>, job: &Job, waited: &(dyn Fn() -> bool + Sync)) -> Outcome {
+    if !waited() {
+        return Err(abandoned(app, job));
+    }
     let stake = match purchase::open(app, job, 1).await? {
         Opened::Staked(stake) => *stake,
         Opened::OrgExhausted(refusal) => return Ok(refusal),
@@ -231,6 +240,10 @@ async fn fetch_upstream(app: &Arc<App>, job: &Job) -> Outcome {
     if let Err(e) = purchase::turn(app, &job.team.name, job.wait).await {
         stake.release(app).await;
         return Err(e);
+    }
+    if !waited() {
+        stake.release(app).await;
+        return Err(abandoned(app, job));
     }
     let called = purchase::call(app, job, vec![stake]).await;
     let outcome = called.outcome.clone();
@@ -244,6 +257,14 @@ async fn fetch_upstream(app: &Arc<App>, job: &Job) -> Outcome {
         app.cache.refusals.keep(key, fetched.body.clone(), content_type);
     }
     Ok(fetched)
+}
+
+/// A call withdrawn for want of anyone waiting: counted; its error is
+/// nobody's (not the upstream's, so a follower that joined meanwhile asks
+/// again rather than take it).
+fn abandoned(app: &App, job: &Job) -> GatewayError {
+    app.metrics.upstream_withdrawn(job.target.route, "abandoned");
+    GatewayError::Unavailable("No client waits for this call")
 }
 
 /// Stores 200 answers (already checked to be JSON) under the size cap,

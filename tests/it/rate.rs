@@ -11,6 +11,7 @@ use crate::support::traffic::{assert_replicas_share_the_upstream_rate, distinct_
 use crate::support::wait::eventually;
 use http::StatusCode;
 use permit_gateway::Running;
+use std::future::IntoFuture;
 use std::time::{Duration, Instant};
 
 #[tokio::test]
@@ -290,4 +291,52 @@ async fn prefer_wait_is_refused_at_once_when_the_predicted_wait_is_longer() {
         let r = call.await.expect("flood");
         assert!(matches!(r.status.as_u16(), 200 | 429), "{}", r.status);
     }
+}
+
+/// Issue 58: no call for a request nobody waits for. The gate's burst
+/// spent, three distinct misses queue for their turns; their clients hang
+/// up first. When the turns come, no call starts for them and their
+/// reservations are released.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn misses_whose_clients_left_while_queued_cost_no_call() {
+    let sim = start_sim(unlimited()).await;
+    let gw = Setup::new()
+        .credit_limit(BETA, 1_000)
+        .with(|c| c.upstream.requests_per_minute = 60)
+        .start(&sim)
+        .await;
+    let s = sim.samples();
+    let alpha = Client::new(gw.base_url(), ALPHA.1);
+    // The burst of 6: spent.
+    for i in 0..6 {
+        assert_eq!(alpha.get(Query::distinct(&s, i).size(1)).await.status, StatusCode::OK);
+    }
+    let calls = sim.stats().requests_total;
+    let left: Vec<_> = (0..3)
+        .map(|i| {
+            let call = Client::new(gw.base_url(), BETA.1)
+                .get(Query::distinct(&s, 50 + i).size(5))
+                .into_future();
+            tokio::spawn(async move { tokio::time::timeout(Duration::from_millis(300), call).await.is_err() })
+        })
+        .collect();
+    for hung_up in left {
+        assert!(hung_up.await.expect("client task"), "the client gave up first");
+    }
+    eventually("the abandoned misses withdrawn", Duration::from_secs(15), || async {
+        let n = scrape(&gw.admin_url()).await.sum(
+            "gateway_upstream_withdrawn_total",
+            &[("route", "permits_search"), ("reason", "abandoned")],
+        );
+        (n >= 3.0).then_some(())
+    })
+    .await;
+    assert_eq!(sim.stats().requests_total, calls, "no call for clients that left");
+    let teams = Client::admin(gw.admin_url()).get("/admin/teams").await.json();
+    let beta = teams["teams"]
+        .as_array()
+        .and_then(|t| t.iter().find(|t| t["name"] == "beta"))
+        .cloned()
+        .expect("beta listed");
+    assert_eq!(beta["remaining"], 1_000, "every reservation released: {beta}");
 }

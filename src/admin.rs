@@ -70,6 +70,7 @@ async fn route<B>(app: &App, req: &Request<B>) -> Result<Response<Body>, Gateway
             }
             app.cache.observe().await;
             observe_budgets(app).await;
+            observe_gate(app);
             Ok(bytes_response(
                 StatusCode::OK,
                 "text/plain; version=0.0.4; charset=utf-8",
@@ -222,6 +223,25 @@ async fn observe_budgets(app: &App) {
         match app.ledger.usage(&team.name).await {
             Ok(usage) => app.metrics.team_credits_used(&team.name, usage.used),
             Err(_) => app.metrics.ledger_error(LedgerOp::Usage),
+        }
+    }
+}
+
+/// Every team's pressure at the upstream's rate gate, at scrape time: its
+/// calls waiting, the oldest wait and the wait a new call would meet (0
+/// and the idle prediction for a team with none waiting).
+fn observe_gate(app: &App) {
+    let pressure = app.scheduler.pressure();
+    for team in app.teams.load().iter() {
+        match pressure.iter().find(|(name, ..)| *name == team.name) {
+            Some((_, waiting, oldest, predicted)) => {
+                app.metrics.gate_pressure(&team.name, *waiting, *oldest, *predicted);
+            }
+            None => {
+                let predicted = app.scheduler.predicted_wait(&team.name);
+                app.metrics
+                    .gate_pressure(&team.name, 0, std::time::Duration::ZERO, predicted);
+            }
         }
     }
 }

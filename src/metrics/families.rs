@@ -191,9 +191,14 @@ pub(super) struct Upstream {
     /// Not in the contract table: upstream calls saved by batching (the
     /// buyers of a call, less the one call).
     pub(super) upstream_calls_saved_total: IntCounterVec,
-    /// Not in the contract table: requests whose ids left a batch queue
-    /// before any call carried them, by why.
+    /// Not in the contract table: upstream calls withdrawn before they
+    /// left (nobody waited; ids past their deadline), by why.
     pub(super) upstream_withdrawn_total: IntCounterVec,
+    /// Not in the contract table: the gate's pressure per team, set at
+    /// scrape time (calls waiting, the oldest wait, the predicted wait).
+    pub(super) upstream_team_waiting: IntGaugeVec,
+    pub(super) upstream_team_oldest_wait_seconds: GaugeVec,
+    pub(super) upstream_team_predicted_wait_seconds: GaugeVec,
 }
 
 impl Upstream {
@@ -238,6 +243,24 @@ impl Upstream {
                 "gateway_upstream_withdrawn_total",
                 "Upstream calls withdrawn before they left: abandoned (no client waits for them any more: a miss whose client hung up while it waited, ids nobody needs in a batch queue) or deadline (ids refused 429 when their wait in a batch queue reached upstream.max_queue_wait_secs).",
                 &["route", "reason"],
+            ),
+            upstream_team_waiting: gauge_vec(
+                r,
+                "gateway_upstream_team_waiting",
+                "Calls of a team waiting for their turn at the upstream rate (a batch of id lookups waits as one call per team with ids in it).",
+                &["team"],
+            ),
+            upstream_team_oldest_wait_seconds: float_gauge_vec(
+                r,
+                "gateway_upstream_team_oldest_wait_seconds",
+                "How long the oldest of a team's calls waiting at the upstream rate has waited (0: none waits).",
+                &["team"],
+            ),
+            upstream_team_predicted_wait_seconds: float_gauge_vec(
+                r,
+                "gateway_upstream_team_predicted_wait_seconds",
+                "The wait at the upstream rate a new call of the team would meet now: past upstream.max_queue_wait_secs (or a client's Prefer: wait) it is refused at once.",
+                &["team"],
             ),
         }
     }

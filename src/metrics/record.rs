@@ -501,4 +501,17 @@ impl Metrics {
     pub(crate) fn reset_team_credits_used(&self) {
         self.credits.team_credits_used.reset();
     }
+
+    /// The gate's pressure for `team` (`Scheduler::pressure`): calls
+    /// waiting, the oldest wait, the predicted wait.
+    pub(crate) fn gate_pressure(&self, team: &str, waiting: usize, oldest: Duration, predicted: Duration) {
+        let u = &self.upstream;
+        u.upstream_team_waiting.with_label_values(&[team]).set(waiting as i64);
+        u.upstream_team_oldest_wait_seconds
+            .with_label_values(&[team])
+            .set(oldest.as_secs_f64());
+        u.upstream_team_predicted_wait_seconds
+            .with_label_values(&[team])
+            .set(predicted.as_secs_f64());
+    }
 }

@@ -43,7 +43,7 @@ const QUEUE_SLACK: Duration = Duration::from_secs(1);
 #[derive(Default)]
 struct Queues {
     /// Waiters per team, oldest first.
-    waiting: HashMap<String, VecDeque<oneshot::Sender<()>>>,
+    waiting: HashMap<String, VecDeque<(Instant, oneshot::Sender<()>)>>,
     /// Teams with waiters, in round-robin order.
     turn: VecDeque<String>,
     len: usize,
@@ -140,7 +140,10 @@ impl Scheduler {
             if !q.waiting.contains_key(team) {
                 q.turn.push_back(team.to_string());
             }
-            q.waiting.entry(team.to_string()).or_default().push_back(tx);
+            q.waiting
+                .entry(team.to_string())
+                .or_default()
+                .push_back((Instant::now(), tx));
             q.len += 1;
             self.metrics.upstream_queue_depth.set(q.len as i64);
             rx
@@ -165,6 +168,24 @@ impl Scheduler {
                 })
             }
         }
+    }
+
+    /// The pressure at the gate, per team with calls waiting: how many,
+    /// how long the oldest has waited, and the wait a new call of the team
+    /// can expect now (the Envoy overload manager's idea: what a team
+    /// would meet, before it meets it).
+    pub(crate) fn pressure(&self) -> Vec<(String, usize, Duration, Duration)> {
+        let q = self.queues();
+        let now = Instant::now();
+        q.waiting
+            .iter()
+            .map(|(team, line)| {
+                let oldest = line
+                    .front()
+                    .map_or(Duration::ZERO, |(since, _)| now.saturating_duration_since(*since));
+                (team.clone(), line.len(), oldest, self.expected_wait(&q, team))
+            })
+            .collect()
     }
 
     /// The wait a new call of `team` can expect now (a `Retry-After`).
@@ -194,7 +215,7 @@ impl Scheduler {
             } else {
                 q.turn.push_back(team);
             }
-            if let Some(w) = waiter {
+            if let Some((_, w)) = waiter {
                 q.len -= 1;
                 self.metrics.upstream_queue_depth.set(q.len as i64);
                 return Some(w);

@@ -273,6 +273,13 @@ async fn prefer_wait_is_refused_at_once_when_the_predicted_wait_is_longer() {
         (scrape(&gw.admin_url()).await.sum("gateway_upstream_queue_depth", &[]) >= 6.0).then_some(())
     })
     .await;
+    // The gate's pressure, per team: alpha's line, and what beta would meet.
+    let m = scrape(&gw.admin_url()).await;
+    assert!(m.sum("gateway_upstream_team_waiting", &[("team", "alpha")]) >= 6.0);
+    assert!(m.sum("gateway_upstream_team_oldest_wait_seconds", &[("team", "alpha")]) > 0.0);
+    assert_eq!(m.sum("gateway_upstream_team_waiting", &[("team", "beta")]), 0.0);
+    let predicted = m.sum("gateway_upstream_team_predicted_wait_seconds", &[("team", "beta")]);
+    assert!(predicted > 1.0, "beta would wait {predicted} s");
     let calls = sim.stats().requests_total;
     let started = Instant::now();
     let hurried = beta

@@ -96,6 +96,17 @@ pub enum Spent {
     Org,
 }
 
+impl Spent {
+    /// Its name in a 402's `detail.budget` and `/v2/usage`'s `budget`.
+    pub(crate) fn as_str(&self) -> &'static str {
+        match self {
+            Spent::Team => "team",
+            Spent::App(_) => "app",
+            Spent::Org => "org",
+        }
+    }
+}
+
 /// One finding of the gateway's own query validation, rendered as one item
 /// of FastAPI's 422 `detail` array (`{"type","loc","msg","input"(,"ctx")}`).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -288,11 +299,12 @@ impl GatewayError {
                 // what this call would have held and what is left, so a
                 // client can ask for fewer records instead of giving up;
                 // then whose budget it was.
-                let (error, which) = match budget {
-                    Spent::Team => ("Team credit limit exceeded.", "team"),
-                    Spent::App(_) => ("App credit limit exceeded.", "app"),
-                    Spent::Org => ("Company credit limit exceeded.", "org"),
+                let error = match budget {
+                    Spent::Team => "Team credit limit exceeded.",
+                    Spent::App(_) => "App credit limit exceeded.",
+                    Spent::Org => "Company credit limit exceeded.",
                 };
+                let which = budget.as_str();
                 let mut detail = json!({
                     "error": error,
                     "limit": limit,

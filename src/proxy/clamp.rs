@@ -42,7 +42,7 @@ pub(super) async fn clamp<B>(app: &App, ask: &Ask<'_, B>) -> Option<Clamped> {
     // outdated). A ledger that cannot answer: no clamp; the reservation
     // decides.
     let mut remaining: Option<u64> = None;
-    for (budget, _) in credits::budgets_of(app, team, &ask.member) {
+    for (budget, _) in credits::budgets_of(app, team, Some(&ask.member)) {
         let Some(limit) = budget.limit else { continue };
         let left = limit.saturating_sub(app.ledger.usage(budget.account).await.ok()?.used);
         remaining = Some(remaining.map_or(left, |r| r.min(left)));

@@ -29,41 +29,22 @@ pub(super) const X_CREDITS_REQUEST: HeaderName = HeaderName::from_static("x-cred
 const X_CREDITS_LIMIT: HeaderName = HeaderName::from_static("x-credits-limit");
 const X_CREDITS_REMAINING: HeaderName = HeaderName::from_static("x-credits-remaining");
 
-/// What one upstream answer costs the team that fetched it, and what it is
-/// worth to the followers and hits it serves.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) struct Charge {
-    /// Settled in the team's ledger: what the upstream billed.
-    pub(super) credits: u64,
-    /// `credits` bounded by the reservation.
-    pub(super) worth: u64,
-}
-
-/// The charge of an answer from its status, its `X-Credits-Request` and, when
+/// The bill of an answer from its status, its `X-Credits-Request` and, when
 /// that is missing or not a number, the records in its body. `body` is
 /// `None` when the headers arrived but the body did not (cut, too large,
-/// timed out): then only a head that carries its bill is charged (the
+/// timed out): then only a head that carries its bill is billed (the
 /// upstream bills every metered 200 in `X-Credits-Request`; a head without
-/// it is the answer of a fault, not a bill).
-pub(super) fn charge(
-    status: StatusCode,
-    headers: &HeaderMap,
-    body: Option<&[u8]>,
-    metered: bool,
-    reserved: u64,
-) -> Charge {
+/// it is the answer of a fault, not a bill). Who pays which part of it is
+/// the purchase's rule (`purchase::shares`).
+pub(super) fn bill(status: StatusCode, headers: &HeaderMap, body: Option<&[u8]>, metered: bool) -> u64 {
     if status != StatusCode::OK {
-        return Charge { credits: 0, worth: 0 };
+        return 0;
     }
-    let credits = match (billed(headers), body) {
+    match (billed(headers), body) {
         (Some(n), _) => n,
         (None, _) if !metered => 0,
         (None, Some(body)) => crate::page::count_items(body),
         (None, None) => 0,
-    };
-    Charge {
-        credits,
-        worth: credits.min(reserved),
     }
 }
 
@@ -104,7 +85,8 @@ pub(super) async fn reserve(app: &App, job: &Job) -> Result<Option<Reservation>,
     };
     drop(teams);
     let amount = route::credit_estimate(&job.target);
-    let (mut budgets, mut whose): (Vec<Budget<'_>>, Vec<Spent>) = budgets_of(app, &team, &member).into_iter().unzip();
+    let (mut budgets, mut whose): (Vec<Budget<'_>>, Vec<Spent>) =
+        budgets_of(app, &team, Some(&member)).into_iter().unzip();
     // Free calls cannot overspend: they are recorded, never refused.
     if amount == 0 {
         for b in &mut budgets {
@@ -138,9 +120,9 @@ pub(super) async fn reserve(app: &App, job: &Job) -> Result<Option<Reservation>,
 /// first (an app refused never holds its team's credits): its app's when
 /// the team names its apps, its team's, the company's; each with whose it
 /// is, for a 402. The limits are the live table's and config's.
-pub(super) fn budgets_of<'a>(app: &'a App, team: &'a Team, member: &'a Member) -> Vec<(Budget<'a>, Spent)> {
+pub(super) fn budgets_of<'a>(app: &'a App, team: &'a Team, member: Option<&'a Member>) -> Vec<(Budget<'a>, Spent)> {
     let mut budgets = Vec::with_capacity(3);
-    if let Some(account) = &member.account {
+    if let Some((member, account)) = member.and_then(|m| Some((m, m.account.as_ref()?))) {
         let budget = Budget {
             account,
             limit: member.credit_limit,
@@ -176,16 +158,16 @@ pub(super) async fn release(app: &App, reservation: Option<Reservation>) {
 /// Turns the reservation into what the upstream charged. Runs in
 /// the task that owns the call, so no client can cancel it halfway.
 #[tracing::instrument(target = "permit_gateway::spans", name = "settle", skip_all)]
-async fn settle(app: &App, job: &Job, reservation: Option<Reservation>, charge: Charge) {
+async fn settle(app: &App, job: &Job, reservation: Option<Reservation>, credits: u64) {
     let route = job.target.route;
     let team = &job.team.name;
-    if charge.credits > 0 {
-        app.metrics.credits_spent(team, route, charge.credits);
+    if credits > 0 {
+        app.metrics.credits_spent(team, route, credits);
     }
     if let Some(r) = reservation {
-        if let Err(e) = app.ledger.settle(r, charge.credits, route).await {
+        if let Err(e) = app.ledger.settle(r, credits, route).await {
             app.metrics.ledger_error(LedgerOp::Settle);
-            tracing::error!(team = %team, credits = charge.credits, error = %e, "ledger settle failed: the reservation stays counted as spent");
+            tracing::error!(team = %team, credits, error = %e, "ledger settle failed: the reservation stays counted as spent");
         }
     }
     reconcile(app).await;
@@ -200,11 +182,11 @@ const SETTLE_WAIT: Duration = Duration::from_secs(1);
 pub(super) type Settling = tokio::task::JoinHandle<()>;
 
 /// [`settle`] in its own task: no call waits on it, no client cancels it.
-pub(super) fn settle_beside(app: &Arc<App>, job: &Job, reservation: Option<Reservation>, charge: Charge) -> Settling {
+pub(super) fn settle_beside(app: &Arc<App>, job: &Job, reservation: Option<Reservation>, credits: u64) -> Settling {
     let (task_app, job) = (app.clone(), job.clone());
     // In the request's span, so an exported `settle` is its child even when
     // it ends after the answer.
-    app.detach(async move { settle(&task_app, &job, reservation, charge).await }.in_current_span())
+    app.detach(async move { settle(&task_app, &job, reservation, credits).await }.in_current_span())
 }
 
 /// Waits up to [`SETTLE_WAIT`] for a settle, then leaves it to finish.
@@ -245,32 +227,16 @@ async fn reconcile(app: &App) {
 /// `None`: no budget limits it (an unlimited team, no company cap), or the
 /// ledger cannot answer (counted). The limits are the ones in force now (a
 /// reload during the request counts).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub(super) struct Binding {
     pub(super) limit: u64,
     pub(super) remaining: u64,
-    pub(super) budget: BudgetKind,
+    pub(super) budget: Spent,
 }
 
-/// Whose budget binds, without the app's name (`Spent` carries it).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum BudgetKind {
-    App,
-    Team,
-    Org,
-}
-
-impl BudgetKind {
-    pub(super) fn as_str(self) -> &'static str {
-        match self {
-            BudgetKind::App => "app",
-            BudgetKind::Team => "team",
-            BudgetKind::Org => "org",
-        }
-    }
-}
-
-/// [`Binding`] of `member` (by name) of `team` (by name), in the live table.
+/// [`Binding`] of `member` (by name) of `team` (by name), in the live
+/// table: of the budgets a call of the member is held in ([`budgets_of`]),
+/// the one with a limit and least left.
 pub(super) async fn binding(app: &App, team: &str, member: Option<&str>) -> Option<Binding> {
     let (team, member) = {
         let teams = app.teams.load();
@@ -279,27 +245,18 @@ pub(super) async fn binding(app: &App, team: &str, member: Option<&str>) -> Opti
         (team, member)
     };
     let mut binding: Option<Binding> = None;
-    let member_budget = member.as_deref().and_then(|m| m.account.as_deref().zip(m.credit_limit));
-    let budgets = [
-        (BudgetKind::App, member_budget),
-        (BudgetKind::Team, team.credit_limit.map(|l| (team.name.as_str(), l))),
-        (
-            BudgetKind::Org,
-            app.config.quota.org_credit_limit.map(|l| (ORG_ACCOUNT, l)),
-        ),
-    ];
-    for (budget, limited) in budgets {
-        let Some((account, limit)) = limited else { continue };
-        let Ok(committed) = app.ledger.committed(account).await else {
+    for (budget, spent) in budgets_of(app, &team, member.as_deref()) {
+        let Some(limit) = budget.limit else { continue };
+        let Ok(committed) = app.ledger.committed(budget.account).await else {
             app.metrics.ledger_error(LedgerOp::Usage);
             return None;
         };
         let remaining = limit.saturating_sub(committed);
-        if binding.is_none_or(|b| remaining < b.remaining) {
+        if binding.as_ref().is_none_or(|b| remaining < b.remaining) {
             binding = Some(Binding {
                 limit,
                 remaining,
-                budget,
+                budget: spent,
             });
         }
     }
@@ -358,9 +315,9 @@ mod tests {
     const PAGE: &[u8] = br#"{"items":[{},{},{}],"size":3}"#;
 
     #[test]
-    fn credits_come_from_the_header_else_from_the_records() {
+    fn the_bill_comes_from_the_header_else_from_the_records() {
         let ok = StatusCode::OK;
-        assert_eq!(charge(ok, &headers(Some("7")), Some(PAGE), true, 10).credits, 7);
+        assert_eq!(bill(ok, &headers(Some("7")), Some(PAGE), true), 7);
         for absurd in [
             "abc",
             "-5",
@@ -369,45 +326,26 @@ mod tests {
             "4294967296",
             "",
         ] {
-            let c = charge(ok, &headers(Some(absurd)), Some(PAGE), true, 10);
-            assert_eq!(c.credits, 3, "{absurd}");
+            assert_eq!(bill(ok, &headers(Some(absurd)), Some(PAGE), true), 3, "{absurd}");
         }
-        assert_eq!(
-            charge(ok, &headers(None), Some(PAGE), true, 10).credits,
-            3,
-            "missing: count"
-        );
-        assert_eq!(
-            charge(ok, &headers(None), Some(PAGE), false, 0).credits,
-            0,
-            "free endpoints"
-        );
-        let refused = charge(
-            StatusCode::UNPROCESSABLE_ENTITY,
-            &headers(Some("7")),
-            Some(PAGE),
-            true,
-            10,
-        );
-        assert_eq!(refused.credits, 0);
+        assert_eq!(bill(ok, &headers(None), Some(PAGE), true), 3, "missing: count");
+        assert_eq!(bill(ok, &headers(None), Some(PAGE), false), 0, "free endpoints");
+        let refused = bill(StatusCode::UNPROCESSABLE_ENTITY, &headers(Some("7")), Some(PAGE), true);
+        assert_eq!(refused, 0);
     }
 
     #[test]
-    fn a_charge_above_the_reservation_is_settled_but_not_worth_more() {
-        let c = charge(StatusCode::OK, &headers(Some("5000000")), Some(PAGE), true, 50);
-        assert_eq!(
-            c,
-            Charge {
-                credits: 5_000_000,
-                worth: 50
-            }
-        );
+    fn a_bill_above_any_reservation_is_read_as_billed() {
+        // What of it is charged is the purchase's rule (`purchase::shares`:
+        // up to the reservations, the rest untracked).
+        let b = bill(StatusCode::OK, &headers(Some("5000000")), Some(PAGE), true);
+        assert_eq!(b, 5_000_000);
     }
 
     #[test]
-    fn a_head_without_its_body_is_charged_what_it_bills() {
+    fn a_head_without_its_body_is_billed_what_it_says() {
         let ok = StatusCode::OK;
-        assert_eq!(charge(ok, &headers(Some("40")), None, true, 50).credits, 40);
-        assert_eq!(charge(ok, &headers(None), None, true, 50).credits, 0);
+        assert_eq!(bill(ok, &headers(Some("40")), None, true), 40);
+        assert_eq!(bill(ok, &headers(None), None, true), 0);
     }
 }

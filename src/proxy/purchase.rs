@@ -131,7 +131,6 @@ pub(super) struct Called {
 /// settled from the head as soon as it shows a bill.
 pub(super) async fn call(app: &Arc<App>, job: &Job, mut stakes: Vec<Stake>) -> Called {
     let metered = job.target.route.is_metered();
-    let reserved: u64 = stakes.iter().map(Stake::reserved).sum();
     let (heads, mut seen) = watch::channel(None);
     let call = upstream_call(app, job, &heads);
     tokio::pin!(call);
@@ -152,14 +151,8 @@ pub(super) async fn call(app: &Arc<App>, job: &Job, mut stakes: Vec<Stake>) -> C
     match result {
         Ok(resp) => {
             app.org.observe(resp.status, &resp.headers, &resp.body, &app.metrics);
-            let bill = credits::charge(resp.status, &resp.headers, Some(&resp.body), metered, reserved).credits;
-            // A lone stake's answer carries its own charge; a batch's, the bill.
-            let credits = match (&early, stakes.as_slice()) {
-                (Some((charged, _)), _) => *charged,
-                (None, [one]) => bill.min(one.reserved()),
-                _ => bill,
-            };
-            let outcome = checked(app, job, resp, credits).await;
+            let bill = credits::bill(resp.status, &resp.headers, Some(&resp.body), metered);
+            let outcome = checked(app, job, resp, answer_credits(bill, &stakes, &early)).await;
             Called {
                 outcome,
                 bill,
@@ -208,16 +201,22 @@ fn failure(
         }
         _ => 0,
     };
-    let credits = match (&early, stakes.as_slice()) {
-        (Some((charged, _)), _) => *charged,
-        (None, [one]) => bill.min(one.reserved()),
-        _ => bill,
-    };
     Called {
-        outcome: Err(failed.error.billed_at(credits)),
+        outcome: Err(failed.error.billed_at(answer_credits(bill, &stakes, &early))),
         bill,
         stakes,
         early,
+    }
+}
+
+/// What the call's answer says it cost: a lone stake's own charge (settled
+/// from the head, or its share of the bill), a batch's whole bill (each
+/// buyer's share comes with its settle).
+fn answer_credits(bill: u64, stakes: &[Stake], early: &Option<(u64, credits::Settling)>) -> u64 {
+    match (early, stakes) {
+        (Some((charged, _)), _) => *charged,
+        (None, [one]) => shares(bill, &[one.part(None)])[0],
+        _ => bill,
     }
 }
 
@@ -290,13 +289,9 @@ fn settle_all(
         .drain(..)
         .zip(charges)
         .map(|(stake, charged)| {
-            let charge = credits::Charge {
-                credits: charged,
-                worth: charged,
-            };
             (
                 charged,
-                credits::settle_beside(app, &stake.job, stake.reservation, charge),
+                credits::settle_beside(app, &stake.job, stake.reservation, charged),
             )
         })
         .collect()

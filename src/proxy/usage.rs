@@ -24,7 +24,7 @@ pub(super) async fn usage(app: &App, team: &Team, member: &Member) -> Result<Res
     let window = app.ledger.window();
     let team_over = team.credit_limit.is_some_and(|l| usage.used >= l);
     let binding = credits::binding(app, &team.name, Some(&member.name)).await;
-    let over = team_over || binding.is_some_and(|b| b.remaining == 0);
+    let over = team_over || binding.as_ref().is_some_and(|b| b.remaining == 0);
     let daily: Vec<_> = usage
         .daily
         .iter()
@@ -53,7 +53,7 @@ pub(super) async fn usage(app: &App, team: &Team, member: &Member) -> Result<Res
         "available_at": available_at,
         "daily_usage": daily,
         "window": window.as_str(),
-        "budget": binding.map(|b| b.budget.as_str()),
+        "budget": binding.as_ref().map(|b| b.budget.as_str()),
     });
     if let Some(account) = &member.account {
         let used = read(app, team, account).await?;

@@ -339,11 +339,6 @@ async fn misses_whose_clients_left_while_queued_cost_no_call() {
     })
     .await;
     assert_eq!(sim.stats().requests_total, calls, "no call for clients that left");
-    let teams = Client::admin(gw.admin_url()).get("/admin/teams").await.json();
-    let beta = teams["teams"]
-        .as_array()
-        .and_then(|t| t.iter().find(|t| t["name"] == "beta"))
-        .cloned()
-        .expect("beta listed");
+    let beta = crate::support::traffic::admin_team(&gw.admin_url(), "beta").await;
     assert_eq!(beta["remaining"], 1_000, "every reservation released: {beta}");
 }

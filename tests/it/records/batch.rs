@@ -565,12 +565,7 @@ async fn lookups_whose_clients_left_cost_no_call() {
     })
     .await;
     assert_eq!(sim.stats().requests_total, calls, "no call for clients that left");
-    let teams = Client::admin(gw.admin_url()).get("/admin/teams").await.json();
-    let small = teams["teams"]
-        .as_array()
-        .and_then(|t| t.iter().find(|t| t["name"] == "small"))
-        .cloned()
-        .expect("small listed");
+    let small = crate::support::traffic::admin_team(&gw.admin_url(), "small").await;
     assert_eq!(small["remaining"], 1_000, "every reservation released: {small}");
 }
 

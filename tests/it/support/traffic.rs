@@ -56,16 +56,20 @@ pub fn alternate(i: u32) -> (&'static str, String) {
 /// A team's spend in its window as the admin API reports it (the ledger,
 /// unaffected by the team's own rate limit).
 pub async fn ledger_used(admin: &str, team: &str) -> u64 {
+    admin_team(admin, team).await["used"].as_u64().expect("used")
+}
+
+/// A team's entry of `GET /admin/teams` (its limit, used, remaining, ...).
+pub async fn admin_team(admin: &str, team: &str) -> serde_json::Value {
     let r = Client::admin(admin)
         .get("/admin/teams")
         .expect_status(StatusCode::OK)
         .await;
     let teams = r.json()["teams"].as_array().cloned().unwrap_or_default();
-    let t = teams
-        .iter()
+    teams
+        .into_iter()
         .find(|t| t["name"] == team)
-        .unwrap_or_else(|| panic!("no team {team}"));
-    t["used"].as_u64().expect("used")
+        .unwrap_or_else(|| panic!("no team {team}"))
 }
 
 /// `ledger_used`, or `None` while the ledger cannot answer (a Redis

@@ -67,6 +67,8 @@ pub struct SimConfig {
     pub credit_limit: Option<u64>,
     /// Per key, per 60 s; 0 disables the limit.
     pub requests_per_minute: u32,
+    /// How the limit reads "per 60 s" ([`ratelimit::Window`]).
+    pub rate_window: ratelimit::Window,
     /// Added to every `/v2` request.
     pub latency_ms: u64,
     /// Uniform extra latency in `0..=jitter`, drawn from a seeded RNG.
@@ -83,6 +85,7 @@ impl Default for SimConfig {
             api_key: "sim-upstream-key".into(),
             credit_limit: None,
             requests_per_minute: 120,
+            rate_window: ratelimit::Window::Bucket,
             latency_ms: 0,
             latency_jitter_ms: 0,
             seed: 42,

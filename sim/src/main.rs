@@ -20,6 +20,10 @@ struct Args {
     credit_limit: Option<u64>,
     #[arg(long, default_value_t = 120)]
     requests_per_minute: u32,
+    /// How "per 60 s" is read: `bucket` (refills evenly: after a burst, a
+    /// call every 60/N s) or `strict` (at most N calls in any 60 s).
+    #[arg(long, default_value = "bucket")]
+    rate_window: permit_api_sim::ratelimit::Window,
     #[arg(long, default_value_t = 0)]
     latency_ms: u64,
     #[arg(long, default_value_t = 0)]
@@ -80,6 +84,7 @@ async fn main() -> std::process::ExitCode {
         api_key: args.api_key,
         credit_limit: args.credit_limit,
         requests_per_minute: args.requests_per_minute,
+        rate_window: args.rate_window,
         latency_ms: args.latency_ms,
         latency_jitter_ms: args.latency_jitter_ms,
         seed: args.seed,

@@ -35,7 +35,7 @@ impl Shared {
         Shared {
             data: Dataset::for_seed(cfg.seed),
             credits: Mutex::new(Credits::new(cfg.credit_limit)),
-            limiter: Mutex::new(RateLimit::new(cfg.requests_per_minute)),
+            limiter: Mutex::new(RateLimit::new(cfg.requests_per_minute, cfg.rate_window)),
             stats: Mutex::new(StatsBook::default()),
             faults: Mutex::new(FaultState::new(cfg.seed)),
             jitter: Mutex::new(ChaCha8Rng::seed_from_u64(cfg.seed ^ 0x5151)),
@@ -69,7 +69,7 @@ impl Shared {
     }
 
     pub fn set_requests_per_minute(&self, rpm: u32) {
-        *lock(&self.limiter) = RateLimit::new(rpm);
+        *lock(&self.limiter) = RateLimit::new(rpm, self.cfg.rate_window);
     }
 
     /// `Err(retry_after_secs)` when the key is over its request rate.

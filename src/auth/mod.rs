@@ -37,6 +37,9 @@ pub struct Member {
     not_after: Option<u64>,
     /// The member's own credits per window, within its team's.
     pub(crate) credit_limit: Option<u64>,
+    /// `class = "bulk"`: its calls take only the upstream rate that
+    /// interactive calls leave.
+    pub(crate) bulk: bool,
     /// The ledger account of the member's spend: set when its team names
     /// its members (`tokens`); a team of one token keeps one account.
     pub(crate) account: Option<String>,
@@ -126,6 +129,8 @@ pub struct Team {
     pub(crate) requests_per_minute: Option<u32>,
     /// `clamp_to_budget`: pages clamped to the remaining credits.
     pub(crate) clamp_to_budget: bool,
+    /// Its share of the upstream rate (`weight`).
+    pub(crate) weight: u32,
     /// Enforces `requests_per_minute` (docs/design.md §2, `limit_team`). Rebuilt on reload.
     limiter: Option<DefaultDirectRateLimiter>,
     /// Authenticated requests since start (admin API). Shared with the

@@ -88,6 +88,7 @@ impl Teams {
                         .not_after
                         .map(|at| u64::try_from(at.timestamp_millis()).unwrap_or(0)),
                     credit_limit: token.credit_limit,
+                    bulk: token.class == crate::config::AppClass::Bulk,
                     last_used: before.map(|b| b.last_used.clone()).unwrap_or_default(),
                     warned_day: before.map(|b| b.warned_day.clone()).unwrap_or_default(),
                     name: token.name,
@@ -102,6 +103,7 @@ impl Teams {
             limit_header: config.credit_limit.map(http::HeaderValue::from),
             requests_per_minute: config.requests_per_minute,
             clamp_to_budget: config.clamp_to_budget,
+            weight: config.weight,
             limiter: rate_limiter(config.requests_per_minute),
             requests: old.map(|o| o.requests.clone()).unwrap_or_default(),
             in_flight: old.map(|o| o.in_flight.clone()).unwrap_or_default(),
@@ -192,6 +194,7 @@ mod tests {
             credit_limit,
             requests_per_minute: None,
             clamp_to_budget: false,
+        weight: 1,
         }
     }
 
@@ -231,6 +234,7 @@ mod tests {
             token_sha256: TokenHash::of(token),
             not_after: not_after.map(|t| t.parse().expect("RFC 3339")),
             credit_limit: None,
+            class: Default::default(),
         };
         let t = Teams::from_config(&[TeamConfig {
             name: "growth".into(),
@@ -242,6 +246,7 @@ mod tests {
             credit_limit: Some(10),
             requests_per_minute: None,
             clamp_to_budget: false,
+        weight: 1,
         }]);
         let who = |token: &'static str| t.authenticate(&headers(&[("x-api-key", token)]));
         let (team, web) = who("tok-web").expect("web");
@@ -280,6 +285,7 @@ mod tests {
             credit_limit: None,
             requests_per_minute: None,
             clamp_to_budget: false,
+        weight: 1,
         }]);
         assert_eq!(reloaded.by_name("growth").expect("growth").tenant, growth);
     }

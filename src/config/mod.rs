@@ -146,6 +146,10 @@ pub struct UpstreamConfig {
     api_key: Option<Secret>,
     pub api_key_file: Option<PathBuf>,
     pub requests_per_minute: u32,
+    /// Calls that may go back to back (`scheduler`): unset, the whole
+    /// window of `requests_per_minute`, as the vendor allows.
+    #[serde(default)]
+    pub burst: Option<u32>,
     pub timeout_secs: u64,
     pub connect_timeout_secs: u64,
     pub max_retries: u32,
@@ -373,6 +377,25 @@ pub struct TeamConfig {
     /// they cover instead of refused (docs/design.md, "Spending less").
     #[serde(default)]
     pub clamp_to_budget: bool,
+    /// The team's share of the upstream rate against other teams' (a team
+    /// of weight 2 gets two turns to another's one while both wait).
+    #[serde(default = "one")]
+    pub weight: u32,
+}
+
+fn one() -> u32 {
+    1
+}
+
+/// What an app's calls ask of the upstream gate (`[[teams.tokens]] class`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AppClass {
+    /// Its turn by its team's share.
+    #[default]
+    Interactive,
+    /// Only the upstream rate that interactive calls leave.
+    Bulk,
 }
 
 /// The app of a team's `token_sha256` (its one token of old).
@@ -391,6 +414,9 @@ pub struct TokenConfig {
     /// This app's credits per window, within the team's.
     #[serde(default)]
     pub credit_limit: Option<u64>,
+    /// `bulk`: its calls take only what interactive calls leave.
+    #[serde(default)]
+    pub class: AppClass,
 }
 
 impl TeamConfig {
@@ -401,6 +427,7 @@ impl TeamConfig {
             token_sha256,
             not_after: None,
             credit_limit: None,
+            class: AppClass::Interactive,
         });
         default.into_iter().chain(self.tokens.iter().cloned())
     }

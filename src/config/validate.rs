@@ -97,6 +97,14 @@ impl UpstreamConfig {
             p.push("upstream.api_key_file: set either api_key or api_key_file, not both".into());
         }
         positive("upstream.requests_per_minute", self.requests_per_minute.into(), p);
+        if let Some(burst) = self.burst {
+            if burst == 0 || burst > self.requests_per_minute {
+                p.push(format!(
+                    "upstream.burst: {burst}: must be from 1 to upstream.requests_per_minute ({}); omit for the whole window",
+                    self.requests_per_minute
+                ));
+            }
+        }
         positive("upstream.timeout_secs", self.timeout_secs, p);
         positive("upstream.connect_timeout_secs", self.connect_timeout_secs, p);
         if self.batch_window_ms > 1000 {
@@ -227,6 +235,12 @@ pub(super) fn validate_teams(teams: &[TeamConfig], p: &mut Vec<String>) {
         if team.requests_per_minute == Some(0) {
             p.push(format!(
                 "{at}.requests_per_minute: team {team_name:?}: must be positive (omit for no limit)"
+            ));
+        }
+        if !(1..=100).contains(&team.weight) {
+            p.push(format!(
+                "{at}.weight: team {team_name:?}: {}: must be from 1 to 100 (its share of the upstream rate against a team of weight 1)",
+                team.weight
             ));
         }
     }

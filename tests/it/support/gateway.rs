@@ -37,6 +37,7 @@ pub fn app_token((name, token): Team) -> permit_gateway::config::TokenConfig {
         token_sha256: permit_gateway::config::TokenHash::of(token),
         not_after: None,
         credit_limit: None,
+        class: Default::default(),
     }
 }
 
@@ -87,6 +88,7 @@ fn team_config((name, token): Team) -> TeamConfig {
         credit_limit: None,
         requests_per_minute: None,
         clamp_to_budget: false,
+    weight: 1,
     }
 }
 

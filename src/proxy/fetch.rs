@@ -20,6 +20,7 @@ use crate::cache::lease::{Acquired, Lease, Peer};
 use crate::cache::{control, Entry};
 use crate::clock::now_ms;
 use crate::error::GatewayError;
+use crate::scheduler::Asker;
 use crate::telemetry::SPANS;
 use http::{HeaderMap, HeaderValue, StatusCode};
 use std::sync::Arc;
@@ -237,7 +238,7 @@ async fn fetch_upstream(app: &Arc<App>, job: &Job, waited: &(dyn Fn() -> bool + 
         Opened::Staked(stake) => *stake,
         Opened::OrgExhausted(refusal) => return Ok(refusal),
     };
-    if let Err(e) = purchase::turn(app, &job.team.name, job.wait).await {
+    if let Err(e) = purchase::turn(app, Asker::of(&job.team, job.member.bulk), job.wait).await {
         stake.release(app).await;
         return Err(e);
     }

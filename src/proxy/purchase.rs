@@ -41,6 +41,7 @@ use crate::app::App;
 use crate::cache::entry::etag_of;
 use crate::error::GatewayError;
 use crate::ledger::Reservation;
+use crate::scheduler::Asker;
 use crate::upstream::{retry_after, Failed, Head, UpstreamResponse};
 use http::StatusCode;
 use std::sync::Arc;
@@ -109,8 +110,8 @@ impl Stake {
 /// (`Prefer: wait`), and refused at once when the gate predicts a longer
 /// one (taken after the reservation, so a team out of budget never takes
 /// a place in the queue). Refused, the caller releases its stakes.
-pub(super) async fn turn(app: &App, team: &str, wait: Option<Duration>) -> Result<(), GatewayError> {
-    app.scheduler.acquire(team, wait).await
+pub(super) async fn turn(app: &App, asker: Asker<'_>, wait: Option<Duration>) -> Result<(), GatewayError> {
+    app.scheduler.acquire(asker, wait).await
 }
 
 /// One call's result, its stakes still to settle.

@@ -40,6 +40,27 @@ use tokio::sync::{oneshot, Notify};
 /// `quota.reservation_lease_secs` keeps beyond the queue and the call.
 const QUEUE_SLACK: Duration = Duration::from_secs(1);
 
+/// Who asks the gate for a call: its team's line, the team's share
+/// (`weight`) and whether the call is bulk (`class = "bulk"`: it takes
+/// only what interactive calls leave).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Asker<'a> {
+    pub(crate) team: &'a str,
+    pub(crate) weight: u32,
+    pub(crate) bulk: bool,
+}
+
+impl<'a> Asker<'a> {
+    /// A call of `team`'s, interactive unless `bulk`.
+    pub(crate) fn of(team: &'a crate::auth::Team, bulk: bool) -> Asker<'a> {
+        Asker {
+            team: &team.name,
+            weight: team.weight,
+            bulk,
+        }
+    }
+}
+
 #[derive(Default)]
 struct Queues {
     /// Waiters per team, oldest first.
@@ -120,7 +141,8 @@ impl Scheduler {
     /// Waits for this team's turn at the upstream, or refuses at once when
     /// the wait would pass the bound: `upstream.max_queue_wait_secs`, or
     /// `wait` when the client asked for a shorter one (`Prefer: wait`).
-    pub(crate) async fn acquire(&self, team: &str, wait: Option<Duration>) -> Result<(), GatewayError> {
+    pub(crate) async fn acquire(&self, asker: Asker<'_>, wait: Option<Duration>) -> Result<(), GatewayError> {
+        let team = asker.team;
         let started = Instant::now();
         let bound = wait.map_or(self.max_wait(), |w| w.min(self.max_wait()));
         let idle = self.queues().len == 0 && self.pause_left().is_zero();
@@ -186,6 +208,18 @@ impl Scheduler {
                 (team.clone(), line.len(), oldest, self.expected_wait(&q, team))
             })
             .collect()
+    }
+
+    /// Whether calls are scarce now: less than half the window is free (a
+    /// batch then gathers ids rather than leave at once).
+    pub(crate) fn scarce(&self) -> bool {
+        self.queues().len > 0
+    }
+
+    /// The time between calls at the steady rate: `60 s /
+    /// upstream.requests_per_minute` (a scarce batch gathers at most this).
+    pub(crate) fn interval(&self) -> Duration {
+        Duration::from_secs_f64(1.0 / self.pace.per_sec())
     }
 
     /// The wait a new call of `team` can expect now (a `Retry-After`).
@@ -270,12 +304,20 @@ async fn dispatch(scheduler: Weak<Scheduler>) {
 mod tests {
     use super::*;
 
+    fn asker(team: &str) -> Asker<'_> {
+        Asker {
+            team,
+            weight: 1,
+            bulk: false,
+        }
+    }
+
     /// A scheduler of 60 calls a minute whose burst of 6 (a tenth of a
     /// minute) is used up: the next call waits about a second.
     async fn busy(max_wait: Duration) -> Arc<Scheduler> {
         let s = Scheduler::start(60, max_wait, None, Arc::new(Metrics::new()));
         for _ in 0..6 {
-            s.acquire("a", None).await.expect("within burst");
+            s.acquire(asker("a"), None).await.expect("within burst");
         }
         s
     }
@@ -283,7 +325,7 @@ mod tests {
     /// One more call of team "a", queued in a task of its own.
     fn queue(s: &Arc<Scheduler>) -> tokio::task::JoinHandle<Result<(), GatewayError>> {
         let s = s.clone();
-        tokio::spawn(async move { s.acquire("a", None).await })
+        tokio::spawn(async move { s.acquire(asker("a"), None).await })
     }
 
     #[tokio::test]
@@ -294,7 +336,7 @@ mod tests {
         tokio::task::yield_now().await;
         let second = queue(&s);
         tokio::task::yield_now().await;
-        match s.acquire("a", None).await {
+        match s.acquire(asker("a"), None).await {
             Err(GatewayError::UpstreamRateLimited { retry_after_secs }) => {
                 assert!(retry_after_secs >= 2)
             }
@@ -349,7 +391,7 @@ mod tests {
         let flood: Vec<_> = (0..3).map(|_| queue(&s)).collect();
         tokio::task::yield_now().await;
         let started = Instant::now();
-        s.acquire("b", None).await.expect("served");
+        s.acquire(asker("b"), None).await.expect("served");
         let b_waited = started.elapsed();
         let flood_done = flood.iter().filter(|q| q.is_finished()).count();
         for q in flood {

@@ -49,6 +49,7 @@ use crate::proxy::context::Job;
 use crate::proxy::flight::Outcome;
 use crate::proxy::purchase::{self, Opened};
 use crate::route::Route;
+use crate::scheduler::Asker;
 use http::StatusCode;
 use std::collections::HashMap;
 use std::future::Future;
@@ -150,21 +151,21 @@ async fn drive(app: Arc<App>, batches: Batches, route: Route) {
         };
         // A place in the gate for each team waiting, none for a team gone.
         pending.retain(|name, turn| {
-            let waits = teams.iter().any(|t| t.name == *name);
+            let waits = teams.iter().any(|(t, _)| t.name == *name);
             if !waits {
                 turn.abort();
             }
             waits
         });
-        for team in teams {
+        for (team, bulk) in teams {
             if !pending.contains_key(&team.name) {
                 let app = app.clone();
                 let name = team.name.clone();
                 let turn = turns.spawn(async move {
-                    let turn = purchase::turn(&app, &name, None).await;
-                    (name, turn)
+                    let turn = purchase::turn(&app, Asker::of(&team, bulk), None).await;
+                    (team.name.clone(), turn)
                 });
-                pending.insert(team.name.clone(), turn);
+                pending.insert(name, turn);
             }
         }
         let done = tokio::select! {

@@ -204,13 +204,18 @@ impl Batches {
     /// The teams with ids waiting, each to take its own fair turn, and
     /// the earliest deadline of any buyer; `None` when nothing waits (the
     /// driver stops).
-    pub(super) fn teams(&self, route: Route) -> Option<(Vec<Arc<Team>>, Instant)> {
+    pub(super) fn teams(&self, route: Route) -> Option<(Vec<(Arc<Team>, bool)>, Instant)> {
         let mut queues = self.lock();
         let q = queues.get_mut(&route)?;
-        let teams: Vec<Arc<Team>> = q
+        // A team's turn is bulk when every id it has waiting is a bulk app's.
+        let teams: Vec<(Arc<Team>, bool)> = q
             .turn
             .iter()
-            .filter_map(|t| q.waiting.get(t)?.front().map(|b| b.stake.job.team.clone()))
+            .filter_map(|t| {
+                let line = q.waiting.get(t)?;
+                let bulk = line.iter().all(|b| b.stake.job.member.bulk);
+                line.front().map(|b| (b.stake.job.team.clone(), bulk))
+            })
             .collect();
         let earliest = q.waiting.values().flatten().map(|b| b.order.deadline).min();
         match earliest {

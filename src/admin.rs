@@ -11,6 +11,7 @@ use crate::http_util::{bytes_response, json_response, Body};
 use crate::ledger;
 use crate::metrics::LedgerOp;
 use crate::route::Route;
+use crate::scheduler::Asker;
 use http::header::AUTHORIZATION;
 use http::{Method, Request, Response, StatusCode};
 use serde_json::{json, Value};
@@ -231,14 +232,16 @@ async fn observe_budgets(app: &App) {
 /// calls waiting, the oldest wait and the wait a new call would meet (0
 /// and the idle prediction for a team with none waiting).
 fn observe_gate(app: &App) {
-    let pressure = app.scheduler.pressure();
-    for team in app.teams.load().iter() {
+    let teams = app.teams.load();
+    let weight_of = |name: &str| teams.by_name(name).map_or(1, |t| t.weight);
+    let pressure = app.scheduler.pressure(weight_of);
+    for team in teams.iter() {
         match pressure.iter().find(|(name, ..)| *name == team.name) {
             Some((_, waiting, oldest, predicted)) => {
                 app.metrics.gate_pressure(&team.name, *waiting, *oldest, *predicted);
             }
             None => {
-                let predicted = app.scheduler.predicted_wait(&team.name);
+                let predicted = app.scheduler.predicted_wait(Asker::of(team, false));
                 app.metrics
                     .gate_pressure(&team.name, 0, std::time::Duration::ZERO, predicted);
             }

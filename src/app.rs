@@ -11,7 +11,8 @@ use crate::ledger::{self, Ledger};
 use crate::metrics::Metrics;
 use crate::org::Org;
 use crate::redis_backend::{RedisBackend, Tls};
-use crate::scheduler::{self, Scheduler};
+use crate::scheduler::window::Limits;
+use crate::scheduler::Scheduler;
 use crate::shared_rate::SharedRate;
 use crate::upstream::Upstream;
 use std::path::PathBuf;
@@ -97,12 +98,10 @@ impl App {
                     metrics.clone(),
                 )?);
                 redis_sockets += redis.sockets();
-                let rpm = config.upstream.requests_per_minute;
                 Some(SharedRate::new(
                     redis,
                     &config.cache.redis_key_prefix,
-                    rpm,
-                    scheduler::burst(rpm),
+                    Limits::of(&config),
                 ))
             }
             None => None,
@@ -116,7 +115,7 @@ impl App {
             config.cache.disk_reserve_bytes,
         );
         let scheduler = Scheduler::start(
-            config.upstream.requests_per_minute,
+            Limits::of(&config),
             Duration::from_secs(config.upstream.max_queue_wait_secs),
             shared_rate,
             metrics.clone(),
@@ -235,19 +234,23 @@ impl App {
         let wait_fits = path <= self.config.quota.reservation_lease_secs
             && path.saturating_mul(1000) <= self.config.cache.coalesce_wait_ms;
         let rate_changed = changed.iter().any(|k| k == "upstream.requests_per_minute");
+        let burst_changed = changed.iter().any(|k| k == "upstream.burst");
         let wait_changed = changed.iter().any(|k| k == "upstream.max_queue_wait_secs");
-        if rate_changed || (wait_changed && wait_fits) {
+        // The reserve follows the number of teams, which a reload may change.
+        let limits_changed = Limits::of(new) != Limits::of(&self.config);
+        if limits_changed || (wait_changed && wait_fits) {
             let applied_wait = if wait_fits {
                 wait
             } else {
                 self.config.upstream.max_queue_wait_secs
             };
-            self.scheduler.set_limits(
-                new.upstream.requests_per_minute,
-                std::time::Duration::from_secs(applied_wait),
-            );
+            self.scheduler
+                .set_limits(Limits::of(new), std::time::Duration::from_secs(applied_wait));
             if rate_changed {
                 applied.push("upstream.requests_per_minute".into());
+            }
+            if burst_changed {
+                applied.push("upstream.burst".into());
             }
             if wait_changed && wait_fits {
                 applied.push("upstream.max_queue_wait_secs".into());

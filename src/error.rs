@@ -19,6 +19,28 @@ pub(crate) enum Fault {
     Internal,
 }
 
+/// Why a call was refused for the upstream's rate (429):
+/// `gateway_gate_refusals_total`'s `reason`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GateRefusal {
+    /// Refused on arrival: the wait predicted for it passed its deadline.
+    Predicted,
+    /// It waited until its deadline.
+    Deadline,
+    /// The upstream itself answered 429.
+    Upstream,
+}
+
+impl GateRefusal {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            GateRefusal::Predicted => "predicted",
+            GateRefusal::Deadline => "deadline",
+            GateRefusal::Upstream => "upstream_429",
+        }
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum GatewayError {
     /// Not under /v2/, or a path that leaves it.
@@ -44,8 +66,9 @@ pub enum GatewayError {
     ConflictingCredentials,
     /// The team's own request rate is exceeded.
     TeamRateLimited { retry_after_secs: u64 },
-    /// The shared upstream rate is exhausted for longer than a team may wait.
-    UpstreamRateLimited { retry_after_secs: u64 },
+    /// The shared upstream rate is exhausted for longer than a team may
+    /// wait: refused at the gate, or by the upstream itself.
+    UpstreamRateLimited { retry_after_secs: u64, why: GateRefusal },
     /// The team's credit budget cannot cover this call: it `needed` that
     /// many credits held (its worst case) and `remaining` were left.
     QuotaExceeded {
@@ -236,6 +259,7 @@ impl GatewayError {
                 let wait = crate::http_util::retry_after(headers, max_retry_after);
                 Some(GatewayError::UpstreamRateLimited {
                     retry_after_secs: wait.map_or(1, |d| d.as_secs()),
+                    why: GateRefusal::Upstream,
                 })
             }
             500..=599 => Some(GatewayError::UpstreamUnavailable),
@@ -345,7 +369,7 @@ impl GatewayError {
                 headers.insert(header::ALLOW, HeaderValue::from_static("GET, HEAD"));
             }
             GatewayError::TeamRateLimited { retry_after_secs }
-            | GatewayError::UpstreamRateLimited { retry_after_secs } => {
+            | GatewayError::UpstreamRateLimited { retry_after_secs, .. } => {
                 headers.insert(header::RETRY_AFTER, HeaderValue::from(retry_after_secs.max(1)));
             }
             GatewayError::AnswersBusy => {
@@ -398,7 +422,13 @@ mod tests {
             (ExpiredCredential, 401),
             (ConflictingCredentials, 401),
             (TeamRateLimited { retry_after_secs: 3 }, 429),
-            (UpstreamRateLimited { retry_after_secs: 3 }, 429),
+            (
+                UpstreamRateLimited {
+                    retry_after_secs: 3,
+                    why: GateRefusal::Predicted,
+                },
+                429,
+            ),
             (
                 QuotaExceeded {
                     limit: 5,
@@ -467,7 +497,10 @@ mod tests {
     async fn rate_limits_always_carry_retry_after() {
         for e in [
             GatewayError::TeamRateLimited { retry_after_secs: 0 },
-            GatewayError::UpstreamRateLimited { retry_after_secs: 7 },
+            GatewayError::UpstreamRateLimited {
+                retry_after_secs: 7,
+                why: GateRefusal::Deadline,
+            },
         ] {
             let resp = e.into_response();
             let ra: u64 = resp.headers()[header::RETRY_AFTER].to_str().unwrap().parse().unwrap();
@@ -493,7 +526,13 @@ mod tests {
         };
         assert_eq!(of(401), Some(GatewayError::UpstreamKeyRefused));
         assert_eq!(of(403), Some(GatewayError::UpstreamKeyRefused));
-        assert_eq!(of(429), Some(GatewayError::UpstreamRateLimited { retry_after_secs: 1 }));
+        assert_eq!(
+            of(429),
+            Some(GatewayError::UpstreamRateLimited {
+                retry_after_secs: 1,
+                why: GateRefusal::Upstream
+            })
+        );
         assert_eq!(of(503), Some(GatewayError::UpstreamUnavailable));
         for passed_on in [200, 402, 404, 422] {
             assert_eq!(of(passed_on), None, "{passed_on}");

@@ -1,7 +1,9 @@
-//! The upstream's rate limit shared by every replica through Redis: a GCRA
-//! (generic cell rate algorithm) state of one key, changed only by a Lua
-//! script on Redis's own clock, so replicas together stay under
-//! `upstream.requests_per_minute` whatever their clocks say. An upstream 429
+//! The upstream's rate limit shared by every replica through Redis: the
+//! window of the last 60 s of calls (a sorted set), the calls of each team
+//! in it, and the burst's GCRA (generic cell rate algorithm) state, changed
+//! only by a Lua script on Redis's own clock, so replicas together stay
+//! under `upstream.requests_per_minute` in any 60 s whatever their clocks
+//! say, by the rules of [`crate::scheduler::window`]. An upstream 429
 //! pauses every replica through a second key.
 //!
 //! The same script counts the replicas: each names itself (a random id made
@@ -18,6 +20,8 @@
 use crate::metrics::RedisOp;
 use crate::redis_backend::keys::Keys;
 use crate::redis_backend::{BackendError, RedisBackend};
+use crate::scheduler::window::{Held, Limits, Refused};
+use arc_swap::ArcSwap;
 use redis::Script;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -35,119 +39,182 @@ pub(crate) const HEARTBEAT: Duration = Duration::from_secs(30);
 /// could, which costs waits, not 429s.
 pub(crate) const SEEN_FOR: Duration = Duration::from_secs(120);
 
-/// `{wait, replicas}`: `wait` is `0` when a call may go now, else the
-/// milliseconds to wait; `replicas` the replicas seen within `ARGV[4]` ms,
-/// the caller included. With `ARGV[5] = 0` the caller only renews its
-/// membership (a heartbeat): no permit is taken and `wait` is 0.
+/// `{wait, replicas, free, held}`: `wait` is `0` when a call may go now
+/// (its place taken), else the milliseconds until asking again is worth
+/// it, and `held` why ([`Held`] as 1 to 4); `replicas` the replicas seen
+/// within `ARGV[6]` ms, the caller included; `free` the window's places
+/// left. With `ARGV[7] = 0` the caller only renews its membership (a
+/// heartbeat). The rules are [`crate::scheduler::window`]'s: the window of
+/// `ARGV[1]` calls in 60 s (a sorted set of the calls, scored by Redis's
+/// time), its last `ARGV[2]` places for an interactive call (`ARGV[9]` 0)
+/// of a team (`ARGV[8]`) under its share, then the burst's GCRA (`ARGV[3]`
+/// ms apart, `ARGV[4]` ms of tolerance; -1: no burst limit). `ARGV[10]`
+/// names the call in the sorted sets.
 const TAKE: &str = r#"
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local seen_for = tonumber(ARGV[4])
-redis.call('ZADD', KEYS[3], now, ARGV[3])
+local span = 60000
+local seen_for = tonumber(ARGV[6])
+redis.call('ZADD', KEYS[3], now, ARGV[5])
 redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', now - seen_for)
 redis.call('PEXPIRE', KEYS[3], seen_for)
 local replicas = redis.call('ZCARD', KEYS[3])
-if ARGV[5] == '0' then return {0, replicas} end
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now - span)
+local calls = tonumber(ARGV[1])
+local used = redis.call('ZCARD', KEYS[1])
+local free = calls - used
+if free < 0 then free = 0 end
+if ARGV[7] == '0' then return {0, replicas, free, 0} end
 local pause = redis.call('PTTL', KEYS[2])
-if pause > 0 then return {pause, replicas} end
-local interval = tonumber(ARGV[1])
-local tolerance = tonumber(ARGV[2])
-local tat = tonumber(redis.call('GET', KEYS[1]) or now)
-if tat < now then tat = now end
-local allow_at = tat - tolerance
-if now < allow_at then return {allow_at - now, replicas} end
-local new_tat = tat + interval
-redis.call('SET', KEYS[1], new_tat, 'PX', new_tat - now + tolerance + 1000)
-return {0, replicas}
+if pause > 0 then return {pause, replicas, free, 1} end
+local function frees(k)
+  local at = redis.call('ZRANGE', KEYS[1], k - 1, k - 1, 'WITHSCORES')
+  if at[2] == nil then return 1 end
+  return math.max(1, tonumber(at[2]) + span - now)
+end
+if free == 0 then return {frees(used - calls + 1), replicas, 0, 2} end
+local reserve = tonumber(ARGV[2])
+if free <= reserve then
+  local held = ARGV[9] == '1'
+  if not held then
+    redis.call('ZREMRANGEBYSCORE', KEYS[4], '-inf', now - span)
+    redis.call('ZREMRANGEBYSCORE', KEYS[5], '-inf', now - span)
+    local mine = redis.call('ZCARD', KEYS[5])
+    local others = redis.call('ZCARD', KEYS[4])
+    if mine > 0 then others = others - 1 end
+    held = mine * (others + 2) >= calls
+  end
+  if held then return {frees(used - (calls - reserve) + 1), replicas, free, 3} end
+end
+local tolerance = tonumber(ARGV[4])
+if tolerance >= 0 then
+  local interval = tonumber(ARGV[3])
+  local tat = tonumber(redis.call('GET', KEYS[6]) or now)
+  if tat < now then tat = now end
+  if now < tat - tolerance then return {tat - tolerance - now, replicas, free, 4} end
+  redis.call('SET', KEYS[6], tat + interval, 'PX', tat + interval - now + tolerance + 1000)
+end
+redis.call('ZADD', KEYS[1], now, ARGV[10])
+redis.call('PEXPIRE', KEYS[1], span + 1000)
+redis.call('ZADD', KEYS[5], now, ARGV[10])
+redis.call('PEXPIRE', KEYS[5], span + 1000)
+redis.call('ZADD', KEYS[4], now, ARGV[8])
+redis.call('PEXPIRE', KEYS[4], span + 1000)
+return {0, replicas, free - 1, 0}
 "#;
 
 /// What the script answered.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub(crate) struct Taken {
-    /// `ZERO` to go now, else how long to wait before asking again.
-    pub(crate) wait: Duration,
+    /// `Ok` to go now, else how long until asking again, and why.
+    pub(crate) permit: Result<(), Refused>,
     /// Replicas sharing the rate now, this one included (at least 1).
     pub(crate) replicas: u32,
+    /// The window's places left after this answer.
+    pub(crate) free: u32,
 }
 
 pub(crate) struct SharedRate {
     redis: Arc<RedisBackend>,
-    tat_key: String,
-    pause_key: String,
-    replicas_key: String,
+    keys: Keys,
     /// This replica's member of the replicas set: random, made once.
     id: String,
-    /// Set from `upstream.requests_per_minute` (a reload may change it).
-    interval_ms: AtomicU64,
-    tolerance_ms: AtomicU64,
+    /// Names each call this replica makes in the window's sorted sets.
+    next_call: AtomicU64,
+    /// The gate's numbers (a reload may change them).
+    limits: ArcSwap<Limits>,
     take: Script,
 }
 
-/// The script's pacing for a rate: one call per interval, `burst` back to back.
-fn pacing(requests_per_minute: u32, burst: u32) -> (u64, u64) {
-    let interval_ms = (60_000 / u64::from(requests_per_minute.max(1))).max(1);
-    (interval_ms, interval_ms * u64::from(burst.max(1) - 1))
+/// The burst's GCRA for the script: `(interval_ms, tolerance_ms)`, the
+/// tolerance -1 when the burst is the whole window (no GCRA).
+fn pacing(limits: Limits) -> (u64, i64) {
+    let interval_ms = (60_000 / u64::from(limits.calls.max(1))).max(1);
+    match limits.burst < limits.calls {
+        true => (interval_ms, (interval_ms * u64::from(limits.burst.max(1) - 1)) as i64),
+        false => (interval_ms, -1),
+    }
 }
 
 impl SharedRate {
-    /// `burst` calls may go back to back; then one per `60 s / rpm`.
-    pub(crate) fn new(redis: Arc<RedisBackend>, prefix: &str, requests_per_minute: u32, burst: u32) -> SharedRate {
-        let (interval_ms, tolerance_ms) = pacing(requests_per_minute, burst);
-        let keys = Keys::new(prefix);
+    pub(crate) fn new(redis: Arc<RedisBackend>, prefix: &str, limits: Limits) -> SharedRate {
         SharedRate {
             redis,
-            // One `{rate}` hash tag: the script's three keys share a Cluster slot.
-            tat_key: keys.rate(),
-            pause_key: keys.rate_pause(),
-            replicas_key: keys.rate_replicas(),
+            keys: Keys::new(prefix),
             // Per gateway, not per process: tests run several in one.
             id: format!("{:032x}", rand::random::<u128>()),
-            interval_ms: AtomicU64::new(interval_ms),
-            tolerance_ms: AtomicU64::new(tolerance_ms),
+            next_call: AtomicU64::new(0),
+            limits: ArcSwap::from_pointee(limits),
             take: Script::new(TAKE),
         }
     }
 
-    /// A reload's new rate, from the next permit on.
-    pub(crate) fn set_rate(&self, requests_per_minute: u32, burst: u32) {
-        let (interval_ms, tolerance_ms) = pacing(requests_per_minute, burst);
-        self.interval_ms.store(interval_ms, Ordering::Relaxed);
-        self.tolerance_ms.store(tolerance_ms, Ordering::Relaxed);
+    /// A reload's new numbers, from the next permit on.
+    pub(crate) fn set_limits(&self, limits: Limits) {
+        self.limits.store(Arc::new(limits));
     }
 
-    /// Takes one call's place (and renews this replica's membership).
-    pub(crate) async fn take(&self) -> Result<Taken, BackendError> {
-        self.run(true).await
+    /// Takes one call's place for `team` (and renews this replica's
+    /// membership).
+    pub(crate) async fn take(&self, team: &str, bulk: bool) -> Result<Taken, BackendError> {
+        self.run(Some((team, bulk))).await
     }
 
     /// Renews this replica's membership only: the replicas counted now.
     pub(crate) async fn join(&self) -> Result<u32, BackendError> {
-        Ok(self.run(false).await?.replicas)
+        Ok(self.run(None).await?.replicas)
     }
 
-    async fn run(&self, take: bool) -> Result<Taken, BackendError> {
+    async fn run(&self, call: Option<(&str, bool)>) -> Result<Taken, BackendError> {
+        let limits = **self.limits.load();
+        let (interval_ms, tolerance_ms) = pacing(limits);
+        let (team, bulk) = call.unwrap_or(("", false));
+        let n = self.next_call.fetch_add(1, Ordering::Relaxed);
         let mut inv = self.take.prepare_invoke();
-        inv.key(&self.tat_key)
-            .key(&self.pause_key)
-            .key(&self.replicas_key)
-            .arg(self.interval_ms.load(Ordering::Relaxed))
-            .arg(self.tolerance_ms.load(Ordering::Relaxed))
+        // One `{rate}` hash tag: the script's keys share a Cluster slot.
+        inv.key(self.keys.rate_window())
+            .key(self.keys.rate_pause())
+            .key(self.keys.rate_replicas())
+            .key(self.keys.rate_teams())
+            .key(self.keys.rate_team(team))
+            .key(self.keys.rate())
+            .arg(limits.calls)
+            .arg(limits.reserve)
+            .arg(interval_ms)
+            .arg(tolerance_ms)
             .arg(&self.id)
             .arg(SEEN_FOR.as_millis() as u64)
-            .arg(u8::from(take));
-        let (wait, replicas): (u64, u32) = self
+            .arg(u8::from(call.is_some()))
+            .arg(team)
+            .arg(u8::from(bulk))
+            .arg(format!("{}:{n}", self.id));
+        let (wait, replicas, free, held): (u64, u32, u32, u8) = self
             .redis
             .call(RedisOp::Rate, |mut c| async move { inv.invoke_async(&mut c).await })
             .await?;
+        let held = match held {
+            1 => Some(Held::Paused),
+            2 => Some(Held::Full),
+            3 => Some(Held::Reserve),
+            4 => Some(Held::Burst),
+            _ => None,
+        };
         Ok(Taken {
-            wait: Duration::from_millis(wait),
+            permit: match held {
+                None => Ok(()),
+                Some(held) => Err(Refused {
+                    wait: Duration::from_millis(wait.max(1)),
+                    held,
+                }),
+            },
             replicas: replicas.max(1),
+            free,
         })
     }
 
     /// An upstream 429: every replica holds off for `for_`.
     pub(crate) async fn pause(&self, for_: Duration) {
-        let key = self.pause_key.clone();
+        let key = self.keys.rate_pause();
         let ms = for_.as_millis().max(1) as u64;
         let _ = self
             .redis

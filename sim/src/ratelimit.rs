@@ -48,7 +48,10 @@ pub struct RateLimit {
 enum Limiter {
     Bucket(DefaultDirectRateLimiter),
     /// When each of the last `limit` calls was let through, oldest first.
-    Strict { limit: usize, calls: VecDeque<Instant> },
+    Strict {
+        limit: usize,
+        calls: VecDeque<Instant>,
+    },
 }
 
 impl RateLimit {

@@ -194,7 +194,7 @@ mod tests {
             credit_limit,
             requests_per_minute: None,
             clamp_to_budget: false,
-        weight: 1,
+            weight: 1,
         }
     }
 
@@ -246,7 +246,7 @@ mod tests {
             credit_limit: Some(10),
             requests_per_minute: None,
             clamp_to_budget: false,
-        weight: 1,
+            weight: 1,
         }]);
         let who = |token: &'static str| t.authenticate(&headers(&[("x-api-key", token)]));
         let (team, web) = who("tok-web").expect("web");
@@ -285,7 +285,7 @@ mod tests {
             credit_limit: None,
             requests_per_minute: None,
             clamp_to_budget: false,
-        weight: 1,
+            weight: 1,
         }]);
         assert_eq!(reloaded.by_name("growth").expect("growth").tenant, growth);
     }

@@ -251,6 +251,22 @@ impl Keys {
     pub(crate) fn rate_replicas(&self) -> String {
         format!("{}{{rate}}:upstream:replicas", self.prefix)
     }
+
+    /// The calls of the last 60 s (`shared_rate`): a sorted set scored by
+    /// Redis's time; `{rate}` as [`Keys::rate`].
+    pub(crate) fn rate_window(&self) -> String {
+        format!("{}{{rate}}:upstream:window", self.prefix)
+    }
+
+    /// The teams with calls in the window, scored by their last.
+    pub(crate) fn rate_teams(&self) -> String {
+        format!("{}{{rate}}:upstream:teams", self.prefix)
+    }
+
+    /// One team's calls in the window (a team name is `[a-z0-9_-]`).
+    pub(crate) fn rate_team(&self, team: &str) -> String {
+        format!("{}{{rate}}:upstream:team:{team}", self.prefix)
+    }
 }
 
 /// A record's cache key: its L1 key and its flight's key, and, hashed, the

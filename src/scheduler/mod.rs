@@ -1,37 +1,42 @@
 //! Fair sharing of the upstream's rate limit (docs/design.md §2, `fair_turn`).
 //!
-//! Every upstream call takes a permit from one governor limiter paced at
-//! `upstream.requests_per_minute`. When permits run short, calls queue per
-//! team and a dispatcher hands permits out round-robin across teams, so one
-//! team's flood waits behind itself, not in front of everyone. A call whose
-//! expected wait is longer than `upstream.max_queue_wait_secs` is refused at
-//! once with 429 and an honest `Retry-After`; the bound is also enforced: a
-//! call still waiting [`QUEUE_SLACK`] after it (a pause came meanwhile, or
-//! other teams joined the round) is refused the same way, so the wait a
-//! reservation covers is really bounded.
-//! An upstream 429 pauses the dispatcher for the upstream's `Retry-After`
-//! (clamped by the caller), and the dispatcher looks at the pause again
-//! after every permit it waited for. Cache hits never come here.
+//! The vendor allows `upstream.requests_per_minute` calls in any 60 s: the
+//! gate keeps that window ([`window`]: the whole of it usable at once
+//! unless `upstream.burst` says less, its last tenth kept for teams under
+//! their share), shared by every replica through Redis ([`pace`]).
 //!
-//! With Redis, permits come from [`SharedRate`] instead, so several replicas
-//! together stay under the one key's limit; the local limiter is then only
-//! the fallback for when Redis does not answer, and it paces at this
-//! replica's share: the whole rate divided by the replicas the shared rate
-//! last counted, so N replicas that lose Redis together still send about
-//! the limit, not N times it ([`pace`] says how, and what a replica that
-//! never reached Redis does).
+//! A call goes at once while its class has nobody waiting and the window
+//! has a place for it. Otherwise it waits in its team's line ([`lines`]):
+//! interactive lines before bulk ones (`class = "bulk"` takes only what
+//! the others leave), each class shared by the teams' `weight`s. A
+//! dispatcher hands each place the window frees to the first line in that
+//! order whose call may take it (a line held by the reserve lets the next
+//! one go).
+//!
+//! **Every wait has a deadline**: `upstream.max_queue_wait_secs`, or the
+//! client's shorter `Prefer: wait`. A call whose predicted wait (the pause
+//! left, then the window's log for the calls ahead of it) is longer is
+//! refused at once with 429 and that prediction as `Retry-After`
+//! (`predicted`); one still waiting [`QUEUE_SLACK`] past its bound (a pause
+//! came meanwhile) is refused the same way (`deadline`). A call whose
+//! request went away leaves its line and takes no place. An upstream 429
+//! pauses every call for the upstream's `Retry-After` (clamped by the
+//! caller). Cache hits never come here.
 
+mod lines;
 mod pace;
+pub(crate) mod window;
 
-use crate::error::GatewayError;
+use crate::error::{GateRefusal, GatewayError};
 use crate::metrics::Metrics;
 use crate::shared_rate::SharedRate;
+use lines::{Lines, Waiter};
 use pace::Pace;
-use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 use tokio::sync::{oneshot, Notify};
+use window::{Held, Limits};
 
 /// How much longer than `upstream.max_queue_wait_secs` an admitted call may
 /// wait before it is refused after all: the estimate at admission is a
@@ -39,6 +44,9 @@ use tokio::sync::{oneshot, Notify};
 /// refused for a few milliseconds of jitter. Part of the margin that
 /// `quota.reservation_lease_secs` keeps beyond the queue and the call.
 const QUEUE_SLACK: Duration = Duration::from_secs(1);
+
+/// The longest the dispatcher sleeps before it asks the window again.
+const LOOK_AGAIN: Duration = Duration::from_secs(1);
 
 /// Who asks the gate for a call: its team's line, the team's share
 /// (`weight`) and whether the call is bulk (`class = "bulk"`: it takes
@@ -61,21 +69,12 @@ impl<'a> Asker<'a> {
     }
 }
 
-#[derive(Default)]
-struct Queues {
-    /// Waiters per team, oldest first.
-    waiting: HashMap<String, VecDeque<(Instant, oneshot::Sender<()>)>>,
-    /// Teams with waiters, in round-robin order.
-    turn: VecDeque<String>,
-    len: usize,
-}
-
 pub(crate) struct Scheduler {
-    /// The permits: shared through Redis, or this replica's own.
+    /// The places in the window: shared through Redis, or this replica's own.
     pace: Arc<Pace>,
     /// `upstream.max_queue_wait_secs` in milliseconds (a reload may change it).
     max_wait_ms: AtomicU64,
-    queues: Mutex<Queues>,
+    lines: Mutex<Lines>,
     /// Until when an upstream 429 told us to hold off.
     paused_until: Mutex<Option<Instant>>,
     /// Wakes the dispatcher when a call queues. `notify_one` keeps a permit
@@ -87,15 +86,15 @@ pub(crate) struct Scheduler {
 impl Scheduler {
     /// Builds the scheduler and starts its dispatcher task.
     pub(crate) fn start(
-        requests_per_minute: u32,
+        limits: Limits,
         max_wait: Duration,
         shared: Option<SharedRate>,
         metrics: Arc<Metrics>,
     ) -> Arc<Scheduler> {
         let scheduler = Arc::new(Scheduler {
-            pace: Pace::start(requests_per_minute, shared, metrics.clone()),
+            pace: Pace::start(limits, shared, metrics.clone()),
             max_wait_ms: AtomicU64::new(max_wait.as_millis() as u64),
-            queues: Mutex::default(),
+            lines: Mutex::default(),
             paused_until: Mutex::new(None),
             wake: Arc::new(Notify::new()),
             metrics,
@@ -108,15 +107,16 @@ impl Scheduler {
         Duration::from_millis(self.max_wait_ms.load(Ordering::Relaxed))
     }
 
-    /// A reload's `upstream.requests_per_minute` and
-    /// `upstream.max_queue_wait_secs`, applied to the calls from now on.
-    pub(crate) fn set_limits(&self, requests_per_minute: u32, max_wait: Duration) {
-        self.pace.set_rate(requests_per_minute);
+    /// A reload's numbers (`upstream.requests_per_minute`, `burst`, the
+    /// teams) and `upstream.max_queue_wait_secs`, for the calls from now on.
+    pub(crate) fn set_limits(&self, limits: Limits, max_wait: Duration) {
+        self.pace.set_limits(limits);
         self.max_wait_ms.store(max_wait.as_millis() as u64, Ordering::Relaxed);
+        self.wake.notify_one();
     }
 
-    fn queues(&self) -> std::sync::MutexGuard<'_, Queues> {
-        self.queues.lock().unwrap_or_else(|p| p.into_inner())
+    fn lines(&self) -> std::sync::MutexGuard<'_, Lines> {
+        self.lines.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     fn pause_left(&self) -> Duration {
@@ -138,41 +138,40 @@ impl Scheduler {
         self.pace.pause_shared(for_).await;
     }
 
-    /// Waits for this team's turn at the upstream, or refuses at once when
-    /// the wait would pass the bound: `upstream.max_queue_wait_secs`, or
-    /// `wait` when the client asked for a shorter one (`Prefer: wait`).
+    /// Waits for `asker`'s turn at the upstream, or refuses at once when
+    /// the predicted wait passes the bound: `upstream.max_queue_wait_secs`,
+    /// or `wait` when the client asked for a shorter one (`Prefer: wait`).
     pub(crate) async fn acquire(&self, asker: Asker<'_>, wait: Option<Duration>) -> Result<(), GatewayError> {
-        let team = asker.team;
         let started = Instant::now();
         let bound = wait.map_or(self.max_wait(), |w| w.min(self.max_wait()));
-        let idle = self.queues().len == 0 && self.pause_left().is_zero();
-        if idle && self.pace.try_permit().await {
+        let first = !self.lines().any_ahead(asker) && self.pause_left().is_zero();
+        if first && self.pace.take(asker.team, asker.bulk).await.is_ok() {
             self.metrics.upstream_queue_wait_seconds.observe(0.0);
             return Ok(());
         }
         let rx = {
-            let mut q = self.queues();
-            let expected = self.expected_wait(&q, team);
+            let mut lines = self.lines();
+            let expected = self.expected_wait(&lines, asker);
             if expected > bound {
                 return Err(GatewayError::UpstreamRateLimited {
                     retry_after_secs: expected.as_secs_f64().ceil() as u64,
+                    why: GateRefusal::Predicted,
                 });
             }
             let (tx, rx) = oneshot::channel();
-            if !q.waiting.contains_key(team) {
-                q.turn.push_back(team.to_string());
-            }
-            q.waiting
-                .entry(team.to_string())
-                .or_default()
-                .push_back((Instant::now(), tx));
-            q.len += 1;
-            self.metrics.upstream_queue_depth.set(q.len as i64);
+            lines.push(
+                asker,
+                Waiter {
+                    since: Instant::now(),
+                    tx,
+                },
+            );
+            self.metrics.upstream_queue_depth.set(lines.len() as i64);
             rx
         };
         self.wake.notify_one();
-        // Dropping `rx` on timeout takes us out of the queue: the dispatcher
-        // hands that permit to the next waiter.
+        // Dropping `rx` on timeout takes us out of the line: the dispatcher
+        // hands that place to the next call.
         let granted = tokio::time::timeout(bound + QUEUE_SLACK, rx).await;
         self.metrics
             .upstream_queue_wait_seconds
@@ -183,37 +182,46 @@ impl Scheduler {
             Err(_) => {
                 // It waited the whole bound: come back after more than it,
                 // or after what is ahead of a new call now, if longer.
-                let ahead = self.expected_wait(&self.queues(), team);
+                let ahead = self.expected_wait(&self.lines(), asker);
                 let secs = ahead.max(bound).as_secs_f64().ceil() as u64;
                 Err(GatewayError::UpstreamRateLimited {
                     retry_after_secs: secs.saturating_add(1),
+                    why: GateRefusal::Deadline,
                 })
             }
         }
     }
 
     /// The pressure at the gate, per team with calls waiting: how many,
-    /// how long the oldest has waited, and the wait a new call of the team
-    /// can expect now (the Envoy overload manager's idea: what a team
-    /// would meet, before it meets it).
-    pub(crate) fn pressure(&self) -> Vec<(String, usize, Duration, Duration)> {
-        let q = self.queues();
-        let now = Instant::now();
-        q.waiting
-            .iter()
-            .map(|(team, line)| {
-                let oldest = line
-                    .front()
-                    .map_or(Duration::ZERO, |(since, _)| now.saturating_duration_since(*since));
-                (team.clone(), line.len(), oldest, self.expected_wait(&q, team))
+    /// how long the oldest has waited, and the wait a new (interactive)
+    /// call of the team can expect now (the Envoy overload manager's idea:
+    /// what a team would meet, before it meets it).
+    pub(crate) fn pressure(&self, weight_of: impl Fn(&str) -> u32) -> Vec<(String, usize, Duration, Duration)> {
+        let lines = self.lines();
+        lines
+            .per_team(Instant::now())
+            .into_iter()
+            .map(|(team, (waiting, oldest))| {
+                let asker = Asker {
+                    team,
+                    weight: weight_of(team),
+                    bulk: false,
+                };
+                (team.to_string(), waiting, oldest, self.expected_wait(&lines, asker))
             })
             .collect()
+    }
+
+    /// The wait a new call of `asker` can expect now (a `Retry-After`).
+    pub(crate) fn predicted_wait(&self, asker: Asker<'_>) -> Duration {
+        self.expected_wait(&self.lines(), asker)
     }
 
     /// Whether calls are scarce now: less than half the window is free (a
     /// batch then gathers ids rather than leave at once).
     pub(crate) fn scarce(&self) -> bool {
-        self.queues().len > 0
+        let (free, calls) = self.pace.free();
+        free.saturating_mul(2) < calls
     }
 
     /// The time between calls at the steady rate: `60 s /
@@ -222,79 +230,58 @@ impl Scheduler {
         Duration::from_secs_f64(1.0 / self.pace.per_sec())
     }
 
-    /// The wait a new call of `team` can expect now (a `Retry-After`).
-    pub(crate) fn predicted_wait(&self, team: &str) -> Duration {
-        self.expected_wait(&self.queues(), team)
+    /// The wait a new call of `asker` can expect: the pause left, then the
+    /// window's places for the calls ahead of it and its own.
+    fn expected_wait(&self, lines: &Lines, asker: Asker<'_>) -> Duration {
+        self.pause_left() + self.pace.wait_for(lines.ahead(asker) + 1, asker.bulk)
     }
 
-    /// The wait a new call of `team` can expect: the pause left, then one
-    /// call of every other waiting team per place ahead of it in its own
-    /// queue (round-robin).
-    fn expected_wait(&self, q: &Queues, team: &str) -> Duration {
-        let ours = q.waiting.get(team).map_or(0, VecDeque::len) as f64 + 1.0;
-        let teams = q.turn.len() as f64 + if q.waiting.contains_key(team) { 0.0 } else { 1.0 };
-        self.pause_left() + Duration::from_secs_f64(ours * teams / self.pace.per_sec())
-    }
-
-    /// The next waiter in round-robin order, if any.
-    fn next_waiter(&self) -> Option<oneshot::Sender<()>> {
-        let mut q = self.queues();
-        while let Some(team) = q.turn.pop_front() {
-            let Some(list) = q.waiting.get_mut(&team) else {
-                continue;
-            };
-            let waiter = list.pop_front();
-            if list.is_empty() {
-                q.waiting.remove(&team);
-            } else {
-                q.turn.push_back(team);
-            }
-            if let Some((_, w)) = waiter {
-                q.len -= 1;
-                self.metrics.upstream_queue_depth.set(q.len as i64);
-                return Some(w);
+    /// Hands one place of the window to the first line whose call may take
+    /// it; `None` when one went, else how long until asking again.
+    async fn give(&self) -> Option<Duration> {
+        let order = self.lines().order();
+        let mut soonest = LOOK_AGAIN;
+        for key in &order {
+            match self.pace.take(&key.team, key.bulk).await {
+                Ok(()) => {
+                    let mut lines = self.lines();
+                    // Nobody took it (all left meanwhile): it is spent.
+                    lines.grant(&order, key);
+                    self.metrics.upstream_queue_depth.set(lines.len() as i64);
+                    return None;
+                }
+                // Held by the reserve: the next line may be under its share.
+                Err(refused) if refused.held == Held::Reserve => soonest = soonest.min(refused.wait),
+                Err(refused) => return Some(soonest.min(refused.wait)),
             }
         }
-        None
+        Some(soonest)
     }
 }
 
-/// Calls that may go back to back: a tenth of a minute's worth, smooth
-/// enough for the upstream's window, roomy enough that a quiet gateway adds
-/// no wait.
-pub(crate) fn burst(requests_per_minute: u32) -> u32 {
-    (requests_per_minute / 10).max(1)
-}
-
-/// Hands out one permit per limiter token to the next waiter. Exits when the
-/// scheduler is gone.
+/// Hands out the window's places to the waiting calls while the
+/// scheduler lives.
 async fn dispatch(scheduler: Weak<Scheduler>) {
     loop {
         let Some(s) = scheduler.upgrade() else { return };
-        if s.queues().len == 0 {
-            let wake = s.wake.clone();
+        let wake = s.wake.clone();
+        if s.lines().len() == 0 {
             // Hold no strong reference while idle, so the scheduler can drop.
             drop(s);
             wake.notified().await;
             continue;
         }
         let pause = s.pause_left();
-        if !pause.is_zero() {
-            tokio::time::sleep(pause).await;
-            continue;
-        }
-        s.pace.next_permit().await;
-        // A pause may have come while we waited for the permit: honour it
-        // before anyone calls.
-        let pause = s.pause_left();
-        if !pause.is_zero() {
-            tokio::time::sleep(pause).await;
-        }
-        // A waiter that gave up (its request was cancelled) does not use
-        // the token: the next one gets it.
-        while let Some(waiter) = s.next_waiter() {
-            if waiter.send(()).is_ok() {
-                break;
+        let next = match pause.is_zero() {
+            true => s.give().await,
+            false => Some(pause),
+        };
+        drop(s);
+        if let Some(wait) = next {
+            // A new call (perhaps of a team the reserve is for) looks again.
+            tokio::select! {
+                () = tokio::time::sleep(wait) => {}
+                () = wake.notified() => {}
             }
         }
     }
@@ -312,10 +299,15 @@ mod tests {
         }
     }
 
-    /// A scheduler of 60 calls a minute whose burst of 6 (a tenth of a
-    /// minute) is used up: the next call waits about a second.
+    /// A scheduler of 60 calls a minute whose burst of 6 is used up: the
+    /// next call waits about a second.
     async fn busy(max_wait: Duration) -> Arc<Scheduler> {
-        let s = Scheduler::start(60, max_wait, None, Arc::new(Metrics::new()));
+        let limits = Limits {
+            calls: 60,
+            burst: 6,
+            reserve: 0,
+        };
+        let s = Scheduler::start(limits, max_wait, None, Arc::new(Metrics::new()));
         for _ in 0..6 {
             s.acquire(asker("a"), None).await.expect("within burst");
         }
@@ -337,8 +329,9 @@ mod tests {
         let second = queue(&s);
         tokio::task::yield_now().await;
         match s.acquire(asker("a"), None).await {
-            Err(GatewayError::UpstreamRateLimited { retry_after_secs }) => {
-                assert!(retry_after_secs >= 2)
+            Err(GatewayError::UpstreamRateLimited { retry_after_secs, why }) => {
+                assert!(retry_after_secs >= 2);
+                assert_eq!(why, GateRefusal::Predicted);
             }
             other => panic!("expected 429, got {other:?}"),
         }

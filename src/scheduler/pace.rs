@@ -1,84 +1,66 @@
 //! Where the scheduler's permits come from: the [`SharedRate`] while Redis
-//! answers, else a local governor limiter paced at this replica's share of
-//! `upstream.requests_per_minute`.
+//! answers, else this replica's own [`Window`] at its share of the limits.
 //!
-//! The share is the whole rate (and burst) divided by the replicas the
-//! shared rate last counted, each at least 1, so N replicas that lose Redis
-//! together still send about the limit, not N times it. Without Redis, and
-//! in a replica that never reached it (started while it was down, so it
-//! cannot know its peers), the share is the whole rate. When Redis answers
-//! again its shared state rules again, and its count sets the next share.
-//! A replica that makes no upstream call stays counted by a heartbeat.
+//! The share is every number of [`Limits`] divided by the replicas the
+//! shared rate last counted, so N replicas that lose Redis together still
+//! send about the limit, not N times it. Without Redis, and in a replica
+//! that never reached it (started while it was down, so it cannot know its
+//! peers), the share is the whole. When Redis answers again its shared
+//! state rules again, and its count sets the next share. A replica that
+//! makes no upstream call stays counted by a heartbeat.
 
+use super::window::{Limits, Refused, Window};
 use crate::metrics::Metrics;
 use crate::shared_rate::{SharedRate, HEARTBEAT};
-use arc_swap::ArcSwap;
-use governor::{DefaultDirectRateLimiter, Quota};
-use std::num::NonZeroU32;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
-use std::sync::{Arc, Weak};
-use std::time::Duration;
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::time::{Duration, Instant};
 
-/// The local limiter at one share of the upstream rate. A governor quota
-/// is fixed when the limiter is built, so a new share is a new `Local`.
-struct Local {
-    /// Replicas the share is for; 0 before the shared rate ever answered
-    /// (or without Redis): the whole rate.
-    replicas: u32,
-    limiter: DefaultDirectRateLimiter,
-    per_sec: f64,
-}
-
-impl Local {
-    fn new(requests_per_minute: u32, replicas: u32) -> Local {
-        let (rpm, burst) = share(requests_per_minute, replicas);
-        // `share` never answers 0.
-        let rpm = NonZeroU32::new(rpm).unwrap_or(NonZeroU32::MIN);
-        let burst = NonZeroU32::new(burst).unwrap_or(NonZeroU32::MIN);
-        Local {
-            replicas,
-            limiter: DefaultDirectRateLimiter::direct(Quota::per_minute(rpm).allow_burst(burst)),
-            per_sec: f64::from(rpm.get()) / 60.0,
-        }
-    }
-}
-
-/// One replica's share of `requests_per_minute` and of its
-/// [`super::burst`] when `replicas` share them (0: unknown, the whole of
-/// each), each at least 1.
-fn share(requests_per_minute: u32, replicas: u32) -> (u32, u32) {
-    let n = replicas.max(1);
-    (
-        (requests_per_minute / n).max(1),
-        (super::burst(requests_per_minute) / n).max(1),
-    )
+/// What the last shared answer said of the window, for estimates between
+/// permits (the shared window's log stays in Redis).
+#[derive(Debug, Clone, Copy)]
+struct Seen {
+    free: u32,
+    /// The window was full (or the burst spent) until then.
+    blocked_until: Option<Instant>,
 }
 
 pub(super) struct Pace {
-    /// `upstream.requests_per_minute`, which a reload may change.
-    requests_per_minute: AtomicU32,
-    /// Paces this replica alone: without Redis, or while it fails. Swapped,
-    /// not locked, when the shared rate counts another number of replicas
-    /// (the permit path reads it; a count changes rarely).
-    local: ArcSwap<Local>,
+    /// The whole gate's numbers, which a reload may change.
+    limits: Mutex<Limits>,
+    /// Replicas the local share is for; 0 before the shared rate ever
+    /// answered (or without Redis): the whole.
+    replicas: AtomicU32,
+    /// Paces this replica alone: without Redis, or while it fails.
+    local: Mutex<Window>,
     /// The rate shared with other replicas, when Redis is configured.
     shared: Option<SharedRate>,
     /// True from a failed shared call to the next answer: `local` paces,
     /// and the queue's estimates use its share.
     alone: AtomicBool,
+    seen: Mutex<Seen>,
     metrics: Arc<Metrics>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 impl Pace {
     /// With a shared rate, also starts the heartbeat that keeps this
     /// replica counted.
-    pub(super) fn start(requests_per_minute: u32, shared: Option<SharedRate>, metrics: Arc<Metrics>) -> Arc<Pace> {
+    pub(super) fn start(limits: Limits, shared: Option<SharedRate>, metrics: Arc<Metrics>) -> Arc<Pace> {
         let heartbeat = shared.is_some();
         let pace = Arc::new(Pace {
-            requests_per_minute: AtomicU32::new(requests_per_minute),
-            local: ArcSwap::from_pointee(Local::new(requests_per_minute, 0)),
+            limits: Mutex::new(limits),
+            replicas: AtomicU32::new(0),
+            local: Mutex::new(Window::new(limits)),
             shared,
             alone: AtomicBool::new(false),
+            seen: Mutex::new(Seen {
+                free: limits.calls,
+                blocked_until: None,
+            }),
             metrics,
         });
         if heartbeat {
@@ -87,45 +69,76 @@ impl Pace {
         pace
     }
 
+    fn limits(&self) -> Limits {
+        *lock(&self.limits)
+    }
+
+    /// Whether this replica paces by its own window now.
+    fn local_paces(&self) -> bool {
+        self.shared.is_none() || self.alone.load(Ordering::Relaxed)
+    }
+
     /// Calls a second the queue can expect now: the whole rate while it is
     /// shared (or there is no Redis), this replica's share while alone.
     pub(super) fn per_sec(&self) -> f64 {
-        match self.alone.load(Ordering::Relaxed) {
-            true => self.local.load().per_sec,
-            false => f64::from(self.rate().max(1)) / 60.0,
+        match self.local_paces() {
+            true => lock(&self.local).limits().per_sec(),
+            false => self.limits().per_sec(),
         }
     }
 
-    /// A permit right now, if one is free.
-    pub(super) async fn try_permit(&self) -> bool {
-        match &self.shared {
-            Some(shared) => match shared.take().await {
-                Ok(taken) => {
-                    self.counted(taken.replicas);
-                    taken.wait.is_zero()
-                }
-                Err(_) => self.local_after_failure().limiter.check().is_ok(),
-            },
-            None => self.local.load().limiter.check().is_ok(),
+    /// The window's places free now, and its size (what this replica
+    /// last saw of the shared one).
+    pub(super) fn free(&self) -> (u32, u32) {
+        if self.local_paces() {
+            let mut w = lock(&self.local);
+            return (w.free(Instant::now()), w.limits().calls);
         }
+        (lock(&self.seen).free, self.limits().calls)
     }
 
-    /// Waits for the next permit.
-    pub(super) async fn next_permit(&self) {
+    /// How long until `n` more calls could go: the estimate behind a
+    /// predicted wait.
+    pub(super) fn wait_for(&self, n: usize, bulk: bool) -> Duration {
+        let now = Instant::now();
+        if self.local_paces() {
+            return lock(&self.local).wait_for(now, n, bulk);
+        }
+        let limits = self.limits();
+        let seen = *lock(&self.seen);
+        let free = match bulk {
+            true => seen.free.saturating_sub(limits.reserve),
+            false => seen.free,
+        } as usize;
+        if n <= free {
+            return Duration::ZERO;
+        }
+        let blocked = seen
+            .blocked_until
+            .map_or(Duration::ZERO, |u| u.saturating_duration_since(now));
+        blocked + Duration::from_secs_f64((n - free - 1) as f64 / limits.per_sec())
+    }
+
+    /// A place in the window for a call of `team` now, or how long until
+    /// asking again is worth it, and why not.
+    pub(super) async fn take(&self, team: &str, bulk: bool) -> Result<(), Refused> {
         let Some(shared) = &self.shared else {
-            return self.local.load_full().limiter.until_ready().await;
+            return lock(&self.local).take(Instant::now(), team, bulk);
         };
-        loop {
-            match shared.take().await {
-                Ok(taken) => {
-                    self.counted(taken.replicas);
-                    if taken.wait.is_zero() {
-                        return;
-                    }
-                    tokio::time::sleep(taken.wait.min(Duration::from_secs(1))).await;
-                }
-                // Redis gone: pace this replica at its share until it is back.
-                Err(_) => return self.local_after_failure().limiter.until_ready().await,
+        match shared.take(team, bulk).await {
+            Ok(taken) => {
+                self.counted(taken.replicas);
+                let blocked_until = taken.permit.err().map(|r| Instant::now() + r.wait);
+                *lock(&self.seen) = Seen {
+                    free: taken.free,
+                    blocked_until,
+                };
+                taken.permit
+            }
+            // Redis gone: pace this replica at its share until it is back.
+            Err(_) => {
+                self.alone.store(true, Ordering::Relaxed);
+                lock(&self.local).take(Instant::now(), team, bulk)
             }
         }
     }
@@ -142,33 +155,20 @@ impl Pace {
     fn counted(&self, replicas: u32) {
         self.alone.store(false, Ordering::Relaxed);
         self.metrics.upstream_rate_replicas.set(i64::from(replicas));
-        if self.local.load().replicas != replicas {
-            self.local.store(Arc::new(Local::new(self.rate(), replicas)));
+        if self.replicas.swap(replicas, Ordering::Relaxed) != replicas {
+            lock(&self.local).set_limits(self.limits().share(replicas));
         }
     }
 
-    fn rate(&self) -> u32 {
-        self.requests_per_minute.load(Ordering::Relaxed)
-    }
-
-    /// A reload's new `upstream.requests_per_minute`: the local limiter at
-    /// the new share at once, and the shared rate's interval from its next
-    /// permit on.
-    pub(super) fn set_rate(&self, requests_per_minute: u32) {
-        if self.requests_per_minute.swap(requests_per_minute, Ordering::Relaxed) == requests_per_minute {
-            return;
-        }
-        let replicas = self.local.load().replicas;
-        self.local.store(Arc::new(Local::new(requests_per_minute, replicas)));
+    /// A reload's new numbers: the local window at the new share at once,
+    /// and the shared rate's from its next permit on.
+    pub(super) fn set_limits(&self, limits: Limits) {
+        *lock(&self.limits) = limits;
+        let replicas = self.replicas.load(Ordering::Relaxed);
+        lock(&self.local).set_limits(limits.share(replicas));
         if let Some(shared) = &self.shared {
-            shared.set_rate(requests_per_minute, super::burst(requests_per_minute));
+            shared.set_limits(limits);
         }
-    }
-
-    /// The shared rate failed: this replica paces alone, at its share.
-    fn local_after_failure(&self) -> Arc<Local> {
-        self.alone.store(true, Ordering::Relaxed);
-        self.local.load_full()
     }
 }
 
@@ -195,29 +195,23 @@ async fn stay_counted(pace: Weak<Pace>) {
 mod tests {
     use super::*;
 
-    #[test]
-    fn a_replica_s_share_divides_the_rate_and_the_burst_by_the_replicas_counted() {
-        assert_eq!(share(120, 0), (120, 12), "never counted: the whole rate");
-        assert_eq!(share(120, 1), (120, 12));
-        assert_eq!(share(120, 2), (60, 6));
-        assert_eq!(share(120, 7), (17, 1), "the burst is at least 1");
-        assert_eq!(share(5, 10), (1, 1), "at least 1 a minute");
-    }
-
     #[tokio::test]
-    async fn a_replica_counted_as_one_of_two_paces_at_half_the_rate_alone() {
-        let free_now = |p: &Pace| (0..100).take_while(|_| p.local.load().limiter.check().is_ok()).count();
-        let p = Pace::start(120, None, Arc::new(Metrics::new()));
-        assert_eq!(free_now(&p), 12, "the whole burst before any count");
+    async fn a_replica_counted_as_one_of_two_paces_at_half_the_window_alone() {
+        let limits = Limits {
+            calls: 120,
+            burst: 120,
+            reserve: 12,
+        };
+        let p = Pace::start(limits, None, Arc::new(Metrics::new()));
+        assert_eq!(p.free(), (120, 120), "the whole window before any count");
         p.counted(2);
-        assert_eq!(free_now(&p), 6, "half the burst, on a new limiter");
-        assert!((p.local.load().per_sec - 1.0).abs() < 1e-9, "60 a minute");
+        assert_eq!(p.free(), (60, 60), "half the window");
+        assert!((p.per_sec() - 1.0).abs() < 1e-9, "60 a minute");
+        for _ in 0..60 {
+            p.take("a", false).await.ok();
+        }
         p.counted(2);
-        assert_eq!(free_now(&p), 0, "the same count keeps the limiter and what it spent");
+        assert_eq!(p.free().0, 6, "the same count keeps what was spent");
         assert_eq!(p.metrics.upstream_rate_replicas.get(), 2);
-        p.local_after_failure();
-        assert!((p.per_sec() - 1.0).abs() < 1e-9, "alone, the queue expects the share");
-        p.counted(2);
-        assert!((p.per_sec() - 2.0).abs() < 1e-9, "shared again: the whole rate");
     }
 }

@@ -88,7 +88,7 @@ fn team_config((name, token): Team) -> TeamConfig {
         credit_limit: None,
         requests_per_minute: None,
         clamp_to_budget: false,
-    weight: 1,
+        weight: 1,
     }
 }
 

@@ -207,12 +207,14 @@ async fn drive(app: Arc<App>, batches: Batches, route: Route) {
 async fn withdraw(app: &App, route: Route, gone: Vec<(Buyer, Left)>) {
     for (buyer, why) in gone {
         app.metrics.upstream_withdrawn(route, why.as_str());
-        let team = buyer.stake.job.team.name.clone();
+        let team = buyer.stake.job.team.clone();
+        let bulk = buyer.stake.job.member.bulk;
         buyer.stake.release(app).await;
         if why == Left::Deadline {
-            let wait = app.scheduler.predicted_wait(&team);
+            let wait = app.scheduler.predicted_wait(Asker::of(&team, bulk));
             let refused = GatewayError::UpstreamRateLimited {
                 retry_after_secs: wait.as_secs_f64().ceil().max(1.0) as u64,
+                why: crate::error::GateRefusal::Deadline,
             };
             let _ = buyer.order.done.send(Share::failed(buyer.order.wanted.len(), refused));
         }

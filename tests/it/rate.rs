@@ -20,6 +20,7 @@ async fn a_flooding_team_does_not_starve_an_occasional_one() {
     let gw = Setup::new()
         .with(|c| {
             c.upstream.requests_per_minute = 60;
+            c.upstream.burst = Some(6);
             c.upstream.max_queue_wait_secs = 4;
         })
         .start(&sim)
@@ -99,6 +100,7 @@ async fn replicas_on_one_redis_share_the_upstream_rate() {
     let sim = start_sim(unlimited()).await;
     let setup = Setup::new().redis(&redis.url()).with(|c| {
         c.upstream.requests_per_minute = 120;
+        c.upstream.burst = Some(12);
         c.upstream.max_queue_wait_secs = 2;
         // A healthy Redis is this test's premise: on a loaded machine a
         // permit's script can pass the 100 ms default, and three failed
@@ -116,6 +118,7 @@ async fn replicas_on_one_redis_share_the_upstream_rate() {
 fn rate_replica(redis: &RedisServer, requests_per_minute: u32) -> Setup {
     Setup::new().cache_redis(&redis.url()).with(move |c| {
         c.upstream.requests_per_minute = requests_per_minute;
+        c.upstream.burst = Some(requests_per_minute / 10);
         c.upstream.max_queue_wait_secs = 2;
         c.cache.redis_timeout_ms = 3000;
     })
@@ -261,7 +264,10 @@ async fn only_429s_that_reach_the_client_are_counted_as_rate_limited() {
 async fn prefer_wait_is_refused_at_once_when_the_predicted_wait_is_longer() {
     let sim = start_sim(unlimited()).await;
     let gw = Setup::new()
-        .with(|c| c.upstream.requests_per_minute = 60)
+        .with(|c| {
+            c.upstream.requests_per_minute = 60;
+            c.upstream.burst = Some(6);
+        })
         .start(&sim)
         .await;
     let (alpha, beta) = (Client::new(gw.base_url(), ALPHA.1), Client::new(gw.base_url(), BETA.1));
@@ -309,7 +315,10 @@ async fn misses_whose_clients_left_while_queued_cost_no_call() {
     let sim = start_sim(unlimited()).await;
     let gw = Setup::new()
         .credit_limit(BETA, 1_000)
-        .with(|c| c.upstream.requests_per_minute = 60)
+        .with(|c| {
+            c.upstream.requests_per_minute = 60;
+            c.upstream.burst = Some(6);
+        })
         .start(&sim)
         .await;
     let s = sim.samples();

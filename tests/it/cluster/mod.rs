@@ -198,6 +198,7 @@ async fn three_replicas_on_a_cluster_share_the_upstream_rate() {
     let sim = start_sim(unlimited()).await;
     let setup = on_cluster(&cluster).with(|c| {
         c.upstream.requests_per_minute = 120;
+        c.upstream.burst = Some(12);
         c.upstream.max_queue_wait_secs = 2;
         // A healthy Redis is this test's premise: on a loaded machine a
         // permit's script can pass the 100 ms default, and three failed

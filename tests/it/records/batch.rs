@@ -463,6 +463,7 @@ async fn ids_in_a_batch_queue_are_answered_or_refused_within_their_deadline() {
     let gw = Setup::new()
         .with(|c| {
             c.upstream.requests_per_minute = 60;
+            c.upstream.burst = Some(6);
             c.upstream.max_queue_wait_secs = 2;
             c.upstream.batch_window_ms = 300;
             c.server.team_max_in_flight = 400;
@@ -534,6 +535,7 @@ async fn lookups_whose_clients_left_cost_no_call() {
         .credit_limit(SMALL, 1_000)
         .with(|c| {
             c.upstream.requests_per_minute = 12;
+            c.upstream.burst = Some(1);
             c.upstream.batch_window_ms = 50;
         })
         .start(&sim)
@@ -580,6 +582,7 @@ async fn a_light_teams_lookup_takes_its_own_turn_not_the_floods() {
     let gw = Setup::new()
         .with(|c| {
             c.upstream.requests_per_minute = 60;
+            c.upstream.burst = Some(6);
             c.upstream.batch_window_ms = 20;
             c.server.team_max_in_flight = 400;
         })

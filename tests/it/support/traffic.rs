@@ -105,7 +105,7 @@ pub async fn assert_replicas_share_the_upstream_rate(
     token: &str,
     requests_per_minute: u32,
 ) {
-    // `scheduler::burst`: a tenth of a minute's worth, at least 1.
+    // The replicas' `upstream.burst`: a tenth of a minute's worth.
     let burst = f64::from((requests_per_minute / 10).max(1));
     let per_sec = f64::from(requests_per_minute) / 60.0;
     let before = sim.stats().requests_total as f64;

@@ -32,7 +32,7 @@ pub enum GateRefusal {
 }
 
 impl GateRefusal {
-    pub fn as_str(self) -> &'static str {
+    pub const fn as_str(self) -> &'static str {
         match self {
             GateRefusal::Predicted => "predicted",
             GateRefusal::Deadline => "deadline",

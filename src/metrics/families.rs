@@ -72,6 +72,7 @@ pub(super) struct Requests {
     pub(super) request_duration_seconds: HistogramVec,
     pub(super) coalesced_requests_total: IntCounterVec,
     pub(super) rate_limited_total: IntCounterVec,
+    pub(super) gate_refusals_total: IntCounterVec,
     pub(super) quota_rejections_total: IntCounterVec,
     /// Requests with a token within 7 days of its `not_after`: by team and
     /// member (`app`, whose names come from the config; a series only for
@@ -105,6 +106,12 @@ impl Requests {
                 "gateway_rate_limited_total",
                 "Requests refused with 429.",
                 &["team", "scope"],
+            ),
+            gate_refusals_total: counter(
+                r,
+                "gateway_gate_refusals_total",
+                "Requests refused 429 for the upstream's rate, by reason: predicted (on arrival, the wait predicted for it passed its deadline), deadline (it waited until its deadline), upstream_429 (the upstream itself answered 429).",
+                &["team", "reason"],
             ),
             quota_rejections_total: counter(
                 r,

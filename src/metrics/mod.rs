@@ -222,6 +222,12 @@ pub mod labels {
     ];
     /// `scope` of `gateway_rate_limited_total`: every [`Scope`].
     pub(super) const SCOPES: [&str; 2] = [Scope::Team.as_str(), Scope::Upstream.as_str()];
+    /// `reason` of `gateway_gate_refusals_total`: every [`GateRefusal`].
+    pub(super) const GATE_REFUSALS: [crate::error::GateRefusal; 3] = [
+        crate::error::GateRefusal::Predicted,
+        crate::error::GateRefusal::Deadline,
+        crate::error::GateRefusal::Upstream,
+    ];
     /// `op` of `gateway_backend_errors_total{backend="ledger"}`: every [`LedgerOp`].
     pub(super) const LEDGER_OPS: [&str; 3] = [
         LedgerOp::Reserve.as_str(),
@@ -298,6 +304,11 @@ impl Metrics {
             }
             for scope in SCOPES {
                 self.requests.rate_limited_total.with_label_values(&[team, scope]);
+            }
+            for reason in GATE_REFUSALS {
+                self.requests
+                    .gate_refusals_total
+                    .with_label_values(&[team, reason.as_str()]);
             }
             self.requests.quota_rejections_total.with_label_values(&[team]);
             self.credits.upstream_exhausted_total.with_label_values(&[team]);

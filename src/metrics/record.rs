@@ -322,6 +322,14 @@ impl Metrics {
             .inc();
     }
 
+    /// A request refused 429 for the upstream's rate, by why.
+    pub(crate) fn gate_refused(&self, team: &str, why: crate::error::GateRefusal) {
+        self.requests
+            .gate_refusals_total
+            .with_label_values(&[team, why.as_str()])
+            .inc();
+    }
+
     /// A request refused with 402 by the team's budget.
     pub(crate) fn quota_rejection(&self, team: &str) {
         self.requests.quota_rejections_total.with_label_values(&[team]).inc();

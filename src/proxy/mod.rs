@@ -114,7 +114,10 @@ fn rescue(app: &App, ctx: &mut RequestContext, e: GatewayError) -> Response<Body
         let team = team.name.as_str();
         match e {
             GatewayError::TeamRateLimited { .. } => app.metrics.rate_limited(team, Scope::Team),
-            GatewayError::UpstreamRateLimited { .. } => app.metrics.rate_limited(team, Scope::Upstream),
+            GatewayError::UpstreamRateLimited { why, .. } => {
+                app.metrics.rate_limited(team, Scope::Upstream);
+                app.metrics.gate_refused(team, why);
+            }
             GatewayError::QuotaExceeded { .. } => app.metrics.quota_rejection(team),
             _ => {}
         }

@@ -233,7 +233,7 @@ impl Scheduler {
     /// The wait a new call of `asker` can expect: the pause left, then the
     /// window's places for the calls ahead of it and its own.
     fn expected_wait(&self, lines: &Lines, asker: Asker<'_>) -> Duration {
-        self.pause_left() + self.pace.wait_for(lines.ahead(asker) + 1, asker.bulk)
+        self.pause_left() + self.pace.wait_for(lines.ahead(asker) + 1, asker.team, asker.bulk)
     }
 
     /// Hands one place of the window to the first line whose call may take

@@ -9,9 +9,10 @@
 //! state rules again, and its count sets the next share. A replica that
 //! makes no upstream call stays counted by a heartbeat.
 
-use super::window::{Limits, Refused, Window};
+use super::window::{Held, Limits, Refused, Window};
 use crate::metrics::Metrics;
 use crate::shared_rate::{SharedRate, HEARTBEAT};
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::{Duration, Instant};
@@ -39,6 +40,9 @@ pub(super) struct Pace {
     /// and the queue's estimates use its share.
     alone: AtomicBool,
     seen: Mutex<Seen>,
+    /// Teams the shared window's reserve held back lately, until when:
+    /// their estimates leave the reserve out.
+    reserve_held: Mutex<HashMap<String, Instant>>,
     metrics: Arc<Metrics>,
 }
 
@@ -61,6 +65,7 @@ impl Pace {
                 free: limits.calls,
                 blocked_until: None,
             }),
+            reserve_held: Mutex::default(),
             metrics,
         });
         if heartbeat {
@@ -99,14 +104,15 @@ impl Pace {
 
     /// How long until `n` more calls could go: the estimate behind a
     /// predicted wait.
-    pub(super) fn wait_for(&self, n: usize, bulk: bool) -> Duration {
+    pub(super) fn wait_for(&self, n: usize, team: &str, bulk: bool) -> Duration {
         let now = Instant::now();
         if self.local_paces() {
-            return lock(&self.local).wait_for(now, n, bulk);
+            return lock(&self.local).wait_for(now, n, team, bulk);
         }
         let limits = self.limits();
         let seen = *lock(&self.seen);
-        let free = match bulk {
+        let held = bulk || lock(&self.reserve_held).get(team).is_some_and(|until| *until > now);
+        let free = match held {
             true => seen.free.saturating_sub(limits.reserve),
             false => seen.free,
         } as usize;
@@ -128,11 +134,21 @@ impl Pace {
         match shared.take(team, bulk).await {
             Ok(taken) => {
                 self.counted(taken.replicas);
-                let blocked_until = taken.permit.err().map(|r| Instant::now() + r.wait);
+                let now = Instant::now();
+                let blocked_until = taken.permit.err().map(|r| now + r.wait);
                 *lock(&self.seen) = Seen {
                     free: taken.free,
                     blocked_until,
                 };
+                let mut reserve = lock(&self.reserve_held);
+                reserve.retain(|_, until| *until > now);
+                if let Err(Refused {
+                    wait,
+                    held: Held::Reserve,
+                }) = taken.permit
+                {
+                    reserve.insert(team.to_string(), now + wait);
+                }
                 taken.permit
             }
             // Redis gone: pace this replica at its share until it is back.

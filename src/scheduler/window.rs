@@ -201,20 +201,19 @@ impl Window {
         mine.saturating_mul(others + 2) < self.limits.calls
     }
 
-    /// How long until `n` more calls could go (the reserve counted for
-    /// interactive calls only): the estimate behind a predicted wait. The
+    /// How long until `n` more calls of `team` could go (the reserve
+    /// counted only when it is theirs): the estimate behind a predicted wait. The
     /// window's part is read from its log; the burst's (governor keeps its
     /// state to itself) from the calls of the last burst's span.
-    pub(crate) fn wait_for(&mut self, now: Instant, n: usize, bulk: bool) -> Duration {
-        self.in_window(now, n, bulk).max(self.in_burst(now, n))
+    pub(crate) fn wait_for(&mut self, now: Instant, n: usize, team: &str, bulk: bool) -> Duration {
+        self.in_window(now, n, team, bulk).max(self.in_burst(now, n))
     }
 
-    fn in_window(&mut self, now: Instant, n: usize, bulk: bool) -> Duration {
+    fn in_window(&mut self, now: Instant, n: usize, team: &str, bulk: bool) -> Duration {
         let free = self.free(now) as usize;
-        let usable = if bulk {
-            free.saturating_sub(self.limits.reserve as usize)
-        } else {
-            free
+        let usable = match self.may_use_reserve(team, bulk) {
+            true => free,
+            false => free.saturating_sub(self.limits.reserve as usize),
         };
         if n <= usable {
             return Duration::ZERO;
@@ -327,10 +326,10 @@ mod tests {
             w.take(t0 + Duration::from_secs(s * 10), "a", false).unwrap();
         }
         let now = t0 + Duration::from_secs(30);
-        assert_eq!(w.wait_for(now, 1, false), Duration::from_secs(30));
-        assert_eq!(w.wait_for(now, 2, false), Duration::from_secs(40));
+        assert_eq!(w.wait_for(now, 1, "a", false), Duration::from_secs(30));
+        assert_eq!(w.wait_for(now, 2, "a", false), Duration::from_secs(40));
         // Past the log: the steady pace (15 s a call) after its last.
-        assert_eq!(w.wait_for(now, 5, false), Duration::from_secs(75));
+        assert_eq!(w.wait_for(now, 5, "a", false), Duration::from_secs(75));
     }
 
     #[test]

@@ -13,6 +13,7 @@ mod docs;
 mod faults;
 mod first_scrape;
 mod front_door;
+mod gate;
 mod harness;
 mod hostile;
 mod load;

@@ -1,0 +1,203 @@
+//! Issue 58, the rate gate at saturation, against the simulator's strict
+//! reading of the vendor's limit (at most N calls in any 60 s): the whole
+//! window usable at once from idle, a tenth kept for teams that were not
+//! waiting, bulk apps behind interactive ones, refusals at once when the
+//! predicted wait passes the deadline, and all of it across replicas.
+
+use crate::support::client::Client;
+use crate::support::gateway::{app_token, Setup, ALPHA, BATCH, BETA, WEB};
+use crate::support::probe::scrape;
+use crate::support::query::Query;
+use crate::support::redis::RedisServer;
+use crate::support::sim::{start_sim, Sim};
+use http::StatusCode;
+use permit_api_sim::ratelimit::Window;
+use permit_api_sim::SimConfig;
+use permit_gateway::config::AppClass;
+use permit_gateway::Running;
+use std::time::{Duration, Instant};
+
+/// The simulator at `rpm` calls in any 60 s (strict), 100–300 ms a call.
+async fn strict_sim(rpm: u32) -> Sim {
+    start_sim(SimConfig {
+        requests_per_minute: rpm,
+        rate_window: Window::Strict,
+        latency_ms: 100,
+        latency_jitter_ms: 200,
+        credit_limit: None,
+        ..SimConfig::default()
+    })
+    .await
+}
+
+/// `n` distinct one-record searches at once, from `from` on (their
+/// statuses, and when each answer came after the start).
+async fn searches_at_once(
+    sim: &Sim,
+    bases: &[String],
+    token: &str,
+    from: u32,
+    n: u32,
+) -> Vec<(StatusCode, Duration, Option<u64>)> {
+    let s = sim.samples();
+    let started = Instant::now();
+    let calls: Vec<_> = (from..from + n)
+        .map(|i| {
+            let call = Client::new(&bases[i as usize % bases.len()], token)
+                .get(Query::distinct(&s, i).size(1))
+                .spawn();
+            tokio::spawn(async move {
+                let r = call.await.expect("request task");
+                (r.status, started.elapsed(), r.header_u64("retry-after"))
+            })
+        })
+        .collect();
+    let mut out = Vec::new();
+    for c in calls {
+        out.push(c.await.expect("task"));
+    }
+    out
+}
+
+fn rate_limited_by_sim(sim: &Sim) -> u64 {
+    sim.stats().by_status.get(&429).copied().unwrap_or(0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forty_distinct_searches_on_an_idle_gateway_are_all_answered_within_two_seconds() {
+    let sim = strict_sim(120).await;
+    let gw = Setup::new().start(&sim).await;
+    let answers = searches_at_once(&sim, &[gw.base_url()], ALPHA.1, 0, 40).await;
+    for (status, took, _) in &answers {
+        assert_eq!(*status, StatusCode::OK);
+        assert!(*took < Duration::from_secs(2), "answered after {took:?}");
+    }
+    assert_eq!(sim.stats().requests_total, 40, "one call each");
+    assert_eq!(rate_limited_by_sim(&sim), 0, "the vendor's window was never passed");
+}
+
+/// The window is 20 calls; two teams are configured, so its last 2 are
+/// kept for a team under its share. Alpha's flood of 30 takes 18, and the
+/// rest are refused at once (the window frees in a minute, past the 10 s
+/// deadline), with that prediction as `Retry-After`; beta, which was not
+/// waiting, is answered at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flood_cannot_lock_a_team_that_was_not_waiting_out_of_the_window() {
+    let sim = strict_sim(20).await;
+    let gw = Setup::new()
+        .with(|c| c.upstream.requests_per_minute = 20)
+        .start(&sim)
+        .await;
+    let flood = searches_at_once(&sim, &[gw.base_url()], ALPHA.1, 0, 30).await;
+    let answered = flood.iter().filter(|(s, ..)| *s == StatusCode::OK).count();
+    assert_eq!(answered, 18, "the window less its reserve");
+    for (status, took, retry_after) in flood.iter().filter(|(s, ..)| *s != StatusCode::OK) {
+        assert_eq!(*status, StatusCode::TOO_MANY_REQUESTS);
+        assert!(*took < Duration::from_millis(1_500), "refused after {took:?}");
+        let retry_after = retry_after.expect("Retry-After");
+        assert!(retry_after > 10, "the window frees in a minute: {retry_after}");
+    }
+    let started = Instant::now();
+    let light = searches_at_once(&sim, &[gw.base_url()], BETA.1, 100, 2).await;
+    assert!(light.iter().all(|(s, ..)| *s == StatusCode::OK), "{light:?}");
+    assert!(started.elapsed() < Duration::from_secs(1), "{:?}", started.elapsed());
+    assert_eq!(sim.stats().requests_total, 20);
+    assert_eq!(rate_limited_by_sim(&sim), 0);
+    let m = scrape(&gw.admin_url()).await;
+    let refused = m.sum(
+        "gateway_gate_refusals_total",
+        &[("team", "alpha"), ("reason", "predicted")],
+    );
+    assert_eq!(refused, 12.0, "each refusal counted by its reason");
+}
+
+/// Alpha's app `batch` is `class = "bulk"`. Its calls queue at one a
+/// second; beta's interactive calls, queued after them, go first.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bulk_calls_take_only_what_interactive_calls_leave() {
+    let sim = strict_sim(0).await;
+    let gw = Setup::new()
+        .team(ALPHA, |t| {
+            let mut bulk = app_token(BATCH);
+            bulk.class = AppClass::Bulk;
+            t.tokens = vec![app_token(WEB), bulk];
+        })
+        .with(|c| {
+            c.upstream.requests_per_minute = 60;
+            c.upstream.burst = Some(1);
+            c.upstream.max_queue_wait_secs = 10;
+        })
+        .start(&sim)
+        .await;
+    let s = sim.samples();
+    let bulk: Vec<_> = (0..5)
+        .map(|i| {
+            Client::new(gw.base_url(), BATCH.1)
+                .get(Query::distinct(&s, i).size(1))
+                .request_id(&format!("bulk-{i}"))
+                .spawn()
+        })
+        .collect();
+    crate::support::wait::eventually("the bulk calls queued", Duration::from_secs(10), || async {
+        (scrape(&gw.admin_url()).await.sum("gateway_upstream_queue_depth", &[]) >= 3.0).then_some(())
+    })
+    .await;
+    let interactive: Vec<_> = (0..3)
+        .map(|i| {
+            Client::new(gw.base_url(), BETA.1)
+                .get(Query::distinct(&s, 50 + i).size(1))
+                .request_id(&format!("web-{i}"))
+                .spawn()
+        })
+        .collect();
+    for call in interactive.into_iter().chain(bulk) {
+        assert_eq!(call.await.expect("request").status, StatusCode::OK);
+    }
+    let order: Vec<String> = sim.log().into_iter().filter_map(|e| e.request_id).collect();
+    let last_interactive = order
+        .iter()
+        .rposition(|id| id.starts_with("web-"))
+        .expect("beta's calls");
+    let bulk_after = order[last_interactive..]
+        .iter()
+        .filter(|id| id.starts_with("bulk-"))
+        .count();
+    assert!(
+        bulk_after >= 3,
+        "bulk calls queued before beta's went after them: {order:?}"
+    );
+}
+
+/// Three replicas on one Redis share one window of 30 calls: a flood of 45
+/// spread over them sends 27 (the reserve kept), the rest refused at once;
+/// beta is then answered by any replica; the vendor never says 429.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_replicas_share_one_window_and_refuse_what_it_cannot_hold_at_once() {
+    let redis = RedisServer::start();
+    let sim = strict_sim(30).await;
+    let setup = Setup::new().redis(&redis.url()).with(|c| {
+        c.upstream.requests_per_minute = 30;
+        c.cache.redis_timeout_ms = 3000;
+    });
+    let gws: Vec<Running> = futures_replicas(&setup, &sim, 3).await;
+    let bases: Vec<String> = gws.iter().map(Running::base_url).collect();
+    let flood = searches_at_once(&sim, &bases, ALPHA.1, 0, 45).await;
+    let answered = flood.iter().filter(|(s, ..)| *s == StatusCode::OK).count();
+    assert_eq!(answered, 27, "one window less its reserve, for all replicas");
+    for (status, took, _) in flood.iter().filter(|(s, ..)| *s != StatusCode::OK) {
+        assert_eq!(*status, StatusCode::TOO_MANY_REQUESTS);
+        assert!(*took < Duration::from_secs(2), "refused after {took:?}");
+    }
+    let light = searches_at_once(&sim, &bases, BETA.1, 100, 3).await;
+    assert!(light.iter().all(|(s, ..)| *s == StatusCode::OK), "{light:?}");
+    assert_eq!(sim.stats().requests_total, 30);
+    assert_eq!(rate_limited_by_sim(&sim), 0);
+}
+
+async fn futures_replicas(setup: &Setup, sim: &Sim, n: usize) -> Vec<Running> {
+    let mut gws = Vec::new();
+    for _ in 0..n {
+        gws.push(setup.start(sim).await);
+    }
+    gws
+}

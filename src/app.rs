@@ -13,7 +13,7 @@ use crate::org::Org;
 use crate::redis_backend::{RedisBackend, Tls};
 use crate::scheduler::window::Limits;
 use crate::scheduler::Scheduler;
-use crate::shared_rate::SharedRate;
+use crate::scheduler::SharedRate;
 use crate::upstream::Upstream;
 use std::path::PathBuf;
 use std::sync::Arc;

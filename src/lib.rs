@@ -58,7 +58,7 @@
 //!
 //! Internal to the crate:
 //! - `scheduler`: fair sharing of the upstream rate limit across teams.
-//! - `shared_rate`: the upstream rate shared by replicas through Redis, and
+//! - `scheduler::shared`: the upstream rate shared by replicas through Redis, and
 //!   the count of replicas that sets each one's share when Redis fails.
 //! - `org`: the org's upstream credits, and pausing when they run out.
 //! - `upstream`: the pooled rustls client with retries and deadlines.
@@ -121,7 +121,6 @@ pub mod redis_backend;
 pub mod route;
 mod scheduler;
 pub mod server;
-mod shared_rate;
 pub mod telemetry;
 mod upstream;
 mod volume;

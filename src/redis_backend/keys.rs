@@ -30,7 +30,7 @@
 //! [`PurgesKey`] the purges' tokens. Its [`Keys`] method is the only way to
 //! build one, so its bytes are formatted here alone. The ledger's and the
 //! shared rate's keys stay strings: the Lua scripts that own them
-//! (`ledger::redis::scripts`, `shared_rate`) read and write their values,
+//! (`ledger::redis::scripts`, `scheduler::shared`) read and write their values,
 //! one key holding a different kind of value from another.
 
 use crate::route::Route;
@@ -234,7 +234,7 @@ impl Keys {
         format!("{}l:{{{team}}}:{}", self.prefix, key.suffix())
     }
 
-    /// The shared upstream rate's GCRA state (`shared_rate`).
+    /// The shared upstream rate's GCRA state (`scheduler::shared`).
     pub(crate) fn rate(&self) -> String {
         format!("{}{{rate}}:upstream", self.prefix)
     }
@@ -245,14 +245,14 @@ impl Keys {
         format!("{}{{rate}}:upstream:pause", self.prefix)
     }
 
-    /// The replicas sharing the rate (`shared_rate`): a sorted set of
+    /// The replicas sharing the rate (`scheduler::shared`): a sorted set of
     /// replica ids scored by when Redis last saw each; `{rate}` as
     /// [`Keys::rate`]: the rate script counts them as it takes a permit.
     pub(crate) fn rate_replicas(&self) -> String {
         format!("{}{{rate}}:upstream:replicas", self.prefix)
     }
 
-    /// The calls of the last 60 s (`shared_rate`): a sorted set scored by
+    /// The calls of the last 60 s (`scheduler::shared`): a sorted set scored by
     /// Redis's time; `{rate}` as [`Keys::rate`].
     pub(crate) fn rate_window(&self) -> String {
         format!("{}{{rate}}:upstream:window", self.prefix)

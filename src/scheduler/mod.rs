@@ -25,11 +25,13 @@
 
 mod lines;
 mod pace;
+mod shared;
 pub(crate) mod window;
+
+pub(crate) use shared::SharedRate;
 
 use crate::error::{GateRefusal, GatewayError};
 use crate::metrics::Metrics;
-use crate::shared_rate::SharedRate;
 use lines::{Lines, Waiter};
 use pace::Pace;
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -9,9 +9,9 @@
 //! state rules again, and its count sets the next share. A replica that
 //! makes no upstream call stays counted by a heartbeat.
 
+use super::shared::{SharedRate, HEARTBEAT};
 use super::window::{Held, Limits, Refused, Window};
 use crate::metrics::Metrics;
-use crate::shared_rate::{SharedRate, HEARTBEAT};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};

@@ -2,7 +2,7 @@
 //! `upstream.requests_per_minute` calls in **any** 60 s (a sliding window),
 //! so after a burst of 120 the next call waits until the first of them is
 //! 60 s old. [`Window`] keeps that log for one replica (without Redis, or
-//! while Redis fails); [`crate::shared_rate`] keeps the same rules in Redis
+//! while Redis fails); [`super::shared`] keeps the same rules in Redis
 //! for all replicas. Both answer the same way ([`Held`]).
 //!
 //! Three rules, in this order:

@@ -17,10 +17,10 @@
 //! share: the whole rate divided by the replicas last counted, so the
 //! replicas together still stay under the limit while Redis is away.
 
+use super::window::{Held, Limits, Refused};
 use crate::metrics::RedisOp;
 use crate::redis_backend::keys::Keys;
 use crate::redis_backend::{BackendError, RedisBackend};
-use crate::scheduler::window::{Held, Limits, Refused};
 use arc_swap::ArcSwap;
 use redis::Script;
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -201,3 +201,42 @@ async fn futures_replicas(setup: &Setup, sim: &Sim, n: usize) -> Vec<Running> {
     }
     gws
 }
+
+/// The vendor's 429 with `Retry-After: 2` pauses the gate: a call in the
+/// next 2 s is refused at once without reaching the upstream (its
+/// `Retry-After` the pause left), and the first call after it goes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_vendors_429_pauses_the_gate_for_its_retry_after() {
+    use crate::support::sim::{FaultKind, Faults};
+    let sim = strict_sim(0).await;
+    let gw = Setup::new()
+        .with(|c| {
+            c.upstream.max_retries = 0;
+            c.upstream.max_queue_wait_secs = 1;
+        })
+        .start(&sim)
+        .await;
+    let (alpha, s) = (Client::new(gw.base_url(), ALPHA.1), sim.samples());
+    sim.set_faults(Faults {
+        kind: FaultKind::Status,
+        status: Some(429),
+        retry_after_secs: Some(2),
+        count: Some(1),
+        ..Faults::default()
+    });
+    let paused_at = Instant::now();
+    let refused = alpha.get(Query::distinct(&s, 1).size(1)).await;
+    assert_eq!(refused.status, StatusCode::TOO_MANY_REQUESTS, "{}", refused.text());
+    assert_eq!(refused.header_u64("retry-after"), Some(2), "the vendor's own");
+    let calls = sim.stats().requests_total;
+    let held = alpha.get(Query::distinct(&s, 2).size(1)).await;
+    assert_eq!(held.status, StatusCode::TOO_MANY_REQUESTS, "{}", held.text());
+    assert!(held.header_u64("retry-after").is_some_and(|r| (1..=2).contains(&r)));
+    assert_eq!(sim.stats().requests_total, calls, "nothing sent while paused");
+    let after = crate::support::wait::eventually("the pause ends", Duration::from_secs(5), || async {
+        let r = alpha.get(Query::distinct(&s, 3).size(1)).await;
+        (r.status == StatusCode::OK).then_some(paused_at.elapsed())
+    })
+    .await;
+    assert!(after >= Duration::from_secs(2), "the gate opened after {after:?}");
+}

@@ -253,6 +253,13 @@ async fn only_429s_that_reach_the_client_are_counted_as_rate_limited() {
     let refused = alpha.get(search(3)).request_id("q").await;
     assert_eq!(refused.status, StatusCode::TOO_MANY_REQUESTS, "{}", refused.text());
     assert_eq!(limited().await, 2.0, "the queue's refusal, passed on");
+    let m = scrape(&gw.admin_url()).await;
+    let why = |reason| m.sum("gateway_gate_refusals_total", &[("team", ALPHA.0), ("reason", reason)]);
+    assert_eq!(
+        (why("upstream_429"), why("predicted"), why("deadline")),
+        (1.0, 1.0, 0.0),
+        "each refusal by its reason"
+    );
 }
 
 /// Issue 58: `Prefer: wait=N` (RFC 7240) bounds a request's wait at the

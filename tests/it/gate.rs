@@ -66,7 +66,10 @@ fn rate_limited_by_sim(sim: &Sim) -> u64 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn forty_distinct_searches_on_an_idle_gateway_are_all_answered_within_two_seconds() {
     let sim = strict_sim(120).await;
-    let gw = Setup::new().start(&sim).await;
+    let gw = Setup::new()
+        .with(|c| c.upstream.requests_per_minute = 120)
+        .start(&sim)
+        .await;
     let answers = searches_at_once(&sim, &[gw.base_url()], ALPHA.1, 0, 40).await;
     for (status, took, _) in &answers {
         assert_eq!(*status, StatusCode::OK);
@@ -239,4 +242,113 @@ async fn the_vendors_429_pauses_the_gate_for_its_retry_after() {
     })
     .await;
     assert!(after >= Duration::from_secs(2), "the gate opened after {after:?}");
+}
+
+/// What one request of a load met: its team, its status, and when its
+/// answer came after it was due.
+struct Met {
+    trickle: bool,
+    search: bool,
+    status: StatusCode,
+    took: Duration,
+}
+
+/// The saturation case: alpha floods 50-id lookups and size=100
+/// searches at 20× the upstream's rate (40 a second) for 8 s; beta
+/// trickles a lookup a second and a search every 5 s beside it. Every
+/// trickle request is answered, p95 within 1.5 s of when it was due; every
+/// flood request has its final status within the deadline and a second;
+/// the vendor's strict window never refuses; the ledger equals the bill.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_trickle_beside_a_flood_at_twenty_times_the_rate_is_answered_within_a_second_and_a_half() {
+    let sim = strict_sim(120).await;
+    let gw = Setup::new()
+        .with(|c| {
+            c.upstream.requests_per_minute = 120;
+            c.server.team_max_in_flight = 1_000;
+        })
+        .start(&sim)
+        .await;
+    let s = sim.samples();
+    let started = tokio::time::Instant::now();
+    let mut tasks = Vec::new();
+    // 40 flood requests a second, a trickle lookup each second and a
+    // trickle search each 5 s: one schedule on a 25 ms tick.
+    let mut tick = tokio::time::interval(Duration::from_millis(25));
+    for i in 0..320u32 {
+        tick.tick().await;
+        let mut due: Vec<(bool, bool, Query)> = Vec::new();
+        due.push(match i % 2 {
+            0 => (
+                false,
+                false,
+                Query::permits_by_id(&(0..50).map(|k| format!("f{i:07}{k:02}")).collect::<Vec<_>>()),
+            ),
+            _ => (false, true, Query::distinct(&s, i).size(100)),
+        });
+        if i % 40 == 0 {
+            due.push((true, false, Query::permits_by_id(&[format!("t{i:07}")])));
+        }
+        if i % 200 == 0 {
+            due.push((true, true, Query::distinct(&s, 10_000 + i).size(10)));
+        }
+        for (trickle, search, query) in due {
+            let token = if trickle { BETA.1 } else { ALPHA.1 };
+            let call = Client::new(gw.base_url(), token).get(query).spawn();
+            let at = tokio::time::Instant::now();
+            tasks.push(tokio::spawn(async move {
+                let r = call.await.expect("answered, no connection reset");
+                Met {
+                    trickle,
+                    search,
+                    status: r.status,
+                    took: at.elapsed(),
+                }
+            }));
+        }
+    }
+    let mut met = Vec::new();
+    for t in tasks {
+        met.push(t.await.expect("task"));
+    }
+    let mut trickle: Vec<Duration> = met.iter().filter(|m| m.trickle).map(|m| m.took).collect();
+    trickle.sort();
+    let p95 = trickle[(trickle.len() * 95).div_ceil(100) - 1];
+    let flood_late = met
+        .iter()
+        .filter(|m| !m.trickle)
+        .map(|m| m.took)
+        .max()
+        .unwrap_or_default();
+    let answered = met.iter().filter(|m| !m.trickle && m.status == StatusCode::OK).count();
+    eprintln!(
+        "trickle: {} answered, p95 {p95:?}, max {:?}; flood: {answered} of {} answered, slowest final status {flood_late:?}; {:?} calls in {:?}",
+        trickle.len(),
+        trickle.last(),
+        met.iter().filter(|m| !m.trickle).count(),
+        (sim.stats().by_status, sim.stats().by_path),
+        started.elapsed()
+    );
+    for m in met.iter().filter(|m| m.trickle) {
+        assert_eq!(
+            m.status,
+            StatusCode::OK,
+            "a trickle {} was refused",
+            if m.search { "search" } else { "lookup" }
+        );
+    }
+    assert!(p95 <= Duration::from_millis(1_500), "trickle p95 {p95:?}");
+    for m in met.iter().filter(|m| !m.trickle) {
+        assert!(matches!(m.status.as_u16(), 200 | 429), "{}", m.status);
+    }
+    assert!(
+        flood_late <= Duration::from_secs(11),
+        "a flood request open {flood_late:?}"
+    );
+    assert!(answered > 0, "the flood had its share");
+    assert_eq!(rate_limited_by_sim(&sim), 0, "the vendor's window was never passed");
+    let billed = sim.stats().credits_total;
+    let charged = crate::support::traffic::ledger_used(&gw.admin_url(), ALPHA.0).await
+        + crate::support::traffic::ledger_used(&gw.admin_url(), BETA.0).await;
+    assert_eq!(charged, billed, "ledger = bill");
 }

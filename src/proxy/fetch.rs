@@ -225,6 +225,10 @@ fn cached(entry: &Entry) -> Fetched {
     }
 }
 
+/// How often a miss waiting for its turn looks whether anyone still waits
+/// for it.
+const LOOK_FOR_CLIENT: Duration = Duration::from_millis(100);
+
 /// The miss's purchase (`purchase`): one stake, one call; the answer
 /// stored, a refusal kept. No call starts for nobody: when no client waits
 /// any more (the request hung up while it waited for its lease or its
@@ -238,7 +242,22 @@ async fn fetch_upstream(app: &Arc<App>, job: &Job, waited: &(dyn Fn() -> bool + 
         Opened::Staked(stake) => *stake,
         Opened::OrgExhausted(refusal) => return Ok(refusal),
     };
-    if let Err(e) = purchase::turn(app, Asker::of(&job.team, job.member.bulk), job.wait).await {
+    let turn = purchase::turn(app, Asker::of(&job.team, job.member.bulk), job.wait);
+    // Nobody waits any more: leave the line before the turn comes, so the
+    // window's place goes to a call someone waits for.
+    let left = async {
+        while waited() {
+            tokio::time::sleep(LOOK_FOR_CLIENT).await;
+        }
+    };
+    let turn = tokio::select! {
+        turn = turn => turn,
+        () = left => {
+            stake.release(app).await;
+            return Err(abandoned(app, job));
+        }
+    };
+    if let Err(e) = turn {
         stake.release(app).await;
         return Err(e);
     }

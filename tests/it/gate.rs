@@ -15,6 +15,7 @@ use permit_api_sim::ratelimit::Window;
 use permit_api_sim::SimConfig;
 use permit_gateway::config::AppClass;
 use permit_gateway::Running;
+use std::future::IntoFuture;
 use std::time::{Duration, Instant};
 
 /// The simulator at `rpm` calls in any 60 s (strict), 100–300 ms a call.
@@ -351,4 +352,51 @@ async fn a_trickle_beside_a_flood_at_twenty_times_the_rate_is_answered_within_a_
     let charged = crate::support::traffic::ledger_used(&gw.admin_url(), ALPHA.0).await
         + crate::support::traffic::ledger_used(&gw.admin_url(), BETA.0).await;
     assert_eq!(charged, billed, "ledger = bill");
+}
+
+/// Three replicas on one Redis, a shared window paced at one a second
+/// after a burst of 3: the burst spent through the first replica, three
+/// misses queue on the other two and their clients hang up at 300 ms. When
+/// their turns come no call starts for them, on either replica.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn across_replicas_a_miss_whose_client_left_costs_no_call() {
+    let redis = RedisServer::start();
+    let sim = strict_sim(60).await;
+    let setup = Setup::new().redis(&redis.url()).with(|c| {
+        c.upstream.requests_per_minute = 60;
+        c.upstream.burst = Some(3);
+        c.cache.redis_timeout_ms = 3000;
+    });
+    let gws = futures_replicas(&setup, &sim, 3).await;
+    let s = sim.samples();
+    let alpha = Client::new(gws[0].base_url(), ALPHA.1);
+    for i in 0..3 {
+        assert_eq!(alpha.get(Query::distinct(&s, i).size(1)).await.status, StatusCode::OK);
+    }
+    let calls = sim.stats().requests_total;
+    let left: Vec<_> = (0..3u32)
+        .map(|i| {
+            let base = gws[1 + i as usize % 2].base_url();
+            let call = Client::new(base, BETA.1)
+                .get(Query::distinct(&s, 50 + i).size(5))
+                .into_future();
+            tokio::spawn(async move { tokio::time::timeout(Duration::from_millis(300), call).await.is_err() })
+        })
+        .collect();
+    for hung_up in left {
+        assert!(hung_up.await.expect("client task"), "the client gave up first");
+    }
+    crate::support::wait::eventually("the abandoned misses withdrawn", Duration::from_secs(15), || async {
+        let mut n = 0.0;
+        for gw in &gws[1..] {
+            n += scrape(&gw.admin_url()).await.sum(
+                "gateway_upstream_withdrawn_total",
+                &[("route", "permits_search"), ("reason", "abandoned")],
+            );
+        }
+        (n >= 3.0).then_some(())
+    })
+    .await;
+    assert_eq!(sim.stats().requests_total, calls, "no call for clients that left");
+    assert_eq!(rate_limited_by_sim(&sim), 0);
 }

@@ -50,6 +50,10 @@ struct Queue {
     joined: Arc<Notify>,
 }
 
+/// A team with ids waiting, and whether its turn is bulk (every id it has
+/// waiting is a bulk app's: it takes only what interactive calls leave).
+pub(super) type WaitingTeam = (Arc<Team>, bool);
+
 /// Whether anyone still waits for a buyer's ids: its request, or another
 /// request that needs the same ids (their flights' [`Watch`]es).
 pub(crate) type Waited = Box<dyn Fn() -> bool + Send + Sync>;
@@ -216,11 +220,11 @@ impl Batches {
     /// The teams with ids waiting, each to take its own fair turn, and
     /// the earliest deadline of any buyer; `None` when nothing waits (the
     /// driver stops).
-    pub(super) fn teams(&self, route: Route) -> Option<(Vec<(Arc<Team>, bool)>, Instant)> {
+    pub(super) fn teams(&self, route: Route) -> Option<(Vec<WaitingTeam>, Instant)> {
         let mut queues = self.lock();
         let q = queues.get_mut(&route)?;
         // A team's turn is bulk when every id it has waiting is a bulk app's.
-        let teams: Vec<(Arc<Team>, bool)> = q
+        let teams: Vec<WaitingTeam> = q
             .turn
             .iter()
             .filter_map(|t| {

@@ -627,3 +627,165 @@ async fn a_light_teams_lookup_takes_its_own_turn_not_the_floods() {
     let r = alpha_lookup.await.expect("lookup");
     assert!(matches!(r.status.as_u16(), 200 | 429), "{}", r.status);
 }
+
+/// The by-id calls the simulator served after its `seq`th request: each
+/// call's ids, in order.
+fn lookup_calls_since(sim: &Sim, seq: u64) -> Vec<Vec<String>> {
+    sim.log()
+        .into_iter()
+        .filter(|e| e.seq > seq && e.path == "/v2/permits")
+        .map(|e| {
+            e.query
+                .split('&')
+                .filter_map(|p| p.strip_prefix("id="))
+                .map(String::from)
+                .collect()
+        })
+        .collect()
+}
+
+/// Issue 58: calls leave full when a crowd arrives. A steady 100
+/// single-id lookups a second of two teams (what full calls carry at 120
+/// calls a minute), open loop for 8 s, against an upstream that allows 120
+/// calls in any 60 s and answers in 100–300 ms. The first lookup goes at
+/// once (alone on an idle gateway); the crowd is seen within tens of
+/// milliseconds, and from then on each call waits for 50 ids: the calls
+/// after the first carry at least 45 ids on average (a fixed 20 ms window
+/// spends the gate's burst of 12 calls on two or three ids each, and
+/// averages about 30). Every lookup is answered with its record, and each
+/// team's ledger holds exactly what the upstream billed for its records.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_steady_crowd_of_lookups_leaves_in_full_calls() {
+    let sim = start_sim(SimConfig {
+        latency_ms: 100,
+        latency_jitter_ms: 200,
+        rate_window: permit_api_sim::ratelimit::Window::Strict,
+        ..SimConfig::default()
+    })
+    .await;
+    let gw = Setup::new()
+        .with(|c| {
+            c.upstream.requests_per_minute = 120;
+            c.server.team_max_in_flight = 400;
+        })
+        .start(&sim)
+        .await;
+    let ids = known_ids(&sim, 800).await;
+    let seq = sim.stats().requests_total;
+    // Open loop: one lookup every 10 ms, whatever the answers do.
+    let mut pace = tokio::time::interval(Duration::from_millis(10));
+    let mut spawned = Vec::with_capacity(ids.len());
+    for (i, id) in ids.iter().enumerate() {
+        pace.tick().await;
+        let (team, token) = half(i);
+        let call = Client::new(gw.base_url(), token)
+            .get(lookup("permits", &[id]))
+            .request_id(&format!("{team}-{i}"))
+            .into_future();
+        spawned.push(tokio::spawn(async move {
+            let started = Instant::now();
+            let reply = call.await;
+            (reply, started.elapsed())
+        }));
+    }
+    let mut replies = Vec::with_capacity(ids.len());
+    let mut took = Vec::with_capacity(ids.len());
+    for call in spawned {
+        let (reply, t) = call.await.expect("lookup task");
+        replies.push(reply);
+        took.push(t);
+    }
+    each_answered_with_its_record(&replies, &ids);
+    let calls = lookup_calls_since(&sim, seq);
+    let sizes: Vec<usize> = calls.iter().map(Vec::len).collect();
+    let asked: usize = sizes.iter().sum();
+    took.sort();
+    eprintln!(
+        "{} calls for {asked} ids ({:.1} a call; after the first {:.1}); latency p50 {:?}, p90 {:?}, max {:?}; calls: {sizes:?}",
+        calls.len(),
+        asked as f64 / calls.len() as f64,
+        (asked - sizes[0]) as f64 / (calls.len() - 1) as f64,
+        took[took.len() / 2],
+        took[took.len() * 9 / 10],
+        took[took.len() - 1],
+    );
+    assert_eq!(asked, ids.len(), "each id asked once");
+    let after_first = (asked - sizes[0]) as f64 / (calls.len() - 1) as f64;
+    assert!(after_first >= 45.0, "{after_first:.1} ids a call: {sizes:?}");
+    // Money: each team its own records, and every billed credit has its team.
+    let billed = charged_to(&sim, "alpha-") + charged_to(&sim, "beta-");
+    assert_eq!(billed, 800, "each record billed once");
+    let alpha = ledger_used(&gw.admin_url(), "alpha").await;
+    let beta = ledger_used(&gw.admin_url(), "beta").await;
+    assert_eq!((alpha, beta), (400, 400), "each team its own records");
+    assert_eq!(alpha + beta, billed, "the charges sum to the bills");
+}
+
+/// Issue 58: ids are looked up in the cache once more as their call
+/// leaves. Two lookups wait in a gathering batch (the route was called a
+/// moment ago; the longest window, 1 s); meanwhile a search brings the
+/// records of all of alpha's ids and of one of beta's two. Alpha's lookup
+/// is answered from those records, charged nothing, and leaves the call;
+/// the call asks beta's other id alone (it used to ask all five).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn records_a_search_brought_while_their_lookup_waited_are_not_asked() {
+    // Every answer takes 400 ms: a search sent with the lookups files its
+    // records long after they looked for them and joined, and long before
+    // their window ends.
+    let sim = start_sim(SimConfig {
+        latency_ms: 400,
+        ..SimConfig::default()
+    })
+    .await;
+    let gw = Setup::new()
+        .with(|c| {
+            c.upstream.requests_per_minute = 120;
+            c.upstream.batch_window_ms = 1000;
+        })
+        .start(&sim)
+        .await;
+    // The search's page: the first ids of the permits' first page.
+    let ids = known_ids(&sim, 12).await;
+    let (found, warm, other) = (&ids[..5], &ids[10], &ids[11]);
+    let r = Client::new(gw.base_url(), ALPHA.1)
+        .get(lookup("permits", &[warm]))
+        .request_id("alpha-warm")
+        .await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text());
+    let seq = sim.stats().requests_total;
+    // Within a second of that call: these gather for the window.
+    let alpha = Client::new(gw.base_url(), ALPHA.1)
+        .get(lookup("permits", &[&found[0], &found[1], &found[2]]))
+        .request_id("alpha-lookup")
+        .spawn();
+    let beta = Client::new(gw.base_url(), BETA.1)
+        .get(lookup("permits", &[&found[3], other]))
+        .request_id("beta-lookup")
+        .spawn();
+    let search = Client::new(gw.base_url(), BETA.1)
+        .get(permit_search(&sim, 5))
+        .request_id("beta-search")
+        .await;
+    assert_eq!(ids_of(&search), found, "{}", search.text());
+    let (alpha, beta) = (alpha.await.expect("alpha"), beta.await.expect("beta"));
+    assert_eq!(alpha.status, StatusCode::OK, "{}", alpha.text());
+    assert_eq!(ids_of(&alpha), found[..3]);
+    assert_ne!(
+        alpha.x_cache(),
+        Some("HIT"),
+        "it was waiting in the batch, not held at its look"
+    );
+    assert_eq!(credits(&alpha), 0, "answered from the search's records");
+    assert_eq!(beta.status, StatusCode::OK, "{}", beta.text());
+    assert_eq!(ids_of(&beta), vec![found[3].clone(), other.clone()]);
+    assert_eq!(credits(&beta), 1, "its one record bought");
+    assert_eq!(
+        lookup_calls_since(&sim, seq),
+        vec![vec![other.clone()]],
+        "one call, for the one id nothing brought"
+    );
+    assert_eq!(ledger_used(&gw.admin_url(), "alpha").await, charged_to(&sim, "alpha-"));
+    assert_eq!(ledger_used(&gw.admin_url(), "alpha").await, 1, "its warm-up record");
+    assert_eq!(ledger_used(&gw.admin_url(), "beta").await, charged_to(&sim, "beta-"));
+    assert_eq!(ledger_used(&gw.admin_url(), "beta").await, 5 + 1);
+}

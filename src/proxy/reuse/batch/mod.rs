@@ -6,15 +6,18 @@
 //! A request's buyer (`per_piece`) that leads some ids reserves for them in
 //! its own team's budget (refused: a 402 for its ids alone, nothing about
 //! the others changes), then joins its route's queue. The first to join an
-//! idle queue drives it: it gathers for `upstream.batch_window_ms` when the
-//! route had a call in the last second (a crowd is likely arriving; a lone
-//! lookup on an idle gateway goes at once); each team with ids waiting
+//! idle queue drives it: the next call gathers company first, as long as
+//! the rate in hand says (**Time**, below); then each team with ids waiting
 //! takes its own fair turn at the upstream rate, and the first turn to
 //! come takes up to 50 ids, that team's first, then round-robin over the
 //! others (a team flooding lookups cannot push another's ids out of the
 //! next batch, nor make them wait its own line), and sends them in one
 //! call; ids that did not fit wait for the next turn. While turns are
-//! waited for, every id that arrives joins.
+//! waited for, every id that arrives joins. As the call leaves, its ids
+//! are looked up in the cache tiers once more (a search may have brought
+//! them meanwhile): those held are answered from there and not asked, and
+//! a buyer whose ids are all held leaves the call, its credits released
+//! (`call`).
 //!
 //! **Money.** A buyer is a purchase's stake (`purchase`): its ids' credits
 //! reserved in its own budgets before it joins. The batch's call settles
@@ -22,7 +25,9 @@
 //! its own ids, and what the bill holds beyond the records (or a bill with
 //! no records to count) is split by the ids each asked, up to each
 //! reservation; so a lookup costs the same alone and in a batch, and only
-//! what no reservation covers is left untracked.
+//! what no reservation covers is left untracked. Ids answered from the
+//! cache as the call left cost nothing (the split of a bill beyond the
+//! records still weighs the ids the buyer joined with).
 //!
 //! **Failure.** A refused turn or a failed call reaches every buyer of the
 //! batch as the error a lone lookup would have got; an answer is read and
@@ -32,11 +37,23 @@
 //! upstream's refusal of its own list, the others go again together
 //! (`refusal`).
 //!
-//! **Time.** Every buyer has a deadline (`upstream.max_queue_wait_secs`
-//! after it joined, or the client's shorter `Prefer: wait`): a 429 when no
-//! call took it by then; ids nobody waits for leave uncalled.
+//! **Time.** Calls leave full when calls are scarce, at once when they are
+//! plentiful (issue 58; `gather` has the rule and its reasons). Before its
+//! turns are asked, the next call gathers: until it holds 50 ids or one
+//! interval of the gate's steady pace has passed (0.5 s at 120 calls a
+//! minute) when ids arrive as a crowd (enough to fill half a call in an
+//! interval) or the gate says calls are scarce; for
+//! `upstream.batch_window_ms` when the route had a call in the last second;
+//! not at all otherwise (a lone lookup on an idle gateway goes at once).
+//! Every id that joins wakes it, so a call that fills leaves at once.
+//! Every buyer has a deadline (`upstream.max_queue_wait_secs` after it
+//! joined, or the client's shorter `Prefer: wait`): no gathering lasts
+//! past one interval before the earliest, and a buyer no call took by then
+//! gets a 429; ids nobody waits for leave uncalled.
 //!
 //! Layout: `queue` (the queues, their buyers and what a call takes),
+//! `gather` (how long a call waits for company, and the arrival rate it
+//! reads), `call` (what a leaving call asks, after the cache tiers),
 //! `refusal` (a batch refused for some buyers' ids); this file buys,
 //! drives and sends.
 
@@ -55,12 +72,16 @@ use std::collections::HashMap;
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::sync::oneshot;
+use tokio::sync::{oneshot, Notify};
 use tokio::task::{AbortHandle, JoinSet};
 
+mod call;
+mod gather;
 mod queue;
 mod refusal;
 
+use call::Source;
+use gather::Pace;
 pub(crate) use queue::Batches;
 use queue::{now, Buyer, Left, Order};
 pub(super) use queue::{Share, Waited};
@@ -132,18 +153,15 @@ fn driver(app: Arc<App>, batches: Batches, route: Route) -> std::pin::Pin<Box<dy
 /// own). A team whose ids all left gives its place back. Before a call,
 /// buyers nobody waits for leave without one, and those whose deadline
 /// came leave with a 429; turns are waited for only until the earliest
-/// deadline. A fresh start gathers for the window first.
+/// deadline. With no turn waited for, the next call gathers first
+/// (`gather`).
 async fn drive(app: Arc<App>, batches: Batches, route: Route) {
-    let window = Duration::from_millis(app.config.upstream.batch_window_ms);
     let mut turns: JoinSet<(String, Result<(), GatewayError>)> = JoinSet::new();
     let mut pending: HashMap<String, AbortHandle> = HashMap::new();
     let joined = batches.joined(route);
     loop {
         if pending.is_empty() {
-            let gather = batches.gathering(route, window);
-            if !gather.is_zero() {
-                tokio::time::sleep(gather).await;
-            }
+            gather(&app, &batches, route, &joined).await;
         }
         withdraw(&app, route, batches.leaving(route, now())).await;
         let Some((teams, earliest)) = batches.teams(route) else {
@@ -201,6 +219,29 @@ async fn drive(app: Arc<App>, batches: Batches, route: Route) {
     }
 }
 
+/// Holds the route's next call while the gathering rule says it waits for
+/// company (`gather`), before any turn is asked (a turn granted is not
+/// held); every id that joins wakes it, so a call that fills leaves at
+/// once, and a crowd seen meanwhile makes it wait for a full call.
+async fn gather(app: &App, batches: &Batches, route: Route, joined: &Notify) {
+    let started = now();
+    let window = Duration::from_millis(app.config.upstream.batch_window_ms);
+    loop {
+        let pace = Pace {
+            window,
+            interval: app.scheduler.interval(),
+            scarce: app.scheduler.scarce(),
+        };
+        let Some(until) = batches.gathering(route, started, pace) else {
+            return;
+        };
+        tokio::select! {
+            () = tokio::time::sleep_until(until.into()) => return,
+            () = joined.notified() => {}
+        }
+    }
+}
+
 /// Buyers out of the queue before any call: their credits released, each
 /// counted; one whose deadline came is refused (429) with the wait the
 /// gate predicts for its team.
@@ -221,15 +262,18 @@ async fn withdraw(app: &App, route: Route, gone: Vec<(Buyer, Left)>) {
     }
 }
 
-/// One call for the buyers' ids (their stakes' purchase); each buyer's
-/// share of what it said and of its bill (`purchase::shares`: its records,
-/// then the rest by the ids it asked).
+/// One call for the buyers' ids that the cache tiers do not hold by now
+/// (`call::leaving`: a buyer whose ids are all held is answered from them);
+/// each buyer's share of what it said and of its bill (`purchase::shares`:
+/// its records, then the rest by the ids it asked).
 async fn send(app: Arc<App>, batches: Batches, buyers: Vec<Buyer>) {
     let route = buyers[0].stake.job.target.route;
-    let (list, at) = union(&buyers);
+    let Some((buyers, at, list)) = call::leaving(&app, buyers).await else {
+        return;
+    };
+    let mut job = buyers[0].stake.job.clone();
     app.metrics.upstream_batch(route, list.ids.len(), buyers.len());
     let all: Vec<usize> = (0..list.ids.len()).collect();
-    let mut job = buyers[0].stake.job.clone();
     let Some(target) = list.call(&all, 0) else { return };
     job.target = target;
     let mut stakes = Vec::with_capacity(buyers.len());
@@ -255,42 +299,22 @@ async fn send(app: Arc<App>, batches: Batches, buyers: Vec<Buyer>) {
         called
     };
     let got = learn(&app, &list, &all, &job, called.outcome.clone()).await;
+    // Each buyer pays the records the call brought it, not those held.
     let records: Vec<u64> = at
         .iter()
-        .map(|idx| idx.iter().filter(|i| is_record(&got[**i])).count() as u64)
+        .map(|from| {
+            from.iter()
+                .filter_map(Source::asked)
+                .filter(|i| is_record(&got[*i]))
+                .count() as u64
+        })
         .collect();
     let counted = records.iter().any(|r| *r > 0);
     let charges = called.settle(&app, counted.then_some(records.as_slice())).await;
-    for (((_, order), idx), charged) in orders.into_iter().zip(at).zip(charges) {
-        let got = idx.iter().map(|i| got[*i].clone()).collect();
+    for (((_, order), from), charged) in orders.into_iter().zip(at).zip(charges) {
+        let got = from.iter().map(|s| s.outcome(&got)).collect();
         let _ = order.done.send(Share { got, charged });
     }
-}
-
-/// The buyers' ids as one list, and where each buyer's ids are in it.
-fn union(buyers: &[Buyer]) -> (IdList, Vec<Vec<usize>>) {
-    let first = &buyers[0].order.list;
-    let mut list = IdList {
-        resource: first.resource,
-        path: first.path.clone(),
-        ids: Vec::new(),
-        keys: Vec::new(),
-    };
-    let at = buyers
-        .iter()
-        .map(|b| {
-            b.order
-                .wanted
-                .iter()
-                .map(|i| {
-                    list.ids.push(b.order.list.ids[*i].clone());
-                    list.keys.push(b.order.list.keys[*i].clone());
-                    list.ids.len() - 1
-                })
-                .collect()
-        })
-        .collect();
-    (list, at)
 }
 
 /// Whether a piece came back as a record (one credit).

@@ -3,6 +3,7 @@
 //! and what a call takes from them.
 
 use super::super::kind::PieceOutcome;
+use super::gather::{self, Arrivals, Pace};
 use crate::auth::Team;
 use crate::cache::records::IdList;
 use crate::error::GatewayError;
@@ -42,10 +43,16 @@ struct Queue {
     driven: bool,
     /// When the route's last call went.
     last_call: Option<Instant>,
+    /// The rate its ids arrive at (the gathering rule reads it).
+    arrivals: Arrivals,
     /// Told when a buyer joins, so the driver asks a turn for its team
     /// at once rather than after the turns it waits for.
     joined: Arc<Notify>,
 }
+
+/// A team with ids waiting, and whether its turn is bulk (every id it has
+/// waiting is a bulk app's: it takes only what interactive calls leave).
+pub(super) type WaitingTeam = (Arc<Team>, bool);
 
 /// Whether anyone still waits for a buyer's ids: its request, or another
 /// request that needs the same ids (their flights' [`Watch`]es).
@@ -135,6 +142,7 @@ impl Batches {
             q.turn.push_back(team.clone());
         }
         q.ids += buyer.order.wanted.len();
+        q.arrivals.note(now(), buyer.order.wanted.len());
         q.waiting.entry(team).or_default().push_back(buyer);
         q.joined.notify_one();
         !std::mem::replace(&mut q.driven, true)
@@ -161,19 +169,27 @@ impl Batches {
         !std::mem::replace(&mut q.driven, true)
     }
 
-    /// How long the next batch gathers: the window when the route had a
-    /// call lately and the batch is not full yet, else nothing.
-    pub(super) fn gathering(&self, route: Route, window: Duration) -> Duration {
+    /// Until when the route's next call, gathering since `started`, waits
+    /// for company (`gather::span`: a crowd or scarce calls wait for a
+    /// full call, a route called in the last second for the window); never
+    /// later than one interval before the earliest buyer's deadline, so
+    /// that its turn can still come. `None`: it leaves now (a full call
+    /// always does).
+    pub(super) fn gathering(&self, route: Route, started: Instant, pace: Pace) -> Option<Instant> {
         let queues = self.lock();
-        let Some(q) = queues.get(&route) else {
-            return Duration::ZERO;
-        };
-        let recent = q.last_call.is_some_and(|t| now().saturating_duration_since(t) < RECENT);
-        if recent && q.ids < MAX_IDS {
-            window
-        } else {
-            Duration::ZERO
+        let q = queues.get(&route)?;
+        if q.ids >= MAX_IDS {
+            return None;
         }
+        let now = now();
+        let recently = q
+            .last_call
+            .is_some_and(|t| started.saturating_duration_since(t) < RECENT);
+        let mut until = started + gather::span(pace, &q.arrivals, now, recently, MAX_IDS);
+        if let Some(earliest) = q.waiting.values().flatten().map(|b| b.order.deadline).min() {
+            until = until.min(earliest.checked_sub(pace.interval).unwrap_or(now));
+        }
+        (until > now).then_some(until)
     }
 
     /// The buyers that are to leave at `now` (nobody waits for them, or
@@ -204,11 +220,11 @@ impl Batches {
     /// The teams with ids waiting, each to take its own fair turn, and
     /// the earliest deadline of any buyer; `None` when nothing waits (the
     /// driver stops).
-    pub(super) fn teams(&self, route: Route) -> Option<(Vec<(Arc<Team>, bool)>, Instant)> {
+    pub(super) fn teams(&self, route: Route) -> Option<(Vec<WaitingTeam>, Instant)> {
         let mut queues = self.lock();
         let q = queues.get_mut(&route)?;
         // A team's turn is bulk when every id it has waiting is a bulk app's.
-        let teams: Vec<(Arc<Team>, bool)> = q
+        let teams: Vec<WaitingTeam> = q
             .turn
             .iter()
             .filter_map(|t| {
@@ -282,7 +298,20 @@ impl Batches {
 mod tests {
     use super::*;
 
-    const WINDOW: Duration = Duration::from_millis(20);
+    /// 120 calls a minute and the default window, calls plentiful.
+    const PACE: Pace = Pace {
+        window: Duration::from_millis(20),
+        interval: Duration::from_millis(500),
+        scarce: false,
+    };
+
+    /// How long a call starting to gather now would wait.
+    fn waits(batches: &Batches, route: Route, pace: Pace) -> Duration {
+        let started = now();
+        batches
+            .gathering(route, started, pace)
+            .map_or(Duration::ZERO, |until| until - started)
+    }
 
     /// The window on tokio's paused clock: an idle route's lookup goes at
     /// once; within a second of the route's last call the next gathers for
@@ -291,22 +320,19 @@ mod tests {
     async fn a_route_called_within_the_last_second_gathers_for_the_window() {
         let batches = Batches::default();
         let route = Route::PermitsById;
-        assert_eq!(batches.gathering(route, WINDOW), Duration::ZERO, "never called");
+        assert_eq!(waits(&batches, route, PACE), Duration::ZERO, "never called");
         // A call goes (an empty take marks it as the route's last).
         batches.lock().entry(route).or_default();
         assert!(batches.take(route, "alpha").is_empty());
-        assert_eq!(batches.gathering(route, WINDOW), WINDOW, "just called");
+        assert_eq!(waits(&batches, route, PACE), PACE.window, "just called");
         tokio::time::advance(RECENT - Duration::from_millis(1)).await;
-        assert_eq!(batches.gathering(route, WINDOW), WINDOW, "still within the second");
+        assert_eq!(waits(&batches, route, PACE), PACE.window, "still within the second");
         tokio::time::advance(Duration::from_millis(1)).await;
-        assert_eq!(
-            batches.gathering(route, WINDOW),
-            Duration::ZERO,
-            "a second on: idle again"
-        );
+        assert_eq!(waits(&batches, route, PACE), Duration::ZERO, "a second on: idle again");
     }
 
-    /// A full batch never waits for company, however recent the last call.
+    /// A full batch never waits for company, however recent the last call,
+    /// however scarce the calls.
     #[tokio::test(start_paused = true)]
     async fn a_full_batch_goes_at_once() {
         let batches = Batches::default();
@@ -314,6 +340,23 @@ mod tests {
         batches.lock().entry(route).or_default();
         batches.take(route, "alpha");
         batches.lock().get_mut(&route).expect("queued").ids = MAX_IDS;
-        assert_eq!(batches.gathering(route, WINDOW), Duration::ZERO);
+        assert_eq!(waits(&batches, route, PACE), Duration::ZERO);
+        let scarce = Pace { scarce: true, ..PACE };
+        assert_eq!(waits(&batches, route, scarce), Duration::ZERO);
+    }
+
+    /// Ids arriving as a crowd (100 a second: a full call each interval)
+    /// make the next call wait an interval for a full call, not the window.
+    #[tokio::test(start_paused = true)]
+    async fn a_crowd_waits_an_interval_for_a_full_call() {
+        let batches = Batches::default();
+        let route = Route::PermitsById;
+        batches.lock().entry(route).or_default();
+        batches.take(route, "alpha");
+        for _ in 0..5 {
+            batches.lock().get_mut(&route).expect("queued").arrivals.note(now(), 1);
+            tokio::time::advance(Duration::from_millis(10)).await;
+        }
+        assert_eq!(waits(&batches, route, PACE), PACE.interval);
     }
 }

@@ -3,6 +3,7 @@
 //! back, the others go again together; a refusal that names no id of the
 //! list leaves each buyer to ask alone.
 
+use super::call::Source;
 use super::queue::{Buyer, Order, Share};
 use crate::app::App;
 use crate::cache::records::IdList;
@@ -24,7 +25,7 @@ use std::sync::Arc;
 /// leaves each buyer to ask alone.
 pub(super) async fn refused(
     app: &Arc<App>,
-    (outcome, at): (Outcome, &[Vec<usize>]),
+    (outcome, at): (Outcome, &[Vec<Source>]),
     stakes: Vec<Stake>,
     orders: Vec<(Job, Order)>,
 ) -> Vec<Buyer> {
@@ -75,7 +76,7 @@ pub(super) async fn refused(
 /// `loc` index moved from the batch's list to the request's), or `None`
 /// for a buyer it does not name. `None` when an error of the body is not
 /// about an id of the list.
-fn offenders(body: &[u8], at: &[Vec<usize>], orders: &[(Job, Order)]) -> Option<Vec<Option<bytes::Bytes>>> {
+fn offenders(body: &[u8], at: &[Vec<Source>], orders: &[(Job, Order)]) -> Option<Vec<Option<bytes::Bytes>>> {
     let v: serde_json::Value = serde_json::from_slice(body).ok()?;
     let mut mine: Vec<Vec<serde_json::Value>> = vec![Vec::new(); orders.len()];
     for error in v.get("detail")?.as_array()? {
@@ -87,7 +88,7 @@ fn offenders(body: &[u8], at: &[Vec<usize>], orders: &[(Job, Order)]) -> Option<
         let (b, j) = at
             .iter()
             .enumerate()
-            .find_map(|(b, idx)| idx.iter().position(|i| *i == k).map(|j| (b, j)))?;
+            .find_map(|(b, from)| from.iter().position(|s| s.asked() == Some(k)).map(|j| (b, j)))?;
         let mut error = error.clone();
         error["loc"][2] = serde_json::json!(orders[b].1.wanted[j]);
         mine[b].push(error);

@@ -57,6 +57,7 @@ fn token_lookup(c: &mut Criterion) {
             credit_limit: Some(100_000),
             requests_per_minute: None,
             clamp_to_budget: false,
+            weight: 1,
         })
         .collect();
     let teams = Teams::from_config(&configs);

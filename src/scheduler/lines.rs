@@ -129,9 +129,7 @@ impl Lines {
                 let n = line.waiting.len();
                 if k.bulk && !asker.bulk {
                     0
-                } else if !k.bulk && asker.bulk {
-                    n
-                } else if k.team == asker.team {
+                } else if (!k.bulk && asker.bulk) || k.team == asker.team {
                     n
                 } else {
                     // Its calls whose start tags are at or before ours.

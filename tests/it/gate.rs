@@ -271,7 +271,7 @@ async fn a_trickle_beside_a_flood_at_twenty_times_the_rate_is_answered_within_a_
         .start(&sim)
         .await;
     let s = sim.samples();
-    let started = tokio::time::Instant::now();
+    let started = Instant::now();
     let mut tasks = Vec::new();
     // 40 flood requests a second, a trickle lookup each second and a
     // trickle search each 5 s: one schedule on a 25 ms tick.
@@ -296,7 +296,7 @@ async fn a_trickle_beside_a_flood_at_twenty_times_the_rate_is_answered_within_a_
         for (trickle, search, query) in due {
             let token = if trickle { BETA.1 } else { ALPHA.1 };
             let call = Client::new(gw.base_url(), token).get(query).spawn();
-            let at = tokio::time::Instant::now();
+            let at = Instant::now();
             tasks.push(tokio::spawn(async move {
                 let r = call.await.expect("answered, no connection reset");
                 Met {

@@ -241,7 +241,13 @@ impl Scheduler {
     /// Hands one place of the window to the first line whose call may take
     /// it; `None` when one went, else how long until asking again.
     async fn give(&self) -> Option<Duration> {
-        let order = self.lines().order();
+        let order = {
+            let mut lines = self.lines();
+            let order = lines.order();
+            // Calls whose requests went away left their lines just now.
+            self.metrics.upstream_queue_depth.set(lines.len() as i64);
+            order
+        };
         let mut soonest = LOOK_AGAIN;
         for key in &order {
             match self.pace.take(&key.team, key.bulk).await {

@@ -356,8 +356,8 @@ async fn a_trickle_beside_a_flood_at_twenty_times_the_rate_is_answered_within_a_
 
 /// Three replicas on one Redis, a shared window paced at one a second
 /// after a burst of 3: the burst spent through the first replica, three
-/// misses queue on the other two and their clients hang up at 300 ms. When
-/// their turns come no call starts for them, on either replica.
+/// misses queue on the other two and their clients hang up. No call starts
+/// for them, on either replica.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn across_replicas_a_miss_whose_client_left_costs_no_call() {
     let redis = RedisServer::start();
@@ -374,15 +374,33 @@ async fn across_replicas_a_miss_whose_client_left_costs_no_call() {
         assert_eq!(alpha.get(Query::distinct(&s, i).size(1)).await.status, StatusCode::OK);
     }
     let calls = sim.stats().requests_total;
+    // Three misses of beta on the other two replicas; their clients hang up
+    // once all three wait in the gate's lines.
+    let (hang_up, _) = tokio::sync::broadcast::channel::<()>(1);
     let left: Vec<_> = (0..3u32)
         .map(|i| {
             let base = gws[1 + i as usize % 2].base_url();
             let call = Client::new(base, BETA.1)
                 .get(Query::distinct(&s, 50 + i).size(5))
                 .into_future();
-            tokio::spawn(async move { tokio::time::timeout(Duration::from_millis(300), call).await.is_err() })
+            let mut hang_up = hang_up.subscribe();
+            tokio::spawn(async move {
+                tokio::select! {
+                    _ = call => false,
+                    _ = hang_up.recv() => true,
+                }
+            })
         })
         .collect();
+    crate::support::wait::eventually("the misses queued", Duration::from_secs(10), || async {
+        let mut queued = 0.0;
+        for gw in &gws[1..] {
+            queued += scrape(&gw.admin_url()).await.sum("gateway_upstream_queue_depth", &[]);
+        }
+        (queued >= 3.0).then_some(())
+    })
+    .await;
+    hang_up.send(()).expect("the clients listen");
     for hung_up in left {
         assert!(hung_up.await.expect("client task"), "the client gave up first");
     }

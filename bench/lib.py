@@ -129,8 +129,10 @@ def get_json(url, **kw):
 
 
 class Sim:
-    def __init__(self, bin_dir, tmp, name, api_key, latency_ms, jitter_ms, rpm=0):
-        """`rpm`: the simulator's own rate limit (0: none)."""
+    def __init__(self, bin_dir, tmp, name, api_key, latency_ms, jitter_ms, rpm=0, rate_window=None):
+        """`rpm`: the simulator's own rate limit (0: none). `rate_window`:
+        "strict" (at most `rpm` calls in any 60 s) or "bucket"; None: the
+        simulator's default."""
         cmd = [
             os.path.join(bin_dir, "permit-api-sim"),
             "--listen", "127.0.0.1:0",
@@ -139,6 +141,8 @@ class Sim:
             "--latency-ms", str(latency_ms),
             "--latency-jitter-ms", str(jitter_ms),
         ]
+        if rate_window:
+            cmd += ["--rate-window", rate_window]
         self.proc = spawn(cmd, os.path.join(tmp, f"{name}.log"), stdout=subprocess.PIPE)
         line = _readline_with_timeout(self.proc.stdout, 30)
         self.addr = line.strip().split()[-1].replace("http://", "")
@@ -191,14 +195,17 @@ class Gateway:
 
     def __init__(self, bin_dir, tmp, name, sim, teams, memory_max_bytes=268435456,
                  redis_url=None, level="warn", log_to=None, prefix=None, ledger="file",
-                 cache_lines=(), tls=None, env=None, upstream_lines=("requests_per_minute = 1000000",)):
+                 cache_lines=(), tls=None, env=None, upstream_lines=("requests_per_minute = 1000000",),
+                 extra_lines=()):
         """`prefix`: the Redis key prefix (replicas sharing a cache share
         one; default per gateway). `ledger`: "file" or "redis". `cache_lines`:
         extra `[cache]` keys. `tls`: (cert PEM path, key PEM path) for the
         team listener, which then speaks only TLS (`base` is https). `env`:
         more environment (`PERMIT_GATEWAY_SERVER__RUNTIME=per_core`).
         `upstream_lines`: the `[upstream]` keys besides its URL (by default
-        a rate so high that the fair scheduler never throttles a benchmark)."""
+        a rate so high that the fair scheduler never throttles a benchmark).
+        `extra_lines`: written after the teams (more `[[teams]]` with their
+        `[[teams.tokens]]`, for a config `teams`' one token each cannot say)."""
         self.port, self.admin_port = free_port(), free_port()
         lines = [
             "[server]",
@@ -233,6 +240,7 @@ class Gateway:
                 # A real budget, so reserve/settle run on every miss.
                 "credit_limit = 1000000000",
             ]
+        lines += list(extra_lines)
         self.config = os.path.join(tmp, f"gateway-{name}.toml")
         with open(self.config, "w") as f:
             f.write("\n".join(lines) + "\n")

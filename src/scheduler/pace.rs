@@ -10,7 +10,7 @@
 //! makes no upstream call stays counted by a heartbeat.
 
 use super::shared::{SharedRate, HEARTBEAT};
-use super::window::{Held, Limits, Refused, Window};
+use super::window::{kept_from_bulk, Held, Limits, Rate, Refused, Window, SPAN};
 use crate::metrics::Metrics;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
@@ -43,6 +43,9 @@ pub(super) struct Pace {
     /// Teams the shared window's reserve held back lately, until when:
     /// their estimates leave the reserve out.
     reserve_held: Mutex<HashMap<String, Instant>>,
+    /// This replica's interactive calls a second, lately (shared mode: the
+    /// local window counts its own).
+    interactive: Mutex<Rate>,
     metrics: Arc<Metrics>,
 }
 
@@ -66,6 +69,7 @@ impl Pace {
                 blocked_until: None,
             }),
             reserve_held: Mutex::default(),
+            interactive: Mutex::new(Rate::new()),
             metrics,
         });
         if heartbeat {
@@ -112,8 +116,13 @@ impl Pace {
         let limits = self.limits();
         let seen = *lock(&self.seen);
         let held = bulk || lock(&self.reserve_held).get(team).is_some_and(|until| *until > now);
+        let kept = match bulk {
+            // Until the oldest ages: unknown here, the window's span at most.
+            true => kept_from_bulk(limits.reserve, lock(&self.interactive).at(now), SPAN / 2),
+            false => limits.reserve,
+        };
         let free = match held {
-            true => seen.free.saturating_sub(limits.reserve),
+            true => seen.free.saturating_sub(kept),
             false => seen.free,
         } as usize;
         if n <= free {
@@ -131,10 +140,16 @@ impl Pace {
         let Some(shared) = &self.shared else {
             return lock(&self.local).take(Instant::now(), team, bulk);
         };
-        match shared.take(team, bulk).await {
+        // Every replica's, as this one's times the replicas counted.
+        let replicas = self.replicas.load(Ordering::Relaxed).max(1);
+        let interactive = lock(&self.interactive).at(Instant::now()) * f64::from(replicas);
+        match shared.take(team, bulk, interactive).await {
             Ok(taken) => {
                 self.counted(taken.replicas);
                 let now = Instant::now();
+                if taken.permit.is_ok() && !bulk {
+                    lock(&self.interactive).count(now);
+                }
                 let blocked_until = taken.permit.err().map(|r| now + r.wait);
                 *lock(&self.seen) = Seen {
                     free: taken.free,

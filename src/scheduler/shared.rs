@@ -49,7 +49,9 @@ pub(crate) const SEEN_FOR: Duration = Duration::from_secs(120);
 /// time), its last `ARGV[2]` places for an interactive call (`ARGV[9]` 0)
 /// of a team (`ARGV[8]`) under its share, then the burst's GCRA (`ARGV[3]`
 /// ms apart, `ARGV[4]` ms of tolerance; -1: no burst limit). `ARGV[10]`
-/// names the call in the sorted sets.
+/// names the call in the sorted sets. A bulk call also leaves what
+/// interactive calls at `ARGV[11]` thousandths a second will want before
+/// the oldest call ages out.
 const TAKE: &str = r#"
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -74,6 +76,12 @@ local function frees(k)
 end
 if free == 0 then return {frees(used - calls + 1), replicas, 0, 2} end
 local reserve = tonumber(ARGV[2])
+if ARGV[9] == '1' then
+  local until_aged = span
+  if used > 0 then until_aged = frees(1) end
+  local kept = math.max(reserve, math.ceil(tonumber(ARGV[11]) * until_aged / 1000000))
+  if free <= kept then return {math.min(frees(1), tonumber(ARGV[3])), replicas, free, 3} end
+end
 if free <= reserve then
   local held = ARGV[9] == '1'
   if not held then
@@ -156,16 +164,18 @@ impl SharedRate {
 
     /// Takes one call's place for `team` (and renews this replica's
     /// membership).
-    pub(crate) async fn take(&self, team: &str, bulk: bool) -> Result<Taken, BackendError> {
-        self.run(Some((team, bulk))).await
+    /// `interactive`: interactive calls a second lately, all replicas
+    /// together (what a bulk call leaves room for).
+    pub(crate) async fn take(&self, team: &str, bulk: bool, interactive: f64) -> Result<Taken, BackendError> {
+        self.run(Some((team, bulk)), interactive).await
     }
 
     /// Renews this replica's membership only: the replicas counted now.
     pub(crate) async fn join(&self) -> Result<u32, BackendError> {
-        Ok(self.run(None).await?.replicas)
+        Ok(self.run(None, 0.0).await?.replicas)
     }
 
-    async fn run(&self, call: Option<(&str, bool)>) -> Result<Taken, BackendError> {
+    async fn run(&self, call: Option<(&str, bool)>, interactive: f64) -> Result<Taken, BackendError> {
         let limits = **self.limits.load();
         let (interval_ms, tolerance_ms) = pacing(limits);
         let (team, bulk) = call.unwrap_or(("", false));
@@ -187,7 +197,8 @@ impl SharedRate {
             .arg(u8::from(call.is_some()))
             .arg(team)
             .arg(u8::from(bulk))
-            .arg(format!("{}:{n}", self.id));
+            .arg(format!("{}:{n}", self.id))
+            .arg((interactive * 1000.0).round() as u64);
         let (wait, replicas, free, held): (u64, u32, u32, u8) = self
             .redis
             .call(RedisOp::Rate, |mut c| async move { inv.invoke_async(&mut c).await })

@@ -14,6 +14,11 @@
 //!   (teams in the window besides it + 2)`: one team's burst cannot lock
 //!   the others out for the rest of the minute, and a team arriving at a
 //!   flooded gate finds places at once;
+//! - **bulk last**: a bulk call (`class = "bulk"`) takes a place only when
+//!   the window keeps, after it, the reserve and the places interactive
+//!   calls will want before the window's oldest call ages out (their recent
+//!   rate times that time): bulk takes what interactive calls will not
+//!   need, not merely what they have not taken yet;
 //! - **the burst** (`upstream.burst`, when lower than the window): at most
 //!   that many calls back to back, then one every `60 s / calls`, by a
 //!   governor limiter (GCRA).
@@ -99,6 +104,46 @@ pub(crate) struct Window {
     per_team: HashMap<Arc<str>, u32>,
     /// The burst's pace; `None` when the burst is the whole window.
     burst: Option<DefaultDirectRateLimiter>,
+    /// Interactive calls a second, lately.
+    interactive: Rate,
+}
+
+/// A rate of events, decayed exponentially over [`Rate::TAU`]: a steady
+/// 2 a second reads 2; a quiet minute reads near 0.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Rate {
+    per_sec: f64,
+    at: Option<Instant>,
+}
+
+impl Rate {
+    const TAU: f64 = 10.0;
+
+    pub(crate) const fn new() -> Rate {
+        Rate { per_sec: 0.0, at: None }
+    }
+
+    /// The rate at `now`.
+    pub(crate) fn at(&self, now: Instant) -> f64 {
+        match self.at {
+            Some(at) => self.per_sec * (-now.saturating_duration_since(at).as_secs_f64() / Rate::TAU).exp(),
+            None => 0.0,
+        }
+    }
+
+    /// One event at `now`.
+    pub(crate) fn count(&mut self, now: Instant) {
+        self.per_sec = self.at(now) + 1.0 / Rate::TAU;
+        self.at = Some(now);
+    }
+}
+
+/// Places a bulk call must leave free: the reserve, and what interactive
+/// calls at `interactive` a second will want in `until_aged` (until the
+/// window's oldest call ages out and frees a place).
+pub(crate) fn kept_from_bulk(reserve: u32, interactive: f64, until_aged: Duration) -> u32 {
+    let want = (interactive * until_aged.as_secs_f64()).ceil();
+    reserve.max(want.min(f64::from(u32::MAX)) as u32)
 }
 
 impl Window {
@@ -108,6 +153,7 @@ impl Window {
             limits,
             calls: VecDeque::with_capacity(limits.calls as usize),
             per_team: HashMap::new(),
+            interactive: Rate::new(),
         }
     }
 
@@ -164,6 +210,14 @@ impl Window {
             let wait = self.frees(now, used + 1 - self.limits.calls as usize);
             return Err(Refused { wait, held: Held::Full });
         }
+        if bulk && free <= self.kept_from_bulk(now) {
+            return Err(Refused {
+                wait: self
+                    .frees(now, 1)
+                    .min(Duration::from_secs_f64(1.0 / self.limits.per_sec())),
+                held: Held::Reserve,
+            });
+        }
         if free <= self.limits.reserve && !self.may_use_reserve(team, bulk) {
             let wait = self.frees(now, used + 1 - (self.limits.calls - self.limits.reserve) as usize);
             return Err(Refused {
@@ -187,7 +241,19 @@ impl Window {
         };
         *self.per_team.entry(team.clone()).or_default() += 1;
         self.calls.push_back((now, team));
+        if !bulk {
+            self.interactive.count(now);
+        }
         Ok(())
+    }
+
+    /// What a bulk call must leave free now ([`kept_from_bulk`]).
+    fn kept_from_bulk(&self, now: Instant) -> u32 {
+        let until_aged = match self.calls.front() {
+            Some(_) => self.frees(now, 1),
+            None => SPAN,
+        };
+        kept_from_bulk(self.limits.reserve, self.interactive.at(now), until_aged)
     }
 
     /// The reserve is an interactive call's whose team made fewer than its
@@ -211,9 +277,10 @@ impl Window {
 
     fn in_window(&mut self, now: Instant, n: usize, team: &str, bulk: bool) -> Duration {
         let free = self.free(now) as usize;
-        let usable = match self.may_use_reserve(team, bulk) {
-            true => free,
-            false => free.saturating_sub(self.limits.reserve as usize),
+        let usable = match (bulk, self.may_use_reserve(team, bulk)) {
+            (true, _) => free.saturating_sub(self.kept_from_bulk(now) as usize),
+            (false, true) => free,
+            (false, false) => free.saturating_sub(self.limits.reserve as usize),
         };
         if n <= usable {
             return Duration::ZERO;
@@ -306,6 +373,26 @@ mod tests {
         // Each has 9 when the reserve is reached: past 20 / (1 + 2).
         assert_eq!(taken, 18);
         assert!(w.take(t0, "c", false).is_ok());
+    }
+
+    #[test]
+    fn bulk_leaves_what_interactive_calls_will_want_before_the_window_frees() {
+        let mut w = Window::new(limits(120, 120, 12));
+        let t0 = Instant::now();
+        // Interactive calls at 2 a second for 10 s: 20 in the window.
+        for i in 0..20 {
+            w.take(t0 + Duration::from_millis(500 * i), "web", false).unwrap();
+        }
+        let now = t0 + Duration::from_secs(10);
+        // The oldest ages in 50 s: interactive calls will want ~62 of the
+        // 100 free (the rate read so far, 1.2 a second); bulk gets the rest.
+        let bulk = (0..100).filter(|_| w.take(now, "export", true).is_ok()).count();
+        assert!((30..=45).contains(&bulk), "{bulk}");
+        assert_eq!(w.take(now, "export", true).expect_err("kept").held, Held::Reserve);
+        assert!(w.take(now, "web", false).is_ok(), "interactive still goes");
+        // Nothing interactive for a long while: bulk may take all but the reserve.
+        let mut idle = Window::new(limits(120, 120, 12));
+        assert_eq!((0..200).filter(|_| idle.take(now, "export", true).is_ok()).count(), 108);
     }
 
     #[test]

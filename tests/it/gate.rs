@@ -354,17 +354,22 @@ async fn a_trickle_beside_a_flood_at_twenty_times_the_rate_is_answered_within_a_
     assert_eq!(charged, billed, "ledger = bill");
 }
 
-/// Three replicas on one Redis, a shared window paced at one a second
+/// Three replicas on one Redis, a shared window paced at one call in 5 s
 /// after a burst of 3: the burst spent through the first replica, three
 /// misses queue on the other two and their clients hang up. No call starts
 /// for them, on either replica.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn across_replicas_a_miss_whose_client_left_costs_no_call() {
     let redis = RedisServer::start();
-    let sim = strict_sim(60).await;
+    let sim = strict_sim(12).await;
     let setup = Setup::new().redis(&redis.url()).with(|c| {
-        c.upstream.requests_per_minute = 60;
+        // A place every 5 s after the burst: none comes between the misses
+        // being seen queued and their clients hanging up.
+        c.upstream.requests_per_minute = 12;
         c.upstream.burst = Some(3);
+        c.upstream.max_queue_wait_secs = 20;
+        c.cache.coalesce_wait_ms = 60_000;
+        c.quota.reservation_lease_secs = 60;
         c.cache.redis_timeout_ms = 3000;
     });
     let gws = futures_replicas(&setup, &sim, 3).await;

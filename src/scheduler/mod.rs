@@ -45,7 +45,7 @@ use window::{Held, Limits};
 /// lower bound, and a call admitted at the edge of the bound must not be
 /// refused for a few milliseconds of jitter. Part of the margin that
 /// `quota.reservation_lease_secs` keeps beyond the queue and the call.
-const QUEUE_SLACK: Duration = Duration::from_secs(1);
+const QUEUE_SLACK: Duration = Duration::from_millis(250);
 
 /// The longest the dispatcher sleeps before it asks the window again.
 const LOOK_AGAIN: Duration = Duration::from_secs(1);

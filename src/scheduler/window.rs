@@ -108,33 +108,44 @@ pub(crate) struct Window {
     interactive: Rate,
 }
 
-/// A rate of events, decayed exponentially over [`Rate::TAU`]: a steady
-/// 2 a second reads 2; a quiet minute reads near 0.
-#[derive(Debug, Clone, Copy)]
+/// A rate of events: those of the last 60 s over the time they span (at
+/// least a second), so a crowd that began a second ago reads as the crowd
+/// it is, not as a tenth of it: bulk must not take in the first seconds
+/// what the interactive calls of the minute will need.
+#[derive(Debug, Clone, Default)]
 pub(crate) struct Rate {
-    per_sec: f64,
-    at: Option<Instant>,
+    events: VecDeque<Instant>,
+    /// When the events of the span began (after a quiet span).
+    since: Option<Instant>,
 }
 
 impl Rate {
-    const TAU: f64 = 10.0;
-
-    pub(crate) const fn new() -> Rate {
-        Rate { per_sec: 0.0, at: None }
+    pub(crate) fn new() -> Rate {
+        Rate::default()
     }
 
-    /// The rate at `now`.
-    pub(crate) fn at(&self, now: Instant) -> f64 {
-        match self.at {
-            Some(at) => self.per_sec * (-now.saturating_duration_since(at).as_secs_f64() / Rate::TAU).exp(),
-            None => 0.0,
+    fn age(&mut self, now: Instant) {
+        while self.events.front().is_some_and(|t| now.saturating_duration_since(*t) >= SPAN) {
+            self.events.pop_front();
         }
+        if self.events.is_empty() {
+            self.since = None;
+        }
+    }
+
+    /// Events a second at `now`.
+    pub(crate) fn at(&mut self, now: Instant) -> f64 {
+        self.age(now);
+        let Some(since) = self.since else { return 0.0 };
+        let span = now.saturating_duration_since(since).clamp(Duration::from_secs(1), SPAN);
+        self.events.len() as f64 / span.as_secs_f64()
     }
 
     /// One event at `now`.
     pub(crate) fn count(&mut self, now: Instant) {
-        self.per_sec = self.at(now) + 1.0 / Rate::TAU;
-        self.at = Some(now);
+        self.age(now);
+        self.since.get_or_insert(now);
+        self.events.push_back(now);
     }
 }
 
@@ -248,7 +259,7 @@ impl Window {
     }
 
     /// What a bulk call must leave free now ([`kept_from_bulk`]).
-    fn kept_from_bulk(&self, now: Instant) -> u32 {
+    fn kept_from_bulk(&mut self, now: Instant) -> u32 {
         let until_aged = match self.calls.front() {
             Some(_) => self.frees(now, 1),
             None => SPAN,
@@ -384,12 +395,15 @@ mod tests {
             w.take(t0 + Duration::from_millis(500 * i), "web", false).unwrap();
         }
         let now = t0 + Duration::from_secs(10);
-        // The oldest ages in 50 s: interactive calls will want ~62 of the
-        // 100 free (the rate read so far, 1.2 a second); bulk gets the rest.
-        let bulk = (0..100).filter(|_| w.take(now, "export", true).is_ok()).count();
-        assert!((30..=45).contains(&bulk), "{bulk}");
+        // The oldest ages in 50 s: interactive calls will want 100 of the
+        // 100 free (2 a second); nothing for bulk but when they ease off.
         assert_eq!(w.take(now, "export", true).expect_err("kept").held, Held::Reserve);
-        assert!(w.take(now, "web", false).is_ok(), "interactive still goes");
+        let later = now + Duration::from_secs(40);
+        // 20 calls over 50 s now, 0.4 a second, 10 s until the oldest
+        // ages: 4 kept, and the reserve of 12 binds.
+        let bulk = (0..100).filter(|_| w.take(later, "export", true).is_ok()).count();
+        assert_eq!(bulk, 88);
+        assert!(w.take(later, "web", false).is_ok(), "interactive takes the reserve");
         // Nothing interactive for a long while: bulk may take all but the reserve.
         let mut idle = Window::new(limits(120, 120, 12));
         assert_eq!((0..200).filter(|_| idle.take(now, "export", true).is_ok()).count(), 108);

@@ -10,7 +10,7 @@
 //! makes no upstream call stays counted by a heartbeat.
 
 use super::shared::{SharedRate, HEARTBEAT};
-use super::window::{kept_from_bulk, Held, Limits, Rate, Refused, Window, SPAN};
+use super::window::{bulk_wait, kept_from_bulk, Held, Limits, Rate, Refused, Window, SPAN};
 use crate::metrics::Metrics;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
@@ -127,6 +127,10 @@ impl Pace {
         } as usize;
         if n <= free {
             return Duration::ZERO;
+        }
+        if bulk {
+            let left = limits.per_sec() - lock(&self.interactive).at(now);
+            return bulk_wait(n - free, left);
         }
         let blocked = seen
             .blocked_until

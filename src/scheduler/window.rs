@@ -109,8 +109,8 @@ pub(crate) struct Window {
 }
 
 /// A rate of events: those of the last 60 s over the time they span (at
-/// least a second), so a crowd that began a second ago reads as the crowd
-/// it is, not as a tenth of it: bulk must not take in the first seconds
+/// least [`Rate::MIN_SPAN`]), so a crowd that began seconds ago reads as
+/// the crowd it is, not as a fraction of it: bulk must not take in the first seconds
 /// what the interactive calls of the minute will need.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Rate {
@@ -120,6 +120,10 @@ pub(crate) struct Rate {
 }
 
 impl Rate {
+    /// The shortest span a rate is read over: two calls in the first
+    /// moment are not yet a rate of two a second.
+    const MIN_SPAN: Duration = Duration::from_secs(3);
+
     pub(crate) fn new() -> Rate {
         Rate::default()
     }
@@ -137,7 +141,7 @@ impl Rate {
     pub(crate) fn at(&mut self, now: Instant) -> f64 {
         self.age(now);
         let Some(since) = self.since else { return 0.0 };
-        let span = now.saturating_duration_since(since).clamp(Duration::from_secs(1), SPAN);
+        let span = now.saturating_duration_since(since).clamp(Rate::MIN_SPAN, SPAN);
         self.events.len() as f64 / span.as_secs_f64()
     }
 
@@ -297,6 +301,12 @@ impl Window {
             return Duration::ZERO;
         }
         let short = n - usable;
+        if bulk {
+            // Places come to bulk only as fast as the window frees them
+            // beyond what interactive calls take.
+            let left = self.limits.per_sec() - self.interactive.at(now);
+            return bulk_wait(short, left);
+        }
         match self.calls.len() {
             // Beyond this window's calls: the steady pace after them.
             len if short > len => {
@@ -324,6 +334,13 @@ impl Window {
         let left = (self.limits.burst as usize).saturating_sub(spent);
         Duration::from_secs_f64(n.saturating_sub(left) as f64 * interval)
     }
+}
+
+/// How long `short` bulk calls wait when places come to bulk at `per_sec`
+/// (the steady rate less the interactive calls'): past an hour, an hour.
+pub(crate) fn bulk_wait(short: usize, per_sec: f64) -> Duration {
+    let secs = short as f64 / per_sec.max(1.0 / 3600.0);
+    Duration::from_secs_f64(secs.min(3600.0))
 }
 
 /// The burst's GCRA, when the burst is less than the whole window.

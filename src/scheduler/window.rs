@@ -129,7 +129,11 @@ impl Rate {
     }
 
     fn age(&mut self, now: Instant) {
-        while self.events.front().is_some_and(|t| now.saturating_duration_since(*t) >= SPAN) {
+        while self
+            .events
+            .front()
+            .is_some_and(|t| now.saturating_duration_since(*t) >= SPAN)
+        {
             self.events.pop_front();
         }
         if self.events.is_empty() {

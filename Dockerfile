@@ -1,10 +1,10 @@
 # permit-gateway container image.
 #
-#   docker build -t permit-gateway:0.1.0 .
+#   docker build -t permit-gateway:0.2.0 --build-arg BUILD_COMMIT="$(git rev-parse --short HEAD)" .
 #   docker run --rm -p 8080:8080 -p 9090:9090 \
 #     -e PERMIT_GATEWAY_UPSTREAM__API_KEY=... \
 #     -v permit-gateway-data:/var/lib/permit-gateway \
-#     permit-gateway:0.1.0
+#     permit-gateway:0.2.0
 #
 # The binary is built from the same context CI builds, with the `dist`
 # profile (release + fat LTO, Cargo.toml; what the benchmarks measure),
@@ -43,6 +43,9 @@ WORKDIR /src
 #    was added. No dependency-only layer: it needs a stub per member and
 #    target, the same trap. .ci/run builds from exactly this context.
 COPY . .
+# The commit `--version` and `gateway_build_info` name: the context has no
+# .git, so it comes from the command line (build.rs; `unknown` without it).
+ARG BUILD_COMMIT=unknown
 RUN cargo build --profile dist --locked --no-default-features -p permit-gateway --bin permit-gateway \
  && ./target/dist/permit-gateway --version
 

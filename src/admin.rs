@@ -290,7 +290,8 @@ async fn teams(app: &App) -> Response<Body> {
 }
 
 /// `GET /admin/usage.csv?from=YYYY-MM-DD&to=YYYY-MM-DD` (default: the last
-/// 30 days): credits spent and saved per team, day and route, for chargeback.
+/// 30 days): credits spent and saved per team, day, route and app, for
+/// chargeback (its columns: `ledger::export`).
 async fn usage_csv(app: &App, query: Option<&str>) -> Result<Response<Body>, GatewayError> {
     let today = app.ledger.today();
     let day = |name: &'static str, default: u32| -> Result<u32, GatewayError> {
@@ -316,100 +317,8 @@ async fn usage_csv(app: &App, query: Option<&str>) -> Result<Response<Body>, Gat
         tracing::error!(error = %e, "usage.csv: ledger read failed");
         GatewayError::Unavailable("Credit ledger unavailable")
     })?;
-    let mut csv = String::from("team,app,date,route,credits_spent,credits_saved\n");
-    for r in by_app(rows) {
-        csv.push_str(&format!(
-            "{},{},{},{},{},{}\n",
-            r.team,
-            r.app,
-            ledger::date_of(r.day),
-            r.route,
-            r.spent,
-            r.saved
-        ));
-    }
+    let csv = ledger::export::usage_csv(rows, crate::config::DEFAULT_APP);
     Ok(bytes_response(StatusCode::OK, "text/csv; charset=utf-8", csv.into()))
-}
-
-/// One row of usage.csv: a team's app's spend and savings on a day and route.
-#[derive(Debug, PartialEq, Eq)]
-struct AppRow {
-    team: String,
-    app: String,
-    day: u32,
-    route: String,
-    spent: u64,
-    saved: u64,
-}
-
-/// The ledger's rows by team and app: each app account's (`team/app`)
-/// under its app; what the team's own row holds beyond its apps' (spend
-/// from before the team named its apps, or a team of one token) under
-/// `default`. The company's account is no team's. Sorted by team, day,
-/// route and app.
-fn by_app(rows: Vec<ledger::UsageRow>) -> Vec<AppRow> {
-    use std::collections::BTreeMap;
-    let mut teams: BTreeMap<(String, u32, String), (u64, u64)> = BTreeMap::new();
-    let mut apps: BTreeMap<(String, u32, String, String), (u64, u64)> = BTreeMap::new();
-    for r in rows {
-        if r.team == ledger::ORG_ACCOUNT {
-            continue;
-        }
-        match r.team.split_once('/') {
-            Some((team, app)) => {
-                let e = apps
-                    .entry((team.to_string(), r.day, r.route, app.to_string()))
-                    .or_default();
-                *e = (e.0 + r.spent, e.1 + r.saved);
-            }
-            None => {
-                let e = teams.entry((r.team, r.day, r.route)).or_default();
-                *e = (e.0 + r.spent, e.1 + r.saved);
-            }
-        }
-    }
-    let mut out = Vec::new();
-    for ((team, day, route), (spent, saved)) in teams {
-        let mine: Vec<_> = apps
-            .range((team.clone(), day, route.clone(), String::new())..)
-            .take_while(|((t, d, r, _), _)| *t == team && *d == day && *r == route)
-            .map(|((_, _, _, app), figures)| (app.clone(), *figures))
-            .collect();
-        let (apps_spent, apps_saved) = mine.iter().fold((0, 0), |(s, v), (_, f)| (s + f.0, v + f.1));
-        let mut rest = Some((spent.saturating_sub(apps_spent), saved.saturating_sub(apps_saved)))
-            .filter(|(s, v)| *s > 0 || *v > 0);
-        let mut rows: Vec<AppRow> = mine
-            .into_iter()
-            .map(|(app, (mut spent, mut saved))| {
-                if app == crate::config::DEFAULT_APP {
-                    if let Some((s, v)) = rest.take() {
-                        (spent, saved) = (spent + s, saved + v);
-                    }
-                }
-                AppRow {
-                    team: team.clone(),
-                    app,
-                    day,
-                    route: route.clone(),
-                    spent,
-                    saved,
-                }
-            })
-            .collect();
-        if let Some((spent, saved)) = rest {
-            rows.push(AppRow {
-                team: team.clone(),
-                app: crate::config::DEFAULT_APP.to_string(),
-                day,
-                route: route.clone(),
-                spent,
-                saved,
-            });
-        }
-        rows.sort_by(|a, b| a.app.cmp(&b.app));
-        out.extend(rows);
-    }
-    out
 }
 
 /// The first value of a query parameter, decoded.

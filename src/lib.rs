@@ -48,7 +48,8 @@
 //!   timeouts and a breaker (one each for the cache, the ledger and the
 //!   shared rate); every Redis key and its Cluster hash tag
 //!   (`redis_backend::keys`).
-//! - [`ledger`]: team budgets: reserve, settle, release; file or Redis store.
+//! - [`ledger`]: team budgets: reserve, settle, release; file or Redis store;
+//!   the chargeback export (`ledger::export`) and the file's format version.
 //! - [`error`]: the one error type and its one mapping to HTTP.
 //! - [`metrics`]: every metric name, recorded through typed methods.
 //! - [`telemetry`]: logs (human or JSON) through a bounded queue that never
@@ -124,6 +125,17 @@ pub mod server;
 pub mod telemetry;
 mod upstream;
 mod volume;
+
+/// This release: `Cargo.toml`'s version, bumped by every change of a stored
+/// format, an export's columns, a config key or a metric (CHANGELOG.md).
+pub const VERSION: &str = env!("CARGO_PKG_VERSION");
+
+/// The git commit this binary was built from (short), or `unknown` when
+/// the build had no git (`build.rs`).
+pub const COMMIT: &str = env!("GATEWAY_COMMIT");
+
+/// What `permit-gateway --version` prints after the name.
+pub const LONG_VERSION: &str = concat!(env!("CARGO_PKG_VERSION"), " (commit ", env!("GATEWAY_COMMIT"), ")");
 
 use app::App;
 use std::future::Future;

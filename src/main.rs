@@ -15,7 +15,7 @@ static ALLOCATOR: permit_gateway::memory::Allocator = permit_gateway::memory::Al
 #[derive(Parser)]
 #[command(
     name = "permit-gateway",
-    version,
+    version = permit_gateway::LONG_VERSION,
     about = "A caching, credit-aware gateway in front of one metered permit-data API"
 )]
 struct Cli {
@@ -155,7 +155,8 @@ async fn serve(path: Option<PathBuf>) -> ExitCode {
     tracing::info!(
         listen = %listeners.team.local_addr().map(|a| a.to_string()).unwrap_or_default(),
         admin = %listeners.admin.local_addr().map(|a| a.to_string()).unwrap_or_default(),
-        version = env!("CARGO_PKG_VERSION"),
+        version = permit_gateway::VERSION,
+        commit = permit_gateway::COMMIT,
         "permit-gateway serving"
     );
     tokio::spawn(reload_on_sighup(app.clone(), hangup));

@@ -13,6 +13,9 @@
 //!
 //! Spend is kept per team, per UTC day, per route; the window sums the days
 //! of the last 30 (`rolling_30d`, like the upstream) or of the current month.
+//! Beside the teams' own accounts the ledger keeps internal ones (the
+//! company's, each member's: [`Account`]), which [`export`] (usage.csv)
+//! never lists as teams.
 //!
 //! # A reservation's life
 //! A reservation is owned by the one task that makes the upstream call
@@ -43,6 +46,7 @@
 //! settle after the lapse that charges more than the reservation adds
 //! just the excess (the upstream billed it).
 
+pub(crate) mod export;
 pub(crate) mod file;
 pub mod redis;
 mod saved;
@@ -157,6 +161,41 @@ pub const ORG_ACCOUNT: &str = "*org";
 /// The account of a team's app (`team/app`: no team name has a `/`).
 pub fn app_account(team: &str, app: &str) -> String {
     format!("{team}/{app}")
+}
+
+/// What a ledger account is, by its name: a team's own, a member's, or
+/// internal (the company's [`ORG_ACCOUNT`], and any name no config can
+/// give a team). No export lists an internal account as a team: its spend
+/// is already in the teams' own accounts, and counting it again inflated
+/// the chargeback (issue 59).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Account<'a> {
+    Team(&'a str),
+    /// A member's (a token of `[[teams.tokens]]`: the operator's "app").
+    Member {
+        team: &'a str,
+        member: &'a str,
+    },
+    Internal,
+}
+
+impl<'a> Account<'a> {
+    pub(crate) fn of(name: &'a str) -> Account<'a> {
+        match name.split_once('/') {
+            None if is_name(name) => Account::Team(name),
+            Some((team, member)) if is_name(team) && is_name(member) => Account::Member { team, member },
+            _ => Account::Internal,
+        }
+    }
+}
+
+/// A team's or an app's name as the config allows it: 1-64 of
+/// `[a-z0-9_-]`.
+fn is_name(name: &str) -> bool {
+    (1..=64).contains(&name.len())
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_' || b == b'-')
 }
 
 /// A new reservation id.
@@ -345,6 +384,21 @@ impl Ledger {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn accounts_are_teams_apps_or_internal_by_their_name() {
+        assert_eq!(Account::of("growth"), Account::Team("growth"));
+        assert_eq!(
+            Account::of(&app_account("growth", "web")),
+            Account::Member {
+                team: "growth",
+                member: "web"
+            }
+        );
+        for internal in [ORG_ACCOUNT, "*other", "", "Growth", "a/b/c", "/web", "growth/", "a b"] {
+            assert_eq!(Account::of(internal), Account::Internal, "{internal:?}");
+        }
+    }
 
     #[test]
     fn windows_pick_their_first_day() {

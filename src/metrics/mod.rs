@@ -143,7 +143,12 @@ impl Metrics {
                 "Errors from Redis or the ledger.",
                 &["backend", "op"],
             ),
-            build_info: float_gauge_vec(&r, "gateway_build_info", "Build of the running gateway.", &["version"]),
+            build_info: float_gauge_vec(
+                &r,
+                "gateway_build_info",
+                "Build of the running gateway: its release and git commit.",
+                &["version", "commit"],
+            ),
             upstream_credits_remaining: gauge(
                 &r,
                 "gateway_upstream_credits_remaining",
@@ -183,7 +188,9 @@ impl Metrics {
             ),
             registry: r,
         };
-        m.build_info.with_label_values(&[env!("CARGO_PKG_VERSION")]).set(1.0);
+        m.build_info
+            .with_label_values(&[crate::VERSION, crate::COMMIT])
+            .set(1.0);
         register_process_wide(&m.registry);
         m
     }

@@ -32,15 +32,16 @@ async fn usage_rows(admin: &str) -> Vec<String> {
         .await;
     let text = csv.text();
     let mut lines = text.lines();
-    assert_eq!(lines.next(), Some("team,app,date,route,credits_spent,credits_saved"));
+    assert_eq!(lines.next(), Some("team,date,route,credits_spent,credits_saved,app"));
     lines.map(str::to_string).collect()
 }
 
-/// The credits usage.csv gives `team`'s `app` on `route` today.
+/// The credits usage.csv gives `team`'s `app`.
 fn spent_of(rows: &[String], team: &str, app: &str) -> u64 {
     rows.iter()
-        .filter(|r| r.starts_with(&format!("{team},{app},")))
-        .filter_map(|r| r.split(',').nth(4)?.parse::<u64>().ok())
+        .map(|r| r.split(',').collect::<Vec<_>>())
+        .filter(|cells| cells.first() == Some(&team) && cells.get(5) == Some(&app))
+        .filter_map(|cells| cells.get(3)?.parse::<u64>().ok())
         .sum()
 }
 

@@ -13,6 +13,26 @@ use http_body_util::{BodyExt, Empty};
 use permit_gateway::config::LogFormat;
 use std::time::Duration;
 
+/// Two releases can be told apart (issue 59): `--version` names the
+/// release and the commit it was built from, as `gateway_build_info` does.
+#[test]
+fn version_names_the_release_and_its_commit() {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_permit-gateway"))
+        .arg("--version")
+        .output()
+        .expect("the binary runs");
+    assert!(out.status.success());
+    let commit = permit_gateway::COMMIT;
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        format!("permit-gateway {} (commit {commit})\n", env!("CARGO_PKG_VERSION"))
+    );
+    assert!(
+        commit == "unknown" || (commit.len() >= 4 && commit.bytes().all(|b| b.is_ascii_hexdigit())),
+        "a short hash or unknown: {commit}"
+    );
+}
+
 #[tokio::test]
 async fn secrets_never_appear_in_responses_or_logs() {
     let sim = start_sim(SimConfig {

@@ -304,15 +304,15 @@ async fn admin_reports_budgets_and_chargeback_rows() {
     assert_eq!(csv.header("content-type"), Some("text/csv; charset=utf-8"));
     let text = csv.text();
     let today = chrono::Utc::now().date_naive();
-    assert!(text.starts_with("team,app,date,route,credits_spent,credits_saved\n"));
+    assert!(text.starts_with("team,date,route,credits_spent,credits_saved,app\n"));
     assert!(
-        text.contains(&format!("small,default,{today},permits_search,7,0")),
+        text.contains(&format!("small,{today},permits_search,7,0,default")),
         "{text}"
     );
     // Beta's hit saved 7 (written in the background: poll for it).
     eventually("the saved credits are recorded", Duration::from_secs(5), || async {
         let text = admin.get("/admin/usage.csv").await.text();
-        match text.contains(&format!("beta,default,{today},permits_search,0,7")) {
+        match text.contains(&format!("beta,{today},permits_search,0,7,default")) {
             true => Ok(()),
             false => Err(text),
         }

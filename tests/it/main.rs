@@ -10,6 +10,7 @@ mod cache;
 mod cluster;
 mod disk_tier;
 mod docs;
+mod exports;
 mod faults;
 mod first_scrape;
 mod front_door;

@@ -128,7 +128,13 @@ async fn every_contract_metric_moves_on_its_path() {
     let before = scrape(&gw.admin_url()).await;
     assert_eq!(before.sum("gateway_requests_total", &[]), 0.0);
     assert_eq!(
-        before.get("gateway_build_info", &[("version", env!("CARGO_PKG_VERSION"))]),
+        before.get(
+            "gateway_build_info",
+            &[
+                ("version", env!("CARGO_PKG_VERSION")),
+                ("commit", permit_gateway::COMMIT)
+            ]
+        ),
         Some(1.0)
     );
     assert_eq!(

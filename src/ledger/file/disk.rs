@@ -4,7 +4,7 @@
 //! thread that group-commits every queued write in one fsync'd transaction.
 
 use super::super::saved::{SavedTally, FLUSH_EVERY};
-use super::super::{UsageRow, UNSETTLED};
+use super::super::{Account, UsageRow, UNSETTLED};
 use crate::route::Route;
 use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition, WriteTransaction};
 use std::path::Path;
@@ -12,12 +12,27 @@ use std::sync::{mpsc, Arc};
 use std::time::Duration;
 use tokio::sync::oneshot;
 
-/// (team, day, route) → (credits spent, credits saved).
-const SPEND: TableDefinition<(&str, u32, &str), (u64, u64)> = TableDefinition::new("spend");
+/// (team, day, route) → (credits spent, credits saved): the teams' own
+/// accounts, the one spend table of the releases before format 2
+/// (`format`), which still read it.
+pub(super) const SPEND: TableDefinition<(&str, u32, &str), (u64, u64)> = TableDefinition::new("spend");
 
 /// Reservation id → (team, amount, day): reservations whose call may be
-/// running (or was, when the process died).
-const HELD: TableDefinition<u64, (&str, u64, u32)> = TableDefinition::new("held");
+/// running (or was, when the process died), of the teams' own accounts.
+pub(super) const HELD: TableDefinition<u64, (&str, u64, u32)> = TableDefinition::new("held");
+
+/// [`SPEND`] of the internal accounts (`*org`, `team/app`): apart, so that
+/// a release that predates them never reads them as teams.
+pub(super) const ACCOUNT_SPEND: TableDefinition<(&str, u32, &str), (u64, u64)> = TableDefinition::new("account_spend");
+
+/// [`HELD`] of the internal accounts.
+pub(super) const ACCOUNT_HELD: TableDefinition<u64, (&str, u64, u32)> = TableDefinition::new("account_held");
+
+/// Whether `account` is kept in the teams' tables (what a release of
+/// ledger format 1 reads) rather than the internal accounts'.
+pub(super) fn in_team_tables(account: &str) -> bool {
+    matches!(Account::of(account), Account::Team(_))
+}
 
 /// The hold log of the releases before the file ledger was redb alone,
 /// beside `ledger.redb`.
@@ -144,58 +159,57 @@ pub(super) fn load(db: &Database, since: u32, today: u32) -> Result<Loaded, redb
 fn recover(db: &Database, today: u32) -> Result<usize, redb::Error> {
     let txn = begin(db, true)?;
     let mut lapsed = Vec::new();
-    for item in txn.open_table(HELD)?.iter()? {
-        let (id, v) = item?;
-        let (team, amount, day) = v.value();
-        lapsed.push(Op::End {
-            id: id.value(),
-            team: team.to_string(),
-            day: day.max(today),
-            route: UNSETTLED,
-            spent: amount,
-        });
+    for table in [HELD, ACCOUNT_HELD] {
+        for item in txn.open_table(table)?.iter()? {
+            let (id, v) = item?;
+            let (team, amount, day) = v.value();
+            lapsed.push(Op::End {
+                id: id.value(),
+                team: team.to_string(),
+                day: day.max(today),
+                route: UNSETTLED,
+                spent: amount,
+            });
+        }
     }
     apply(&txn, lapsed.iter(), &[])?;
     txn.commit()?;
     Ok(lapsed.len())
 }
 
+/// Every account's spend since `since`: (account, day, credits spent).
 fn read_spend(db: &Database, since: u32) -> Result<Vec<(String, u32, u64)>, redb::Error> {
-    let read = db.begin_read()?;
-    let table = read.open_table(SPEND)?;
-    let mut spend = Vec::new();
-    for item in table.iter()? {
-        let (k, v) = item?;
-        let (team, day, _route) = k.value();
-        let (spent, _saved) = v.value();
-        if day >= since && spent > 0 {
-            spend.push((team.to_string(), day, spent));
-        }
-    }
-    Ok(spend)
+    Ok(read_rows(db, since, u32::MAX)?
+        .into_iter()
+        .filter(|r| r.spent > 0)
+        .map(|r| (r.team, r.day, r.spent))
+        .collect())
 }
 
-/// The spend rows between two days inclusive.
+/// The spend rows of every account (the teams' and the internal ones')
+/// between two days inclusive.
 pub(super) fn read_rows(db: &Database, from: u32, to: u32) -> Result<Vec<UsageRow>, redb::Error> {
     let txn = db.begin_read()?;
-    let table = match txn.open_table(SPEND) {
-        Ok(t) => t,
-        Err(redb::TableError::TableDoesNotExist(_)) => return Ok(Vec::new()),
-        Err(e) => return Err(e.into()),
-    };
     let mut rows = Vec::new();
-    for item in table.iter()? {
-        let (k, v) = item?;
-        let (team, day, route) = k.value();
-        let (spent, saved) = v.value();
-        if (from..=to).contains(&day) {
-            rows.push(UsageRow {
-                team: team.to_string(),
-                day,
-                route: route.to_string(),
-                spent,
-                saved,
-            });
+    for definition in [SPEND, ACCOUNT_SPEND] {
+        let table = match txn.open_table(definition) {
+            Ok(t) => t,
+            Err(redb::TableError::TableDoesNotExist(_)) => continue,
+            Err(e) => return Err(e.into()),
+        };
+        for item in table.iter()? {
+            let (k, v) = item?;
+            let (team, day, route) = k.value();
+            let (spent, saved) = v.value();
+            if (from..=to).contains(&day) {
+                rows.push(UsageRow {
+                    team: team.to_string(),
+                    day,
+                    route: route.to_string(),
+                    spent,
+                    saved,
+                });
+            }
         }
     }
     Ok(rows)
@@ -264,9 +278,9 @@ fn drain(rx: &mpsc::Receiver<Write>, batch: &mut Vec<Write>) {
 /// A write transaction; a durable one commits in two phases (see `open`).
 #[expect(
     clippy::disallowed_methods,
-    reason = "the ledger's one writer: the writer thread's commits, and recovery at open before that thread starts"
+    reason = "the ledger's one writer: the writer thread's commits, and recovery and the format's upgrade at open before that thread starts"
 )]
-fn begin(db: &Database, durable: bool) -> Result<WriteTransaction, redb::Error> {
+pub(super) fn begin(db: &Database, durable: bool) -> Result<WriteTransaction, redb::Error> {
     let mut txn = db.begin_write()?;
     if durable {
         txn.set_two_phase_commit(true);
@@ -297,9 +311,13 @@ fn apply<'a>(
     ops: impl Iterator<Item = &'a Op>,
     saved: &[(String, u32, Route, u64)],
 ) -> Result<(), redb::Error> {
-    let mut held = txn.open_table(HELD)?;
-    let mut table = txn.open_table(SPEND)?;
+    // Each account's rows in its tables: the teams' own, or the internal
+    // accounts' (`format`).
+    let mut held = [txn.open_table(HELD)?, txn.open_table(ACCOUNT_HELD)?];
+    let mut tables = [txn.open_table(SPEND)?, txn.open_table(ACCOUNT_SPEND)?];
+    let at = |team: &str| usize::from(!in_team_tables(team));
     let mut credit = |team: &str, day: u32, route: &str, spent_now: u64, saved_now: u64| {
+        let table = &mut tables[at(team)];
         let key = (team, day, route);
         let (spent, saved) = table.get(key)?.map_or((0, 0), |v| v.value());
         table.insert(key, (spent.saturating_add(spent_now), saved.saturating_add(saved_now)))?;
@@ -308,7 +326,7 @@ fn apply<'a>(
     for op in ops {
         match op {
             Op::Hold { id, team, amount, day } => {
-                held.insert(*id, (team.as_str(), *amount, *day))?;
+                held[at(team)].insert(*id, (team.as_str(), *amount, *day))?;
             }
             Op::End {
                 id,
@@ -318,7 +336,7 @@ fn apply<'a>(
                 spent,
             } => {
                 // Only the first end of a reservation counts.
-                let was_held = held.remove(*id)?.is_some();
+                let was_held = held[at(team)].remove(*id)?.is_some();
                 if was_held && *spent > 0 {
                     credit(team, *day, route, *spent, 0)?;
                 }

@@ -24,8 +24,16 @@
 //! it and says what to do. So does the hold log of the releases before
 //! the file ledger was redb alone (`holds.log`), which this one does not
 //! read. `ledger.redb` is the one file to back up (docs/operations.md).
+//!
+//! **The file records its format** (`format`): a start refuses a file of a
+//! newer format than it knows, before writing anything, and brings an
+//! older one up. The internal accounts (`*org`, `team/app`) have tables of
+//! their own, which the releases before them do not read.
 
 mod disk;
+mod format;
+#[cfg(test)]
+mod format_tests;
 #[cfg(test)]
 mod tests;
 
@@ -87,6 +95,8 @@ impl FileLedger {
         }
         let path = dir.join("ledger.redb");
         let db = Arc::new(disk::open(&path)?);
+        // Before anything is written: a newer format is refused as it is.
+        format::check(&db, &path)?;
         let today = clock.today();
         let since = today.saturating_sub(MEMORY_DAYS);
         let disk::Loaded { spend, unsettled } =

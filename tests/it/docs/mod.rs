@@ -10,10 +10,13 @@
 //! proxy's functions, in the code's order ([`phases`]); docs/metrics.md's
 //! size of a scrape and its families missing from the first scrape are
 //! measured ([`series`]); no dashboard query uses a recording rule
-//! ([`dashboards`]). The key table is one Markdown table (no blank or other
+//! ([`dashboards`]); CHANGELOG.md's newest release is the crate's version,
+//! and a release that changes a contract says how to upgrade and roll back
+//! ([`changelog`]). The key table is one Markdown table (no blank or other
 //! line inside it), the README's workspace list names every workspace
 //! member, and design §3.2 names every section of `config/defaults.toml`.
 
+mod changelog;
 mod cited_paths;
 mod dashboards;
 mod glossary;

@@ -3,15 +3,19 @@
 //! naming the file and what to do, and exits non-zero; it never reads a
 //! damaged file as less spend. And the hold log of the releases before
 //! issue 35 (`holds.log`), left beside it, stops the start until the
-//! operator folds it with a clean stop of that release.
+//! operator folds it with a clean stop of that release. A file this release
+//! wrote shows a release of the format before (0.1.0) only the teams'
+//! spend, and a file of a newer format stops the start in one line
+//! naming the release to run (issue 59).
 
 use crate::support::client::Client;
-use crate::support::gateway::{ChildGateway, Setup, SMALL};
+use crate::support::gateway::{app_token, ChildGateway, Setup, ALPHA, BETA, SMALL, WEB};
 use crate::support::query::Query;
 use crate::support::sim::{start_sim, unlimited, Sim};
 use crate::support::traffic::charged_to;
 use http::StatusCode;
-use std::path::PathBuf;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 /// A gateway that charged `SMALL` for three misses and was stopped cleanly
@@ -119,4 +123,83 @@ async fn a_leftover_hold_log_stops_the_start_until_it_is_folded() {
     std::fs::remove_file(&log).expect("remove");
     let gw = ChildGateway::spawn(&setup, &sim.base_url(), sim.api_key());
     assert_eq!(Client::new(gw.base_url(), SMALL.1).used().await, charged);
+}
+
+/// The spend table as 0.1.0 declared it (df0013b): what a release of
+/// ledger format 1 reads as its teams' spend.
+const SPEND_OF_0_1_0: redb::TableDefinition<(&str, u32, &str), (u64, u64)> = redb::TableDefinition::new("spend");
+
+/// What a release of format 1 reads of `file`: credits spent by account.
+fn as_0_1_0_reads(file: &Path) -> BTreeMap<String, u64> {
+    use redb::{ReadableDatabase, ReadableTable};
+    let db = redb::Database::open(file).expect("opens");
+    let read = db.begin_read().expect("reads");
+    let mut spent = BTreeMap::new();
+    for item in read.open_table(SPEND_OF_0_1_0).expect("spend").iter().expect("iter") {
+        let (k, v) = item.expect("row");
+        *spent.entry(k.value().0.to_string()).or_default() += v.value().0;
+    }
+    spent
+}
+
+/// Records in `file` the format `format`, first written by `since`, as a
+/// later release would.
+#[expect(
+    clippy::disallowed_methods,
+    reason = "the test writes the file as a later release would"
+)]
+fn record_format(file: &Path, format: &str, since: &str) {
+    let meta: redb::TableDefinition<&str, &str> = redb::TableDefinition::new("meta");
+    let db = redb::Database::open(file).expect("opens");
+    let txn = db.begin_write().expect("writes");
+    {
+        let mut table = txn.open_table(meta).expect("meta");
+        table.insert("format", format).expect("insert");
+        table.insert("since", since).expect("insert");
+    }
+    txn.commit().expect("commits");
+}
+
+#[tokio::test]
+async fn a_ledger_of_this_release_shows_an_older_one_only_teams_and_a_newer_format_stops_the_start() {
+    let sim = start_sim(unlimited()).await;
+    // Spend in every kind of account: a team's, an app's, the company's.
+    let setup = Setup::new()
+        .team(ALPHA, |t| t.tokens = vec![app_token(WEB)])
+        .with(|c| c.quota.org_credit_limit = Some(1000));
+    let mut gw = ChildGateway::spawn(&setup, &sim.base_url(), sim.api_key());
+    let s = sim.samples();
+    for (i, (team, token)) in [(ALPHA, WEB), (ALPHA, ALPHA), (BETA, BETA)].into_iter().enumerate() {
+        Client::new(gw.base_url(), token.1)
+            .get(Query::distinct(&s, i as u32).size(4 + i as u32))
+            .request_id(&format!("{}-{i}", team.0))
+            .await
+            .expect_status(StatusCode::OK);
+    }
+    gw.signal("TERM");
+    assert!(gw.wait_exit(Duration::from_secs(20)).success());
+    let file = setup.data_dir().join("ledger").join("ledger.redb");
+    let billed = BTreeMap::from([
+        (ALPHA.0.to_string(), charged_to(&sim, "alpha-")),
+        (BETA.0.to_string(), charged_to(&sim, "beta-")),
+    ]);
+    assert_eq!(
+        as_0_1_0_reads(&file),
+        billed,
+        "0.1.0 on this file: its teams and their spend, no `*org` or `alpha/web`"
+    );
+    record_format(&file, "99", "9.9.9");
+    let (status, logs) = ChildGateway::refused(&setup, &sim.base_url(), sim.api_key(), None);
+    assert!(!status.success(), "exits non-zero ({status}): {logs}");
+    let said: Vec<&str> = logs.lines().filter(|l| l.contains("ledger format")).collect();
+    assert_eq!(said.len(), 1, "one line: {logs}");
+    for words in [
+        "cannot start",
+        "ledger.redb",
+        "ledger format 99",
+        "run permit-gateway 9.9.9 or later",
+    ] {
+        assert!(said[0].contains(words), "the line says {words:?}: {logs}");
+    }
+    assert_eq!(as_0_1_0_reads(&file), billed, "the refused start wrote nothing");
 }

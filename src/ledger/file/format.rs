@@ -1,0 +1,144 @@
+//! The file ledger's format version, checked at every start before
+//! anything is written.
+//!
+//! `ledger.redb` records the format it is in (table `meta`: `format`, and
+//! `since`, the first release that writes it). A start on a file of a newer
+//! format than this release knows refuses with one line naming the release
+//! to run instead: a table it does not know may hold spend, and a silent
+//! misreading is worse than no start. A file of an older format is brought
+//! to this one in one durable transaction.
+//!
+//! The formats:
+//! 1. the releases up to 0.1.0 (no `meta` table): every account's spend in
+//!    `spend`, every reservation in `held`;
+//! 2. since 0.2.0: the teams' own accounts stay in `spend` and `held`; the
+//!    internal ones (`*org`, `team/app`: `ledger::Account`) are in
+//!    `account_spend` and `account_held`, which a release of format 1 does
+//!    not read. So 0.1.0 started on a file of this format (a rollback)
+//!    lists only teams in its usage.csv, with their own spend: it ignores
+//!    the app and company budgets, whose accounts wait untouched for the
+//!    next upgrade (docs/operations.md, "Upgrading").
+
+use super::disk::{begin, in_team_tables, ACCOUNT_HELD, ACCOUNT_SPEND, HELD, SPEND};
+use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
+use std::path::Path;
+
+/// The format this release writes, and the newest it reads.
+pub(super) const FORMAT: u32 = 2;
+
+/// The first release that writes [`FORMAT`].
+const FORMAT_SINCE: &str = "0.2.0";
+
+/// `format` → the format's number; `since` → the first release writing it.
+/// Its name and types never change: every release must read it to know
+/// whether it may read the rest.
+const META: TableDefinition<&str, &str> = TableDefinition::new("meta");
+
+/// The format recorded in the file: 1 when it records none (a file of
+/// 0.1.0 or earlier, or a new one), and the release that wrote it.
+fn recorded(db: &Database) -> Result<(u32, String), redb::Error> {
+    let read = db.begin_read()?;
+    let meta = match read.open_table(META) {
+        Ok(t) => t,
+        Err(redb::TableError::TableDoesNotExist(_)) => return Ok((1, String::new())),
+        Err(e) => return Err(e.into()),
+    };
+    let text = |key: &str| -> Result<String, redb::Error> {
+        Ok(meta.get(key)?.map(|v| v.value().to_string()).unwrap_or_default())
+    };
+    // A number this release cannot parse is a format it does not know.
+    let format = text("format")?.parse::<u32>().unwrap_or(u32::MAX);
+    Ok((format, text("since")?))
+}
+
+/// Refuses a file of a newer format (before anything is written); brings
+/// an older one to [`FORMAT`].
+pub(super) fn check(db: &Database, path: &Path) -> Result<(), String> {
+    let cannot = |e: redb::Error| format!("quota.path: cannot read the format of {}: {e}", path.display());
+    let (format, since) = recorded(db).map_err(cannot)?;
+    if format > FORMAT {
+        return Err(newer(path, format, &since));
+    }
+    if format < FORMAT {
+        let moved = upgrade(db).map_err(|e| format!("quota.path: cannot upgrade {}: {e}", path.display()))?;
+        tracing::info!(
+            path = %path.display(),
+            from = format,
+            to = FORMAT,
+            internal_rows_moved = moved,
+            "credit ledger: format upgraded"
+        );
+    }
+    Ok(())
+}
+
+/// What an operator reads when the file is newer than this release.
+fn newer(path: &Path, format: u32, since: &str) -> String {
+    let release = if since.is_empty()
+        || !since
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'.' || b == b'-')
+    {
+        "a later release".to_string()
+    } else {
+        format!("permit-gateway {since} or later")
+    };
+    format!(
+        "the credit ledger {} is in ledger format {}, which this permit-gateway {} (formats up to {FORMAT}) \
+         cannot read: run {release} on it (docs/operations.md, \"Upgrading\")",
+        path.display(),
+        if format == u32::MAX {
+            "unknown".to_string()
+        } else {
+            format.to_string()
+        },
+        crate::VERSION,
+    )
+}
+
+/// One durable transaction: the internal accounts' rows move from the
+/// teams' tables to their own (added to what is there), and the format is
+/// recorded. Answers the rows moved.
+fn upgrade(db: &Database) -> Result<usize, redb::Error> {
+    let txn = begin(db, true)?;
+    let mut moved = 0;
+    {
+        let mut spend = txn.open_table(SPEND)?;
+        let mut rows = Vec::new();
+        for item in spend.iter()? {
+            let (k, v) = item?;
+            let (account, day, route) = k.value();
+            if !in_team_tables(account) {
+                rows.push((account.to_string(), day, route.to_string(), v.value()));
+            }
+        }
+        let mut internal = txn.open_table(ACCOUNT_SPEND)?;
+        for (account, day, route, (spent, saved)) in &rows {
+            let key = (account.as_str(), *day, route.as_str());
+            spend.remove(key)?;
+            let (s, v) = internal.get(key)?.map_or((0, 0), |v| v.value());
+            internal.insert(key, (s.saturating_add(*spent), v.saturating_add(*saved)))?;
+        }
+        moved += rows.len();
+        let mut held = txn.open_table(HELD)?;
+        let mut holds = Vec::new();
+        for item in held.iter()? {
+            let (id, v) = item?;
+            let (account, amount, day) = v.value();
+            if !in_team_tables(account) {
+                holds.push((id.value(), account.to_string(), amount, day));
+            }
+        }
+        let mut internal_held = txn.open_table(ACCOUNT_HELD)?;
+        for (id, account, amount, day) in &holds {
+            held.remove(*id)?;
+            internal_held.insert(*id, (account.as_str(), *amount, *day))?;
+        }
+        moved += holds.len();
+        let mut meta = txn.open_table(META)?;
+        meta.insert("format", FORMAT.to_string().as_str())?;
+        meta.insert("since", FORMAT_SINCE)?;
+    }
+    txn.commit()?;
+    Ok(moved)
+}

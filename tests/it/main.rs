@@ -23,6 +23,7 @@ mod monthly;
 mod observability;
 mod operator;
 mod per_core;
+mod purge;
 mod pyshovels;
 mod rate;
 mod records;

@@ -10,6 +10,7 @@
 use crate::http_util::{json_response, Body};
 use http::{header, HeaderValue, Response, StatusCode};
 use serde_json::{json, Value};
+use std::borrow::Cow;
 
 /// Who caused a failure: decides logging level and which metrics move.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -136,37 +137,49 @@ impl Spent {
 pub struct Violation {
     /// Pydantic's error type (`int_parsing`, `too_long`, ...).
     pub(crate) kind: &'static str,
-    /// The query parameter at fault.
-    pub(crate) param: &'static str,
+    /// The query parameter at fault: a declared one, or one a caller sent
+    /// that the endpoint does not take (the admin API's 422).
+    pub(crate) param: Cow<'static, str>,
     msg: String,
     /// What was sent, as Pydantic echoes it.
     input: Value,
-    ctx: Option<Value>,
+    /// Boxed: rarely set, and a `Result` carrying a `Violation` stays small.
+    ctx: Option<Box<Value>>,
 }
 
 impl Violation {
     pub(crate) fn new(
         kind: &'static str,
-        param: &'static str,
+        param: impl Into<Cow<'static, str>>,
         msg: &str,
         input: Value,
         ctx: Option<Value>,
     ) -> Violation {
         Violation {
             kind,
-            param,
+            param: param.into(),
             msg: msg.to_string(),
             input,
-            ctx,
+            ctx: ctx.map(Box::new),
         }
     }
 
     fn to_json(&self) -> Value {
         let mut v = json!({"type": self.kind, "loc": ["query", self.param], "msg": self.msg, "input": self.input});
         if let Some(ctx) = &self.ctx {
-            v["ctx"] = ctx.clone();
+            v["ctx"] = Value::clone(ctx);
         }
         v
+    }
+
+    /// The declared parameter at fault (tests compare it to a literal);
+    /// empty for a name a caller sent.
+    #[cfg(test)]
+    pub(crate) fn declared(&self) -> &'static str {
+        match self.param {
+            Cow::Borrowed(name) => name,
+            Cow::Owned(_) => "",
+        }
     }
 }
 

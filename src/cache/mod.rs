@@ -101,6 +101,9 @@ pub struct Cache {
     purges_seen: purge::Seen,
     /// The disk tier, when on and usable ([`disk`]).
     disk: Option<Arc<disk::Disk>>,
+    /// The disk tier's file when it is on but could not be opened at start:
+    /// a purge cannot reach it, and says so ([`purge`]).
+    disk_unusable: Option<std::path::PathBuf>,
     /// `cache.month_reuse`: monthly metrics filed by month ([`months`]).
     month_reuse: bool,
     /// `cache.past_month_ttl_secs`, when set ([`months`]).
@@ -132,6 +135,7 @@ impl Cache {
             record_reuse: cfg.record_reuse,
             purges_seen: purge::Seen::default(),
             disk: None,
+            disk_unusable: None,
             month_reuse: cfg.month_reuse,
             past_month_ttl: cfg.past_month_ttl(),
             refusals: refusals::Refusals::new(Duration::from_secs(cfg.refusal_ttl_secs)),
@@ -141,14 +145,15 @@ impl Cache {
     /// Adds the disk tier at `path` (`CacheConfig::disk_file`), bounded by
     /// `cache.disk_max_bytes`; an unusable path leaves it off ([`disk`]).
     pub(crate) fn with_disk(mut self, path: Option<std::path::PathBuf>, max_bytes: u64, reserve: u64) -> Cache {
-        self.disk = path.and_then(|p| {
+        self.disk = path.as_ref().and_then(|p| {
             let limits = disk::Limits {
                 max_bytes,
                 reserve,
                 grace: self.grace,
             };
-            disk::Disk::open(&p, limits, self.metrics.clone()).map(Arc::new)
+            disk::Disk::open(p, limits, self.metrics.clone()).map(Arc::new)
         });
+        self.disk_unusable = path.filter(|_| self.disk.is_none());
         self
     }
 

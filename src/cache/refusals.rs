@@ -4,8 +4,8 @@
 //! date it cannot read) would otherwise burn everyone's rate, one call a
 //! retry. Kept `cache.refusal_ttl_secs` (0: not kept), in this process
 //! only (a replica asks once for itself), bounded in count, and dropped by
-//! any purge. What the gateway refuses itself before the call (`route`'s
-//! checks) never gets here.
+//! any purge (a purge of one answer drops its own). What the gateway
+//! refuses itself before the call (`route`'s checks) never gets here.
 
 use bytes::Bytes;
 use http::HeaderValue;
@@ -66,6 +66,12 @@ impl Refusals {
     /// Forgets every refusal (a purge).
     pub(crate) fn clear(&self) {
         self.kept.clear();
+    }
+
+    /// Forgets the refusal of `key` (a purge of one answer): whether one
+    /// was kept.
+    pub(crate) fn forget(&self, key: &str) -> bool {
+        self.kept.remove(key).is_some()
     }
 }
 

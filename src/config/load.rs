@@ -160,13 +160,20 @@ fn nearest_key(known: &serde_json::Value, segments: &[String]) -> Option<String>
             other => other.get(s)?,
         };
     }
+    nearest(unknown, at.as_object()?.keys().map(String::as_str)).map(str::to_string)
+}
+
+/// The name among `known` nearest to `unknown`, within a typo's distance
+/// (a few letters): the "did you mean" of an unknown config key, and of
+/// an unknown parameter of the admin API (`admin::params`).
+pub(crate) fn nearest<'k>(unknown: &str, known: impl IntoIterator<Item = &'k str>) -> Option<&'k str> {
     let within = (unknown.len() / 3).max(2);
-    at.as_object()?
-        .keys()
+    known
+        .into_iter()
         .map(|k| (strsim::damerau_levenshtein(unknown, k), k))
         .filter(|(d, _)| *d <= within)
         .min()
-        .map(|(_, k)| k.clone())
+        .map(|(_, k)| k)
 }
 
 enum Reset {

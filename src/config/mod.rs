@@ -5,6 +5,7 @@
 //! state from it. The defaults file `config/defaults.toml` is compiled in, so
 //! the binary runs with no file at all, and it is the reference of every key.
 
+pub(crate) use load::nearest;
 use secret::url_redacted;
 pub(crate) use secret::Secret;
 use serde::{Deserialize, Serialize};

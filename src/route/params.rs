@@ -346,7 +346,7 @@ mod tests {
     #[test]
     fn a_required_parameter_missing_is_the_upstreams_422_in_its_order() {
         let missing = |route, q: &str| match validate(&t(route, q)) {
-            Err(GatewayError::InvalidQuery(v)) => v.iter().map(|v| (v.kind, v.param)).collect(),
+            Err(GatewayError::InvalidQuery(v)) => v.iter().map(|v| (v.kind, v.declared())).collect(),
             Ok(()) => Vec::new(),
             Err(e) => panic!("{e:?}"),
         };

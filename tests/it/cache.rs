@@ -386,7 +386,7 @@ async fn purge_empties_both_tiers_all_or_by_route() {
     assert_eq!(alpha.get(&search).await.x_cache(), Some("HIT"));
     assert_eq!(alpha.get(&release).await.x_cache(), Some("MISS"));
     assert_eq!(purge("?route=nope").await.status, StatusCode::UNPROCESSABLE_ENTITY);
-    let all = purge("").await;
+    let all = purge("?all=true").await;
     assert_eq!(
         all.json()["redis_keys"],
         4,

@@ -18,7 +18,7 @@ use std::time::Duration;
 
 /// A config file for `setup` (JSON logs, so `ChildGateway` reads its
 /// addresses), written where two processes in turn can start from it.
-fn config_file(dir: &Path, setup: &Setup, sim: &Sim) -> PathBuf {
+pub(crate) fn config_file(dir: &Path, setup: &Setup, sim: &Sim) -> PathBuf {
     let path = dir.join("gateway.toml");
     let text = ChildGateway::file_text(setup, &sim.base_url(), sim.api_key());
     std::fs::write(&path, text).expect("write config");
@@ -36,7 +36,7 @@ async fn metrics(admin: &str) -> Exposition {
 
 /// Until every write the disk tier accepted is durable (what a SIGKILL
 /// would otherwise lose: up to a second of them) and it holds `entries`.
-async fn durable(admin: &str, entries: f64) {
+pub(crate) async fn durable(admin: &str, entries: f64) {
     eventually(
         "the disk tier's writes are durable",
         Duration::from_secs(30),

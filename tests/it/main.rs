@@ -24,6 +24,7 @@ mod monthly;
 mod observability;
 mod operator;
 mod per_core;
+mod purge;
 mod pyshovels;
 mod rate;
 mod records;

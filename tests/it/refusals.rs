@@ -67,7 +67,7 @@ async fn a_value_the_upstream_refuses_costs_one_call_however_often_it_is_retried
     let every = Setup::new().with(|c| c.cache.refusal_ttl_secs = 0).start(&sim).await;
     assert_eq!(five_times(&sim, &every, &bad).await, 5);
     // A purge drops what was kept.
-    let admin = Client::admin(gw.admin_url()).post("/admin/cache/purge").await;
+    let admin = Client::admin(gw.admin_url()).post("/admin/cache/purge?all=true").await;
     assert_eq!(admin.status, StatusCode::OK, "{}", admin.text());
     assert_eq!(five_times(&sim, &gw, &bad).await, 1);
 }

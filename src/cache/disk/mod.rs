@@ -98,6 +98,10 @@ pub(crate) enum DiskPurged {
     /// Neither committed nor the file moved aside or deleted: this process
     /// reads nothing more from it, but a restart would. Not durable.
     Failed,
+    /// The tier is configured but its file could not be opened at start (a
+    /// read-only or missing volume): nothing could be purged from it, and a
+    /// start that opens it would serve what it holds. Not durable.
+    Unusable,
 }
 
 impl DiskPurged {
@@ -106,8 +110,25 @@ impl DiskPurged {
             DiskPurged::Committed(_) => "purged",
             DiskPurged::MovedAside => "moved_aside",
             DiskPurged::Failed => "failed",
+            DiskPurged::Unusable => "unusable",
         }
     }
+
+    /// Whether a restart may serve again what the purge was to remove.
+    pub(crate) fn may_come_back(self) -> bool {
+        matches!(self, DiskPurged::Failed | DiskPurged::Unusable)
+    }
+}
+
+/// What a purge removes from the file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Doomed {
+    /// Every entry.
+    All,
+    /// The entries of these routes, by the route code inside each value.
+    Routes(Vec<Route>),
+    /// These keys (one answer, one record).
+    Keys(Vec<String>),
 }
 
 /// What the writer tells the rest of the process.
@@ -215,11 +236,11 @@ impl Disk {
         }
     }
 
-    /// Removes every entry, or those of `routes`, before it returns (writes
-    /// queued before it are removed too): what it did.
-    pub(crate) async fn purge(&self, routes: Option<Vec<Route>>) -> DiskPurged {
+    /// Removes what `doomed` names, before it returns (writes queued before
+    /// it are removed too): what it did.
+    pub(crate) async fn purge(&self, doomed: Doomed) -> DiskPurged {
         let (done, rx) = oneshot::channel();
-        if !self.send_blocking(Op::Purge(routes, done)).await {
+        if !self.send_blocking(Op::Purge(doomed, done)).await {
             // The writer is gone (the tier closed): nothing is read any more.
             return DiskPurged::Committed(0);
         }
@@ -344,11 +365,16 @@ mod tests {
         assert_eq!(got[0].as_ref().unwrap().credits, 3);
         assert!(got[1].is_some() && got[2].is_none());
         assert_eq!(
-            d.purge(Some(vec![Route::PermitsSearch])).await,
+            d.purge(Doomed::Routes(vec![Route::PermitsSearch])).await,
             DiskPurged::Committed(1)
         );
         assert!(d.get("a").await.is_none(), "purged");
         assert!(d.get("b").await.is_some(), "another route's stays");
+        d.put("c", entry(r#"{"items":[3]}"#, Route::CountiesSearch));
+        let one = Doomed::Keys(vec!["b".into(), "nothing".into()]);
+        assert_eq!(d.purge(one).await, DiskPurged::Committed(1), "only a key held counts");
+        assert!(d.get("b").await.is_none(), "purged by its key");
+        assert!(d.get("c").await.is_some(), "a write queued before it, not named, stays");
         d.flush(true).await;
     }
 }

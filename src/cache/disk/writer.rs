@@ -10,11 +10,10 @@
 //! damaged; a purge that cannot commit moves the file aside.
 
 use super::frame::{frame, frame_sum, ROUTE_AT};
-use super::{DiskPurged, Shared, DURABLE_EVERY, ENTRIES, LRU, META, OVERHEAD, STATS};
+use super::{DiskPurged, Doomed, Shared, DURABLE_EVERY, ENTRIES, LRU, META, OVERHEAD, STATS};
 use crate::cache::Entry;
 use crate::guarded::guarded;
 use crate::metrics::{DiskDrop, Metrics};
-use crate::route::Route;
 use redb::{Database, Durability, ReadableTable, ReadableTableMetadata};
 use std::path::PathBuf;
 use std::sync::atomic::Ordering;
@@ -39,8 +38,8 @@ pub(super) enum Op {
     /// Removes a key if its value still carries this frame checksum (a
     /// read found it expired or damaged; a newer write stays).
     Remove(String, u64),
-    /// Every entry, or those of these routes; answers what it did.
-    Purge(Option<Vec<Route>>, oneshot::Sender<DiskPurged>),
+    /// Every entry, those of some routes, or some keys; answers what it did.
+    Purge(Doomed, oneshot::Sender<DiskPurged>),
     /// A durable commit now; with `close`, the writer then ends.
     Flush {
         close: bool,
@@ -96,8 +95,8 @@ impl Batch {
                     batch.close |= close;
                     batch.waiters.push(done);
                 }
-                Op::Purge(routes, done) => {
-                    batch.ops.push(Op::Purge(routes, oneshot::channel().0));
+                Op::Purge(doomed, done) => {
+                    batch.ops.push(Op::Purge(doomed, oneshot::channel().0));
                     batch.purges.push(done);
                 }
                 op => batch.ops.push(op),
@@ -385,10 +384,11 @@ impl Writer {
                             forget(&key, &mut entries, &mut meta, &mut lru, &mut bytes, &mut count)?;
                         }
                     }
-                    Op::Purge(routes, _) => {
-                        for key in purged_keys(&entries, routes)? {
-                            forget(&key, &mut entries, &mut meta, &mut lru, &mut bytes, &mut count)?;
-                            removed += 1;
+                    Op::Purge(doomed, _) => {
+                        for key in purged_keys(&entries, doomed)? {
+                            if forget(&key, &mut entries, &mut meta, &mut lru, &mut bytes, &mut count)? {
+                                removed += 1;
+                            }
                         }
                     }
                     Op::Flush { .. } => {}
@@ -440,10 +440,14 @@ fn forget(
     Ok(true)
 }
 
-/// The keys a purge of `routes` (of every route: `None`) removes.
-fn purged_keys(entries: &redb::Table<&str, &[u8]>, routes: Option<Vec<Route>>) -> Result<Vec<String>, redb::Error> {
-    let codes: Option<Vec<u8>> =
-        routes.map(|rs| rs.iter().map(|r| u8::try_from(r.index()).unwrap_or(u8::MAX)).collect());
+/// The keys a purge removes: those it names, or those of its routes (of
+/// every route: [`Doomed::All`]).
+fn purged_keys(entries: &redb::Table<&str, &[u8]>, doomed: Doomed) -> Result<Vec<String>, redb::Error> {
+    let codes: Option<Vec<u8>> = match doomed {
+        Doomed::Keys(keys) => return Ok(keys),
+        Doomed::All => None,
+        Doomed::Routes(rs) => Some(rs.iter().map(|r| u8::try_from(r.index()).unwrap_or(u8::MAX)).collect()),
+    };
     let mut doomed = Vec::new();
     for row in entries.iter()? {
         let (k, v) = row?;
@@ -471,6 +475,7 @@ struct Applied {
 mod tests {
     use super::*;
     use crate::cache::disk::tests::{disk, entry};
+    use crate::route::Route;
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn the_budget_evicts_the_least_recent_and_refuses_the_too_large() {

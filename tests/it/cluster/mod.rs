@@ -110,7 +110,9 @@ async fn every_script_and_multi_key_command_runs_on_a_real_cluster() {
     .await;
     // Purge scans every primary: all twelve entries and their records go,
     // whichever node holds them.
-    let purged = Client::admin(gws[0].admin_url()).post("/admin/cache/purge").await;
+    let purged = Client::admin(gws[0].admin_url())
+        .post("/admin/cache/purge?all=true")
+        .await;
     assert_eq!(purged.json()["redis_keys"], 12 + records.len(), "{}", purged.text());
     let again = alpha[2]
         .get(Query::distinct(&s, 3).size(2))

@@ -48,7 +48,7 @@ async fn hot_records_of_evicted_pages_keep_the_memory_bound() {
     drop(m);
     let with_cache = live_here();
     // What the cache kept alive is what emptying it frees.
-    let purge = Client::admin(gw.admin_url()).post("/admin/cache/purge").await;
+    let purge = Client::admin(gw.admin_url()).post("/admin/cache/purge?all=true").await;
     assert_eq!(purge.status, StatusCode::OK, "{}", purge.text());
     drop(purge);
     let kept = with_cache - live_here();

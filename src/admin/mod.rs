@@ -2,15 +2,18 @@
 //! behind a bearer token (`/metrics` too with `admin.metrics_auth`). A
 //! separate socket from team traffic, so it can be kept off the team network
 //! entirely. Its errors are [`GatewayError`]s, turned into responses by the
-//! same one mapping as the team port's.
+//! same one mapping as the team port's. An `/admin/*` call with a query
+//! parameter its endpoint does not take is refused before it acts
+//! ([`params`]); the cache purge and what it answers are [`purge`]'s.
+
+mod params;
+mod purge;
 
 use crate::app::App;
-use crate::cache::disk::DiskPurged;
 use crate::error::{GatewayError, Violation};
 use crate::http_util::{bytes_response, json_response, Body};
 use crate::ledger;
 use crate::metrics::LedgerOp;
-use crate::route::Route;
 use crate::scheduler::Asker;
 use http::header::AUTHORIZATION;
 use http::{Method, Request, Response, StatusCode};
@@ -126,8 +129,12 @@ async fn admin_route(
     path: &str,
     query: Option<&str>,
 ) -> Result<Response<Body>, GatewayError> {
+    let Some(takes) = params::taken_by(path) else {
+        return Err(GatewayError::NotFound);
+    };
+    params::check(query, takes)?;
     match (method, path) {
-        (&Method::POST, "/admin/cache/purge") => purge(app, query).await,
+        (&Method::POST, "/admin/cache/purge") => purge::purge(app, query).await,
         (&Method::GET, "/admin/teams") => Ok(teams(app).await),
         (&Method::GET, "/admin/usage.csv") => usage_csv(app, query).await,
         (&Method::POST, "/admin/reload") => match app.reload() {
@@ -175,44 +182,6 @@ fn authorize<B>(app: &App, req: &Request<B>) -> Result<(), GatewayError> {
     } else {
         Err(GatewayError::InvalidCredential)
     }
-}
-
-/// `POST /admin/cache/purge[?route=NAME]`: both tiers, all or one route.
-async fn purge(app: &App, query: Option<&str>) -> Result<Response<Body>, GatewayError> {
-    let route = match query_param(query, "route") {
-        None => None,
-        Some(name) => Some(
-            Route::from_name(&name).ok_or(GatewayError::InvalidQuery(vec![Violation::new(
-                "enum",
-                "route",
-                "not a route name",
-                Value::String(name),
-                None,
-            )]))?,
-        ),
-    };
-    let (redis_keys, disk) = app.cache.purge(route).await;
-    let purged = route.map_or("all", Route::as_str);
-    tracing::info!(
-        route = purged,
-        redis_keys,
-        disk = disk.map(DiskPurged::as_str),
-        "cache purged"
-    );
-    // 200 only for a purge that cannot come back: the disk tier's file
-    // committed it, or was moved aside (the answer says which).
-    let status = match disk {
-        Some(DiskPurged::Failed) => StatusCode::SERVICE_UNAVAILABLE,
-        _ => StatusCode::OK,
-    };
-    let mut body = json!({"purged": purged, "redis_keys": redis_keys});
-    if let Some(disk) = disk {
-        body["disk"] = json!(disk.as_str());
-    }
-    if status != StatusCode::OK {
-        body["detail"] = json!("the disk tier could not record the purge nor move its file aside: a restart would serve the purged answers again; free the volume and purge again");
-    }
-    Ok(json_response(status, &body))
 }
 
 /// Every team's spend in its window, refreshed at scrape time so the gauge

@@ -72,9 +72,12 @@ async fn a_stalled_log_and_a_token_less_flood_leave_a_teams_hits_fast() {
     let (p50, p99, max) = (took[99], took[197], took[199]);
     eprintln!("team hits under a stalled log: p50 {p50:?} p99 {p99:?} max {max:?}; {flooded} flood answers meanwhile");
     assert!(flooded > 0, "the flood went on while the team was measured");
+    // A hit that waited on the stalled log would wait for as long as it
+    // stalls (the test holds it for the whole measurement): the slowest
+    // hit is bounded far above a loaded machine's tail, far below that.
     assert!(
-        p99 < Duration::from_millis(50),
-        "p99 {p99:?} (p50 {p50:?}, max {max:?})"
+        max < Duration::from_secs(2),
+        "max {max:?} (p50 {p50:?}, p99 {p99:?})"
     );
 
     // Only anonymous lines were dropped: every team line is still queued.

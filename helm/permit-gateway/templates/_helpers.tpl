@@ -133,8 +133,8 @@ start. Every message says what to set.
 {{- fail (printf "permit-gateway: teams[%d].name must be 1-64 of [a-z0-9_-] (it is a metric label)" $i) }}
 {{- end }}
 {{- range $k, $_ := $team }}
-{{- if not (has $k (list "name" "token_sha256" "tokens" "credit_limit" "requests_per_minute" "clamp_to_budget")) }}
-{{- fail (printf "permit-gateway: teams[%d].%s is not a team key (name, token_sha256, tokens, credit_limit, requests_per_minute, clamp_to_budget)" $i $k) }}
+{{- if not (has $k (list "name" "token_sha256" "tokens" "credit_limit" "requests_per_minute" "clamp_to_budget" "weight")) }}
+{{- fail (printf "permit-gateway: teams[%d].%s is not a team key (name, token_sha256, tokens, credit_limit, requests_per_minute, clamp_to_budget, weight)" $i $k) }}
 {{- end }}
 {{- end }}
 {{- /* A team's token is its token_sha256 (the app `default`), the apps of
@@ -153,11 +153,11 @@ start. Every message says what to set.
 {{- range $j, $app := $tokens }}
 {{- $at := printf "permit-gateway: teams[%d] (%s) tokens[%d]" $i (toString $team.name) $j }}
 {{- if not (kindIs "map" $app) }}
-{{- fail (printf "%s: must be an app: name, token_sha256 and optionally not_after, credit_limit" $at) }}
+{{- fail (printf "%s: must be an app: name, token_sha256 and optionally not_after, credit_limit, class" $at) }}
 {{- end }}
 {{- range $k, $_ := $app }}
-{{- if not (has $k (list "name" "token_sha256" "not_after" "credit_limit")) }}
-{{- fail (printf "%s.%s is not a token key (name, token_sha256, not_after, credit_limit)" $at $k) }}
+{{- if not (has $k (list "name" "token_sha256" "not_after" "credit_limit" "class")) }}
+{{- fail (printf "%s.%s is not a token key (name, token_sha256, not_after, credit_limit, class)" $at $k) }}
 {{- end }}
 {{- end }}
 {{- /* The app's name is attributed in the ledger, the access log and one
@@ -272,6 +272,9 @@ requests_per_minute = {{ include "permit-gateway.tomlValue" .requests_per_minute
 {{- if not (kindIs "invalid" .clamp_to_budget) }}
 clamp_to_budget = {{ include "permit-gateway.tomlValue" .clamp_to_budget }}
 {{- end }}
+{{- if not (kindIs "invalid" .weight) }}
+weight = {{ include "permit-gateway.tomlValue" .weight }}
+{{- end }}
 {{- /* After the team's own keys: in TOML every key below [[teams.tokens]]
      belongs to the app. */}}
 {{- range (default list .tokens) }}
@@ -286,6 +289,9 @@ not_after = {{ toJson (toString .not_after) }}
 {{- end }}
 {{- if not (kindIs "invalid" .credit_limit) }}
 credit_limit = {{ include "permit-gateway.tomlValue" .credit_limit }}
+{{- end }}
+{{- if not (kindIs "invalid" .class) }}
+class = {{ toJson .class }}
 {{- end }}
 {{- end }}
 {{- end }}

@@ -75,10 +75,7 @@ async fn a_stalled_log_and_a_token_less_flood_leave_a_teams_hits_fast() {
     // A hit that waited on the stalled log would wait for as long as it
     // stalls (the test holds it for the whole measurement): the slowest
     // hit is bounded far above a loaded machine's tail, far below that.
-    assert!(
-        max < Duration::from_secs(2),
-        "max {max:?} (p50 {p50:?}, p99 {p99:?})"
-    );
+    assert!(max < Duration::from_secs(2), "max {max:?} (p50 {p50:?}, p99 {p99:?})");
 
     // Only anonymous lines were dropped: every team line is still queued.
     let metrics = scrape(&admin).await;

@@ -53,6 +53,7 @@ fn token_lookup(c: &mut Criterion) {
         .map(|i| TeamConfig {
             name: format!("team-{i:02}"),
             token_sha256: Some(TokenHash::of(&format!("pgw_token_of_team_{i:02}"))),
+            not_after: None,
             tokens: Vec::new(),
             credit_limit: Some(100_000),
             requests_per_minute: None,

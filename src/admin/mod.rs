@@ -225,6 +225,7 @@ async fn teams(app: &App) -> Response<Body> {
     for team in app.teams.load().iter() {
         let used = app.ledger.usage(&team.name).await.map(|u| u.used).ok();
         let mut tokens = Vec::new();
+        let mut apps_used = Some(0u64);
         for member in &team.members {
             let mut token = json!({
                 "name": member.name,
@@ -233,10 +234,13 @@ async fn teams(app: &App) -> Response<Body> {
                 "credit_limit": member.credit_limit,
             });
             if let Some(account) = &member.account {
-                token["used"] = json!(app.ledger.usage(account).await.map(|u| u.used).ok());
+                let app_used = app.ledger.usage(account).await.map(|u| u.used).ok();
+                apps_used = apps_used.zip(app_used).map(|(sum, u)| sum + u);
+                token["used"] = json!(app_used);
             }
             tokens.push(token);
         }
+        attribute_the_rest(&mut tokens, used, apps_used);
         out.push(json!({
             "name": team.name,
             "credit_limit": team.credit_limit,
@@ -256,6 +260,34 @@ async fn teams(app: &App) -> Response<Body> {
         "remaining": org_limit.zip(org_used).map(|(l, u)| l.saturating_sub(u)),
     });
     json_response(StatusCode::OK, &json!({ "teams": out, "org": org }))
+}
+
+/// The apps' `used` made to add up to their team's, as usage.csv's rows
+/// do (`ledger::export`): what the team's account holds beyond its apps'
+/// (spend from before the team named its apps, on its one token of old,
+/// and a removed app's) is the app `default`'s, added to that token's own
+/// when the team has one, else listed as an app `default` with no token
+/// (`not_after`, `last_used` and `credit_limit` null). Only for a team that
+/// names its apps (their tokens have `used`), and only when every figure
+/// was read.
+fn attribute_the_rest(tokens: &mut Vec<Value>, team_used: Option<u64>, apps_used: Option<u64>) {
+    let Some(rest) = team_used.zip(apps_used).map(|(t, a)| t.saturating_sub(a)) else {
+        return;
+    };
+    if rest == 0 || !tokens.iter().any(|t| t.get("used").is_some()) {
+        return;
+    }
+    let default = crate::config::DEFAULT_APP;
+    match tokens.iter_mut().find(|t| t["name"] == default) {
+        Some(token) => token["used"] = json!(token["used"].as_u64().unwrap_or(0) + rest),
+        None => tokens.push(json!({
+            "name": default,
+            "not_after": null,
+            "last_used": null,
+            "credit_limit": null,
+            "used": rest,
+        })),
+    }
 }
 
 /// `GET /admin/usage.csv?from=YYYY-MM-DD&to=YYYY-MM-DD` (default: the last

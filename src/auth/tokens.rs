@@ -124,17 +124,22 @@ impl Teams {
     #[cfg(test)]
     pub(crate) fn authenticate(&self, headers: &HeaderMap) -> Result<Caller, GatewayError> {
         self.authenticate_with(Credentials::of(headers))
+            .map_err(GatewayError::from)
     }
 
     /// [`authenticate`](Self::authenticate) by the credential headers
-    /// already picked out of the request.
-    pub(crate) fn authenticate_with(&self, credentials: Credentials<'_>) -> Result<Caller, GatewayError> {
+    /// already picked out of the request; a refusal says whose token it
+    /// was when one matched ([`Refused::ended`]).
+    pub(crate) fn authenticate_with(&self, credentials: Credentials<'_>) -> Result<Caller, Refused> {
         let token = credentials.token()?;
         let (team, member) = self.find_token(token).ok_or(GatewayError::InvalidCredential)?;
         // A token's end and its last use are seconds-grained: the coarse clock.
         let now = crate::clock::coarse_now_ms();
         if member.not_after.is_some_and(|end| now >= end) {
-            return Err(GatewayError::ExpiredCredential);
+            return Err(Refused {
+                error: GatewayError::ExpiredCredential,
+                ended: Some((team, member)),
+            });
         }
         team.requests.fetch_add(1, Ordering::Relaxed);
         member.used_at(now);
@@ -176,6 +181,30 @@ impl Teams {
     }
 }
 
+/// A request's token refused: why, and, for a token that matched but is
+/// past its `not_after`, whose it was. That team and app are the 401's
+/// (its access line and its `team` label), so the stragglers of a
+/// rotation are traced to the app that has not moved; the request gets no
+/// further than a refusal either way.
+#[derive(Debug)]
+pub(crate) struct Refused {
+    pub(crate) error: GatewayError,
+    /// The team and app of an ended token; `None` for every other refusal.
+    pub(crate) ended: Option<Caller>,
+}
+
+impl From<GatewayError> for Refused {
+    fn from(error: GatewayError) -> Refused {
+        Refused { error, ended: None }
+    }
+}
+
+impl From<Refused> for GatewayError {
+    fn from(refused: Refused) -> GatewayError {
+        refused.error
+    }
+}
+
 /// SHA-256 of a token as lowercase hex: what `token_sha256` holds.
 pub fn token_sha256_hex(token: &str) -> String {
     TokenHash::of(token).to_string()
@@ -190,6 +219,7 @@ mod tests {
         TeamConfig {
             name: name.into(),
             token_sha256: Some(TokenHash::of(token)),
+            not_after: None,
             tokens: Vec::new(),
             credit_limit,
             requests_per_minute: None,
@@ -239,6 +269,7 @@ mod tests {
         let t = Teams::from_config(&[TeamConfig {
             name: "growth".into(),
             token_sha256: Some(TokenHash::of("tok-old")),
+            not_after: None,
             tokens: vec![
                 token("web", "tok-web", Some("2999-01-01T00:00:00Z")),
                 token("batch", "tok-batch", Some("2001-01-01T00:00:00Z")),
@@ -256,9 +287,18 @@ mod tests {
         let (_, old) = who("tok-old").expect("the team's token_sha256");
         assert_eq!(old.name, "default");
         for _ in 0..2 {
-            // Refused at every use, memoized or not.
+            // Refused at every use, memoized or not, saying whose it was.
             assert_eq!(who("tok-batch").err(), Some(GatewayError::ExpiredCredential));
+            let refused = t
+                .authenticate_with(Credentials::of(&headers(&[("x-api-key", "tok-batch")])))
+                .expect_err("ended");
+            let (team, app) = refused.ended.expect("an ended token's team and app are known");
+            assert_eq!((team.name.as_str(), app.name.as_str()), ("growth", "batch"));
         }
+        let unknown = t
+            .authenticate_with(Credentials::of(&headers(&[("x-api-key", "tok-nope")])))
+            .expect_err("unknown");
+        assert!(unknown.ended.is_none(), "an unknown token is nobody's");
         assert_eq!(web.ending_soon(crate::clock::now_ms()), None, "ends in 2999");
         assert_eq!(
             web.ending_soon(web.not_after().unwrap() - 3_600_000),
@@ -274,6 +314,24 @@ mod tests {
     }
 
     #[test]
+    fn a_teams_own_not_after_ends_its_default_token() {
+        let mut ended = team("growth", "tok-old", None);
+        ended.not_after = Some("2001-01-01T00:00:00Z".parse().expect("RFC 3339"));
+        let t = Teams::from_config(&[ended, team("ops", "tok-ops", None)]);
+        let refused = t
+            .authenticate_with(Credentials::of(&headers(&[("x-api-key", "tok-old")])))
+            .expect_err("past the team's not_after");
+        assert_eq!(refused.error, GatewayError::ExpiredCredential);
+        let (team, app) = refused.ended.expect("whose");
+        assert_eq!((team.name.as_str(), app.name.as_str()), ("growth", "default"));
+        assert!(app.account.is_none(), "a team of one token keeps one account");
+        assert_eq!(
+            t.authenticate(&headers(&[("x-api-key", "tok-ops")])).unwrap().0.name,
+            "ops"
+        );
+    }
+
+    #[test]
     fn a_team_keeps_its_tenant_across_a_reload() {
         let t = growth_and_ops();
         let growth = t.by_name("growth").expect("growth").tenant;
@@ -281,6 +339,7 @@ mod tests {
         let reloaded = t.reloaded(&[TeamConfig {
             name: "growth".into(),
             token_sha256: Some(TokenHash::of("tok-new")),
+            not_after: None,
             tokens: Vec::new(),
             credit_limit: None,
             requests_per_minute: None,

@@ -372,6 +372,10 @@ pub struct TeamConfig {
     /// instead of it, `tokens` names one token per app.
     #[serde(default)]
     pub token_sha256: Option<TokenHash>,
+    /// When `token_sha256` (the app `default`) is refused from: the end of
+    /// a rotation, as `not_after` of a `[[teams.tokens]]` entry.
+    #[serde(default, deserialize_with = "values::not_after")]
+    pub not_after: Option<chrono::DateTime<chrono::Utc>>,
     /// One token per app of the team (`[[teams.tokens]]`).
     #[serde(default)]
     pub tokens: Vec<TokenConfig>,
@@ -412,8 +416,9 @@ pub struct TokenConfig {
     /// The app: 1-64 of `[a-z0-9_-]`, unique in the team.
     pub name: String,
     pub token_sha256: TokenHash,
-    /// Refused (401) from then on; the overlap of a rotation.
-    #[serde(default)]
+    /// Refused (401) from then on; the overlap of a rotation. Written as
+    /// a date (the start of its day, UTC) or a time (`values::not_after`).
+    #[serde(default, deserialize_with = "values::not_after")]
     pub not_after: Option<chrono::DateTime<chrono::Utc>>,
     /// This app's credits per window, within the team's.
     #[serde(default)]
@@ -424,12 +429,13 @@ pub struct TokenConfig {
 }
 
 impl TeamConfig {
-    /// The team's apps: its `token_sha256` as [`DEFAULT_APP`], then `tokens`.
+    /// The team's apps: its `token_sha256` as [`DEFAULT_APP`] (ending at
+    /// the team's `not_after`), then `tokens`.
     pub fn apps(&self) -> impl Iterator<Item = TokenConfig> + '_ {
         let default = self.token_sha256.map(|token_sha256| TokenConfig {
             name: DEFAULT_APP.to_string(),
             token_sha256,
-            not_after: None,
+            not_after: self.not_after,
             credit_limit: None,
             class: AppClass::Interactive,
         });

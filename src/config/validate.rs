@@ -202,6 +202,13 @@ pub(super) fn validate_teams(teams: &[TeamConfig], p: &mut Vec<String>) {
                 "{at}.token_sha256: team {team_name:?}: has no token: set token_sha256 or give it [[teams.tokens]]"
             ));
         }
+        if team.not_after.is_some() && team.token_sha256.is_none() {
+            // Nothing it could end: an app's end goes in its own entry.
+            p.push(format!(
+                "{at}.not_after: team {team_name:?}: ends the team's token_sha256, which is not set; \
+                 give an app's end as not_after in its [[teams.tokens]] entry"
+            ));
+        }
         let mut apps = std::collections::HashMap::new();
         for (k, app) in team.apps().enumerate() {
             let key = app_key(team, i, k);

@@ -271,3 +271,57 @@ impl Serialize for LogLevel {
         s.serialize_str(&self.text)
     }
 }
+
+/// The forms a `not_after` may take, for its error message.
+const NOT_AFTER_FORMS: &str = "write 2026-12-31 or 2026-12-31T00:00:00Z";
+
+/// The key toml's deserializer gives an unquoted TOML date or time as
+/// (a one-entry table holding its text): figment keeps that table.
+const TOML_DATETIME_KEY: &str = "$__toml_private_datetime";
+
+/// A token's `not_after` (`teams[].not_after`, `teams[].tokens[].not_after`),
+/// as an operator writes an end date: a date (`2026-12-31`: the start of
+/// that day, UTC), an RFC 3339 time (`2026-12-31T00:00:00Z`, or with an
+/// offset), or one without an offset (taken as UTC); quoted, or as a TOML
+/// date or date-time. chrono's own reading took only full RFC 3339, and
+/// said `premature end of input` of a date.
+pub(super) fn not_after<'de, D: Deserializer<'de>>(d: D) -> Result<Option<chrono::DateTime<chrono::Utc>>, D::Error> {
+    struct End;
+    impl<'de> Visitor<'de> for End {
+        type Value = chrono::DateTime<chrono::Utc>;
+        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            write!(f, "a date: {NOT_AFTER_FORMS}")
+        }
+        fn visit_str<E: de::Error>(self, text: &str) -> Result<Self::Value, E> {
+            parse_not_after(text).map_err(E::custom)
+        }
+        fn visit_map<M: de::MapAccess<'de>>(self, mut map: M) -> Result<Self::Value, M::Error> {
+            // An unquoted TOML date or date-time: its text under toml's key.
+            match map.next_entry::<String, String>()? {
+                Some((key, text)) if key == TOML_DATETIME_KEY => parse_not_after(&text).map_err(de::Error::custom),
+                _ => Err(de::Error::custom(format!("a table is not a date: {NOT_AFTER_FORMS}"))),
+            }
+        }
+    }
+    d.deserialize_any(End).map(Some)
+}
+
+/// `text` as a `not_after` ([`not_after`]'s forms), or the error that says
+/// what to write.
+fn parse_not_after(text: &str) -> Result<chrono::DateTime<chrono::Utc>, String> {
+    use chrono::{NaiveDate, NaiveDateTime, TimeZone, Utc};
+    let text = text.trim();
+    if let Ok(at) = chrono::DateTime::parse_from_rfc3339(text) {
+        return Ok(at.with_timezone(&Utc));
+    }
+    if let Ok(day) = NaiveDate::parse_from_str(text, "%Y-%m-%d") {
+        return Ok(Utc.from_utc_datetime(&day.and_time(chrono::NaiveTime::MIN)));
+    }
+    // No offset (a TOML local date-time): UTC, as every other time here.
+    for form in ["%Y-%m-%dT%H:%M:%S%.f", "%Y-%m-%d %H:%M:%S%.f", "%Y-%m-%dt%H:%M:%S%.f"] {
+        if let Ok(at) = NaiveDateTime::parse_from_str(text, form) {
+            return Ok(Utc.from_utc_datetime(&at));
+        }
+    }
+    Err(format!("{text:?} is not a date: {NOT_AFTER_FORMS}"))
+}

@@ -349,7 +349,21 @@ fn authenticate(
     mark: Option<&ConnectionMark>,
     ctx: &mut RequestContext,
 ) -> Result<Caller, GatewayError> {
-    let (team, member) = app.teams.load().authenticate_with(heads.credentials)?;
+    let (team, member) = match app.teams.load().authenticate_with(heads.credentials) {
+        Ok(caller) => caller,
+        Err(refused) => {
+            // An ended token matched: its 401 is its team's and app's in the
+            // access line and the metrics (the team label is a config name,
+            // bounded as ever), so a rotation's stragglers can be found; its
+            // line is queued as the team's, not as an anonymous peer's.
+            // Nothing else runs for it: no span, no budget headers (a 401).
+            if let Some((team, member)) = refused.ended {
+                ctx.team = Some(team);
+                ctx.member = Some(member);
+            }
+            return Err(refused.error);
+        }
+    };
     ctx.team = Some(team.clone());
     ctx.member = Some(member.clone());
     if let Some(mark) = mark {

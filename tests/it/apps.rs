@@ -307,6 +307,144 @@ async fn a_rotation_with_an_overlap_drops_no_request_and_the_old_token_is_refuse
     assert!(next["not_after"].is_string() && next["last_used"].is_string(), "{next}");
 }
 
+/// Issue 59: a team's own token (`token_sha256`, the app `default`) takes
+/// a `not_after` too, and a token past it is refused with a 401 that is
+/// logged and counted under its team (and app, for a team that names its
+/// apps): the rotation's stragglers are found, never by their token.
+#[tokio::test]
+async fn an_expired_team_token_gets_401_logged_and_counted_under_its_team_and_app() {
+    let sim = start_sim(unlimited()).await;
+    let ended = chrono::Utc::now() - chrono::Duration::seconds(60);
+    let setup = Setup::new()
+        .team(ALPHA, |t| {
+            t.not_after = Some(ended);
+            t.tokens = vec![app_token(WEB)];
+        })
+        .team(BETA, |t| t.not_after = Some(ended));
+    let gw = ChildGateway::spawn(&setup, &sim.base_url(), sim.api_key());
+    let s = sim.samples();
+    let calls = sim.stats().requests_total;
+    for (who, id) in [(ALPHA, "alpha-ended-0"), (BETA, "beta-ended-0")] {
+        let r = Client::new(gw.base_url(), who.1)
+            .get(Query::distinct(&s, 0).size(1))
+            .request_id(id)
+            .await;
+        assert_eq!(r.status, StatusCode::UNAUTHORIZED, "{}", r.text());
+        assert!(r.text().contains("Token expired"), "{}", r.text());
+    }
+    assert_eq!(sim.stats().requests_total, calls, "nothing bought for an ended token");
+    // The team's other app still works.
+    let web = Client::new(gw.base_url(), WEB.1).get(Query::usage()).await;
+    assert_eq!(web.status, StatusCode::OK, "{}", web.text());
+    // The access line names the team, and the app of a team that names
+    // its apps (a team of one token has one: its line names none, as ever).
+    let alpha = gw.access_line("alpha-ended-0").await;
+    assert_eq!(
+        (alpha["team"].as_str(), alpha["app"].as_str(), alpha["status"].as_u64()),
+        (Some("alpha"), Some("default"), Some(401)),
+        "{alpha}"
+    );
+    let beta = gw.access_line("beta-ended-0").await;
+    assert_eq!(
+        (beta["team"].as_str(), beta["status"].as_u64()),
+        (Some("beta"), Some(401)),
+        "{beta}"
+    );
+    assert!(beta.get("app").is_none(), "{beta}");
+    for line in [&alpha, &beta] {
+        let text = line.to_string();
+        assert!(!text.contains(ALPHA.1) && !text.contains(BETA.1), "no token in {text}");
+    }
+    // Counted under the team, not `unauthenticated`.
+    let m = crate::support::probe::scrape(&gw.admin_url()).await;
+    for team in ["alpha", "beta"] {
+        let counted = m.get("gateway_requests_total", &[("team", team), ("status", "401")]);
+        assert_eq!(counted, Some(1.0), "{team}");
+    }
+    assert_eq!(
+        m.get(
+            "gateway_requests_total",
+            &[("team", "unauthenticated"), ("status", "401")]
+        ),
+        None
+    );
+    // `/admin/teams` shows the team's token's end.
+    let teams = Client::admin(gw.admin_url()).get("/admin/teams").await.json();
+    let default = &teams["teams"][0]["tokens"][0];
+    assert_eq!(default["name"], "default", "{teams}");
+    assert!(default["not_after"].is_string(), "{default}");
+}
+
+/// The `used` of each of a team's apps in `/admin/teams`, by name.
+async fn apps_used(admin: &str, team: &str) -> (u64, Vec<(String, u64)>) {
+    let entry = crate::support::traffic::admin_team(admin, team).await;
+    let apps = entry["tokens"]
+        .as_array()
+        .expect("tokens")
+        .iter()
+        .map(|t| {
+            let name = t["name"].as_str().expect("name").to_string();
+            (name, t["used"].as_u64().unwrap_or_else(|| panic!("used: {entry}")))
+        })
+        .collect();
+    (entry["used"].as_u64().expect("used"), apps)
+}
+
+/// Issue 59: the apps' `used` in `/admin/teams` add up to the team's. The
+/// spend a team made before it named its apps (on its `token_sha256`) is
+/// the app `default`'s, as in usage.csv: added to that token's own, or an
+/// entry `default` of its own once the team's token is gone.
+#[tokio::test]
+async fn per_app_used_adds_up_to_the_teams_with_the_spend_from_before_the_apps() {
+    let sim = start_sim(unlimited()).await;
+    let file = FromFile::start(&Setup::new(), &sim).await;
+    let gw = &file.gw;
+    let s = sim.samples();
+    let buy = |token: &'static str, i: u32, size: u32| {
+        let base = gw.base_url();
+        let query = Query::distinct(&s, i).size(size);
+        async move {
+            let r = Client::new(base, token).get(query).await;
+            assert_eq!((r.status, r.credits_request()), (StatusCode::OK, Some(u64::from(size))));
+        }
+    };
+    buy(ALPHA.1, 0, 7).await;
+    // Alpha names its apps, keeping its own token as `default`.
+    let named = Setup::new().team(ALPHA, |t| t.tokens = vec![app_token(WEB), app_token(BATCH)]);
+    file.rewrite(&named, &sim);
+    assert_eq!(file.reload().await.status, StatusCode::OK);
+    buy(WEB.1, 1, 4).await;
+    buy(ALPHA.1, 2, 3).await;
+    buy(BATCH.1, 3, 2).await;
+    let (team, apps) = apps_used(&gw.admin_url(), "alpha").await;
+    assert_eq!(team, 16);
+    let want = [("default", 10), ("web", 4), ("batch", 2)].map(|(n, u)| (n.to_string(), u));
+    assert_eq!(apps, want, "default: 7 before the apps, 3 after");
+    // The team's token goes: its spend stays the app `default`'s.
+    let without = Setup::new().team(ALPHA, |t| {
+        t.token_sha256 = None;
+        t.tokens = vec![app_token(WEB), app_token(BATCH)];
+    });
+    file.rewrite(&without, &sim);
+    assert_eq!(file.reload().await.status, StatusCode::OK);
+    let (team, apps) = apps_used(&gw.admin_url(), "alpha").await;
+    let want = [("web", 4), ("batch", 2), ("default", 10)].map(|(n, u)| (n.to_string(), u));
+    assert_eq!((team, apps), (16, want.to_vec()));
+    let entry = crate::support::traffic::admin_team(&gw.admin_url(), "alpha").await;
+    let default = &entry["tokens"][2];
+    assert!(
+        default["not_after"].is_null() && default["last_used"].is_null(),
+        "{default}"
+    );
+    // usage.csv tells the same per app.
+    let rows = usage_rows(&gw.admin_url()).await;
+    assert_eq!(
+        (spent_of(&rows, "alpha", "default"), spent_of(&rows, "alpha", "web")),
+        (10, 4),
+        "{rows:#?}"
+    );
+}
+
 #[tokio::test]
 async fn an_ending_token_still_used_is_logged_once_a_day() {
     let sim = start_sim(unlimited()).await;

@@ -133,8 +133,8 @@ start. Every message says what to set.
 {{- fail (printf "permit-gateway: teams[%d].name must be 1-64 of [a-z0-9_-] (it is a metric label)" $i) }}
 {{- end }}
 {{- range $k, $_ := $team }}
-{{- if not (has $k (list "name" "token_sha256" "tokens" "credit_limit" "requests_per_minute" "clamp_to_budget" "weight")) }}
-{{- fail (printf "permit-gateway: teams[%d].%s is not a team key (name, token_sha256, tokens, credit_limit, requests_per_minute, clamp_to_budget, weight)" $i $k) }}
+{{- if not (has $k (list "name" "token_sha256" "not_after" "tokens" "credit_limit" "requests_per_minute" "clamp_to_budget" "weight")) }}
+{{- fail (printf "permit-gateway: teams[%d].%s is not a team key (name, token_sha256, not_after, tokens, credit_limit, requests_per_minute, clamp_to_budget, weight)" $i $k) }}
 {{- end }}
 {{- end }}
 {{- /* A team's token is its token_sha256 (the app `default`), the apps of
@@ -263,6 +263,9 @@ name = {{ toJson .name }}
 {{- if not (kindIs "invalid" .token_sha256) }}
 token_sha256 = {{ toJson (lower .token_sha256) }}
 {{- end }}
+{{- if not (kindIs "invalid" .not_after) }}
+not_after = {{ toJson (toString .not_after) }}
+{{- end }}
 {{- if not (kindIs "invalid" .credit_limit) }}
 credit_limit = {{ include "permit-gateway.tomlValue" .credit_limit }}
 {{- end }}
@@ -283,8 +286,8 @@ weight = {{ include "permit-gateway.tomlValue" .weight }}
 name = {{ toJson .name }}
 token_sha256 = {{ toJson (lower .token_sha256) }}
 {{- if not (kindIs "invalid" .not_after) }}
-{{- /* Quoted: the gateway reads an RFC 3339 string and refuses an
-       unquoted TOML date-time. */}}
+{{- /* Quoted, as written: the gateway reads a date or an RFC 3339
+       time from text. */}}
 not_after = {{ toJson (toString .not_after) }}
 {{- end }}
 {{- if not (kindIs "invalid" .credit_limit) }}

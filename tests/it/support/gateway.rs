@@ -84,6 +84,7 @@ fn team_config((name, token): Team) -> TeamConfig {
     TeamConfig {
         name: name.into(),
         token_sha256: Some(permit_gateway::config::TokenHash::of(token)),
+        not_after: None,
         tokens: Vec::new(),
         credit_limit: None,
         requests_per_minute: None,

@@ -8,6 +8,8 @@ fn load(text: &str) -> Result<Config, ConfigErrors> {
     Config::load(Source::Text(text))
 }
 
+mod not_after;
+
 #[test]
 fn defaults_alone_need_only_the_upstream_key() {
     let c = load(KEY).expect("defaults plus a key are valid");

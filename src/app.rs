@@ -390,6 +390,7 @@ fn open_ledger<'c>(config: &'c Config, tls: &Tls, metrics: &Arc<Metrics>) -> Res
         let redis_sockets = redis.sockets() + settles.sockets();
         let ledger = ledger::redis::RedisLedger::new(redis, &config.cache.redis_key_prefix, window, term)
             .with_clock(clock)
+            .with_teams(config.teams.iter().map(|t| t.name.clone()).collect())
             .with_settle_connection(settles)
             .with_journal(&ledger::redis::journal_path(&config.quota.path));
         Ok(Opened {

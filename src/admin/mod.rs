@@ -74,6 +74,9 @@ async fn route<B>(app: &App, req: &Request<B>) -> Result<Response<Body>, Gateway
             }
             app.cache.observe().await;
             observe_budgets(app).await;
+            app.ledger
+                .observe_org(&app.metrics, app.config.quota.org_credit_limit)
+                .await;
             observe_gate(app);
             Ok(bytes_response(
                 StatusCode::OK,

@@ -158,6 +158,19 @@ pub struct Refusal {
 /// can be named so (`[a-z0-9_-]`).
 pub const ORG_ACCOUNT: &str = "*org";
 
+/// The first day the company's account is seeded from when it holds no
+/// spend since then (the first start of a release that keeps it, on a
+/// ledger the releases before it wrote; `file::seed`, `redis::seed`): the
+/// earlier of both windows' first days, so that the teams' spend the
+/// window counts is in it, whichever window is configured now or later.
+/// The teams' own accounts always held that spend; the company's starts
+/// from it rather than from 0 (issue 59), once.
+pub(crate) fn seed_since(today: u32) -> u32 {
+    Window::Rolling30d
+        .first_day(today)
+        .min(Window::CalendarMonth.first_day(today))
+}
+
 /// The account of a team's app (`team/app`: no team name has a `/`).
 pub fn app_account(team: &str, app: &str) -> String {
     format!("{team}/{app}")
@@ -345,6 +358,21 @@ impl Ledger {
             Ledger::File(l) => Ok(l.usage(team, self.today())),
             Ledger::Redis(l) => l.usage(team, self.today()).await,
         }
+    }
+
+    /// The company's spend in its window and its cap (`limit`,
+    /// `quota.org_credit_limit`) as gauges, at scrape time: the series an
+    /// alert on the cap reads (`gateway_org_credits_used`,
+    /// `gateway_org_credit_limit`).
+    pub(crate) async fn observe_org(&self, metrics: &crate::metrics::Metrics, limit: Option<u64>) {
+        let used = match self.usage(ORG_ACCOUNT).await {
+            Ok(usage) => Some(usage.used),
+            Err(_) => {
+                metrics.ledger_error(crate::metrics::LedgerOp::Usage);
+                None
+            }
+        };
+        metrics.org_credits(used, limit);
     }
 
     /// Per team, day and route, between two days inclusive.

@@ -74,6 +74,10 @@ pub(super) struct Requests {
     pub(super) rate_limited_total: IntCounterVec,
     pub(super) gate_refusals_total: IntCounterVec,
     pub(super) quota_rejections_total: IntCounterVec,
+    /// Not in the contract table: the same 402s by the budget that refused
+    /// (`team`, `app`, `org`): `quota_rejections_total` is a contract and
+    /// keeps its one label.
+    pub(super) budget_refusals_total: IntCounterVec,
     /// Requests with a token within 7 days of its `not_after`: by team and
     /// member (`app`, whose names come from the config; a series only for
     /// a member whose ending token is still used).
@@ -119,6 +123,12 @@ impl Requests {
                 "Requests refused with 402 by a team budget.",
                 &["team"],
             ),
+            budget_refusals_total: counter(
+                r,
+                "gateway_budget_refusals_total",
+                "Requests refused with 402 by a budget, by the budget that refused: team, app (one of the team's apps) or org (quota.org_credit_limit).",
+                &["team", "budget"],
+            ),
             token_expiring_requests_total: counter(
                 r,
                 "gateway_token_expiring_requests_total",
@@ -141,6 +151,11 @@ pub(super) struct Credits {
     /// Not in the contract table: upstream charges above the call's
     /// reservation (settled as charged, logged as anomalies).
     pub(super) credit_anomalies_total: IntCounterVec,
+    /// Not in the contract table: the company's spend in its window (its
+    /// ledger account, every team's metered calls) and its cap
+    /// (`quota.org_credit_limit`; no series without one), at scrape time.
+    pub(super) org_credits_used: IntGauge,
+    pub(super) org_credit_limit: IntGaugeVec,
 }
 
 impl Credits {
@@ -181,6 +196,17 @@ impl Credits {
                 "gateway_credit_anomalies_total",
                 "Upstream charges above the worst case reserved for the call (settled as charged).",
                 &["team"],
+            ),
+            org_credits_used: gauge(
+                r,
+                "gateway_org_credits_used",
+                "Credits every team together used in the current window, as the ledger's company account holds them.",
+            ),
+            org_credit_limit: gauge_vec(
+                r,
+                "gateway_org_credit_limit",
+                "The company's cap on every team's spend per window, quota.org_credit_limit (absent: no cap).",
+                &[],
             ),
         }
     }

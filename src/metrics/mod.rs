@@ -251,6 +251,13 @@ pub mod labels {
         }
         ops
     };
+    /// `budget` of `gateway_budget_refusals_total`: every budget a 402
+    /// names.
+    pub(super) const BUDGETS: [crate::error::Spent; 3] = [
+        crate::error::Spent::Team,
+        crate::error::Spent::App(String::new()),
+        crate::error::Spent::Org,
+    ];
     /// The status a zero child is created with: the label is an open set,
     /// and one child is enough for the family and for `rate()` to start at 0.
     pub(super) const STATUS_OK: &str = "200";
@@ -318,6 +325,11 @@ impl Metrics {
                     .with_label_values(&[team, reason.as_str()]);
             }
             self.requests.quota_rejections_total.with_label_values(&[team]);
+            for budget in BUDGETS {
+                self.requests
+                    .budget_refusals_total
+                    .with_label_values(&[team, budget.as_str()]);
+            }
             self.credits.upstream_exhausted_total.with_label_values(&[team]);
         }
         for op in LEDGER_OPS {

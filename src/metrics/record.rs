@@ -5,6 +5,7 @@
 //! (validated as 1–64 of `[a-z0-9_-]`).
 
 use super::Metrics;
+use crate::error::Spent;
 use crate::route::Route;
 use http::StatusCode;
 use std::time::Duration;
@@ -330,9 +331,14 @@ impl Metrics {
             .inc();
     }
 
-    /// A request refused with 402 by the team's budget.
-    pub(crate) fn quota_rejection(&self, team: &str) {
+    /// A request refused with 402 by a budget: counted for its team, and
+    /// by the budget that refused (its 402's `budget`).
+    pub(crate) fn quota_rejection(&self, team: &str, budget: &Spent) {
         self.requests.quota_rejections_total.with_label_values(&[team]).inc();
+        self.requests
+            .budget_refusals_total
+            .with_label_values(&[team, budget.as_str()])
+            .inc();
     }
 
     /// A request with a token that ends within 7 days.
@@ -501,6 +507,23 @@ impl Metrics {
                     .with_label_values(&[team])
                     .set(clamp(limit));
             }
+        }
+    }
+
+    /// The company's spend in its window and its cap, at scrape time;
+    /// `used` is `None` when the ledger could not answer (the gauge keeps
+    /// its last value), `limit` `None` without a cap (no series).
+    pub(crate) fn org_credits(&self, used: Option<u64>, limit: Option<u64>) {
+        if let Some(used) = used {
+            self.credits.org_credits_used.set(clamp(used));
+        }
+        match limit {
+            Some(limit) => self
+                .credits
+                .org_credit_limit
+                .with_label_values::<&str>(&[])
+                .set(clamp(limit)),
+            None => self.credits.org_credit_limit.reset(),
         }
     }
 

@@ -150,9 +150,20 @@ pub(crate) struct RequestContext {
     pub(super) span: tracing::Span,
     /// The request sent `If-None-Match`: a held answer may be a 304.
     pub(super) conditional: bool,
-    /// A budget refused it: that budget's limit and what it has left, for
-    /// its 402's budget headers.
-    pub(super) refused_by: Option<(u64, u64)>,
+    /// A budget refused it: that budget's figures, for its 402's budget
+    /// headers and its access line.
+    pub(super) refused_by: Option<Refused>,
+}
+
+/// The budget that refused a request (402), as its answer tells it.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Refused {
+    pub(super) limit: u64,
+    /// What it had left: less than the call's worst case.
+    pub(super) remaining: u64,
+    /// Whose it was: `team`, `app` or `org` (`Spent::as_str`), the
+    /// access line's `budget`.
+    pub(super) budget: &'static str,
 }
 
 impl RequestContext {
@@ -227,6 +238,7 @@ impl RequestContext {
             credits: self.credits,
             took,
             refresh,
+            budget: self.refused_by.map(|r| r.budget),
             tenant: self.team.as_ref().map(|t| t.tenant),
         });
     }

@@ -118,15 +118,25 @@ fn rescue(app: &App, ctx: &mut RequestContext, e: GatewayError) -> Response<Body
                 app.metrics.rate_limited(team, Scope::Upstream);
                 app.metrics.gate_refused(team, why);
             }
-            GatewayError::QuotaExceeded { .. } => app.metrics.quota_rejection(team),
+            GatewayError::QuotaExceeded { ref budget, .. } => app.metrics.quota_rejection(team, budget),
             _ => {}
         }
     }
     // A budget's 402 tells that budget in its headers, as its body does
     // (`finish` writes them).
-    if let GatewayError::QuotaExceeded { limit, remaining, .. } = &e {
+    if let GatewayError::QuotaExceeded {
+        limit,
+        remaining,
+        budget,
+        ..
+    } = &e
+    {
         ctx.answered = Answered::BudgetRefused;
-        ctx.refused_by = Some((*limit, *remaining));
+        ctx.refused_by = Some(context::Refused {
+            limit: *limit,
+            remaining: *remaining,
+            budget: budget.as_str(),
+        });
     }
     e.into_response()
 }
@@ -156,8 +166,8 @@ async fn finish<B>(
     // routes carry none, for any team: the upstream sends none there, and
     // `/v2/usage` says it in its body.
     if let Some(team) = ctx.team.as_deref() {
-        if let Some((limit, remaining)) = ctx.refused_by {
-            credits::set_budget_headers(resp.headers_mut(), limit, remaining);
+        if let Some(refused) = ctx.refused_by {
+            credits::set_budget_headers(resp.headers_mut(), refused.limit, refused.remaining);
         } else if answered || status == 402 {
             credits::budget_headers(app, team, ctx.member.as_deref(), resp.headers_mut()).await;
         }

@@ -123,6 +123,11 @@ pub(crate) enum LedgerKey {
     SettledAt,
     SettledScan,
     Lapsed,
+    /// The company's account only (`ledger::redis::seed`): set once its
+    /// spend is whole (seeded from the teams', or found with its own),
+    /// so that no other replica seeds it again. Not in [`LedgerKey::ALL`]:
+    /// no team has one.
+    Seeded,
 }
 
 impl LedgerKey {
@@ -149,6 +154,7 @@ impl LedgerKey {
             LedgerKey::SettledAt => "settled_at",
             LedgerKey::SettledScan => "settled_scan",
             LedgerKey::Lapsed => "lapsed",
+            LedgerKey::Seeded => "seeded",
         }
     }
 }
@@ -394,6 +400,7 @@ mod tests {
                 "pgw:l:{alpha}:lapsed",
             ]
         );
+        assert_eq!(k.ledger("*org", LedgerKey::Seeded), "pgw:l:{*org}:seeded");
         assert_eq!(k.rate(), "pgw:{rate}:upstream");
         assert_eq!(k.rate_pause(), "pgw:{rate}:upstream:pause");
         assert_eq!(k.rate_replicas(), "pgw:{rate}:upstream:replicas");

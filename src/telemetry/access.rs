@@ -64,6 +64,9 @@ pub(crate) struct Line<'a> {
     pub(crate) took: Duration,
     /// A background refresh's line (no client waited for it).
     pub(crate) refresh: bool,
+    /// On a budget's 402, the budget that refused: `team`, `app` or
+    /// `org` (the 402 body's `budget`). Written last, only then.
+    pub(crate) budget: Option<&'static str>,
     /// The team's tenant; `None`: no team was authenticated, the line the
     /// log sink drops first.
     pub(crate) tenant: Option<Tenant>,
@@ -136,6 +139,9 @@ impl Line<'_> {
         field(name!("duration_ms"), Value::Millis(self.took))?;
         if self.refresh {
             field(name!("refresh"), Value::Bool(true))?;
+        }
+        if let Some(budget) = self.budget {
+            field(name!("budget"), Value::Known(budget))?;
         }
         Ok(())
     }
@@ -344,6 +350,12 @@ fn json_fields(out: &mut String, line: &Line<'_>) {
     if line.refresh {
         out.push_str(",\"refresh\":true");
     }
+    if let Some(budget) = line.budget {
+        debug_assert!(plain(budget), "{budget:?} needs escaping");
+        out.push_str(",\"budget\":\"");
+        out.push_str(budget);
+        out.push('"');
+    }
 }
 
 /// A JSON string: quoted, escaped as serde_json escapes
@@ -474,6 +486,7 @@ mod tests {
             credits: 7,
             took: Duration::from_micros(12_045),
             refresh,
+            budget: None,
             tenant: Some(crate::auth::tenant_of("al\"pha")),
         }
     }
@@ -516,6 +529,8 @@ mod tests {
         let (request_id, team, method) = (line.request_id, line.team, line.method);
         let (route, status, credits) = (line.route, line.status, line.credits);
         let (cache, answered) = (line.answer.cache, line.answer.answered);
+        // An `Option` field is recorded only when `Some`, as ours is written.
+        let budget = line.budget;
         macro_rules! event {
             ($level:ident $(, $refresh:ident)?) => {
                 tracing::$level!(
@@ -531,6 +546,7 @@ mod tests {
                     credits,
                     duration_ms,
                     $($refresh = true,)?
+                    budget,
                     "request"
                 )
             };
@@ -583,6 +599,18 @@ mod tests {
                 ..sample(false)
             });
         }
+        // A budget's 402: `budget` last.
+        lines.push(Line {
+            status: 402,
+            answer: &Answer {
+                cache: "bypass",
+                answered: "budget_refused",
+                json: "bypass\",\"answered\":\"budget_refused",
+            },
+            credits: 0,
+            budget: Some("org"),
+            ..sample(false)
+        });
         for json in [false, true] {
             for line in &lines {
                 let theirs = through_tracing(json, || emit(line));
@@ -618,6 +646,16 @@ mod tests {
         assert_eq!(v["refresh"], true);
         assert_eq!(v["trace_id"], "4bf92f3577b34da6a3ce929d0e0e4736");
         assert!(out.ends_with("}\n"));
+        assert!(v.get("budget").is_none(), "only on a budget's 402");
+        let refused = Line {
+            status: 402,
+            budget: Some("app"),
+            ..sample(false)
+        };
+        out.clear();
+        format(&mut out, &refused, Duration::new(1_764_127_965, 0), true);
+        let v: serde_json::Value = serde_json::from_str(&out).expect("one JSON object");
+        assert_eq!(v["budget"], "app");
     }
 
     #[test]

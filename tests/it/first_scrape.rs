@@ -51,8 +51,11 @@ fn has_samples(m: &Exposition, family: &str) -> bool {
 async fn a_fresh_gateway_exports_every_contract_family_at_zero() {
     let sim = start_sim(unlimited()).await;
     let redis = RedisServer::start();
+    // A limited team and a company cap: their limit gauges have series
+    // (an unlimited team, no cap: none).
     let gw = Setup::new()
         .credit_limit(ALPHA, 1000)
+        .with(|c| c.quota.org_credit_limit = Some(5000))
         .cache_redis(&redis.url())
         .start(&sim)
         .await;
@@ -85,6 +88,10 @@ async fn a_fresh_gateway_exports_every_contract_family_at_zero() {
             assert_eq!(m.get("gateway_rate_limited_total", &labels), Some(0.0), "{labels:?}");
         }
         assert_eq!(m.get("gateway_quota_rejections_total", &[("team", t)]), Some(0.0));
+        for budget in ["team", "app", "org"] {
+            let labels = [("team", t), ("budget", budget)];
+            assert_eq!(m.get("gateway_budget_refusals_total", &labels), Some(0.0), "{labels:?}");
+        }
         assert_eq!(m.get("gateway_team_credits_used", &[("team", t)]), Some(0.0));
     }
     assert_eq!(m.get("gateway_team_credit_limit", &[("team", "alpha")]), Some(1000.0));
@@ -92,6 +99,14 @@ async fn a_fresh_gateway_exports_every_contract_family_at_zero() {
         m.get("gateway_team_credit_limit", &[("team", "beta")]),
         None,
         "unlimited"
+    );
+    assert_eq!(
+        (
+            m.get("gateway_org_credits_used", &[]),
+            m.get("gateway_org_credit_limit", &[])
+        ),
+        (Some(0.0), Some(5000.0)),
+        "the company's spend and cap"
     );
     for route in Route::ALL.map(Route::as_str) {
         assert_eq!(

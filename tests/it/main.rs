@@ -23,6 +23,7 @@ mod money;
 mod monthly;
 mod observability;
 mod operator;
+mod org_cap;
 mod per_core;
 mod purge;
 mod pyshovels;

@@ -30,8 +30,9 @@ fn sim_config() -> SimConfig {
     }
 }
 
-/// Four teams, a shared Redis cache, one retry, and a short bound on the
-/// upstream queue so an upstream 429 turns into a fast refusal.
+/// Four teams, a shared Redis cache, one retry, a short bound on the
+/// upstream queue so an upstream 429 turns into a fast refusal, and a
+/// company cap.
 async fn start_gateway(sim: &Sim, redis: &RedisServer) -> Running {
     Setup::new()
         .teams(&[ALPHA, BETA, GAMMA, DELTA])
@@ -43,6 +44,9 @@ async fn start_gateway(sim: &Sim, redis: &RedisServer) -> Running {
             c.cache.redis_timeout_ms = 200;
             c.upstream.max_retries = 1;
             c.upstream.max_queue_wait_secs = 1;
+            // A company cap far above the traffic: its gauges (and the
+            // alert on them) have series.
+            c.quota.org_credit_limit = Some(1_000_000);
         })
         .start(sim)
         .await

@@ -1,7 +1,8 @@
 //! The file ledger's disk side: the redb tables, the start-up open (which
-//! verifies the whole file and refuses one that does not verify) and load
-//! (which turns reservations a dead process left into spend), and the writer
-//! thread that group-commits every queued write in one fsync'd transaction.
+//! verifies the whole file and refuses one that does not verify), recovery
+//! (which turns reservations a dead process left into spend) and the read
+//! of recent spend, and the writer thread that group-commits every queued
+//! write in one fsync'd transaction.
 
 use super::super::saved::{SavedTally, FLUSH_EVERY};
 use super::super::{Account, UsageRow, UNSETTLED};
@@ -137,26 +138,11 @@ pub(super) fn old_hold_log(log: &Path) -> String {
     )
 }
 
-/// What a start finds on disk.
-pub(super) struct Loaded {
-    /// (team, day, credits spent) since the day asked for.
-    pub(super) spend: Vec<(String, u32, u64)>,
-    /// Reservations a dead process left, now counted as spent.
-    pub(super) unsettled: usize,
-}
-
-/// Turns the reservations a dead process left into spend, then reads the
-/// spend since `since`. A hold becomes spend on the later of its day and
-/// `today` (the day it is turned into spend).
-pub(super) fn load(db: &Database, since: u32, today: u32) -> Result<Loaded, redb::Error> {
-    let unsettled = recover(db, today)?;
-    let spend = read_spend(db, since)?;
-    Ok(Loaded { spend, unsettled })
-}
-
-/// One transaction: every hold still there ends as unsettled spend, through
-/// the same end a settle writes. Answers the holds converted.
-fn recover(db: &Database, today: u32) -> Result<usize, redb::Error> {
+/// One transaction: every hold a dead process left ends as unsettled
+/// spend, through the same end a settle writes, on the later of its day
+/// and `today` (the day it is turned into spend). Answers the holds
+/// converted.
+pub(super) fn recover(db: &Database, today: u32) -> Result<usize, redb::Error> {
     let txn = begin(db, true)?;
     let mut lapsed = Vec::new();
     for table in [HELD, ACCOUNT_HELD] {
@@ -178,7 +164,7 @@ fn recover(db: &Database, today: u32) -> Result<usize, redb::Error> {
 }
 
 /// Every account's spend since `since`: (account, day, credits spent).
-fn read_spend(db: &Database, since: u32) -> Result<Vec<(String, u32, u64)>, redb::Error> {
+pub(super) fn read_spend(db: &Database, since: u32) -> Result<Vec<(String, u32, u64)>, redb::Error> {
     Ok(read_rows(db, since, u32::MAX)?
         .into_iter()
         .filter(|r| r.spent > 0)
@@ -278,7 +264,7 @@ fn drain(rx: &mpsc::Receiver<Write>, batch: &mut Vec<Write>) {
 /// A write transaction; a durable one commits in two phases (see `open`).
 #[expect(
     clippy::disallowed_methods,
-    reason = "the ledger's one writer: the writer thread's commits, and recovery and the format's upgrade at open before that thread starts"
+    reason = "the ledger's one writer: the writer thread's commits, and recovery, the format's upgrade and the company's seed at open before that thread starts"
 )]
 pub(super) fn begin(db: &Database, durable: bool) -> Result<WriteTransaction, redb::Error> {
     let mut txn = db.begin_write()?;

@@ -152,3 +152,65 @@ async fn a_file_of_a_newer_format_is_refused_in_one_line_and_left_as_it_is() {
         "3"
     );
 }
+
+/// Issue 59: a file the releases before the company's account wrote
+/// (teams only) gives that account the teams' spend already in the window
+/// at the first start, once; spend before the window stays out.
+#[tokio::test]
+async fn the_company_account_starts_from_the_teams_spend_in_the_window_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let today = crate::ledger::today();
+    write_as_another_release(dir.path(), |txn| {
+        let mut spend = txn.open_table(OLD_SPEND).unwrap();
+        spend.insert(("a", today, "permits_search"), (10, 0)).unwrap();
+        spend.insert(("a", today - 3, "counties"), (5, 0)).unwrap();
+        spend.insert(("a", today - 40, "counties"), (7, 0)).unwrap();
+        spend.insert(("b", today, "permits_search"), (20, 4)).unwrap();
+        // A hold a dead 0.1.0 left: spend of today once recovered.
+        txn.open_table(OLD_HELD).unwrap().insert(9, ("b", 5, today)).unwrap();
+    });
+    let l = crate::ledger::Ledger::File(ledger(dir.path()).expect("opens"));
+    assert_eq!(l.usage(ORG_ACCOUNT).await.unwrap().used, 40, "10 + 5 + 20 + 5");
+    assert_eq!(l.usage("a").await.unwrap().used, 15);
+    let budgets = [
+        Budget {
+            account: "a",
+            limit: None,
+        },
+        Budget {
+            account: ORG_ACCOUNT,
+            limit: Some(45),
+        },
+    ];
+    let refused = l.reserve_all(&budgets, 6).await.unwrap();
+    assert_eq!(
+        refused.map(|_| ()).map_err(|r| (r.budget, r.used)),
+        Err((1, 40)),
+        "the cap counts the spend before the upgrade"
+    );
+    let r = l.reserve_all(&budgets, 3).await.unwrap().expect("3 fit");
+    l.settle(r, 3, crate::route::Route::Counties).await.unwrap();
+    drop(l);
+    let again = ledger(dir.path()).expect("opens again");
+    assert_eq!(again.usage(ORG_ACCOUNT, today).used, 43, "seeded once, not again");
+    let rows = again.rows(today - 40, today).await;
+    let org_rows: u64 = rows.iter().filter(|r| r.team == ORG_ACCOUNT).map(|r| r.spent).sum();
+    assert_eq!(org_rows, 43, "route by route: {rows:?}");
+}
+
+/// A company account that already holds spend in the window is left as
+/// it is: its spend is its own.
+#[tokio::test]
+async fn a_company_account_with_spend_of_its_own_is_not_seeded() {
+    let dir = tempfile::tempdir().unwrap();
+    let today = crate::ledger::today();
+    write_as_another_release(dir.path(), |txn| {
+        let mut spend = txn.open_table(OLD_SPEND).unwrap();
+        spend.insert(("a", today, "permits_search"), (10, 0)).unwrap();
+        spend
+            .insert((ORG_ACCOUNT, today - 1, "permits_search"), (3, 0))
+            .unwrap();
+    });
+    let l = ledger(dir.path()).expect("opens");
+    assert_eq!(l.usage(ORG_ACCOUNT, today).used, 3);
+}

@@ -25,6 +25,10 @@
 //! the file ledger was redb alone (`holds.log`), which this one does not
 //! read. `ledger.redb` is the one file to back up (docs/operations.md).
 //!
+//! **The company's account starts whole**: a start that finds it without
+//! spend in the window seeds it from the teams' (`seed`, before anything
+//! is held in it).
+//!
 //! **The file records its format** (`format`): a start refuses a file of a
 //! newer format than it knows, before writing anything, and brings an
 //! older one up. The internal accounts (`*org`, `team/app`) have tables of
@@ -34,6 +38,7 @@ mod disk;
 mod format;
 #[cfg(test)]
 mod format_tests;
+mod seed;
 #[cfg(test)]
 mod tests;
 
@@ -99,11 +104,22 @@ impl FileLedger {
         format::check(&db, &path)?;
         let today = clock.today();
         let since = today.saturating_sub(MEMORY_DAYS);
-        let disk::Loaded { spend, unsettled } =
-            disk::load(&db, since, today).map_err(|e| format!("quota.path: cannot read {}: {e}", path.display()))?;
+        let cannot = |e: redb::Error| format!("quota.path: cannot read {}: {e}", path.display());
+        // The holds a dead process left are spend before the company's
+        // account is seeded from the teams' (`seed`), and both before the
+        // spend is read.
+        let unsettled = disk::recover(&db, today).map_err(cannot)?;
+        let seeded = seed::seed_org(&db, super::seed_since(today), today).map_err(cannot)?;
+        let spend = disk::read_spend(&db, since).map_err(cannot)?;
         let mut state = State::default();
         for (team, day, credits) in spend {
             add(&mut state.days, &team, day, credits);
+        }
+        if let Some(credits) = seeded.filter(|c| *c > 0) {
+            tracing::info!(
+                credits,
+                "the company's account (quota.org_credit_limit) starts from the teams' spend already in the window"
+            );
         }
         if unsettled > 0 {
             tracing::warn!(

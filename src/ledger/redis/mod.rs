@@ -19,6 +19,9 @@
 //!   counted, forgotten with its mark: what a late settle adds its excess
 //!   over.
 //!
+//! The company's account (`{*org}`) has one key more, `seeded`: set once
+//! its spend is whole (`seed`).
+//!
 //! A reservation carries its own expiry. One that passes it unsettled (its
 //! replica died, or its settle never landed) is turned into spend at its
 //! full amount by the next reserve of that team (route `unsettled`), on the
@@ -45,6 +48,7 @@
 
 mod journal;
 mod scripts;
+mod seed;
 mod unacked;
 
 use super::saved::{SavedTally, FLUSH_EVERY};
@@ -121,6 +125,9 @@ pub struct RedisLedger {
     /// connection and clock.
     settler: std::sync::OnceLock<Arc<unacked::Settler>>,
     end: Script,
+    /// The company's account made whole once for all replicas (`seed`).
+    seed: Script,
+    org_seed: seed::OrgSeed,
     /// A reservation's term, set by `quota.reservation_lease_secs`.
     term: Duration,
     pub(super) window: Window,
@@ -143,6 +150,8 @@ impl RedisLedger {
             keys,
             reserve: Script::new(RESERVE),
             end: Script::new(END),
+            seed: Script::new(seed::SEED),
+            org_seed: seed::OrgSeed::new(Vec::new()),
             clock_offset: AtomicI64::new(NO_OFFSET),
             term,
             window,
@@ -153,6 +162,13 @@ impl RedisLedger {
     /// Books days and expiries on `clock` (tests: `quota.clock_offset_secs`).
     pub fn with_clock(mut self, clock: Clock) -> RedisLedger {
         self.clock = clock;
+        self
+    }
+
+    /// The teams whose spend the company's account starts from when it
+    /// has none of its own in the window (`seed`): the config's.
+    pub fn with_teams(mut self, teams: Vec<String>) -> RedisLedger {
+        self.org_seed = seed::OrgSeed::new(teams);
         self
     }
 
@@ -217,6 +233,7 @@ impl RedisLedger {
         amount: u64,
         today: u32,
     ) -> Result<Reserved, LedgerError> {
+        self.org_whole(team, today).await?;
         let id = new_id();
         let reserved_at = Instant::now();
         let settle_by = reserved_at + self.term.saturating_sub(Duration::from_secs(1));
@@ -468,6 +485,7 @@ impl RedisLedger {
                 return Ok(*f);
             }
         }
+        self.org_whole(team, today).await?;
         let days_key = self.keys.ledger(team, LedgerKey::Days);
         let held_key = self.keys.ledger(team, LedgerKey::Held);
         // One atomic read of both hashes (one slot: the team's tag).
@@ -518,6 +536,7 @@ impl RedisLedger {
     }
 
     pub async fn usage(&self, team: &str, today: u32) -> Result<TeamUsage, LedgerError> {
+        self.org_whole(team, today).await?;
         let key = &self.keys.ledger(team, LedgerKey::Days);
         let days: Vec<(u32, u64)> = self
             .redis

@@ -168,6 +168,18 @@ impl RedisServer {
         keys.len()
     }
 
+    /// Deletes every key matching `pattern` (`KEYS`: a test's small
+    /// Redis): what a release that never wrote them leaves. Answers how
+    /// many there were.
+    pub async fn delete_matching(&self, pattern: &str) -> usize {
+        let mut c = self.connection().await.expect("redis");
+        let keys: Vec<String> = redis::cmd("KEYS").arg(pattern).query_async(&mut c).await.expect("KEYS");
+        if !keys.is_empty() {
+            let _: () = redis::cmd("DEL").arg(&keys).query_async(&mut c).await.expect("DEL");
+        }
+        keys.len()
+    }
+
     async fn connection(&self) -> Option<redis::aio::MultiplexedConnection> {
         let client = redis::Client::open(self.url()).ok()?;
         client.get_multiplexed_async_connection().await.ok()

@@ -7,7 +7,11 @@
 # of its printed curl lines, stops it with Ctrl-C and checks it removed
 # its temp directory) and `./test.sh`. Then it checks the tests left the
 # root as they found it: no redis-server or prometheus running or enabled
-# for a boot, no policy-rc.d left.
+# for a boot, no policy-rc.d left. And it leaves the host as it found it:
+# the host's packages, mounts, listening sockets and test services are
+# read before anything is done and again at the end, whatever the outcome
+# (a debootstrap the script installed is removed again), and a difference
+# fails the run.
 # Fails at the first step that does, so a prerequisite the README forgets
 # fails here.
 #
@@ -77,16 +81,45 @@ if [ -n "$drop" ]; then
   say "dropped $drop: this run must fail"
 fi
 
+# The host as found: its packages, its mounts, the ports it listens on and
+# the test services it runs (what this script or the tests could leave).
+host_state() {
+  echo "# packages"
+  dpkg-query -W -f '${Package} ${Status}\n' 2>/dev/null | awk '$4 == "installed" { print $1 }' | sort
+  echo "# mounts"
+  awk '{ print $2 }' /proc/self/mounts | sort
+  echo "# listening (tcp, tcp6)"
+  cat /proc/net/tcp /proc/net/tcp6 2>/dev/null | awk '$4 == "0A" { print $2 }' | sort -u
+  echo "# test services running"
+  cat /proc/[0-9]*/comm 2>/dev/null | grep -E '^(redis-server|redis-sentinel|prometheus|nginx|permit-gateway|permit-api-sim)$' | sort -u || true
+}
+host_before="$(host_state)"
+
+installed_debootstrap=0
 command -v debootstrap >/dev/null || {
-  say "installing debootstrap"
+  say "installing debootstrap (removed again at the end)"
   apt-get update -qq
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends debootstrap >/dev/null
+  installed_debootstrap=1
 }
 
 mkdir -p "$work"
 dir="$(mktemp -d "$work/root.XXXXXX")"
 cleanup() {
+  status=$?
   if [ "$keep" -eq 1 ]; then say "kept: $dir"; else rm -rf --one-file-system "$dir"; fi
+  if [ "$installed_debootstrap" -eq 1 ]; then
+    DEBIAN_FRONTEND=noninteractive apt-get purge -y -qq debootstrap >/dev/null 2>&1 || true
+    DEBIAN_FRONTEND=noninteractive apt-get autoremove -y -qq >/dev/null 2>&1 || true
+  fi
+  # Whatever the outcome: the host as it was found, or the run fails.
+  if ! changed="$(diff <(printf '%s\n' "$host_before") <(host_state))"; then
+    printf 'error: the host is not as found (< before, > after):\n%s\n' "$changed" >&2
+    [ "$status" -ne 0 ] || status=1
+  else
+    say "the host as found: its packages, mounts, listening sockets and test services unchanged"
+  fi
+  exit "$status"
 }
 trap cleanup EXIT
 

@@ -32,8 +32,9 @@ pub(crate) fn guarded<T>(f: impl FnOnce() -> T) -> Option<T> {
 
 /// Opens (or creates) the redb file at `path`, its folder created, checked
 /// whole at open; a file redb refuses as damaged or of another format, or
-/// panics on, is moved aside (`<name>.redb.corrupt`, kept for inspection)
-/// and a new one started, after `moved(why, aside)` is told. `Err`: the path
+/// panics on, is moved aside (`<name>.redb.corrupt`, or `.corrupt.1`,
+/// `.corrupt.2`, ... when earlier damage is kept there: none is
+/// overwritten) and a new one started, after `moved(why, aside)` is told. `Err`: the path
 /// cannot be used (a permission, a missing or read-only volume, another
 /// process holding the file).
 pub(crate) fn open_or_move_aside(
@@ -71,7 +72,7 @@ pub(crate) fn open_or_move_aside(
                 Some(Err(e)) => e.to_string(),
                 _ => "redb panicked reading it".to_string(),
             };
-            let aside = path.with_extension("redb.corrupt");
+            let aside = free_aside(path);
             moved(&why, &aside);
             std::fs::rename(path, &aside).map_err(|e| format!("cannot move {} aside: {e}", path.display()))?;
             match open() {
@@ -79,5 +80,37 @@ pub(crate) fn open_or_move_aside(
                 None => Err("redb panicked creating a new file".into()),
             }
         }
+    }
+}
+
+/// The first `<name>.redb.corrupt[.N]` that holds nothing yet.
+fn free_aside(path: &Path) -> std::path::PathBuf {
+    let first = path.with_extension("redb.corrupt");
+    std::iter::once(first.clone())
+        .chain((1..).map(|n| path.with_extension(format!("redb.corrupt.{n}"))))
+        .find(|p| !p.exists())
+        .unwrap_or(first)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_second_damage_is_moved_beside_the_first_not_over_it() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let path = dir.path().join("x.redb");
+        let mut asides = Vec::new();
+        for garbage in [0x5a_u8, 0xa5] {
+            std::fs::write(&path, vec![garbage; 9000]).expect("garbage");
+            let db = open_or_move_aside(&path, None, |_, aside| asides.push(aside.to_path_buf()));
+            drop(db.expect("a new file"));
+        }
+        assert_eq!(
+            asides,
+            [dir.path().join("x.redb.corrupt"), dir.path().join("x.redb.corrupt.1")]
+        );
+        assert_eq!(std::fs::read(&asides[0]).expect("first kept")[0], 0x5a);
+        assert_eq!(std::fs::read(&asides[1]).expect("second kept")[0], 0xa5);
     }
 }

@@ -5,7 +5,7 @@
 //! predicted wait passes the deadline, and all of it across replicas.
 
 use crate::support::client::Client;
-use crate::support::gateway::{app_token, Setup, ALPHA, BATCH, BETA, WEB};
+use crate::support::gateway::{app_token, replicas, Setup, ALPHA, BATCH, BETA, WEB};
 use crate::support::probe::scrape;
 use crate::support::query::Query;
 use crate::support::redis::RedisServer;
@@ -179,11 +179,11 @@ async fn bulk_calls_take_only_what_interactive_calls_leave() {
 async fn three_replicas_share_one_window_and_refuse_what_it_cannot_hold_at_once() {
     let redis = RedisServer::start();
     let sim = strict_sim(30).await;
-    let setup = Setup::new().redis(&redis.url()).with(|c| {
+    let setup = Setup::new().with(|c| {
         c.upstream.requests_per_minute = 30;
         c.cache.redis_timeout_ms = 3000;
     });
-    let gws: Vec<Running> = futures_replicas(&setup, &sim, 3).await;
+    let gws: Vec<Running> = replicas(3, &sim, Some(&redis), setup).await;
     let bases: Vec<String> = gws.iter().map(Running::base_url).collect();
     let flood = searches_at_once(&sim, &bases, ALPHA.1, 0, 45).await;
     let answered = flood.iter().filter(|(s, ..)| *s == StatusCode::OK).count();
@@ -196,14 +196,6 @@ async fn three_replicas_share_one_window_and_refuse_what_it_cannot_hold_at_once(
     assert!(light.iter().all(|(s, ..)| *s == StatusCode::OK), "{light:?}");
     assert_eq!(sim.stats().requests_total, 30);
     assert_eq!(rate_limited_by_sim(&sim), 0);
-}
-
-async fn futures_replicas(setup: &Setup, sim: &Sim, n: usize) -> Vec<Running> {
-    let mut gws = Vec::new();
-    for _ in 0..n {
-        gws.push(setup.start(sim).await);
-    }
-    gws
 }
 
 /// The vendor's 429 with `Retry-After: 2` pauses the gate: a call in the
@@ -362,7 +354,7 @@ async fn a_trickle_beside_a_flood_at_twenty_times_the_rate_is_answered_within_a_
 async fn across_replicas_a_miss_whose_client_left_costs_no_call() {
     let redis = RedisServer::start();
     let sim = strict_sim(12).await;
-    let setup = Setup::new().redis(&redis.url()).with(|c| {
+    let setup = Setup::new().with(|c| {
         // A place every 5 s after the burst: none comes between the misses
         // being seen queued and their clients hanging up.
         c.upstream.requests_per_minute = 12;
@@ -372,7 +364,7 @@ async fn across_replicas_a_miss_whose_client_left_costs_no_call() {
         c.quota.reservation_lease_secs = 60;
         c.cache.redis_timeout_ms = 3000;
     });
-    let gws = futures_replicas(&setup, &sim, 3).await;
+    let gws = replicas(3, &sim, Some(&redis), setup).await;
     let s = sim.samples();
     let alpha = Client::new(gws[0].base_url(), ALPHA.1);
     for i in 0..3 {

@@ -479,6 +479,29 @@ impl RedisLedger {
         Ok(f.spent.saturating_add(f.held))
     }
 
+    /// Two hashes of `team`'s, read in one atomic round trip (one slot:
+    /// the team's tag); `what` names the read in its error.
+    async fn team_hashes<A, B>(
+        &self,
+        team: &str,
+        (a, b): (LedgerKey, LedgerKey),
+        what: &str,
+    ) -> Result<(A, B), LedgerError>
+    where
+        A: redis::FromRedisValue,
+        B: redis::FromRedisValue,
+    {
+        let (a, b) = (self.keys.ledger(team, a), self.keys.ledger(team, b));
+        self.redis
+            .call_reconnecting(RedisOp::LedgerUsage, |mut c| {
+                let mut pipe = redis::pipe();
+                pipe.atomic().cmd("HGETALL").arg(&a).cmd("HGETALL").arg(&b);
+                async move { pipe.query_async(&mut c).await }
+            })
+            .await
+            .map_err(|e| LedgerError(format!("{what}: {e}")))
+    }
+
     async fn figures(&self, team: &str, today: u32) -> Result<Figures, LedgerError> {
         if let Some(f) = self.recent_lock().get(team) {
             if f.at.elapsed() < FRESH {
@@ -486,22 +509,9 @@ impl RedisLedger {
             }
         }
         self.org_whole(team, today).await?;
-        let days_key = self.keys.ledger(team, LedgerKey::Days);
-        let held_key = self.keys.ledger(team, LedgerKey::Held);
-        // One atomic read of both hashes (one slot: the team's tag).
         let (days, holds): (Vec<(u32, u64)>, HeldRows) = self
-            .redis
-            .call_reconnecting(RedisOp::LedgerUsage, |mut c| {
-                let mut pipe = redis::pipe();
-                pipe.atomic()
-                    .cmd("HGETALL")
-                    .arg(&days_key)
-                    .cmd("HGETALL")
-                    .arg(&held_key);
-                async move { pipe.query_async(&mut c).await }
-            })
-            .await
-            .map_err(|e| LedgerError(format!("ledger usage: {e}")))?;
+            .team_hashes(team, (LedgerKey::Days, LedgerKey::Held), "ledger usage")
+            .await?;
         let spent = self.window_sum(days, today).iter().map(|(_, c)| c).sum();
         let held = holds
             .iter()

@@ -136,24 +136,9 @@ impl RedisLedger {
         let mut sums = Sums::default();
         let days = since..=today;
         for team in &self.org_seed.teams {
-            let (days_key, routes_key) = (
-                self.keys.ledger(team, LedgerKey::Days),
-                self.keys.ledger(team, LedgerKey::Routes),
-            );
-            // One read of both hashes (one slot: the team's tag).
             let (spent, fields): TeamHashes = self
-                .redis
-                .call_reconnecting(RedisOp::LedgerUsage, |mut c| {
-                    let mut pipe = redis::pipe();
-                    pipe.atomic()
-                        .cmd("HGETALL")
-                        .arg(&days_key)
-                        .cmd("HGETALL")
-                        .arg(&routes_key);
-                    async move { pipe.query_async(&mut c).await }
-                })
-                .await
-                .map_err(|e| LedgerError(format!("ledger seed: {e}")))?;
+                .team_hashes(team, (LedgerKey::Days, LedgerKey::Routes), "ledger seed")
+                .await?;
             for (day, credits) in spent.into_iter().filter(|(d, c)| days.contains(d) && *c > 0) {
                 *sums.days.entry(day).or_insert(0) += credits;
             }

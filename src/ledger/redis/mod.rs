@@ -59,7 +59,7 @@ use crate::redis_backend::keys::{Keys, LedgerKey};
 use crate::redis_backend::{BackendError, RedisBackend};
 use crate::route::Route;
 use backon::{ExponentialBuilder, Retryable};
-use redis::Script;
+use redis::{FromRedisValue, Script};
 use scripts::{END, RESERVE, SETTLE};
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Arc;
@@ -479,27 +479,20 @@ impl RedisLedger {
         Ok(f.spent.saturating_add(f.held))
     }
 
-    /// Two hashes of `team`'s, read in one atomic round trip (one slot:
-    /// the team's tag); `what` names the read in its error.
-    async fn team_hashes<A, B>(
+    /// Two hashes of `team`'s in one atomic read (one slot: its tag).
+    async fn team_hashes<A: FromRedisValue, B: FromRedisValue>(
         &self,
         team: &str,
-        (a, b): (LedgerKey, LedgerKey),
+        keys: [LedgerKey; 2],
         what: &str,
-    ) -> Result<(A, B), LedgerError>
-    where
-        A: redis::FromRedisValue,
-        B: redis::FromRedisValue,
-    {
-        let (a, b) = (self.keys.ledger(team, a), self.keys.ledger(team, b));
-        self.redis
-            .call_reconnecting(RedisOp::LedgerUsage, |mut c| {
-                let mut pipe = redis::pipe();
-                pipe.atomic().cmd("HGETALL").arg(&a).cmd("HGETALL").arg(&b);
-                async move { pipe.query_async(&mut c).await }
-            })
-            .await
-            .map_err(|e| LedgerError(format!("{what}: {e}")))
+    ) -> Result<(A, B), LedgerError> {
+        let [a, b] = keys.map(|k| self.keys.ledger(team, k));
+        let got = self.redis.call_reconnecting(RedisOp::LedgerUsage, |mut c| {
+            let mut pipe = redis::pipe();
+            pipe.atomic().cmd("HGETALL").arg(&a).cmd("HGETALL").arg(&b);
+            async move { pipe.query_async(&mut c).await }
+        });
+        got.await.map_err(|e| LedgerError(format!("{what}: {e}")))
     }
 
     async fn figures(&self, team: &str, today: u32) -> Result<Figures, LedgerError> {
@@ -510,7 +503,7 @@ impl RedisLedger {
         }
         self.org_whole(team, today).await?;
         let (days, holds): (Vec<(u32, u64)>, HeldRows) = self
-            .team_hashes(team, (LedgerKey::Days, LedgerKey::Held), "ledger usage")
+            .team_hashes(team, [LedgerKey::Days, LedgerKey::Held], "ledger usage")
             .await?;
         let spent = self.window_sum(days, today).iter().map(|(_, c)| c).sum();
         let held = holds

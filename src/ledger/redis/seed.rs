@@ -137,7 +137,7 @@ impl RedisLedger {
         let days = since..=today;
         for team in &self.org_seed.teams {
             let (spent, fields): TeamHashes = self
-                .team_hashes(team, (LedgerKey::Days, LedgerKey::Routes), "ledger seed")
+                .team_hashes(team, [LedgerKey::Days, LedgerKey::Routes], "ledger seed")
                 .await?;
             for (day, credits) in spent.into_iter().filter(|(d, c)| days.contains(d) && *c > 0) {
                 *sums.days.entry(day).or_insert(0) += credits;

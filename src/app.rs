@@ -262,6 +262,12 @@ impl App {
         applied
     }
 
+    /// Before the gateway serves: `Err`, the line to print, when its ledger
+    /// is of a newer release's format (`ledger::Ledger::check_format`).
+    pub async fn check_ledger_format(&self) -> Result<(), String> {
+        self.ledger.check_format().await
+    }
+
     /// One start-up line of what was configured, paths absolute and URLs
     /// without their password: where the config came from, the teams, the
     /// ledger, the cache tiers and the Redis target (and whether it
@@ -392,7 +398,7 @@ fn open_ledger<'c>(config: &'c Config, tls: &Tls, metrics: &Arc<Metrics>) -> Res
             .with_clock(clock)
             .with_teams(config.teams.iter().map(|t| t.name.clone()).collect())
             .with_settle_connection(settles)
-            .with_journal(&ledger::redis::journal_path(&config.quota.path));
+            .with_journal(&ledger::redis::journal_path(&config.quota.path))?;
         Ok(Opened {
             ledger: Ledger::Redis(ledger),
             rate_url: Some((key, url)),

@@ -67,6 +67,8 @@
 //! - `http_util`: the body type, JSON responses, hop-by-hop header
 //!   stripping and request ids, shared by the team and admin listeners.
 //! - `guarded`: redb calls whose panic means a damaged file, caught.
+//! - `stored`: the format each stored file records, and the refusal of a
+//!   newer one.
 //! - `volume`: the free space on the data volume (the disk tier's reserve).
 //!
 //! Imports run one way: [`run`] hands [`server`] the handlers of [`proxy`]
@@ -122,6 +124,7 @@ pub mod redis_backend;
 pub mod route;
 mod scheduler;
 pub mod server;
+mod stored;
 pub mod telemetry;
 mod upstream;
 mod volume;

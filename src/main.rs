@@ -151,6 +151,10 @@ async fn serve(path: Option<PathBuf>) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    if let Err(e) = app.check_ledger_format().await {
+        tracing::error!(error = %e, "cannot start");
+        return ExitCode::FAILURE;
+    }
     app.log_configuration().await;
     tracing::info!(
         listen = %listeners.team.local_addr().map(|a| a.to_string()).unwrap_or_default(),

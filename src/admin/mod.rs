@@ -30,9 +30,10 @@ pub(crate) async fn handle<B>(app: Arc<App>, req: Request<B>) -> Response<Body> 
 
 /// The admin endpoints, by path: what an access line may name (any other
 /// path is written `other`, so a caller cannot write into the log).
-const ENDPOINTS: [&str; 7] = [
+const ENDPOINTS: [&str; 8] = [
     "/admin/teams",
     "/admin/usage.csv",
+    "/admin/ledger/backup",
     "/admin/cache/purge",
     "/admin/reload",
     "/metrics",
@@ -140,6 +141,7 @@ async fn admin_route(
         (&Method::POST, "/admin/cache/purge") => purge::purge(app, query).await,
         (&Method::GET, "/admin/teams") => Ok(teams(app).await),
         (&Method::GET, "/admin/usage.csv") => usage_csv(app, query).await,
+        (&Method::GET, "/admin/ledger/backup") => ledger_backup(app).await,
         (&Method::POST, "/admin/reload") => match app.reload() {
             Ok(done) => Ok(json_response(
                 StatusCode::OK,
@@ -323,6 +325,28 @@ async fn usage_csv(app: &App, query: Option<&str>) -> Result<Response<Body>, Gat
     })?;
     let csv = ledger::export::usage_csv(rows, crate::config::DEFAULT_APP);
     Ok(bytes_response(StatusCode::OK, "text/csv; charset=utf-8", csv.into()))
+}
+
+/// `GET /admin/ledger/backup`: the file ledger as of its last commit,
+/// copied while it runs (`ledger::file::backup`): a redb file to restore
+/// as `ledger.redb`. One access line says who took it.
+async fn ledger_backup(app: &App) -> Result<Response<Body>, GatewayError> {
+    let Some(copy) = app.ledger.backup().await else {
+        return Err(GatewayError::BadRequest(
+            "The credit ledger is in Redis (quota.store = \"redis\"): back it up with Redis's persistence (docs/operations.md)",
+        ));
+    };
+    let bytes = copy.map_err(|e| {
+        tracing::error!(error = %e, "ledger backup failed");
+        GatewayError::Unavailable("Credit ledger backup failed")
+    })?;
+    tracing::info!(bytes = bytes.len(), "ledger backup taken");
+    let mut response = bytes_response(StatusCode::OK, "application/octet-stream", bytes.into());
+    response.headers_mut().insert(
+        hyper::header::CONTENT_DISPOSITION,
+        hyper::header::HeaderValue::from_static("attachment; filename=\"ledger.redb\""),
+    );
+    Ok(response)
 }
 
 /// The first value of a query parameter, decoded.

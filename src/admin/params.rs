@@ -14,7 +14,7 @@ pub(super) const PURGE: [&str; 4] = ["all", "route", "request", "record"];
 /// The parameters an endpoint takes, by path; `None`: no such endpoint.
 pub(super) fn taken_by(path: &str) -> Option<&'static [&'static str]> {
     Some(match path {
-        "/admin/teams" | "/admin/reload" => &[],
+        "/admin/teams" | "/admin/reload" | "/admin/ledger/backup" => &[],
         "/admin/usage.csv" => &["from", "to"],
         "/admin/cache/purge" => &PURGE,
         _ => return None,

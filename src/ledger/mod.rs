@@ -260,6 +260,26 @@ pub enum Ledger {
 }
 
 impl Ledger {
+    /// A copy of the file ledger as of its last commit, taken while it
+    /// runs (`GET /admin/ledger/backup`); `None` for the Redis ledger,
+    /// which Redis's own persistence backs up.
+    pub(crate) async fn backup(&self) -> Option<Result<Vec<u8>, LedgerError>> {
+        match self {
+            Ledger::File(l) => Some(l.backup().await),
+            Ledger::Redis(_) => None,
+        }
+    }
+
+    /// Before the gateway serves: `Err`, the line to print, when the ledger
+    /// is of a newer release's format. The file ledger checked its file at
+    /// open; the Redis ledger checks what Redis holds now.
+    pub async fn check_format(&self) -> Result<(), String> {
+        match self {
+            Ledger::File(_) => Ok(()),
+            Ledger::Redis(l) => l.check_format().await,
+        }
+    }
+
     /// Holds `amount` credits for `team` unless that would pass `limit`.
     pub async fn reserve(&self, team: &str, limit: Option<u64>, amount: u64) -> Result<Reserved, LedgerError> {
         match self {

@@ -240,6 +240,12 @@ impl Keys {
         format!("{}l:{{{team}}}:{}", self.prefix, key.suffix())
     }
 
+    /// The format the ledger's keys are in (`ledger::redis::format`): a hash
+    /// of `format` and `since`.
+    pub(crate) fn ledger_format(&self) -> String {
+        format!("{}l:format", self.prefix)
+    }
+
     /// The shared upstream rate's GCRA state (`scheduler::shared`).
     pub(crate) fn rate(&self) -> String {
         format!("{}{{rate}}:upstream", self.prefix)
@@ -401,6 +407,7 @@ mod tests {
             ]
         );
         assert_eq!(k.ledger("*org", LedgerKey::Seeded), "pgw:l:{*org}:seeded");
+        assert_eq!(k.ledger_format(), "pgw:l:format", "no team's: a team's keys are tagged");
         assert_eq!(k.rate(), "pgw:{rate}:upstream");
         assert_eq!(k.rate_pause(), "pgw:{rate}:upstream:pause");
         assert_eq!(k.rate_replicas(), "pgw:{rate}:upstream:replicas");

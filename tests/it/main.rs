@@ -37,5 +37,6 @@ mod routes;
 mod sentinel;
 mod siege;
 mod spend;
+mod stored;
 mod trace_context;
 mod vendor;

@@ -180,6 +180,16 @@ impl Disk {
                 return None;
             }
         };
+        // A file of a newer release's format is left as it is (that release
+        // reads it again after a roll forward) and not used: a cache never
+        // stops a start, and never misreads.
+        if let Err(e) = crate::guarded::guarded(|| crate::stored::DISK_TIER.check(&db, path))
+            .unwrap_or_else(|| Err("redb panicked reading its format".into()))
+        {
+            tracing::error!(path = %path.display(), "cache disk tier not used, serving from memory only: {e}");
+            metrics.disk_degraded(true);
+            return None;
+        }
         let shared = Arc::new(Shared::default());
         if let Ok((entries, bytes)) = totals(&db) {
             shared.entries.store(entries, Ordering::Relaxed);

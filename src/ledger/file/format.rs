@@ -20,44 +20,27 @@
 //!    next upgrade (docs/operations.md, "Upgrading").
 
 use super::disk::{begin, in_team_tables, ACCOUNT_HELD, ACCOUNT_SPEND, HELD, SPEND};
-use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
+use crate::stored::Stored;
+use redb::{Database, ReadableTable};
 use std::path::Path;
 
 /// The format this release writes, and the newest it reads.
 pub(super) const FORMAT: u32 = 2;
 
-/// The first release that writes [`FORMAT`].
-const FORMAT_SINCE: &str = "0.2.0";
-
-/// `format` → the format's number; `since` → the first release writing it.
-/// Its name and types never change: every release must read it to know
-/// whether it may read the rest.
-const META: TableDefinition<&str, &str> = TableDefinition::new("meta");
-
-/// The format recorded in the file: 1 when it records none (a file of
-/// 0.1.0 or earlier, or a new one), and the release that wrote it.
-fn recorded(db: &Database) -> Result<(u32, String), redb::Error> {
-    let read = db.begin_read()?;
-    let meta = match read.open_table(META) {
-        Ok(t) => t,
-        Err(redb::TableError::TableDoesNotExist(_)) => return Ok((1, String::new())),
-        Err(e) => return Err(e.into()),
-    };
-    let text = |key: &str| -> Result<String, redb::Error> {
-        Ok(meta.get(key)?.map(|v| v.value().to_string()).unwrap_or_default())
-    };
-    // A number this release cannot parse is a format it does not know.
-    let format = text("format")?.parse::<u32>().unwrap_or(u32::MAX);
-    Ok((format, text("since")?))
-}
+/// Where the file records it: table `meta` (`format` → the format's
+/// number; `since` → the first release writing it), whose name and types
+/// never change: every release must read it to know whether it may read
+/// the rest.
+const LEDGER: Stored = Stored::new("the credit ledger", "ledger", "meta", FORMAT, "0.2.0");
 
 /// Refuses a file of a newer format (before anything is written); brings
 /// an older one to [`FORMAT`].
 pub(super) fn check(db: &Database, path: &Path) -> Result<(), String> {
     let cannot = |e: redb::Error| format!("quota.path: cannot read the format of {}: {e}", path.display());
-    let (format, since) = recorded(db).map_err(cannot)?;
+    // A file that records none is of 0.1.0 or earlier, or new.
+    let (format, since) = LEDGER.recorded(db).map_err(cannot)?.unwrap_or((1, String::new()));
     if format > FORMAT {
-        return Err(newer(path, format, &since));
+        return Err(LEDGER.newer(path, format, &since));
     }
     if format < FORMAT {
         let moved = upgrade(db).map_err(|e| format!("quota.path: cannot upgrade {}: {e}", path.display()))?;
@@ -70,30 +53,6 @@ pub(super) fn check(db: &Database, path: &Path) -> Result<(), String> {
         );
     }
     Ok(())
-}
-
-/// What an operator reads when the file is newer than this release.
-fn newer(path: &Path, format: u32, since: &str) -> String {
-    let release = if since.is_empty()
-        || !since
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b == b'.' || b == b'-')
-    {
-        "a later release".to_string()
-    } else {
-        format!("permit-gateway {since} or later")
-    };
-    format!(
-        "the credit ledger {} is in ledger format {}, which this permit-gateway {} (formats up to {FORMAT}) \
-         cannot read: run {release} on it (docs/operations.md, \"Upgrading\")",
-        path.display(),
-        if format == u32::MAX {
-            "unknown".to_string()
-        } else {
-            format.to_string()
-        },
-        crate::VERSION,
-    )
 }
 
 /// One durable transaction: the internal accounts' rows move from the
@@ -135,9 +94,7 @@ fn upgrade(db: &Database) -> Result<usize, redb::Error> {
             internal_held.insert(*id, (account.as_str(), *amount, *day))?;
         }
         moved += holds.len();
-        let mut meta = txn.open_table(META)?;
-        meta.insert("format", FORMAT.to_string().as_str())?;
-        meta.insert("since", FORMAT_SINCE)?;
+        LEDGER.record(&txn)?;
     }
     txn.commit()?;
     Ok(moved)

@@ -34,6 +34,7 @@
 //! older one up. The internal accounts (`*org`, `team/app`) have tables of
 //! their own, which the releases before them do not read.
 
+mod backup;
 mod disk;
 mod format;
 #[cfg(test)]
@@ -76,6 +77,8 @@ struct State {
 
 pub struct FileLedger {
     db: Arc<Database>,
+    /// The folder of `ledger.redb` (`quota.path`).
+    dir: std::path::PathBuf,
     state: Mutex<State>,
     writes: mpsc::Sender<Write>,
     /// Credits saved by hits, written by the writer thread in the background.
@@ -137,6 +140,7 @@ impl FileLedger {
             .map_err(|e| format!("ledger writer: {e}"))?;
         Ok(FileLedger {
             db,
+            dir: dir.to_path_buf(),
             state: Mutex::new(state),
             writes: tx,
             saved,
@@ -145,6 +149,16 @@ impl FileLedger {
             window,
             clock,
         })
+    }
+
+    /// A copy of the ledger as of its last commit, taken while it runs
+    /// (`backup`): the bytes of a redb file to restore as `ledger.redb`.
+    pub(super) async fn backup(&self) -> Result<Vec<u8>, LedgerError> {
+        let (db, dir) = (self.db.clone(), self.dir.clone());
+        tokio::task::spawn_blocking(move || backup::snapshot(&db, &dir))
+            .await
+            .map_err(|e| LedgerError(format!("ledger backup: {e}")))?
+            .map_err(|e| LedgerError(format!("ledger backup: {e}")))
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {

@@ -40,6 +40,16 @@ const SETTLES: TableDefinition<u64, (&str, u64, &str, u32, u64)> = TableDefiniti
 /// The journal's file name, beside the ledger's `quota.path`.
 pub(crate) const FILE: &str = "settles.redb";
 
+/// Why a journal was not opened.
+#[derive(Debug)]
+pub(super) enum Unopened {
+    /// The path cannot be used: settles are then kept in memory only.
+    Unusable(String),
+    /// A newer release wrote it, in a format this one cannot read: the
+    /// settles it may hold must not be lost, so the gateway does not start.
+    Newer(String),
+}
+
 pub(super) struct Journal {
     db: Database,
     path: PathBuf,
@@ -52,12 +62,26 @@ impl Journal {
     }
 
     /// Opens (or creates) the journal at `path`. A damaged file is moved
-    /// aside and a new one started; `Err` when the path cannot be used (a
-    /// permission, a read-only volume, another gateway holding it).
-    pub(super) fn open(path: &Path) -> Result<Journal, String> {
+    /// aside and a new one started; [`Unopened::Unusable`] when the path
+    /// cannot be used (a permission, a read-only volume, another gateway
+    /// holding it), [`Unopened::Newer`] when a newer release wrote it.
+    pub(super) fn open(path: &Path) -> Result<Journal, Unopened> {
         let db = crate::guarded::open_or_move_aside(path, None, |why, aside| {
             tracing::error!(path = %path.display(), error = %why, aside = %aside.display(), "ledger settle journal damaged: moved aside, starting empty (its settles were applied once; they are lost only if their primary failed over before a replica had them)");
-        })?;
+        })
+        .map_err(Unopened::Unusable)?;
+        let stored = &crate::stored::SETTLE_JOURNAL;
+        match crate::guarded::guarded(|| stored.recorded(&db)) {
+            Some(Ok(Some((format, since)))) if format > stored.format => {
+                return Err(Unopened::Newer(stored.newer(path, format, &since)))
+            }
+            Some(Ok(_)) => {}
+            Some(Err(e)) => return Err(Unopened::Unusable(format!("cannot read its format: {e}"))),
+            None => return Err(Unopened::Unusable("redb panicked reading its format".into())),
+        }
+        crate::guarded::guarded(|| stored.check(&db, path))
+            .unwrap_or_else(|| Err("redb panicked recording its format".into()))
+            .map_err(Unopened::Unusable)?;
         Ok(Journal {
             db,
             path: path.to_path_buf(),
@@ -185,7 +209,10 @@ mod tests {
         let path = dir.path().join(FILE);
         let first = Journal::open(&path).expect("opens");
         let err = Journal::open(&path).err().expect("held by the first");
-        assert!(err.contains("another process"), "{err}");
+        assert!(
+            matches!(&err, Unopened::Unusable(e) if e.contains("another process")),
+            "{err:?}"
+        );
         drop(first);
         std::fs::write(&path, vec![0x5a; 9000]).expect("garbage");
         let j = Journal::open(&path).expect("a new file");

@@ -46,12 +46,14 @@
 //! index to go stale, missing at most the marks of twice a reservation's
 //! term, which the next upgrade prunes.
 
+mod flush;
+mod format;
 mod journal;
 mod scripts;
 mod seed;
 mod unacked;
 
-use super::saved::{SavedTally, FLUSH_EVERY};
+use super::saved::SavedTally;
 use super::{new_id, Budget, LedgerError, Refusal, Reservation, Reserved, TeamUsage, UsageRow, Window, UNSETTLED};
 use crate::clock::{millis, Clock};
 use crate::metrics::RedisOp;
@@ -61,7 +63,7 @@ use crate::route::Route;
 use backon::{ExponentialBuilder, Retryable};
 use redis::{FromRedisValue, Script};
 use scripts::{END, RESERVE, SETTLE};
-use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -107,6 +109,9 @@ enum Reply {
 
 pub struct RedisLedger {
     redis: Arc<RedisBackend>,
+    /// Set while Redis holds a ledger of a newer format (`format`): every
+    /// reserve is refused.
+    newer_format: Arc<AtomicBool>,
     /// Credits saved by hits, written every `FLUSH_EVERY` by a background task.
     saved: Arc<SavedTally>,
     /// team → its spend and holds as last read: the budget headers of hits
@@ -140,8 +145,9 @@ impl RedisLedger {
     pub fn new(redis: Arc<RedisBackend>, prefix: &str, window: Window, term: Duration) -> RedisLedger {
         let saved = Arc::new(SavedTally::default());
         let keys = Keys::new(prefix);
-        tokio::spawn(flush_saved(Arc::downgrade(&saved), redis.clone(), keys.clone()));
+        tokio::spawn(flush::flush_saved(Arc::downgrade(&saved), redis.clone(), keys.clone()));
         RedisLedger {
+            newer_format: Arc::new(AtomicBool::new(false)),
             settle_redis: redis.clone(),
             settler: std::sync::OnceLock::new(),
             redis,
@@ -181,25 +187,31 @@ impl RedisLedger {
         self
     }
 
+    /// Checks the format the ledger in Redis is in (`format`), before the
+    /// gateway serves: `Err`, the line to print, for a newer release's.
+    pub async fn check_format(&self) -> Result<(), String> {
+        format::at_start(self.redis.clone(), self.keys.clone(), self.newer_format.clone()).await
+    }
+
     /// Keeps the settles no replica acknowledged in the journal at `path`
-    /// as well as in memory, and applies again at once those a previous
-    /// run of this gateway left there. Called last of the builder calls
-    /// (the settler starts here, on their connection and clock). A journal
-    /// that cannot be opened (another gateway holds the file, a read-only
-    /// volume) is logged: settles are then kept in memory only.
-    pub fn with_journal(self, path: &std::path::Path) -> RedisLedger {
+    /// too, and applies again those a previous run left there. Called last
+    /// of the builder calls (the settler starts here). A journal that
+    /// cannot be opened (another gateway holds it, a read-only volume) is
+    /// logged: settles are kept in memory only. `Err`: a newer release's.
+    pub fn with_journal(self, path: &std::path::Path) -> Result<RedisLedger, String> {
         let journal = match journal::Journal::open(path) {
             Ok(j) => {
                 tracing::info!(path = %path.display(), "ledger settle journal: settles no replica acknowledged survive a restart");
                 Some(j)
             }
-            Err(e) => {
+            Err(journal::Unopened::Unusable(e)) => {
                 tracing::warn!(path = %path.display(), error = %e, "ledger settle journal unusable: settles no replica acknowledged are kept in memory only, and lost if this gateway dies before a replica has them");
                 None
             }
+            Err(journal::Unopened::Newer(line)) => return Err(line),
         };
         let _ = self.settler.set(self.new_settler(journal));
-        self
+        Ok(self)
     }
 
     /// The settler, started at the first settle when no journal started it
@@ -233,6 +245,9 @@ impl RedisLedger {
         amount: u64,
         today: u32,
     ) -> Result<Reserved, LedgerError> {
+        if self.newer_format.load(Ordering::Relaxed) {
+            return Err(LedgerError("the ledger in Redis is of a newer release's format".into()));
+        }
         self.org_whole(team, today).await?;
         let id = new_id();
         let reserved_at = Instant::now();
@@ -660,41 +675,4 @@ fn until(deadline: Instant) -> ExponentialBuilder {
         .with_max_delay(Duration::from_secs(1))
         .with_max_times(usize::MAX)
         .with_total_delay(Some(deadline.saturating_duration_since(Instant::now())))
-}
-
-/// Writes the saved-credits tally every `FLUSH_EVERY` (one pipeline of
-/// HINCRBY); what fails is kept for the next round. Ends with the ledger.
-async fn flush_saved(tally: std::sync::Weak<SavedTally>, redis: Arc<RedisBackend>, keys: Keys) {
-    loop {
-        tokio::time::sleep(FLUSH_EVERY).await;
-        let Some(tally) = tally.upgrade() else { return };
-        let rows = tally.take();
-        if rows.is_empty() {
-            continue;
-        }
-        // One pipeline per team: a pipeline must stay in one Cluster slot.
-        let mut failed = Vec::new();
-        for team_rows in rows.chunk_by(|a, b| a.0 == b.0) {
-            let mut pipe = redis::pipe();
-            for (team, day, route, credits) in team_rows {
-                let key = keys.ledger(team, LedgerKey::Routes);
-                pipe.cmd("HINCRBY")
-                    .arg(key)
-                    .arg(format!("{day}|{}|v", route.as_str()))
-                    .arg(*credits)
-                    .ignore();
-            }
-            let written = redis
-                .call(RedisOp::LedgerSaved, |mut c| async move {
-                    pipe.query_async::<()>(&mut c).await
-                })
-                .await;
-            if written.is_err() {
-                failed.extend_from_slice(team_rows);
-            }
-        }
-        if !failed.is_empty() {
-            tally.restore(failed);
-        }
-    }
 }

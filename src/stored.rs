@@ -25,15 +25,32 @@
 use redb::{Database, ReadableDatabase, TableDefinition, WriteTransaction};
 use std::path::Path;
 
+/// Why a file is not read.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Refused {
+    /// A newer release's format: the line that says which to run.
+    Newer(String),
+    /// Its format could not be read or recorded (an I/O error).
+    Unreadable(String),
+}
+
+impl std::fmt::Display for Refused {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Refused::Newer(line) | Refused::Unreadable(line) => f.write_str(line),
+        }
+    }
+}
+
 /// A stored format: what the file is, where it records its format, and
 /// the format this release writes (and the newest it reads).
 pub(crate) struct Stored {
     /// How the operator calls the file, in the line that refuses it.
-    pub(crate) what: &'static str,
+    what: &'static str,
     /// The format's name in that line: "`name` format N".
     name: &'static str,
     table: &'static str,
-    pub(crate) format: u32,
+    format: u32,
     /// The first release that writes [`Stored::format`].
     since: &'static str,
 }
@@ -103,18 +120,19 @@ impl Stored {
         Ok(())
     }
 
-    /// At open, before anything else is written: `Err` with the one line
-    /// that names the release to run when the file is of a newer format;
-    /// a file that records none has this release's recorded (format 1 is
-    /// the only one such files can be in).
-    pub(crate) fn check(&self, db: &Database, path: &Path) -> Result<(), String> {
-        let cannot = |e: redb::Error| format!("cannot read the format of {}: {e}", path.display());
-        match self.recorded(db).map_err(cannot)? {
-            Some((format, since)) if format > self.format => Err(self.newer(path, format, &since)),
+    /// At open, before anything else is written: [`Refused::Newer`], with
+    /// the one line that names the release to run, when the file is of a
+    /// newer format; a file that records none has this release's recorded
+    /// (format 1 is the only one such files can be in).
+    pub(crate) fn check(&self, db: &Database, path: &Path) -> Result<(), Refused> {
+        let unreadable =
+            |e: redb::Error| Refused::Unreadable(format!("cannot read the format of {}: {e}", path.display()));
+        match self.recorded(db).map_err(unreadable)? {
+            Some((format, since)) if format > self.format => Err(Refused::Newer(self.newer(path, format, &since))),
             Some(_) => Ok(()),
             None if self.format == 1 => self
                 .record_at_open(db)
-                .map_err(|e| format!("cannot record the format of {}: {e}", path.display())),
+                .map_err(|e| Refused::Unreadable(format!("cannot record the format of {}: {e}", path.display()))),
             None => Ok(()),
         }
     }
@@ -200,7 +218,9 @@ mod tests {
         DISK_TIER.check(&db, &path).expect("its own format reads");
 
         write(&db, "format", "3", "0.9.1");
-        let refused = DISK_TIER.check(&db, &path).unwrap_err();
+        let Err(Refused::Newer(refused)) = DISK_TIER.check(&db, &path) else {
+            panic!("refused as newer")
+        };
         assert!(refused.contains("disk tier format 3"), "{refused}");
         assert!(refused.contains("permit-gateway 0.9.1 or later"), "{refused}");
         assert!(refused.contains(&path.display().to_string()), "{refused}");
@@ -211,7 +231,9 @@ mod tests {
         );
 
         write(&db, "format", "x", "$(reboot)");
-        let refused = DISK_TIER.check(&db, &path).unwrap_err();
+        let Err(Refused::Newer(refused)) = DISK_TIER.check(&db, &path) else {
+            panic!("refused as newer")
+        };
         assert!(refused.contains("disk tier format unknown"), "{refused}");
         assert!(refused.contains("run a later release"), "{refused}");
         assert!(!refused.contains("reboot"), "{refused}");

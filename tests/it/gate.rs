@@ -237,23 +237,48 @@ async fn the_vendors_429_pauses_the_gate_for_its_retry_after() {
     assert!(after >= Duration::from_secs(2), "the gate opened after {after:?}");
 }
 
-/// What one request of a load met: its team, its status, and when its
-/// answer came after it was due.
+/// What one request of a load met: its team, its status, when its answer
+/// came after it was due, and the vendor's count of requests when it was
+/// sent.
 struct Met {
     trickle: bool,
     search: bool,
     status: StatusCode,
     took: Duration,
+    /// Its request id (`alpha-N`, `beta-N`) and, for a lookup, its id.
+    rid: String,
+    id: Option<String>,
+    sent_at_seq: u64,
 }
+
+/// The most calls that may reach the vendor between a trickle request's
+/// send and its own call: those already on their way, and the place a
+/// flood call took as it came. Without fairness it waited behind the
+/// flood's queue (~20 calls).
+const AHEAD_OF_A_TRICKLE: u64 = 6;
+
+/// The vendor's count of answered requests from which the flood has spent
+/// its part of the window (120 calls, less the reserve of 12: every call
+/// sent is answered by then, the count being of answers): from then on a
+/// place frees only as a call leaves the window, 60 s later, and a call a
+/// trickle request waits for is one of the flood's. Before it, calls go as
+/// fast as they come, the flood's many and the trickle's one alike, and
+/// counting calls says nothing of a turn.
+const FULL_WINDOW: u64 = 112;
 
 /// The issue's saturation case: alpha floods 50-id lookups and size=100
 /// searches at 20× the upstream's rate (40 a second) for 8 s; beta
-/// trickles a lookup a second and a search every 5 s beside it. Every
-/// trickle request is answered, p95 within 1.5 s of when it was due; every
-/// flood request has its final status within the deadline and a second;
-/// the vendor's strict window never refuses; the ledger equals the bill.
+/// trickles two lookups a second and a search every 5 s beside it. Every
+/// trickle request is answered, and none rides the flood's turn: once the
+/// flood has spent the window ([`FULL_WINDOW`]), at most
+/// [`AHEAD_OF_A_TRICKLE`] calls reach the vendor between a trickle
+/// request's send and its call (the flood's queue holds ~20; counted in
+/// calls, not milliseconds, so a busy machine does not change it: issue 59).
+/// Every flood request has its final status within a deadline; the
+/// vendor's strict window never refuses; the ledger equals the bill.
+/// (The milliseconds: `bench/gate.py`, BENCHMARKS.md "Issue 58".)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_trickle_beside_a_flood_at_twenty_times_the_rate_is_answered_within_a_second_and_a_half() {
+async fn a_trickle_beside_a_flood_at_twenty_times_the_rate_does_not_wait_for_the_floods_turn() {
     let sim = strict_sim(120).await;
     let gw = Setup::new()
         .with(|c| {
@@ -265,7 +290,7 @@ async fn a_trickle_beside_a_flood_at_twenty_times_the_rate_is_answered_within_a_
     let s = sim.samples();
     let started = Instant::now();
     let mut tasks = Vec::new();
-    // 40 flood requests a second, a trickle lookup each second and a
+    // 40 flood requests a second, a trickle lookup each half second and a
     // trickle search each 5 s: one schedule on a 25 ms tick.
     let mut tick = tokio::time::interval(Duration::from_millis(25));
     for i in 0..320u32 {
@@ -279,7 +304,7 @@ async fn a_trickle_beside_a_flood_at_twenty_times_the_rate_is_answered_within_a_
             ),
             _ => (false, true, Query::distinct(&s, i).size(100)),
         });
-        if i % 40 == 0 {
+        if i % 20 == 0 {
             due.push((true, false, Query::permits_by_id(&[format!("t{i:07}")])));
         }
         if i % 200 == 0 {
@@ -287,7 +312,10 @@ async fn a_trickle_beside_a_flood_at_twenty_times_the_rate_is_answered_within_a_
         }
         for (trickle, search, query) in due {
             let token = if trickle { BETA.1 } else { ALPHA.1 };
-            let call = Client::new(gw.base_url(), token).get(query).spawn();
+            let rid = format!("{}-{i}-{}", if trickle { "beta" } else { "alpha" }, u8::from(search));
+            let id = (trickle && !search).then(|| format!("t{i:07}"));
+            let sent_at_seq = if trickle { sim.stats().requests_total } else { 0 };
+            let call = Client::new(gw.base_url(), token).get(query).request_id(&rid).spawn();
             let at = Instant::now();
             tasks.push(tokio::spawn(async move {
                 let r = call.await.expect("answered, no connection reset");
@@ -296,6 +324,9 @@ async fn a_trickle_beside_a_flood_at_twenty_times_the_rate_is_answered_within_a_
                     search,
                     status: r.status,
                     took: at.elapsed(),
+                    rid,
+                    id,
+                    sent_at_seq,
                 }
             }));
         }
@@ -330,12 +361,37 @@ async fn a_trickle_beside_a_flood_at_twenty_times_the_rate_is_answered_within_a_
             if m.search { "search" } else { "lookup" }
         );
     }
-    assert!(p95 <= Duration::from_millis(1_500), "trickle p95 {p95:?}");
+    let log = sim.log();
+    let ahead: Vec<u64> = met
+        .iter()
+        .filter(|m| m.trickle && m.sent_at_seq >= FULL_WINDOW)
+        .map(|m| {
+            let own = log
+                .iter()
+                .find(|e| {
+                    e.request_id.as_deref() == Some(m.rid.as_str())
+                        || m.id.as_ref().is_some_and(|id| e.query.contains(&format!("id={id}")))
+                })
+                .unwrap_or_else(|| panic!("{}'s call reached the vendor", m.rid));
+            own.seq.saturating_sub(m.sent_at_seq + 1)
+        })
+        .collect();
+    eprintln!("calls that reached the vendor between a trickle request's send and its call, once the window was spent: {ahead:?}");
+    assert!(
+        ahead.len() >= 3,
+        "the flood spent the window while beta trickled: {ahead:?}"
+    );
+    assert!(
+        ahead.iter().all(|n| *n <= AHEAD_OF_A_TRICKLE),
+        "a trickle request waited for the flood's turn: {ahead:?} calls ahead of it"
+    );
     for m in met.iter().filter(|m| !m.trickle) {
         assert!(matches!(m.status.as_u16(), 200 | 429), "{}", m.status);
     }
+    // A deadline, not a latency: the gate's (`max_queue_wait_secs`, 10 s)
+    // and what a starved machine adds to it.
     assert!(
-        flood_late <= Duration::from_secs(11),
+        flood_late <= Duration::from_secs(30),
         "a flood request open {flood_late:?}"
     );
     assert!(answered > 0, "the flood had its share");

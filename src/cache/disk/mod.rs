@@ -183,9 +183,12 @@ impl Disk {
         // A file of a newer release's format is left as it is (that release
         // reads it again after a roll forward) and not used: a cache never
         // stops a start, and never misreads.
-        if let Err(e) = crate::guarded::guarded(|| crate::stored::DISK_TIER.check(&db, path))
-            .unwrap_or_else(|| Err("redb panicked reading its format".into()))
-        {
+        let refused = match crate::guarded::guarded(|| crate::stored::DISK_TIER.check(&db, path)) {
+            Some(Ok(())) => None,
+            Some(Err(e)) => Some(e.to_string()),
+            None => Some("redb panicked reading its format".to_string()),
+        };
+        if let Some(e) = refused {
             tracing::error!(path = %path.display(), "cache disk tier not used, serving from memory only: {e}");
             metrics.disk_degraded(true);
             return None;

@@ -19,6 +19,7 @@
 
 use crate::guarded::guarded;
 use crate::route::Route;
+use crate::stored::Refused;
 use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
 use std::path::{Path, PathBuf};
 
@@ -70,18 +71,12 @@ impl Journal {
             tracing::error!(path = %path.display(), error = %why, aside = %aside.display(), "ledger settle journal damaged: moved aside, starting empty (its settles were applied once; they are lost only if their primary failed over before a replica had them)");
         })
         .map_err(Unopened::Unusable)?;
-        let stored = &crate::stored::SETTLE_JOURNAL;
-        match crate::guarded::guarded(|| stored.recorded(&db)) {
-            Some(Ok(Some((format, since)))) if format > stored.format => {
-                return Err(Unopened::Newer(stored.newer(path, format, &since)))
-            }
-            Some(Ok(_)) => {}
-            Some(Err(e)) => return Err(Unopened::Unusable(format!("cannot read its format: {e}"))),
+        match guarded(|| crate::stored::SETTLE_JOURNAL.check(&db, path)) {
+            Some(Ok(())) => {}
+            Some(Err(Refused::Newer(line))) => return Err(Unopened::Newer(line)),
+            Some(Err(Refused::Unreadable(e))) => return Err(Unopened::Unusable(e)),
             None => return Err(Unopened::Unusable("redb panicked reading its format".into())),
         }
-        crate::guarded::guarded(|| stored.check(&db, path))
-            .unwrap_or_else(|| Err("redb panicked recording its format".into()))
-            .map_err(Unopened::Unusable)?;
         Ok(Journal {
             db,
             path: path.to_path_buf(),

@@ -645,15 +645,23 @@ fn lookup_calls_since(sim: &Sim, seq: u64) -> Vec<Vec<String>> {
 }
 
 /// Issue 58: calls leave full when a crowd arrives. A steady 100
-/// single-id lookups a second of two teams (what full calls carry at 120
-/// calls a minute), open loop for 8 s, against an upstream that allows 120
-/// calls in any 60 s and answers in 100–300 ms. The first lookup goes at
-/// once (alone on an idle gateway); the crowd is seen within tens of
-/// milliseconds, and from then on each call waits for 50 ids: the calls
-/// after the first carry at least 45 ids on average (a fixed 20 ms window
-/// spends the gate's burst of 12 calls on two or three ids each, and
-/// averages about 30). Every lookup is answered with its record, and each
-/// team's ledger holds exactly what the upstream billed for its records.
+/// single-id lookups a second of two teams, open loop for 8 s, against an
+/// upstream that allows 60 calls in any 60 s and answers in 100–300 ms:
+/// twice what full calls carry at one call a second, so the calls stay
+/// full on a machine too busy to send more than half of them in time
+/// (issue 59: at 120 a minute, exactly what full calls carry, a load of 6
+/// on 2 cores left 40 a call; BENCHMARKS.md has that rate's numbers). The
+/// first lookup goes at once (alone on an idle gateway); the crowd is seen
+/// within tens of milliseconds, and from then on each call waits for 50
+/// ids: the calls between the first and the last all carry 50, but for
+/// two (and two more for each stall of this test's sending), where a
+/// fixed 20 ms window spends the gate's burst on two or three ids each.
+/// Every lookup is answered with its record, and each team's ledger holds
+/// exactly what the upstream billed for its records.
+/// A gap in the test's own sending, ten ticks long, that can leave a call
+/// part full.
+const STALL: Duration = Duration::from_millis(100);
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_steady_crowd_of_lookups_leaves_in_full_calls() {
     let sim = start_sim(SimConfig {
@@ -665,7 +673,7 @@ async fn a_steady_crowd_of_lookups_leaves_in_full_calls() {
     .await;
     let gw = Setup::new()
         .with(|c| {
-            c.upstream.requests_per_minute = 120;
+            c.upstream.requests_per_minute = 60;
             c.server.team_max_in_flight = 400;
         })
         .start(&sim)
@@ -675,8 +683,15 @@ async fn a_steady_crowd_of_lookups_leaves_in_full_calls() {
     // Open loop: one lookup every 10 ms, whatever the answers do.
     let mut pace = tokio::time::interval(Duration::from_millis(10));
     let mut spawned = Vec::with_capacity(ids.len());
+    // Where this test's own sending stalled (a busy machine): the ids
+    // then come in a burst after a gap, and the call gathering during the
+    // gap may leave part full, as it should.
+    let mut stalls = 0;
+    let mut last = Instant::now();
     for (i, id) in ids.iter().enumerate() {
         pace.tick().await;
+        stalls += usize::from(last.elapsed() > STALL);
+        last = Instant::now();
         let (team, token) = half(i);
         let call = Client::new(gw.base_url(), token)
             .get(lookup("permits", &[id]))
@@ -710,8 +725,14 @@ async fn a_steady_crowd_of_lookups_leaves_in_full_calls() {
         took[took.len() - 1],
     );
     assert_eq!(asked, ids.len(), "each id asked once");
-    let after_first = (asked - sizes[0]) as f64 / (calls.len() - 1) as f64;
-    assert!(after_first >= 45.0, "{after_first:.1} ids a call: {sizes:?}");
+    // Counted, not averaged: every call between the first (alone on an
+    // idle gateway) and the last (the crowd's tail) leaves full, but for
+    // two, and two more for each stall of the sending.
+    let part_full = sizes[1..sizes.len() - 1].iter().filter(|n| **n < 50).count();
+    assert!(
+        part_full <= 2 + 2 * stalls,
+        "{part_full} calls left part full, the sending stalled {stalls} times: {sizes:?}"
+    );
     // Money: each team its own records, and every billed credit has its team.
     let billed = charged_to(&sim, "alpha-") + charged_to(&sim, "beta-");
     assert_eq!(billed, 800, "each record billed once");

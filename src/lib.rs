@@ -68,6 +68,8 @@
 //!   stripping and request ids, shared by the team and admin listeners.
 //! - `guarded`: redb calls whose panic means a damaged file, caught.
 //! - `volume`: the free space on the data volume (the disk tier's reserve).
+//! - `release`: reads the vendor's data release, one call per interval for
+//!   all replicas (what it does to held answers: `cache::release`).
 //!
 //! Imports run one way: [`run`] hands [`server`] the handlers of [`proxy`]
 //! and `admin`; those two use [`app`]; [`app`] holds only state defined
@@ -119,6 +121,7 @@ mod org;
 mod page;
 pub mod proxy;
 pub mod redis_backend;
+mod release;
 pub mod route;
 mod scheduler;
 pub mod server;

@@ -133,7 +133,11 @@ async fn a_published_release_moves_the_date_and_the_data() {
     let days = chrono::NaiveDate::parse_from_str(a, "%Y-%m-%d").unwrap()
         - chrono::NaiveDate::parse_from_str(b, "%Y-%m-%d").unwrap();
     assert_eq!(days.num_days(), 7, "{b} -> {a}");
-    assert_ne!(v2(&sim, &page).await.text(), old_page, "the data changed with the release");
+    assert_ne!(
+        v2(&sim, &page).await.text(),
+        old_page,
+        "the data changed with the release"
+    );
     assert!(sim.publish_release(1).to_string().as_str() > a);
     // A garbled release text until the next publish.
     post_json(&format!("{base}/_sim/release"), &[], &json!({"released_at": "soon"})).await;

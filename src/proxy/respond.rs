@@ -44,7 +44,7 @@ pub(super) fn data_release_header(app: &App, resp: &mut Response<Body>, ctx: &Re
     if !(status == StatusCode::OK || status == StatusCode::NOT_MODIFIED) {
         return;
     }
-    if !ctx.route.is_some_and(|r| app.cache.ttl(r).is_some()) {
+    if ctx.route.is_none_or(|r| app.cache.ttl(r).is_none()) {
         return;
     }
     let day = match ctx.release {

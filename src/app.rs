@@ -140,10 +140,7 @@ impl App {
         if app.cache.follows_purges() {
             tokio::spawn(follow_purges(Arc::downgrade(&app)));
         }
-        if app.config.cache.release_poll_secs > 0 {
-            let poll = Duration::from_secs(app.config.cache.release_poll_secs);
-            tokio::spawn(crate::release::watch(Arc::downgrade(&app), poll));
-        }
+
         Ok(app)
     }
 

@@ -192,6 +192,11 @@ async fn serve(
         (Some(cert), Some(key)) => Some(server::tls_acceptor(cert, key)?),
         _ => None,
     };
+    // The data release, read while the gateway serves (`release`).
+    if app.config.cache.release_poll_secs > 0 {
+        let poll = std::time::Duration::from_secs(app.config.cache.release_poll_secs);
+        tokio::spawn(release::watch(Arc::downgrade(&app), poll));
+    }
     let mut team_limits = server::Limits::from_config(&app.config.server);
     let mut admin_limits = server::Limits::admin_from_config(&app.config.server);
     // The descriptor pool: client connections get what RLIMIT_NOFILE leaves

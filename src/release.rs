@@ -38,7 +38,7 @@ const ASKER: &str = "_release";
 /// reader saw.
 const TICK: Duration = Duration::from_secs(1);
 
-/// Reads the release until the app goes away (`App::new` spawns it when
+/// Reads the release until the app goes away (`serve` spawns it when
 /// `cache.release_poll_secs` is above 0).
 pub(crate) async fn watch(app: Weak<App>, poll: Duration) {
     let mut last_own: Option<u64> = None;
@@ -51,14 +51,14 @@ pub(crate) async fn watch(app: Weak<App>, poll: Duration) {
             None => None,
         };
         match shared {
-            Some(Turn::Read(read, at)) => apply(&app, read, at),
-            Some(Turn::Ours) => {
+            Some(Duty::Read(read, at)) => apply(&app, read, at),
+            Some(Duty::Ours) => {
                 if let Some(read) = read_upstream(&app).await {
                     publish(&app, read).await;
                     apply(&app, read, now_ms());
                 }
             }
-            Some(Turn::NothingYet) => {}
+            Some(Duty::NothingYet) => {}
             None if own_due => {
                 last_own = Some(now);
                 if let Some(read) = read_upstream(&app).await {
@@ -74,7 +74,7 @@ pub(crate) async fn watch(app: Weak<App>, poll: Duration) {
 }
 
 /// What a replica sharing Redis does this tick.
-enum Turn {
+enum Duty {
     /// It holds the lease: it reads the upstream.
     Ours,
     /// Another replica read this (when, Unix ms).
@@ -85,7 +85,7 @@ enum Turn {
 
 /// The lease, or what the replica holding it wrote; `None` when Redis
 /// failed (this replica reads for itself).
-async fn shared_turn(app: &App, redis: &Arc<RedisBackend>, poll: Duration) -> Option<Turn> {
+async fn shared_turn(app: &App, redis: &Arc<RedisBackend>, poll: Duration) -> Option<Duty> {
     let keys = app.cache.release_keys();
     let token = format!("{:x}", crate::http_util::random_id());
     let px = (poll.as_millis() as u64).max(1);
@@ -107,7 +107,7 @@ async fn shared_turn(app: &App, redis: &Arc<RedisBackend>, poll: Duration) -> Op
         .await
         .ok()?;
     if taken.is_some() {
-        return Some(Turn::Ours);
+        return Some(Duty::Ours);
     }
     let value = &keys.1;
     let got: Option<String> = redis
@@ -119,7 +119,7 @@ async fn shared_turn(app: &App, redis: &Arc<RedisBackend>, poll: Duration) -> Op
     Some(
         got.as_deref()
             .and_then(decode)
-            .map_or(Turn::NothingYet, |(r, at)| Turn::Read(r, at)),
+            .map_or(Duty::NothingYet, |(r, at)| Duty::Read(r, at)),
     )
 }
 

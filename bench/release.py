@@ -197,7 +197,7 @@ def main():
     ap.add_argument("--bin-dir", required=True)
     ap.add_argument("--seed", type=int, default=61)
     ap.add_argument("--day-secs", type=int, default=4)
-    ap.add_argument("--out", default=os.path.join(HERE, "results", "release.json"))
+    ap.add_argument("--out", default=os.path.join(HERE, "results", "data_release.json"))
     args = ap.parse_args()
     tmp = tempfile.mkdtemp(prefix="pgw-release-")
     log(f"work dir {tmp}")

@@ -370,12 +370,18 @@ impl Cache {
                 "gateway_data_release_readable",
                 "1 while the last read of the data release succeeded, else 0 (route TTLs rule).",
             ),
-            release_refreshes_total: counter(
-                r,
-                "gateway_release_refreshes_total",
-                "Answers bought again because a newer data release outdated the one held, by route.",
-                &["route"],
-            ),
+            release_refreshes_total: {
+                let c = counter(
+                    r,
+                    "gateway_release_refreshes_total",
+                    "Answers bought again because a newer data release outdated the one held, by route.",
+                    &["route"],
+                );
+                for route in crate::route::Route::ALL {
+                    c.with_label_values(&[route.as_str()]);
+                }
+                c
+            },
         }
     }
 }

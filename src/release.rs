@@ -13,9 +13,10 @@
 //!   dies hands the reading to another when its lease expires. While Redis
 //!   fails, each replica reads for itself, once per interval.
 //!
-//! The call goes through the upstream gate like any call (as the bulk
-//! class of its own asker, `_release`: it takes only what teams leave) and
-//! through the same upstream client; it costs no credits. A turn the gate
+//! The call goes through the upstream gate like any call (an interactive
+//! call of its own asker, `_release`, weight 1: one call an interval, which
+//! a busy gate must not starve, or the release would go unread exactly when
+//! teams ask most) and through the same upstream client; it costs no credits. A turn the gate
 //! refuses is no read (tried again next interval); an upstream error, a
 //! timeout or a body without a date that parses is an unreadable release.
 
@@ -165,7 +166,7 @@ async fn read_upstream(app: &Arc<App>) -> Option<Read> {
     let asker = Asker {
         team: ASKER,
         weight: 1,
-        bulk: true,
+        bulk: false,
     };
     if app.scheduler.acquire(asker, None).await.is_err() {
         tracing::info!("data release not read this interval: no turn at the upstream gate");

@@ -244,3 +244,44 @@ async fn two_replicas_on_one_redis_make_one_release_call_per_interval() {
     );
     assert_ledger_matches(&sim, &gws[0].admin_url(), &["alpha"]).await;
 }
+
+#[tokio::test]
+async fn while_the_gate_is_scarce_an_outdated_page_is_served_at_once_and_refreshed_behind() {
+    let sim = start_sim(unlimited()).await;
+    // 30 calls a minute: after 17, less than half the window is free (and
+    // room is left for a read a second and the refresh).
+    let gw = Setup::new()
+        .with(|c| {
+            c.cache.release_poll_secs = 1;
+            c.upstream.requests_per_minute = 30;
+        })
+        .start(&sim)
+        .await;
+    release_read(&gw).await;
+    let old_date = release_of(&sim).await;
+    let s = sim.samples();
+    let pages: Vec<Query> = (0..16).map(|i| Query::distinct(&s, i).size(2)).collect();
+    let mut old = Vec::new();
+    for q in &pages {
+        let r = ask(&gw, q).await;
+        assert_eq!(r.x_cache(), Some("MISS"), "{}", r.text());
+        old.push(r);
+    }
+    let new_date = sim.publish_release(7).to_string();
+    eventually("the gateway reads the new release", WITHIN, || async {
+        let day = chrono::NaiveDate::parse_from_str(&new_date, "%Y-%m-%d").expect("date");
+        let secs = day.and_hms_opt(0, 0, 0).expect("midnight").and_utc().timestamp() as f64;
+        gauge(&gw, "gateway_data_release_timestamp_seconds").await == secs
+    })
+    .await;
+    let bought = calls(&sim, "/v2/permits/search");
+    let first = ask(&gw, &pages[0]).await;
+    assert_eq!(first.x_cache(), Some("STALE"), "answered at once from the old copy");
+    assert_eq!(first.credits_request(), Some(0));
+    assert_eq!(first.header("x-data-release"), Some(old_date.as_str()));
+    assert_eq!(first.body, old[0].body);
+    let renewed = renewed(&gw, &pages[0], &old[0], &new_date).await;
+    assert_eq!(renewed.x_cache(), Some("HIT"), "the background refresh stored it");
+    assert_eq!(calls(&sim, "/v2/permits/search"), bought + 1, "one refresh");
+    assert_ledger_matches(&sim, &gw.admin_url(), &["alpha"]).await;
+}

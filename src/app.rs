@@ -140,7 +140,6 @@ impl App {
         if app.cache.follows_purges() {
             tokio::spawn(follow_purges(Arc::downgrade(&app)));
         }
-
         Ok(app)
     }
 

@@ -9,7 +9,9 @@
 //! held only stale, is read from Redis, where another replica may have
 //! bought it again: the newer copy wins. What a lower tier had is promoted
 //! into memory. Entries past their stale grace are never returned; stale
-//! ones are, and the caller decides what staleness it accepts.
+//! ones are, and the caller decides what staleness it accepts. Every entry
+//! returned is as the data release sees it (`super::release`: outdated by
+//! a newer release, or fresh past its TTL under release-bound freshness).
 
 use super::{Cache, Entry, Tier};
 use crate::clock::now_ms;

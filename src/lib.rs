@@ -70,6 +70,8 @@
 //! - `stored`: the format each stored file records, and the refusal of a
 //!   newer one.
 //! - `volume`: the free space on the data volume (the disk tier's reserve).
+//! - `release`: reads the vendor's data release, one call per interval for
+//!   all replicas (what it does to held answers: `cache::release`).
 //!
 //! Imports run one way: [`run`] hands [`server`] the handlers of [`proxy`]
 //! and `admin`; those two use [`app`]; [`app`] holds only state defined
@@ -121,6 +123,7 @@ mod org;
 mod page;
 pub mod proxy;
 pub mod redis_backend;
+mod release;
 pub mod route;
 mod scheduler;
 pub mod server;
@@ -192,6 +195,11 @@ async fn serve(
         (Some(cert), Some(key)) => Some(server::tls_acceptor(cert, key)?),
         _ => None,
     };
+    // The data release, read while the gateway serves (`release`).
+    if app.config.cache.release_poll_secs > 0 {
+        let poll = std::time::Duration::from_secs(app.config.cache.release_poll_secs);
+        tokio::spawn(release::watch(Arc::downgrade(&app), poll));
+    }
     let mut team_limits = server::Limits::from_config(&app.config.server);
     let mut admin_limits = server::Limits::admin_from_config(&app.config.server);
     // The descriptor pool: client connections get what RLIMIT_NOFILE leaves

@@ -25,7 +25,7 @@ pub async fn handle(shared: &Shared, req: Request<Incoming>) -> Response<Body> {
     let answer = match (method, path.as_str()) {
         (Method::GET, "/_sim/stats") => Answer::ok(&shared.stats()),
         (Method::GET, "/_sim/log") => Answer::ok(&shared.log()),
-        (Method::GET, "/_sim/samples") => Answer::ok(&Samples::from_dataset(&shared.data)),
+        (Method::GET, "/_sim/samples") => Answer::ok(&Samples::from_dataset(&shared.data())),
         (Method::POST, "/_sim/reset") => {
             shared.reset();
             ok()
@@ -37,6 +37,7 @@ pub async fn handle(shared: &Shared, req: Request<Incoming>) -> Response<Body> {
         }
         (Method::POST, "/_sim/config") => config(shared, &body),
         (Method::POST, "/_sim/clock") => clock(shared, &body),
+        (Method::POST, "/_sim/release") => release(shared, &body),
         _ => Answer::not_found(),
     };
     answer.into_response()
@@ -100,5 +101,32 @@ fn clock(shared: &Shared, body: &Bytes) -> Answer {
         }
         Ok(None) => bad_request("advance_secs must be a non-negative integer"),
         Err(a) => a,
+    }
+}
+
+/// `{"days": N}` (default 7): publishes the next data release N days
+/// later; `{"released_at": "..."}`: `/v2/meta/release` answers that text
+/// until the next publish (a test's unreadable or older release).
+fn release(shared: &Shared, body: &Bytes) -> Answer {
+    let v = match parse(body) {
+        Ok(v) => v,
+        Err(a) => return a,
+    };
+    if let Some(text) = v.get("released_at") {
+        return match text.as_str() {
+            Some(t) => {
+                shared.garble_release(Some(t.to_string()));
+                ok()
+            }
+            None => bad_request("released_at must be a string"),
+        };
+    }
+    let days = match v.get("days") {
+        None => Some(7),
+        Some(d) => d.as_u64().and_then(|n| u32::try_from(n).ok()).filter(|n| *n > 0),
+    };
+    match days {
+        Some(days) => Answer::ok(&json!({"released_at": shared.publish_release(days).to_string()})),
+        None => bad_request("days must be a positive integer"),
     }
 }

@@ -14,7 +14,7 @@
 //! - [`server`]: accept loop, HTTP/1.1 + h2c (or TLS), graceful shutdown.
 //! - [`router`]: the life of a request: route → auth → rate limit → fault →
 //!   latency → answer (validation, search) → credits → record → fault mangling.
-//! - [`control`]: the `/_sim/*` endpoints (stats, log, faults, config, clock).
+//! - [`control`]: the `/_sim/*` endpoints (stats, log, faults, config, clock, release).
 //! - [`dataset`]: the seeded world (geography, permits, contractors) + indexes.
 //! - [`query`]: query-string parsing and Pydantic-v2-style validation errors.
 //! - [`search`]: permit and contractor search filters; [`pagination`]: cursors
@@ -166,8 +166,21 @@ impl Sim {
         self.shared.reset();
     }
 
+    /// Publishes the next data release `days` after the current one
+    /// (`released_at` advances, every permit's job value is revised);
+    /// returns its date. `POST /_sim/release` over HTTP.
+    pub fn publish_release(&self, days: u32) -> chrono::NaiveDate {
+        self.shared.publish_release(days)
+    }
+
+    /// `/v2/meta/release` answers `text` as `released_at` until the next
+    /// publish (`None`: the real date again).
+    pub fn garble_release(&self, text: Option<&str>) {
+        self.shared.garble_release(text.map(str::to_string));
+    }
+
     pub fn samples(&self) -> Samples {
-        Samples::from_dataset(&self.shared.data)
+        Samples::from_dataset(&self.shared.data())
     }
 
     /// Stops accepting, lets in-flight requests finish (bounded), then returns.

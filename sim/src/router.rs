@@ -177,7 +177,8 @@ fn authenticate(shared: &Shared, key: Option<&str>) -> Result<(), Answer> {
 
 /// Dispatches to the endpoint; errors and successes come back alike.
 fn answer(shared: &Shared, route: &Route, raw_query: &str) -> Answer {
-    let d = &shared.data;
+    let data = shared.data();
+    let d = &*data;
     let mut q = Query::parse(Some(raw_query));
     let outcome = match route {
         Route::PermitSearch => search::permits(d, &mut q),
@@ -204,7 +205,7 @@ fn answer(shared: &Shared, route: &Route, raw_query: &str) -> Answer {
         Route::CitySearch => places::cities(d, &mut q),
         Route::CountySearch => places::counties(d, &mut q),
         Route::Coverage => meta::coverage(d, &mut q),
-        Route::Release => Ok(meta::release(d)),
+        Route::Release => Ok(meta::release(&shared.release_text())),
         Route::Usage => Ok(Answer::ok(&shared.credits().usage())),
     };
     outcome.unwrap_or_else(|err| err)

@@ -16,7 +16,12 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 pub struct Shared {
     pub cfg: SimConfig,
-    pub data: Arc<Dataset>,
+    /// The current data release: a publish swaps it whole
+    /// ([`Shared::publish_release`]).
+    data: Mutex<Arc<Dataset>>,
+    /// What `/v2/meta/release` answers for `released_at` instead of the
+    /// dataset's date, when set ([`Shared::garble_release`]).
+    release_text: Mutex<Option<String>>,
     credits: Mutex<Credits>,
     limiter: Mutex<RateLimit>,
     stats: Mutex<StatsBook>,
@@ -33,7 +38,8 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 impl Shared {
     pub fn new(cfg: SimConfig) -> Shared {
         Shared {
-            data: Dataset::for_seed(cfg.seed),
+            data: Mutex::new(Dataset::for_seed(cfg.seed)),
+            release_text: Mutex::new(None),
             credits: Mutex::new(Credits::new(cfg.credit_limit)),
             limiter: Mutex::new(RateLimit::new(cfg.requests_per_minute, cfg.rate_window)),
             stats: Mutex::new(StatsBook::default()),
@@ -41,6 +47,35 @@ impl Shared {
             jitter: Mutex::new(ChaCha8Rng::seed_from_u64(cfg.seed ^ 0x5151)),
             cfg,
         }
+    }
+
+    /// The dataset of the current release.
+    pub fn data(&self) -> Arc<Dataset> {
+        lock(&self.data).clone()
+    }
+
+    /// Publishes the next data release, `days` later: `released_at`
+    /// advances and the data changes (`Dataset::published`); a garbled
+    /// release text is cleared. Returns the new date.
+    pub fn publish_release(&self, days: u32) -> chrono::NaiveDate {
+        let next = Arc::new(self.data().published(days));
+        let date = next.released_at;
+        *lock(&self.data) = next;
+        *lock(&self.release_text) = None;
+        date
+    }
+
+    /// `/v2/meta/release` answers `text` as its `released_at` (not a date,
+    /// or an older one) until the next publish; the data stays.
+    pub fn garble_release(&self, text: Option<String>) {
+        *lock(&self.release_text) = text;
+    }
+
+    /// What `/v2/meta/release` answers as `released_at`.
+    pub fn release_text(&self) -> String {
+        lock(&self.release_text)
+            .clone()
+            .unwrap_or_else(|| self.data().released_at.to_string())
     }
 
     pub fn credits(&self) -> MutexGuard<'_, Credits> {

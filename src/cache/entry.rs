@@ -26,6 +26,10 @@ pub struct Entry {
     pub(crate) etag: HeaderValue,
     /// For purge by route and metrics.
     pub(crate) route: Route,
+    /// The vendor's data release current when it was bought, as a day
+    /// number (`cache::release`); 0: unstamped (bought before any release
+    /// was read, or written by 0.2.0).
+    pub(crate) release: u32,
 }
 
 /// A strong ETag from the body's SHA-256.
@@ -53,6 +57,7 @@ impl Entry {
             ttl_ms: ttl.as_millis() as u64,
             etag,
             route,
+            release: 0,
         }
     }
 
@@ -84,13 +89,15 @@ impl Entry {
         u32::try_from(self.body.len() + self.etag.len() + key_len + overhead).unwrap_or(u32::MAX)
     }
 
-    /// `[2][credits u64][stored_at u64][ttl u64][route u8][etag len u8][etag][xxh3 of body u64][body]`.
+    /// `[3][credits u64][stored_at u64][ttl u64][route u8][etag len u8][etag][release u32][xxh3 of body u64][body]`.
     ///
     /// The checksum makes a foreign or damaged value a miss. Version 1
     /// checked the body against its SHA-256 ETag instead: ~4 µs for a 6 KB
-    /// page with SHA-NI, on every hit from Redis (xxh3: ~0.3 µs).
+    /// page with SHA-NI, on every hit from Redis (xxh3: ~0.3 µs). Version 2
+    /// (0.2.0) had no release: it reads as unstamped; 0.2.0 reads version 3
+    /// as a miss (CHANGELOG, "Upgrade and rollback").
     pub(super) fn encode(&self) -> Vec<u8> {
-        let mut out = Vec::with_capacity(self.body.len() + HEAD + self.etag.len() + 8);
+        let mut out = Vec::with_capacity(self.body.len() + HEAD + self.etag.len() + 12);
         out.push(VERSION);
         out.extend_from_slice(&self.credits.to_be_bytes());
         out.extend_from_slice(&self.stored_at_ms.to_be_bytes());
@@ -99,18 +106,19 @@ impl Entry {
         out.push(u8::try_from(self.route.index()).unwrap_or(u8::MAX));
         out.push(self.etag.len() as u8);
         out.extend_from_slice(self.etag.as_bytes());
+        out.extend_from_slice(&self.release.to_be_bytes());
         out.extend_from_slice(&xxh3_64(&self.body).to_be_bytes());
         out.extend_from_slice(&self.body);
         out
     }
 
-    /// The inverse of [`Entry::encode`] (and of version 1, which replicas
-    /// of the previous release still write); `None` for anything else, so a
+    /// The inverse of [`Entry::encode`] (and of versions 2 and 1, which
+    /// replicas of earlier releases still write); `None` for anything else, so a
     /// foreign or truncated value is a miss, never a wrong answer. The body
     /// is a view into `bytes`, not a copy.
     pub(super) fn decode(bytes: Bytes) -> Option<Entry> {
         let version = *bytes.first()?;
-        if !(version == 1 || version == VERSION) || bytes.len() < HEAD {
+        if !(1..=VERSION).contains(&version) || bytes.len() < HEAD {
             return None;
         }
         let u64_at = |at: usize| {
@@ -130,9 +138,16 @@ impl Entry {
         }
         // A view into `bytes` too (checked to be a valid header value).
         let etag = HeaderValue::from_maybe_shared(bytes.slice(HEAD..etag_end)).ok()?;
-        let body = if version == VERSION {
-            let sum = u64_at(etag_end)?;
-            let body = bytes.slice(etag_end.checked_add(8).filter(|&at| at <= bytes.len())?..);
+        let (release, sum_at) = match version {
+            VERSION => {
+                let stamp = bytes.get(etag_end..etag_end + 4)?;
+                (u32::from_be_bytes(stamp.try_into().ok()?), etag_end + 4)
+            }
+            _ => (0, etag_end),
+        };
+        let body = if version >= 2 {
+            let sum = u64_at(sum_at)?;
+            let body = bytes.slice(sum_at.checked_add(8).filter(|&at| at <= bytes.len())?..);
             (xxh3_64(&body) == sum).then_some(body)?
         } else {
             let body = bytes.slice(etag_end.min(bytes.len())..);
@@ -145,6 +160,7 @@ impl Entry {
             ttl_ms,
             etag,
             route,
+            release,
         })
     }
 }
@@ -163,7 +179,7 @@ impl ToRedisArgs for Entry {
 }
 
 /// The encoding [`Entry::encode`] writes.
-const VERSION: u8 = 2;
+const VERSION: u8 = 3;
 /// Bytes before the ETag: version, three `u64`s, route, ETag length.
 const HEAD: usize = 27;
 
@@ -190,11 +206,35 @@ mod tests {
         let mut flipped = bytes.to_vec();
         *flipped.last_mut().unwrap() ^= 1;
         assert_eq!(Entry::decode(Bytes::from(flipped)), None, "a changed byte fails it");
-        for cut in 0..HEAD + e.etag.len() + 8 {
+        for cut in 0..HEAD + e.etag.len() + 12 {
             assert_eq!(Entry::decode(bytes.slice(..cut)), None, "cut at {cut}");
         }
         assert_eq!(Entry::decode(Bytes::from_static(b"garbage")), None);
         assert_eq!(Entry::decode(Bytes::new()), None);
+    }
+
+    #[test]
+    fn the_release_stamp_round_trips_and_version_2_reads_unstamped() {
+        let mut e = Entry::new(
+            Bytes::from_static(b"{\"items\":[2]}"),
+            5,
+            Duration::from_secs(60),
+            Route::PermitsSearch,
+        );
+        e.release = 20_284;
+        assert_eq!(Entry::decode(Bytes::from(e.encode())), Some(e.clone()));
+        // What 0.2.0 writes: version 2, no stamp.
+        let mut v2 = vec![2u8];
+        v2.extend_from_slice(&e.credits.to_be_bytes());
+        v2.extend_from_slice(&e.stored_at_ms.to_be_bytes());
+        v2.extend_from_slice(&e.ttl_ms.to_be_bytes());
+        v2.push(e.route.index() as u8);
+        v2.push(e.etag.len() as u8);
+        v2.extend_from_slice(e.etag.as_bytes());
+        v2.extend_from_slice(&xxh3_64(&e.body).to_be_bytes());
+        v2.extend_from_slice(&e.body);
+        e.release = 0;
+        assert_eq!(Entry::decode(Bytes::from(v2)), Some(e));
     }
 
     #[test]

@@ -26,6 +26,8 @@
 //! - [`months`]: monthly-metrics rows, filed month by month.
 //! - [`refusals`]: the upstream's 422s, kept a while.
 //! - [`purge`]: purges of every tier that reach every replica.
+//! - [`release`]: the vendor's data release, and how it outdates (or, opted
+//!   in, extends) a held answer's freshness.
 
 pub(crate) mod control;
 mod covered;
@@ -37,6 +39,7 @@ pub(crate) mod months;
 pub mod purge;
 pub(crate) mod records;
 pub(crate) mod refusals;
+pub(crate) mod release;
 mod tiers;
 
 pub use entry::Entry;
@@ -110,11 +113,20 @@ pub struct Cache {
     past_month_ttl: Option<Duration>,
     /// The upstream's 422s, for `cache.refusal_ttl_secs` ([`refusals`]).
     pub(crate) refusals: refusals::Refusals,
+    /// The data release as last read, and its view of held entries ([`release`]).
+    pub(crate) release: Arc<release::Release>,
 }
 
 impl Cache {
     pub(crate) fn new(cfg: &CacheConfig, redis: Option<Arc<RedisBackend>>, metrics: Arc<Metrics>) -> Cache {
-        let grace = Duration::from_secs(cfg.stale_grace_secs);
+        let release = release::Release::new(
+            cfg.freshness == crate::config::Freshness::Release,
+            Duration::from_secs(cfg.release_max_age_secs),
+            Duration::from_secs(cfg.release_poll_secs),
+        );
+        // Under release-bound freshness an entry may stay fresh up to
+        // `cache.release_max_age_secs`: every tier keeps it that long more.
+        let grace = Duration::from_secs(cfg.stale_grace_secs) + release.extra_life();
         let memory = (cfg.memory_max_bytes > 0).then(|| {
             Moka::builder()
                 .max_capacity(cfg.memory_max_bytes)
@@ -139,6 +151,7 @@ impl Cache {
             month_reuse: cfg.month_reuse,
             past_month_ttl: cfg.past_month_ttl(),
             refusals: refusals::Refusals::new(Duration::from_secs(cfg.refusal_ttl_secs)),
+            release,
         }
     }
 
@@ -221,6 +234,7 @@ impl Cache {
         if entry.remaining_life(now_ms(), self.grace).is_zero() {
             return;
         }
+        let entry = self.stamped(entry);
         // Records are filed as copies of their bytes (`records::own`), so
         // the page's body can go when the page leaves L1.
         let page = match &self.memory {
@@ -238,6 +252,7 @@ impl Cache {
     /// `entry` encoded in Redis, for what is left of its life.
     async fn put(&self, key: &str, entry: &Entry, page: Arc<Entry>) {
         let life = entry.remaining_life(now_ms(), self.grace);
+        self.count_release_refresh(key, entry).await;
         if let Some(disk) = &self.disk {
             disk.put(key, page.clone());
         }
@@ -273,6 +288,36 @@ impl Cache {
             if let Ok((keys, used)) = redis.key_and_memory_totals(RedisOp::CacheStats).await {
                 let count = |n: i64| u64::try_from(n).unwrap_or(0);
                 m.cache_size(Tier::Redis, count(keys), count(used));
+            }
+        }
+    }
+}
+
+impl Cache {
+    /// The data release's Redis keys: its lease, and what was read
+    /// (`crate::release`).
+    pub(crate) fn release_keys(&self) -> (String, String) {
+        (self.keys.release_lease(), self.keys.release())
+    }
+
+    /// The entry stamped with the current release, unless it has a stamp.
+    pub(crate) fn stamped(&self, entry: Arc<Entry>) -> Arc<Entry> {
+        match (entry.release, self.release.stamp()) {
+            (0, stamp) if stamp != 0 => Arc::new(Entry {
+                release: stamp,
+                ..Entry::clone(&entry)
+            }),
+            _ => entry,
+        }
+    }
+
+    /// Counts `gateway_release_refreshes_total` when `entry` replaces, in
+    /// memory, one a newer release outdated.
+    pub(super) async fn count_release_refresh(&self, key: &str, entry: &Entry) {
+        let Some(memory) = &self.memory else { return };
+        if let Some(old) = memory.get(key).await {
+            if self.release.outdated(&old) && !self.release.outdated(entry) {
+                self.metrics.release_refreshed(entry.route);
             }
         }
     }

@@ -218,6 +218,7 @@ impl Cache {
             stored_at_ms: now_ms(),
             ttl_ms: u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX),
             route,
+            release: self.release.stamp(),
         }
     }
 }

@@ -177,6 +177,7 @@ fn record_entry(resource: Resource, page: &Entry, body: Bytes, credits: u64) -> 
         stored_at_ms: page.stored_at_ms,
         ttl_ms: page.ttl_ms,
         route: resource.lookup_route(),
+        release: page.release,
     }
 }
 

@@ -9,7 +9,9 @@
 //! held only stale, is read from Redis, where another replica may have
 //! bought it again: the newer copy wins. What a lower tier had is promoted
 //! into memory. Entries past their stale grace are never returned; stale
-//! ones are, and the caller decides what staleness it accepts.
+//! ones are, and the caller decides what staleness it accepts. Every entry
+//! returned is as the data release sees it (`super::release`: outdated by
+//! a newer release, or fresh past its TTL under release-bound freshness).
 
 use super::{Cache, Entry, Tier};
 use crate::clock::now_ms;
@@ -39,7 +41,7 @@ impl Cache {
         // state (the request's future is moved whole into its box).
         Box::pin(self.below_memory(route, &[key], &mut found, tag, now)).await;
         let [found] = found;
-        found
+        found.map(|(e, tier)| (self.release.view(e, now), tier))
     }
 
     /// [`Cache::lookup_tagged`] for a key whose tag the caller does not keep.
@@ -58,6 +60,9 @@ impl Cache {
         }
         self.below_memory(route, keys, &mut found, None, now).await;
         found
+            .into_iter()
+            .map(|f| f.map(|(e, tier)| (self.release.view(e, now), tier)))
+            .collect()
     }
 
     /// A fresh entry in L2, the tier peers store to: what a replica that
@@ -65,13 +70,16 @@ impl Cache {
     pub(crate) async fn fresh_in_redis(&self, route: Route, key: &str) -> Option<Entry> {
         let redis = self.redis.as_ref()?;
         let got = redis_get(redis, vec![self.redis_key(route, key)]).await;
-        got.into_iter().next().flatten().filter(|e| e.is_fresh(now_ms()))
+        let now = now_ms();
+        let entry = self.release.view(Arc::new(got.into_iter().next().flatten()?), now);
+        entry.is_fresh(now).then(|| Entry::clone(&entry))
     }
 
-    /// The memory tier's entry, while it is alive.
+    /// The memory tier's entry, while it is alive, as the data release
+    /// sees it ([`super::release`]).
     async fn in_memory(&self, key: &str, now: u64) -> Option<Arc<Entry>> {
         let entry = self.memory.as_ref()?.get(key).await?;
-        (!entry.remaining_life(now, self.grace).is_zero()).then_some(entry)
+        (!entry.remaining_life(now, self.grace).is_zero()).then(|| self.release.view(entry, now))
     }
 
     /// The disk tier for the keys memory lacks, then Redis for those still
@@ -97,7 +105,11 @@ impl Cache {
         }
         let Some(redis) = &self.redis else { return };
         let wanted: Vec<usize> = (0..keys.len())
-            .filter(|i| !found[*i].as_ref().is_some_and(|(e, _)| e.is_fresh(now)))
+            .filter(|i| {
+                !found[*i]
+                    .as_ref()
+                    .is_some_and(|(e, _)| self.release.view(e.clone(), now).is_fresh(now))
+            })
             .collect();
         if wanted.is_empty() {
             return;
@@ -127,14 +139,22 @@ impl Cache {
     /// writes all in flight at once. Nothing when the route is never cached.
     pub(crate) async fn put_many(&self, route: Route, filed: Vec<(String, Entry)>) {
         let now = now_ms();
+        let stamp = self.release.stamp();
         let filed: Vec<(String, Entry)> = filed
             .into_iter()
             .filter(|(_, e)| !e.remaining_life(now, self.grace).is_zero())
+            .map(|(k, mut e)| {
+                if e.release == 0 {
+                    e.release = stamp;
+                }
+                (k, e)
+            })
             .collect();
         if filed.is_empty() || self.ttl(route).is_none() {
             return;
         }
         for (key, e) in &filed {
+            self.count_release_refresh(key, e).await;
             let e = Arc::new(e.clone());
             if let Some(disk) = &self.disk {
                 disk.put(key, e.clone());

@@ -213,6 +213,25 @@ pub struct CacheConfig {
     /// Freshness of a monthly-metrics row of a month that has ended; 0: the
     /// route's TTL, like the current month's.
     pub past_month_ttl_secs: u64,
+    /// How often `GET /v2/meta/release` is read, one call for all replicas
+    /// (`cache::release`); 0: never (answers carry no release).
+    pub release_poll_secs: u64,
+    /// `ttl`: route TTLs, and a newer data release outdates older answers;
+    /// `release`: besides, an answer of the current release stays fresh
+    /// past its TTL, up to `release_max_age_secs`.
+    pub freshness: Freshness,
+    /// With `freshness = "release"`: the longest an answer stays fresh.
+    pub release_max_age_secs: u64,
+}
+
+/// `cache.freshness`: what keeps an answer fresh (`cache::release`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Freshness {
+    /// The route's TTL (a newer release still outdates older answers).
+    Ttl,
+    /// The data release: fresh while it is unchanged, up to a maximum age.
+    Release,
 }
 
 /// Whether the cache keeps a disk tier (`cache.disk`).

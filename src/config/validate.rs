@@ -25,6 +25,12 @@ impl CacheConfig {
             p.push("cache.stale_while_revalidate_secs: must not exceed cache.stale_grace_secs".into());
         }
         positive("cache.max_entry_bytes", self.max_entry_bytes as u64, p);
+        if self.freshness == super::Freshness::Release {
+            if self.release_poll_secs == 0 {
+                p.push("cache.freshness: \"release\" needs cache.release_poll_secs above 0".into());
+            }
+            positive("cache.release_max_age_secs", self.release_max_age_secs, p);
+        }
         if self.redis_key_prefix.contains(['{', '}']) {
             // Redis Cluster hashes the first `{...}` of a key: braces in the
             // prefix would put every key in one slot and split scripts' keys.

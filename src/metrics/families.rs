@@ -315,6 +315,11 @@ pub(super) struct Cache {
     pub(super) cache_disk_degraded: IntGauge,
     /// Not in the contract table: disk-tier writes not yet durable.
     pub(super) cache_disk_pending_writes: IntGauge,
+    /// Not in the contract table: the data release (`cache::release`).
+    pub(super) data_release_timestamp_seconds: IntGauge,
+    pub(super) data_release_last_read_timestamp_seconds: IntGauge,
+    pub(super) data_release_readable: IntGauge,
+    pub(super) release_refreshes_total: IntCounterVec,
 }
 
 impl Cache {
@@ -350,6 +355,33 @@ impl Cache {
                 "gateway_cache_disk_pending_writes",
                 "Disk-tier writes accepted and not yet durable (queued, or committed without fsync).",
             ),
+            data_release_timestamp_seconds: gauge(
+                r,
+                "gateway_data_release_timestamp_seconds",
+                "The vendor's current data release (its date, Unix seconds of midnight UTC); 0 until read.",
+            ),
+            data_release_last_read_timestamp_seconds: gauge(
+                r,
+                "gateway_data_release_last_read_timestamp_seconds",
+                "When the data release was last read successfully (Unix seconds); 0: never.",
+            ),
+            data_release_readable: gauge(
+                r,
+                "gateway_data_release_readable",
+                "1 while the last read of the data release succeeded, else 0 (route TTLs rule).",
+            ),
+            release_refreshes_total: {
+                let c = counter(
+                    r,
+                    "gateway_release_refreshes_total",
+                    "Answers bought again because a newer data release outdated the one held, by route.",
+                    &["route"],
+                );
+                for route in crate::route::Route::ALL {
+                    c.with_label_values(&[route.as_str()]);
+                }
+                c
+            },
         }
     }
 }

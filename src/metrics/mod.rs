@@ -222,10 +222,11 @@ pub mod labels {
     /// `tier`: every [`Tier`].
     pub const TIERS: [&str; 3] = [Tier::Memory.as_str(), Tier::Redis.as_str(), Tier::Disk.as_str()];
     /// `reason` of `gateway_credits_saved_total`: every [`super::SavedReason`].
-    pub const SAVED_REASONS: [&str; 3] = [
+    pub const SAVED_REASONS: [&str; 4] = [
         super::SavedReason::Cache.as_str(),
         super::SavedReason::Disk.as_str(),
         super::SavedReason::Window.as_str(),
+        super::SavedReason::Release.as_str(),
     ];
     /// `scope` of `gateway_rate_limited_total`: every [`Scope`].
     pub(super) const SCOPES: [&str; 2] = [Scope::Team.as_str(), Scope::Upstream.as_str()];

@@ -70,6 +70,9 @@ pub enum SavedReason {
     Disk,
     /// Monthly-metrics rows held from another window (`proxy::reuse`).
     Window,
+    /// Held past its route TTL because the vendor's data release has not
+    /// changed (`cache.freshness = "release"`, `cache::release`).
+    Release,
 }
 
 impl SavedReason {
@@ -81,13 +84,19 @@ impl SavedReason {
         }
     }
 
-    pub const ALL: [SavedReason; 3] = [SavedReason::Cache, SavedReason::Disk, SavedReason::Window];
+    pub const ALL: [SavedReason; 4] = [
+        SavedReason::Cache,
+        SavedReason::Disk,
+        SavedReason::Window,
+        SavedReason::Release,
+    ];
 
     pub const fn as_str(self) -> &'static str {
         match self {
             SavedReason::Cache => "cache",
             SavedReason::Disk => "disk",
             SavedReason::Window => "window",
+            SavedReason::Release => "release",
         }
     }
 }
@@ -430,6 +439,26 @@ impl Metrics {
                 .with_label_values(&[why.as_str()])
                 .inc_by(n);
         }
+    }
+
+    /// An answer bought again because a newer data release outdated the
+    /// one held (`cache::release`).
+    pub(crate) fn release_refreshed(&self, route: Route) {
+        self.cache
+            .release_refreshes_total
+            .with_label_values(&[route.as_str()])
+            .inc();
+    }
+
+    /// The data release as last read: its date (Unix seconds of its
+    /// midnight UTC; 0: none), when a read last succeeded (0: never), and
+    /// whether the last read succeeded.
+    pub(crate) fn data_release(&self, day: u32, last_ok_ms: u64, readable: bool) {
+        self.cache.data_release_timestamp_seconds.set(i64::from(day) * 86_400);
+        self.cache
+            .data_release_last_read_timestamp_seconds
+            .set(clamp(last_ok_ms / 1000));
+        self.cache.data_release_readable.set(i64::from(readable));
     }
 
     /// Whether the disk tier is off for writes (an unusable path, a failed

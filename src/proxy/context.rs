@@ -153,6 +153,9 @@ pub(crate) struct RequestContext {
     /// A budget refused it: that budget's figures, for its 402's budget
     /// headers and its access line.
     pub(super) refused_by: Option<Refused>,
+    /// The data release a held answer came from (`cache::release`, a day
+    /// number); 0: bought now (the current release) or none known.
+    pub(super) release: u32,
 }
 
 /// The budget that refused a request (402), as its answer tells it.
@@ -180,6 +183,7 @@ impl RequestContext {
             fault: None,
             span: tracing::Span::none(),
             refused_by: None,
+            release: 0,
         }
     }
 

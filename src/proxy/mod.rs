@@ -172,6 +172,7 @@ async fn finish<B>(
             credits::budget_headers(app, team, ctx.member.as_deref(), resp.headers_mut()).await;
         }
     }
+    respond::data_release_header(app, &mut resp, ctx);
     if let Ok(mut v) = HeaderValue::from_str(&ctx.request_id) {
         // Never indexed by HPACK: a value unique to each answer would only
         // churn the HTTP/2 header table (inserting it evicted the entries

@@ -33,6 +33,30 @@ use std::sync::Arc;
 use std::time::Duration;
 
 const X_CACHE: HeaderName = HeaderName::from_static("x-cache");
+/// The vendor's data release an answer came from (`cache::release`).
+pub(super) const X_DATA_RELEASE: HeaderName = HeaderName::from_static("x-data-release");
+
+/// `X-Data-Release` on a 200 or 304 of a cached route, once a release is
+/// known: the held answer's release (`ctx.release`), else the current one
+/// (bought now).
+pub(super) fn data_release_header(app: &App, resp: &mut Response<Body>, ctx: &RequestContext) {
+    let status = resp.status();
+    if !(status == StatusCode::OK || status == StatusCode::NOT_MODIFIED) {
+        return;
+    }
+    if ctx.route.is_none_or(|r| app.cache.ttl(r).is_none()) {
+        return;
+    }
+    let day = match ctx.release {
+        0 => app.cache.release.stamp(),
+        day => day,
+    };
+    if day != 0 {
+        if let Ok(v) = HeaderValue::from_str(&crate::cache::release::date_of(day)) {
+            resp.headers_mut().insert(X_DATA_RELEASE, v);
+        }
+    }
+}
 
 /// Headers of a 200 answer: Content-Type, X-Cache, Age, ETag,
 /// X-Credits-Request, X-Credits-Limit, X-Credits-Remaining, X-Request-Id.
@@ -63,7 +87,8 @@ fn common(h: &mut HeaderMap, etag: Option<&HeaderValue>, age_secs: u64, state: C
 
 /// A response from a cached entry: the team pays nothing and saves what the
 /// entry cost, for why `answered` says (one the disk tier held and memory
-/// did not saves under `reason="disk"`).
+/// did not saves under `reason="disk"`, one held past its route TTL by
+/// release-bound freshness under `reason="release"`).
 pub(super) fn from_cache<B>(
     app: &App,
     team: &Team,
@@ -74,13 +99,13 @@ pub(super) fn from_cache<B>(
     ctx: &mut RequestContext,
 ) -> Response<Body> {
     ctx.answered = answered;
-    saved_because(
-        app,
-        (team, ctx.member.as_deref()),
-        target,
-        entry.credits,
-        answered.saved_reason(),
-    );
+    ctx.release = app.cache.release.of(entry);
+    let ttl = app.cache.ttl(target.route).unwrap_or_default();
+    let reason = match answered {
+        Answered::Held(_) if app.cache.release.kept_by_release(entry, ttl, coarse_now_ms()) => SavedReason::Release,
+        _ => answered.saved_reason(),
+    };
+    saved_because(app, (team, ctx.member.as_deref()), target, entry.credits, reason);
     from_entry(entry, answered.cache(), ctx.conditional.then(|| req.headers()))
 }
 

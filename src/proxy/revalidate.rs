@@ -69,7 +69,16 @@ pub(super) async fn accept(
     (key, tier): (&str, Tier),
     job: impl FnOnce() -> Option<Job>,
 ) -> Option<Answered> {
-    match usable(entry, d, app.config.cache.stale_while_revalidate_secs, now_ms()) {
+    // An answer a newer data release outdated is bought again now while
+    // the upstream gate has calls to spare; while it is scarce (less than
+    // half its window free), it is refreshed in the background for one
+    // poll interval after the release was seen, so the first requests of
+    // every hot key do not all wait at the gate at once (`cache::release`).
+    let mut window = app.config.cache.stale_while_revalidate_secs;
+    if app.cache.release.outdated(entry) && app.scheduler.scarce() {
+        window = window.max(app.config.cache.release_poll_secs);
+    }
+    match usable(entry, d, window, now_ms()) {
         Use::Hit => Some(Answered::Held(tier)),
         Use::StaleAccepted => Some(Answered::Stale),
         Use::Revalidate => {

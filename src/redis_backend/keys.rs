@@ -279,6 +279,19 @@ impl Keys {
     pub(crate) fn rate_team(&self, team: &str) -> String {
         format!("{}{{rate}}:upstream:team:{team}", self.prefix)
     }
+
+    /// The data release as the replica reading it last saw it
+    /// (`crate::release`). Untagged: read alone, by one command.
+    pub(crate) fn release(&self) -> String {
+        format!("{}release", self.prefix)
+    }
+
+    /// Which replica reads the data release this interval: its token, with
+    /// the interval as its expiry (`crate::release`). Untagged, as
+    /// [`Keys::release`].
+    pub(crate) fn release_lease(&self) -> String {
+        format!("{}release:lease", self.prefix)
+    }
 }
 
 /// A record's cache key: its L1 key and its flight's key, and, hashed, the

@@ -32,6 +32,7 @@ mod records;
 mod redis_pool;
 mod redis_tls;
 mod refusals;
+mod release;
 mod request_surface;
 mod routes;
 mod sentinel;

@@ -22,6 +22,7 @@ const USES: &[&str] = &["single family", "multi family", "retail", "office", "li
 /// Decisions per 100 permits of a state.
 const PER_HUNDRED_PERMITS: usize = 2;
 
+#[derive(Clone)]
 pub struct Decision {
     pub id: String,
     pub address: usize,

@@ -17,11 +17,13 @@ use chrono::NaiveDate;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
 
+#[derive(Clone)]
 pub struct State {
     pub code: &'static str,
     pub name: &'static str,
 }
 
+#[derive(Clone)]
 pub struct County {
     pub geo_id: String,
     pub name: String,
@@ -31,6 +33,7 @@ pub struct County {
     pub zips: Vec<usize>,
 }
 
+#[derive(Clone)]
 pub struct City {
     pub geo_id: String,
     pub name: String,
@@ -40,6 +43,7 @@ pub struct City {
     pub zips: Vec<usize>,
 }
 
+#[derive(Clone)]
 pub struct Jurisdiction {
     pub geo_id: String,
     pub name: String,
@@ -48,6 +52,7 @@ pub struct Jurisdiction {
     pub cities: Vec<usize>,
 }
 
+#[derive(Clone)]
 pub struct Zip {
     pub code: String,
     pub state: usize,
@@ -56,6 +61,7 @@ pub struct Zip {
 
 /// What the property record says about the parcel at an address; permits at
 /// the same address share it, as they would upstream.
+#[derive(Clone)]
 pub struct Property {
     pub census_tract: String,
     pub congressional_district: String,
@@ -71,6 +77,7 @@ pub struct Property {
     pub market_value: Option<i64>,
 }
 
+#[derive(Clone)]
 pub struct Address {
     pub geo_id: String,
     pub street_no: String,
@@ -96,6 +103,7 @@ impl Address {
     }
 }
 
+#[derive(Clone)]
 pub struct Permit {
     pub id: String,
     pub number: String,
@@ -133,6 +141,7 @@ impl Permit {
     }
 }
 
+#[derive(Clone)]
 pub struct Contractor {
     pub id: String,
     pub license: String,
@@ -162,7 +171,7 @@ pub struct Contractor {
 }
 
 /// Lifetime totals: not scoped to any search filter.
-#[derive(Default)]
+#[derive(Clone, Default)]
 pub struct Lifetime {
     pub permit_count: i64,
     pub total_job_value: i64,
@@ -180,6 +189,7 @@ pub enum GeoRef {
     Address(usize),
 }
 
+#[derive(Clone)]
 pub struct Dataset {
     pub seed: u64,
     pub states: Vec<State>,
@@ -218,6 +228,19 @@ impl Dataset {
 
     pub fn state_code(&self, state: usize) -> &'static str {
         self.states[state].code
+    }
+
+    /// The next data release, `days` after this one: the vendor revised
+    /// every permit's job value by one dollar (a permit without one gets
+    /// `1`), so every record and every monthly row with a permit in it
+    /// changes, deterministically (`POST /_sim/release`).
+    pub fn published(&self, days: u32) -> Dataset {
+        let mut next = self.clone();
+        next.released_at = self.released_at + chrono::Days::new(u64::from(days));
+        for p in &mut next.permits {
+            p.job_value = Some(p.job_value.map_or(1, |v| v + 1));
+        }
+        next
     }
 }
 

@@ -116,3 +116,34 @@ async fn same_seed_same_data_across_simulators() {
         "one sim stopping leaves the other"
     );
 }
+
+#[tokio::test]
+async fn a_published_release_moves_the_date_and_the_data() {
+    let sim = sim().await;
+    let base = sim.base_url();
+    let s = sim.samples();
+    let before = v2(&sim, "/v2/meta/release").await.json()["released_at"].clone();
+    let page = permit_search(&s, &s.state, "&size=5");
+    let old_page = v2(&sim, &page).await.text();
+    let published = post_json(&format!("{base}/_sim/release"), &[], &json!({"days": 7})).await;
+    assert_eq!(published.status, 200, "{}", published.text());
+    let after = v2(&sim, "/v2/meta/release").await.json()["released_at"].clone();
+    assert_eq!(published.json()["released_at"], after);
+    let (b, a) = (before.as_str().unwrap(), after.as_str().unwrap());
+    let days = chrono::NaiveDate::parse_from_str(a, "%Y-%m-%d").unwrap()
+        - chrono::NaiveDate::parse_from_str(b, "%Y-%m-%d").unwrap();
+    assert_eq!(days.num_days(), 7, "{b} -> {a}");
+    assert_ne!(
+        v2(&sim, &page).await.text(),
+        old_page,
+        "the data changed with the release"
+    );
+    assert!(sim.publish_release(1).to_string().as_str() > a);
+    // A garbled release text until the next publish.
+    post_json(&format!("{base}/_sim/release"), &[], &json!({"released_at": "soon"})).await;
+    assert_eq!(v2(&sim, "/v2/meta/release").await.json()["released_at"], "soon");
+    let bad = post_json(&format!("{base}/_sim/release"), &[], &json!({"days": 0})).await;
+    assert_eq!(bad.status, 400);
+    sim.publish_release(7);
+    assert_ne!(v2(&sim, "/v2/meta/release").await.json()["released_at"], "soon");
+}

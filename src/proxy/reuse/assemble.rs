@@ -142,6 +142,15 @@ impl Assembly {
         if let Some(oldest) = oldest {
             page.stored_at_ms = page.stored_at_ms.min(oldest);
         }
+        // The oldest release of a held piece used (a piece bought now is
+        // of the current one).
+        ctx.release = used
+            .iter()
+            .filter(|p| p.tier.is_some())
+            .map(|p| app.cache.release.of(&p.entry))
+            .filter(|day| *day != 0)
+            .min()
+            .unwrap_or(0);
         ctx.answered = answered;
         respond::from_entry(&page, answered.cache(), ctx.conditional.then(|| ask.req.headers()))
     }

@@ -203,7 +203,7 @@ impl Setup {
         format!(
             "[server]\nlisten = \"127.0.0.1:0\"\nadmin_listen = \"127.0.0.1:0\"\n\
              [upstream]\nbase_url = {base_url:?}\napi_key = {key:?}\nrequests_per_minute = 600000\n\
-             [cache]\n{}\
+             [cache]\nrelease_poll_secs = 0\n{}\
              [quota]\npath = {ledger:?}\n{}\
              [admin]\ntoken_sha256 = {admin:?}\n",
             line("redis_url", &self.cache_redis),

@@ -15,6 +15,7 @@ mod budget;
 mod conn;
 mod conns;
 mod frames;
+mod hpack;
 mod overload;
 mod per_core;
 

@@ -306,7 +306,8 @@ pub struct Descriptors {
 }
 
 /// Raises the soft descriptor limit to the hard one and fits both listeners'
-/// caps (plus the room [`spare`] gives connections on their way out) under
+/// caps (plus the room [`spare`] gives connections on their way out and
+/// the newcomers' [`reserve`]) under
 /// it, [`RESERVED_DESCRIPTORS`] and `redis_sockets` (every Redis socket the
 /// config can open, `App::redis_sockets`) kept back. `Err` when not even a
 /// small listener fits.
@@ -322,7 +323,7 @@ pub fn fit_descriptors(team_max: usize, admin_max: usize, redis_sockets: usize) 
 
 /// [`fit_descriptors`] for a given limit.
 pub(super) fn plan(limit: u64, team_max: usize, admin_max: usize, redis_sockets: usize) -> Result<Descriptors, String> {
-    let needs = |n: usize| (n + spare(n)) as u64;
+    let needs = |n: usize| (n + spare(n) + reserve(n)) as u64;
     let reserved = RESERVED_DESCRIPTORS + redis_sockets as u64;
     let kept = match redis_sockets {
         0 => format!("{reserved} descriptors are kept for the upstream pool, the ledger and the logs"),
@@ -372,6 +373,16 @@ pub(super) fn spare(max: usize) -> usize {
     max / 8 + 1
 }
 
+/// Slots beyond `max` for a newcomer when every connection is busy and
+/// every team within its share (`conns::Conns::place`): four teams each at
+/// its share of busy slots made a fifth team with no connection wait 5.0 s
+/// for the first of their answers (issue 60). A newcomer in the reserve
+/// that turns out anonymous, or sends nothing, is the first to go for the
+/// next one.
+pub(super) fn reserve(max: usize) -> usize {
+    max / 32 + 1
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -381,7 +392,8 @@ mod tests {
         let roomy = plan(1 << 20, 10_000, 64, 0).expect("fits");
         assert_eq!((roomy.team_max, roomy.admin_max, roomy.clamped), (10_000, 64, None));
         let tight = plan(1024, 10_000, 64, 0).expect("clamped");
-        let used = tight.team_max + spare(tight.team_max) + tight.admin_max + spare(tight.admin_max);
+        let beyond = |n: usize| n + spare(n) + reserve(n);
+        let used = beyond(tight.team_max) + beyond(tight.admin_max);
         assert!(used as u64 + RESERVED_DESCRIPTORS <= 1024, "{tight:?}");
         assert!(tight.team_max > 700, "{tight:?}");
         assert!(tight
@@ -400,7 +412,8 @@ mod tests {
         let redis = 16 * 6 + 2 * 6;
         let with = plan(1024, 10_000, 64, redis).expect("clamped");
         let without = plan(1024, 10_000, 64, 0).expect("clamped");
-        let used = |d: &Descriptors| (d.team_max + spare(d.team_max) + d.admin_max + spare(d.admin_max)) as u64;
+        let beyond = |n: usize| n + spare(n) + reserve(n);
+        let used = |d: &Descriptors| (beyond(d.team_max) + beyond(d.admin_max)) as u64;
         assert!(used(&with) + RESERVED_DESCRIPTORS + redis as u64 <= 1024, "{with:?}");
         assert!(with.team_max < without.team_max, "{with:?} {without:?}");
         let warning = with.clamped.expect("a warning");

@@ -247,10 +247,18 @@ impl Conns {
             false => open.by_id.values().filter(|c| !c.leaving()).count(),
         };
         if staying >= self.max {
-            let (victim, class) = overload::victim(open.by_id.values(), self.max)?;
-            self.act(victim, class, "connections");
+            match overload::victim(open.by_id.values(), self.max) {
+                Some((victim, class)) => self.act(victim, class, "connections"),
+                // Every connection busy and every team within its share:
+                // the newcomer may be a team that holds none (not yet a
+                // tenant, so nobody is over a share it would have). It
+                // takes a reserve slot; once its token is seen, the teams
+                // holding the most are over their share and make room.
+                None if staying < self.max + overload::reserve(self.max) => {}
+                None => return None,
+            }
         }
-        if total >= self.max + overload::spare(self.max) {
+        if total >= self.max + overload::reserve(self.max) + overload::spare(self.max) {
             // Too many already on their way out: wait until one is gone.
             return None;
         }

@@ -7,6 +7,7 @@
 
 mod control_frames;
 mod every_frame;
+mod newcomer;
 mod overload;
 mod pinning;
 mod zero_window;

@@ -81,6 +81,8 @@ pub(super) async fn serve<H, F>(
     let mut io = TimeoutStream::new(Early {
         inner: stream,
         conn: conn.clone(),
+        first: [0; 5],
+        seen: 0,
     });
     io.set_write_timeout(Some(timeouts.write));
     let io = Box::pin(io);
@@ -143,6 +145,47 @@ pub(super) async fn serve<H, F>(
 struct Early {
     inner: TcpStream,
     conn: Arc<Conn>,
+    /// The first 5 bytes read: a TLS record header, or the start of a head.
+    first: [u8; 5],
+    /// Bytes read so far, up to the first message's end (then no more
+    /// are looked at).
+    seen: u64,
+}
+
+/// A TLS handshake record's first byte.
+const TLS_HANDSHAKE: u8 = 0x16;
+
+impl Early {
+    /// Follows the first bytes: a plain connection progresses with every
+    /// byte; a TLS one only once its first record (the ClientHello) is
+    /// complete, whatever part of it came.
+    fn note(&mut self, bytes: &[u8]) {
+        if self.first_end().is_some_and(|end| self.seen >= end) {
+            return;
+        }
+        let have = self.seen.min(5) as usize;
+        for (slot, b) in self.first[have..].iter_mut().zip(bytes) {
+            *slot = *b;
+        }
+        self.seen = self.seen.saturating_add(bytes.len() as u64);
+        let progress = match (self.first[0], self.first_end()) {
+            (TLS_HANDSHAKE, Some(end)) if self.seen >= end => overload::PROGRESS_BYTES,
+            (TLS_HANDSHAKE, _) => 0,
+            _ => self.seen,
+        };
+        self.conn.read_to(progress);
+    }
+
+    /// Where the first message ends: a TLS record's end once its header
+    /// is read; [`overload::PROGRESS_BYTES`] for anything else.
+    fn first_end(&self) -> Option<u64> {
+        match self.first[0] {
+            _ if self.seen == 0 => None,
+            TLS_HANDSHAKE if self.seen < 5 => None,
+            TLS_HANDSHAKE => Some(5 + u64::from(u16::from_be_bytes([self.first[3], self.first[4]]))),
+            _ => Some(overload::PROGRESS_BYTES),
+        }
+    }
 }
 
 impl tokio::io::AsyncRead for Early {
@@ -154,7 +197,7 @@ impl tokio::io::AsyncRead for Early {
         let before = buf.filled().len();
         let polled = Pin::new(&mut self.inner).poll_read(cx, buf);
         if let Poll::Ready(Ok(())) = polled {
-            self.conn.read(buf.filled().len() - before);
+            self.note(&buf.filled()[before..]);
         }
         polled
     }

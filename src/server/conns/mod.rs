@@ -152,8 +152,9 @@ pub(crate) struct Conn {
     progress_ms: AtomicU64,
     /// Answer bytes its HTTP/2 streams hold in `budget`.
     queued: AtomicUsize,
-    /// Bytes read from the socket while no head had arrived (below TLS:
-    /// a handshake's progress), capped at [`overload::PROGRESS_BYTES`].
+    /// Progress while no head had arrived, capped at
+    /// [`overload::PROGRESS_BYTES`]: the bytes read from the socket, or on
+    /// a TLS connection 0 until its ClientHello is complete (`conn::Early`).
     read_early: AtomicU64,
     /// The socket's last write found no room (the client is not reading
     /// what was sent): an HTTP/1.1 answer is still on its way out.
@@ -461,10 +462,12 @@ impl Conn {
         self.budget.give(n);
     }
 
-    /// `n` bytes were read from the socket; counted until a head arrives.
-    pub(super) fn read(&self, n: usize) {
-        if !self.started.load(Ordering::Relaxed) && self.read_early.load(Ordering::Relaxed) < overload::PROGRESS_BYTES {
-            self.read_early.fetch_add(n as u64, Ordering::Relaxed);
+    /// The connection's progress before its first head is `progress`
+    /// (`conn::Early`); kept until a head arrives.
+    pub(super) fn read_to(&self, progress: u64) {
+        if !self.started.load(Ordering::Relaxed) {
+            self.read_early
+                .fetch_max(progress.min(overload::PROGRESS_BYTES), Ordering::Relaxed);
         }
     }
 

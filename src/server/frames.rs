@@ -285,7 +285,11 @@ impl Watch for Tally {
                 // PADDED (0x8): a length byte first, the padding last;
                 // PRIORITY (0x20): five bytes before the block.
                 let padded = h.flags & 0x8 != 0;
-                let pad = if padded { frame.first().map_or(0, |p| usize::from(*p)) } else { 0 };
+                let pad = if padded {
+                    frame.first().map_or(0, |p| usize::from(*p))
+                } else {
+                    0
+                };
                 let start = (usize::from(padded) + if h.flags & 0x20 != 0 { 5 } else { 0 }).min(frame.len());
                 let stop = frame.len().saturating_sub(pad).max(start);
                 self.fragment(&frame[start..stop]);
@@ -491,7 +495,11 @@ mod tests {
             // SETTINGS ACK answers the gateway's SETTINGS.
             assert_eq!((t.control, t.requests), (21, 3), "split {split}");
             // 42 + 1 + 2 fields of 5 decoded bytes each.
-            assert_eq!(t.hpack, 3 * 41 * (hpack::PER_FIELD + 10) + 2 * (hpack::PER_FIELD + 10), "split {split}");
+            assert_eq!(
+                t.hpack,
+                3 * 41 * (hpack::PER_FIELD + 10) + 2 * (hpack::PER_FIELD + 10),
+                "split {split}"
+            );
         }
     }
 
@@ -507,7 +515,25 @@ mod tests {
         assert_eq!(t.control, 1);
         // PADDED and PRIORITY: pad length 3, 5 priority bytes, 2 fields, 3
         // bytes of padding (which would decode as fields if read).
-        let mut padded = vec![0, 0, 11, 0x1, 0x4 | 0x8 | 0x20, 0, 0, 0, 1, 3, 0, 0, 0, 0, 0, 0x82, 0x82];
+        let mut padded = vec![
+            0,
+            0,
+            11,
+            0x1,
+            0x4 | 0x8 | 0x20,
+            0,
+            0,
+            0,
+            1,
+            3,
+            0,
+            0,
+            0,
+            0,
+            0,
+            0x82,
+            0x82,
+        ];
         padded.extend([0x82, 0x82, 0x82]);
         read.follow(&padded, &mut t);
         assert_eq!((t.requests, t.hpack), (1, 2 * (hpack::PER_FIELD + 10)));

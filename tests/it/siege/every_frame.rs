@@ -240,7 +240,12 @@ async fn small_window_client(addr: SocketAddr, window: u32, path: &str, times: u
                 0x4 if flags & 1 == 0 => reply.extend(frame(0x4, 1, 0, &[])),
                 // PING: answered.
                 0x6 if flags & 1 == 0 => reply.extend(frame(0x6, 1, 0, &payload)),
-                0x7 => return Err(format!("answer {i}: GOAWAY {:?}", goaway_codes(&frame(0x7, 0, 0, &payload)))),
+                0x7 => {
+                    return Err(format!(
+                        "answer {i}: GOAWAY {:?}",
+                        goaway_codes(&frame(0x7, 0, 0, &payload))
+                    ))
+                }
                 // :status 200 is the static table's index 8.
                 0x1 if on == stream => status_ok = payload.first() == Some(&0x88),
                 0x0 if on == stream => {
@@ -294,6 +299,9 @@ async fn a_client_with_a_one_kib_window_that_keeps_up_is_served_to_the_end() {
         eprintln!("window {window}: 100 answers of {size} bytes served on one connection");
         assert!(sizes.iter().all(|s| *s == size), "window {window}: {sizes:?}");
     }
-    assert!(size >= 100_000, "an answer of {size} bytes is too small to test anything");
+    assert!(
+        size >= 100_000,
+        "an answer of {size} bytes is too small to test anything"
+    );
     assert_eq!(sim.stats().requests_total, 1, "one call, then hits");
 }

@@ -36,7 +36,9 @@ async fn counting_relay(upstream: SocketAddr) -> (String, Arc<AtomicUsize>) {
         while let Ok((down, _)) = listener.accept().await {
             let heads = counted.clone();
             tokio::spawn(async move {
-                let Ok(up) = TcpStream::connect(upstream).await else { return };
+                let Ok(up) = TcpStream::connect(upstream).await else {
+                    return;
+                };
                 let (mut down_rd, mut down_wr) = down.into_split();
                 let (mut up_rd, mut up_wr) = up.into_split();
                 let back = tokio::spawn(async move {
@@ -71,7 +73,10 @@ async fn from_elsewhere(addr: SocketAddr, target: &Query, token: &str) -> Result
     let mut got = Vec::new();
     s.read_to_end(&mut got).await.map_err(|e| e.to_string())?;
     let text = String::from_utf8_lossy(&got);
-    text.lines().next().map(str::to_string).ok_or_else(|| "closed without an answer".into())
+    text.lines()
+        .next()
+        .map(str::to_string)
+        .ok_or_else(|| "closed without an answer".into())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -82,12 +87,10 @@ async fn a_fifth_team_beside_four_teams_at_their_in_flight_share_is_answered_fir
     })
     .await;
     let (relay, heads) = counting_relay(sim.addr()).await;
-    let setup = Setup::new()
-        .teams(&[ALPHA, BETA, SMALL, GAMMA, DELTA])
-        .with(|c| {
-            c.server.max_connections = CAP;
-            c.server.max_connections_per_peer = CAP;
-        });
+    let setup = Setup::new().teams(&[ALPHA, BETA, SMALL, GAMMA, DELTA]).with(|c| {
+        c.server.max_connections = CAP;
+        c.server.max_connections_per_peer = CAP;
+    });
     let gw = ChildGateway::spawn(&setup, &relay, sim.api_key());
     // The fifth team's answer is a cache hit, bought (by another team, on
     // a connection closed since) before the siege.
@@ -114,7 +117,9 @@ async fn a_fifth_team_beside_four_teams_at_their_in_flight_share_is_answered_fir
             let addr = gw.addr;
             tokio::spawn(async move {
                 let mut c = KeptAlive::open(addr).await?;
-                let answered = c.get(Query::text_search("cities", format!("slow{token}{n}")), token).await;
+                let answered = c
+                    .get(Query::text_search("cities", format!("slow{token}{n}")), token)
+                    .await;
                 answered.map(|(status, _)| (status, Instant::now()))
             })
         })

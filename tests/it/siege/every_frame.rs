@@ -147,6 +147,10 @@ fn hpack_bomb() -> (Vec<u8>, Vec<u8>) {
     (hello, batch)
 }
 
+/// A flood: its name, what it sends first, the batch it repeats, the frames
+/// in a batch, and the GOAWAY codes that may close it.
+struct Case<'a>(&'a str, &'a [u8], &'a [u8], u64, &'a [u32]);
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ping_ack_unknown_frame_and_hpack_bomb_floods_are_each_closed_and_a_client_beside_is_served() {
     let sim = start_sim(unlimited()).await;
@@ -160,14 +164,14 @@ async fn ping_ack_unknown_frame_and_hpack_bomb_floods_are_each_closed_and_a_clie
     let (bomb_hello, bomb) = hpack_bomb();
     // A GOAWAY ends the connection by itself (h2 goes away too, NO_ERROR):
     // the flood is closed either way.
-    let floods: [(&str, &[u8], &[u8], u64, &[u32]); 4] = [
-        ("unsolicited PING ACKs", &[], &ping_acks, 100, &[0xb]),
-        ("frames of type 0xfa", &[], &unknown, 100, &[0xb]),
-        ("GOAWAYs", &[], &goaways, 100, &[0x0, 0xb]),
-        ("HPACK bomb", &bomb_hello, &bomb, 4, &[0xb]),
+    let floods = [
+        Case("unsolicited PING ACKs", &[], &ping_acks, 100, &[0xb]),
+        Case("frames of type 0xfa", &[], &unknown, 100, &[0xb]),
+        Case("GOAWAYs", &[], &goaways, 100, &[0x0, 0xb]),
+        Case("HPACK bomb", &bomb_hello, &bomb, 4, &[0xb]),
     ];
     let pid = gw.child.id();
-    for (what, hello, batch, per_batch, codes) in floods {
+    for Case(what, hello, batch, per_batch, codes) in floods {
         let before = cpu_ticks(pid);
         let f = flood(gw.addr, hello, batch, per_batch).await;
         let ticks = cpu_ticks(pid) - before;

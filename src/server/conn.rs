@@ -65,6 +65,8 @@ pub(crate) struct Timeouts {
 
 /// Serves one connection until it ends, is ordered closed, or a deadline
 /// passes. Holding `slot` keeps its place in the registry.
+/// `hpack_per_request`: the HPACK work each request adds to the
+/// connection's budget (`frames::hpack_per_request`).
 pub(super) async fn serve<H, F>(
     stream: TcpStream,
     tls: Option<TlsAcceptor>,
@@ -72,6 +74,7 @@ pub(super) async fn serve<H, F>(
     handler: H,
     slot: Slot,
     timeouts: Timeouts,
+    hpack_per_request: u64,
 ) where
     H: Fn(Request<Incoming>, ConnectionMark) -> F + Send + Sync + 'static,
     F: Future<Output = Response<Body>> + Send + 'static,
@@ -117,7 +120,7 @@ pub(super) async fn serve<H, F>(
     let flood = || slot.counter("control_frames", "close");
     match tls {
         None => {
-            let io = Metered::new(io, flood());
+            let io = Metered::new(io, flood(), hpack_per_request);
             let http = builder.serve_connection(TokioIo::new(io), service);
             drive(http, &conn, head_by, timeouts).await;
         }
@@ -131,7 +134,7 @@ pub(super) async fn serve<H, F>(
                 },
                 () = told_to_leave(&conn) => return,
             };
-            let stream = Metered::new(stream, flood());
+            let stream = Metered::new(stream, flood(), hpack_per_request);
             let http = builder.serve_connection(TokioIo::new(stream), service);
             drive(http, &conn, head_by, timeouts).await;
         }

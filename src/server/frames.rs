@@ -49,6 +49,13 @@ pub(crate) const BYTES_PER_CONTROL: u64 = 4096;
 /// default (16 KiB) some 20 KiB.
 pub(crate) const HPACK_BASE: u64 = 256 * 1024;
 pub(crate) const HPACK_PER_REQUEST: u64 = 64 * 1024;
+
+/// The HPACK work each request adds for a listener taking header lists of
+/// `max_header_bytes` (`server.max_header_bytes`): [`HPACK_PER_REQUEST`],
+/// or twice the limit where it is raised past 32 KiB.
+pub(crate) fn hpack_per_request(max_header_bytes: usize) -> u64 {
+    HPACK_PER_REQUEST.max((max_header_bytes as u64).saturating_mul(2))
+}
 /// The most of one header block kept to be estimated (`fragment`).
 const BLOCK_MAX: usize = 256 * 1024;
 
@@ -190,6 +197,8 @@ pub(crate) struct Tally {
     last_stream: u32,
     /// HPACK work of the header blocks decoded so far (`hpack.rs`).
     pub(crate) hpack: u64,
+    /// What each request adds to the HPACK budget ([`hpack_per_request`]).
+    hpack_per_request: u64,
     table: hpack::Table,
     /// The header block being received (HEADERS, then CONTINUATIONs).
     block: Vec<u8>,
@@ -199,6 +208,13 @@ pub(crate) struct Tally {
 }
 
 impl Tally {
+    fn new(hpack_per_request: u64) -> Tally {
+        Tally {
+            hpack_per_request,
+            ..Tally::default()
+        }
+    }
+
     /// The control frames allowed to a connection open `secs` seconds.
     fn allowance(&self, secs: u64) -> u64 {
         BASE.saturating_add(self.requests.saturating_mul(PER_REQUEST))
@@ -209,7 +225,7 @@ impl Tally {
 
     /// The HPACK work allowed to a connection.
     fn hpack_allowance(&self) -> u64 {
-        HPACK_BASE.saturating_add(self.requests.saturating_mul(HPACK_PER_REQUEST))
+        HPACK_BASE.saturating_add(self.requests.saturating_mul(self.hpack_per_request))
     }
 
     fn over(&self, secs: u64) -> bool {
@@ -338,12 +354,14 @@ pub(crate) struct Metered<S> {
 }
 
 impl<S> Metered<S> {
-    pub(crate) fn new(inner: S, on_close: impl FnOnce() + Send + 'static) -> Metered<S> {
+    /// `hpack_per_request`: what each request adds to the HPACK budget
+    /// ([`hpack_per_request`]).
+    pub(crate) fn new(inner: S, on_close: impl FnOnce() + Send + 'static, hpack_per_request: u64) -> Metered<S> {
         Metered {
             inner,
             read: Framing::Preface(0),
             write: Framing::Off,
-            tally: Tally::default(),
+            tally: Tally::new(hpack_per_request),
             opened: std::time::Instant::now(),
             seen: 0,
             on_close: Some(Box::new(on_close)),
@@ -460,7 +478,7 @@ mod tests {
 
     fn tally_of(chunks: &[Vec<u8>], split: usize) -> (Tally, bool) {
         let mut framing = Framing::Preface(0);
-        let mut t = Tally::default();
+        let mut t = Tally::new(HPACK_PER_REQUEST);
         let bytes: Vec<u8> = chunks.concat();
         for piece in bytes.chunks(split) {
             framing.follow(piece, &mut t);
@@ -505,7 +523,7 @@ mod tests {
 
     #[test]
     fn acks_answering_the_gateways_pings_and_padding_are_not_charged() {
-        let mut t = Tally::default();
+        let mut t = Tally::new(HPACK_PER_REQUEST);
         let mut sent = Framing::frames();
         sent.follow(&[frame(0x6, 0, 8), frame(0x6, 0, 8)].concat(), &mut Sent(&mut t));
         let mut read = Framing::frames();
@@ -543,7 +561,7 @@ mod tests {
     fn a_small_window_kept_up_with_is_served() {
         // A 1 KiB window, returned at once: two WINDOW_UPDATEs per DATA
         // frame, 128 answers of 128 KiB on one connection.
-        let mut t = Tally::default();
+        let mut t = Tally::new(HPACK_PER_REQUEST);
         let mut sent = Framing::frames();
         let mut read = Framing::frames();
         for i in 0..128 {
@@ -555,6 +573,12 @@ mod tests {
                 assert!(!t.over(0), "answer {i}: {} control frames", t.control);
             }
         }
+    }
+
+    #[test]
+    fn the_hpack_budget_follows_a_raised_header_limit() {
+        assert_eq!(hpack_per_request(16 * 1024), HPACK_PER_REQUEST);
+        assert_eq!(hpack_per_request(1 << 20), 2 << 20);
     }
 
     #[test]

@@ -317,6 +317,7 @@ impl Shared {
                 handler.clone(),
                 slot,
                 self.limits.timeouts,
+                frames::hpack_per_request(self.limits.max_header_bytes),
             );
             tokio::spawn(async move {
                 // Counted for the connection's whole life, whichever way it ends.

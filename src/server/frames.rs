@@ -56,8 +56,10 @@ pub(crate) const HPACK_PER_REQUEST: u64 = 64 * 1024;
 pub(crate) fn hpack_per_request(max_header_bytes: usize) -> u64 {
     HPACK_PER_REQUEST.max((max_header_bytes as u64).saturating_mul(2))
 }
-/// The most of one header block kept to be estimated (`fragment`).
-const BLOCK_MAX: usize = 256 * 1024;
+
+/// A header block's bytes kept past this are dropped once it is charged:
+/// a connection holds no more than an ordinary request's between blocks.
+const BLOCK_KEPT: usize = 4096;
 
 /// The client connection preface (RFC 9113 §3.4).
 const PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
@@ -232,11 +234,17 @@ impl Tally {
         self.control > self.allowance(secs) || self.hpack > self.hpack_allowance()
     }
 
+    /// The most of one header block kept to be estimated: twice the
+    /// header list a request may have, at least 64 KiB (`hpack_per_request`).
+    fn block_max(&self) -> usize {
+        usize::try_from(self.hpack_per_request).unwrap_or(usize::MAX)
+    }
+
     /// A header block's fragment: kept until its END_HEADERS, then charged.
     fn fragment(&mut self, bytes: &[u8]) {
-        if self.block.len() + bytes.len() > BLOCK_MAX {
-            // Far past any header list the gateway takes: charged by the
-            // byte, never kept (h2 refuses the block).
+        if self.block.len() + bytes.len() > self.block_max() {
+            // Past any header list the gateway takes: charged by the byte,
+            // never kept (h2 refuses the block).
             self.hpack = self.hpack.saturating_add(bytes.len() as u64 * hpack::PER_FIELD);
         } else {
             self.block.extend_from_slice(bytes);
@@ -247,6 +255,9 @@ impl Tally {
         let work = self.table.work(&self.block);
         self.hpack = self.hpack.saturating_add(work);
         self.block.clear();
+        if self.block.capacity() > BLOCK_KEPT {
+            self.block = Vec::new();
+        }
     }
 }
 
@@ -286,7 +297,7 @@ impl Watch for Tally {
     fn payload(&mut self, h: &Head, bytes: &[u8]) {
         match h.kind {
             // A HEADERS frame is at most 16 KiB (h2's SETTINGS_MAX_FRAME_SIZE).
-            0x1 if self.frame.len() + bytes.len() <= BLOCK_MAX => self.frame.extend_from_slice(bytes),
+            0x1 if self.frame.len() + bytes.len() <= self.block_max() => self.frame.extend_from_slice(bytes),
             0x1 => self.hpack = self.hpack.saturating_add(bytes.len() as u64 * hpack::PER_FIELD),
             0x9 => self.fragment(bytes),
             _ => {}
@@ -309,8 +320,10 @@ impl Watch for Tally {
                 let start = (usize::from(padded) + if h.flags & 0x20 != 0 { 5 } else { 0 }).min(frame.len());
                 let stop = frame.len().saturating_sub(pad).max(start);
                 self.fragment(&frame[start..stop]);
-                frame.clear();
-                self.frame = frame;
+                if frame.capacity() <= BLOCK_KEPT {
+                    frame.clear();
+                    self.frame = frame;
+                }
             }
             0x9 => {}
             _ => return,

@@ -8,9 +8,11 @@
 //! then other teams' idle ones). The victim is told to go and the newcomer
 //! is admitted at once: up to [`overload::spare`] connections may be on
 //! their way out beyond the cap, so nobody waits on a peer that does not
-//! answer its GOAWAY. Only when no connection may go (every one is busy
-//! handling a team's request or sending an answer that moves) does a
-//! newcomer wait, in the kernel's accept queue.
+//! answer its GOAWAY. When no connection may go (every one is busy
+//! handling a team's request or sending an answer that moves, every team
+//! within its share) a newcomer takes one of [`overload::reserve`]'s slots
+//! beyond the cap: it may be a team that holds none yet. Only with those
+//! taken too does a newcomer wait, in the kernel's accept queue.
 //!
 //! One peer address may hold `server.max_connections_per_peer` connections
 //! (like nginx's `limit_conn`): beyond it, the newcomer takes the place of

@@ -84,8 +84,7 @@ pub(super) async fn serve<H, F>(
     let mut io = TimeoutStream::new(Early {
         inner: stream,
         conn: conn.clone(),
-        first: [0; 5],
-        seen: 0,
+        first: FirstMessage::default(),
     });
     io.set_write_timeout(Some(timeouts.write));
     let io = Box::pin(io);
@@ -148,45 +147,60 @@ pub(super) async fn serve<H, F>(
 struct Early {
     inner: TcpStream,
     conn: Arc<Conn>,
-    /// The first 5 bytes read: a TLS record header, or the start of a head.
-    first: [u8; 5],
-    /// Bytes read so far, up to the first message's end (then no more
-    /// are looked at).
-    seen: u64,
+    first: FirstMessage,
 }
 
 /// A TLS handshake record's first byte.
 const TLS_HANDSHAKE: u8 = 0x16;
+/// A ClientHello's handshake message type.
+const CLIENT_HELLO: u8 = 0x01;
 
-impl Early {
-    /// Follows the first bytes: a plain connection progresses with every
-    /// byte; a TLS one only once its first record (the ClientHello) is
-    /// complete, whatever part of it came.
-    fn note(&mut self, bytes: &[u8]) {
-        if self.first_end().is_some_and(|end| self.seen >= end) {
-            return;
+/// A connection's first message, followed to tell a handshake or head
+/// that makes progress from one that only looks like it.
+#[derive(Default)]
+struct FirstMessage {
+    /// The first 9 bytes read: a TLS record header and the handshake
+    /// message's, or the start of a head.
+    first: [u8; 9],
+    /// Bytes read so far, until `done`.
+    seen: u64,
+    /// The first message came (or never will count): nothing more is looked at.
+    done: bool,
+}
+
+impl FirstMessage {
+    /// Follows `bytes`; the connection's progress when it changed. A plain
+    /// connection progresses with every byte; a TLS one only once its
+    /// ClientHello is complete, whatever part of it came. A ClientHello
+    /// split over records (a message over 16 KiB, or a peer fragmenting
+    /// on purpose) never counts: that connection makes progress with its
+    /// first head.
+    fn note(&mut self, bytes: &[u8]) -> Option<u64> {
+        if self.done {
+            return None;
         }
-        let have = self.seen.min(5) as usize;
+        let have = self.seen.min(9) as usize;
         for (slot, b) in self.first[have..].iter_mut().zip(bytes) {
             *slot = *b;
         }
         self.seen = self.seen.saturating_add(bytes.len() as u64);
-        let progress = match (self.first[0], self.first_end()) {
-            (TLS_HANDSHAKE, Some(end)) if self.seen >= end => overload::PROGRESS_BYTES,
-            (TLS_HANDSHAKE, _) => 0,
-            _ => self.seen,
-        };
-        self.conn.read_to(progress);
-    }
-
-    /// Where the first message ends: a TLS record's end once its header
-    /// is read; [`overload::PROGRESS_BYTES`] for anything else.
-    fn first_end(&self) -> Option<u64> {
-        match self.first[0] {
-            _ if self.seen == 0 => None,
-            TLS_HANDSHAKE if self.seen < 5 => None,
-            TLS_HANDSHAKE => Some(5 + u64::from(u16::from_be_bytes([self.first[3], self.first[4]]))),
-            _ => Some(overload::PROGRESS_BYTES),
+        if self.first[0] != TLS_HANDSHAKE {
+            self.done = self.seen >= overload::PROGRESS_BYTES;
+            return Some(self.seen);
+        }
+        if self.seen < 9 {
+            return None;
+        }
+        let record = u64::from(u16::from_be_bytes([self.first[3], self.first[4]]));
+        let hello = u64::from(u32::from_be_bytes([0, self.first[6], self.first[7], self.first[8]]));
+        if self.first[5] != CLIENT_HELLO || 4 + hello > record {
+            self.done = true;
+            None
+        } else if self.seen >= 9 + hello {
+            self.done = true;
+            Some(overload::PROGRESS_BYTES)
+        } else {
+            None
         }
     }
 }
@@ -200,7 +214,9 @@ impl tokio::io::AsyncRead for Early {
         let before = buf.filled().len();
         let polled = Pin::new(&mut self.inner).poll_read(cx, buf);
         if let Poll::Ready(Ok(())) = polled {
-            self.note(&buf.filled()[before..]);
+            if let Some(progress) = self.first.note(&buf.filled()[before..]) {
+                self.conn.read_to(progress);
+            }
         }
         polled
     }
@@ -399,4 +415,35 @@ async fn told_to_leave(conn: &Conn) {
         }
     })
     .await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn progress(chunks: &[&[u8]]) -> u64 {
+        let mut m = FirstMessage::default();
+        chunks.iter().filter_map(|c| m.note(c)).max().unwrap_or(0)
+    }
+
+    #[test]
+    fn a_tls_connection_progresses_once_its_client_hello_is_complete() {
+        // A record of 40 bytes holding a ClientHello of 36.
+        let mut hello = vec![0x16, 3, 1, 0, 40, 1, 0, 0, 36];
+        hello.extend([7u8; 36]);
+        assert_eq!(progress(&[&hello]), overload::PROGRESS_BYTES);
+        assert_eq!(
+            progress(&[&hello[..3], &hello[3..20], &hello[20..]]),
+            overload::PROGRESS_BYTES
+        );
+        // Its first 44 bytes of 45, the record header alone, a record
+        // shorter than the message it starts (fragmented on purpose).
+        assert_eq!(progress(&[&hello[..44]]), 0);
+        assert_eq!(progress(&[&hello[..5]]), 0);
+        let mut split = hello.clone();
+        split[4] = 10;
+        assert_eq!(progress(&[&split]), 0);
+        // A plain head: every byte counts.
+        assert_eq!(progress(&[b"GET / HTTP/1.1\r\n"]), 16);
+    }
 }

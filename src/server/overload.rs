@@ -12,7 +12,7 @@
 //!
 //! | pool | share | action under pressure |
 //! |---|---|---|
-//! | connection slots (`server.max_connections`, per listener; the admin listener has its own `server.admin_max_connections`) | a team: `max / tenants holding connections` (teams, plus one for all connections of no known team), busy or idle; a peer address: `max_connections_per_peer` | close, in [`Class`] order: anonymous, stalled, a team's idle over its share, silent before a first head (of the address holding the most such first), a team's busy over its share (newest first), still in its first head but making progress, other teams' idle; none of these: the newcomer takes one of the [`reserve`]'s slots |
+//! | connection slots (`server.max_connections`, per listener; the admin listener has its own `server.admin_max_connections`) | a team: `max / tenants holding connections` (teams, plus one for all connections of no known team), busy or idle; for cutting a busy one, `max / teams holding connections`; a peer address: `max_connections_per_peer` | close, in [`Class`] order: anonymous, stalled, a team's idle over its share, silent before a first head (of the address holding the most such first), a team's busy over its share (newest first), still in its first head but making progress, other teams' idle; none of these: the newcomer takes one of the [`reserve`]'s slots |
 //! | HTTP/2 answer bytes (`server.http2_max_buffered_bytes`, per listener) | anonymous peers together: half; a team: `max / teams holding bytes` | refuse the stream before the handler buys anything (503 + `Retry-After`); close the connection holding the most stalled bytes, anonymous first, then the team most over its share |
 //! | file descriptors (`RLIMIT_NOFILE`) | [`RESERVED_DESCRIPTORS`] for the upstream pool, Redis, the ledger and the logs | at start: soft limit raised to the hard one, connection caps clamped to what remains (a warning), or refusal to start; at run time an `EMFILE` makes room like the connection cap |
 //! | the access-log queue (`telemetry::access`) | anonymous lines only while team lines have room | drop the line, anonymous first (`gateway_log_lines_dropped_total`) |
@@ -154,10 +154,16 @@ where
         }
     }
     // Connections of no known team count as one more tenant: a team alone
-    // with a newcomer is not entitled to every slot.
-    let share = max / (per_team.len() + unknown).max(1);
+    // with a newcomer is not entitled to every idle slot. A busy
+    // connection is cut only for another team (its share counts teams
+    // alone): a connection that may be anonymous, in the newcomers'
+    // reserve, never makes a team's request in flight go.
+    let shares = Shares {
+        idle: max / (per_team.len() + unknown).max(1),
+        busy: max / per_team.len().max(1),
+    };
     conns
-        .filter_map(|c| class_of(Arc::as_ref(c), &per_team, share).map(|class| (c, class)))
+        .filter_map(|c| class_of(Arc::as_ref(c), &per_team, shares).map(|class| (c, class)))
         .min_by_key(|(c, class)| {
             let team_conns = c.team().and_then(|t| per_team.get(&t)).copied().unwrap_or(0);
             // Silent: of the address holding the most such first.
@@ -189,7 +195,14 @@ fn is_silent(c: &impl Occupant, now: Instant) -> bool {
         && c.born() + SILENT_GRACE <= now
 }
 
-fn class_of(c: &impl Occupant, per_team: &HashMap<u64, usize>, share: usize) -> Option<Class> {
+/// A team's share of the slots: for its idle connections, and for its busy ones.
+#[derive(Clone, Copy)]
+struct Shares {
+    idle: usize,
+    busy: usize,
+}
+
+fn class_of(c: &impl Occupant, per_team: &HashMap<u64, usize>, shares: Shares) -> Option<Class> {
     if c.leaving() {
         return None;
     }
@@ -203,13 +216,14 @@ fn class_of(c: &impl Occupant, per_team: &HashMap<u64, usize>, share: usize) -> 
         None if c.handling() > 0 => None,
         None => Some(Class::Anonymous),
         Some(team) => {
-            let over = per_team.get(&team).copied().unwrap_or(0) > share;
             let stalled = c.stalled_for();
             if c.handling() == 0 && stalled.is_some_and(|d| d >= STALL_GRACE) {
                 return Some(Class::Stalled);
             }
             // Handling a request, or sending and moving: busy.
             let busy = c.handling() > 0 || stalled.is_some();
+            let share = if busy { shares.busy } else { shares.idle };
+            let over = per_team.get(&team).copied().unwrap_or(0) > share;
             match (busy, over) {
                 (true, true) => Some(Class::TeamOverShareBusy),
                 // A download within its team's share is never cut.

@@ -227,3 +227,28 @@ async fn past_the_answer_bytes_a_team_within_its_share_is_answered_and_the_anony
     team.conn().release(1000);
     assert!(team.conn().may_answer());
 }
+
+#[tokio::test]
+async fn a_head_in_the_reserve_never_makes_a_teams_request_in_flight_go() {
+    let conns = registry(2, 10);
+    let mut busy = Vec::new();
+    for _ in 0..2 {
+        let slot = idle_of(&conns, "a").await;
+        let request = slot.conn().begin(false);
+        busy.push((slot, request));
+    }
+    // An anonymous head being handled in the reserve: no team yet.
+    let reserve = admitted(admitting(&conns, LOCAL)).await;
+    let head = reserve.conn().begin(false);
+    let waiting = admitting(&conns, LOCAL);
+    tokio::task::yield_now().await;
+    assert!(!waiting.is_finished(), "admitted past the limit and the reserve");
+    assert!(
+        busy.iter().all(|(s, _)| order_of(s) == Order::Serve),
+        "a request in flight was cut"
+    );
+    // Its head answered without a token: anonymous, it goes first.
+    drop(head);
+    let _admitted = admitted(waiting).await;
+    assert_eq!(order_of(&reserve), Order::Close);
+}

@@ -443,6 +443,19 @@ mod tests {
         let mut split = hello.clone();
         split[4] = 10;
         assert_eq!(progress(&[&split]), 0);
+        // What rustls sends first (a TLS 1.3 ClientHello with its key shares).
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let config = rustls::ClientConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .expect("versions")
+            .with_root_certificates(rustls::RootCertStore::empty())
+            .with_no_client_auth();
+        let name = rustls::pki_types::ServerName::try_from("localhost").expect("name");
+        let mut client = rustls::ClientConnection::new(Arc::new(config), name).expect("client");
+        let mut sent = Vec::new();
+        client.write_tls(&mut sent).expect("hello");
+        assert_eq!(progress(&[&sent]), overload::PROGRESS_BYTES, "{} bytes", sent.len());
+        assert_eq!(progress(&[&sent[..sent.len() - 1]]), 0);
         // A plain head: every byte counts.
         assert_eq!(progress(&[b"GET / HTTP/1.1\r\n"]), 16);
     }

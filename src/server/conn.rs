@@ -65,6 +65,8 @@ pub(crate) struct Timeouts {
 
 /// Serves one connection until it ends, is ordered closed, or a deadline
 /// passes. Holding `slot` keeps its place in the registry.
+/// `hpack_per_request`: the HPACK work each request adds to the
+/// connection's budget (`frames::hpack_per_request`).
 pub(super) async fn serve<H, F>(
     stream: TcpStream,
     tls: Option<TlsAcceptor>,
@@ -72,6 +74,7 @@ pub(super) async fn serve<H, F>(
     handler: H,
     slot: Slot,
     timeouts: Timeouts,
+    hpack_per_request: u64,
 ) where
     H: Fn(Request<Incoming>, ConnectionMark) -> F + Send + Sync + 'static,
     F: Future<Output = Response<Body>> + Send + 'static,
@@ -81,6 +84,7 @@ pub(super) async fn serve<H, F>(
     let mut io = TimeoutStream::new(Early {
         inner: stream,
         conn: conn.clone(),
+        first: FirstMessage::default(),
     });
     io.set_write_timeout(Some(timeouts.write));
     let io = Box::pin(io);
@@ -115,7 +119,7 @@ pub(super) async fn serve<H, F>(
     let flood = || slot.counter("control_frames", "close");
     match tls {
         None => {
-            let io = Metered::new(io, flood());
+            let io = Metered::new(io, flood(), hpack_per_request);
             let http = builder.serve_connection(TokioIo::new(io), service);
             drive(http, &conn, head_by, timeouts).await;
         }
@@ -129,7 +133,7 @@ pub(super) async fn serve<H, F>(
                 },
                 () = told_to_leave(&conn) => return,
             };
-            let stream = Metered::new(stream, flood());
+            let stream = Metered::new(stream, flood(), hpack_per_request);
             let http = builder.serve_connection(TokioIo::new(stream), service);
             drive(http, &conn, head_by, timeouts).await;
         }
@@ -143,6 +147,62 @@ pub(super) async fn serve<H, F>(
 struct Early {
     inner: TcpStream,
     conn: Arc<Conn>,
+    first: FirstMessage,
+}
+
+/// A TLS handshake record's first byte.
+const TLS_HANDSHAKE: u8 = 0x16;
+/// A ClientHello's handshake message type.
+const CLIENT_HELLO: u8 = 0x01;
+
+/// A connection's first message, followed to tell a handshake or head
+/// that makes progress from one that only looks like it.
+#[derive(Default)]
+struct FirstMessage {
+    /// The first 9 bytes read: a TLS record header and the handshake
+    /// message's, or the start of a head.
+    first: [u8; 9],
+    /// Bytes read so far, until `done`.
+    seen: u64,
+    /// The first message came (or never will count): nothing more is looked at.
+    done: bool,
+}
+
+impl FirstMessage {
+    /// Follows `bytes`; the connection's progress when it changed. A plain
+    /// connection progresses with every byte; a TLS one only once its
+    /// ClientHello is complete, whatever part of it came. A ClientHello
+    /// split over records (a message over 16 KiB, or a peer fragmenting
+    /// on purpose) never counts: that connection makes progress with its
+    /// first head.
+    fn note(&mut self, bytes: &[u8]) -> Option<u64> {
+        if self.done {
+            return None;
+        }
+        let have = self.seen.min(9) as usize;
+        for (slot, b) in self.first[have..].iter_mut().zip(bytes) {
+            *slot = *b;
+        }
+        self.seen = self.seen.saturating_add(bytes.len() as u64);
+        if self.first[0] != TLS_HANDSHAKE {
+            self.done = self.seen >= overload::PROGRESS_BYTES;
+            return Some(self.seen);
+        }
+        if self.seen < 9 {
+            return None;
+        }
+        let record = u64::from(u16::from_be_bytes([self.first[3], self.first[4]]));
+        let hello = u64::from(u32::from_be_bytes([0, self.first[6], self.first[7], self.first[8]]));
+        if self.first[5] != CLIENT_HELLO || 4 + hello > record {
+            self.done = true;
+            None
+        } else if self.seen >= 9 + hello {
+            self.done = true;
+            Some(overload::PROGRESS_BYTES)
+        } else {
+            None
+        }
+    }
 }
 
 impl tokio::io::AsyncRead for Early {
@@ -154,7 +214,9 @@ impl tokio::io::AsyncRead for Early {
         let before = buf.filled().len();
         let polled = Pin::new(&mut self.inner).poll_read(cx, buf);
         if let Poll::Ready(Ok(())) = polled {
-            self.conn.read(buf.filled().len() - before);
+            if let Some(progress) = self.first.note(&buf.filled()[before..]) {
+                self.conn.read_to(progress);
+            }
         }
         polled
     }
@@ -353,4 +415,48 @@ async fn told_to_leave(conn: &Conn) {
         }
     })
     .await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn progress(chunks: &[&[u8]]) -> u64 {
+        let mut m = FirstMessage::default();
+        chunks.iter().filter_map(|c| m.note(c)).max().unwrap_or(0)
+    }
+
+    #[test]
+    fn a_tls_connection_progresses_once_its_client_hello_is_complete() {
+        // A record of 40 bytes holding a ClientHello of 36.
+        let mut hello = vec![0x16, 3, 1, 0, 40, 1, 0, 0, 36];
+        hello.extend([7u8; 36]);
+        assert_eq!(progress(&[&hello]), overload::PROGRESS_BYTES);
+        assert_eq!(
+            progress(&[&hello[..3], &hello[3..20], &hello[20..]]),
+            overload::PROGRESS_BYTES
+        );
+        // Its first 44 bytes of 45, the record header alone, a record
+        // shorter than the message it starts (fragmented on purpose).
+        assert_eq!(progress(&[&hello[..44]]), 0);
+        assert_eq!(progress(&[&hello[..5]]), 0);
+        let mut split = hello.clone();
+        split[4] = 10;
+        assert_eq!(progress(&[&split]), 0);
+        // What rustls sends first (a TLS 1.3 ClientHello with its key shares).
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let config = rustls::ClientConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .expect("versions")
+            .with_root_certificates(rustls::RootCertStore::empty())
+            .with_no_client_auth();
+        let name = rustls::pki_types::ServerName::try_from("localhost").expect("name");
+        let mut client = rustls::ClientConnection::new(Arc::new(config), name).expect("client");
+        let mut sent = Vec::new();
+        client.write_tls(&mut sent).expect("hello");
+        assert_eq!(progress(&[&sent]), overload::PROGRESS_BYTES, "{} bytes", sent.len());
+        assert_eq!(progress(&[&sent[..sent.len() - 1]]), 0);
+        // A plain head: every byte counts.
+        assert_eq!(progress(&[b"GET / HTTP/1.1\r\n"]), 16);
+    }
 }

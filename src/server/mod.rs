@@ -15,6 +15,7 @@ mod budget;
 mod conn;
 mod conns;
 mod frames;
+mod hpack;
 mod overload;
 mod per_core;
 
@@ -316,6 +317,7 @@ impl Shared {
                 handler.clone(),
                 slot,
                 self.limits.timeouts,
+                frames::hpack_per_request(self.limits.max_header_bytes),
             );
             tokio::spawn(async move {
                 // Counted for the connection's whole life, whichever way it ends.

@@ -12,7 +12,7 @@
 //!
 //! | pool | share | action under pressure |
 //! |---|---|---|
-//! | connection slots (`server.max_connections`, per listener; the admin listener has its own `server.admin_max_connections`) | a team: `max / tenants holding connections` (teams, plus one for all connections of no known team), busy or idle; a peer address: `max_connections_per_peer` | close, in [`Class`] order: anonymous, stalled, a team's idle over its share, silent before a first head (of the address holding the most such first), a team's busy over its share (newest first), still in its first head but making progress, other teams' idle |
+//! | connection slots (`server.max_connections`, per listener; the admin listener has its own `server.admin_max_connections`) | a team: `max / tenants holding connections` (teams, plus one for all connections of no known team), busy or idle; for cutting a busy one, `max / teams holding connections`; a peer address: `max_connections_per_peer` | close, in [`Class`] order: anonymous, stalled, a team's idle over its share, silent before a first head (of the address holding the most such first), a team's busy over its share (newest first), still in its first head but making progress, other teams' idle; none of these: the newcomer takes one of the [`reserve`]'s slots |
 //! | HTTP/2 answer bytes (`server.http2_max_buffered_bytes`, per listener) | anonymous peers together: half; a team: `max / teams holding bytes` | refuse the stream before the handler buys anything (503 + `Retry-After`); close the connection holding the most stalled bytes, anonymous first, then the team most over its share |
 //! | file descriptors (`RLIMIT_NOFILE`) | [`RESERVED_DESCRIPTORS`] for the upstream pool, Redis, the ledger and the logs | at start: soft limit raised to the hard one, connection caps clamped to what remains (a warning), or refusal to start; at run time an `EMFILE` makes room like the connection cap |
 //! | the access-log queue (`telemetry::access`) | anonymous lines only while team lines have room | drop the line, anonymous first (`gateway_log_lines_dropped_total`) |
@@ -55,8 +55,12 @@ pub const RESERVED_DESCRIPTORS: u64 = 64;
 pub(super) const SILENT_GRACE: Duration = Duration::from_millis(100);
 
 /// Bytes a connection must have sent before its first head to count as
-/// making progress: a TLS ClientHello or an HTTP head is more; the 5 bytes
-/// of a record header a half-open handshake sends are not.
+/// making progress: an HTTP head is more; the 5 bytes of a record header a
+/// half-open handshake sends are not. A TLS connection (its first byte a
+/// handshake record's) makes progress only once its ClientHello record is
+/// complete, however many bytes of it came (`conn::Early`): churn that
+/// sent 105 bytes of a ClientHello and then nothing ranked with real
+/// handshakes and failed up to 4.9 % of another team's (issue 60).
 pub(crate) const PROGRESS_BYTES: u64 = 64;
 
 /// Why a connection makes room for a newcomer, in the order they go.
@@ -123,7 +127,8 @@ pub(super) trait Occupant {
     fn quiet_since(&self) -> Instant;
     /// The peer's address.
     fn peer(&self) -> std::net::IpAddr;
-    /// Bytes read before its first head (capped at [`PROGRESS_BYTES`]).
+    /// Progress before its first head: bytes read (capped at
+    /// [`PROGRESS_BYTES`]), on TLS 0 until the ClientHello is complete.
     fn read_early(&self) -> u64;
 }
 
@@ -149,10 +154,16 @@ where
         }
     }
     // Connections of no known team count as one more tenant: a team alone
-    // with a newcomer is not entitled to every slot.
-    let share = max / (per_team.len() + unknown).max(1);
+    // with a newcomer is not entitled to every idle slot. A busy
+    // connection is cut only for another team (its share counts teams
+    // alone): a connection that may be anonymous, in the newcomers'
+    // reserve, never makes a team's request in flight go.
+    let shares = Shares {
+        idle: max / (per_team.len() + unknown).max(1),
+        busy: max / per_team.len().max(1),
+    };
     conns
-        .filter_map(|c| class_of(Arc::as_ref(c), &per_team, share).map(|class| (c, class)))
+        .filter_map(|c| class_of(Arc::as_ref(c), &per_team, shares).map(|class| (c, class)))
         .min_by_key(|(c, class)| {
             let team_conns = c.team().and_then(|t| per_team.get(&t)).copied().unwrap_or(0);
             // Silent: of the address holding the most such first.
@@ -184,7 +195,14 @@ fn is_silent(c: &impl Occupant, now: Instant) -> bool {
         && c.born() + SILENT_GRACE <= now
 }
 
-fn class_of(c: &impl Occupant, per_team: &HashMap<u64, usize>, share: usize) -> Option<Class> {
+/// A team's share of the slots: for its idle connections, and for its busy ones.
+#[derive(Clone, Copy)]
+struct Shares {
+    idle: usize,
+    busy: usize,
+}
+
+fn class_of(c: &impl Occupant, per_team: &HashMap<u64, usize>, shares: Shares) -> Option<Class> {
     if c.leaving() {
         return None;
     }
@@ -198,13 +216,14 @@ fn class_of(c: &impl Occupant, per_team: &HashMap<u64, usize>, share: usize) -> 
         None if c.handling() > 0 => None,
         None => Some(Class::Anonymous),
         Some(team) => {
-            let over = per_team.get(&team).copied().unwrap_or(0) > share;
             let stalled = c.stalled_for();
             if c.handling() == 0 && stalled.is_some_and(|d| d >= STALL_GRACE) {
                 return Some(Class::Stalled);
             }
             // Handling a request, or sending and moving: busy.
             let busy = c.handling() > 0 || stalled.is_some();
+            let share = if busy { shares.busy } else { shares.idle };
+            let over = per_team.get(&team).copied().unwrap_or(0) > share;
             match (busy, over) {
                 (true, true) => Some(Class::TeamOverShareBusy),
                 // A download within its team's share is never cut.
@@ -306,7 +325,8 @@ pub struct Descriptors {
 }
 
 /// Raises the soft descriptor limit to the hard one and fits both listeners'
-/// caps (plus the room [`spare`] gives connections on their way out) under
+/// caps (plus the room [`spare`] gives connections on their way out and
+/// the newcomers' [`reserve`]) under
 /// it, [`RESERVED_DESCRIPTORS`] and `redis_sockets` (every Redis socket the
 /// config can open, `App::redis_sockets`) kept back. `Err` when not even a
 /// small listener fits.
@@ -322,7 +342,7 @@ pub fn fit_descriptors(team_max: usize, admin_max: usize, redis_sockets: usize) 
 
 /// [`fit_descriptors`] for a given limit.
 pub(super) fn plan(limit: u64, team_max: usize, admin_max: usize, redis_sockets: usize) -> Result<Descriptors, String> {
-    let needs = |n: usize| (n + spare(n)) as u64;
+    let needs = |n: usize| (n + spare(n) + reserve(n)) as u64;
     let reserved = RESERVED_DESCRIPTORS + redis_sockets as u64;
     let kept = match redis_sockets {
         0 => format!("{reserved} descriptors are kept for the upstream pool, the ledger and the logs"),
@@ -372,6 +392,16 @@ pub(super) fn spare(max: usize) -> usize {
     max / 8 + 1
 }
 
+/// Slots beyond `max` for a newcomer when every connection is busy and
+/// every team within its share (`conns::Conns::place`): four teams each at
+/// its share of busy slots made a fifth team with no connection wait 5.0 s
+/// for the first of their answers (issue 60). A newcomer in the reserve
+/// that turns out anonymous, or sends nothing, is the first to go for the
+/// next one.
+pub(super) fn reserve(max: usize) -> usize {
+    max / 32 + 1
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -381,7 +411,8 @@ mod tests {
         let roomy = plan(1 << 20, 10_000, 64, 0).expect("fits");
         assert_eq!((roomy.team_max, roomy.admin_max, roomy.clamped), (10_000, 64, None));
         let tight = plan(1024, 10_000, 64, 0).expect("clamped");
-        let used = tight.team_max + spare(tight.team_max) + tight.admin_max + spare(tight.admin_max);
+        let beyond = |n: usize| n + spare(n) + reserve(n);
+        let used = beyond(tight.team_max) + beyond(tight.admin_max);
         assert!(used as u64 + RESERVED_DESCRIPTORS <= 1024, "{tight:?}");
         assert!(tight.team_max > 700, "{tight:?}");
         assert!(tight
@@ -400,7 +431,8 @@ mod tests {
         let redis = 16 * 6 + 2 * 6;
         let with = plan(1024, 10_000, 64, redis).expect("clamped");
         let without = plan(1024, 10_000, 64, 0).expect("clamped");
-        let used = |d: &Descriptors| (d.team_max + spare(d.team_max) + d.admin_max + spare(d.admin_max)) as u64;
+        let beyond = |n: usize| n + spare(n) + reserve(n);
+        let used = |d: &Descriptors| (beyond(d.team_max) + beyond(d.admin_max)) as u64;
         assert!(used(&with) + RESERVED_DESCRIPTORS + redis as u64 <= 1024, "{with:?}");
         assert!(with.team_max < without.team_max, "{with:?} {without:?}");
         let warning = with.clamped.expect("a warning");

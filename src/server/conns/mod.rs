@@ -8,9 +8,11 @@
 //! then other teams' idle ones). The victim is told to go and the newcomer
 //! is admitted at once: up to [`overload::spare`] connections may be on
 //! their way out beyond the cap, so nobody waits on a peer that does not
-//! answer its GOAWAY. Only when no connection may go (every one is busy
-//! handling a team's request or sending an answer that moves) does a
-//! newcomer wait, in the kernel's accept queue.
+//! answer its GOAWAY. When no connection may go (every one is busy
+//! handling a team's request or sending an answer that moves, every team
+//! within its share) a newcomer takes one of [`overload::reserve`]'s slots
+//! beyond the cap: it may be a team that holds none yet. Only with those
+//! taken too does a newcomer wait, in the kernel's accept queue.
 //!
 //! One peer address may hold `server.max_connections_per_peer` connections
 //! (like nginx's `limit_conn`): beyond it, the newcomer takes the place of
@@ -152,8 +154,9 @@ pub(crate) struct Conn {
     progress_ms: AtomicU64,
     /// Answer bytes its HTTP/2 streams hold in `budget`.
     queued: AtomicUsize,
-    /// Bytes read from the socket while no head had arrived (below TLS:
-    /// a handshake's progress), capped at [`overload::PROGRESS_BYTES`].
+    /// Progress while no head had arrived, capped at
+    /// [`overload::PROGRESS_BYTES`]: the bytes read from the socket, or on
+    /// a TLS connection 0 until its ClientHello is complete (`conn::Early`).
     read_early: AtomicU64,
     /// The socket's last write found no room (the client is not reading
     /// what was sent): an HTTP/1.1 answer is still on its way out.
@@ -247,10 +250,18 @@ impl Conns {
             false => open.by_id.values().filter(|c| !c.leaving()).count(),
         };
         if staying >= self.max {
-            let (victim, class) = overload::victim(open.by_id.values(), self.max)?;
-            self.act(victim, class, "connections");
+            match overload::victim(open.by_id.values(), self.max) {
+                Some((victim, class)) => self.act(victim, class, "connections"),
+                // Every connection busy and every team within its share:
+                // the newcomer may be a team that holds none (not yet a
+                // tenant, so nobody is over a share it would have). It
+                // takes a reserve slot; once its token is seen, the teams
+                // holding the most are over their share and make room.
+                None if staying < self.max + overload::reserve(self.max) => {}
+                None => return None,
+            }
         }
-        if total >= self.max + overload::spare(self.max) {
+        if total >= self.max + overload::reserve(self.max) + overload::spare(self.max) {
             // Too many already on their way out: wait until one is gone.
             return None;
         }
@@ -453,10 +464,12 @@ impl Conn {
         self.budget.give(n);
     }
 
-    /// `n` bytes were read from the socket; counted until a head arrives.
-    pub(super) fn read(&self, n: usize) {
-        if !self.started.load(Ordering::Relaxed) && self.read_early.load(Ordering::Relaxed) < overload::PROGRESS_BYTES {
-            self.read_early.fetch_add(n as u64, Ordering::Relaxed);
+    /// The connection's progress before its first head is `progress`
+    /// (`conn::Early`); kept until a head arrives.
+    pub(super) fn read_to(&self, progress: u64) {
+        if !self.started.load(Ordering::Relaxed) {
+            self.read_early
+                .fetch_max(progress.min(overload::PROGRESS_BYTES), Ordering::Relaxed);
         }
     }
 

@@ -100,18 +100,26 @@ async fn a_team_over_its_share_gives_up_an_idle_connection_before_another_teams_
 }
 
 #[tokio::test]
-async fn a_newcomer_waits_while_every_connection_is_busy() {
+async fn a_newcomer_takes_a_reserve_slot_while_every_connection_is_busy_then_one_waits() {
     let conns = registry(1, 10);
-    let only = idle_of(&conns, "a").await;
+    // A head being handled (its token not checked yet: kept).
+    let only = conns.admit(LOCAL).await.expect("admitted");
     let request = only.conn().begin(false);
+    // Every slot busy, nobody over a share: a newcomer (perhaps a team
+    // holding none) takes the reserve's slot, nobody is told to go.
+    let reserve = admitted(admitting(&conns, LOCAL)).await;
+    assert_eq!(order_of(&only), Order::Serve, "a busy connection is kept");
+    // Its head being handled too: the reserve is full, the next one waits.
+    let head = reserve.conn().begin(false);
     let waiting = admitting(&conns, LOCAL);
     tokio::task::yield_now().await;
-    assert!(!waiting.is_finished(), "admitted past the limit");
-    assert_eq!(order_of(&only), Order::Serve, "a busy connection is kept");
-    // The request ends: now the connection is idle and gives its place.
+    assert!(!waiting.is_finished(), "admitted past the limit and the reserve");
+    // The request ends (answered, no team): the connection gives its place.
     drop(request);
     let _admitted = admitted(waiting).await;
-    assert_eq!(order_of(&only), Order::Evict);
+    assert_eq!(order_of(&only), Order::Close);
+    assert_eq!(order_of(&reserve), Order::Serve);
+    drop(head);
 }
 
 #[tokio::test]
@@ -120,12 +128,35 @@ async fn a_teams_download_in_progress_is_never_evicted() {
     let only = idle_of(&conns, "a").await;
     // As `body.rs` does: the request's guard stays with the answer.
     let sending = (only.conn().begin(false), only.conn().sending());
-    let refused = tokio::time::timeout(Duration::from_millis(100), conns.admit(LOCAL)).await;
-    assert!(refused.is_err(), "admitted past the limit while an answer was moving");
+    // The newcomer takes the reserve's slot: the download goes on.
+    let _reserve = admitted(admitting(&conns, LOCAL)).await;
     assert_eq!(order_of(&only), Order::Serve);
     assert!(only.conn().stalled_for().is_some());
     drop(sending);
     assert!(only.conn().stalled_for().is_none());
+}
+
+#[tokio::test]
+async fn a_fifth_team_beside_four_at_their_share_of_busy_slots_is_admitted_and_then_room_is_made() {
+    let conns = registry(8, 100);
+    let mut held = Vec::new();
+    for team in ["a", "b", "c", "d"] {
+        for _ in 0..2 {
+            let slot = idle_of(&conns, team).await;
+            let request = slot.conn().begin(false);
+            held.push((slot, request));
+        }
+    }
+    // No team over its share (8 / 4): the newcomer takes a reserve slot.
+    let fifth = admitted(admitting(&conns, LOCAL)).await;
+    assert!(held.iter().all(|(s, _)| order_of(s) == Order::Serve));
+    // Its token seen and its request handled: five tenants, a share of 1,
+    // so the next newcomer makes a busy connection of a team holding 2 go.
+    fifth.conn().mark_teamed(tenant_of("e"));
+    let _request = fifth.conn().begin(false);
+    let _next = admitted(admitting(&conns, LOCAL)).await;
+    assert_eq!(held.iter().filter(|(s, _)| order_of(s) != Order::Serve).count(), 1);
+    assert_eq!(order_of(&fifth), Order::Serve);
 }
 
 #[tokio::test]
@@ -195,4 +226,29 @@ async fn past_the_answer_bytes_a_team_within_its_share_is_answered_and_the_anony
     anonymous.conn().release(1200);
     team.conn().release(1000);
     assert!(team.conn().may_answer());
+}
+
+#[tokio::test]
+async fn a_head_in_the_reserve_never_makes_a_teams_request_in_flight_go() {
+    let conns = registry(2, 10);
+    let mut busy = Vec::new();
+    for _ in 0..2 {
+        let slot = idle_of(&conns, "a").await;
+        let request = slot.conn().begin(false);
+        busy.push((slot, request));
+    }
+    // An anonymous head being handled in the reserve: no team yet.
+    let reserve = admitted(admitting(&conns, LOCAL)).await;
+    let head = reserve.conn().begin(false);
+    let waiting = admitting(&conns, LOCAL);
+    tokio::task::yield_now().await;
+    assert!(!waiting.is_finished(), "admitted past the limit and the reserve");
+    assert!(
+        busy.iter().all(|(s, _)| order_of(s) == Order::Serve),
+        "a request in flight was cut"
+    );
+    // Its head answered without a token: anonymous, it goes first.
+    drop(head);
+    let _admitted = admitted(waiting).await;
+    assert_eq!(order_of(&reserve), Order::Close);
 }

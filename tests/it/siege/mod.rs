@@ -6,6 +6,8 @@
 //! ([`pinning`], [`a_team_past_its_requests_in_flight_gets_429_while_another_is_served`]).
 
 mod control_frames;
+mod every_frame;
+mod newcomer;
 mod overload;
 mod pinning;
 mod zero_window;

@@ -212,7 +212,7 @@ impl RedisBackend {
     }
 
     /// True for a Redis Cluster.
-    fn is_cluster(&self) -> bool {
+    pub(crate) fn is_cluster(&self) -> bool {
         matches!(self.conns.first(), Conn::Cluster(_))
     }
 

@@ -166,19 +166,19 @@ impl RedisBackend {
         Ok("ok")
     }
 
-    /// How many replicas the (one) primary has connected (`INFO
-    /// replication`: `connected_slaves`); 0 on a Cluster, whose settles are
-    /// not waited for (a `WAIT` there would reach a node of no slot).
+    /// How many replicas the primary has connected (`INFO replication`:
+    /// `connected_slaves`). On a Cluster, the fewest any primary has: a
+    /// settle is waited for (its `WAIT` pipelined behind it, so sent to its
+    /// slot's primary) once every primary has one to wait for.
     pub(crate) async fn connected_replicas(&self, op: RedisOp) -> Result<i64, BackendError> {
-        if self.is_cluster() {
-            return Ok(0);
-        }
-        let text: String = self
-            .call(op, |mut c| async move {
-                redis::cmd("INFO").arg("replication").query_async(&mut c).await
-            })
-            .await?;
-        Ok(info_field(&text, "connected_slaves").unwrap_or(0))
+        let mut info = redis::cmd("INFO");
+        info.arg("replication");
+        let nodes = self.each_primary::<String>(op, info).await?;
+        Ok(nodes
+            .iter()
+            .map(|(_, text)| info_field(text, "connected_slaves").unwrap_or(0))
+            .min()
+            .unwrap_or(0))
     }
 
     /// Each primary streams to at least one replica that finished its sync

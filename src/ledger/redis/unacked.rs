@@ -30,7 +30,9 @@
 //! a `WAIT` no replica answers blocks its connection for `WAIT_MS`, and
 //! reserves must not queue behind it. Reserves are not waited for.
 //! A replay applies up to [`REPLAY_CHUNK`] settles, then waits once.
-//! On a Redis Cluster settles are not waited for (docs/operations.md).
+//! On a Redis Cluster the same, once every primary has a replica: the
+//! `WAIT` rides in the settle's pipeline, which goes to its slot's primary
+//! (one pipeline per team, whose keys share one slot).
 
 use super::journal::{Journal, Pending};
 use super::{FORGET_PER_SETTLE, WALK_PER_SETTLE};
@@ -136,6 +138,27 @@ impl Settler {
     /// replica: `Ok(true)` once all are durable. On a primary with replicas
     /// each mark is pinned for [`PIN`] until a replica acknowledged it.
     async fn apply_all(&self, settles: &[Pending], wait: bool) -> Result<bool, BackendError> {
+        if !self.redis.is_cluster() {
+            return self.apply_on_one_node(settles, wait).await;
+        }
+        // A Cluster pipeline goes to one slot's primary, and its `WAIT`
+        // with it: one pipeline per team (a team's keys share its tag).
+        let mut teams: Vec<&str> = Vec::new();
+        for p in settles {
+            if !teams.contains(&p.team.as_str()) {
+                teams.push(&p.team);
+            }
+        }
+        let mut durable = true;
+        for team in teams {
+            let of_team: Vec<Pending> = settles.iter().filter(|p| p.team == team).cloned().collect();
+            durable &= self.apply_on_one_node(&of_team, wait).await?;
+        }
+        Ok(durable)
+    }
+
+    /// [`Settler::apply_all`] of settles whose keys are on one node.
+    async fn apply_on_one_node(&self, settles: &[Pending], wait: bool) -> Result<bool, BackendError> {
         let replicas = self.replicas(true).await;
         let now = self.clock.now_ms();
         let pin = if replicas == 0 {

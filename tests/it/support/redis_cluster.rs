@@ -173,6 +173,18 @@ impl RedisCluster {
         });
     }
 
+    /// How many `WAIT`s node `i` has run (`INFO commandstats`).
+    pub fn waits_on(&self, i: usize) -> u64 {
+        let stats: String = self.nodes[i]
+            .query(redis::cmd("INFO").arg("commandstats"))
+            .expect("INFO answers");
+        stats
+            .lines()
+            .find_map(|l| l.strip_prefix("cmdstat_wait:calls="))
+            .and_then(|rest| rest.split(',').next()?.parse().ok())
+            .unwrap_or(0)
+    }
+
     /// A command on any running node.
     pub fn query_any<T: redis::FromRedisValue>(&self, cmd: &redis::Cmd) -> T {
         self.running().find_map(|n| n.query(cmd)).expect("some node answers")

@@ -150,6 +150,10 @@ struct Early {
     first: FirstMessage,
 }
 
+/// A TLS connection's progress while its ClientHello is incomplete: some
+/// bytes came, none that count.
+const SHORT: u64 = 1;
+
 /// A TLS handshake record's first byte.
 const TLS_HANDSHAKE: u8 = 0x16;
 /// A ClientHello's handshake message type.
@@ -176,7 +180,7 @@ impl FirstMessage {
     /// on purpose) never counts: that connection makes progress with its
     /// first head.
     fn note(&mut self, bytes: &[u8]) -> Option<u64> {
-        if self.done {
+        if self.done || bytes.is_empty() {
             return None;
         }
         let have = self.seen.min(9) as usize;
@@ -188,19 +192,21 @@ impl FirstMessage {
             self.done = self.seen >= overload::PROGRESS_BYTES;
             return Some(self.seen);
         }
+        // Until the ClientHello is complete: bytes read, short of progress
+        // (they go before a connection not read yet, `overload::Early`).
         if self.seen < 9 {
-            return None;
+            return Some(SHORT);
         }
         let record = u64::from(u16::from_be_bytes([self.first[3], self.first[4]]));
         let hello = u64::from(u32::from_be_bytes([0, self.first[6], self.first[7], self.first[8]]));
         if self.first[5] != CLIENT_HELLO || 4 + hello > record {
             self.done = true;
-            None
+            Some(SHORT)
         } else if self.seen >= 9 + hello {
             self.done = true;
             Some(overload::PROGRESS_BYTES)
         } else {
-            None
+            Some(SHORT)
         }
     }
 }
@@ -438,11 +444,13 @@ mod tests {
         );
         // Its first 44 bytes of 45, the record header alone, a record
         // shorter than the message it starts (fragmented on purpose).
-        assert_eq!(progress(&[&hello[..44]]), 0);
-        assert_eq!(progress(&[&hello[..5]]), 0);
+        assert_eq!(progress(&[&hello[..44]]), SHORT);
+        assert_eq!(progress(&[&hello[..5]]), SHORT);
         let mut split = hello.clone();
         split[4] = 10;
-        assert_eq!(progress(&[&split]), 0);
+        assert_eq!(progress(&[&split]), SHORT);
+        // Nothing read: nothing shown.
+        assert_eq!(progress(&[b""]), 0);
         // What rustls sends first (a TLS 1.3 ClientHello with its key shares).
         let provider = Arc::new(rustls::crypto::ring::default_provider());
         let config = rustls::ClientConfig::builder_with_provider(provider)
@@ -455,7 +463,7 @@ mod tests {
         let mut sent = Vec::new();
         client.write_tls(&mut sent).expect("hello");
         assert_eq!(progress(&[&sent]), overload::PROGRESS_BYTES, "{} bytes", sent.len());
-        assert_eq!(progress(&[&sent[..sent.len() - 1]]), 0);
+        assert_eq!(progress(&[&sent[..sent.len() - 1]]), SHORT);
         // A plain head: every byte counts.
         assert_eq!(progress(&[b"GET / HTTP/1.1\r\n"]), 16);
     }

@@ -83,8 +83,9 @@ pub(super) enum Class {
     /// connections count against its share like its idle ones.
     TeamOverShareBusy,
     /// Still before its first head: just accepted (within
-    /// [`SILENT_GRACE`]), or its handshake or head making progress (those
-    /// last); oldest first.
+    /// [`SILENT_GRACE`]), or its handshake or head making progress: those
+    /// that sent bytes short of progress first, then those not yet read
+    /// (newest first), those making progress last ([`Early`]).
     Unstarted,
     /// Idle, of a team within its share.
     TeamIdle,
@@ -171,18 +172,42 @@ where
                 Class::Silent => silent_per_peer.get(&c.peer()).copied().unwrap_or(0),
                 _ => 0,
             };
-            // Unstarted: one whose handshake or head makes progress last.
-            let progressing = *class == Class::Unstarted && c.read_early() >= PROGRESS_BYTES;
+            let early = match class {
+                Class::Unstarted => Early::of(Arc::as_ref(c)),
+                _ => Early::Short,
+            };
             (
                 *class,
                 Reverse(c.queued()),
                 Reverse(team_conns),
                 Reverse(peer_silent),
-                progressing,
-                age_key(Arc::as_ref(c), *class, now),
+                early,
+                age_key(Arc::as_ref(c), *class, early, now),
                 c.id(),
             )
         })
+}
+
+/// What an unstarted connection has shown, in the order they go: bytes
+/// short of progress (a half-open or partial handshake: known not to be
+/// one), nothing read yet (perhaps a real client's hello, waiting for a
+/// busy runtime to read it: newest first, so a flood's fresh arrivals take
+/// each other's place, not the one waiting longest to be read), progress.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Early {
+    Short,
+    Unread,
+    Progressing,
+}
+
+impl Early {
+    fn of(c: &impl Occupant) -> Early {
+        match c.read_early() {
+            0 => Early::Unread,
+            n if n < PROGRESS_BYTES => Early::Short,
+            _ => Early::Progressing,
+        }
+    }
 }
 
 /// Before its first head, without [`PROGRESS_BYTES`] sent in
@@ -236,13 +261,14 @@ fn class_of(c: &impl Occupant, per_team: &HashMap<u64, usize>, shares: Shares) -
 }
 
 /// Within a class: idle connections quiet the longest first, a busy one
-/// over its team's share newest first (the least work lost), others
-/// oldest first. Smaller goes first.
-fn age_key(c: &impl Occupant, class: Class, now: Instant) -> i128 {
+/// over its team's share newest first (the least work lost), an
+/// unstarted one not yet read newest first ([`Early`]), others oldest
+/// first. Smaller goes first.
+fn age_key(c: &impl Occupant, class: Class, early: Early, now: Instant) -> i128 {
     let age = |t: Instant| i128::try_from(now.saturating_duration_since(t).as_nanos()).unwrap_or(i128::MAX);
-    match class {
-        Class::TeamOverShare | Class::TeamIdle => -age(c.quiet_since()),
-        Class::TeamOverShareBusy => age(c.born()),
+    match (class, early) {
+        (Class::TeamOverShare | Class::TeamIdle, _) => -age(c.quiet_since()),
+        (Class::TeamOverShareBusy, _) | (Class::Unstarted, Early::Unread) => age(c.born()),
         _ => -age(c.born()),
     }
 }

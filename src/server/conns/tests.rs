@@ -252,3 +252,33 @@ async fn a_head_in_the_reserve_never_makes_a_teams_request_in_flight_go() {
     let _admitted = admitted(waiting).await;
     assert_eq!(order_of(&reserve), Order::Close);
 }
+
+#[tokio::test]
+async fn among_fresh_connections_a_short_handshake_goes_first_then_the_newest_not_yet_read() {
+    let conns = registry(4, 10);
+    // Oldest first: a hello waiting to be read, a complete hello, then
+    // two the runtime has not read yet, then a partial handshake.
+    let waiting = conns.admit(LOCAL).await.expect("admitted");
+    let hello = conns.admit(LOCAL).await.expect("admitted");
+    hello.conn().read_to(overload::PROGRESS_BYTES);
+    let unread = conns.admit(LOCAL).await.expect("admitted");
+    let partial = conns.admit(LOCAL).await.expect("admitted");
+    partial.conn().read_to(1);
+    let fifth = admitted(admitting(&conns, LOCAL)).await;
+    assert_eq!(
+        order_of(&partial),
+        Order::Close,
+        "bytes short of a hello: known not to be one"
+    );
+    drop(partial);
+    // Three not read yet: the newest goes, twice.
+    let sixth = admitted(admitting(&conns, LOCAL)).await;
+    assert_eq!(order_of(&fifth), Order::Close, "not yet read: the newest first");
+    drop(fifth);
+    let _seventh = admitted(admitting(&conns, LOCAL)).await;
+    assert_eq!(order_of(&sixth), Order::Close, "not yet read: the newest first");
+    assert_eq!(order_of(&unread), Order::Serve, "older, not yet read: kept");
+    assert_eq!(order_of(&waiting), Order::Serve, "waiting longest to be read: kept");
+    assert_eq!(order_of(&hello), Order::Serve, "progress: kept last");
+    drop((waiting, hello, unread));
+}

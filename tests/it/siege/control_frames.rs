@@ -4,6 +4,7 @@
 //! allowance of control frames that grows with its useful work
 //! (`server/frames.rs`): past it, GOAWAY (ENHANCE_YOUR_CALM) and closed.
 
+use super::h2::{frame, goaway_codes};
 use crate::support::client::Client;
 use crate::support::gateway::{ChildGateway, Setup, ALPHA};
 use crate::support::probe::scrape;
@@ -32,29 +33,6 @@ fn clock_ticks() -> u64 {
         .output()
         .expect("getconf");
     String::from_utf8_lossy(&out.stdout).trim().parse().expect("CLK_TCK")
-}
-
-fn frame(kind: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
-    let len = u32::try_from(payload.len()).expect("small").to_be_bytes();
-    let mut f = vec![len[1], len[2], len[3], kind, flags];
-    f.extend_from_slice(&stream.to_be_bytes());
-    f.extend_from_slice(payload);
-    f
-}
-
-/// The GOAWAY frames' error codes in what the server sent.
-fn goaway_codes(bytes: &[u8]) -> Vec<u32> {
-    let mut codes = Vec::new();
-    let mut at = 0;
-    while at + 9 <= bytes.len() {
-        let len = usize::from(bytes[at]) << 16 | usize::from(bytes[at + 1]) << 8 | usize::from(bytes[at + 2]);
-        if bytes[at + 3] == 0x7 && at + 9 + 8 <= bytes.len() {
-            let p = &bytes[at + 9..];
-            codes.push(u32::from_be_bytes([p[4], p[5], p[6], p[7]]));
-        }
-        at += 9 + len;
-    }
-    codes
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -8,6 +8,7 @@
 //! was closed after its first answer; now it is served to the end. The CPU
 //! each flood costs is measured in bench/frame_floods.py.
 
+use super::h2::{frame, goaway_codes};
 use crate::support::client::Client;
 use crate::support::gateway::{ChildGateway, Setup, ALPHA};
 use crate::support::probe::scrape;
@@ -20,14 +21,6 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
-
-fn frame(kind: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
-    let len = u32::try_from(payload.len()).expect("small").to_be_bytes();
-    let mut f = vec![len[1], len[2], len[3], kind, flags];
-    f.extend_from_slice(&stream.to_be_bytes());
-    f.extend_from_slice(payload);
-    f
-}
 
 /// An HPACK integer with an `n`-bit prefix whose other bits are `first`.
 fn hpack_int(out: &mut Vec<u8>, first: u8, n: u8, mut value: usize) {
@@ -108,21 +101,6 @@ async fn flood(addr: SocketAddr, hello: &[u8], batch: &[u8], per_batch: u64) -> 
         sent,
         goaway: goaway_codes(&got),
     }
-}
-
-/// The GOAWAY frames' error codes in what the server sent.
-fn goaway_codes(bytes: &[u8]) -> Vec<u32> {
-    let mut codes = Vec::new();
-    let mut at = 0;
-    while at + 9 <= bytes.len() {
-        let len = usize::from(bytes[at]) << 16 | usize::from(bytes[at + 1]) << 8 | usize::from(bytes[at + 2]);
-        if bytes[at + 3] == 0x7 && at + 9 + 8 <= bytes.len() {
-            let p = &bytes[at + 9..];
-            codes.push(u32::from_be_bytes([p[4], p[5], p[6], p[7]]));
-        }
-        at += 9 + len;
-    }
-    codes
 }
 
 /// CPU time (user + system) a process has used so far, in clock ticks.

@@ -7,6 +7,7 @@
 
 mod control_frames;
 mod every_frame;
+mod h2;
 mod newcomer;
 mod overload;
 mod pinning;

@@ -6,6 +6,7 @@
 //! against another team's HTTP/2 answers and charges, a team churning
 //! connections at the cap, and silent sockets under a low `ulimit -n`.
 
+use super::h2::frame;
 use crate::support::client::Client;
 use crate::support::conn::{on_new_connection, KeptAlive};
 use crate::support::gateway::{ChildGateway, Setup, ALPHA, BETA};
@@ -31,15 +32,6 @@ fn at_the_cap() -> Setup {
         c.server.max_connections = CAP;
         c.server.admin_max_connections = CAP;
     })
-}
-
-/// An HTTP/2 frame: 9-byte head, then the payload.
-fn frame(kind: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
-    let len = u32::try_from(payload.len()).expect("small frame").to_be_bytes();
-    let mut f = vec![len[1], len[2], len[3], kind, flags];
-    f.extend_from_slice(&stream.to_be_bytes());
-    f.extend_from_slice(payload);
-    f
 }
 
 /// A literal HPACK string (no Huffman), under 127 bytes.

@@ -8,7 +8,7 @@
 //! was closed after its first answer; now it is served to the end. The CPU
 //! each flood costs is measured in bench/frame_floods.py.
 
-use super::h2::{frame, goaway_codes};
+use super::h2::{cpu_of, flood, frame, goaway_codes, PREFACE};
 use crate::support::client::Client;
 use crate::support::gateway::{ChildGateway, Setup, ALPHA};
 use crate::support::probe::scrape;
@@ -16,11 +16,9 @@ use crate::support::query::Query;
 use crate::support::sim::{start_sim, unlimited, SimConfig};
 use http::StatusCode;
 use std::net::SocketAddr;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
-
-const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 
 /// An HPACK integer with an `n`-bit prefix whose other bits are `first`.
 fn hpack_int(out: &mut Vec<u8>, first: u8, n: u8, mut value: usize) {
@@ -56,59 +54,6 @@ fn get_block(path: &str, token: &str) -> Vec<u8> {
     hpack_string(&mut block, b"x-api-key");
     hpack_string(&mut block, token.as_bytes());
     block
-}
-
-/// What a flood did: how long until the gateway closed the connection,
-/// the frames written until then, and the GOAWAY codes it was sent.
-struct Flood {
-    took: Duration,
-    sent: u64,
-    goaway: Vec<u32>,
-}
-
-/// Opens an h2c connection, writes `hello` after the preface and an empty
-/// SETTINGS, then `batch` over and over for up to 10 s or until the gateway
-/// closes the connection (`per_batch` frames a write).
-async fn flood(addr: SocketAddr, hello: &[u8], batch: &[u8], per_batch: u64) -> Flood {
-    let started = Instant::now();
-    let mut s = TcpStream::connect(addr).await.expect("connects");
-    let mut first = PREFACE.to_vec();
-    first.extend(frame(0x4, 0, 0, &[]));
-    first.extend_from_slice(hello);
-    s.write_all(&first).await.expect("preface");
-    let (mut rd, mut wr) = s.into_split();
-    let reader = tokio::spawn(async move {
-        let mut got = Vec::new();
-        let mut buf = vec![0u8; 64 * 1024];
-        while let Ok(n @ 1..) = rd.read(&mut buf).await {
-            got.extend_from_slice(&buf[..n]);
-        }
-        (got, Instant::now())
-    });
-    let mut sent = 0u64;
-    while started.elapsed() < Duration::from_secs(10) && !reader.is_finished() {
-        if wr.write_all(batch).await.is_err() {
-            break;
-        }
-        sent += per_batch;
-    }
-    let (got, closed) = tokio::time::timeout(Duration::from_secs(10), reader)
-        .await
-        .expect("the gateway closes the connection")
-        .expect("reader");
-    Flood {
-        took: closed - started,
-        sent,
-        goaway: goaway_codes(&got),
-    }
-}
-
-/// CPU time (user + system) a process has used so far, in clock ticks.
-fn cpu_ticks(pid: u32) -> u64 {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("proc stat");
-    let after = &stat[stat.rfind(')').expect("comm") + 2..];
-    let fields: Vec<&str> = after.split_whitespace().collect();
-    fields[11].parse::<u64>().expect("utime") + fields[12].parse::<u64>().expect("stime")
 }
 
 /// The HPACK bomb: a 4,000-byte header inserted into the decoder's table
@@ -150,11 +95,11 @@ async fn ping_ack_unknown_frame_and_hpack_bomb_floods_are_each_closed_and_a_clie
     ];
     let pid = gw.child.id();
     for Case(what, hello, batch, per_batch, codes) in floods {
-        let before = cpu_ticks(pid);
+        let before = cpu_of(pid);
         let f = flood(gw.addr, hello, batch, per_batch).await;
-        let ticks = cpu_ticks(pid) - before;
+        let cpu = cpu_of(pid).saturating_sub(before);
         eprintln!(
-            "{what}: closed after {:?}, {} frames written before the writer saw it, GOAWAY {:?}, gateway CPU {ticks} ticks",
+            "{what}: closed after {:?}, {} frames written before the writer saw it, GOAWAY {:?}, gateway CPU {cpu:?}",
             f.took, f.sent, f.goaway
         );
         // Generous: the flood itself would go on for 10 s.

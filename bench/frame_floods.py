@@ -18,9 +18,11 @@ DATA, CONTINUATION, and an HPACK bomb (a 4,000-byte header inserted once,
 then header blocks of 16,000 one-byte references to it, each on a new
 stream).
 """
-import argparse, json, os, socket, struct, subprocess, tempfile, threading, time
+import argparse, os, socket, struct, sys, tempfile, threading, time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "bench"))
+import lib  # noqa: E402
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 
 
@@ -119,40 +121,13 @@ def main():
     ap.add_argument("--bin-dir", default=os.path.join(ROOT, "target", "release"))
     ap.add_argument("--secs", type=float, default=6.0)
     a = ap.parse_args()
-    sim = subprocess.Popen([os.path.join(a.bin_dir, "permit-api-sim"), "--listen", "127.0.0.1:0"],
-                           stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-    sim_addr = sim.stdout.readline().split()[-1]
-    sim_url = sim_addr if sim_addr.startswith("http") else f"http://{sim_addr}"
-    d = tempfile.mkdtemp()
-    cfg = os.path.join(d, "gateway.toml")
-    open(cfg, "w").write(f"""[server]
-listen = "127.0.0.1:0"
-admin_listen = "127.0.0.1:0"
-[upstream]
-base_url = "{sim_url}"
-[quota]
-path = "{d}/ledger"
-[log]
-level = "info"
-format = "json"
-""")
-    env = dict(os.environ, PERMIT_GATEWAY_UPSTREAM__API_KEY="sim-upstream-key")
-    gw = subprocess.Popen([os.path.join(a.bin_dir, "permit-gateway"), "serve", "--config", cfg],
-                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
-    addr = None
-    for line in gw.stderr:
-        if "permit-gateway serving" in line:
-            addr = json.loads(line)["listen"]
-            break
-    threading.Thread(target=lambda: [None for _ in gw.stderr], daemon=True).start()
-    host, port = addr.rsplit(":", 1)
-    print(f"gateway {a.bin_dir}; floods of up to {a.secs:.0f} s, one connection each")
-    try:
-        for name, hello, batch in floods():
-            run_flood(host, int(port), gw.pid, name, hello, batch, a.secs)
-    finally:
-        gw.kill()
-        sim.kill()
+    tmp = tempfile.mkdtemp()
+    sim = lib.Sim(a.bin_dir, tmp, "sim", "sim-upstream-key", latency_ms=0, jitter_ms=0)
+    # Anonymous floods: no team is needed.
+    gw = lib.Gateway(a.bin_dir, tmp, "gateway", sim, teams={})
+    print(f"gateway {a.bin_dir}; floods of up to {a.secs:.0f} s, one connection each (logs in {tmp})")
+    for name, hello, batch in floods():
+        run_flood("127.0.0.1", gw.port, gw.proc.pid, name, hello, batch, a.secs)
 
 
 if __name__ == "__main__":
